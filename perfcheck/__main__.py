@@ -1,0 +1,5 @@
+import sys
+
+from perfcheck.cli import main
+
+sys.exit(main())

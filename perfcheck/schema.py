@@ -1,0 +1,147 @@
+"""Column names, units and phases shared by every stage: the glossary of perfcheck's tables.
+
+Every stage exchanges tidy pandas DataFrames keyed by module path (exactly as
+``nn.Module.named_modules()`` names it, wrapper prefixes such as DDP's/DeepSpeed's ``module.``
+removed; the root module is ``ROOT``). Units are SI: seconds, bytes, FLOPs, FLOP/s.
+``validate_frame`` checks a frame against one of the column lists below so that a stage fails
+loudly, naming the missing column, instead of producing a silently wrong join.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+SCHEMA_VERSION = 1
+
+#: Path used for the root module (``named_modules()`` names it ``""``, which CSV cannot round-trip).
+ROOT = "(root)"
+
+#: Phases of a training step.
+PHASES = ("fwd", "bwd", "optim", "recompute")
+
+#: What limits a predicted time.
+BOUNDS = ("compute", "memory", "comm", "overhead")
+
+#: Where a predicted row's numbers come from.
+SOURCES = ("modeled", "counted")
+
+# --------------------------------------------------------------------------------------------
+# Predicted rows: perfcheck.estimate(...) -> one row per module that runs (containers included).
+# Values of a container include everything run inside it (its children and its own functional
+# ops), like DeepSpeed's profiler tree, so the root row is the whole model.
+# --------------------------------------------------------------------------------------------
+PREDICTED_COLUMNS: Mapping[str, str] = {
+    "module": "qualified module path as named_modules() gives it; the root is '(root)'",
+    "type": "module class name",
+    "depth": "0 for the root, 1 for its children, ...",
+    "calls": "times the module's forward ran in one step",
+    "params": "parameters owned by the module and its children (counted once; ZeRO-3 ds_numel aware)",
+    "macs_fwd": "matrix multiply-accumulates in forward (matmul, conv, attention products)",
+    "macs_bwd": "matrix multiply-accumulates in backward (input and weight gradients that autograd computes)",
+    "flops_fwd": "all floating-point operations in forward: 2*macs_fwd plus elementwise/reduction FLOPs",
+    "flops_bwd": "all floating-point operations in backward",
+    "bytes_fwd": "bytes read and written by forward kernels (activations, weights, masks)",
+    "bytes_bwd": "bytes read and written by backward kernels (incl. weight gradients)",
+    "act_mem": "bytes of activations saved for backward",
+    "comm_fwd_bytes": "bytes moved by collectives in forward (per rank, payload size)",
+    "comm_bwd_bytes": "bytes moved by collectives in backward (per rank, payload size)",
+    "comm_kind": "collective kinds, '+'-joined (e.g. 'allreduce', 'allgather+reducescatter'), '' if none",
+    "pred_fwd_s": "predicted forward time: roofline + launch overhead + communication, seconds",
+    "pred_bwd_s": "predicted backward time, seconds",
+    "bound_fwd": "what limits the forward time: compute | memory | comm | overhead",
+    "bound_bwd": "what limits the backward time",
+    "source": "modeled (perfcheck formulas) | counted (torch.utils.flop_counter fallback for an op without a formula)",
+}
+
+# --------------------------------------------------------------------------------------------
+# Measured rows: PerfCheck(model).measured() -> one row per module that ran in measured steps.
+# Times are per step (sum over the module's calls in that step); statistics are over steps.
+# --------------------------------------------------------------------------------------------
+_STATS = ("median", "mean", "min", "max")
+MEASURED_COLUMNS: Mapping[str, str] = {
+    "module": "qualified module path (same keys as the predicted rows)",
+    "type": "module class name",
+    "depth": "0 for the root",
+    "calls": "forward calls per step (median over measured steps)",
+    **{f"fwd_s_{s}": f"forward time per step, {s} over measured steps, seconds" for s in _STATS},
+    **{f"bwd_s_{s}": f"backward time per step, {s} over measured steps, seconds" for s in _STATS},
+    **{f"recompute_s_{s}": f"activation-checkpoint recompute time per step, {s}, seconds" for s in _STATS},
+    "act_mem_bytes": "device memory allocated across the module's forward (activations kept), bytes; NaN where not measurable",
+    "peak_mem_bytes": "peak device memory seen during the module's forward, bytes; NaN where not measurable",
+    "flops_fwd_counted": "FLOPs counted by FlopCounterMode for one forward, NaN if counting was off",
+    "flops_bwd_counted": "FLOPs counted by FlopCounterMode for one backward, NaN if counting was off",
+    "steps": "number of measured steps",
+    "rank": "distributed rank (0 when not distributed)",
+}
+
+#: Per-step rows: PerfCheck.steps().
+STEP_COLUMNS: Mapping[str, str] = {
+    "step": "step index (0-based, counted from start(), warm-up steps included)",
+    "measured": "True for steps inside the measured window",
+    "fwd_s": "forward time of the root module, seconds",
+    "bwd_s": "backward time of the root module, seconds",
+    "optim_s": "time from the end of backward to the end of the step (optimizer, framework), seconds",
+    "step_s": "wall time of the whole step, seconds",
+    "rank": "distributed rank",
+}
+
+#: Kernel (GPU) or aten-op (CPU) rows attributed to a module and phase: PerfCheck.kernels().
+KERNEL_COLUMNS: Mapping[str, str] = {
+    "module": "innermost module whose range encloses the kernel; 'unattributed' if none",
+    "phase": "fwd | bwd | optim | recompute | unattributed",
+    "name": "kernel name (GPU) or aten op name (CPU)",
+    "device": "cuda | cpu",
+    "count": "number of launches in the profiled window",
+    "total_s": "summed kernel duration in the window, seconds",
+    "self_s": "summed self time (device kernels: equal to total_s), seconds",
+    "rank": "distributed rank",
+}
+
+#: Utilization/memory samples: PerfCheck.samples().
+SAMPLE_COLUMNS: Mapping[str, str] = {
+    "time_s": "seconds since the sampler started",
+    "step": "training step in flight when sampled",
+    "gpu_util": "NVML utilization.gpu in [0, 1]: share of the last 1/6-1 s in which ANY kernel ran (a duty cycle, not SM occupancy)",
+    "mem_used_bytes": "device memory used (NVML) or process RSS (psutil), bytes",
+    "mem_total_bytes": "device memory total (NVML) or machine RAM (psutil), bytes",
+    "power_w": "board power draw, watts (NaN without NVML)",
+    "sm_clock_hz": "SM clock, hertz (NaN without NVML)",
+    "temperature_c": "GPU temperature, degrees Celsius (NaN without NVML)",
+    "cpu_util": "process CPU utilization in [0, ncores] (psutil), NaN on NVML samples",
+    "rank": "distributed rank",
+}
+
+
+class SchemaError(ValueError):
+    """A frame or file does not match the documented columns."""
+
+
+def validate_frame(frame, columns: Iterable[str], what: str):
+    """Raise SchemaError naming the first missing column; return the frame unchanged."""
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise SchemaError(f"{what}: missing column {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    return frame
+
+
+def module_depth(path: str) -> int:
+    """Depth of a module path: 0 for the root, else the number of dotted components."""
+    return 0 if path == ROOT else path.count(".") + 1
+
+
+def parent_path(path: str) -> str | None:
+    """Parent module path (None for the root)."""
+    if path == ROOT:
+        return None
+    return path.rsplit(".", 1)[0] if "." in path else ROOT
+
+
+def strip_wrapper_prefix(path: str, prefixes: Iterable[str] = ("module.", "_orig_mod.")) -> str:
+    """Drop wrapper prefixes added by DDP/DeepSpeed ('module.') or torch.compile ('_orig_mod.')."""
+    changed = True
+    while changed:
+        changed = False
+        for prefix in prefixes:
+            if path.startswith(prefix):
+                path = path[len(prefix):]
+                changed = True
+    return path
