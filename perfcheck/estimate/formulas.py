@@ -1,0 +1,319 @@
+"""Per-op cost formulas, forward and backward, written once.
+
+Each formula takes sizes (Python numbers or numpy arrays: every term is plain arithmetic, so the
+transformer front-end evaluates thousands of configurations in one call) and returns an
+``OpCost``: matrix MACs, other FLOPs, bytes read+written and kernel launches for forward and for
+backward, the activation bytes autograd keeps for backward, and the op's parameters.
+
+Conventions (shared with torch.utils.flop_counter and DeepSpeed's profiler):
+- One MAC = 2 FLOPs; a k-term dot product is 2k FLOPs (not 2k-1). Bias adds are "other" FLOPs.
+- Backward follows autograd: an input gradient only when that input requires grad, a weight
+  gradient only when the weight requires grad. ``x_grad``/``w_grad`` flags say which.
+- Bytes are what the kernels read and write at the op's element size: every input once, every
+  output once. Caches and fusion are the roofline's business, not the formula's.
+- ``act_mem`` counts tensors the op itself saves; when several ops save the same tensor the
+  module estimator deduplicates by storage (it reads autograd's saved tensors directly).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The work of one phase of one op. ``flops`` excludes the 2*macs of matrix products."""
+
+    macs: float = 0
+    flops: float = 0
+    bytes: float = 0
+    kernels: float = 0
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def scale(self, k) -> "Cost":
+        return Cost(*(getattr(self, f.name) * k for f in fields(self)))
+
+    @property
+    def total_flops(self):
+        """All FLOPs: 2 per MAC plus the non-matrix FLOPs."""
+        return 2 * self.macs + self.flops
+
+
+ZERO = Cost()
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Forward and backward cost of one op call, activation bytes kept, parameters owned."""
+
+    fwd: Cost = ZERO
+    bwd: Cost = ZERO
+    act_mem: float = 0
+    params: float = 0
+
+    def __add__(self, other: "OpCost") -> "OpCost":
+        return OpCost(self.fwd + other.fwd, self.bwd + other.bwd,
+                      self.act_mem + other.act_mem, self.params + other.params)
+
+    def scale(self, k) -> "OpCost":
+        return OpCost(self.fwd.scale(k), self.bwd.scale(k), self.act_mem * k, self.params * k)
+
+
+# ------------------------------------------------------------------------------------------
+# Matrix products
+# ------------------------------------------------------------------------------------------
+
+def matmul(m, k, n, *, batch=1, a_grad=True, b_grad=True, bias=False, bias_grad=None,
+           elem_bytes=4, b_is_weight=False) -> OpCost:
+    """(batch, m, k) @ (batch, k, n) [+ bias(n)] -> (batch, m, n).
+
+    fwd:  batch*m*k*n MACs; bias adds batch*m*n FLOPs.
+    bwd:  grad_a = g @ b^T: batch*m*n*k MACs, if a requires grad
+          grad_b = a^T @ g: batch*k*m*n MACs, if b requires grad
+          grad_bias = sum over rows of g: batch*m*n FLOPs, if the bias requires grad.
+    Saved for backward: a when b needs a gradient, b when a does (weights are not activations,
+    so a saved ``b`` counts only when ``b_is_weight`` is False).
+    """
+    bias_grad = bias if bias_grad is None else bias_grad
+    a, b, out = batch * m * k, (1 if b_is_weight else batch) * k * n, batch * m * n
+    fwd = Cost(macs=batch * m * k * n, flops=out * bias,
+               bytes=(a + b + out + n * bias) * elem_bytes, kernels=1)
+    grad_a = Cost(macs=batch * m * n * k, bytes=(out + b + a) * elem_bytes, kernels=1)
+    grad_b = Cost(macs=batch * k * m * n, bytes=(a + out + b) * elem_bytes, kernels=1)
+    grad_bias = Cost(flops=out, bytes=(out + n) * elem_bytes, kernels=1)
+    bwd = grad_a.scale(a_grad) + grad_b.scale(b_grad) + grad_bias.scale(bias * bias_grad)
+    saved = a * b_grad + b * a_grad * (not b_is_weight)
+    params = (k * n + n * bias) * b_is_weight
+    return OpCost(fwd, bwd, saved * elem_bytes, params)
+
+
+def linear(tokens, in_features, out_features, *, bias=True, x_grad=True, w_grad=True,
+           elem_bytes=4) -> OpCost:
+    """nn.Linear on (tokens, in) -> (tokens, out): a matmul against a weight (in, out)."""
+    return matmul(tokens, in_features, out_features, a_grad=x_grad, b_grad=w_grad, bias=bias,
+                  bias_grad=bias and w_grad, elem_bytes=elem_bytes, b_is_weight=True)
+
+
+def conv(batch, c_in, c_out, kernel_numel, out_spatial, in_spatial, *, groups=1, bias=False,
+         transposed=False, x_grad=True, w_grad=True, elem_bytes=4) -> OpCost:
+    """Convolution (1d/2d/3d, any stride/padding/dilation) of (N, C_in, *in) -> (N, C_out, *out).
+
+    Every output element of a regular conv is a dot product over (C_in/groups)*prod(kernel):
+      fwd MACs = N * C_out * prod(out) * (C_in/groups) * prod(kernel).
+    A transposed conv scatters every *input* element: N * C_in * prod(in) * (C_out/groups) * prod(kernel),
+    which is the same product with in and out swapped.
+    bwd: grad_input is the adjoint conv (same MACs), grad_weight correlates input with grad_out
+    (same MACs again, NOT multiplied by groups: torch 2.13's FlopCounterMode counts it `groups`
+    times too high); grad_bias sums grad_out.
+    """
+    spatial = in_spatial if transposed else out_spatial
+    c_other = c_in if transposed else c_out
+    c_red = (c_out if transposed else c_in) / groups
+    macs = batch * c_other * spatial * c_red * kernel_numel
+    x, w, y = batch * c_in * in_spatial, c_out * (c_in / groups) * kernel_numel, batch * c_out * out_spatial
+    fwd = Cost(macs=macs, flops=y * bias, bytes=(x + w + y + c_out * bias) * elem_bytes, kernels=1)
+    grad_x = Cost(macs=macs, bytes=(y + w + x) * elem_bytes, kernels=1)
+    grad_w = Cost(macs=macs, bytes=(y + x + w) * elem_bytes, kernels=1)
+    grad_b = Cost(flops=y, bytes=(y + c_out) * elem_bytes, kernels=1)
+    bwd = grad_x.scale(x_grad) + grad_w.scale(w_grad) + grad_b.scale(bias * w_grad)
+    return OpCost(fwd, bwd, x * w_grad * elem_bytes, w + c_out * bias)
+
+
+def attention(batch, heads, s_q, s_k, d_qk, d_v, *, kv_heads=None, causal=False,
+              fused=True, grad=True, elem_bytes=4, dropout=0.0) -> OpCost:
+    """Scaled dot-product attention softmax(Q K^T / sqrt(d)) V.
+
+    logits Q K^T: b*h*s_q*s_k*d_qk MACs; attend P V: b*h*s_q*s_k*d_v MACs; softmax ~5 FLOPs/logit.
+    ``fused`` (flash/memory-efficient kernels, F.scaled_dot_product_attention on GPU and CPU):
+      the s_q x s_k matrix never reaches memory; backward recomputes Q K^T and does four more
+      products: 2.5x the forward MACs (torch.utils.flop_counter.sdpa_backward_flop_count).
+      Saved: q, k, v, out and the row log-sum-exp.
+    Unfused (explicit bmm/softmax/bmm) is modelled by composing matmul/softmax/dropout instead.
+    ``causal`` halves the products (what the kernel skips); FlopCounterMode ignores it, so the
+    module estimator leaves it False unless asked.
+    """
+    if not fused:
+        raise NotImplementedError("attention(fused=False): compose matmul, softmax and dropout instead")
+    kv_heads = heads if kv_heads is None else kv_heads
+    frac = 0.5 if causal else 1.0
+    logits = batch * heads * s_q * s_k
+    macs = logits * (d_qk + d_v) * frac
+    q, k, v, o = (batch * heads * s_q * d_qk, batch * kv_heads * s_k * d_qk,
+                  batch * kv_heads * s_k * d_v, batch * heads * s_q * d_v)
+    lse = batch * heads * s_q * 4 / elem_bytes  # fp32 log-sum-exp, in elements of elem_bytes
+    fwd = Cost(macs=macs, flops=5 * logits * frac, bytes=(q + k + v + o + lse) * elem_bytes, kernels=1)
+    # bwd reads q, k, v, o, dO, lse and writes dQ, dK, dV (plus a dO*O row-sum pre-pass).
+    bwd = Cost(macs=2.5 * macs, flops=8 * logits * frac,
+               bytes=(2 * (q + k + v) + 2 * o + 2 * lse) * elem_bytes, kernels=2)
+    return OpCost(fwd, bwd.scale(grad), (q + k + v + o + lse) * elem_bytes * grad, 0)
+
+
+# ------------------------------------------------------------------------------------------
+# Element-wise, normalisation, reductions
+# ------------------------------------------------------------------------------------------
+
+def elementwise(numel, *, inputs=1, flops_per_elem=1, bwd_flops_per_elem=1, grad_inputs=None,
+                saves=1, elem_bytes=4, out_numel=None) -> OpCost:
+    """An element-wise op reading ``inputs`` tensors of ``numel`` elements, writing one.
+
+    bwd: reads grad_out plus the ``saves`` saved tensors, writes one grad per input needing it.
+    ``grad_inputs`` (default: all inputs) is how many inputs need a gradient; 0 -> no backward.
+    """
+    out_numel = numel if out_numel is None else out_numel
+    grad_inputs = inputs if grad_inputs is None else grad_inputs
+    fwd = Cost(flops=out_numel * flops_per_elem, bytes=(inputs * numel + out_numel) * elem_bytes, kernels=1)
+    bwd = Cost(flops=numel * bwd_flops_per_elem * grad_inputs,
+               bytes=(out_numel + saves * numel + grad_inputs * numel) * elem_bytes,
+               kernels=1 * (grad_inputs > 0))
+    return OpCost(fwd, bwd.scale(grad_inputs > 0), saves * numel * elem_bytes * (grad_inputs > 0), 0)
+
+
+#: FLOPs per element of common activations (forward, backward). Counted as a compiler would:
+#: tanh/exp/erf ~ a handful of FLOPs each; the exact constant matters little to a memory-bound op.
+ACTIVATION_FLOPS = {
+    "relu": (1, 1), "leaky_relu": (2, 2), "hardtanh": (2, 2), "threshold": (1, 1), "elu": (4, 3),
+    "gelu": (8, 12), "silu": (5, 6), "sigmoid": (4, 3), "tanh": (4, 2), "hardswish": (4, 3),
+    "hardsigmoid": (3, 2), "mish": (10, 14), "softplus": (4, 4), "selu": (5, 3), "celu": (4, 3),
+}
+
+
+def activation(numel, kind="relu", *, x_grad=True, elem_bytes=4) -> OpCost:
+    """A pointwise nonlinearity; backward needs its input (or output, same size) saved."""
+    try:
+        f, b = ACTIVATION_FLOPS[kind]
+    except KeyError:
+        raise KeyError(f"activation kind {kind!r} has no FLOP count; known: {sorted(ACTIVATION_FLOPS)}") from None
+    return elementwise(numel, flops_per_elem=f, bwd_flops_per_elem=b, grad_inputs=int(bool(x_grad)),
+                       elem_bytes=elem_bytes)
+
+
+def dropout(numel, *, training=True, x_grad=True, elem_bytes=4, mask_bytes=1) -> OpCost:
+    """Dropout: y = x * mask / (1-p). Keeps a 1-byte bool mask (not the input) for backward."""
+    if not training:
+        return OpCost()
+    fwd = Cost(flops=2 * numel, bytes=(2 * numel) * elem_bytes + numel * mask_bytes, kernels=1)
+    bwd = Cost(flops=2 * numel, bytes=(2 * numel) * elem_bytes + numel * mask_bytes, kernels=1)
+    return OpCost(fwd, bwd.scale(x_grad), numel * mask_bytes * bool(x_grad), 0)
+
+
+def softmax(rows, cols, *, x_grad=True, elem_bytes=4, log=False) -> OpCost:
+    """(log-)softmax over the last dim: max, subtract, exp, sum, divide ~ 5 FLOPs/elem.
+
+    bwd: dx = y * (g - sum(g*y)) ~ 4 FLOPs/elem, reading y and g; saves the output y.
+    """
+    n = rows * cols
+    fwd = Cost(flops=5 * n, bytes=2 * n * elem_bytes, kernels=1)
+    bwd = Cost(flops=4 * n, bytes=3 * n * elem_bytes, kernels=1)
+    return OpCost(fwd, bwd.scale(x_grad), n * elem_bytes * bool(x_grad), 0)
+
+
+def layer_norm(rows, cols, *, affine=True, bias=True, x_grad=True, w_grad=True, elem_bytes=4,
+               rms=False) -> OpCost:
+    """LayerNorm (or RMSNorm with ``rms``) over the last ``cols`` of ``rows`` rows.
+
+    fwd: mean, var (or mean-square), normalise, scale[, shift] ~ 7 FLOPs/elem (5 for RMS).
+    bwd: grad_x ~ 9 FLOPs/elem reading x, g and the saved row statistics; grad_gamma/beta are
+    column sums of g*xhat and g. Saves x and per-row mean/rstd (fp32).
+    """
+    n = rows * cols
+    stats = rows * (1 if rms else 2) * 4 / elem_bytes  # fp32 statistics, in elements
+    w = cols * affine + cols * affine * bias * (not rms)
+    fwd = Cost(flops=(5 if rms else 7) * n, bytes=(2 * n + w + stats) * elem_bytes, kernels=1)
+    gx = Cost(flops=9 * n, bytes=(3 * n + w + stats) * elem_bytes, kernels=1)
+    gw = Cost(flops=3 * n, bytes=(2 * n + w) * elem_bytes, kernels=1)
+    bwd = gx.scale(x_grad) + gw.scale(affine * w_grad)
+    saved = (n + stats) * elem_bytes * (x_grad or affine * w_grad)
+    return OpCost(fwd, bwd, saved, w)
+
+
+def batch_norm(n, channels, spatial, *, training=True, affine=True, x_grad=True, w_grad=True,
+               elem_bytes=4) -> OpCost:
+    """BatchNorm over (N, C, *spatial). Training: per-channel mean/var from the batch (two passes)
+    and running-stat updates; eval: a per-channel scale and shift (2 FLOPs/elem).
+    Saves x and per-channel mean/invstd for backward."""
+    numel = n * channels * spatial
+    w = 2 * channels * affine
+    if training:
+        fwd = Cost(flops=7 * numel, bytes=(3 * numel + w + 4 * channels) * elem_bytes, kernels=2)
+        gx = Cost(flops=9 * numel, bytes=(3 * numel + w) * elem_bytes, kernels=2)
+    else:
+        fwd = Cost(flops=2 * numel, bytes=(2 * numel + w + 2 * channels) * elem_bytes, kernels=1)
+        gx = Cost(flops=2 * numel, bytes=(2 * numel + w) * elem_bytes, kernels=1)
+    gw = Cost(flops=3 * numel, bytes=(2 * numel + w) * elem_bytes, kernels=1)
+    bwd = gx.scale(x_grad) + gw.scale(affine * w_grad * (not training))
+    saved = (numel + 2 * channels) * elem_bytes * (x_grad or affine * w_grad)
+    return OpCost(fwd, bwd, saved, w)
+
+
+def group_norm(n, channels, spatial, groups, *, affine=True, x_grad=True, w_grad=True,
+               elem_bytes=4) -> OpCost:
+    """GroupNorm: LayerNorm over (C/groups * spatial) per (sample, group), per-channel affine."""
+    cost = layer_norm(n * groups, channels / groups * spatial, affine=False, x_grad=x_grad,
+                      elem_bytes=elem_bytes)
+    numel = n * channels * spatial
+    w = 2 * channels * affine
+    aff_f = Cost(flops=2 * numel * affine, bytes=w * elem_bytes)
+    aff_b = Cost(flops=3 * numel, bytes=(2 * numel + w) * elem_bytes, kernels=1).scale(affine * w_grad)
+    return OpCost(cost.fwd + aff_f, cost.bwd + aff_b, cost.act_mem, w)
+
+
+def reduction(numel_in, numel_out, *, x_grad=True, elem_bytes=4, flops_per_elem=1) -> OpCost:
+    """sum/mean/amax/var-style reduction; backward broadcasts grad_out back (no saved input for sum)."""
+    fwd = Cost(flops=numel_in * flops_per_elem, bytes=(numel_in + numel_out) * elem_bytes, kernels=1)
+    bwd = Cost(flops=numel_in * (flops_per_elem > 1), bytes=(numel_out + numel_in) * elem_bytes, kernels=1)
+    return OpCost(fwd, bwd.scale(x_grad), 0, 0)
+
+
+def pool(n, channels, out_spatial, in_spatial, kernel_numel, *, kind="max", x_grad=True,
+         elem_bytes=4, index_bytes=8) -> OpCost:
+    """Max/avg pooling: one compare or add per window element per output.
+
+    Max pooling keeps int64 argmax indices for backward; avg keeps nothing but the shape.
+    """
+    out = n * channels * out_spatial
+    x = n * channels * in_spatial
+    idx = out * index_bytes * (kind == "max")
+    fwd = Cost(flops=out * kernel_numel, bytes=(x + out) * elem_bytes + idx, kernels=1)
+    bwd = Cost(flops=out * (kind != "max") * kernel_numel, bytes=(out + x) * elem_bytes + idx, kernels=2)
+    return OpCost(fwd, bwd.scale(x_grad), idx * bool(x_grad), 0)
+
+
+def embedding(tokens, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8) -> OpCost:
+    """Embedding lookup: reads one row per token; backward scatter-adds rows into the weight grad
+    (dense grad: the whole (vocab, dim) buffer is written). Saves the int64 indices."""
+    out = tokens * dim
+    fwd = Cost(bytes=2 * out * elem_bytes + tokens * index_bytes, kernels=1)
+    bwd = Cost(flops=out, bytes=(out + vocab * dim) * elem_bytes + tokens * index_bytes, kernels=2)
+    return OpCost(fwd, bwd.scale(w_grad), tokens * index_bytes * bool(w_grad), vocab * dim)
+
+
+def gather(rows, cols, *, src_rows=None, x_grad=True, elem_bytes=4, index_bytes=8, accumulate=False) -> OpCost:
+    """index_select/gather/scatter_add: move ``rows`` rows of ``cols`` elements by an index.
+
+    Memory-bound message passing (torch_geometric's gather of x_j and scatter of messages):
+    reads the index, the gathered rows and writes them (a scatter-add also reads the destination).
+    Backward is the opposite scatter/gather of the same size. Saves the index.
+    """
+    moved = rows * cols
+    fwd = Cost(flops=moved * accumulate, bytes=(2 + accumulate) * moved * elem_bytes + rows * index_bytes, kernels=1)
+    bwd = Cost(flops=moved * (not accumulate),
+               bytes=(3 - accumulate) * moved * elem_bytes + rows * index_bytes, kernels=1)
+    return OpCost(fwd, bwd.scale(x_grad), rows * index_bytes * bool(x_grad), 0)
+
+
+def copy(numel_in, numel_out=None, *, x_grad=True, elem_bytes=4, out_elem_bytes=None) -> OpCost:
+    """clone/contiguous/cat/cast: a memory-to-memory copy, no FLOPs; backward copies the grad back."""
+    numel_out = numel_in if numel_out is None else numel_out
+    out_elem_bytes = elem_bytes if out_elem_bytes is None else out_elem_bytes
+    fwd = Cost(bytes=numel_in * elem_bytes + numel_out * out_elem_bytes, kernels=1)
+    bwd = Cost(bytes=numel_out * out_elem_bytes + numel_in * elem_bytes, kernels=1)
+    return OpCost(fwd, bwd.scale(x_grad), 0, 0)
+
+
+def cross_entropy(rows, classes, *, x_grad=True, elem_bytes=4) -> OpCost:
+    """log_softmax + nll_loss over (rows, classes): one pass for the softmax, one gather."""
+    ls = softmax(rows, classes, x_grad=x_grad, elem_bytes=elem_bytes, log=True)
+    nll = Cost(flops=rows, bytes=(rows * 2) * elem_bytes + rows * 8, kernels=1)
+    nll_b = Cost(bytes=rows * classes * elem_bytes + rows * 8, kernels=1)
+    return OpCost(ls.fwd + nll, ls.bwd + nll_b.scale(x_grad), ls.act_mem, 0)

@@ -1,0 +1,229 @@
+"""One forward pass under fake tensors that records every aten op, the modules it ran in and the
+tensors autograd saved: shapes without compute and without memory for weights.
+
+A model on the meta device (a 20B-parameter GPT built with ``torch.device('meta')``) traces the
+same way as a real one: real parameters are wrapped as fake tensors on the fly
+(``FakeTensorMode(allow_non_fake_inputs=True)``), meta parameters are used as they are.
+
+Hooks are owned by the ``trace_model`` call and removed before it returns, whatever happens.
+F.scaled_dot_product_attention is recorded as one fused op (a TorchFunctionMode sees it before
+the dispatcher decomposes it), so attention is costed as the flash/efficient kernel that runs on
+the target device, not as the math fallback the meta device would pick.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as TF
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from perfcheck.errors import UserError
+from perfcheck.estimate.aten_costs import OpCall, TensorMeta
+from perfcheck.schema import ROOT
+
+
+@dataclass
+class TracedOp:
+    """One op: the call (tensors as TensorMeta) and the module paths on the stack when it ran."""
+
+    call: OpCall
+    stack: tuple  # module paths, outermost first
+    sdpa: bool = False  # a fused F.scaled_dot_product_attention call
+    causal: bool = False
+
+
+@dataclass
+class ModuleCall:
+    path: str
+    type: str
+
+
+@dataclass
+class Trace:
+    """Everything one fake forward pass saw."""
+
+    ops: list = field(default_factory=list)
+    calls: dict = field(default_factory=dict)  # path -> number of forward calls
+    types: dict = field(default_factory=dict)  # path -> class name
+    order: list = field(default_factory=list)  # paths in first-call order
+    saved: dict = field(default_factory=dict)  # path -> {storage key: bytes} saved while inside it
+    dtype_override: object = None
+
+
+def _meta_of(t: torch.Tensor, elem_bytes_override) -> TensorMeta:
+    is_float = t.is_floating_point() or t.is_complex()
+    eb = elem_bytes_override if (is_float and elem_bytes_override) else t.element_size()
+    return TensorMeta(tuple(t.shape), eb, bool(t.requires_grad), is_float)
+
+
+def _to_meta(x, elem_bytes):
+    return _meta_of(x, elem_bytes) if isinstance(x, torch.Tensor) else x
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every aten op below the autograd layer with the current module stack."""
+
+    def __init__(self, trace: Trace, stack: list, elem_bytes, sdpa_depth: list):
+        super().__init__()
+        self.trace, self.stack, self.elem_bytes, self.sdpa_depth = trace, stack, elem_bytes, sdpa_depth
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.sdpa_depth[0] == 0 and torch._C._current_graph_task_id() == -1:
+            # requires_grad of the inputs is visible here; outputs get it after autograd returns.
+            meta_args = tree_map(lambda x: _to_meta(x, self.elem_bytes), args)
+            meta_kwargs = tree_map(lambda x: _to_meta(x, self.elem_bytes), kwargs)
+            outs = tuple(_meta_of(t, self.elem_bytes) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+            self.trace.ops.append(TracedOp(OpCall(func, meta_args, meta_kwargs, outs), tuple(self.stack)))
+        return out
+
+
+class _SdpaCatcher(TorchFunctionMode):
+    """Records F.scaled_dot_product_attention as one fused op and hides its decomposition."""
+
+    def __init__(self, trace: Trace, stack: list, elem_bytes, sdpa_depth: list):
+        super().__init__()
+        self.trace, self.stack, self.elem_bytes, self.sdpa_depth = trace, stack, elem_bytes, sdpa_depth
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not TF.scaled_dot_product_attention or self.sdpa_depth[0]:
+            return func(*args, **kwargs)
+        self.sdpa_depth[0] += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.sdpa_depth[0] -= 1
+        q, k, v = (_meta_of(t, self.elem_bytes) for t in args[:3])
+        causal = bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))
+        call = OpCall(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+                      if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+                      else func, (q, k, v), {}, (_meta_of(out, self.elem_bytes),))
+        self.trace.ops.append(TracedOp(call, tuple(self.stack), sdpa=True, causal=causal))
+        return out
+
+
+def _storage_key(t: torch.Tensor):
+    try:
+        return t.untyped_storage()._cdata
+    except Exception:  # noqa: BLE001 - tensor subclasses without storage: fall back to identity
+        return id(t)
+
+
+def module_paths(model: torch.nn.Module) -> dict:
+    """id(module) -> qualified path (root as schema.ROOT; a shared module keeps its first path)."""
+    from perfcheck.schema import strip_wrapper_prefix
+
+    paths = {}
+    for name, mod in model.named_modules():
+        paths.setdefault(id(mod), strip_wrapper_prefix(name) if name else ROOT)
+    return paths
+
+
+def _fake_inputs(example_inputs, fake_mode: FakeTensorMode, device):
+    def conv(x):
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "meta" or device.type == "meta":
+                return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta").requires_grad_(x.requires_grad)
+            return fake_mode.from_tensor(x)
+        return x
+
+    return tree_map(conv, example_inputs)
+
+
+def _param_device(model) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    for b in model.buffers():
+        return b.device
+    return torch.device("cpu")
+
+
+def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwargs=None) -> Trace:
+    """Run ``model(*example_inputs, **kwargs)`` once under fake tensors and record what ran.
+
+    ``example_inputs``: a tensor or tuple of tensors/values (real, fake or meta), as the model's
+    forward takes them. ``elem_bytes`` overrides the element size of floating tensors (to
+    estimate bf16 on an fp32 model without converting it).
+    """
+    if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    trace = Trace()
+    stack: list = []
+    paths = module_paths(model)
+    sdpa_depth = [0]
+
+    def pre_hook(mod, args):
+        path = paths.get(id(mod))
+        if path is None:
+            return
+        stack.append(path)
+        if path not in trace.calls:
+            trace.order.append(path)
+            trace.types[path] = type(mod).__name__
+        trace.calls[path] = trace.calls.get(path, 0) + 1
+
+    def post_hook(mod, args, output):
+        if paths.get(id(mod)) is not None and stack and stack[-1] == paths[id(mod)]:
+            stack.pop()
+
+    param_storages = {_storage_key(p) for p in model.parameters()}
+
+    def pack(t):
+        key = _storage_key(t)
+        if key not in param_storages and stack:
+            nbytes = t.untyped_storage().nbytes() if hasattr(t, "untyped_storage") else t.numel() * t.element_size()
+            if elem_bytes and (t.is_floating_point()):
+                nbytes = nbytes * elem_bytes // t.element_size()
+            for path in set(stack):
+                trace.saved.setdefault(path, {})[key] = nbytes
+        return t
+
+    device = _param_device(model)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with ExitStack() as es:
+        for mod in {id(m): m for m in model.modules()}.values():
+            es.callback(mod.register_forward_pre_hook(pre_hook).remove)
+            es.callback(mod.register_forward_hook(post_hook, always_call=True).remove)
+        if device.type != "meta":
+            es.enter_context(fake_mode)
+        inputs = _fake_inputs(example_inputs, fake_mode, device)
+        es.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
+        es.enter_context(_SdpaCatcher(trace, stack, elem_bytes, sdpa_depth))
+        es.enter_context(_Recorder(trace, stack, elem_bytes, sdpa_depth))
+        try:
+            model(*inputs, **(kwargs or {}))
+        except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"example_inputs: the model rejected them: {first}") from exc
+    return trace
+
+
+def inputs_from_shapes(shapes, dtype=torch.float32, device="meta"):
+    """Build example inputs from shapes: [(8, 3, 32, 32)] or [((8, 128), 'int64')]."""
+    out = []
+    for spec in shapes:
+        if isinstance(spec, (list, tuple)) and len(spec) == 2 and isinstance(spec[1], (str, torch.dtype)) \
+                and isinstance(spec[0], (list, tuple)):
+            shape, dt = spec
+            dt = getattr(torch, dt) if isinstance(dt, str) else dt
+        else:
+            shape, dt = spec, dtype
+        if any((not isinstance(s, int)) or s <= 0 for s in shape):
+            raise UserError(f"input shape {tuple(shape)}: every size must be a positive integer")
+        if dt.is_floating_point:
+            out.append(torch.empty(tuple(shape), dtype=dt, device=device))
+        else:
+            out.append(torch.zeros(tuple(shape), dtype=dt, device=device))
+    return tuple(out)
+
+
+def numel(shape) -> int:
+    return math.prod(shape)
