@@ -31,10 +31,16 @@ class TensorMeta:
     elem_bytes: int
     requires_grad: bool
     is_float: bool
+    distinct: int = -1  # elements actually stored (an expanded view repeats them); -1: numel
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def nbytes_read(self) -> int:
+        """Bytes a kernel reads for this input: its distinct elements, not its broadcast size."""
+        return (self.numel if self.distinct < 0 else self.distinct) * self.elem_bytes
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,13 @@ def _packets(*names):
 
 def _eb(t: TensorMeta) -> int:
     return t.elem_bytes
+
+
+def _distinct(t: Optional[TensorMeta]) -> int:
+    """Distinct elements of an (index) tensor; 0 when absent."""
+    if t is None:
+        return 0
+    return t.numel if t.distinct < 0 else t.distinct
 
 
 # ---------------------------------------------------------------------------------- matmuls
@@ -272,7 +285,7 @@ def _embedding(c: OpCall):
 def _gather(c: OpCall):
     x, out = c.args[0], c.outputs[0]
     idx = next((t for t in c.tensors()[1:] if not t.is_float), None)
-    return F.gather(out.numel, idx.numel if idx else 0, x_grad=x.requires_grad, elem_bytes=_eb(out),
+    return F.gather(out.numel, _distinct(idx), x_grad=x.requires_grad, elem_bytes=_eb(out),
                     index_bytes=idx.elem_bytes if idx else 8)
 
 
@@ -284,7 +297,7 @@ def _scatter(c: OpCall):
     src = max(tensors[1:], key=lambda t: t.numel * t.is_float, default=tensors[0])
     idx = next((t for t in tensors[1:] if not t.is_float), None)
     grad = any(t.requires_grad for t in tensors if t.is_float)
-    return F.gather(src.numel, idx.numel if idx else 0, x_grad=grad, elem_bytes=_eb(src),
+    return F.gather(src.numel, _distinct(idx), x_grad=grad, elem_bytes=_eb(src),
                     index_bytes=idx.elem_bytes if idx else 8, accumulate=True)
 
 
@@ -344,7 +357,7 @@ def _pointwise(c: OpCall) -> F.OpCost:
     if out is None:
         return F.OpCost()
     grad_inputs = sum(t.requires_grad for t in ins if t.is_float)
-    in_bytes = sum(t.numel * t.elem_bytes for t in ins)
+    in_bytes = sum(t.nbytes_read for t in ins)
     saves = 0 if c.name in ("add", "add_", "sub", "sub_", "neg", "clone") else len(ins)
     fwd = F.Cost(flops=out.numel, bytes=in_bytes + out.numel * out.elem_bytes, kernels=1)
     bwd = F.Cost(flops=out.numel * grad_inputs,

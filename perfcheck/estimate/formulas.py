@@ -288,18 +288,19 @@ def embedding(tokens, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8) -
     return OpCost(fwd, bwd.scale(w_grad), tokens * index_bytes * bool(w_grad), vocab * dim)
 
 
-def gather(rows, cols, *, src_rows=None, x_grad=True, elem_bytes=4, index_bytes=8, accumulate=False) -> OpCost:
-    """index_select/gather/scatter_add: move ``rows`` rows of ``cols`` elements by an index.
+def gather(moved, index_elems, *, x_grad=True, elem_bytes=4, index_bytes=8, accumulate=False) -> OpCost:
+    """index_select/gather (``accumulate`` False) or scatter_add/index_add (True) of ``moved``
+    elements addressed by ``index_elems`` indices.
 
-    Memory-bound message passing (torch_geometric's gather of x_j and scatter of messages):
-    reads the index, the gathered rows and writes them (a scatter-add also reads the destination).
-    Backward is the opposite scatter/gather of the same size. Saves the index.
+    Memory-bound message passing (torch_geometric gathers x_j per edge and scatter-adds messages
+    per node): reads the index and the moved elements and writes them; a scatter-add also reads
+    the destination and adds (1 FLOP per element). Backward is the opposite gather/scatter of the
+    same size. Saves the index.
     """
-    moved = rows * cols
-    fwd = Cost(flops=moved * accumulate, bytes=(2 + accumulate) * moved * elem_bytes + rows * index_bytes, kernels=1)
-    bwd = Cost(flops=moved * (not accumulate),
-               bytes=(3 - accumulate) * moved * elem_bytes + rows * index_bytes, kernels=1)
-    return OpCost(fwd, bwd.scale(x_grad), rows * index_bytes * bool(x_grad), 0)
+    index = index_elems * index_bytes
+    fwd = Cost(flops=moved * accumulate, bytes=(2 + accumulate) * moved * elem_bytes + index, kernels=1)
+    bwd = Cost(flops=moved * (not accumulate), bytes=(3 - accumulate) * moved * elem_bytes + index, kernels=1)
+    return OpCost(fwd, bwd.scale(x_grad), index * bool(x_grad), 0)
 
 
 def copy(numel_in, numel_out=None, *, x_grad=True, elem_bytes=4, out_elem_bytes=None) -> OpCost:

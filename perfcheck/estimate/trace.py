@@ -59,7 +59,8 @@ class Trace:
 def _meta_of(t: torch.Tensor, elem_bytes_override) -> TensorMeta:
     is_float = t.is_floating_point() or t.is_complex()
     eb = elem_bytes_override if (is_float and elem_bytes_override) else t.element_size()
-    return TensorMeta(tuple(t.shape), eb, bool(t.requires_grad), is_float)
+    distinct = math.prod(n for n, st in zip(t.shape, t.stride()) if st != 0) if t.layout == torch.strided else -1
+    return TensorMeta(tuple(t.shape), eb, bool(t.requires_grad), is_float, distinct)
 
 
 def _to_meta(x, elem_bytes):
