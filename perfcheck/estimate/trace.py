@@ -129,12 +129,14 @@ def module_paths(model: torch.nn.Module) -> dict:
 
 
 def _fake_inputs(example_inputs, fake_mode: FakeTensorMode, device):
+    """Inputs on the model's device: meta stays meta; otherwise fake tensors (call inside fake_mode)."""
     def conv(x):
-        if isinstance(x, torch.Tensor):
-            if x.device.type == "meta" or device.type == "meta":
-                return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta").requires_grad_(x.requires_grad)
-            return fake_mode.from_tensor(x)
-        return x
+        if not isinstance(x, torch.Tensor):
+            return x
+        if device.type == "meta" or x.device.type == "meta":
+            target = "meta" if device.type == "meta" else device
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=target).requires_grad_(x.requires_grad)
+        return fake_mode.from_tensor(x)
 
     return tree_map(conv, example_inputs)
 
@@ -193,7 +195,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         for mod in {id(m): m for m in model.modules()}.values():
             es.callback(mod.register_forward_pre_hook(pre_hook).remove)
             es.callback(mod.register_forward_hook(post_hook, always_call=True).remove)
-        if device.type != "meta":
+        if device.type != "meta":  # meta models run as they are (faster than fake-wrapping meta)
             es.enter_context(fake_mode)
         inputs = _fake_inputs(example_inputs, fake_mode, device)
         es.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
