@@ -1,6 +1,7 @@
 """perfcheck: predict, measure and reconcile the performance of PyTorch models.
 
-The facade. Heavy submodules are imported on first use so ``import perfcheck`` stays cheap.
+The facade. Names are imported on first use so ``import perfcheck`` stays cheap.
+``perfcheck.estimate`` is the estimator's package, made callable (see perfcheck/estimate/__init__.py).
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ __version__ = "0.1.0"
 
 #: Public name -> "module:attribute" it lives in.
 _EXPORTS = {
-    "estimate": "perfcheck.estimate.module_estimator:estimate",
     "estimate_transformer": "perfcheck.estimate.transformer:estimate_transformer",
     "load_system": "perfcheck.systems:load_system",
     "list_systems": "perfcheck.systems:list_systems",
@@ -21,10 +21,12 @@ _EXPORTS = {
     "UserError": "perfcheck.errors:UserError",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = sorted(_EXPORTS) + ["__version__", "estimate"]
 
 
 def __getattr__(name):
+    if name == "estimate":
+        return importlib.import_module("perfcheck.estimate")
     try:
         target = _EXPORTS[name]
     except KeyError:

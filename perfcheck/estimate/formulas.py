@@ -241,7 +241,9 @@ def batch_norm(n, channels, spatial, *, training=True, affine=True, x_grad=True,
         fwd = Cost(flops=2 * numel, bytes=(2 * numel + w + 2 * channels) * elem_bytes, kernels=1)
         gx = Cost(flops=2 * numel, bytes=(2 * numel + w) * elem_bytes, kernels=1)
     gw = Cost(flops=3 * numel, bytes=(2 * numel + w) * elem_bytes, kernels=1)
-    bwd = gx.scale(x_grad) + gw.scale(affine * w_grad * (not training))
+    # In training the input-gradient kernel already reduces sum(g) and sum(g*xhat), which are the
+    # weight and bias gradients; a separate weight-gradient pass runs only without an input grad.
+    bwd = gx.scale(x_grad) + gw.scale(affine * w_grad * (not (training and x_grad)))
     saved = (numel + 2 * channels) * elem_bytes * (x_grad or affine * w_grad)
     return OpCost(fwd, bwd, saved, w)
 

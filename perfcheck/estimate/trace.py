@@ -177,7 +177,8 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         if paths.get(id(mod)) is not None and stack and stack[-1] == paths[id(mod)]:
             stack.pop()
 
-    param_storages = {_storage_key(p) for p in model.parameters()}
+    state = list(model.parameters()) + list(model.buffers())  # module state, not activations
+    param_storages = {_storage_key(p) for p in state}
 
     def pack(t):
         key = _storage_key(t)
@@ -197,6 +198,12 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
             es.callback(mod.register_forward_hook(post_hook, always_call=True).remove)
         if device.type != "meta":  # meta models run as they are (faster than fake-wrapping meta)
             es.enter_context(fake_mode)
+        if device.type != "meta":
+            # The fake twins autograd will see. Held for the whole trace: the converter memoizes
+            # them weakly, and a freed twin's storage address could be reused by an activation.
+            fake_state = [fake_mode.from_tensor(p) for p in state if p.device.type != "meta"]
+            param_storages |= {_storage_key(p) for p in fake_state}
+            es.callback(fake_state.clear)
         inputs = _fake_inputs(example_inputs, fake_mode, device)
         es.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
         es.enter_context(_SdpaCatcher(trace, stack, elem_bytes, sdpa_depth))
