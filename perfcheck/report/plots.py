@@ -1,0 +1,207 @@
+"""Matplotlib figures for the HTML report, returned as base64 PNG strings (no pyplot, no global state).
+
+Each function takes frames and returns ``None`` when there is nothing to draw (the HTML then says
+why). Figures are built with ``matplotlib.figure.Figure`` and the Agg canvas directly, so a user's
+interactive backend and pyplot state are never touched.
+"""
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pandas as pd
+
+from perfcheck.report.units import fmt_rate, fmt_time
+from perfcheck.schema import ROOT
+
+DPI = 90
+_C = {"fwd": "#1f77b4", "bwd": "#d62728", "pred": "#9ecae1", "meas": "#08519c"}
+
+
+def _figure(w: float, h: float):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h), dpi=DPI)
+    return fig
+
+
+def _log_axis(axis, fmt):
+    """Log axis with one labelled tick per decade, labels in SI units (no mathtext: it is slow)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+
+    axis.set_major_locator(LogLocator(base=10, numticks=8))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt(v)))
+    axis.set_minor_locator(NullLocator())
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _plain(v) -> str:
+    return f"{v:g}"
+
+
+def to_png_base64(fig) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, pil_kwargs={"compress_level": 3})
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _short(path: str, n: int = 28) -> str:
+    return path if len(path) <= n else "..." + path[-(n - 3):]
+
+
+def pred_vs_meas(rec: pd.DataFrame):
+    """Log-log scatter of measured vs predicted time per module and phase, with the 1x, 2x and 0.5x lines."""
+    both = rec[rec["side"] == "both"]
+    pts = {p: both[[f"pred_{p}_s", f"meas_{p}_s", "module"]].dropna() for p in ("fwd", "bwd")}
+    pts = {p: d[(d[f"pred_{p}_s"] > 0) & (d[f"meas_{p}_s"] > 0)] for p, d in pts.items()}
+    if all(d.empty for d in pts.values()):
+        return None
+    fig = _figure(6.4, 4.6)
+    ax = fig.add_subplot()
+    lo = min(min(d[f"pred_{p}_s"].min(), d[f"meas_{p}_s"].min()) for p, d in pts.items() if len(d)) / 2
+    hi = max(max(d[f"pred_{p}_s"].max(), d[f"meas_{p}_s"].max()) for p, d in pts.items() if len(d)) * 2
+    x = np.array([lo, hi])
+    ax.plot(x, x, color="black", lw=1, label="measured = predicted")
+    ax.plot(x, 2 * x, color="gray", lw=1, ls="--", label="2x / 0.5x (large gap)")
+    ax.plot(x, 0.5 * x, color="gray", lw=1, ls="--")
+    for p, d in pts.items():
+        if len(d):
+            ax.scatter(d[f"pred_{p}_s"], d[f"meas_{p}_s"], s=14, alpha=0.7, color=_C[p], label=p, edgecolors="none")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="predicted time per step",
+           ylabel="measured time per step", title="Measured vs predicted, per module")
+    _log_axis(ax.xaxis, fmt_time)
+    _log_axis(ax.yaxis, fmt_time)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(True, which="major", alpha=0.3)
+    fig.subplots_adjust(left=0.13, right=0.97, bottom=0.11, top=0.92)
+    return to_png_base64(fig)
+
+
+def top_modules(rec: pd.DataFrame, k: int = 12, depth: int | None = None):
+    """Predicted vs measured bars (fwd and bwd) for the k modules with the largest measured time."""
+    d = rec[(rec["module"] != ROOT) & (rec["side"] == "both")]
+    if depth is not None:
+        d = d[d["depth"] <= depth]
+    if d.empty:
+        return None
+    d = d.assign(_t=d["meas_fwd_s"].fillna(0) + d["meas_bwd_s"].fillna(0)).nlargest(k, "_t").iloc[::-1]
+    fig = _figure(7.2, 0.9 + 0.42 * len(d))
+    y = np.arange(len(d))
+    ax = fig.add_subplot()
+    h = 0.2
+    cols = ["pred_fwd_s", "meas_fwd_s", "pred_bwd_s", "meas_bwd_s"]
+    vals = d[cols].to_numpy(float)
+    base = np.nanmin(np.where(vals > 0, vals, np.nan)) / 3 if np.any(vals > 0) else 1e-9
+    for i, col in enumerate(cols):
+        p, kind = col.split("_")[1], col.split("_")[0]
+        v = np.nan_to_num(d[col].to_numpy(float))
+        ax.barh(y + (1.5 - i) * h, np.maximum(v - base, 0), left=base, height=h, color=_C[p],
+                alpha=0.35 if kind == "pred" else 0.95, label=f"{p} {'predicted' if kind == 'pred' else 'measured'}")
+    ax.set_yticks(y, [_short(m) for m in d["module"]], fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlim(left=base)
+    _log_axis(ax.xaxis, fmt_time)
+    ax.set(xlabel="time per step", title=f"Top {len(d)} modules by measured time: predicted vs measured")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.subplots_adjust(left=0.3, right=0.97, bottom=0.9 / (0.9 + 0.42 * len(d)) + 0.02, top=0.93)
+    return to_png_base64(fig)
+
+
+def roofline(rec: pd.DataFrame, system=None, dtype=None):
+    """Arithmetic intensity vs achieved FLOP/s under the system's roofs; artifacts are left out."""
+    pts = {}
+    for p in ("fwd", "bwd"):
+        d = rec[[f"intensity_{p}", f"achieved_flops_{p}_per_s"]].astype(float).dropna()
+        pts[p] = d[(d.iloc[:, 0] > 0) & (d.iloc[:, 1] > 0) & np.isfinite(d.iloc[:, 0])]
+    if all(d.empty for d in pts.values()):
+        return None
+    fig = _figure(6.4, 4.6)
+    ax = fig.add_subplot()
+    xs = np.concatenate([d.iloc[:, 0].to_numpy() for d in pts.values()])
+    ys = np.concatenate([d.iloc[:, 1].to_numpy() for d in pts.values()])
+    x = np.logspace(np.log10(xs.min() / 4), np.log10(xs.max() * 4), 200)
+    if system is not None:
+        peak = system.matrix_peak(dtype) if dtype else max(system.matrix_flops_per_s.values())
+        vec = system.vector_peak(dtype) if dtype else max(system.vector_flops_per_s.values())
+        bw = system.mem_bandwidth_bytes_per_s
+        ax.plot(x, np.minimum(peak, bw * x), color="black", lw=1.5, label=f"roof: matrix peak / {bw / 1e9:.0f} GB/s")
+        ax.plot(x, np.minimum(vec, bw * x), color="black", lw=1, ls=":", label="roof: vector peak")
+        ax.plot(x, np.minimum(peak * system.matrix_efficiency(dtype or "fp32"), bw * system.efficiency["memory"] * x),
+                color="gray", lw=1, ls="--", label="achievable (efficiency)")
+        ys = np.concatenate([ys, [peak * 1.5]])
+    for p, d in pts.items():
+        if len(d):
+            ax.scatter(d.iloc[:, 0], d.iloc[:, 1], s=14, alpha=0.7, color=_C[p], label=f"{p} (achieved)", edgecolors="none")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / byte, predicted)",
+           ylabel="achieved (predicted FLOPs / measured time)", ylim=(ys.min() / 4, ys.max() * 2),
+           title=f"Roofline{': ' + system.name if system is not None else ' (no system: no roofs)'}")
+    _log_axis(ax.xaxis, _plain)
+    _log_axis(ax.yaxis, fmt_rate)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, which="major", alpha=0.3)
+    fig.subplots_adjust(left=0.2, right=0.97, bottom=0.11, top=0.92)
+    return to_png_base64(fig)
+
+
+def timeline(samples: pd.DataFrame | None):
+    """Utilization (GPU duty cycle, process CPU) and memory over time, from the sampler."""
+    if samples is None or samples.empty or "time_s" not in samples:
+        return None
+    fig = _figure(7.2, 4.4)
+    ax1, ax2 = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
+    drew = False
+    for rank, s in samples.groupby(samples["rank"] if "rank" in samples else np.zeros(len(samples)), sort=True):
+        s = s.sort_values("time_s")
+        t = s["time_s"].to_numpy(float)
+        tag = f" r{rank}" if samples.get("rank", pd.Series([0])).nunique() > 1 else ""
+        for col, label, ax in (("gpu_util", "GPU util (duty cycle)", ax1), ("cpu_util", "process CPU (cores)", ax1),
+                               ("mem_used_bytes", "memory used", ax2), ("rss_bytes", "process RSS", ax2)):
+            if col in s and s[col].notna().any():
+                v = s[col].to_numpy(float) / (1e9 if "bytes" in col else 1)
+                ax.plot(t, v, lw=1.2, label=label + tag, drawstyle="steps-post", marker="." if len(t) < 50 else None)
+                drew = True
+    if not drew:
+        return None
+    ax1.set(ylabel="utilization", title="Utilization and memory (sampler)")
+    ax2.set(ylabel="GB", xlabel="time since the sampler started (s)")
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.11, top=0.93, hspace=0.3)
+    return to_png_base64(fig)
+
+
+def kernel_breakdown(kernels: pd.DataFrame | None, k: int = 10, names: int = 8, profile_steps: float = 1.0):
+    """Stacked bars: the k (module, phase) pairs with the most kernel time, split by kernel name."""
+    if kernels is None or kernels.empty:
+        return None
+    d = kernels[(kernels["name"] != "(outside ops)") & kernels["phase"].isin(("fwd", "bwd", "optim"))]
+    if d.empty:
+        return None
+    d = d.assign(key=d["module"].astype(str) + " " + d["phase"].astype(str), t=d["self_s"].astype(float) / profile_steps)
+    per_key = d.groupby("key")["t"].sum().nlargest(k)
+    d = d[d["key"].isin(per_key.index)]
+    top_names = d.groupby("name")["t"].sum().nlargest(names).index
+    d = d.assign(name=d["name"].where(d["name"].isin(top_names), "other"))
+    table = d.pivot_table(index="key", columns="name", values="t", aggfunc="sum", fill_value=0.0)
+    table = table.loc[per_key.index[::-1]]
+    fig = _figure(8.4, 1.6 + 0.38 * len(table))
+    ax = fig.add_subplot()
+    left = np.zeros(len(table))
+    cmap = __import__("matplotlib").colormaps["tab10"]
+    for i, name in enumerate(table.columns):
+        ax.barh(np.arange(len(table)), table[name], left=left, height=0.7, color=cmap(i % 10),
+                label=_short(str(name), 40))
+        left += table[name].to_numpy()
+    ax.set_yticks(np.arange(len(table)), [_short(str(x), 34) for x in table.index], fontsize=8)
+    ax.set(xlabel="kernel (GPU) / op self (CPU) time per profiled step", title="Kernel breakdown per module and phase")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_time(v)))
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.subplots_adjust(left=0.25, right=0.68, bottom=0.9 / (1.6 + 0.38 * len(table)) + 0.03, top=0.93)
+    return to_png_base64(fig)

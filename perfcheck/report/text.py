@@ -1,0 +1,200 @@
+"""Terminal report: a module tree in the style of DeepSpeed's flops profiler, predicted vs measured.
+
+DeepSpeed prints params, MACs, forward latency and FLOP/s per module, the top modules per depth,
+and a summary. This report keeps that shape and adds, for forward AND backward: predicted time,
+measured time, gap (measured / predicted), achieved FLOP/s, the predicted bound and the reason for
+each large gap. It fixes what DeepSpeed gets wrong: times are printed from SI seconds with at
+most "s" as unit (DeepSpeed printed "1.8 Gs" for a CPU forward), params of the model come from
+the root row (DeepSpeed printed 0 for ``params per GPU * mp_size`` under ZeRO-3 and in seed 001),
+backward time is per module (DeepSpeed has one model-level backward timer), and rates above the
+datasheet peak are printed as "artifact", never as performance.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from perfcheck.findings import REASONS, findings_table
+from perfcheck.reconcile import rank_summary, totals_frame
+from perfcheck.report.units import fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
+from perfcheck.schema import ROOT
+
+_BAR = "-" * 100
+
+
+def _name(row) -> str:
+    if row["module"] == ROOT:
+        return str(row["type"])
+    return f"({row['module'].rsplit('.', 1)[-1]}): {row['type']}"
+
+
+def _rate(row, p) -> str:
+    if f"{p}_rate_above_peak" in str(row.get("flags", "")):
+        return "artifact!"
+    return fmt_rate(row.get(f"achieved_flops_{p}_per_s"))
+
+
+def _tree_rows(rec: pd.DataFrame, depth) -> list:
+    part = rec if depth is None else rec[rec["depth"] <= depth]
+    lines = []
+    for r in part.to_dict("records"):
+        name = "  " * int(r["depth"]) + _name(r)
+        if r["side"] != "both":
+            name += " [" + ("predicted only" if r["side"] == "predicted_only" else "measured only") + "]"
+        cells = [name, fmt_count(r["params"]), fmt_count(r["macs_fwd"])]
+        for p in ("fwd", "bwd"):
+            cells += [fmt_time(r[f"pred_{p}_s"]), fmt_time(r[f"meas_{p}_s"]), fmt_gap(r[f"gap_{p}"]), _rate(r, p)]
+        cells += [r["bound"] or "-", r["reason"] or ""]
+        lines.append(cells)
+    return lines
+
+
+_HEAD = ["module", "params", "MACs fwd", "fwd pred", "fwd meas", "gap", "FLOP/s", "bwd pred", "bwd meas", "gap",
+         "FLOP/s", "bound", "reason"]
+
+
+def _table(head: list, rows: list, left=(0,)) -> list:
+    widths = [max([len(h)] + [len(str(r[i])) for r in rows]) for i, h in enumerate(head)]
+
+    def line(cells):
+        return "  ".join(str(c).ljust(w) if i in left or i == len(cells) - 1 else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return [line(head)] + [line(r) for r in rows]
+
+
+def _summary(t: dict, rec: pd.DataFrame) -> list:
+    root = rec[rec["module"] == ROOT]
+    src = root if len(root) else rec[rec["depth"] == rec["depth"].min()]
+    params = src["params"].max() if "params" in src and src["params"].notna().any() else np.nan
+    macs = src["macs_fwd"].max() if src["macs_fwd"].notna().any() else np.nan
+    flops_f, flops_b = src["flops_fwd"].max(), src["flops_bwd"].max()
+    out = [f"{'params of model:':<44}{fmt_count(params)}",
+           f"{'fwd MACs / FLOPs (predicted):':<44}{fmt_count(macs, 'MACs')} / {fmt_count(flops_f, 'FLOP')}",
+           f"{'bwd FLOPs (predicted):':<44}{fmt_count(flops_b, 'FLOP')}"]
+    for p, label in (("fwd", "fwd latency"), ("bwd", "bwd latency")):
+        pred, meas = t.get(f"pred_{p}_s"), t.get(f"meas_{p}_s")
+        flops = flops_f if p == "fwd" else flops_b
+        rate = flops / meas if meas and meas == meas else math.nan
+        out.append(f"{label + ' (predicted | measured | gap):':<44}{fmt_time(pred)} | {fmt_time(meas)} | "
+                   f"{fmt_gap(t.get(f'gap_{p}'))}   achieved {fmt_rate(rate)}")
+    out.append(f"{'step latency (measured, median):':<44}{fmt_time(t.get('meas_step_s'))}   "
+               f"(predicted fwd+bwd {fmt_time(t.get('pred_step_s'))}; the optimizer is not predicted)")
+    share = t.get("unexplained_share")
+    out.append(f"{'time no module explains:':<44}{fmt_time(t.get('unexplained_s'))} = {fmt_pct(share)} of the step"
+               f" (optimizer/framework after backward {fmt_time(t.get('meas_optim_s'))},"
+               f" loss/data/idle {fmt_time(t.get('other_s'))})")
+    if t.get("meas_recompute_s"):
+        out.append(f"{'recompute (activation checkpointing):':<44}{fmt_time(t.get('meas_recompute_s'))}")
+    out.append(f"{'hook overhead (instrumented vs bare steps):':<44}{hook_text(t)}")
+    return out
+
+
+def hook_text(t: dict) -> str:
+    """The in-run A/B hook overhead of a totals record, in words (a negative A/B is noise, not a speed-up)."""
+    hook = t.get("hook_overhead_share")
+    if hook is None or hook != hook:
+        return "not measured (no bare steps)"
+    if hook < 0:
+        return f"not resolved: bare steps were {fmt_pct(-hook)} slower (noise; {t.get('bare_steps')} bare steps)"
+    return f"{fmt_pct(hook)} of the step ({t.get('bare_steps')} bare steps)"
+
+
+def _top(rec: pd.DataFrame, depth, k: int) -> list:
+    out = [f"Top {k} modules in terms of params, MACs, measured fwd/bwd latency and gap at different depths:"]
+    max_d = int(rec["depth"].max()) if depth is None else min(int(depth), int(rec["depth"].max()))
+    depths = rec["depth"].to_numpy()
+    names = np.where(rec["module"].to_numpy() == ROOT, rec["type"].to_numpy(), rec["module"].to_numpy())
+    metrics = [(rec[col].to_numpy(dtype=float, na_value=np.nan), label, fmt) for col, label, fmt in (
+        ("params", "params", fmt_count), ("macs_fwd", "MACs", fmt_count), ("meas_fwd_s", "fwd latency", fmt_time),
+        ("meas_bwd_s", "bwd latency", fmt_time), ("gap_fwd", "fwd gap", fmt_gap), ("gap_bwd", "bwd gap", fmt_gap))]
+    for d in range(max_d + 1):
+        at = np.flatnonzero(depths == d)
+        if not len(at):
+            continue
+        out.append(f"depth {d}:")
+        for values, label, fmt in metrics:
+            v = values[at]
+            ok = at[np.isfinite(v)]
+            best = ok[np.argsort(-values[ok], kind="stable")[:k]]
+            items = ", ".join(f"'{names[i]}': {fmt(values[i])}" for i in best)
+            out.append(f"    {label:<12}- {{{items}}}")
+    return out
+
+
+def _findings(rec: pd.DataFrame, k: int) -> list:
+    f = findings_table(rec)
+    if f.empty:
+        return ["No large gaps: every module is within the thresholds."]
+    th = rec.attrs.get("thresholds", {})
+    out = [f"Findings (gap = measured / predicted above {th.get('gap_high', 2):g} or below {th.get('gap_low', 0.5):g};"
+           f" largest time lost first, {min(k, len(f))} of {len(f)}):"]
+    for r in f.head(k).itertuples(index=False):
+        where = r.module + (f" [rank {r.rank}]" if rec["rank"].nunique() > 1 else "")
+        out.append(f"  {where} {r.phase}: {r.reason} ({fmt_gap(r.gap)}, {fmt_time(r.meas_s)} vs {fmt_time(r.pred_s)}"
+                   f" predicted) - {r.evidence}")
+    used = list(dict.fromkeys(f["reason"].head(k)))
+    out.append("Reasons:")
+    out += [f"  {name}: {REASONS.get(name, '')}" for name in used]
+    return out
+
+
+def _ranks(rec: pd.DataFrame, k: int) -> list:
+    t = totals_frame(rec)
+    out = ["Per-rank totals (slowest rank marked; straggler when its step exceeds the median over ranks by more than "
+           f"{100 * rec.attrs.get('thresholds', {}).get('straggler_tolerance', 0.05):g}%):"]
+    rows = [[int(r.rank), fmt_time(r.meas_fwd_s), fmt_time(r.meas_bwd_s), fmt_time(r.meas_step_s), fmt_pct(r.unexplained_share),
+             ("STRAGGLER" if r.straggler else "slowest") if r.slowest else ""] for r in t.itertuples(index=False)]
+    out += ["  " + s for s in _table(["rank", "fwd", "bwd", "step", "unexplained", ""], rows, left=())]
+    steps = t["meas_step_s"].astype(float)
+    if steps.notna().any():
+        out.append(f"  step over ranks: min {fmt_time(steps.min())} | median {fmt_time(steps.median())} | "
+                   f"max {fmt_time(steps.max())}")
+    s = rank_summary(rec)
+    s = s.assign(_t=s["meas_fwd_s_max"].fillna(0) + s["meas_bwd_s_max"].fillna(0)).nlargest(k, "_t")
+    rows = [[r.module, f"{fmt_time(r.meas_fwd_s_min)} / {fmt_time(r.meas_fwd_s_median)} / {fmt_time(r.meas_fwd_s_max)}",
+             str(r.slowest_rank_fwd), f"{fmt_time(r.meas_bwd_s_min)} / {fmt_time(r.meas_bwd_s_median)} / "
+             f"{fmt_time(r.meas_bwd_s_max)}", str(r.slowest_rank_bwd), "straggler" if r.straggler else ""]
+            for r in s.itertuples(index=False)]
+    out.append(f"Modules over ranks (top {len(rows)} by slowest-rank time; min / median / max):")
+    out += ["  " + s for s in _table(["module", "fwd", "slowest", "bwd", "slowest", ""], rows, left=(0,))]
+    return out
+
+
+def render_text(rec: pd.DataFrame, *, depth: int | None = None, top: int = 3, rank: int | None = None) -> str:
+    """The terminal report of a reconciled frame (``perfcheck.reconcile``) as one string.
+
+    depth: deepest module depth shown in the tree and the top-modules list (None: all).
+    top: how many modules per depth in the top lists, and how many findings.
+    rank: the rank whose tree is shown (default: the slowest rank of a multi-rank run, else the only one).
+    """
+    if depth is not None and depth < 0:
+        depth = None
+    ranks = sorted(rec["rank"].unique().tolist())
+    totals = {r["rank"]: r for r in rec.attrs.get("totals", [])}
+    if rank is None:
+        slow = [r for r, t in totals.items() if t.get("slowest")]
+        rank = slow[0] if slow else (ranks[0] if ranks else 0)
+    part = rec[rec["rank"] == rank]
+    part.attrs = rec.attrs
+    title = " perfcheck: predicted vs measured "
+    out = [f"{title:-^100}"]
+    meta = [f"system: {rec.attrs.get('system') or '(none: no datasheet roofs)'}"]
+    if rec.attrs.get("dtype"):
+        meta.append(f"dtype: {rec.attrs['dtype']}")
+    meta.append(f"ranks: {len(ranks)}" + (f" (tree below: rank {rank})" if len(ranks) > 1 else ""))
+    t = totals.get(rank, {})
+    if t.get("steps") == t.get("steps"):
+        meta.append(f"measured steps: {t.get('steps')}")
+    out += [", ".join(meta), ""]
+    out += _summary(t, part)
+    if len(ranks) > 1:
+        out += ["", *_ranks(rec, top)]
+    out += ["", _BAR, *_top(part, depth, top), "", _BAR]
+    out.append("Each module: params, forward MACs, then for forward and backward: predicted time, measured time "
+               "(median per step), gap = measured/predicted, achieved FLOP/s (predicted FLOPs / measured time); "
+               "then the predicted bound and the reason for a large gap.")
+    out += _table(_HEAD, _tree_rows(part, depth))
+    out += ["", _BAR, *_findings(part if len(ranks) == 1 else rec, top), _BAR]
+    return "\n".join(out) + "\n"
