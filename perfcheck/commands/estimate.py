@@ -1,10 +1,248 @@
-"""`perfcheck estimate` (not built yet)."""
+"""`perfcheck estimate`: predicted cost of one training step, from a model description or a module.
+
+Two front-ends, one set of formulas:
+
+  perfcheck estimate [--model gpt3-175b|FILE] [--batch 1 --seq 2048 --tp 8 --sp --pp 8 --dp 16
+                      --zero 1 --micro-batches 16 --dtype bf16 --system a100-80gb-sxm --causal]
+      the transformer front-end: per-sublayer table of one layer and the whole-step totals.
+      With no arguments: GPT-2 124M, batch 1, on h100-sxm.
+  perfcheck estimate --module package.module:callable --input-shape 8,3,32,32 [--input-shape ...]
+                      [--input-dtype float32] [--system h100-sxm] [--dtype fp32]
+      the module front-end: perfcheck.estimate() on the nn.Module the callable returns (built
+      on the meta device when it can be); a shape may end in ':int64' for its own dtype.
+
+Output: a readable table (default), --format csv (the per-row table) or json (everything),
+to standard output or --output FILE. Bad input exits 2 with one line naming the field.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+
+from perfcheck.errors import UserError
+
+FORMATS = ("table", "csv", "json")
+DEFAULT_MODEL, DEFAULT_SYSTEM = "gpt2-124m", "h100-sxm"
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("estimate", help="(not built yet)")
+    p = subparsers.add_parser("estimate", help="predict FLOPs, memory, communication and time of a training step",
+                              description=__doc__.split("\n\n")[1])
+    src = p.add_argument_group("what to estimate (one of)")
+    src.add_argument("--model", metavar="NAME|FILE", help=f"built-in model or JSON file (default: {DEFAULT_MODEL})")
+    src.add_argument("--module", metavar="PKG.MOD:CALLABLE", help="a callable returning an nn.Module")
+    tr = p.add_argument_group("transformer layout (--model)")
+    for flag, helptext in (("--batch", "micro-batch size per GPU (default 1)"), ("--seq", "sequence length"),
+                           ("--tp", "tensor-parallel degree"), ("--pp", "pipeline stages"),
+                           ("--dp", "data-parallel degree"), ("--zero", "ZeRO stage 0-3"),
+                           ("--micro-batches", "micro-batches per pipeline flush / step"),
+                           ("--grad-accum", "pipeline flushes (gradient-accumulation steps) per optimizer step")):
+        tr.add_argument(flag, type=int, help=helptext)
+    tr.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (needs --tp > 1)")
+    tr.add_argument("--causal", action="store_true", help="count causal attention at half its products")
+    tr.add_argument("--flash", action="store_true", help="fused attention kernel instead of logits/softmax/attend")
+    tr.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                    help="activation checkpointing (default none)")
+    tr.add_argument("--tp-overlap", type=float, default=0.0, help="hidden fraction of TP communication (0-1)")
+    tr.add_argument("--dp-overlap", type=float, default=0.0, help="hidden fraction of DP/ZeRO communication (0-1)")
+    mod = p.add_argument_group("module inputs (--module)")
+    mod.add_argument("--input-shape", action="append", metavar="D1,D2,...[:DTYPE]", help="one per forward argument")
+    mod.add_argument("--input-dtype", default="float32", help="dtype of inputs without their own (default float32)")
+    p.add_argument("--system", default=DEFAULT_SYSTEM, help=f"system name or JSON file (default {DEFAULT_SYSTEM})")
+    p.add_argument("--dtype", help="compute dtype (default: bf16 for --model, the module's own for --module)")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    p.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    raise NotImplementedError("perfcheck estimate is not implemented yet")
+    from perfcheck.systems import load_system
+
+    load_system(args.system)  # an unknown system fails first, whichever front-end
+    if args.module and args.model:
+        raise UserError("give --model or --module, not both")
+    text = _module_output(args) if args.module else _model_output(args)
+    if args.output:
+        try:
+            with open(args.output, "w") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise UserError(f"--output: cannot write {args.output!r}: {exc.strerror}") from None
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+# ---- transformer front-end ---------------------------------------------------------------------------
+
+def _model_output(args) -> str:
+    from perfcheck.estimate.transformer import estimate_transformer, load_model, transformer_step
+
+    if args.input_shape:
+        raise UserError("--input-shape needs --module")
+    model = load_model(args.model or DEFAULT_MODEL)
+    parallel = {k: v for k, v in (("tp", args.tp), ("pp", args.pp), ("dp", args.dp), ("zero_stage", args.zero),
+                                  ("micro_batches", args.micro_batches), ("grad_accum_steps", args.grad_accum))
+                if v is not None}
+    parallel["sp"] = bool(args.sp)
+    kw = dict(batch=1 if args.batch is None else args.batch, seq=args.seq, parallel=parallel, system=args.system,
+              dtype=args.dtype or "bf16", causal=args.causal, flash=args.flash, recompute=args.recompute,
+              tp_overlap=args.tp_overlap, dp_overlap=args.dp_overlap)
+    table = estimate_transformer(model, **kw)
+    step = transformer_step(model, **kw)
+    if args.format == "csv":
+        return table.to_csv(index=False)
+    if args.format == "json":
+        doc = {"model": model.to_json_dict(), "system": args.system, "dtype": kw["dtype"], "batch": kw["batch"],
+               "seq": kw["seq"] or model.seq_len, "parallel": step.parallel,
+               "sublayers": json.loads(table.to_json(orient="records")), "step": _jsonable(step.values)}
+        return json.dumps(doc, indent=2) + "\n"
+    return _model_text(model, kw, table, step)
+
+
+def _jsonable(values):
+    return {k: (bool(v) if isinstance(v, bool) else v if not isinstance(v, float) or math.isfinite(v) else None)
+            for k, v in values.items()}
+
+
+def _model_text(model, kw, table, step) -> str:
+    from perfcheck.report.units import fmt_bytes, fmt_count, fmt_pct, fmt_time
+
+    p = step.parallel
+    head = (f"{model.name}: {model.layers} layers, hidden {model.hidden}, {model.heads} heads, ffn {model.ffn_hidden}, "
+            f"vocab {model.vocab}\nbatch {kw['batch']} x seq {kw['seq'] or model.seq_len}, {kw['dtype']} on "
+            f"{kw['system']}; tp {p['tp']}{' + sp' if p['sp'] else ''}, pp {p['pp']}, dp {p['dp']}, "
+            f"ZeRO-{p['zero_stage']}, {p['micro_batches']} micro-batch(es)\n\n"
+            "Per GPU, one micro-batch; layer rows repeat 'count' times per stage:\n")
+    header = ["sublayer", "count", "params", "FLOP fwd", "FLOP bwd", "act mem", "comm fwd", "comm bwd",
+              "t fwd", "t bwd", "bound fwd"]
+    rows = [[r.sublayer, r.count, fmt_count(r.params), fmt_count(r.flops_fwd), fmt_count(r.flops_bwd),
+             fmt_bytes(r.act_mem), _comm(r.comm_fwd_bytes, r.comm_fwd_kind, fmt_bytes),
+             _comm(r.comm_bwd_bytes, r.comm_bwd_kind, fmt_bytes), fmt_time(r.pred_fwd_s), fmt_time(r.pred_bwd_s),
+             r.bound_fwd] for r in table.itertuples(index=False)]
+    s = step.values
+    summary = [("step time", fmt_time(s["step_time_s"])), ("  compute", fmt_time(s["compute_time_s"])),
+               ("  of which recompute", fmt_time(s["recompute_time_s"])),
+               ("  TP communication (exposed)", fmt_time(s["tp_comm_time_s"])),
+               ("  pipeline send/recv", fmt_time(s["pp_comm_time_s"])),
+               ("  pipeline bubble",
+                f"{fmt_time(s['bubble_time_s'])} ({fmt_pct(s['bubble_fraction'])} of the pipeline)"),
+               ("  DP/ZeRO communication (exposed)", fmt_time(s["dp_comm_time_s"])),
+               ("  optimizer update", fmt_time(s["optimizer_time_s"])),
+               ("memory per GPU", f"{fmt_bytes(s['mem_total_bytes'])} ({'fits' if s['mem_fits'] else 'does NOT fit'})"),
+               ("  params / grads / optimizer",
+                " / ".join(fmt_bytes(s[f"mem_{k}_bytes"]) for k in ("params", "grads", "optimizer"))),
+               ("  activations", fmt_bytes(s["mem_activations_bytes"])),
+               ("MFU / HFU", f"{fmt_pct(s['mfu'])} / {fmt_pct(s['hfu'])}"),
+               ("throughput", f"{fmt_count(s['tokens_per_s'])} tokens/s, {fmt_count(s['global_batch'])} sequences per step")]
+    return (head + _text_table(header, rows) + "\nStep totals:\n" + _text_table(["quantity", "value"], summary)
+            + "\nSI units; `--format csv|json` gives every column (docs/transformer.md explains them).\n")
+
+
+def _comm(nbytes, kind, fmt):
+    return f"{fmt(nbytes)} {kind}" if nbytes else "-"
+
+
+def _text_table(header, rows) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+# ---- module front-end ----------------------------------------------------------------------------------
+def _load_callable(spec: str):
+    if ":" not in spec:
+        raise UserError(f"--module: expected package.module:callable, got {spec!r}")
+    mod_name, attr = spec.split(":", 1)
+    try:
+        module = importlib.import_module(mod_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's input
+        raise UserError(f"--module: cannot import {mod_name!r}: {type(exc).__name__}: {exc}") from None
+    target = module
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise UserError(f"--module: {mod_name!r} has no attribute {attr!r}")
+    if not callable(target):
+        raise UserError(f"--module: {spec!r} is not callable")
+    return target
+
+
+def _build_module(spec: str):
+    import torch
+
+    factory = _load_callable(spec)
+    try:
+        with torch.device("meta"):
+            model = factory()
+    except Exception:  # noqa: BLE001 - some constructors need real tensors: build on CPU instead
+        try:
+            model = factory()
+        except Exception as exc:  # noqa: BLE001
+            raise UserError(f"--module: {spec!r} failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(f"--module: {spec!r} returned {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def _parse_shape(text: str, default_dtype):
+    import torch
+
+    shape_text, _, dtype_text = text.partition(":")
+    try:
+        shape = tuple(int(s) for s in shape_text.split(",") if s.strip())
+    except ValueError:
+        raise UserError(f"--input-shape: {text!r} is not a comma-separated list of integers") from None
+    if not shape or any(s <= 0 for s in shape):
+        raise UserError(f"--input-shape: {text!r}: every size must be a positive integer")
+    dtype = _torch_dtype(dtype_text) if dtype_text else default_dtype
+    return (shape, dtype) if dtype is not torch.float32 else shape
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    dt = getattr(torch, name.strip().lower(), None)
+    if not isinstance(dt, torch.dtype):
+        raise UserError(f"--input-dtype: unknown torch dtype {name!r} (e.g. float32, bfloat16, int64)")
+    return dt
+
+
+def _module_output(args) -> str:
+    from perfcheck.estimate.module_estimator import estimate
+    from perfcheck.estimate.trace import inputs_from_shapes
+
+    if not args.input_shape:
+        raise UserError("--module needs at least one --input-shape")
+    given = [f for f, v in (("--tp", args.tp), ("--pp", args.pp), ("--dp", args.dp), ("--zero", args.zero),
+                            ("--batch", args.batch), ("--seq", args.seq), ("--micro-batches", args.micro_batches))
+             if v is not None] + (["--sp"] if args.sp else [])
+    if given:
+        raise UserError(f"{given[0]} applies to --model only (the module front-end estimates one device)")
+    default_dtype = _torch_dtype(args.input_dtype)
+    shapes = [_parse_shape(s, default_dtype) for s in args.input_shape]
+    model = _build_module(args.module)
+    inputs = inputs_from_shapes(shapes, dtype=default_dtype)
+    try:
+        frame = estimate(model, inputs, system=args.system, dtype=args.dtype, causal=args.causal)
+    except UserError as exc:  # the estimator names its argument; the user typed --input-shape
+        text = str(exc)
+        if text.startswith("example_inputs:"):
+            raise UserError("--input-shape" + text[len("example_inputs"):]) from None
+        raise
+    if args.format == "csv":
+        return frame.to_csv(index=False)
+    if args.format == "json":
+        return json.dumps({"module": args.module, "system": args.system, "input_shapes": args.input_shape,
+                           "modules": json.loads(frame.to_json(orient="records"))}, indent=2) + "\n"
+    from perfcheck.report.units import fmt_bytes, fmt_count, fmt_time
+
+    header = ["module", "type", "params", "FLOP fwd", "FLOP bwd", "act mem", "t fwd", "t bwd", "bound fwd"]
+    rows = [["  " * r.depth + r.module, r.type, fmt_count(r.params), fmt_count(r.flops_fwd), fmt_count(r.flops_bwd),
+             fmt_bytes(r.act_mem), fmt_time(r.pred_fwd_s), fmt_time(r.pred_bwd_s), r.bound_fwd]
+            for r in frame.itertuples(index=False)]
+    return f"{args.module} on {args.system}, inputs {' '.join(args.input_shape)}\n\n" + _text_table(header, rows)

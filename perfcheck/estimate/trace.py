@@ -128,14 +128,19 @@ def module_paths(model: torch.nn.Module) -> dict:
     return paths
 
 
+def _twin(t: torch.Tensor, device) -> torch.Tensor:
+    """An empty tensor like ``t`` (shape, strides, dtype, requires_grad) on ``device``; inside
+    FakeTensorMode it is a fake tensor: no data is read or allocated."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).requires_grad_(t.requires_grad)
+
+
 def _fake_inputs(example_inputs, fake_mode: FakeTensorMode, device):
-    """Inputs on the model's device: meta stays meta; otherwise fake tensors (call inside fake_mode)."""
+    """Fake twins of the inputs on the model's device (call inside fake_mode)."""
     def conv(x):
         if not isinstance(x, torch.Tensor):
             return x
-        if device.type == "meta" or x.device.type == "meta":
-            target = "meta" if device.type == "meta" else device
-            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=target).requires_grad_(x.requires_grad)
+        if x.device.type == "meta" and device.type != "meta":
+            return _twin(x, device)
         return fake_mode.from_tensor(x)
 
     return tree_map(conv, example_inputs)
@@ -177,8 +182,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         if paths.get(id(mod)) is not None and stack and stack[-1] == paths[id(mod)]:
             stack.pop()
 
-    state = list(model.parameters()) + list(model.buffers())  # module state, not activations
-    param_storages = {_storage_key(p) for p in state}
+    param_storages: set = set()  # storages of the (fake) parameters and buffers: state, not activations
 
     def pack(t):
         key = _storage_key(t)
@@ -196,20 +200,19 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         for mod in {id(m): m for m in model.modules()}.values():
             es.callback(mod.register_forward_pre_hook(pre_hook).remove)
             es.callback(mod.register_forward_hook(post_hook, always_call=True).remove)
-        if device.type != "meta":  # meta models run as they are (faster than fake-wrapping meta)
-            es.enter_context(fake_mode)
-        if device.type != "meta":
-            # The fake twins autograd will see. Held for the whole trace: the converter memoizes
-            # them weakly, and a freed twin's storage address could be reused by an activation.
-            fake_state = [fake_mode.from_tensor(p) for p in state if p.device.type != "meta"]
-            param_storages |= {_storage_key(p) for p in fake_state}
-            es.callback(fake_state.clear)
+        es.enter_context(fake_mode)
+        # Parameters and buffers run as fake twins through torch.func.functional_call: the user's
+        # tensors are never touched (a BatchNorm's running stats update the twin), and fake mode's
+        # dispatch cache answers repeated shapes (twice as fast as running meta kernels).
+        state = {name: _twin(t, t.device) for name, t in
+                 list(model.named_parameters()) + list(model.named_buffers())}
+        param_storages.update(_storage_key(t) for t in state.values())
         inputs = _fake_inputs(example_inputs, fake_mode, device)
         es.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
         es.enter_context(_SdpaCatcher(trace, stack, elem_bytes, sdpa_depth))
         es.enter_context(_Recorder(trace, stack, elem_bytes, sdpa_depth))
         try:
-            model(*inputs, **(kwargs or {}))
+            torch.func.functional_call(model, state, tuple(inputs), kwargs or {})
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"example_inputs: the model rejected them: {first}") from exc
