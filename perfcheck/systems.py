@@ -357,3 +357,27 @@ def systems_table(names=None):
 
     specs = [load_system(n) for n in (list_systems() if names is None else names)]
     return pd.DataFrame([system_row(s) for s in specs])
+
+
+def match_device_name(device_name: str) -> str:
+    """The built-in spec for a CUDA/ROCm device name ("NVIDIA H100 80GB HBM3" -> "h100-sxm").
+
+    The chip ("h100") must appear in the name; among its specs the one sharing the most other
+    tokens ("80gb", "sxm") wins; a PCIe spec only when the name says PCIe. No match: UserError
+    naming the device, so the caller passes --system explicitly.
+    """
+    text = device_name.lower().replace("-", " ").replace("_", " ")
+    best, best_score = None, -1
+    for system in list_systems():
+        chip, *rest = system.split("-")
+        if chip == "cpu" or chip not in text.split():
+            continue
+        if ("pcie" in rest) != ("pcie" in text):
+            continue
+        score = sum(tok in text for tok in rest)
+        if score > best_score:
+            best, best_score = system, score
+    if best is None:
+        raise UserError(f"device {device_name!r}: no built-in system matches it; pass --system NAME or a "
+                        f"file from `perfcheck calibrate` (built-ins: {', '.join(list_systems())})")
+    return best

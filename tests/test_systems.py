@@ -279,3 +279,15 @@ def test_cli_unknown_system_exits_2_with_one_line(capsys):
 def test_cli_subprocess_exit_code():
     proc = subprocess.run([sys.executable, "-m", "perfcheck", "systems", "nope"], capture_output=True, text=True)
     assert proc.returncode == 2 and "nope" in proc.stderr and proc.stdout == ""
+
+
+def test_match_device_name_maps_driver_names_to_specs():
+    from perfcheck.systems import match_device_name
+
+    assert match_device_name("NVIDIA H100 80GB HBM3") == "h100-sxm"
+    assert match_device_name("NVIDIA H100 PCIe") == "h100-pcie"
+    assert match_device_name("NVIDIA A100-SXM4-80GB") == "a100-80gb-sxm"
+    assert match_device_name("Tesla V100-SXM2-16GB") == "v100-sxm"
+    assert match_device_name("AMD Instinct MI300X") == "mi300x"
+    with pytest.raises(UserError, match="no built-in system matches"):
+        match_device_name("Some Future Accelerator")

@@ -1,10 +1,67 @@
-"""`perfcheck calibrate` (not built yet)."""
+"""`perfcheck calibrate [--quick|--full] [--base SYSTEM] [--output FILE] [--csv FILE] ...`.
+
+Measures this machine's ceilings with micro-benchmarks (matmul FLOP/s by dtype and size, copy
+bandwidth, tiny-op time, collective bus bandwidth by message size across ranks) and writes a
+system file in the built-in format, loadable with --system FILE. Progress goes to stderr; the
+summary to stdout. The default run takes under a minute on a CPU.
+"""
+from __future__ import annotations
+
+import sys
+
+from perfcheck.calibrate import MODES, PEAK_CONVENTIONS
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("calibrate", help="(not built yet)")
-    p.set_defaults(run=run)
+    p = subparsers.add_parser("calibrate", help="measure this machine's ceilings and write a system file",
+                              description=__doc__.split("\n\n")[1])
+    speed = p.add_mutually_exclusive_group()
+    speed.add_argument("--quick", action="store_const", dest="mode", const="quick",
+                       help="fewer shapes and repeats (~15 s on CPU)")
+    speed.add_argument("--full", action="store_const", dest="mode", const="full", help="more shapes, sizes and repeats")
+    p.add_argument("--base", metavar="SYSTEM",
+                   help="system to start from (name or JSON path; default: cpu, or this GPU's spec)")
+    p.add_argument("--output", "-o", metavar="FILE", help="system file to write (default: <name>.json)")
+    p.add_argument("--name", help="name of the calibrated system (default: <base>-calibrated)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="device to calibrate (default: cuda if available)")
+    p.add_argument("--dtypes", metavar="LIST", help="comma-separated matmul dtypes (default: those the base lists)")
+    p.add_argument("--peaks", choices=PEAK_CONVENTIONS,
+                   help="base: keep datasheet peaks, efficiency = measured/peak (GPU default); "
+                        "measured: peaks = best measured (CPU default)")
+    p.add_argument("--no-comm", action="store_true", help="skip the multi-process collective benchmark")
+    p.add_argument("--world-size", type=int, default=2, help="ranks for the CPU collective benchmark (default 2)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU intra-op threads (default: torch's setting, as runs use)")
+    p.add_argument("--csv", metavar="FILE", help="also write every measurement (one row per case) as CSV")
+    p.set_defaults(run=run, mode="default")
+
+
+def _progress(message: str):
+    print(f"calibrate {message}", file=sys.stderr, flush=True)
 
 
 def run(args) -> int:
-    raise NotImplementedError("perfcheck calibrate is not implemented yet")
+    from perfcheck.calibrate import calibrate
+    from perfcheck.calibrate_spec import summary_rows
+    from perfcheck.errors import UserError
+
+    if args.mode not in MODES:  # pragma: no cover - argparse restricts it
+        raise UserError(f"mode: unknown {args.mode!r}")
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None
+    result = calibrate(args.base, mode=args.mode, device=args.device, dtypes=dtypes, peaks=args.peaks,
+                       comm=not args.no_comm, world_size=args.world_size, name=args.name,
+                       threads=args.threads, progress=_progress)
+    out = args.output or f"{result.spec.name}.json"
+    try:
+        result.spec.save(out)
+        if args.csv:
+            result.measurements.to_csv(args.csv, index=False)
+    except OSError as exc:
+        raise UserError(f"output: cannot write {exc.filename or out!r}: {exc.strerror}") from None
+    width = max(len(w) for w, _ in summary_rows(result.spec, result.measurements))
+    for what, value in summary_rows(result.spec, result.measurements):
+        print(f"{what.ljust(width)}  {value}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f"wrote {out} ({result.elapsed_s:.0f} s); use it with --system {out}", file=sys.stderr)
+    return 0

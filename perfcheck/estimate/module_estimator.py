@@ -150,7 +150,10 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     frame["unmodeled_ops"] = frame["unmodeled_ops"].fillna("")
     frame = _add_communication(frame, model, modules, parallel, spec, dt)
     cols = list(PREDICTED_COLUMNS) + ["unmodeled_ops"]
-    return frame[cols].reset_index(drop=True)
+    frame = frame[cols].reset_index(drop=True)
+    # Which ceilings produced the times: every report prints "NAME (calibrated|datasheet)".
+    frame.attrs.update(system=spec.name, calibrated=bool(spec.calibrated), dtype=str(dt).replace("torch.", ""))
+    return frame
 
 
 def _named(model):

@@ -1,0 +1,203 @@
+"""perfcheck calibrate: the spec arithmetic on hand-made measurements (both peak conventions), the
+round trip through a system file, the estimator reading the calibrated curve back, a real quick
+calibration through the CLI, and bad input naming its field."""
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from perfcheck.calibrate import Timer, calibrate, copy_cases, launch_cases, matmul_cases, run_cases
+from perfcheck.calibrate_spec import MEASUREMENT_COLUMNS, build_spec
+from perfcheck.cli import main
+from perfcheck.errors import UserError
+from perfcheck.estimate import roofline
+from perfcheck.systems import load_system
+
+STAMP = "measured by perfcheck calibrate on testhost (test CPU), 2026-01-01 00:00 UTC, torch 2.13.0"
+
+
+def _row(kind, label, seconds, dtype="fp32", m=0, k=0, n=0, flops=0.0, nbytes=0.0, busbw=math.nan, world=1):
+    return {"kind": kind, "label": label, "dtype": dtype, "m": m, "k": k, "n": n, "flops": flops, "bytes": nbytes,
+            "world_size": world, "seconds": seconds, "seconds_min": seconds, "seconds_max": seconds, "repeats": 5,
+            "iters": 1, "flops_per_s": flops / seconds if flops else math.nan,
+            "bytes_per_s": nbytes / seconds if nbytes else math.nan, "busbw_bytes_per_s": busbw}
+
+
+def _mm(n, rate, dtype="fp32", op_s=2e-6):
+    flops = 2.0 * n ** 3
+    return _row("matmul", f"mm {n}", flops / rate + op_s, dtype, n, n, n, flops, 3 * n * n * 4)
+
+
+def _table():
+    # Tiny op 2 us; autograd chain 3.5 us per kernel. fp32 matmuls: 50 GFLOP/s at n=64, 100 at n>=256
+    # (after the 2 us op time is taken out); bf16 twice as fast at large sizes.
+    rows = [_row("launch", "op", 2e-6), _row("launch", "autograd", 3.5e-6),
+            _row("copy", "copy 1 MiB", 2 * 2 ** 20 / 80e9, nbytes=2 * 2 ** 20),
+            _row("copy", "copy 256 MiB", 2 * 2 ** 28 / 20e9, nbytes=2 * 2 ** 28),
+            _row("vector", "add", 2 ** 18 / 5e9 + 2e-6, m=2 ** 18, flops=2 ** 18, nbytes=3 * 4 * 2 ** 18),
+            _mm(64, 50e9), _mm(256, 100e9), _mm(512, 100e9), _mm(1024, 100e9),
+            _mm(256, 150e9, "bf16"), _mm(512, 200e9, "bf16"), _mm(1024, 200e9, "bf16"), _mm(2048, 200e9, "bf16"),
+            _row("allreduce", "ar small", 1e-3, nbytes=4096, busbw=4096 / 1e-3, world=2),
+            _row("allreduce", "ar big", 0.02, nbytes=16 * 2 ** 20, busbw=16 * 2 ** 20 / 0.02, world=2)]
+    return pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS))
+
+
+def test_measured_peaks_by_hand():
+    spec = build_spec("cpu", _table(), peaks="measured", stamp=STAMP, threads=1)
+    assert spec.calibrated and spec.name == "cpu-calibrated"
+    # Peaks are the best raw rates: 2*1024^3 / (2*1024^3/100e9 + 2e-6) just below 100 GFLOP/s.
+    assert spec.matrix_flops_per_s["fp32"] == pytest.approx(2 * 1024 ** 3 / (2 * 1024 ** 3 / 100e9 + 2e-6))
+    assert spec.matrix_flops_per_s["bf16"] == pytest.approx(2 * 2048 ** 3 / (2 * 2048 ** 3 / 200e9 + 2e-6))
+    # Curve (fp32 is CPU's reference dtype): op time subtracted, then relative to the peak; n=64 at half.
+    curve = dict(spec.matrix_efficiency_curve)
+    assert list(curve) == [2.0 * 64 ** 3, 2.0 * 256 ** 3, 2.0 * 512 ** 3, 2.0 * 1024 ** 3]
+    assert curve[2.0 * 64 ** 3] == pytest.approx(0.5, abs=1e-3)
+    assert curve[2.0 * 1024 ** 3] == 1.0  # capped
+    assert spec.efficiency["matrix"] == 1.0 and spec.efficiency["matrix_bf16"] == 1.0
+    assert "matrix_fp32" not in spec.efficiency  # the reference dtype uses efficiency.matrix
+    # Memory: the largest copy, read + write counted; vector: op time subtracted.
+    assert spec.mem_bandwidth_bytes_per_s == pytest.approx(20e9) and spec.efficiency["memory"] == 1.0
+    assert spec.vector_flops_per_s["fp32"] == pytest.approx(5e9)
+    assert spec.launch_overhead_s == 3.5e-6
+    assert spec.intra_node_bandwidth_bytes_per_s == pytest.approx(16 * 2 ** 20 / 0.02)  # largest all-reduce busbw
+    assert spec.inter_node_bandwidth_bytes_per_s == load_system("cpu").inter_node_bandwidth_bytes_per_s
+    for field in ("matrix_flops_per_s.fp32", "matrix_efficiency_curve", "mem_bandwidth_bytes_per_s",
+                  "launch_overhead_s", "intra_node_bandwidth_bytes_per_s", "vector_flops_per_s.fp32"):
+        assert spec.sources[field].startswith(STAMP), field
+    assert spec.sources["inter_node_bandwidth_bytes_per_s"].startswith("from base spec 'cpu' (not measured)")
+    assert "4 KiB" in spec.sources["intra_node_bandwidth_bytes_per_s"]  # busbw by size is kept
+
+
+def test_base_peaks_on_a_gpu_spec():
+    # H100 SXM datasheet: bf16 989.4e12, 3.35e12 B/s. Measured 791.5e12 (0.8) and 2.948e12 (0.88).
+    h100 = load_system("h100-sxm")
+    t = pd.DataFrame([_row("launch", "op", 0.0), _row("launch", "autograd", 6e-6),
+                      _row("copy", "copy 2 GiB", 2 * 2 ** 31 / 2.948e12, nbytes=2 * 2 ** 31),
+                      _mm(2048, 0.5 * 989.4e12, "bf16", 0), _mm(4096, 0.8 * 989.4e12, "bf16", 0),
+                      _mm(8192, 0.8 * 989.4e12, "bf16", 0), _mm(16384, 0.8 * 989.4e12, "bf16", 0),
+                      _mm(8192, 1.1 * 66.9e12, "fp32", 0)], columns=list(MEASUREMENT_COLUMNS))
+    spec = build_spec(h100, t, peaks="base", stamp=STAMP, kind="gpu")
+    assert spec.matrix_flops_per_s == h100.matrix_flops_per_s  # datasheet peaks kept
+    assert spec.efficiency["matrix"] == pytest.approx(0.8)
+    assert spec.efficiency["matrix_fp32"] == 1.0  # 1.1x the datasheet: capped
+    assert spec.efficiency["matrix_fp8"] == 0.71  # not measured: the base's
+    assert spec.efficiency["memory"] == pytest.approx(0.88)
+    assert spec.mem_bandwidth_bytes_per_s == h100.mem_bandwidth_bytes_per_s
+    assert dict(spec.matrix_efficiency_curve)[2.0 * 2048 ** 3] == pytest.approx(0.5)
+    assert spec.efficiency["intra_node"] == h100.efficiency["intra_node"]  # no collectives measured
+
+
+def test_estimator_reads_the_calibrated_curve_back(tmp_path):
+    spec = build_spec("cpu", _table(), peaks="measured", stamp=STAMP)
+    path = spec.save(tmp_path / "cal.json")
+    loaded = load_system(str(path))
+    assert loaded == spec and loaded.calibrated
+    # A 256^3 fp32 matmul took 2 us of dispatch + its compute; the roofline gives back the compute.
+    t = roofline.compute_time_s(2.0 * 256 ** 3, 0, loaded, "fp32")
+    assert t == pytest.approx(2.0 * 256 ** 3 / 100e9, rel=1e-3)
+    t64 = roofline.compute_time_s(2.0 * 64 ** 3, 0, loaded, "fp32")
+    assert t64 == pytest.approx(2.0 * 64 ** 3 / 50e9, rel=1e-2)
+    # and op_time adds the calibrated launch overhead per kernel
+    assert roofline.op_time_s(2.0 * 256 ** 3, 0, 0, 1, loaded, "fp32")[0] == pytest.approx(t + 3.5e-6)
+
+
+def test_cases_time_and_interleave():
+    dev = torch.device("cpu")
+    cases = launch_cases(dev, chain=4) + copy_cases((1,), dev) + matmul_cases("fp32", (32,), ((64, 32, 16),), dev)
+    table = run_cases(cases, Timer(dev), repeats=2, target_s=1e-3)
+    assert list(table.columns) == list(MEASUREMENT_COLUMNS)
+    assert (table["seconds"] > 0).all() and (table["repeats"] == 2).all()
+    assert table.loc[table["label"] == "linear 64x32x16", "flops"].item() == 2 * 64 * 32 * 16
+
+
+def test_quick_calibration_through_the_cli(tmp_path, capsys):
+    out, csv = tmp_path / "mine.json", tmp_path / "m.csv"
+    rc = main(["calibrate", "--quick", "--no-comm", "--dtypes", "fp32", "--threads", "1", "--output", str(out),
+               "--csv", str(csv), "--name", "testbox"])
+    assert rc == 0
+    spec = load_system(str(out))
+    assert spec.name == "testbox" and spec.calibrated and spec.kind == "cpu"
+    assert spec.sources["matrix_flops_per_s.fp32"].startswith("measured by perfcheck calibrate on ")
+    assert torch.__version__ in spec.sources["launch_overhead_s"]
+    assert len(spec.matrix_efficiency_curve) >= 3 and 0 < spec.launch_overhead_s < 1e-3
+    assert spec.matrix_flops_per_s["bf16"] == load_system("cpu").matrix_flops_per_s["bf16"]  # not measured
+    captured = capsys.readouterr()
+    assert "matrix fp32" in captured.out and "calibrate [" in captured.err
+    assert set(pd.read_csv(csv)["kind"]) == {"launch", "copy", "vector", "matmul"}
+    # usable wherever a system is
+    assert main(["systems", str(out)]) == 0
+    assert "testbox (cpu, calibrated)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(mode="fast"), "mode"), (dict(peaks="datasheet"), "peaks"), (dict(world_size=1), "world_size"),
+    (dict(threads=0), "threads"), (dict(dtypes=["int8"]), "dtype"), (dict(dtypes=["fp16"]), "fp16"),
+    (dict(device="meta"), "device"), (dict(base="no-such-system"), "no-such-system"),
+])
+def test_bad_input_names_the_field(kwargs, field):
+    with pytest.raises(UserError, match=field):
+        calibrate(**{"comm": False, **kwargs})
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    assert main(["calibrate", "--quick", "--no-comm", "--base", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not exist" in err[0]
+    with pytest.raises(UserError, match="measurements: missing column 'seconds'"):
+        build_spec("cpu", _table().drop(columns=["seconds"]), peaks="measured", stamp=STAMP)
+
+
+def test_collective_bad_input_needs_no_processes():
+    from perfcheck.calibrate_comm import bench_collectives
+
+    with pytest.raises(UserError, match="kinds"):
+        bench_collectives([1024], kinds=("all-to-nobody",))
+    with pytest.raises(NotImplementedError, match="alltoall is not benchmarked"):
+        bench_collectives([1024], kinds=("alltoall",))
+    with pytest.raises(NotImplementedError, match="fp8"):
+        calibrate("h100-sxm", device="cpu", dtypes=["fp8"], comm=False)
+    with pytest.raises(UserError, match="sizes"):
+        bench_collectives([0])
+
+
+@pytest.mark.slow
+def test_gloo_collectives_two_ranks():
+    from perfcheck.calibrate_comm import bench_collectives
+
+    t = bench_collectives([4096, 1 << 20], kinds=("allreduce", "allgather", "reducescatter"), repeats=2, target_s=0.002)
+    assert list(t["kind"]) == ["allreduce"] * 2 + ["allgather"] * 2 + ["reducescatter"] * 2
+    assert (t["busbw_bytes_per_s"] > 0).all() and (t["world_size"] == 2).all()
+    # nccl-tests: allreduce busbw = S/t * 2(n-1)/n = S/t for n = 2; allgather (n-1)/n = S/(2t)
+    ar = t.iloc[1]
+    assert ar["busbw_bytes_per_s"] == pytest.approx(ar["bytes"] / ar["seconds"])
+    ag = t.iloc[3]
+    assert ag["busbw_bytes_per_s"] == pytest.approx(ag["bytes"] / ag["seconds"] / 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_quick_gpu_calibration_keeps_datasheet_peaks(tmp_path):
+    from perfcheck.calibrate import default_base
+
+    base = load_system(default_base(torch.device("cuda")))
+    res = calibrate(mode="quick", comm=False, dtypes=["bf16"])
+    spec = res.spec
+    assert spec.matrix_flops_per_s == base.matrix_flops_per_s and spec.calibrated and spec.kind == "gpu"
+    assert 0.2 < spec.efficiency["matrix"] <= 1 and 0.3 < spec.efficiency["memory"] <= 1
+    assert 1e-7 < spec.launch_overhead_s < 1e-3 and len(spec.matrix_efficiency_curve) >= 2
+    assert load_system(str(spec.save(tmp_path / "gpu.json"))) == spec
+
+
+def test_merge_measurements_takes_the_median_per_case():
+    from perfcheck.calibrate_spec import merge_measurements
+
+    t1, t2, t3 = _table(), _table(), _table()
+    t2["seconds"] = t2["seconds"] * 2
+    t3["seconds"] = t3["seconds"] * 3
+    merged = merge_measurements([t1, t2, t3])
+    assert list(merged.columns) == list(MEASUREMENT_COLUMNS) and len(merged) == len(t1)
+    assert merged["seconds"].to_numpy() == pytest.approx(2 * t1["seconds"].to_numpy())
+    assert (merged["repeats"] == 15).all()
+    spec = build_spec("cpu", merged, peaks="measured", stamp=STAMP)
+    assert spec.launch_overhead_s == pytest.approx(7e-6)
