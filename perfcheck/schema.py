@@ -69,6 +69,8 @@ MEASURED_COLUMNS: Mapping[str, str] = {
     "peak_mem_bytes": "peak device memory seen during the module's forward, bytes; NaN where not measurable",
     "flops_fwd_counted": "FLOPs counted by FlopCounterMode for one forward, NaN if counting was off",
     "flops_bwd_counted": "FLOPs counted by FlopCounterMode for one backward, NaN if counting was off",
+    "fwd_flops_per_s": "achieved forward FLOP/s: flops_fwd_counted / fwd_s_median (NaN if not counted)",
+    "bwd_flops_per_s": "achieved backward FLOP/s: flops_bwd_counted / bwd_s_median (NaN if not counted)",
     "steps": "number of measured steps",
     "rank": "distributed rank (0 when not distributed)",
 }
@@ -81,6 +83,10 @@ STEP_COLUMNS: Mapping[str, str] = {
     "bwd_s": "backward time of the root module, seconds",
     "optim_s": "time from the end of backward to the end of the step (optimizer, framework), seconds",
     "step_s": "wall time of the whole step, seconds",
+    "recompute_s": "activation-checkpoint recompute time in the step (outermost recompute calls), seconds",
+    "peak_mem_bytes": "peak device memory allocated in the step, bytes; NaN where not measurable (CPU)",
+    "role": "warmup | flops (FlopCounterMode on) | profile (torch.profiler warm-up/active) | measured | bare (no hooks, for the overhead A/B)",
+    "failed": "True if the user's forward raised (or a hook failed) in this step; such steps are left out of the statistics",
     "rank": "distributed rank",
 }
 
@@ -106,7 +112,8 @@ SAMPLE_COLUMNS: Mapping[str, str] = {
     "power_w": "board power draw, watts (NaN without NVML)",
     "sm_clock_hz": "SM clock, hertz (NaN without NVML)",
     "temperature_c": "GPU temperature, degrees Celsius (NaN without NVML)",
-    "cpu_util": "process CPU utilization in [0, ncores] (psutil), NaN on NVML samples",
+    "cpu_util": "process CPU utilization in [0, ncores] (psutil)",
+    "rss_bytes": "process resident set size (psutil), bytes",
     "rank": "distributed rank",
 }
 

@@ -102,6 +102,6 @@ def test_collective_time_zero_cases_and_arrays():
 def test_bytes_from_deepspeed_log():
     # DeepSpeed logs the per-rank shard for all_gather/reduce_scatter; S is n times that.
     assert bytes_from_deepspeed_log("all_gather_into_tensor", 1e6, 8) == 8e6
-    assert bytes_from_deepspeed_log("reduce_scatter_tensor", 1e6, 4) == 4e6
+    assert bytes_from_deepspeed_log("reduce_scatter_tensor", 1e6, 4) == 1e6  # logged: the full input
     assert bytes_from_deepspeed_log("all_reduce", 1e6, 8) == 1e6
     assert bytes_from_deepspeed_log("all_gather", np.array([1.0, 2.0]), 2).tolist() == [2.0, 4.0]

@@ -47,7 +47,10 @@ _ALIASES = {
 
 # DeepSpeed's comms logger records each rank's shard for these ops (its calc_bw_log multiplies
 # the size by n before computing bandwidth, deepspeed/utils/comms_logging.py).
-_PER_RANK_LOGGED = {"allgather", "reducescatter"}
+#: Kinds whose DeepSpeed comms-logger size is one rank's input shard (all_gather*); the logger
+#: records reduce_scatter_tensor's full unreduced input and all_reduce's whole tensor (measured
+#: with deepspeed 0.19.8 on 2 gloo ranks; deepspeed/comm/utils.py get_msg_size_from_args).
+_PER_RANK_LOGGED = {"allgather"}
 
 
 def normalize_kind(name: str) -> str:
@@ -150,7 +153,8 @@ def collective_time_s(kind, bytes, group_size, system, spans_nodes=None):  # noq
 
 
 def bytes_from_deepspeed_log(op_name: str, msg_size, group_size):
-    """Full buffer size S for a DeepSpeed comms-logger record (its all_gather/reduce_scatter sizes are per rank)."""
+    """Full buffer size S (nccl-tests convention) for a DeepSpeed comms-logger record: the logged
+    size times the group for all-gathers (the logger sees one rank's shard), as logged otherwise."""
     kind = normalize_kind(op_name)
     size = np.asarray(msg_size, dtype=float)
     out = size * _group(group_size) if kind in _PER_RANK_LOGGED else size

@@ -1,0 +1,1 @@
+"""Example models (no downloads) used by ``perfcheck run``, the tests and the benchmarks."""

@@ -1,0 +1,167 @@
+"""What PerfCheck needs to know about the model and the process: module paths, wrappers,
+torch.compile, device, dtype, rank, versions, and the example-input spec for meta.json."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+from dataclasses import dataclass, field
+
+import torch
+
+from perfcheck.schema import ROOT, strip_wrapper_prefix
+
+_WRAPPERS = ("DistributedDataParallel", "DataParallel", "DeepSpeedEngine")
+#: Wrappers nested inside a model (FSDP units, activation-checkpoint wrappers): not hooked themselves
+#: (the wrapped module is, under the wrapper's path) and their attribute name is dropped from paths.
+_TRANSPARENT = {"FullyShardedDataParallel": "_fsdp_wrapped_module", "CheckpointWrapper": "_checkpoint_wrapped_module"}
+_DROP = frozenset(_TRANSPARENT.values()) | {"_orig_mod"}
+
+
+def clean_path(name: str) -> str:
+    """Module path without wrapper prefixes and wrapper components (``module.``, ``_fsdp_wrapped_module``)."""
+    parts = [p for p in strip_wrapper_prefix(name).split(".") if p and p not in _DROP]
+    return ".".join(parts) if parts else ROOT
+
+
+def _is_wrapper(m) -> bool:
+    return hasattr(m, "module") and isinstance(getattr(m, "module"), torch.nn.Module) and any(
+        c.__name__ in _WRAPPERS for c in type(m).__mro__)
+
+
+def _is_compiled(m) -> bool:
+    return type(m).__name__ == "OptimizedModule" and hasattr(m, "_orig_mod")
+
+
+@dataclass
+class ModelView:
+    """The modules PerfCheck instruments, by path (wrapper prefixes removed)."""
+
+    root: torch.nn.Module  # the module whose calls are the root's
+    modules: list  # [(path, module)]
+    types: dict  # path -> class name
+    wrappers: list = field(default_factory=list)  # outer wrapper class names, outermost first
+    compiled: list = field(default_factory=list)  # paths of torch.compile'd modules (children not hooked)
+    outer: torch.nn.Module | None = None  # what the user passed
+
+
+def model_view(model: torch.nn.Module) -> ModelView:
+    """Unwrap DDP / DeepSpeed wrappers; a torch.compile'd module is hooked itself, its children not
+    (hooks inside a compiled region would add graph breaks or recompiles)."""
+    if not isinstance(model, torch.nn.Module):
+        from perfcheck.errors import UserError
+
+        raise UserError(f"PerfCheck needs a torch.nn.Module, got {type(model).__name__}")
+    wrappers, m = [], model
+    while _is_wrapper(m):
+        if type(m).__name__ == "DataParallel" and len(getattr(m, "device_ids", None) or []) > 1:
+            raise NotImplementedError("PerfCheck does not support torch.nn.DataParallel over several devices: its "
+                                      "replicas run the hooks concurrently in threads. Use DistributedDataParallel.")
+        wrappers.append(type(m).__name__)
+        m = m.module
+    compiled: list[str] = []
+    if _is_compiled(m):
+        inner = m._orig_mod
+        while _is_wrapper(inner) or _is_compiled(inner):
+            inner = inner.module if _is_wrapper(inner) else inner._orig_mod
+        return ModelView(m, [(ROOT, m)], {ROOT: type(inner).__name__}, wrappers, [ROOT], model)
+    modules, types, skip = [], {}, []
+    for name, mod in m.named_modules():
+        if any(name.startswith(p) for p in skip):
+            continue
+        if type(mod).__name__ in _TRANSPARENT:
+            continue
+        path = ROOT if name == "" else clean_path(name)
+        if _is_compiled(mod):
+            skip.append(name + ".")
+            compiled.append(path)
+            types[path] = type(mod._orig_mod).__name__
+        else:
+            types[path] = type(mod).__name__
+        modules.append((path, mod))
+    return ModelView(m, modules, types, wrappers, compiled, model)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def model_dtype(model: torch.nn.Module) -> str | None:
+    for t in model.parameters():
+        if t.is_floating_point():
+            return str(t.dtype).replace("torch.", "")
+    return None
+
+
+def rank_and_world() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def parallel_setup(view: ModelView, world_size: int) -> dict:
+    """What is known about the parallel layout from the wrapper (merged with the user's dict)."""
+    outer = view.outer
+    if "DeepSpeedEngine" in view.wrappers:
+        engine = outer
+        while not any(c.__name__ == "DeepSpeedEngine" for c in type(engine).__mro__):
+            engine = engine.module
+        info = {"kind": "deepspeed", "world_size": world_size}
+        for key, attr in (("zero_stage", "zero_optimization_stage"), ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+                          ("micro_batch_per_gpu", "train_micro_batch_size_per_gpu")):
+            try:
+                info[key] = getattr(engine, attr)()
+            except Exception:  # engine API differences across versions: leave the key out
+                continue
+        for key, attr in (("dp", "dp_world_size"), ("mp", "mp_world_size")):
+            if isinstance(getattr(engine, attr, None), int):
+                info[key] = getattr(engine, attr)
+        return info
+    if "DistributedDataParallel" in view.wrappers:
+        return {"kind": "ddp", "dp": world_size, "world_size": world_size}
+    return {"kind": "none", "world_size": world_size} if world_size == 1 else {"kind": "unknown", "world_size": world_size}
+
+
+def describe(obj, depth: int = 0):
+    """JSON-able spec of forward arguments: tensors as shape/dtype/device, containers recursively."""
+    if isinstance(obj, torch.Tensor):
+        return {"shape": list(obj.shape), "dtype": str(obj.dtype).replace("torch.", ""),
+                "device": str(obj.device), "requires_grad": bool(obj.requires_grad)}
+    if depth > 8:
+        return {"type": type(obj).__name__}
+    if isinstance(obj, (list, tuple)):
+        return [describe(x, depth + 1) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): describe(v, depth + 1) for k, v in obj.items()}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return {"value": obj}
+    return {"type": type(obj).__name__}
+
+
+def versions() -> dict:
+    from perfcheck import __version__
+
+    out = {"torch": torch.__version__, "perfcheck": __version__, "python": platform.python_version()}
+    try:  # without importing deepspeed (slow, and it may initialize accelerators)
+        out["deepspeed"] = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        out["deepspeed"] = None
+    return out
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
+    except OSError:  # not Linux
+        names = []
+    if names:
+        return names[0]
+    return platform.processor() or platform.machine() or "cpu"

@@ -1,0 +1,213 @@
+"""Kernel (GPU) or aten-op (CPU) time per module and phase, from one torch.profiler window.
+
+Attribution, so that nothing is counted twice and nothing is lost
+-----------------------------------------------------------------
+Every CPU event of the window gets a context (module path, phase), found by walking up the
+profiler's event tree (``FunctionEvent.cpu_parent``) to the innermost of:
+
+* a ``perfcheck/fwd/<path>`` or ``perfcheck/recompute/<path>`` range (opened by the module timer's
+  forward hooks, properly nested);
+* an autograd node, ``autograd::engine::evaluate_function: <Node>``: phase ``bwd``, module = the
+  module whose forward created that node. Backward ranges cannot be opened by hooks without
+  breaking the profiler's nesting (a module's backward starts inside one node's evaluation and
+  ends inside another's), so the link is the autograd sequence number: a forward op records the
+  sequence number its node receives, the node's evaluation records it back (with the forward
+  thread). ``AccumulateGrad`` nodes have none; they run right after the node that produced the
+  gradient and are given that node's module. The timer also drops zero-length markers
+  ``perfcheck/bwd/<path>/begin`` and ``.../end`` into the trace so backward boundaries are visible;
+* an ``Optimizer.step#...`` / ``Optimizer.zero_grad#...`` range (torch.optim records them):
+  module ``(optimizer)``, phase ``optim``;
+* otherwise module ``unattributed``, phase ``unattributed`` (loss, data movement, user code
+  outside the model).
+
+CPU (``device="cpu"``): one row per (module, phase, op name) with the ops' count, total (inclusive)
+and self time. Self times partition the profiler's total self CPU time exactly; time inside a
+perfcheck range but in no op (Python, hooks) is the row named ``(outside ops)``.
+CUDA: one row per (module, phase, kernel name) for device events (kernels, memcpy, memset); a
+kernel takes the context of the CPU op that launched it (``linked_correlation_id``); total = self
+= summed duration, and the rows sum to the profiler's total device time.
+"""
+from __future__ import annotations
+
+import pandas as pd
+from torch.autograd import DeviceType
+
+from perfcheck.schema import KERNEL_COLUMNS
+
+OPTIMIZER = "(optimizer)"
+UNATTRIBUTED = "unattributed"
+OUTSIDE_OPS = "(outside ops)"
+_EVAL = "autograd::engine::evaluate_function: "
+_RANGE_PHASES = {"fwd", "recompute"}
+
+
+def _range_context(name: str):
+    """(path, phase) for a perfcheck forward/recompute range name, else None."""
+    if not name.startswith("perfcheck/"):
+        return None
+    _, phase, path = name.split("/", 2)
+    return (path, phase) if phase in _RANGE_PHASES else None
+
+
+def _valid_seq(e) -> bool:
+    return e.sequence_nr is not None and 0 <= e.sequence_nr < 2**62
+
+
+def attribute(events) -> dict:
+    """Context (module, phase) of every CPU event, keyed by id(event)."""
+    cpu = sorted((e for e in events if e.device_type == DeviceType.CPU),
+                 key=lambda e: (e.time_range.start, -e.time_range.end))
+    # The node's own event ("AddmmBackward0", a child of evaluate_function) carries the sequence
+    # number and forward thread; the evaluate_function wrapper does not always (not when the node
+    # has tensor pre-hooks), and the wrapper also holds the node's hooks and grad accumulation.
+    node_key: dict[int, tuple] = {}
+    for e in cpu:
+        parent = e.cpu_parent
+        if parent is not None and e.fwd_thread and _valid_seq(e) and parent.name.startswith(_EVAL):
+            node_key.setdefault(id(parent), (e.fwd_thread, e.sequence_nr))
+    ctx: dict[int, tuple] = {}
+    seq_owner: dict[tuple, str] = {}  # (forward thread, sequence nr) -> module path
+    last_node: dict[int, tuple] = {}  # thread -> context of the last autograd node evaluated
+    none = (UNATTRIBUTED, UNATTRIBUTED)
+    for e in cpu:
+        name = e.name
+        own = _range_context(name)
+        if own is None and name.startswith(_EVAL):
+            key = node_key.get(id(e)) or ((e.fwd_thread, e.sequence_nr) if e.fwd_thread and _valid_seq(e) else None)
+            if key is not None:
+                owner = seq_owner.get(key)
+                own = (owner, "bwd") if owner is not None else (UNATTRIBUTED, "bwd")
+            else:  # AccumulateGrad: the node that produced the gradient ran just before
+                own = last_node.get(e.thread, (UNATTRIBUTED, "bwd"))
+            last_node[e.thread] = own
+        elif own is None and name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
+            own = (OPTIMIZER, "optim")
+        if own is None:
+            parent = e.cpu_parent
+            own = ctx.get(id(parent), none) if parent is not None else none
+        ctx[id(e)] = own
+        if not e.fwd_thread and _valid_seq(e):
+            # a forward op records the number its autograd node would get; the last op to record
+            # a number is the one that created the node
+            if own[1] in _RANGE_PHASES:
+                seq_owner[(e.thread, e.sequence_nr)] = own[0]
+            else:
+                seq_owner.pop((e.thread, e.sequence_nr), None)
+    return ctx
+
+
+def kernel_rows(events, device: str, rank: int = 0) -> pd.DataFrame:
+    """The kernel table (schema.KERNEL_COLUMNS) for one profiler window's ``prof.events()``."""
+    ctx = attribute(events)
+    acc: dict[tuple, list] = {}
+
+    def add(key, total_us, self_us):
+        row = acc.setdefault(key, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += total_us
+        row[2] += self_us
+
+    if device == "cpu":
+        for e in events:
+            if e.device_type != DeviceType.CPU:
+                continue
+            module, phase = ctx[id(e)]
+            self_us = e.self_cpu_time_total
+            if e.name.startswith("perfcheck/"):
+                add((module, phase, OUTSIDE_OPS), self_us, self_us)
+            else:
+                add((module, phase, e.name), e.cpu_time_total, self_us)
+    else:
+        launcher = {e.id: e for e in events if e.device_type == DeviceType.CPU and not e.linked_correlation_id}
+        for e in events:
+            if e.device_type == DeviceType.CPU:
+                continue
+            src = launcher.get(e.linked_correlation_id)
+            module, phase = ctx.get(id(src), (UNATTRIBUTED, UNATTRIBUTED)) if src is not None else (UNATTRIBUTED, UNATTRIBUTED)
+            dur = e.time_range.elapsed_us()
+            add((module, phase, e.name), dur, dur)
+    rows = [
+        {"module": m, "phase": p, "name": n, "device": device, "count": c, "total_s": t * 1e-6, "self_s": s * 1e-6, "rank": rank}
+        for (m, p, n), (c, t, s) in acc.items()
+    ]
+    frame = pd.DataFrame(rows, columns=list(KERNEL_COLUMNS))
+    return frame.sort_values(["module", "phase", "self_s"], ascending=[True, True, False], ignore_index=True)
+
+
+def profiler_total_s(events, device: str) -> float:
+    """The profiler's own total for the window: self CPU time (cpu) or device time (cuda), seconds."""
+    if device == "cpu":
+        return sum(e.self_cpu_time_total for e in events if e.device_type == DeviceType.CPU) * 1e-6
+    return sum(e.time_range.elapsed_us() for e in events if e.device_type != DeviceType.CPU) * 1e-6
+
+
+def empty_kernel_frame() -> pd.DataFrame:
+    return pd.DataFrame(columns=list(KERNEL_COLUMNS))
+
+
+class ProfilerWindow:
+    """One ``torch.profiler`` window on a schedule; at its end, the kernel table and trace.json.
+
+    ``skip_first`` steps pass unprofiled, then ``torch.profiler.schedule(wait, warmup, active,
+    repeat=1)``. ``step()`` is called at every step boundary. The Chrome trace is exported to
+    ``trace_dir/trace.json`` (a temporary directory if None) via a temporary name + os.replace.
+    Failures are reported through ``warn`` and never raised into the training loop.
+    """
+
+    def __init__(self, device: str, skip_first: int, window: tuple, rank: int, trace_dir=None, warn=print):
+        self.device, self.rank, self.warn = device, rank, warn
+        self.trace_dir = trace_dir
+        wait, pwarm, active = window
+        first = skip_first + wait + pwarm
+        self.info: dict = {"window": {"skip_first": skip_first, "wait": wait, "warmup": pwarm, "active": active},
+                           "steps": list(range(first, first + active))}
+        self.kernels = empty_kernel_frame()
+        self.trace_path = None
+        self._prof = None
+        self._schedule = (skip_first, wait, pwarm, active)
+
+    def start(self):
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        skip, wait, pwarm, active = self._schedule
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
+        self._prof = profile(activities=acts, on_trace_ready=self._on_trace_ready,
+                             schedule=schedule(skip_first=skip, wait=wait, warmup=pwarm, active=active, repeat=1))
+        self._prof.start()
+        return self
+
+    def step(self):
+        if self._prof is not None:
+            self._prof.step()
+
+    def stop(self):
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        try:
+            prof.stop()
+        except Exception as exc:  # the profiler must not turn a finished run into a crash
+            self.warn(f"torch.profiler failed to stop ({type(exc).__name__}: {exc})")
+
+    def _on_trace_ready(self, prof):
+        import os
+        import tempfile
+        import uuid
+        from pathlib import Path
+
+        try:
+            events = prof.events()
+            self.kernels = kernel_rows(events, self.device, self.rank)
+            self.info.update({
+                "total_s": profiler_total_s(events, self.device),
+                "total_kind": "self CPU time of all events" if self.device == "cpu" else "device time of all kernels",
+                "attributed_s": float(self.kernels["self_s"].sum())})
+            if self.trace_dir is None:
+                self.trace_dir = tempfile.mkdtemp(prefix="perfcheck-trace-")
+            target = Path(self.trace_dir) / "trace.json"
+            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            prof.export_chrome_trace(str(tmp))
+            os.replace(tmp, target)
+            self.trace_path = target
+        except Exception as exc:  # never crash the training run over a trace
+            self.warn(f"profiler results could not be processed ({type(exc).__name__}: {exc})")

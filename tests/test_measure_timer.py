@@ -1,0 +1,370 @@
+"""Per-module timing against independent references: modules that sleep a known time in forward
+(and, through a custom autograd Function, in backward); structural invariants (children inside
+their parent); in-place ops, shared modules, shared inputs, first layers, checkpointing, FLOPs."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
+
+from perfcheck import PerfCheck
+from perfcheck.examples.models import GPT, JSC_Tiny, Net
+from perfcheck.schema import MEASURED_COLUMNS, ROOT, STEP_COLUMNS, parent_path
+
+MS = 1e-3
+# Sleeps overshoot on a loaded machine; a misattribution in these tests is off by >= 10 ms.
+SLACK = 9 * MS
+
+
+class SleepFn(torch.autograd.Function):
+    """Identity that sleeps ``fwd`` seconds in forward and ``bwd`` seconds in backward."""
+
+    @staticmethod
+    def forward(ctx, x, fwd, bwd):
+        time.sleep(fwd)
+        ctx.bwd = bwd
+        y = x * 1.0
+        ctx.save_for_backward(y)  # a saved tensor: checkpoint recompute must re-run this forward
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.saved_tensors  # noqa: B018 - unpack (triggers non-reentrant recompute)
+        time.sleep(ctx.bwd)
+        return grad, None, None
+
+
+class Sleepy(nn.Module):
+    """A Linear (so it has weight-gradient work even without input grad) followed by SleepFn."""
+
+    def __init__(self, fwd: float, bwd: float, width: int = 4):
+        super().__init__()
+        self.fwd, self.bwd = fwd, bwd
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, x):
+        return SleepFn.apply(self.lin(x), self.fwd, self.bwd)
+
+
+def run_steps(model, make_inputs, n_steps=3, warmup=1, loss=lambda y: y.float().sum(), **kw):
+    kw.setdefault("profile", False)
+    kw.setdefault("sample_interval", None)
+    pc = PerfCheck(model, warmup=warmup, steps=n_steps, **kw)
+    with pc:
+        while not pc.done:
+            loss(model(*make_inputs())).backward()
+            pc.step()
+    return pc
+
+
+def row(pc, path):
+    m = pc.measured().set_index("module")
+    assert path in m.index, f"{path} not measured; got {list(m.index)}"
+    return m.loc[path]
+
+
+def assert_close(measured, expected, what):
+    assert expected - 0.5 * MS <= measured <= expected + SLACK, f"{what}: measured {measured * 1e3:.2f} ms, expected {expected * 1e3:.2f} ms"
+
+
+class TwoSleepy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Sleepy(0.010, 0.030)
+        self.b = Sleepy(0.020, 0.010)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_forward_and_backward_match_known_sleeps():
+    pc = run_steps(TwoSleepy(), lambda: (torch.randn(2, 4),))
+    for path, fwd, bwd in (("a", 0.010, 0.030), ("b", 0.020, 0.010)):
+        r = row(pc, path)
+        assert r["calls"] == 1 and r["steps"] == 3
+        assert_close(r["fwd_s_median"], fwd, f"{path} forward")
+        assert_close(r["bwd_s_median"], bwd, f"{path} backward")
+    root = row(pc, ROOT)
+    assert root["fwd_s_median"] >= 0.030 and root["bwd_s_median"] >= 0.040
+    assert set(pc.measured().columns) == set(MEASURED_COLUMNS)
+    assert list(pc.steps().columns) == list(STEP_COLUMNS)
+
+
+class Shared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared = Sleepy(0.008, 0.012)
+        self.mid = Sleepy(0.001, 0.020)
+
+    def forward(self, x):
+        return self.shared(self.mid(self.shared(x)))
+
+
+def test_module_called_twice_counts_two_calls_both_timed():
+    pc = run_steps(Shared(), lambda: (torch.randn(2, 4),))
+    r = row(pc, "shared")
+    assert r["calls"] == 2
+    assert_close(r["fwd_s_median"], 0.016, "shared forward (2 calls)")
+    assert_close(r["bwd_s_median"], 0.024, "shared backward (2 calls)")
+    assert_close(row(pc, "mid")["bwd_s_median"], 0.020, "mid backward between the two calls")
+    assert row(pc, "shared.lin")["calls"] == 2
+
+
+class FirstLayer(nn.Module):
+    """The first layer's input needs no grad: its backward is weight-gradient work only."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = Sleepy(0.001, 0.025)
+        self.second = Sleepy(0.001, 0.010)
+
+    def forward(self, x):
+        return self.second(self.first(x))
+
+
+def test_first_layer_without_input_grad_gets_its_backward_time():
+    pc = run_steps(FirstLayer(), lambda: (torch.randn(2, 4),))
+    assert_close(row(pc, "first")["bwd_s_median"], 0.025, "first layer backward")
+    assert_close(row(pc, "second")["bwd_s_median"], 0.010, "second layer backward")
+
+
+class QKV(nn.Module):
+    """One input feeds three modules: an input-gradient hook alone would wait for all three."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Linear(4, 4)
+        self.q, self.k, self.v = Sleepy(0.001, 0.030), Sleepy(0.001, 0.010), Sleepy(0.001, 0.020)
+
+    def forward(self, x):
+        x = self.pre(x)
+        return self.q(x) + self.k(x) * 2 + self.v(x) * 3
+
+
+def test_shared_input_backward_is_split_per_consumer():
+    pc = run_steps(QKV(), lambda: (torch.randn(2, 4),))
+    for path, bwd in (("q", 0.030), ("k", 0.010), ("v", 0.020)):
+        assert_close(row(pc, path)["bwd_s_median"], bwd, f"{path} backward")
+
+
+def _check_nesting(pc):
+    ms = pc.module_steps()
+    assert not ms.empty
+    for step, g in ms.groupby("step"):
+        t = g.set_index("module")
+        for phase in ("fwd_s", "bwd_s"):
+            sums = {}
+            for path in t.index:
+                if path != ROOT:
+                    parent = parent_path(path)
+                    while parent not in t.index:  # containers that are never called (ModuleList)
+                        parent = parent_path(parent)
+                    sums[parent] = sums.get(parent, 0.0) + t.loc[path, phase]
+            for parent, total in sums.items():
+                assert total <= t.loc[parent, phase] + 1e-9, f"step {step} {phase}: children of {parent} sum to {total} > {t.loc[parent, phase]}"
+
+
+@pytest.mark.parametrize("use_sdpa", [True, False])
+def test_children_sum_to_at_most_their_parent_gpt(use_sdpa):
+    torch.manual_seed(0)
+    model = GPT(n_layer=2, n_head=2, d_model=32, vocab=50, seq_len=16, use_sdpa=use_sdpa)
+    pc = run_steps(model, lambda: (torch.randint(0, 50, (2, 16)),))
+    _check_nesting(pc)
+    m = pc.measured().set_index("module")
+    # nn.MultiheadAttention's out_proj is never called (F.multi_head_attention_forward uses its weight)
+    assert ("h.0.attn.mha.out_proj" in m.index) is False
+    assert (m["bwd_s_median"] > 0).loc[["h.0.attn", "wte", "wpe", "lm_head"]].all()
+
+
+def test_inplace_relu_model_jsc_tiny():
+    # register_full_backward_hook raises on this very model: the case the timer must survive.
+    probe = JSC_Tiny()
+    handle = probe.seq_blocks[1].register_full_backward_hook(lambda *a: None)
+    with pytest.raises(RuntimeError, match="inplace"):
+        probe(torch.randn(8, 16)).sum().backward()
+    handle.remove()
+
+    pc = run_steps(JSC_Tiny(), lambda: (torch.randn(8, 16),))
+    m = pc.measured().set_index("module")
+    assert set(m.index) == {ROOT, "seq_blocks", "seq_blocks.0", "seq_blocks.1", "seq_blocks.2", "seq_blocks.3"}
+    assert (m["calls"] == 1).all() and (m["bwd_s_median"] > 0).all() and (m["fwd_s_median"] > 0).all()
+    _check_nesting(pc)
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, reentrant):
+        super().__init__()
+        self.pre = nn.Linear(4, 4)
+        self.blk = Sleepy(0.015, 0.020)
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        return checkpoint(self.blk, self.pre(x), use_reentrant=self.reentrant)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_recompute_reported_apart(reentrant):
+    pc = run_steps(Checkpointed(reentrant), lambda: (torch.randn(2, 4),))
+    r = row(pc, "blk")
+    assert r["calls"] == 1
+    assert_close(r["fwd_s_median"], 0.015, "forward (recompute not added)")
+    assert_close(r["recompute_s_median"], 0.015, "recompute")
+    assert_close(r["bwd_s_median"], 0.020, "backward (recompute excluded)")
+    steps = pc.steps()
+    assert (steps.loc[steps.role == "measured", "recompute_s"] >= 0.015).all()
+    assert not steps["failed"].any()
+
+
+def test_counted_flops_match_flop_counter_mode():
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 3, 32, 32)
+    with FlopCounterMode(display=False) as ref:
+        model(x).sum()
+    fwd_ref = ref.get_total_flops()
+    pc = run_steps(model, lambda: (x,), count_flops=True)
+    m = pc.measured().set_index("module")
+    assert m.loc[ROOT, "flops_fwd_counted"] == fwd_ref
+    # hand count, conv1: 2 * (6*28*28 outputs) * (3*5*5 MACs each) * batch 4
+    assert m.loc["conv1", "flops_fwd_counted"] == 2 * 6 * 28 * 28 * 75 * 4
+    # conv1's input needs no grad: backward computes the weight gradient only (same size as forward)
+    assert m.loc["conv1", "flops_bwd_counted"] == m.loc["conv1", "flops_fwd_counted"]
+    assert m.loc["fc1", "flops_bwd_counted"] == 2 * m.loc["fc1", "flops_fwd_counted"]
+    assert m.loc[ROOT, "fwd_flops_per_s"] == pytest.approx(fwd_ref / m.loc[ROOT, "fwd_s_median"])
+    assert (pc.steps().role == "flops").sum() == 1  # its step is left out of the statistics
+
+
+def test_cpu_memory_is_nan_with_a_note():
+    pc = run_steps(Net(), lambda: (torch.randn(2, 3, 32, 32),), n_steps=1)
+    assert pc.measured()["act_mem_bytes"].isna().all() and pc.steps()["peak_mem_bytes"].isna().all()
+    assert any("not measurable" in n for n in pc.meta()["notes"])
+
+
+def test_empty_step_calls_are_ignored_and_in_flight_step_kept():
+    model, x = Net(), torch.randn(2, 3, 32, 32)
+    pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None)
+    with pc:
+        for _ in range(3):
+            pc.step()  # at the start of each iteration: the first one has nothing to close
+            model(x).sum().backward()
+    assert pc.steps()["step"].tolist() == [0, 1, 2]
+    assert (pc.measured()["steps"] == 3).all()
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+def test_cuda_events_time_a_known_gpu_delay():
+    class Spin(nn.Module):
+        def forward(self, x):
+            torch.cuda._sleep(50_000_000)  # ~tens of ms of GPU time, no host wait
+            return x * 2
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.spin = nn.Linear(64, 64), Spin()
+
+        def forward(self, x):
+            return self.spin(self.lin(x))
+
+    model = M().cuda()
+    x = torch.randn(8, 64, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(50_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    ref = start.elapsed_time(end) * 1e-3
+    pc = run_steps(model, lambda: (x,))
+    spin = row(pc, "spin")["fwd_s_median"]
+    assert ref * 0.8 <= spin <= ref * 1.3
+    assert row(pc, ROOT)["peak_mem_bytes"] > 0 and row(pc, "lin")["act_mem_bytes"] >= 8 * 64 * 4
+    assert (pc.steps()["peak_mem_bytes"] > 0).all()
+
+
+@pytest.mark.gpu
+@cuda
+def test_no_device_synchronize_in_hooks():
+    model = GPT(n_layer=2, n_head=2, d_model=64, vocab=100, seq_len=32).cuda()
+    x = torch.randint(0, 100, (2, 32), device="cuda")
+    pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None, memory=True).start()
+    model(x).sum().backward()  # first call outside the sync check (lazy init)
+    pc.step()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):
+            model(x).sum().backward()
+            pc.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    pc.stop()
+    assert len(pc.steps()) == 3
+
+
+class FakeEvent:
+    """A CPU stand-in for torch.cuda.Event: records perf_counter at record(), completes on demand."""
+
+    created = 0
+    recorded: list = []
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        FakeEvent.created += 1
+        self.t, self.done = None, False
+
+    def record(self, stream=None):
+        self.t, self.done = time.perf_counter(), False
+        FakeEvent.recorded.append(self)
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):  # one stream: everything recorded before this event is complete too
+        for ev in FakeEvent.recorded:
+            if ev.t <= self.t:
+                ev.done = True
+
+    def elapsed_time(self, other):
+        if not (self.done and other.done):
+            raise RuntimeError("event not completed")
+        return (other.t - self.t) * 1e3
+
+
+def test_cuda_clock_path_defers_resolution_and_pools_events(monkeypatch):
+    """The CUDA event path on CPU with fake events: deferred resolution, pooling, same numbers."""
+    from perfcheck.measure import module_timer as mt
+
+    monkeypatch.setattr(mt.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(mt.torch.cuda, "current_stream", lambda device=None: None)
+    model = TwoSleepy()
+    clock = mt.CudaClock("cuda:0")
+    timer = mt.ModuleTimer([(p or ROOT, m) for p, m in model.named_modules()], clock)
+    timer.attach()
+    pending = []
+    try:
+        for _ in range(3):
+            timer.begin_step()
+            model(torch.randn(2, 4)).sum().backward()
+            pending.append(timer.end_step())
+    finally:
+        timer.detach()
+    assert not pending[0].ready()  # nothing synchronized yet
+    created = FakeEvent.created
+    pending[1].end.synchronize()  # the device "finished" the first two steps
+    assert pending[0].ready() and pending[1].ready() and not pending[2].ready()
+    results = [p.resolve() for p in pending]  # the last one is forced (synchronize)
+    for r in results:
+        assert_close(r["modules"]["a"][2], 0.030, "a backward via events")
+        assert_close(r["modules"]["b"][1], 0.020, "b forward via events")
+    timer.attach()
+    timer.begin_step()
+    model(torch.randn(2, 4)).sum().backward()
+    timer.end_step().resolve()
+    timer.detach()
+    assert FakeEvent.created == created  # the 4th step reused pooled events
