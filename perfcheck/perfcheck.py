@@ -75,6 +75,11 @@ class PerfCheck:
         memory: per-module CUDA memory (default: on for CUDA models; NaN on CPU).
         overhead_pairs: instrumented/bare step pairs for the in-run overhead estimate (meta.json).
         parallel: what is known about the parallel layout, merged into meta.json's ``parallel``.
+        system: the spec predictions use (a name from ``perfcheck systems``, a JSON file from
+            ``perfcheck calibrate`` or a SystemSpec); default: this device's built-in entry.
+
+    ``save()`` also writes the estimator's rows for the shapes, dtype and parallel layout the run
+    saw (``predicted.csv``), so ``perfcheck report RUN_DIR`` needs nothing but the directory.
     """
 
     #: Every module some running PerfCheck has hooks on (weak: no attribute on user modules).
@@ -83,7 +88,7 @@ class PerfCheck:
     def __init__(self, model, *, warmup: int = 1, steps: int | None = None, profile: bool = True,
                  profile_window: tuple = (0, 1, 1), count_flops: bool = False,
                  sample_interval: float | None = DEFAULT_INTERVAL_S, out_dir=None, memory: bool | None = None,
-                 overhead_pairs: int = 0, parallel: dict | None = None):
+                 overhead_pairs: int = 0, parallel: dict | None = None, system=None):
         self.warmup = _nonneg_int("warmup", warmup)
         self.n_steps = _nonneg_int("steps", steps, allow_none=True)
         if self.n_steps == 0:
@@ -101,6 +106,7 @@ class PerfCheck:
         self.overhead_pairs = _nonneg_int("overhead_pairs", overhead_pairs)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.user_parallel = dict(parallel or {})
+        self.system = system
         self._view = model_view(model)
         self.device = model_device(self._view.root)
         self.track_memory = (self.device.type == "cuda") if memory is None else bool(memory)
@@ -408,8 +414,69 @@ class PerfCheck:
             if trace.resolve() != (d / runs.TRACE).resolve():
                 runs.atomic_copy(trace, d / runs.TRACE)
             files.append(runs.TRACE)
+        files += self._save_prediction(run_dir)
         runs.atomic_write_json(d / runs.META, self.meta(complete=self._state == "stopped", files=files))
         return d
+
+    # ------------------------------------------------------------------- predicted vs measured
+    def _system_spec(self):
+        from perfcheck.predict_run import system_from_meta
+        from perfcheck.systems import load_system
+
+        return load_system(system_from_meta(self.meta(), self.system))
+
+    def predicted(self) -> pd.DataFrame:
+        """The estimator's rows for this run: the root's recorded input shapes and dtype, the
+        parallel layout seen, on ``system`` (schema.PREDICTED_COLUMNS)."""
+        from perfcheck.predict_run import predict_for_run
+
+        if self._state == "new" or not self._timer.first_root_inputs:
+            raise UserError("no prediction yet: run at least one step so the input shapes are known")
+        if getattr(self, "_predicted", None) is None:
+            self._predicted = predict_for_run(self._view.root, self.meta(), system=self._system_spec())
+        return self._predicted
+
+    def _save_prediction(self, run_dir) -> list:
+        """Write predicted.csv beside this rank's files; a model the estimator cannot trace leaves a
+        warning in meta.json, never a lost run."""
+        from perfcheck.predict_run import PREDICTED_CSV, PREDICTED_JSON, save_predicted
+
+        try:
+            frame = self.predicted()
+            save_predicted(run_dir, frame, rank=self.rank, system=self._system_spec(), dtype=frame.attrs.get("dtype"))
+        except (UserError, NotImplementedError, RuntimeError, ValueError, TypeError) as exc:
+            self._warn(f"predicted.csv not written: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return []
+        return [PREDICTED_CSV, PREDICTED_JSON]
+
+    def reconciled(self) -> pd.DataFrame:
+        """perfcheck.reconcile of this run's predicted and measured rows (with kernels and steps)."""
+        from perfcheck.reconcile import reconcile
+
+        return reconcile(self.predicted(), self.measured(), system=self._system_spec(), kernels=self.kernels(),
+                         steps=self.steps())
+
+    def report(self, *, depth: int | None = None, top: int = 3) -> str:
+        """The terminal report (module tree, predicted vs measured, gaps and reasons) as a string."""
+        from perfcheck.report.text import render_text
+
+        return render_text(self.reconciled(), depth=depth, top=top)
+
+    @classmethod
+    def attach(cls, engine, perfcheck: "PerfCheck | None" = None, block=None):
+        """Measure a DeepSpeed engine built by ``deepspeed.initialize``; returns the wrapper to use in
+        its place (forward/backward/step are timed at the engine's boundaries). ``block``: the
+        config's ``"perfcheck"`` block as a dict (default: the engine's config)."""
+        from perfcheck.integrations.deepspeed import attach_engine
+
+        return attach_engine(perfcheck, engine, block)
+
+    def _system_name(self):
+        from perfcheck.systems import SystemSpec, list_systems, load_system
+
+        if self.system is None or isinstance(self.system, SystemSpec):
+            return None if self.system is None else self.system.name
+        return str(load_system(self.system).name if str(self.system) in list_systems() else self.system)
 
     def meta(self, complete: bool = True, files=None) -> dict:
         """The run's metadata (what meta.json holds)."""
@@ -436,6 +503,7 @@ class PerfCheck:
             "dtype": model_dtype(view.root),
             "inputs": self._timer.first_root_inputs if started else None,
             "parallel": parallel,
+            "system": self._system_name(),
             "options": {"warmup": self.warmup, "steps": self.n_steps, "profile": self.profile,
                         "profile_window": list(self.profile_window), "count_flops": self.count_flops,
                         "sample_interval_s": self.sample_interval, "memory": self.track_memory,

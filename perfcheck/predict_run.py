@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.schema import PREDICTED_COLUMNS, SCHEMA_VERSION, SchemaError, validate_frame
+from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, SCHEMA_VERSION, SchemaError, validate_frame
 
 PREDICTED_CSV = "predicted.csv"
 PREDICTED_JSON = "predicted.json"
@@ -115,7 +115,7 @@ def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, sys
     from perfcheck.systems import load_system
 
     base = Path(run_dir) if rank is None else runs.rank_dir(run_dir, rank)
-    cols = list(PREDICTED_COLUMNS) + [c for c in ("unmodeled_ops",) if c in frame.columns]
+    cols = list(PREDICTED_COLUMNS) + [c for c in PREDICTED_EXTRA_COLUMNS if c in frame.columns]
     try:
         validate_frame(frame, cols, "predicted frame")
     except SchemaError as exc:

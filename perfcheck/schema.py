@@ -52,6 +52,13 @@ PREDICTED_COLUMNS: Mapping[str, str] = {
     "source": "modeled (perfcheck formulas) | counted (torch.utils.flop_counter fallback for an op without a formula)",
 }
 
+#: Columns perfcheck.estimate adds beyond the contract (files written before them still load).
+PREDICTED_EXTRA_COLUMNS: Mapping[str, str] = {
+    "unmodeled_ops": "aten ops no formula knows, costed by their bytes alone, ','-joined ('' if none)",
+    "kernels_fwd": "kernel launches predicted for the forward (the launch-overhead term counts these)",
+    "kernels_bwd": "kernel launches predicted for the backward",
+}
+
 # --------------------------------------------------------------------------------------------
 # Measured rows: PerfCheck(model).measured() -> one row per module that ran in measured steps.
 # Times are per step (sum over the module's calls in that step); statistics are over steps.

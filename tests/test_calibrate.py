@@ -201,3 +201,18 @@ def test_merge_measurements_takes_the_median_per_case():
     assert (merged["repeats"] == 15).all()
     spec = build_spec("cpu", merged, peaks="measured", stamp=STAMP)
     assert spec.launch_overhead_s == pytest.approx(7e-6)
+
+
+def test_cli_parser_spells_the_peak_conventions_of_the_library():
+    from perfcheck.calibrate import PEAK_CONVENTIONS
+    from perfcheck.commands import calibrate as command
+
+    assert command.PEAK_CONVENTIONS == PEAK_CONVENTIONS
+
+
+def test_building_the_cli_parser_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, perfcheck.cli as c; c.build_parser(); assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -33,7 +33,11 @@ def test_run_directory_files_and_meta(tmp_path):
     pc = _measure(tmp_path, profile=True, overhead_pairs=2)
     d = tmp_path / "rank0"
     assert {p.name for p in d.iterdir()} == {"meta.json", "modules.csv", "steps.csv", "module_steps.csv",
-                                            "kernels.csv", "samples.csv", "trace.json"}
+                                            "kernels.csv", "samples.csv", "trace.json", "predicted.csv",
+                                            "predicted.json"}
+    # The estimator ran on the shapes the run saw (batch 2): LeNet's 5,213,760 MACs at batch 8 / 4.
+    predicted = pd.read_csv(d / "predicted.csv").set_index("module")
+    assert predicted.loc["(root)", "macs_fwd"] == 5_213_760 // 4
     meta = json.loads((d / "meta.json").read_text())
     assert meta["schema_version"] == SCHEMA_VERSION and meta["complete"] is True
     assert meta["rank"] == 0 and meta["world_size"] == 1 and meta["versions"]["torch"] == torch.__version__
@@ -188,3 +192,34 @@ def test_long_runs_keep_bounded_memory_and_the_csv_keeps_everything(tmp_path, mo
     on_disk = pd.read_csv(tmp_path / "rank0" / "module_steps.csv")
     assert on_disk["step"].nunique() == 7  # warm-up + 6 measured, all appended
     assert json.loads((tmp_path / "rank0" / "meta.json").read_text())["module_steps_dropped"] == 4
+
+
+def test_report_joins_predicted_and_measured_for_every_module(tmp_path):
+    pc = _measure(tmp_path)
+    text = pc.report(depth=1)
+    assert "predicted vs measured" in text and "(conv1): Conv2d" in text
+    rec = pc.reconciled()
+    assert set(rec.loc[rec["side"] == "both", "module"]) >= {"(root)", "conv1", "fc3"}
+
+
+def test_a_model_the_estimator_cannot_trace_keeps_its_run(tmp_path):
+    """A forward that reads tensor data (here .item()) cannot run under fake tensors: the
+    measured files are written anyway and meta.json says why predicted.csv is missing."""
+
+    class DataDependent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x) * float(x.abs().sum().item() > 0)
+
+    model, x = DataDependent(), torch.randn(3, 4)
+    with pytest.warns(RuntimeWarning, match="predicted.csv not written"):
+        with PerfCheck(model, warmup=0, steps=2, profile=False, sample_interval=None, out_dir=tmp_path) as pc:
+            for _ in range(2):
+                model(x).sum().backward()
+                pc.step()
+    d = tmp_path / "rank0"
+    assert (d / "modules.csv").exists() and not (d / "predicted.csv").exists()
+    assert any("predicted.csv not written" in w for w in json.loads((d / "meta.json").read_text())["warnings"])

@@ -33,6 +33,9 @@ def add_parser(subparsers):
     p.add_argument("--overhead-pairs", type=int, default=5,
                    help="instrumented/bare step pairs for the in-run overhead estimate (default: 5; 0 = not measured)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--system", default=None,
+                   help="spec for the saved predictions: a name (`perfcheck systems`) or a calibrated JSON file "
+                        "(default: this device's entry)")
     p.set_defaults(run=run)
 
 
@@ -71,7 +74,8 @@ def run(args) -> int:
     out = args.out or runs.new_run_dir("runs", args.model)
     pc = PerfCheck(model, warmup=args.warmup, steps=args.steps, profile=not args.no_profile,
                    profile_window=_window(args.profile_window), count_flops=not args.no_flops,
-                   sample_interval=args.sample_interval, out_dir=out, overhead_pairs=args.overhead_pairs)
+                   sample_interval=args.sample_interval, out_dir=out, overhead_pairs=args.overhead_pairs,
+                   system=args.system)
     limit = args.warmup + args.steps + 2 * args.overhead_pairs + sum(_window(args.profile_window)) + 2
     with pc:
         for _ in range(limit):
@@ -90,5 +94,6 @@ def run(args) -> int:
     print(f"perfcheck run: {example.description}, batch {batch}, {device}")
     print(f"  {len(measured)} measured steps, median step {med * 1e3:.3f} ms, hook overhead {ovh_text}")
     print(f"  wrote {out}/rank{pc.rank}/ (modules.csv, steps.csv, kernels.csv, samples.csv, meta.json"
-          f"{', trace.json' if not args.no_profile else ''})")
+          f"{', trace.json' if not args.no_profile else ''}, predicted.csv)")
+    print(f"  next: perfcheck report {out}")
     return 0

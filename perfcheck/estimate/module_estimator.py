@@ -15,7 +15,7 @@ import torch
 from perfcheck.errors import UserError
 from perfcheck.estimate import trace as tracing
 from perfcheck.estimate.aten_costs import cost_of, sdpa_cost
-from perfcheck.schema import PREDICTED_COLUMNS, module_depth
+from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, module_depth
 
 _BOUND_ORDER = ("compute", "memory", "overhead", "comm")
 
@@ -112,8 +112,9 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     dtype: element type to assume for floating tensors and peak FLOP/s (default: the model's).
     parallel: a ParallelConfig; data parallel / ZeRO communication is added per module.
     causal: count causal SDPA calls at half their products (FlopCounterMode counts them in full).
-    Returns a DataFrame with the columns of ``perfcheck.schema.PREDICTED_COLUMNS`` (plus
-    ``unmodeled_ops``: aten ops costed only by their bytes because no formula knows them).
+    Returns a DataFrame with the columns of ``perfcheck.schema.PREDICTED_COLUMNS`` plus
+    ``PREDICTED_EXTRA_COLUMNS`` (``unmodeled_ops``, ``kernels_fwd``, ``kernels_bwd``); ``attrs``
+    names the system, whether it was calibrated, and the dtype.
     """
     from perfcheck.systems import load_system
 
@@ -131,6 +132,7 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
         macs_fwd=("macs_fwd", "sum"), macs_bwd=("macs_bwd", "sum"), other_fwd=("other_fwd", "sum"),
         other_bwd=("other_bwd", "sum"), bytes_fwd=("bytes_fwd", "sum"), bytes_bwd=("bytes_bwd", "sum"),
         pred_fwd_s=("t_fwd", "sum"), pred_bwd_s=("t_bwd", "sum"), counted=("counted", "any"),
+        kernels_fwd=("kernels_fwd", "sum"), kernels_bwd=("kernels_bwd", "sum"),
         unmodeled_ops=("unmodeled", lambda s: ",".join(sorted(set(s.dropna())))))
     modules = {path: mod for path, mod in _named(model)}
     frame = pd.DataFrame({"module": trace.order})
@@ -139,7 +141,8 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     frame["calls"] = [trace.calls[p] for p in trace.order]
     frame["params"] = [_param_count(modules[p]) if p in modules else 0 for p in trace.order]
     frame = frame.join(sums, on="module")
-    for col in ("macs_fwd", "macs_bwd", "other_fwd", "other_bwd", "bytes_fwd", "bytes_bwd", "pred_fwd_s", "pred_bwd_s"):
+    for col in ("macs_fwd", "macs_bwd", "other_fwd", "other_bwd", "bytes_fwd", "bytes_bwd", "pred_fwd_s", "pred_bwd_s",
+                "kernels_fwd", "kernels_bwd"):
         frame[col] = frame[col].fillna(0.0)
     frame["flops_fwd"] = 2 * frame["macs_fwd"] + frame["other_fwd"]
     frame["flops_bwd"] = 2 * frame["macs_bwd"] + frame["other_bwd"]
@@ -149,7 +152,7 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     frame["source"] = np.where(frame["counted"].fillna(False).astype(bool), "counted", "modeled")
     frame["unmodeled_ops"] = frame["unmodeled_ops"].fillna("")
     frame = _add_communication(frame, model, modules, parallel, spec, dt)
-    cols = list(PREDICTED_COLUMNS) + ["unmodeled_ops"]
+    cols = list(PREDICTED_COLUMNS) + list(PREDICTED_EXTRA_COLUMNS)
     frame = frame[cols].reset_index(drop=True)
     # Which ceilings produced the times: every report prints "NAME (calibrated|datasheet)".
     frame.attrs.update(system=spec.name, calibrated=bool(spec.calibrated), dtype=str(dt).replace("torch.", ""))
