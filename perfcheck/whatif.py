@@ -200,14 +200,16 @@ def resolve_predicted(predicted, run, rank: int, source):
         frame, how = pd.read_csv(predicted, keep_default_na=False, na_values=["", "nan", "NaN"]), str(predicted)
     else:
         frame, info = predict_run.load_predicted(run.run_dir, ranks=(rank,))
-        if frame is not None:
+        other = info.get("system") if frame is not None and info.get("system") not in (None, source.name) else None
+        if frame is not None and other is None:
             how = f"{run.run_dir}/predicted.csv" + (f" (estimated on {info['system']})" if info.get("system") else "")
-        else:
+        else:  # none saved, or saved for another system: A's terms are what the scaling needs
             model = predict_run.model_from_meta(run.meta[rank])
             if model is None:
-                raise UserError(f"predicted: {run.run_dir} has no predicted.csv and its model is not a built-in "
-                                "example; save the model's prediction with perfcheck.predict_run.save_predicted, "
-                                "or pass --predicted FILE (perfcheck estimate ... --format csv)")
+                why = (f"its predicted.csv was estimated on {other}, not {source.name} (pass --from {other})"
+                       if other else "it has no predicted.csv")
+                raise UserError(f"predicted: {run.run_dir}: {why}, and its model is not a built-in example to "
+                                "re-estimate; or pass --predicted FILE (perfcheck estimate ... --format csv)")
             frame = predict_run.predict_for_run(model, run.meta[rank], system=source)
             how = f"estimated now on {source.name} (built-in example {type(model).__name__})"
     missing = [c for c in _PRED_NEEDED if c not in frame.columns]

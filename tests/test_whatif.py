@@ -168,13 +168,14 @@ def test_cpu_run_across_two_systems(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
     x = torch.randn(128, 256)
-    pc = perfcheck.PerfCheck(model, warmup=1, steps=2, profile=False, sample_interval=None, out_dir=tmp_path / "run")
+    pc = perfcheck.PerfCheck(model, warmup=1, steps=2, profile=False, sample_interval=None, out_dir=tmp_path / "run",
+                             system=a)  # the run saves its prediction on A
     with pc:
         while not pc.done:
             model(x).square().mean().backward()
             pc.step()
     pred = perfcheck.estimate(model, (x,), system=a)
-    pred.to_csv(tmp_path / "run" / "predicted.csv", index=False)
+    assert (tmp_path / "run" / "rank0" / "predicted.csv").exists()
     f = whatif(tmp_path / "run", b, source=a).set_index("module")
     expected = {"compute": 2.0, "memory": 4.0}
     leaves = ["0", "1", "2"]
@@ -191,7 +192,8 @@ def test_cpu_run_across_two_systems(tmp_path):
 
 
 def test_run_command_output_needs_no_predicted_file(tmp_path, capsys):
-    """`perfcheck run --model jsc` writes no prediction: whatif estimates the built-in example on A itself."""
+    """`perfcheck run --model jsc` saves its prediction on the cpu spec; asked to scale from A,
+    whatif re-estimates the built-in example on A itself."""
     a, b = _systems(tmp_path)
     out = tmp_path / "jsc"
     assert main(["run", "--model", "jsc", "--steps", "2", "--warmup", "1", "--no-profile", "--no-flops",
