@@ -26,6 +26,7 @@ import time
 import pandas as pd
 import torch
 
+from perfcheck.calibrate_cases import Timer
 from perfcheck.calibrate_spec import COLLECTIVE_KINDS, MEASUREMENT_COLUMNS
 from perfcheck.errors import UserError
 from perfcheck.estimate.collectives import bus_factor
@@ -61,22 +62,6 @@ def _op(kind: str, nbytes: int, world: int, device):
     raise UserError(f"kinds: unknown collective {kind!r} (known: {', '.join(COLLECTIVE_KINDS)})")
 
 
-def _loop(fn, iters: int, device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
-
-
 def _max_over_ranks(value: float, device) -> float:
     import torch.distributed as dist
 
@@ -104,12 +89,12 @@ def _worker(rank, world, port, backend, sizes, kinds, repeats, target_s, out_pat
                 fn, nbytes = _op(kind, int(size), world, device)
                 fn()
                 fn()
-                wanted = _max_over_ranks(target_s / max(_loop(fn, 1, device), 1e-9), device)  # same on every rank
+                wanted = _max_over_ranks(target_s / max(Timer(device).loop(fn, 1), 1e-9), device)  # same on every rank
                 iters = int(min(1000, max(1, math.ceil(wanted))))
                 samples = []
                 for _ in range(repeats):
                     dist.barrier()
-                    samples.append(_max_over_ranks(_loop(fn, iters, device), device))
+                    samples.append(_max_over_ranks(Timer(device).loop(fn, iters), device))
                 rows.append({"kind": kind, "bytes": nbytes, "iters": iters, "samples": samples})
         if rank == 0:
             with open(out_path, "w") as fh:
