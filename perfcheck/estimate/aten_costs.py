@@ -301,6 +301,47 @@ def _scatter(c: OpCall):
                     index_bytes=idx.elem_bytes if idx else 8, accumulate=True)
 
 
+@register(*_packets("_embedding_bag", "_embedding_bag_forward_only"))
+def _embedding_bag(c: OpCall):
+    w, idx = c.args[0], c.args[1]
+    # a gather of one row per index, reduced into its bag: 1 add per gathered element
+    return F.gather(idx.numel * w.shape[1], idx.numel, x_grad=w.requires_grad, elem_bytes=_eb(w),
+                    index_bytes=idx.elem_bytes, accumulate=True)
+
+
+# -------------------------------------------------------------------------- recurrent layers
+
+_RNN_GATES = {0: 1, 1: 1, 2: 4, 3: 3}  # mkldnn/cuDNN modes: RNN_RELU, RNN_TANH, LSTM, GRU
+
+
+@register(*_packets("mkldnn_rnn_layer"))
+def _mkldnn_rnn(c: OpCall):
+    x, w_ih, w_hh = c.args[0], c.args[1], c.args[2]
+    batch_first = bool(c.args[14])
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first and len(x.shape) == 3 else (x.shape[0], x.shape[-2] if len(x.shape) == 3 else 1)
+    hidden = int(c.args[10])
+    return F.rnn(steps, batch, x.shape[-1], hidden, w_ih.shape[0] // hidden, x_grad=x.requires_grad,
+                 w_grad=w_ih.requires_grad, bias=bool(c.args[12]), elem_bytes=_eb(x))
+
+
+@register(*_packets("_cudnn_rnn", "miopen_rnn"))
+def _cudnn_rnn(c: OpCall):
+    x, weights = c.args[0], c.args[1]
+    mode = int(c.args[6] if c.name == "_cudnn_rnn" else c.args[5])
+    hidden, layers = int(c.args[7] if c.name == "_cudnn_rnn" else c.args[6]), int(c.arg(9 if c.name == "_cudnn_rnn" else 7))
+    batch_first = bool(c.arg(10 if c.name == "_cudnn_rnn" else 8))
+    bidirectional = bool(c.arg(13 if c.name == "_cudnn_rnn" else 11))
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    gates, dirs = _RNN_GATES[mode], 1 + bidirectional
+    has_bias = len(weights) == 4 * layers * dirs
+    total = F.OpCost()
+    for layer in range(layers):  # layer l > 0 reads the previous layer's (dirs*hidden) outputs
+        in_size = x.shape[-1] if layer == 0 else hidden * dirs
+        total = total + F.rnn(steps, batch, in_size, hidden, gates, x_grad=x.requires_grad or layer > 0,
+                              w_grad=weights[0].requires_grad, bias=has_bias, elem_bytes=_eb(x), directions=dirs)
+    return total
+
+
 # ------------------------------------------------------------------------ losses / copies
 
 @register(*_packets("nll_loss_forward", "nll_loss2d_forward"))
@@ -313,7 +354,10 @@ def _nll(c: OpCall):
 
 
 @register(*_packets("clone", "_to_copy", "copy_", "contiguous", "cat", "stack", "repeat", "constant_pad_nd",
-                    "flip", "roll", "expand_copy", "permute_copy", "_reshape_copy", "tril", "triu"))
+                    "flip", "roll", "expand_copy", "permute_copy", "_reshape_copy", "tril", "triu",
+                    "reflection_pad1d", "reflection_pad2d", "reflection_pad3d", "replication_pad1d",
+                    "replication_pad2d", "replication_pad3d", "pixel_shuffle", "pixel_unshuffle",
+                    "channel_shuffle", "im2col", "col2im"))
 def _copy(c: OpCall):
     ins = [t for t in c.tensors() if t.is_float or not c.outputs[0].is_float]
     src = sum(t.numel * t.elem_bytes for t in ins[1:] if c.name == "copy_") if c.name == "copy_" else \
@@ -323,6 +367,23 @@ def _copy(c: OpCall):
     return F.copy(src, out.numel * out.elem_bytes, x_grad=grad, elem_bytes=1, out_elem_bytes=1)
 
 
+#: FLOPs per output element of an interpolation (weights x neighbours, plus index arithmetic).
+_UPSAMPLE_FLOPS = {"nearest": 0, "linear": 4, "bilinear": 11, "trilinear": 23, "bicubic": 48}
+
+
+@register(*_packets("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+                    "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d",
+                    "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bilinear2d_aa",
+                    "_upsample_bicubic2d_aa"))
+def _upsample(c: OpCall):
+    x, out = c.args[0], c.outputs[0]
+    kind = next(k for k in ("nearest", "trilinear", "bilinear", "bicubic", "linear") if k in c.name)
+    flops = _UPSAMPLE_FLOPS[kind]
+    fwd = F.Cost(flops=out.numel * flops, bytes=(x.numel + out.numel) * _eb(x), kernels=1)
+    bwd = F.Cost(flops=out.numel * max(flops, 1), bytes=(out.numel + x.numel) * _eb(x), kernels=2)
+    return F.OpCost(fwd, bwd.scale(x.requires_grad), 0, 0)
+
+
 #: Ops that launch no compute kernel worth modelling (allocation without initialisation,
 #: metadata, RNG state). Factory ops that *fill* memory (zeros, ones, full) are costed as writes.
 ZERO_COST_OPS = frozenset(_packets(
@@ -330,6 +391,7 @@ ZERO_COST_OPS = frozenset(_packets(
     "_local_scalar_dense", "resize_", "set_", "sym_size", "sym_stride", "is_same_size", "alias",
     "_has_compatible_shallow_copy_type", "to", "lift_fresh_copy", "scalar_tensor", "_assert_async",
     "_unsafe_view",  # a view that autograd treats as a fresh tensor: still no kernel
+    "transpose_", "t_", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk", "squeeze_", "unsqueeze_",
 ))
 
 _FILL_OPS = frozenset(_packets("zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "fill_",

@@ -305,6 +305,33 @@ def gather(moved, index_elems, *, x_grad=True, elem_bytes=4, index_bytes=8, accu
     return OpCost(fwd, bwd.scale(x_grad), index * bool(x_grad), 0)
 
 
+def rnn(steps, batch, input_size, hidden, gates, *, x_grad=True, w_grad=True, bias=True, elem_bytes=4,
+        directions=1) -> OpCost:
+    """One recurrent layer (LSTM gates=4, GRU 3, Elman RNN 1) over ``steps`` time steps.
+
+    fwd per step and direction: x_t W_ih^T (B*gH*I MACs) + h_{t-1} W_hh^T (B*gH*H MACs), gate
+    nonlinearities and the cell update ~ 8 FLOPs per hidden unit (+2 per gate unit for biases).
+    bwd: grad through h (always, the recurrence needs it) and through x (if it requires grad):
+    B*gH*H + B*gH*I*x_grad MACs per step; weight gradients B*gH*(I+H) if the weights need them.
+    Bytes: the input projection is one GEMM over all steps; the recurrent GEMM runs per step and
+    re-reads W_hh each time (one kernel per step: cuDNN's non-persistent algorithm, mkldnn on CPU).
+    Saved: the gate activations and h, c per step, and x.
+    """
+    gh = gates * hidden
+    tb = steps * batch * directions
+    macs = tb * gh * (input_size + hidden)
+    other = tb * (8 * hidden + 2 * gh * bias)
+    w_ih, w_hh = gh * input_size * directions, gh * hidden * directions
+    io = (tb * input_size / directions * directions + tb * gh + 2 * tb * hidden) * elem_bytes
+    fwd = Cost(macs=macs, flops=other, bytes=io + (w_ih + steps * w_hh) * elem_bytes, kernels=1 + steps * directions)
+    grad_act = Cost(macs=tb * gh * (hidden + input_size * x_grad), flops=other,
+                    bytes=io + (w_ih * x_grad + steps * w_hh) * elem_bytes, kernels=1 + steps * directions)
+    grad_w = Cost(macs=macs, flops=tb * gh * bias, bytes=io + (w_ih + w_hh) * elem_bytes, kernels=2)
+    saved = (tb * (gh + 2 * hidden) + tb * input_size / directions) * elem_bytes
+    params = (w_ih + w_hh + 2 * gh * directions * bias)
+    return OpCost(fwd, grad_act + grad_w.scale(w_grad), saved, params)
+
+
 def copy(numel_in, numel_out=None, *, x_grad=True, elem_bytes=4, out_elem_bytes=None) -> OpCost:
     """clone/contiguous/cat/cast: a memory-to-memory copy, no FLOPs; backward copies the grad back."""
     numel_out = numel_in if numel_out is None else numel_out
