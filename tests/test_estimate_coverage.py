@@ -62,3 +62,27 @@ def test_activation_checkpointing_and_kwargs_and_dict_outputs():
 
     est = perfcheck.estimate(Checkpointed(), (torch.randn(4, 32),), system="cpu", kwargs={"scale": 2.0})
     assert est.set_index("module").loc[ROOT, "macs_fwd"] == 2 * 4 * 32 * 32
+
+
+def test_data_dependent_forward_is_a_one_line_error_naming_the_cause():
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y * 2 if y.sum() > 0 else y
+
+    with pytest.raises(perfcheck.UserError, match="needs tensor values") as err:
+        perfcheck.estimate(DataDependent(), (torch.randn(3, 4),), system="cpu")
+    assert "\n" not in str(err.value)
+
+
+def test_compiled_and_wrapped_models_estimate_as_their_inner_module():
+    inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(5, 8)
+    plain = perfcheck.estimate(inner, (x,), system="cpu")
+    compiled = perfcheck.estimate(torch.compile(inner), (x,), system="cpu")
+    assert compiled["module"].tolist() == plain["module"].tolist() == ["(root)", "0", "1", "2"]
+    assert compiled["macs_fwd"].tolist() == plain["macs_fwd"].tolist()

@@ -121,6 +121,7 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     spec = load_system(system if system is not None else default_system_name())
     dt = _dtype_of(model, dtype)
     elem_bytes = torch.tensor([], dtype=dt).element_size() if dtype is not None else None
+    model = tracing.unwrap(model)
     trace = tracing.trace_model(model, example_inputs, elem_bytes=elem_bytes, kwargs=kwargs)
     ops = _time_ops(_op_table(trace, causal), spec, dt)
     members = _membership(trace, ops)

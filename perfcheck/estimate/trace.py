@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as TF
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -118,13 +118,27 @@ def _storage_key(t: torch.Tensor):
         return id(t)
 
 
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside DDP / DataParallel / DeepSpeed engines and torch.compile (the estimator
+    traces shapes; it never runs compiled code)."""
+    from perfcheck.measure.context import _is_compiled, _is_wrapper
+
+    while _is_wrapper(model) or _is_compiled(model):
+        model = model.module if _is_wrapper(model) else model._orig_mod
+    return model
+
+
 def module_paths(model: torch.nn.Module) -> dict:
-    """id(module) -> qualified path (root as schema.ROOT; a shared module keeps its first path)."""
-    from perfcheck.schema import strip_wrapper_prefix
+    """id(module) -> qualified path, named as PerfCheck names measured rows (root: schema.ROOT;
+    wrapper components such as ``_fsdp_wrapped_module`` or ``_orig_mod`` dropped; a shared module
+    keeps its first path). Transparent wrappers themselves get no path: their inner module does."""
+    from perfcheck.measure.context import _TRANSPARENT, _is_compiled, clean_path
 
     paths = {}
     for name, mod in model.named_modules():
-        paths.setdefault(id(mod), strip_wrapper_prefix(name) if name else ROOT)
+        if type(mod).__name__ in _TRANSPARENT or _is_compiled(mod):
+            continue
+        paths.setdefault(id(mod), clean_path(name) if name else ROOT)
     return paths
 
 
@@ -163,6 +177,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
     """
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
+    model = unwrap(model)
     trace = Trace()
     stack: list = []
     paths = module_paths(model)
@@ -213,6 +228,10 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         es.enter_context(_Recorder(trace, stack, elem_bytes, sdpa_depth))
         try:
             torch.func.functional_call(model, state, tuple(inputs), kwargs or {})
+        except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+            raise UserError(f"model: its forward needs tensor values ({exc.func}: .item(), a Python `if` on a tensor, "
+                            "boolean-mask indexing or nonzero), which a shape-only trace cannot supply; estimate a "
+                            "forward without data-dependent control flow") from exc
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"example_inputs: the model rejected them: {first}") from exc
