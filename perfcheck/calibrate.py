@@ -250,11 +250,11 @@ def provenance(device) -> str:
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()}, {_threads()}"
+            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
     except OSError:
-        pass
+        names = []  # no /proc (not Linux): platform's name below
+    if names:
+        return f"{names[0]}, {_threads()}"
     import platform
 
     return f"{platform.processor() or platform.machine()}, {_threads()}"

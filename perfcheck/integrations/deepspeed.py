@@ -247,5 +247,5 @@ def _finish_open_sessions():  # a script that stops early still leaves a (marked
     for s in list(_open_sessions):
         try:
             s.finish(complete=False)
-        except Exception:  # noqa: BLE001 - never raise at interpreter exit
-            pass
+        except Exception:  # noqa: BLE001 - never raise at interpreter exit; try the other sessions
+            continue
