@@ -75,3 +75,29 @@ def test_activation_memory_formula_equals_what_autograd_saves(module, shape, for
     x = torch.randn(*shape, requires_grad=True)
     est = perfcheck.estimate(module, (x,), system="cpu").set_index("module").loc[ROOT]
     assert est.act_mem == pytest.approx(formula().act_mem)
+
+
+def test_dropout_on_a_gpu_target_is_one_fused_kernel_with_a_byte_mask():
+    """On a GPU system dropout is costed as CUDA's native_dropout (the trace on CPU would see
+    bernoulli_/div_/mul and a float mask); on the cpu system as what the CPU runs."""
+    x = torch.randn(5, 16, requires_grad=True)
+    gpu = perfcheck.estimate(nn.Dropout(0.5), (x,), system="h100-sxm").set_index("module").loc[ROOT]
+    assert gpu.act_mem == F.dropout(80).act_mem == 80
+    assert gpu.kernels_fwd == 1 and gpu.bytes_fwd == F.dropout(80).fwd.bytes
+    cpu = perfcheck.estimate(nn.Dropout(0.5), (x,), system="cpu").set_index("module").loc[ROOT]
+    assert cpu.act_mem == 80 * 4 and cpu.kernels_fwd > 1
+
+
+def test_sdpa_keeps_q_k_v_out_and_lse_not_the_attention_matrix():
+    import torch.nn.functional as TF
+
+    class Attention(nn.Module):
+        def forward(self, q, k, v):
+            return TF.scaled_dot_product_attention(q, k, v)
+
+    b, h, s, d = 2, 4, 64, 16
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    for device in ("cpu", "meta"):  # meta decomposes to the math path, whose s x s matrix is not kept
+        args = tuple(t.to(device) if device == "meta" else t for t in (q, k, v))
+        row = perfcheck.estimate(Attention(), args, system="h100-sxm").set_index("module").loc[ROOT]
+        assert row.act_mem == 4 * (b * h * s * d) * 4 + b * h * s * 4, device

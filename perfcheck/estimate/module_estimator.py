@@ -122,7 +122,8 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     dt = _dtype_of(model, dtype)
     elem_bytes = torch.tensor([], dtype=dt).element_size() if dtype is not None else None
     model = tracing.unwrap(model)
-    trace = tracing.trace_model(model, example_inputs, elem_bytes=elem_bytes, kwargs=kwargs)
+    trace = tracing.trace_model(model, example_inputs, elem_bytes=elem_bytes, kwargs=kwargs,
+                                fused_dropout=spec.kind != "cpu")
     ops = _time_ops(_op_table(trace, causal), spec, dt)
     members = _membership(trace, ops)
     joined = ops.iloc[members["row"].to_numpy()].reset_index(drop=True)

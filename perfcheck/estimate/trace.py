@@ -70,14 +70,14 @@ def _to_meta(x, elem_bytes):
 class _Recorder(TorchDispatchMode):
     """Records every aten op below the autograd layer with the current module stack."""
 
-    def __init__(self, trace: Trace, stack: list, elem_bytes, sdpa_depth: list):
+    def __init__(self, trace: Trace, stack: list, elem_bytes, hidden: list):
         super().__init__()
-        self.trace, self.stack, self.elem_bytes, self.sdpa_depth = trace, stack, elem_bytes, sdpa_depth
+        self.trace, self.stack, self.elem_bytes, self.hidden = trace, stack, elem_bytes, hidden
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.sdpa_depth[0] == 0 and torch._C._current_graph_task_id() == -1:
+        if self.hidden[0] == 0 and torch._C._current_graph_task_id() == -1:
             # requires_grad of the inputs is visible here; outputs get it after autograd returns.
             meta_args = tree_map(lambda x: _to_meta(x, self.elem_bytes), args)
             meta_kwargs = tree_map(lambda x: _to_meta(x, self.elem_bytes), kwargs)
@@ -86,29 +86,88 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-class _SdpaCatcher(TorchFunctionMode):
-    """Records F.scaled_dot_product_attention as one fused op and hides its decomposition."""
+class _Saved:
+    """Bytes autograd keeps for backward, per module on the stack, deduplicated by storage;
+    parameters and buffers are state, not activations."""
 
-    def __init__(self, trace: Trace, stack: list, elem_bytes, sdpa_depth: list):
+    def __init__(self, trace: Trace, stack: list, elem_bytes, hidden: list):
+        self.trace, self.stack, self.elem_bytes, self.hidden = trace, stack, elem_bytes, hidden
+        self.state_storages: set = set()
+
+    def add(self, key, nbytes):
+        for path in set(self.stack):
+            self.trace.saved.setdefault(path, {})[key] = nbytes
+
+    def add_tensor(self, t: torch.Tensor):
+        key = _storage_key(t)
+        if key in self.state_storages or not self.stack:
+            return
+        nbytes = t.untyped_storage().nbytes() if hasattr(t, "untyped_storage") else t.numel() * t.element_size()
+        if self.elem_bytes and t.is_floating_point():
+            nbytes = nbytes * self.elem_bytes // t.element_size()
+        self.add(key, nbytes)
+
+    def pack(self, t):
+        if not self.hidden[0]:  # inside a fused op its own saved set is added instead
+            self.add_tensor(t)
+        return t
+
+
+class _FusedCatcher(TorchFunctionMode):
+    """Records fused kernels as one op each and hides their decomposition (ops and saved tensors):
+    F.scaled_dot_product_attention always (the flash/efficient kernel: saves q, k, v, out and the
+    fp32 row log-sum-exp, never the s x s matrix), and F.dropout when ``fused_dropout`` (CUDA's
+    native_dropout: one kernel keeping a 1-byte mask; CPU runs bernoulli_/div_/mul and keeps a
+    mask of the input's dtype, which is what the trace sees when the target is a CPU)."""
+
+    def __init__(self, trace: Trace, stack: list, elem_bytes, hidden: list, saved: _Saved, fused_dropout: bool):
         super().__init__()
-        self.trace, self.stack, self.elem_bytes, self.sdpa_depth = trace, stack, elem_bytes, sdpa_depth
+        self.trace, self.stack, self.elem_bytes, self.hidden = trace, stack, elem_bytes, hidden
+        self.saved, self.fused_dropout = saved, fused_dropout
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not TF.scaled_dot_product_attention or self.sdpa_depth[0]:
+        if self.hidden[0] or not (func is TF.scaled_dot_product_attention or
+                                  (func is TF.dropout and self.fused_dropout and _dropout_active(args, kwargs))):
             return func(*args, **kwargs)
-        self.sdpa_depth[0] += 1
+        self.hidden[0] += 1
         try:
             out = func(*args, **kwargs)
         finally:
-            self.sdpa_depth[0] -= 1
-        q, k, v = (_meta_of(t, self.elem_bytes) for t in args[:3])
-        causal = bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))
-        call = OpCall(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-                      if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
-                      else func, (q, k, v), {}, (_meta_of(out, self.elem_bytes),))
-        self.trace.ops.append(TracedOp(call, tuple(self.stack), sdpa=True, causal=causal))
+            self.hidden[0] -= 1
+        if func is TF.dropout:
+            self._dropout(args[0], out, kwargs.get("p", args[1] if len(args) > 1 else 0.5))
+        else:
+            self._sdpa(args, kwargs, out)
         return out
+
+    def _sdpa(self, args, kwargs, out):
+        q, k, v = args[:3]
+        causal = bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))
+        metas = tuple(_meta_of(t, self.elem_bytes) for t in (q, k, v))
+        call = OpCall(_SDPA_OP, metas, {}, (_meta_of(out, self.elem_bytes),))
+        self.trace.ops.append(TracedOp(call, tuple(self.stack), sdpa=True, causal=causal))
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            for t in (q, k, v, out):
+                self.saved.add_tensor(t)
+            self.saved.add(("lse", len(self.trace.ops)), math.prod(q.shape[:-1]) * 4)
+
+    def _dropout(self, x, out, p):
+        call = OpCall(torch.ops.aten.native_dropout.default, (_meta_of(x, self.elem_bytes), p, True), {},
+                      (_meta_of(out, self.elem_bytes),))
+        self.trace.ops.append(TracedOp(call, tuple(self.stack)))
+        if torch.is_grad_enabled() and x.requires_grad:
+            self.saved.add(("dropout-mask", len(self.trace.ops)), x.numel())  # bool mask, 1 byte per element
+
+
+_SDPA_OP = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu",
+                   torch.ops.aten._scaled_dot_product_flash_attention).default
+
+
+def _dropout_active(args, kwargs) -> bool:
+    p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+    training = kwargs.get("training", args[2] if len(args) > 2 else True)
+    return bool(training) and p > 0
 
 
 def _storage_key(t: torch.Tensor):
@@ -168,12 +227,14 @@ def _param_device(model) -> torch.device:
     return torch.device("cpu")
 
 
-def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwargs=None) -> Trace:
+def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwargs=None,
+                fused_dropout: bool = False) -> Trace:
     """Run ``model(*example_inputs, **kwargs)`` once under fake tensors and record what ran.
 
     ``example_inputs``: a tensor or tuple of tensors/values (real, fake or meta), as the model's
     forward takes them. ``elem_bytes`` overrides the element size of floating tensors (to
-    estimate bf16 on an fp32 model without converting it).
+    estimate bf16 on an fp32 model without converting it). ``fused_dropout``: record dropout as
+    CUDA's single fused kernel with a 1-byte mask (the estimator sets it for GPU targets).
     """
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
@@ -181,7 +242,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
     trace = Trace()
     stack: list = []
     paths = module_paths(model)
-    sdpa_depth = [0]
+    hidden = [0]  # > 0 inside a fused op: its decomposition is neither recorded nor saved
 
     def pre_hook(mod, args):
         path = paths.get(id(mod))
@@ -197,17 +258,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         if paths.get(id(mod)) is not None and stack and stack[-1] == paths[id(mod)]:
             stack.pop()
 
-    param_storages: set = set()  # storages of the (fake) parameters and buffers: state, not activations
-
-    def pack(t):
-        key = _storage_key(t)
-        if key not in param_storages and stack:
-            nbytes = t.untyped_storage().nbytes() if hasattr(t, "untyped_storage") else t.numel() * t.element_size()
-            if elem_bytes and (t.is_floating_point()):
-                nbytes = nbytes * elem_bytes // t.element_size()
-            for path in set(stack):
-                trace.saved.setdefault(path, {})[key] = nbytes
-        return t
+    saved = _Saved(trace, stack, elem_bytes, hidden)
 
     device = _param_device(model)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -221,11 +272,11 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         # dispatch cache answers repeated shapes (twice as fast as running meta kernels).
         state = {name: _twin(t, t.device) for name, t in
                  list(model.named_parameters()) + list(model.named_buffers())}
-        param_storages.update(_storage_key(t) for t in state.values())
+        saved.state_storages.update(_storage_key(t) for t in state.values())
         inputs = _fake_inputs(example_inputs, fake_mode, device)
-        es.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
-        es.enter_context(_SdpaCatcher(trace, stack, elem_bytes, sdpa_depth))
-        es.enter_context(_Recorder(trace, stack, elem_bytes, sdpa_depth))
+        es.enter_context(torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t))
+        es.enter_context(_FusedCatcher(trace, stack, elem_bytes, hidden, saved, fused_dropout))
+        es.enter_context(_Recorder(trace, stack, elem_bytes, hidden))
         try:
             torch.func.functional_call(model, state, tuple(inputs), kwargs or {})
         except (DataDependentOutputException, DynamicOutputShapeException) as exc:
