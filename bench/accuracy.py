@@ -96,7 +96,7 @@ def build(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) ->
 
 def measure(w: Workload, steps: int, warmup: int):
     """Median per-module times (PerfCheck, no profiler/sampler/FLOP counting) and the step frame."""
-    from perfcheck.perfcheck import PerfCheck
+    from perfcheck.measure.session import PerfCheck
 
     opt = torch.optim.SGD(w.model.parameters(), lr=1e-4)
     pc = PerfCheck(w.model, warmup=warmup, steps=steps, profile=False, sample_interval=None, count_flops=False)
@@ -240,9 +240,9 @@ def run(models, *, rounds=3, steps=5, warmup=1, device="cpu", dtype="fp32", base
 
 
 def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress):
-    from perfcheck.calibrate import calibrate, default_base, provenance
-    from perfcheck.calibrate_spec import build_spec, merge_measurements
-    from perfcheck.systems import load_system
+    from perfcheck.hardware.calibrate.run import calibrate, default_base, provenance
+    from perfcheck.hardware.calibrate.fit import build_spec, merge_measurements
+    from perfcheck.hardware.systems import load_system
 
     dev = torch.device(device)
     tdt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
@@ -274,8 +274,8 @@ def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_f
 
 def ceiling_lines(base, device: str, threads) -> list:
     """`perfcheck calibrate` (default mode, collectives included) once, as report lines."""
-    from perfcheck.calibrate import calibrate
-    from perfcheck.calibrate_spec import summary_rows
+    from perfcheck.hardware.calibrate.run import calibrate
+    from perfcheck.hardware.calibrate.fit import summary_rows
 
     saved = torch.get_num_threads()
     try:

@@ -37,7 +37,7 @@ def _timed(fn, repeat):
 
 
 def bench_table(repeat):
-    from perfcheck.estimate.transformer import estimate_transformer
+    from perfcheck.predict.transformer import estimate_transformer
 
     par = dict(tp=8, sp=True, pp=8, dp=16, zero_stage=1, micro_batches=16)
     call = lambda: estimate_transformer("gpt3-175b", batch=1, parallel=par, system="a100-80gb-sxm", dtype="bf16")  # noqa: E731
@@ -56,7 +56,7 @@ def layout_grid() -> pd.DataFrame:
 
 
 def bench_sweep(repeat):
-    from perfcheck.estimate.transformer import sweep_transformer
+    from perfcheck.predict.transformer import sweep_transformer
 
     grid = layout_grid()
     call = lambda: sweep_transformer("gpt3-175b", grid, system="a100-80gb-sxm")  # noqa: E731
@@ -79,7 +79,7 @@ def deep_sequential(n_modules=1000, width=256):
 
 def bench_modules(repeat, profile=False):
     import perfcheck
-    from perfcheck.estimate.trace import inputs_from_shapes
+    from perfcheck.predict.trace import inputs_from_shapes
 
     model = deep_sequential()
     x = inputs_from_shapes([(32, 256)])

@@ -1,7 +1,9 @@
 """perfcheck: predict, measure and reconcile the performance of PyTorch models.
 
-The facade. Names are imported on first use so ``import perfcheck`` stays cheap.
-``perfcheck.estimate`` is the estimator's package, made callable (see perfcheck/estimate/__init__.py).
+The facade. Names are imported on first use so ``import perfcheck`` stays cheap. Where things live:
+``predict/`` (the analytical model), ``measure/`` (PerfCheck and the run directory), ``analysis/``
+(reconcile, findings, stage comparison), ``report/`` (rendering), ``hardware/`` (system specs,
+calibration), ``integrations/`` (DeepSpeed), ``commands/`` (the CLI).
 """
 from __future__ import annotations
 
@@ -11,22 +13,21 @@ __version__ = "0.1.0"
 
 #: Public name -> "module:attribute" it lives in.
 _EXPORTS = {
-    "estimate_transformer": "perfcheck.estimate.transformer:estimate_transformer",
-    "load_system": "perfcheck.systems:load_system",
-    "list_systems": "perfcheck.systems:list_systems",
+    "estimate": "perfcheck.predict.module_estimator:estimate",
+    "estimate_transformer": "perfcheck.predict.transformer:estimate_transformer",
+    "load_system": "perfcheck.hardware.systems:load_system",
+    "list_systems": "perfcheck.hardware.systems:list_systems",
     "ParallelConfig": "perfcheck.parallel:ParallelConfig",
     "ZeroStage": "perfcheck.parallel:ZeroStage",
-    "PerfCheck": "perfcheck.perfcheck:PerfCheck",
-    "reconcile": "perfcheck.reconcile:reconcile",
+    "PerfCheck": "perfcheck.measure.session:PerfCheck",
+    "reconcile": "perfcheck.analysis.reconcile:reconcile",
     "UserError": "perfcheck.errors:UserError",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__", "estimate"]
+__all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name):
-    if name == "estimate":
-        return importlib.import_module("perfcheck.estimate")
     try:
         target = _EXPORTS[name]
     except KeyError:

@@ -64,7 +64,7 @@ for S in $STAGES; do
     echo "zero_sweep.sh: no overlay $OVERLAY for stage $S" >&2; FAILED+=("$S"); continue
   fi
   RUN_DIRS+=("$DIR")
-  if [ "$FORCE" -eq 0 ] && "$PYTHON" -c 'import sys; from perfcheck.compare import stage_complete; sys.exit(0 if stage_complete(sys.argv[1]) else 1)' "$DIR"; then
+  if [ "$FORCE" -eq 0 ] && "$PYTHON" -c 'import sys; from perfcheck.analysis.stages import stage_complete; sys.exit(0 if stage_complete(sys.argv[1]) else 1)' "$DIR"; then
     echo "== stage $S: complete in $DIR, skipped (--force reruns it)"; continue
   fi
   rm -rf "$DIR"; mkdir -p "$DIR"

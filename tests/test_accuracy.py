@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfcheck.systems import load_system
+from perfcheck.hardware.systems import load_system
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
 

@@ -7,12 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
-from perfcheck.calibrate import Timer, calibrate, copy_cases, launch_cases, matmul_cases, run_cases
-from perfcheck.calibrate_spec import MEASUREMENT_COLUMNS, build_spec
+from perfcheck.hardware.calibrate.run import Timer, calibrate, copy_cases, launch_cases, matmul_cases, run_cases
+from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
 from perfcheck.cli import main
 from perfcheck.errors import UserError
-from perfcheck.estimate import roofline
-from perfcheck.systems import load_system
+from perfcheck.predict import roofline
+from perfcheck.hardware.systems import load_system
 
 STAMP = "measured by perfcheck calibrate on testhost (test CPU), 2026-01-01 00:00 UTC, torch 2.13.0"
 
@@ -149,7 +149,7 @@ def test_bad_input_exits_2(tmp_path, capsys):
 
 
 def test_collective_bad_input_needs_no_processes():
-    from perfcheck.calibrate_comm import bench_collectives
+    from perfcheck.hardware.calibrate.collectives import bench_collectives
 
     with pytest.raises(UserError, match="kinds"):
         bench_collectives([1024], kinds=("all-to-nobody",))
@@ -163,7 +163,7 @@ def test_collective_bad_input_needs_no_processes():
 
 @pytest.mark.slow
 def test_gloo_collectives_two_ranks():
-    from perfcheck.calibrate_comm import bench_collectives
+    from perfcheck.hardware.calibrate.collectives import bench_collectives
 
     t = bench_collectives([4096, 1 << 20], kinds=("allreduce", "allgather", "reducescatter"), repeats=2, target_s=0.002)
     assert list(t["kind"]) == ["allreduce"] * 2 + ["allgather"] * 2 + ["reducescatter"] * 2
@@ -178,7 +178,7 @@ def test_gloo_collectives_two_ranks():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_quick_gpu_calibration_keeps_datasheet_peaks(tmp_path):
-    from perfcheck.calibrate import default_base
+    from perfcheck.hardware.calibrate.run import default_base
 
     base = load_system(default_base(torch.device("cuda")))
     res = calibrate(mode="quick", comm=False, dtypes=["bf16"])
@@ -190,7 +190,7 @@ def test_quick_gpu_calibration_keeps_datasheet_peaks(tmp_path):
 
 
 def test_merge_measurements_takes_the_median_per_case():
-    from perfcheck.calibrate_spec import merge_measurements
+    from perfcheck.hardware.calibrate.fit import merge_measurements
 
     t1, t2, t3 = _table(), _table(), _table()
     t2["seconds"] = t2["seconds"] * 2
@@ -204,7 +204,7 @@ def test_merge_measurements_takes_the_median_per_case():
 
 
 def test_cli_parser_spells_the_peak_conventions_of_the_library():
-    from perfcheck.calibrate import PEAK_CONVENTIONS
+    from perfcheck.hardware.calibrate.run import PEAK_CONVENTIONS
     from perfcheck.commands import calibrate as command
 
     assert command.PEAK_CONVENTIONS == PEAK_CONVENTIONS

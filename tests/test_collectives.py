@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.estimate.collectives import (COLLECTIVE_KINDS, bus_factor, bytes_from_deepspeed_log,
+from perfcheck.predict.collectives import (COLLECTIVE_KINDS, bus_factor, bytes_from_deepspeed_log,
                                             collective_time_s, link_bandwidth_bytes_per_s, normalize_kind)
-from perfcheck.systems import load_system
+from perfcheck.hardware.systems import load_system
 
 # nccl-tests doc/PERFORMANCE.md factors, written out: 2(n-1)/n, (n-1)/n, 1.
 EXPECTED = {

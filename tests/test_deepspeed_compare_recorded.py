@@ -6,8 +6,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfcheck import cli, compare, compare_report
-from perfcheck.compare_notes import answers
+from perfcheck import cli
+from perfcheck.analysis import stages as compare
+from perfcheck.report import stages_html as compare_report
+from perfcheck.analysis.answers import answers
 
 DATA = Path(__file__).resolve().parent / "data" / "deepspeed_sweep"
 P = 62006

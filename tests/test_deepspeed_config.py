@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.integrations.deepspeed import PerfcheckBlock, merge_configs, parse_block
+from perfcheck.integrations.deepspeed.api import PerfcheckBlock, merge_configs, parse_block
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,8 +80,7 @@ def test_deepspeed_accepts_the_block(tmp_path):
                                 warmup_steps=0, steps=1)
         engine, *_ = deepspeed.initialize(model=Net(), model_parameters=Net().parameters(), config=cfg)
         assert type(engine).__name__ == "DeepSpeedEngine"
-        from perfcheck import PerfCheck
-        attached = PerfCheck.attach(engine, block=dict(cfg["perfcheck"], output_dir={str(tmp_path / 'attached')!r}))
+        attached = pds.attach(engine, block=dict(cfg["perfcheck"], output_dir={str(tmp_path / 'attached')!r}))
         loss = attached(torch.randn(8, 3, 32, 32)).sum(); attached.backward(loss); attached.step()
         model = Net()
         wrapped, opt, _, _ = pds.initialize(model=model, model_parameters=model.parameters(), config=cfg)
@@ -94,6 +93,6 @@ def test_deepspeed_accepts_the_block(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "OK" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
     attached = json.loads((tmp_path / "attached" / "rank0" / "zero.json").read_text())
-    assert attached["complete"] and attached["zero_stage"] == 0  # PerfCheck.attach(engine) measured it too
+    assert attached["complete"] and attached["zero_stage"] == 0  # perfcheck.deepspeed.attach(engine) measured it too
     facts = json.loads((tmp_path / "run" / "rank0" / "zero.json").read_text())
     assert facts["complete"] and facts["perfcheck_block"]["steps"] == 1 and facts["zero_stage"] == 0

@@ -139,8 +139,8 @@ def test_failing_stage_is_reported_and_others_kept(sweep, tmp_path):
 def test_two_nodes_on_loopback(tmp_path):
     """Two launcher processes (node ranks 0 and 1, one rank each) meeting on 127.0.0.1, each writing
     its own directory (no shared filesystem); merged, then compared with the inter-node link."""
-    import perfcheck.compare as cmp
-    from perfcheck.estimate.collectives import collective_time_s
+    import perfcheck.analysis.stages as cmp
+    from perfcheck.predict.collectives import collective_time_s
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

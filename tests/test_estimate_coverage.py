@@ -6,7 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import perfcheck
-from perfcheck.estimate import formulas
+from perfcheck.predict import formulas
 from perfcheck.schema import ROOT
 from reference import flop_counter_by_module
 

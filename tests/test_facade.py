@@ -4,7 +4,7 @@ import sys
 
 
 def test_estimate_is_the_function_even_after_importing_the_estimate_package():
-    code = ("import perfcheck.estimate.formulas, perfcheck.estimate.roofline\n"
+    code = ("import perfcheck.predict.formulas, perfcheck.predict.roofline\n"
             "import perfcheck\n"
             "assert callable(perfcheck.estimate), type(perfcheck.estimate)\n"
             "from perfcheck import estimate\n"
@@ -24,6 +24,6 @@ def test_estimator_modules_import_with_dotted_alias():
     code = ("import perfcheck\n"
             "import torch\n"
             "rows = perfcheck.estimate(torch.nn.Linear(2, 3), (torch.randn(4, 2),), system='cpu')\n"
-            "import perfcheck.estimate.trace as T\n"
+            "import perfcheck.predict.trace as T\n"
             "assert T.trace_model and len(rows) == 1\n")
     subprocess.run([sys.executable, "-c", code], check=True)

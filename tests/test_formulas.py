@@ -5,8 +5,8 @@ import torch
 import torch.nn as nn
 
 import perfcheck
-from perfcheck.estimate import formulas as F
-from perfcheck.estimate.aten_costs import register
+from perfcheck.predict import formulas as F
+from perfcheck.predict.aten_costs import register
 from perfcheck.schema import ROOT
 
 

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from perfcheck import PerfCheck, UserError, runs
+from perfcheck import PerfCheck, UserError
+from perfcheck.measure import rundir as runs
 from perfcheck.cli import main
 from perfcheck.examples.models import Net
 from perfcheck.schema import KERNEL_COLUMNS, MEASURED_COLUMNS, ROOT, SAMPLE_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
@@ -184,7 +185,7 @@ def test_cli_model_names_match_the_examples_and_the_parser_does_not_import_torch
 
 
 def test_long_runs_keep_bounded_memory_and_the_csv_keeps_everything(tmp_path, monkeypatch):
-    import perfcheck.perfcheck as pc_mod
+    import perfcheck.measure.session as pc_mod
 
     monkeypatch.setattr(pc_mod, "MAX_MODULE_ROWS", 7 * 3)  # Net: 7 modules per step -> 3 steps in memory
     pc = _measure(tmp_path, steps=6)

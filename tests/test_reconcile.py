@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.findings import REASONS, RULES, Thresholds
-from perfcheck.reconcile import (RECONCILED_COLUMNS, TOTALS_COLUMNS, kernel_summary, rank_summary, reconcile,
+from perfcheck.analysis.findings import REASONS, RULES, Thresholds
+from perfcheck.analysis.reconcile import (RECONCILED_COLUMNS, TOTALS_COLUMNS, kernel_summary, rank_summary, reconcile,
                                  totals_frame)
 from perfcheck.schema import MEASURED_COLUMNS, PREDICTED_COLUMNS, ROOT, STEP_COLUMNS, module_depth
-from perfcheck.systems import load_system
+from perfcheck.hardware.systems import load_system
 
 CPU = load_system("cpu")  # 1e12 FLOP/s matrix, 5e10 B/s, efficiency memory 0.7, launch 10 us
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from perfcheck.cli import main
-from perfcheck.reconcile import RECONCILED_COLUMNS, TOTALS_COLUMNS
+from perfcheck.analysis.reconcile import RECONCILED_COLUMNS, TOTALS_COLUMNS
 
 DATA = Path(__file__).parent / "data"
 LENET = DATA / "run_lenet_cpu"
@@ -66,7 +66,7 @@ def test_json_is_strict_and_complete(capsys):
 
 
 def test_json_writes_inf_and_nan_as_null():
-    from perfcheck.reconcile import reconcile
+    from perfcheck.analysis.reconcile import reconcile
     from perfcheck.report.tables import render_json
     from test_reconcile import meas_row, pred_row
 

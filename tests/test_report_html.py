@@ -87,7 +87,7 @@ def test_plots_render_in_chromium(tmp_path):
 def test_missing_inputs_give_a_sentence_not_a_broken_figure():
     import pandas as pd
 
-    from perfcheck.reconcile import reconcile
+    from perfcheck.analysis.reconcile import reconcile
     from perfcheck.report.html import render_html
     from test_reconcile import meas_row, pred_row
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from perfcheck.commands.report import build
-from perfcheck.reconcile import reconcile
+from perfcheck.analysis.reconcile import reconcile
 from perfcheck.report.text import render_text
 from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 from perfcheck.schema import ROOT

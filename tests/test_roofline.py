@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from perfcheck.errors import UserError
-from perfcheck.estimate.roofline import (compute_time_s, flag_bandwidth_above_peak, flag_rate_above_peak,
+from perfcheck.predict.roofline import (compute_time_s, flag_bandwidth_above_peak, flag_rate_above_peak,
                                          ideal_time_s, matrix_efficiency, memory_time_s, op_time_s)
-from perfcheck.systems import list_systems, load_system
+from perfcheck.hardware.systems import list_systems, load_system
 
 H100 = load_system("h100-sxm")
 

@@ -10,7 +10,7 @@ import torch
 
 from perfcheck.cli import main
 from perfcheck.errors import UserError
-from perfcheck.systems import EFFICIENCY_KEYS, SystemSpec, list_systems, load_system, systems_table
+from perfcheck.hardware.systems import EFFICIENCY_KEYS, SystemSpec, list_systems, load_system, systems_table
 
 REQUIRED_SYSTEMS = ["v100-sxm", "a100-40gb-sxm", "a100-80gb-sxm", "a100-80gb-pcie", "a100-40gb-pcie",
                     "h100-sxm", "h100-pcie", "h200", "l4", "mi300x", "cpu"]
@@ -282,7 +282,7 @@ def test_cli_subprocess_exit_code():
 
 
 def test_match_device_name_maps_driver_names_to_specs():
-    from perfcheck.systems import match_device_name
+    from perfcheck.hardware.systems import match_device_name
 
     assert match_device_name("NVIDIA H100 80GB HBM3") == "h100-sxm"
     assert match_device_name("NVIDIA H100 PCIe") == "h100-pcie"

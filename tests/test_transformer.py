@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 import torch
 import torch.nn as nn
 
-from perfcheck.estimate import zero
-from perfcheck.estimate.module_estimator import estimate
-from perfcheck.estimate.transformer import estimate_transformer, load_model, sweep_transformer, transformer_step
+from perfcheck.predict import zero
+from perfcheck.predict.module_estimator import estimate
+from perfcheck.predict.transformer import estimate_transformer, load_model, sweep_transformer, transformer_step
 from perfcheck.examples.models import GPT
 from perfcheck.schema import ROOT
-from perfcheck.systems import SystemSpec, load_system
+from perfcheck.hardware.systems import SystemSpec, load_system
 
 # ------------------------------------------------------------------------------ seed 004 notebook
 # The notebook's system dict: 312 TFLOP/s fp16 tensor cores, 78 vector, 1555 GB/s HBM, no

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.estimate.transformer import (ARCH_FIELDS, TABLE_COLUMNS, TransformerModel, estimate_transformer,
+from perfcheck.predict.transformer import (ARCH_FIELDS, TABLE_COLUMNS, TransformerModel, estimate_transformer,
                                             list_models, load_model, sweep_transformer, transformer_step)
 
 

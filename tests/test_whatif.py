@@ -11,14 +11,14 @@ import pytest
 import torch
 
 import perfcheck
-from perfcheck import runs
+from perfcheck.measure import rundir as runs
 from perfcheck.cli import main
 from perfcheck.errors import UserError
-from perfcheck.runs import MODULE_STEP_COLUMNS
+from perfcheck.measure.rundir import MODULE_STEP_COLUMNS
 from perfcheck.schema import (KERNEL_COLUMNS, MEASURED_COLUMNS, PREDICTED_COLUMNS, ROOT, SAMPLE_COLUMNS,
                               SCHEMA_VERSION, STEP_COLUMNS)
-from perfcheck.systems import load_system
-from perfcheck.whatif import WHATIF_COLUMNS, speedups, whatif
+from perfcheck.hardware.systems import load_system
+from perfcheck.predict.whatif import WHATIF_COLUMNS, speedups, whatif
 
 
 def _systems(tmp_path, launch=1e-8):

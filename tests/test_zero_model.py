@@ -1,11 +1,11 @@
-"""perfcheck.estimate.zero: hand calculations, the ZeRO paper's numbers, DeepSpeed 0.19.8's traffic."""
+"""perfcheck.predict.zero: hand calculations, the ZeRO paper's numbers, DeepSpeed 0.19.8's traffic."""
 import math
 
 import numpy as np
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.estimate import collectives, zero
+from perfcheck.predict import collectives, zero
 
 # Seed 000's LeNet: (weight, bias) per module in forward order; 62,006 params, every size even.
 LENET = zero.layout([[450, 6], [2400, 16], [48000, 120], [10080, 84], [840, 10]])

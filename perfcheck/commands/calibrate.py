@@ -43,8 +43,8 @@ def _progress(message: str):
 
 
 def run(args) -> int:
-    from perfcheck.calibrate import calibrate
-    from perfcheck.calibrate_spec import summary_rows
+    from perfcheck.hardware.calibrate.run import calibrate
+    from perfcheck.hardware.calibrate.fit import summary_rows
     from perfcheck.errors import UserError
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None

@@ -22,7 +22,8 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from perfcheck import compare, compare_report
+    from perfcheck.analysis import stages as compare
+    from perfcheck.report import stages_html as compare_report
 
     table = compare.reconcile_stages(args.run_dirs, system=args.system)
     first = Path(args.run_dirs[0])

@@ -58,7 +58,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from perfcheck.systems import load_system
+    from perfcheck.hardware.systems import load_system
 
     load_system(args.system)  # an unknown system fails first, whichever front-end
     if args.module and args.model:
@@ -79,7 +79,7 @@ def run(args) -> int:
 # ---- transformer front-end ---------------------------------------------------------------------------
 
 def _model_output(args) -> str:
-    from perfcheck.estimate.transformer import estimate_transformer, load_model, transformer_step
+    from perfcheck.predict.transformer import estimate_transformer, load_model, transformer_step
 
     if args.input_shape:
         raise UserError("--input-shape needs --module")
@@ -213,8 +213,8 @@ def _torch_dtype(name: str):
 
 
 def _module_output(args) -> str:
-    from perfcheck.estimate.module_estimator import estimate
-    from perfcheck.estimate.trace import inputs_from_shapes
+    from perfcheck.predict.module_estimator import estimate
+    from perfcheck.predict.trace import inputs_from_shapes
 
     if not args.input_shape:
         raise UserError("--module needs at least one --input-shape")

@@ -2,7 +2,7 @@
 
 Reads the run (``rank*/meta.json``, ``modules.csv``, ``steps.csv``, ``kernels.csv``,
 ``samples.csv``) and the predicted rows saved beside it (``rank<R>/predicted.csv`` or
-``predicted.csv``; ``perfcheck.predict_run.save_predicted`` writes them). Without them the
+``predicted.csv``; ``perfcheck.predict.for_run.save_predicted`` writes them). Without them the
 estimator is re-run only when the meta describes a built-in example model (class and parameter
 count) with its input spec; otherwise the command says so in one line and exits 2. A missing or
 unreadable file, or another schema version, is a one-line error naming the file (exit 2).
@@ -43,8 +43,9 @@ def _profile_steps(meta: dict) -> int:
 
 def build(run_dir, *, system=None):
     """Load a run and reconcile it: ``(reconciled frame, run, system spec or None, notes)``."""
-    from perfcheck import predict_run, runs
-    from perfcheck.reconcile import reconcile
+    from perfcheck.measure import rundir as runs
+    from perfcheck.predict import for_run as predict_run
+    from perfcheck.analysis.reconcile import reconcile
 
     run = runs.load_run(run_dir)
     meta0 = run.meta[run.ranks[0]]
@@ -55,7 +56,7 @@ def build(run_dir, *, system=None):
         if model is None:
             raise UserError(f"{Path(run_dir) / predict_run.PREDICTED_CSV}: missing file (no predicted rows in the run, "
                             "and meta.json does not name a built-in example model to re-run the estimator; save them "
-                            "with perfcheck.predict_run.save_predicted(run_dir, perfcheck.estimate(model, inputs)))")
+                            "with perfcheck.predict.for_run.save_predicted(run_dir, perfcheck.estimate(model, inputs)))")
         pred = predict_run.predict_for_run(model, meta0, system=system)
         info = {"system": predict_run.system_from_meta(meta0, system), "dtype": meta0.get("dtype")}
         notes.append(f"predicted rows re-computed from meta.json (model {meta0['model']['type']}, system {info['system']})")
@@ -97,7 +98,7 @@ def run(args) -> int:
     if args.output is None:
         sys.stdout.write(text)
         return 0
-    from perfcheck.runs import atomic_write_text
+    from perfcheck.measure.rundir import atomic_write_text
 
     try:
         atomic_write_text(args.output, text)

@@ -52,9 +52,9 @@ def _window(text: str) -> tuple:
 def run(args) -> int:
     import torch
 
-    from perfcheck import runs
+    from perfcheck.measure import rundir as runs
     from perfcheck.examples.models import EXAMPLES
-    from perfcheck.perfcheck import PerfCheck
+    from perfcheck.measure.session import PerfCheck
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is available")

@@ -10,7 +10,7 @@ import json
 import math
 import sys
 
-from perfcheck.systems import EFFICIENCY_KEYS, list_systems, load_system, systems_table
+from perfcheck.hardware.systems import EFFICIENCY_KEYS, list_systems, load_system, systems_table
 
 FORMATS = ("table", "csv", "json")
 
@@ -38,7 +38,7 @@ def run(args) -> int:
     return 0
 
 
-# ---- formatting (presentation only; numbers come from perfcheck.systems) ---------------------------
+# ---- formatting (presentation only; numbers come from perfcheck.hardware.systems) ---------------------------
 def _scaled(value, scale, unit, digits=4):
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"

@@ -34,7 +34,7 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     from perfcheck.errors import UserError
-    from perfcheck.whatif import whatif
+    from perfcheck.predict.whatif import whatif
 
     frame = whatif(args.run_dir, args.system, source=args.source, predicted=args.predicted, dtype=args.dtype,
                    target_dtype=args.target_dtype, rank=args.rank)

@@ -37,7 +37,7 @@ def parse_args(argv=None):
 
 
 def build_config(args) -> dict:
-    from perfcheck.integrations.deepspeed import BLOCK_KEY, load_config, merge_configs
+    from perfcheck.integrations.deepspeed.api import BLOCK_KEY, load_config, merge_configs
 
     cfg = load_config(args.config)
     for overlay in args.overlay:
@@ -64,10 +64,10 @@ def main(argv=None) -> int:
     import torch
 
     import perfcheck.deepspeed as pds
-    from perfcheck.estimate.zero import dtype_from_deepspeed_config
+    from perfcheck.predict.zero import dtype_from_deepspeed_config
     from perfcheck.examples.models import EXAMPLES
-    from perfcheck.integrations.deepspeed import parse_block
-    from perfcheck.runs import atomic_write_json
+    from perfcheck.integrations.deepspeed.api import parse_block
+    from perfcheck.measure.rundir import atomic_write_json
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     deepspeed.init_distributed(dist_backend=backend)

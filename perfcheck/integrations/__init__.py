@@ -1,0 +1,1 @@
+"""Integrations with training engines: ``deepspeed/`` (config block, engine wrapper, ZeRO facts)."""

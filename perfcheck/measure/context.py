@@ -9,29 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from perfcheck.schema import ROOT, strip_wrapper_prefix
-
-_WRAPPERS = ("DistributedDataParallel", "DataParallel", "DeepSpeedEngine")
-#: Wrappers nested inside a model (FSDP units, activation-checkpoint wrappers): not hooked themselves
-#: (the wrapped module is, under the wrapper's path) and their attribute name is dropped from paths.
-_TRANSPARENT = {"FullyShardedDataParallel": "_fsdp_wrapped_module", "CheckpointWrapper": "_checkpoint_wrapped_module"}
-_DROP = frozenset(_TRANSPARENT.values()) | {"_orig_mod"}
-
-
-def clean_path(name: str) -> str:
-    """Module path without wrapper prefixes and wrapper components (``module.``, ``_fsdp_wrapped_module``)."""
-    parts = [p for p in strip_wrapper_prefix(name).split(".") if p and p not in _DROP]
-    return ".".join(parts) if parts else ROOT
-
-
-def _is_wrapper(m) -> bool:
-    return hasattr(m, "module") and isinstance(getattr(m, "module"), torch.nn.Module) and any(
-        c.__name__ in _WRAPPERS for c in type(m).__mro__)
-
-
-def _is_compiled(m) -> bool:
-    return type(m).__name__ == "OptimizedModule" and hasattr(m, "_orig_mod")
-
+from perfcheck.model_paths import TRANSPARENT_WRAPPERS, clean_path, is_compiled, is_wrapper
+from perfcheck.schema import ROOT
 
 @dataclass
 class ModelView:
@@ -53,26 +32,26 @@ def model_view(model: torch.nn.Module) -> ModelView:
 
         raise UserError(f"PerfCheck needs a torch.nn.Module, got {type(model).__name__}")
     wrappers, m = [], model
-    while _is_wrapper(m):
+    while is_wrapper(m):
         if type(m).__name__ == "DataParallel" and len(getattr(m, "device_ids", None) or []) > 1:
             raise NotImplementedError("PerfCheck does not support torch.nn.DataParallel over several devices: its "
                                       "replicas run the hooks concurrently in threads. Use DistributedDataParallel.")
         wrappers.append(type(m).__name__)
         m = m.module
     compiled: list[str] = []
-    if _is_compiled(m):
+    if is_compiled(m):
         inner = m._orig_mod
-        while _is_wrapper(inner) or _is_compiled(inner):
-            inner = inner.module if _is_wrapper(inner) else inner._orig_mod
+        while is_wrapper(inner) or is_compiled(inner):
+            inner = inner.module if is_wrapper(inner) else inner._orig_mod
         return ModelView(m, [(ROOT, m)], {ROOT: type(inner).__name__}, wrappers, [ROOT], model)
     modules, types, skip = [], {}, []
     for name, mod in m.named_modules():
         if any(name.startswith(p) for p in skip):
             continue
-        if type(mod).__name__ in _TRANSPARENT:
+        if type(mod).__name__ in TRANSPARENT_WRAPPERS:
             continue
         path = ROOT if name == "" else clean_path(name)
-        if _is_compiled(mod):
+        if is_compiled(mod):
             skip.append(name + ".")
             compiled.append(path)
             types[path] = type(mod._orig_mod).__name__

@@ -33,11 +33,11 @@ How each interval is taken (all hooks are markers: they never change inputs, out
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 from torch.autograd.graph import register_multi_grad_hook
 
+from perfcheck.measure.clocks import CpuClock, CudaClock  # noqa: F401 (re-exported for callers)
 from perfcheck.measure.context import describe
 from perfcheck.schema import ROOT
 
@@ -46,66 +46,6 @@ _graph_task_id = torch._C._current_graph_task_id
 _profiler = torch.autograd.profiler
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
-
-
-# ----------------------------------------------------------------------------------- clocks
-class CpuClock:
-    """Tokens are ``perf_counter_ns`` integers."""
-
-    kind = "cpu"
-    now = staticmethod(time.perf_counter_ns)
-
-    def take_step_tokens(self):
-        return None
-
-    @staticmethod
-    def ready(token) -> bool:
-        return True
-
-    @staticmethod
-    def seconds(start, token) -> float:
-        return (token - start) * 1e-9
-
-    def release(self, tokens):
-        """Integers need no pooling."""
-        return None
-
-
-class CudaClock:
-    """Tokens are pooled ``torch.cuda.Event(enable_timing=True)`` recorded on the current stream."""
-
-    kind = "cuda"
-
-    def __init__(self, device):
-        self.device = torch.device(device)
-        self._pool: list = []
-        self._used: list = []
-
-    def now(self):
-        ev = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
-        ev.record(torch.cuda.current_stream(self.device))
-        self._used.append(ev)
-        return ev
-
-    def take_step_tokens(self):
-        used, self._used = self._used, []
-        return used
-
-    @staticmethod
-    def ready(token) -> bool:
-        return token.query()
-
-    @staticmethod
-    def seconds(start, token) -> float:
-        try:
-            return start.elapsed_time(token) * 1e-3
-        except RuntimeError:  # recorded on another stream that has not reached it yet
-            token.synchronize()
-            return start.elapsed_time(token) * 1e-3
-
-    def release(self, tokens):
-        if tokens:
-            self._pool.extend(tokens)
 
 
 # ------------------------------------------------------------------------------ records
@@ -257,6 +197,16 @@ class ModuleTimer:
         self._cb_tasks: set = set()
         self._failed = False
         self._start = None
+
+    @property
+    def step_has_calls(self) -> bool:
+        """True once any instrumented module was called since ``begin_step``."""
+        return bool(self._calls)
+
+    @property
+    def root_forward_finished(self) -> bool:
+        """True once a forward of the root module has returned in this step."""
+        return any(c.path == ROOT and c.t1 is not None for c in self._calls)
 
     def begin_step(self):
         self._reset_step_state()

@@ -12,8 +12,8 @@ import html
 
 import pandas as pd
 
-from perfcheck.findings import REASONS, findings_table
-from perfcheck.reconcile import RECONCILED_COLUMNS, rank_summary, totals_frame
+from perfcheck.analysis.findings import REASONS, findings_table
+from perfcheck.analysis.reconcile import RECONCILED_COLUMNS, rank_summary, totals_frame
 from perfcheck.report import plots
 from perfcheck.report.text import hook_text
 from perfcheck.report.units import fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
@@ -143,7 +143,7 @@ def _kernel_table(kernels, profile_steps: float, n: int = 40) -> str:
 def render_html(rec: pd.DataFrame, *, kernels=None, samples=None, system=None, depth: int | None = None,
                 top: int = 3, profile_steps: float = 1.0, title: str = "perfcheck report", notes=()) -> str:
     """The HTML report as one string (see the module docstring)."""
-    from perfcheck.systems import load_system
+    from perfcheck.hardware.systems import load_system
 
     spec = load_system(system) if system is not None else (load_system(rec.attrs["system"]) if rec.attrs.get("system")
                                                             else None)

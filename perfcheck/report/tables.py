@@ -10,7 +10,7 @@ JSON: one object::
      "columns": {name: description, ...},            # RECONCILED_COLUMNS
      "totals_columns": {...}, "totals": [{...}, ...],  # one record per rank
      "rank_summary": [{...}, ...],                      # RANK_SUMMARY_COLUMNS, multi-rank runs only
-     "findings": [{...}, ...],                          # perfcheck.findings.findings_table
+     "findings": [{...}, ...],                          # perfcheck.analysis.findings.findings_table
      "reasons": {name: description},
      "modules": [{...}, ...]}                           # one record per (module, rank)
 
@@ -24,8 +24,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from perfcheck.findings import REASONS, findings_table
-from perfcheck.reconcile import RANK_SUMMARY_COLUMNS, RECONCILED_COLUMNS, TOTALS_COLUMNS, rank_summary, totals_frame
+from perfcheck.analysis.findings import REASONS, findings_table
+from perfcheck.analysis.reconcile import RANK_SUMMARY_COLUMNS, RECONCILED_COLUMNS, TOTALS_COLUMNS, rank_summary, totals_frame
 from perfcheck.schema import SCHEMA_VERSION
 
 

@@ -16,8 +16,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from perfcheck.findings import REASONS, findings_table
-from perfcheck.reconcile import rank_summary, totals_frame
+from perfcheck.analysis.findings import REASONS, findings_table
+from perfcheck.analysis.reconcile import rank_summary, totals_frame
 from perfcheck.report.units import fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 from perfcheck.schema import ROOT
 

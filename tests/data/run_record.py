@@ -26,7 +26,7 @@ def record(out: Path, example: str, steps: int, sleep_s: float = 0.0):
     import torch
 
     from perfcheck.examples.models import EXAMPLES
-    from perfcheck.perfcheck import PerfCheck
+    from perfcheck.measure.session import PerfCheck
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # 2 shared cores: OpenMP barriers under contention turned a 16-feature BatchNorm into 70 ms
@@ -63,7 +63,7 @@ def main():
     import torch
 
     from perfcheck import estimate
-    from perfcheck.predict_run import save_predicted
+    from perfcheck.predict.for_run import save_predicted
 
     if len(sys.argv) == 4:  # child: python run_record.py OUT EXAMPLE SLEEP (RANK/WORLD_SIZE in the environment)
         record(Path(sys.argv[1]), sys.argv[2], 8, float(sys.argv[3]))

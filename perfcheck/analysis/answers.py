@@ -1,0 +1,213 @@
+"""Words from numbers for ``perfcheck compare``: per-row notes and the answers to seed 000's questions.
+
+Every sentence is built from the comparison table (or the run's facts), never from a canned
+conclusion: change the run and the answer changes with it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from perfcheck.predict import zero
+
+KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
+
+
+def fmt_bytes(b) -> str:
+    if b is None or (isinstance(b, float) and math.isnan(b)):
+        return "n/a"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(b) >= scale:
+            return f"{b / scale:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def fmt_s(s) -> str:
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "n/a"
+    return f"{s * 1e3:.3g} ms" if abs(s) < 1 else f"{s:.3g} s"
+
+
+def _padding(facts: dict, est: zero.ZeroEstimate) -> dict:
+    """Bytes of alignment padding inside the predicted collectives, per kind."""
+    n, st, b = est.dp, est.stage, est.precision.param_bytes
+    sizes = [t for _, m in facts.get("module_params", []) for t in m]
+    out = {}
+    if st in (1, 2) and n > 1:
+        P = sum(sizes)
+        out["allgather"] = (2 * n * math.ceil(P / (2 * n)) - P) * b
+    if st == 3 and n > 1:
+        pad = sum(n * math.ceil(t / n) - t for t in sizes)
+        out["reducescatter"] = pad * est.precision.grad_bytes * est.micro_steps
+        out["allgather"] = pad * b  # at most: the tensors gathered once per step
+    return out
+
+
+def notes(row: dict, facts: dict, est: zero.ZeroEstimate) -> list:
+    out = []
+    pad = _padding(facts, est)
+    for k in KINDS:
+        p, m = row[f"pred_{k}_bytes"], row[f"meas_{k}_bytes"]
+        if p == 0 and m == 0:
+            continue
+        if isinstance(m, float) and math.isnan(m):
+            out.append(f"{k}: no comms-logger record (no logged step)")
+            continue
+        rel = (m - p) / max(p, m)
+        if abs(rel) > 0.05:
+            out.append(f"MISMATCH {k}: predicted {fmt_bytes(p)}, measured {fmt_bytes(m)} ({rel:+.1%})")
+        elif pad.get(k):
+            match = "exact" if m == p else f"{m - p:+.0f} B vs predicted"
+            out.append(f"{k}: {match}, including {pad[k]:.0f} B of alignment padding (ZeRO pads partitions to split "
+                       f"evenly over dp={est.dp})")
+        elif m != p:
+            out.append(f"{k}: {m - p:+.0f} B ({rel:+.2%}) vs predicted")
+    if est.stage in (1, 2) and est.dp > 1:
+        out.append("gradients are ALLREDUCED (DeepSpeed 0.19.8 use_multi_rank_bucket_allreduce=true), not "
+                   "reduce-scattered as in the ZeRO paper: per rank "
+                   f"{fmt_bytes(row['pred_wire_bytes'])} on the wire, 1.5x stage 0")
+    if est.stage == 3 and row.get("persistent_params", 0):
+        thr = (facts.get("settings") or {}).get("param_persistence_threshold")
+        out.append(f"ZeRO-3: {row['persistent_params']} of {row['params']} params are persistent (tensors <= "
+                   f"stage3_param_persistence_threshold={thr:g} elements): whole on every rank, gathered once "
+                   "after the optimizer step, never in fwd/bwd")
+    for part, label in (("param", "params"), ("grad", "grads"), ("optim", "optimizer states")):
+        p, m = row[f"pred_{part}_mem_bytes"], row[f"meas_{part}_mem_bytes"]
+        if isinstance(m, float) and math.isnan(m):
+            continue
+        if abs(m - p) > 0.05 * max(p, m, 1):
+            why = ("DeepSpeed keeps the gradients of the parameters that overlap this rank's partition "
+                   "(averaged_gradients), not the paper's full or 1/N share" if part == "grad" and est.stage in (1, 2)
+                   else "different from the ZeRO paper's accounting")
+            out.append(f"memory {label}: measured {fmt_bytes(m)} vs predicted {fmt_bytes(p)}: {why}")
+    if not row.get("compute_predicted"):
+        out.append("no predicted.csv in the run directory: compute times not predicted (see save_prediction)")
+    return out
+
+
+# -------------------------------------------------------------------------------- answers
+def _per_stage(table: pd.DataFrame) -> pd.DataFrame:
+    """Median over ranks of one run per stage: the run named ``stage<N>`` when there is one."""
+    ok = table[table["status"] == "ok"]
+    if ok.empty:
+        return ok
+    if "run" in ok:
+        pick = {st: (f"stage{int(st)}" if f"stage{int(st)}" in set(g["run"]) else g["run"].iloc[0])
+                for st, g in ok.groupby("stage")}
+        ok = ok[[pick[st] == run for st, run in zip(ok["stage"], ok["run"])]]
+    num = ok.select_dtypes(include=[np.number]).groupby(ok["stage"]).median(numeric_only=True)
+    num["stage"] = num.index
+    return num
+
+
+def answers(table: pd.DataFrame) -> list:
+    """Seed 000's questions, answered from the comparison table. Returns (question, answer) pairs."""
+    s = _per_stage(table)
+    out = []
+    if s.empty:
+        return [("Results", "No stage completed; see the notes column for each stage's log tail.")]
+    out.append(("Why is stage 3 slower than the others? Is the config wrong?", _why_stage3(s) + _gathering_runs(table)))
+    out.append(("Why is 'model parallel size' 1 with ZeRO-3?", _why_mp(table)))
+    out.append(("Why does the forward latency grow with the stage?", _why_fwd(s)))
+    out.append(("Where is GPU utilization?", _where_util(s)))
+    bad = table[table["status"] != "ok"].drop_duplicates("run" if "run" in table else "stage")
+    if not bad.empty:
+        names = [f"{r.get('run', 'stage' + str(r['stage']))} (ZeRO stage {r['stage']})" for _, r in bad.iterrows()]
+        out.append(("Which runs failed?", f"{', '.join(names)}: see their notes (the log's errors and tail)."))
+    return out
+
+
+def _stage_list(s, col, f=fmt_s):
+    return ", ".join(f"stage {int(st)} {f(v)}" for st, v in zip(s["stage"], s[col]))
+
+
+def _why_stage3(s) -> str:
+    text = [f"Measured step time (median): {_stage_list(s, 'meas_step_s')}."]
+    if 3 not in s.index:
+        return text[0] + " Stage 3 did not run."
+    r = s.loc[3]
+    if 0 in s.index and s.loc[0, "meas_step_s"] > 0:
+        text.append(f"Stage 3 takes {r['meas_step_s'] / s.loc[0, 'meas_step_s']:.2f}x stage 0.")
+    text.append(f"Per step stage 3 issues {r['meas_allgather_count']:.0f} allgathers and "
+                f"{r['meas_reducescatter_count']:.0f} reduce-scatter; its collectives move "
+                f"{fmt_bytes(r['meas_fwd_comm_bytes'])} in forward, {fmt_bytes(r['meas_bwd_comm_bytes'])} in backward "
+                f"and {fmt_bytes(r['meas_step_comm_bytes'])} in the optimizer step, and expose "
+                f"{fmt_s(r['meas_fwd_comm_s'])}, {fmt_s(r['meas_bwd_comm_s'])} and "
+                f"{fmt_s(r['meas_optim_comm_s'])} there.")
+    if r["meas_fwd_comm_bytes"] == 0 and r.get("persistent_params", 0) == r.get("params", -1):
+        text.append("With DeepSpeed's default stage3_param_persistence_threshold (1e5 elements) every tensor of "
+                    "this model is persistent, so no parameter is gathered in forward or backward; instead each "
+                    "tensor is allgathered separately after every optimizer step.")
+    elif r["meas_fwd_comm_bytes"] > 0:
+        text.append("These are the extra allgathers of ZeRO-3: parameters are fetched before each module's forward "
+                    "(and again in backward when released in between).")
+    if 0 in s.index:
+        d = r["meas_fwd_compute_s"] - s.loc[0, "meas_fwd_compute_s"]
+        text.append(f"Forward time outside communication is {fmt_s(d)} longer than at stage 0: ZeRO-3's per-module "
+                    "fetch/release hooks run on every module call.")
+        text.append(f"Model states per rank fall from {fmt_bytes(s.loc[0, 'meas_mem_bytes'])} (stage 0) to "
+                    f"{fmt_bytes(r['meas_mem_bytes'])} (stage 3): nothing in the config is wrong; ZeRO-3 buys memory "
+                    "with communication and hook overhead, which only pays off when the model does not fit.")
+    return " ".join(text)
+
+
+def _gathering_runs(table) -> str:
+    """Other stage-3 runs of the sweep (e.g. stage3-gather) whose parameters are gathered in fwd/bwd."""
+    ok = table[(table["status"] == "ok") & (table["stage"] == 3)]
+    if "run" not in ok or ok.empty:
+        return ""
+    text = []
+    for run, g in ok.groupby("run"):
+        r = g.median(numeric_only=True)
+        if run == "stage3" or not r["meas_fwd_comm_bytes"] > 0:
+            continue
+        text.append(f" In run {run}, where parameters are gathered, ZeRO-3 moves {fmt_bytes(r['meas_fwd_comm_bytes'])} "
+                    f"in forward and {fmt_bytes(r['meas_bwd_comm_bytes'])} in backward per step (predicted "
+                    f"{fmt_bytes(r['pred_fwd_comm_bytes'])} and {fmt_bytes(r['pred_bwd_comm_bytes'])}): the extra "
+                    f"allgathers before each module's forward and again in backward, exposing "
+                    f"{fmt_s(r['meas_fwd_comm_s'])} and {fmt_s(r['meas_bwd_comm_s'])}; its step takes "
+                    f"{fmt_s(r['meas_step_s'])}.")
+    return "".join(text)
+
+
+def _why_mp(table) -> str:
+    rows = table[(table["status"] == "ok")]
+    if rows.empty:
+        return "n/a"
+    r = rows.sort_values("stage").iloc[-1]
+    text = [f"ZeRO partitions over the data-parallel group: world size {int(r['world_size'])} = dp "
+            f"{int(r['dp'])} x model parallel {int(r['mp_size'])}. DeepSpeed's 'model parallel size' (mp_size) "
+            "counts tensor/pipeline parallel ranks, which ZeRO never adds, so it is 1 at every stage."]
+    if int(r["stage"]) == 3:
+        text.append(f"Under ZeRO-3 p.numel() sums to {int(r['params_numel_visible'])} on a rank while "
+                    f"p.ds_numel sums to {int(r['params'])}; each rank stores a {int(r['params_local_partition'])}-"
+                    "element partition. A params count from p.numel() (DeepSpeed's flops profiler) is wrong there.")
+    return " ".join(text)
+
+
+def _why_fwd(s) -> str:
+    text = [f"Measured forward per step: {_stage_list(s, 'meas_fwd_s')}; exposed communication in forward: "
+            f"{_stage_list(s, 'meas_fwd_comm_s')}; predicted forward: {_stage_list(s, 'pred_fwd_s')}."]
+    z = s[s["stage"] < 3]
+    if not z.empty:
+        spread = float(np.nanmax(s["meas_step_spread"])) if "meas_step_spread" in s else math.nan
+        text.append(f"Stages 0-2 move {fmt_bytes(float(z['meas_fwd_comm_bytes'].max()))} in forward: their forward "
+                    f"differences are noise (step times vary by {spread:.0%} from step to step here).")
+    if 3 in s.index:
+        text.append(f"Stage 3's forward moves {fmt_bytes(s.loc[3, 'meas_fwd_comm_bytes'])} and runs the ZeRO-3 "
+                    "hooks, so its forward is the one that grows.")
+    return " ".join(text)
+
+
+def _where_util(s) -> str:
+    gpu = s["meas_gpu_util"] if "meas_gpu_util" in s else pd.Series(dtype=float)
+    if gpu.notna().any():
+        return ("perfcheck's sampler records NVML utilization in rank<R>/samples.csv: "
+                + _stage_list(s, "meas_gpu_util", lambda v: f"{v:.0%}")
+                + ". It is a duty cycle (share of time any kernel ran), not SM efficiency; no need for nvidia-smi.")
+    cpu = _stage_list(s, "meas_cpu_util", lambda v: "n/a" if math.isnan(v) else f"{v:.2f} cores")
+    return ("No GPU in this run: the sampler (rank<R>/samples.csv) recorded process CPU utilization: "
+            f"{cpu}. On a GPU the same file holds NVML utilization.gpu (a duty cycle: the share of time any "
+            "kernel ran, not SM efficiency), sampled during training; no need for nvidia-smi.")

@@ -1,0 +1,309 @@
+"""Reconcile DeepSpeed runs, one per ZeRO stage: predicted (``estimate/zero.py``) vs measured.
+
+One row per (stage, rank). Every predicted quantity sits next to its measured twin under one
+rule, ``pred_<what>`` / ``meas_<what>``:
+
+    <kind>_bytes, <kind>_count     per optimizer step, kind in allreduce/allgather/reducescatter/reduce;
+                                   bytes are the full buffer S (nccl-tests), from the comms logger
+    <phase>_comm_bytes             fwd / bwd / step (optimizer) phase totals
+    comm_bytes, wire_bytes         totals: S, and what one rank sends (S * bus factor)
+    mem_bytes                      model states per rank (params + grads + optimizer states);
+    param_mem_bytes, grad_mem_bytes, optim_mem_bytes   its parts
+    fwd_s, bwd_s, optim_s, step_s  per optimizer step (engine calls; medians over measured steps)
+    <phase>_compute_s, <phase>_comm_s   split into compute and EXPOSED communication
+                                   (measured: torch.profiler window with the comms logger off)
+
+plus ``meas_other_s`` (step wall time outside the engine calls), ``meas_peak_mem_bytes``,
+``meas_gpu_util`` / ``meas_cpu_util`` (the sampler) and ``notes`` explaining every remainder.
+A stage whose run failed keeps its row with ``status`` = failed and the tail of its log.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from perfcheck.errors import UserError
+from perfcheck.predict import zero
+
+KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
+PHASES = {"fwd": "fwd", "bwd": "bwd", "step": "optim"}
+BYTES_TOLERANCE = 0.05
+LOG_NAMES = ("launcher.log", "log.txt")
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError):
+        return pd.DataFrame()
+
+
+_SALIENT = ("Error", "error:", "Exception", "Killed", "out of memory", "OOM", "exits with return code", "Traceback")
+
+
+def log_tail(run_dir: Path, lines: int = 12) -> str:
+    """The first salient lines (errors, kills, exits) of a run's launcher log, then its last lines."""
+    for name in LOG_NAMES:
+        p = Path(run_dir) / name
+        if p.is_file():
+            text = [t for t in p.read_text(errors="replace").splitlines()
+                    if "FutureWarning" not in t and "return func(*args" not in t]
+            salient = []
+            for t in text:
+                if any(k in t for k in _SALIENT) and t not in salient:
+                    salient.append(t)
+            head = salient[:5]
+            tail = [t for t in text[-lines:] if t not in head]
+            return "\n".join(head + (["..."] if head and tail else []) + tail)
+    return ""
+
+
+def expand_run_dirs(paths) -> list:
+    """Run directories (rank*/ inside) from the arguments; a sweep directory expands to its stage*/."""
+    out = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise UserError(f"{p}: run directory not found")
+        subs = sorted(q for q in p.iterdir() if q.is_dir() and q.name.startswith("stage"))
+        if not any(p.glob("rank*")) and subs:
+            out.extend(subs)
+        else:
+            out.append(p)
+    return out
+
+
+def _stage_from_name(run_dir: Path):
+    cfg = (_read_json(run_dir / "run.json") or {}).get("config", {})
+    if "zero_optimization" in cfg:
+        return int(cfg["zero_optimization"].get("stage", 0))
+    digits = "".join(ch for ch in run_dir.name if ch.isdigit())
+    return int(digits) if digits else -1
+
+
+def load_stage(run_dir) -> dict:
+    """Everything one stage's run directory holds, per rank, and its status."""
+    run_dir = Path(run_dir)
+    ranks = {}
+    for d in sorted(run_dir.glob("rank*")):
+        facts = _read_json(d / "zero.json")
+        if facts is None:
+            continue
+        ranks[int(facts["rank"])] = {"facts": facts, "comms": _read_csv(d / "comms.csv"),
+                                     "steps": _read_csv(d / "engine_steps.csv"),
+                                     "samples": _read_csv(d / "samples.csv")}
+    world = max((r["facts"]["world_size"] for r in ranks.values()), default=0)
+    complete = bool(ranks) and all(r["facts"].get("complete") for r in ranks.values()) and len(ranks) == world
+    status = "ok" if complete else "failed"
+    stage = next(iter(ranks.values()))["facts"]["zero_stage"] if ranks else _stage_from_name(run_dir)
+    predicted = _read_csv(run_dir / "predicted.csv")
+    return {"run_dir": run_dir, "stage": stage, "status": status, "ranks": ranks, "world_size": world,
+            "predicted": predicted, "log_tail": "" if complete else log_tail(run_dir)}
+
+
+# ------------------------------------------------------------------------------- predicted
+def _optimizer_key(facts) -> str:
+    name = str((facts.get("optimizer") or {}).get("basic_optimizer") or "adam").lower()
+    for key in ("adamw", "adam", "lamb", "adagrad", "lion", "sgd"):
+        if key in name:
+            return key
+    return "adam"
+
+
+def _compute_times(predicted: pd.DataFrame):
+    if predicted.empty or "module" not in predicted:
+        return math.nan, math.nan
+    root = predicted[predicted["depth"] == 0] if "depth" in predicted else predicted.iloc[:1]
+    return float(root["pred_fwd_s"].iloc[0]), float(root["pred_bwd_s"].iloc[0])
+
+
+def predict(facts: dict, predicted: pd.DataFrame, system=None) -> zero.ZeroEstimate:
+    """The ZeRO model for the configuration a rank recorded (stage, dp, settings, tensor sizes)."""
+    settings = zero.ZeroSettings(**facts.get("settings", {}))
+    lay = zero.layout([sizes for _, sizes in facts.get("module_params", [])])
+    fwd, bwd = _compute_times(predicted)
+    system = system or (facts.get("perfcheck_block") or {}).get("system") or "cpu"
+    return zero.estimate_zero(layout=lay, stage=facts["zero_stage"], dp=facts["dp"],
+                              micro_steps=facts["gradient_accumulation_steps"], dtype=facts["dtype"],
+                              optimizer=_optimizer_key(facts), settings=settings, system=system,
+                              spans_nodes=facts.get("nodes", 1) > 1,
+                              compute_fwd_s=0.0 if math.isnan(fwd) else fwd,
+                              compute_bwd_s=0.0 if math.isnan(bwd) else bwd)
+
+
+# -------------------------------------------------------------------------------- measured
+def measured_comm(comms: pd.DataFrame) -> dict:
+    """Bytes and counts per kind and per phase, per optimizer step (mean over logged steps)."""
+    out = {f"meas_{k}_{w}": 0.0 for k in KINDS for w in ("bytes", "count")}
+    out.update({f"meas_{p}_comm_bytes": 0.0 for p in PHASES})
+    if comms.empty:
+        return {k: math.nan for k in out} | {"logged_steps": 0}
+    steps = comms["step"].nunique()
+    for kind, g in comms.groupby("kind"):
+        if kind in KINDS:
+            out[f"meas_{kind}_bytes"] = float((g["bytes"] * g["count"]).sum()) / steps
+            out[f"meas_{kind}_count"] = float(g["count"].sum()) / steps
+    for phase, g in comms.groupby("phase"):
+        if phase in PHASES:
+            out[f"meas_{phase}_comm_bytes"] = float((g["bytes"] * g["count"]).sum()) / steps
+    out["logged_steps"] = steps
+    return out
+
+
+def measured_times(steps: pd.DataFrame, facts: dict) -> dict:
+    """Per optimizer step (sum over micro-steps), median over measured steps run without the logger."""
+    nan = {k: math.nan for k in ("meas_fwd_s", "meas_bwd_s", "meas_optim_s", "meas_total_s", "meas_step_spread")}
+    if steps.empty:
+        return nan
+    m = steps[steps["role"] == "measured"]
+    quiet = m[~m["comms_logged"].astype(bool)]
+    m = quiet if not quiet.empty else m
+    if m.empty:
+        return nan
+    per = m.groupby("step")[["fwd_s", "bwd_s", "step_s", "total_s"]].sum()
+    total = steps[steps["role"] == "measured"].groupby("step")["total_s"].sum()  # spread over every measured step
+    return {"meas_fwd_s": float(per["fwd_s"].median()), "meas_bwd_s": float(per["bwd_s"].median()),
+            "meas_optim_s": float(per["step_s"].median()), "meas_total_s": float(per["total_s"].median()),
+            "meas_step_spread": float((total.max() - total.min()) / total.median()) if total.median() > 0 else math.nan}
+
+
+def measured_exposed(facts: dict) -> dict:
+    prof = facts.get("profiled_comm") or {}
+    active = max(1, int(((facts.get("perfcheck_block") or {}).get("profiler") or {}).get("active", 1)))
+    return {f"meas_{name}_comm_s": (prof[ph]["exposed_s"] / active if ph in prof else math.nan)
+            for ph, name in PHASES.items()}
+
+
+# ------------------------------------------------------------------------------------ rows
+def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
+    facts = data["facts"]
+    est = predict(facts, stage["predicted"], system)
+    row = {"stage": stage["stage"], "rank": rank, "node": facts.get("node_rank", 0), "status": stage["status"],
+           "world_size": facts["world_size"], "dp": facts["dp"], "mp_size": facts["mp_size"],
+           "gas": facts["gradient_accumulation_steps"], "dtype": facts["dtype"], "params": facts["params"],
+           "params_local_partition": facts["params_local_partition"],
+           "params_numel_visible": facts["params_numel_visible"], "persistent_params": facts["persistent_params"]}
+    by_kind, counts = est.bytes_by_kind(), est.count_by_kind()
+    meas = measured_comm(data["comms"])
+    for k in KINDS:
+        row[f"pred_{k}_bytes"], row[f"meas_{k}_bytes"] = by_kind[k], meas[f"meas_{k}_bytes"]
+        row[f"pred_{k}_count"], row[f"meas_{k}_count"] = counts[k], meas[f"meas_{k}_count"]
+    for ph in PHASES:
+        row[f"pred_{ph}_comm_bytes"] = sum(by_kind_phase for by_kind_phase in est.bytes_by_kind(ph).values())
+        row[f"meas_{ph}_comm_bytes"] = meas[f"meas_{ph}_comm_bytes"]
+    row["pred_comm_bytes"] = sum(by_kind.values())
+    row["meas_comm_bytes"] = sum(row[f"meas_{k}_bytes"] for k in KINDS)
+    row["pred_wire_bytes"] = float(sum(zero.wire_bytes(k, by_kind[k], facts["dp"]) for k in KINDS))
+    row["meas_wire_bytes"] = float(sum(zero.wire_bytes(k, row[f"meas_{k}_bytes"], facts["dp"]) for k in KINDS))
+    mem = facts.get("model_state_bytes") or {}
+    for part, key in (("param", "params"), ("grad", "grads"), ("optim", "optimizer")):
+        row[f"pred_{part}_mem_bytes"], row[f"meas_{part}_mem_bytes"] = est.memory[key], mem.get(key, math.nan)
+    row["pred_mem_bytes"], row["meas_mem_bytes"] = est.memory["total"], mem.get("model_states", math.nan)
+    row["meas_buffer_bytes"], row["meas_peak_mem_bytes"] = mem.get("other", math.nan), facts.get("peak_mem_bytes")
+    t, mt, exp = est.times, measured_times(data["steps"], facts), measured_exposed(facts)
+    for ph, name in PHASES.items():
+        row[f"pred_{name}_s"], row[f"meas_{name}_s"] = t[f"{name}_s"], mt[f"meas_{name}_s"]
+        row[f"pred_{name}_comm_s"], row[f"meas_{name}_comm_s"] = t[f"{name}_comm_s"], exp[f"meas_{name}_comm_s"]
+        row[f"pred_{name}_compute_s"] = t[f"{name}_compute_s"]
+        comm = row[f"meas_{name}_comm_s"]
+        row[f"meas_{name}_compute_s"] = row[f"meas_{name}_s"] - (0 if math.isnan(comm) else comm)
+    row["pred_step_s"], row["meas_step_s"] = t["step_s"], mt["meas_total_s"]
+    row["meas_other_s"] = mt["meas_total_s"] - sum(mt[f"meas_{n}_s"] for n in PHASES.values())
+    row["meas_step_spread"] = mt["meas_step_spread"]
+    samples = data["samples"]
+    for col in ("gpu_util", "cpu_util"):
+        row[f"meas_{col}"] = float(samples[col].mean()) if not samples.empty and col in samples else math.nan
+    row["compute_predicted"] = not stage["predicted"].empty
+    row["bytes_ok"] = bytes_within(row)
+    row["notes"] = "; ".join(notes_for(row, facts, est))
+    return row
+
+
+def bytes_within(row, tol: float = BYTES_TOLERANCE) -> bool:
+    for k in KINDS:
+        p, m = row[f"pred_{k}_bytes"], row[f"meas_{k}_bytes"]
+        if not (p == m == 0) and (math.isnan(m) or abs(m - p) > tol * max(p, m)):
+            return False
+    return True
+
+
+def notes_for(row: dict, facts: dict, est: zero.ZeroEstimate) -> list:
+    """Why predicted and measured differ (or agree only up to padding), from the numbers."""
+    from perfcheck.analysis.answers import notes
+
+    return notes(row, facts, est)
+
+
+def reconcile_stages(run_dirs, system=None) -> pd.DataFrame:
+    """The comparison table: one row per (stage, rank); failed stages keep a row with their log tail."""
+    rows = []
+    for run_dir in expand_run_dirs(run_dirs):
+        stage = load_stage(run_dir)
+        if not stage["ranks"]:
+            rows.append({"stage": stage["stage"], "run": run_dir.name, "rank": -1, "status": "failed",
+                         "run_dir": str(run_dir),
+                         "notes": "failed: no rank wrote zero.json; log tail:\n" + stage["log_tail"]})
+            continue
+        for rank, data in sorted(stage["ranks"].items()):
+            row = {"run": run_dir.name, **_row(stage, rank, data, system), "run_dir": str(run_dir)}
+            if stage["status"] != "ok":
+                missing = sorted(set(range(stage["world_size"])) - set(stage["ranks"]))
+                unfinished = sorted(r for r, d in stage["ranks"].items() if not d["facts"].get("complete"))
+                wrote_nothing = f", {missing} wrote nothing" if missing else ""
+                row["notes"] = f"failed: rank(s) {unfinished} did not finish{wrote_nothing}; log:\n" + stage["log_tail"]
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    return frame.sort_values(["stage", "run", "rank"], kind="stable", ignore_index=True) if not frame.empty else frame
+
+
+def stage_complete(run_dir) -> bool:
+    """True when every rank of the run wrote a complete zero.json (the sweep skips such stages)."""
+    try:
+        return load_stage(run_dir)["status"] == "ok"
+    except Exception:  # noqa: BLE001 - anything unreadable is incomplete
+        return False
+
+
+def merge_node_runs(node_dirs, dest) -> Path:
+    """Merge run directories written on different nodes (no shared filesystem) into ``dest``.
+
+    Each source holds some ``rank*/`` directories of one run; the merged run must have every rank
+    exactly once, one world size and one ZeRO stage. Files are copied, sources are left alone.
+    """
+    import shutil
+
+    dest = Path(dest)
+    seen, worlds, stages = {}, set(), set()
+    for src in map(Path, node_dirs):
+        for d in sorted(src.glob("rank*")):
+            facts = _read_json(d / "zero.json")
+            if facts is None:
+                raise UserError(f"{d}: no zero.json; not a perfcheck DeepSpeed rank directory")
+            rank = int(facts["rank"])
+            if rank in seen:
+                raise UserError(f"rank {rank} appears in both {seen[rank]} and {d}")
+            seen[rank] = d
+            worlds.add(int(facts["world_size"]))
+            stages.add(int(facts["zero_stage"]))
+    if len(worlds) != 1 or len(stages) != 1:
+        raise UserError(f"cannot merge runs of different world sizes {sorted(worlds)} or stages {sorted(stages)}")
+    missing = sorted(set(range(worlds.pop())) - set(seen))
+    if missing:
+        raise UserError(f"ranks {missing} are in none of {', '.join(map(str, node_dirs))}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for rank, d in seen.items():
+        shutil.copytree(d, dest / d.name, dirs_exist_ok=True)
+    for src in map(Path, node_dirs):
+        for name in ("predicted.csv", "predicted.json", "run.json"):
+            if (src / name).is_file() and not (dest / name).exists():
+                shutil.copy2(src / name, dest / name)
+    return dest

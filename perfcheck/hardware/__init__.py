@@ -1,0 +1,2 @@
+"""Hardware: system specs as data (``specs/*.json``, every number with a public source), their
+loader (``systems``), and ``calibrate/``, which measures this machine and writes a spec file."""

@@ -1,0 +1,3 @@
+"""``perfcheck calibrate``: micro-benchmarks of this machine (``cases``: GEMMs, copies, launches;
+``collectives``: all-reduce/all-gather/... by size), fitted into a system spec (``fit``); ``run``
+drives them and writes the spec file."""

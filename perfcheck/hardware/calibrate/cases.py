@@ -1,0 +1,150 @@
+"""The micro-benchmarks of ``perfcheck calibrate``: cases (a closure with the FLOPs and bytes of one
+call), the timer, and the interleaved runner. What each case measures, and why, is described in
+``perfcheck.calibrate``; the arithmetic that turns the timings into a spec is ``perfcheck.hardware.calibrate.fit``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from typing import Callable, Optional
+
+import pandas as pd
+import torch
+
+from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
+from perfcheck.hardware.systems import normalize_dtype
+
+_TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+                 "fp64": torch.float64}
+
+
+@dataclasses.dataclass
+class Case:
+    """One micro-benchmark: ``fn()`` does ``flops`` FLOPs and moves ``bytes`` bytes per call."""
+
+    kind: str
+    label: str
+    fn: Callable[[], object]
+    dtype: str = ""
+    flops: float = 0.0
+    bytes: float = 0.0
+    shape: tuple = (0, 0, 0)
+    per_call: int = 1  # kernels (or ops) per fn() call; times are reported per kernel
+    setup: Optional[Callable[[], None]] = None  # run before each timed loop (e.g. allow TF32)
+
+
+# ------------------------------------------------------------------------------ timing
+class Timer:
+    """Seconds per call of a loop: perf_counter on CPU; CUDA events on GPU, synchronized only around the loop."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def loop(self, fn, iters: int) -> float:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / iters
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) / iters
+
+
+def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: int = 20000) -> pd.DataFrame:
+    """Time every case ``repeats`` times, interleaved; one row per case with the median per-call time."""
+    iters = []
+    for c in cases:  # warm-up (allocator, kernel selection, caches), then size the loop on the
+        if c.setup:  # fastest of three single calls (one call can hit a scheduler stall)
+            c.setup()
+        c.fn()
+        t = timer.loop(c.fn, 1)
+        if t < target_s:
+            t = min(t, timer.loop(c.fn, 1), timer.loop(c.fn, 1))
+        iters.append(int(min(max_iters, max(1, math.ceil(target_s / max(t, 1e-9))))))
+    samples = [[] for _ in cases]
+    for _ in range(repeats):
+        for i, c in enumerate(cases):
+            if c.setup:
+                c.setup()
+            samples[i].append(timer.loop(c.fn, iters[i]) / c.per_call)
+    rows = []
+    for c, s, it in zip(cases, samples, iters):
+        sec = statistics.median(s)
+        rows.append({"kind": c.kind, "label": c.label, "dtype": c.dtype, "m": c.shape[0], "k": c.shape[1],
+                     "n": c.shape[2], "flops": c.flops, "bytes": c.bytes, "world_size": 1, "seconds": sec,
+                     "seconds_min": min(s), "seconds_max": max(s), "repeats": len(s), "iters": it,
+                     "flops_per_s": c.flops / sec if c.flops else math.nan,
+                     "bytes_per_s": c.bytes / sec if c.bytes else math.nan, "busbw_bytes_per_s": math.nan})
+    return pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS))
+
+
+# ------------------------------------------------------------------------------ cases
+def _tf32(enabled: bool):
+    def setup():
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+    return setup
+
+
+def matmul_cases(dtype: str, squares, linear, device) -> list:
+    """``torch.mm`` on n x n x n and ``F.linear`` on (m tokens, k in, n out); bytes = A + B + C once."""
+    d = normalize_dtype(dtype)
+    tdt = _TORCH_DTYPES[d]
+    setup = _tf32(d == "tf32") if device.type == "cuda" else None
+    cases = []
+    for m, k, n in [(s, s, s) for s in squares] + [tuple(s) for s in linear]:
+        a = torch.randn(m, k, device=device, dtype=tdt)
+        is_square = (m, k, n) in [(s, s, s) for s in squares]
+        w = torch.randn(k, n, device=device, dtype=tdt) if is_square else torch.randn(n, k, device=device, dtype=tdt)
+        out = torch.empty(m, n, device=device, dtype=tdt)
+        if is_square:
+            fn, label = (lambda a=a, w=w, out=out: torch.mm(a, w, out=out)), f"mm {m}x{k}x{n}"
+        else:
+            fn, label = (lambda a=a, w=w: torch.nn.functional.linear(a, w)), f"linear {m}x{k}x{n}"
+        nbytes = (m * k + k * n + m * n) * a.element_size()
+        cases.append(Case("matmul", label, fn, d, 2.0 * m * k * n, nbytes, (m, k, n), setup=setup))
+    return cases
+
+
+def copy_cases(sizes_mb, device) -> list:
+    cases = []
+    for mb in sizes_mb:
+        n = int(mb * 2 ** 20) // 4
+        src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
+        cases.append(Case("copy", f"copy {mb} MiB", lambda s=src, d=dst: d.copy_(s), "fp32", 0.0, 2.0 * n * 4,
+                          (n, 0, 0)))
+    return cases
+
+
+def vector_cases(dtypes, device, numel: int = 1 << 18) -> list:
+    """Elementwise add on a cache-resident buffer (3 x 1 MiB in fp32): 1 FLOP per element."""
+    cases = []
+    for d in dtypes:
+        tdt = _TORCH_DTYPES[normalize_dtype(d)]
+        a, b, c = (torch.randn(numel, device=device).to(tdt) for _ in range(3))
+        cases.append(Case("vector", f"add {numel}", lambda a=a, b=b, c=c: torch.add(a, b, out=c), normalize_dtype(d),
+                          float(numel), 3.0 * numel * a.element_size(), (numel, 0, 0)))
+    return cases
+
+
+def launch_cases(device, chain: int = 32) -> list:
+    """Tiny-op cost: one plain op, and per kernel of a forward+backward chain under autograd."""
+    a, b = torch.ones(1, device=device), torch.ones(1, device=device)
+    x = torch.ones(1, device=device, requires_grad=True)
+
+    def fwd_bwd():
+        y = x
+        for _ in range(chain):
+            y = y * b  # estimator: 1 forward kernel + 1 backward kernel (only y needs a gradient)
+        y.backward()
+
+    return [Case("launch", "op", lambda: torch.add(a, b), "fp32"),
+            Case("launch", "autograd", fwd_bwd, "fp32", per_call=2 * chain)]

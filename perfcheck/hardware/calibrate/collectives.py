@@ -1,0 +1,157 @@
+"""Collective bus bandwidth by message size across ranks, for ``perfcheck calibrate``.
+
+Spawns ``world_size`` processes (``torch.multiprocessing``, start method ``spawn``) that join a
+process group on 127.0.0.1: gloo on CPU, NCCL on GPU (one GPU per rank). For each collective and
+size every rank warms up, the ranks agree on a loop length (the max over ranks of what reaches
+``target_s``), and each repeat times the loop after a barrier; the time kept for a repeat is the
+slowest rank's (a collective ends when its last rank does), and the row keeps the median over
+repeats. On GPU the loop is bracketed by CUDA events; the device is synchronized only around it.
+
+Sizes follow nccl-tests (``doc/PERFORMANCE.md``): ``bytes`` is the full buffer S (the tensor for
+all-reduce, the gathered output for all-gather, the unreduced input for reduce-scatter), and
+``busbw = S / t * bus_factor`` (``perfcheck.predict.collectives.bus_factor``), the number the
+``intra_node_bandwidth_bytes_per_s`` ceiling is compared with.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import socket
+import statistics
+import tempfile
+import time
+
+import pandas as pd
+import torch
+
+from perfcheck.hardware.calibrate.cases import Timer
+from perfcheck.hardware.calibrate.fit import COLLECTIVE_KINDS, MEASUREMENT_COLUMNS
+from perfcheck.errors import UserError
+from perfcheck.predict.collectives import bus_factor
+
+
+class CollectiveBenchError(RuntimeError):
+    """The multi-process benchmark failed or timed out (the rest of a calibration can go on)."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _op(kind: str, nbytes: int, world: int, device):
+    """A closure running one collective on a buffer of S = ``nbytes`` (rounded to whole fp32 shards)."""
+    import torch.distributed as dist
+
+    shard = max(1, nbytes // 4 // world)
+    full = shard * world
+    if kind == "allreduce":
+        x = torch.ones(full, device=device)
+        return (lambda: dist.all_reduce(x)), full * 4
+    if kind == "allgather":
+        inp, out = torch.ones(shard, device=device), torch.empty(full, device=device)
+        fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return (lambda: fn(out, inp)), full * 4
+    if kind == "reducescatter":
+        inp, out = torch.ones(full, device=device), torch.empty(shard, device=device)
+        fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return (lambda: fn(out, inp)), full * 4
+    raise UserError(f"kinds: unknown collective {kind!r} (known: {', '.join(COLLECTIVE_KINDS)})")
+
+
+def _max_over_ranks(value: float, device) -> float:
+    import torch.distributed as dist
+
+    t = torch.tensor([float(value)], dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _worker(rank, world, port, backend, sizes, kinds, repeats, target_s, out_path):  # pragma: no cover - child process
+    import torch.distributed as dist
+
+    if backend == "gloo":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+    else:
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    rows = []
+    try:
+        for kind in kinds:
+            for size in sizes:
+                fn, nbytes = _op(kind, int(size), world, device)
+                fn()
+                fn()
+                wanted = _max_over_ranks(target_s / max(Timer(device).loop(fn, 1), 1e-9), device)  # same on every rank
+                iters = int(min(1000, max(1, math.ceil(wanted))))
+                samples = []
+                for _ in range(repeats):
+                    dist.barrier()
+                    samples.append(_max_over_ranks(Timer(device).loop(fn, iters), device))
+                rows.append({"kind": kind, "bytes": nbytes, "iters": iters, "samples": samples})
+        if rank == 0:
+            with open(out_path, "w") as fh:
+                json.dump(rows, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+def bench_collectives(sizes, *, kinds=COLLECTIVE_KINDS, world_size: int = 2, device: str = "cpu", repeats: int = 5,
+                      target_s: float = 0.02, timeout_s: float = 180.0) -> pd.DataFrame:
+    """Measure ``kinds`` at every size (bytes, full buffer S) across ``world_size`` spawned ranks.
+
+    Returns rows in ``MEASUREMENT_COLUMNS`` (kind = the collective, ``bytes`` = S, ``seconds`` =
+    median over repeats of the slowest rank's time per call, ``busbw_bytes_per_s``). Raises
+    ``CollectiveBenchError`` when a rank fails or the whole run exceeds ``timeout_s``.
+    """
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    from perfcheck.predict.collectives import COLLECTIVE_KINDS as MODELLED
+
+    bad = [k for k in kinds if k not in COLLECTIVE_KINDS]
+    if bad and bad[0] in MODELLED:
+        raise NotImplementedError(f"perfcheck calibrate: {bad[0]} is not benchmarked yet (only "
+                                  f"{', '.join(COLLECTIVE_KINDS)}); the link bandwidth comes from all-reduce")
+    if bad:
+        raise UserError(f"kinds: unknown collective {bad[0]!r} (known: {', '.join(COLLECTIVE_KINDS)})")
+    if any((not isinstance(s, int)) or s <= 0 for s in sizes):
+        raise UserError(f"sizes: message sizes must be positive integers (bytes), got {list(sizes)!r}")
+    backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise UserError(f"world_size: {world_size} ranks need {world_size} GPUs, {torch.cuda.device_count()} visible")
+    with tempfile.TemporaryDirectory(prefix="perfcheck-comm-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        args = (world_size, _free_port(), backend, list(sizes), list(kinds), int(repeats), float(target_s), out)
+        ctx = mp.start_processes(_worker, args=args, nprocs=world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=0.5):
+                if time.monotonic() > deadline:
+                    raise CollectiveBenchError(f"collective benchmark exceeded {timeout_s:.0f} s")
+        except ProcessException as exc:
+            raise CollectiveBenchError(f"collective benchmark failed: {str(exc).strip().splitlines()[-1]}") from None
+        finally:
+            for p in ctx.processes:  # only the processes this call started
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+        with open(out) as fh:
+            raw = json.load(fh)
+    rows = []
+    for r in raw:
+        sec = statistics.median(r["samples"])
+        busbw = r["bytes"] / sec * bus_factor(r["kind"], world_size)
+        rows.append({"kind": r["kind"], "label": f"{r['kind']} {r['bytes']} B", "dtype": "fp32", "m": 0, "k": 0, "n": 0,
+                     "flops": 0.0, "bytes": float(r["bytes"]), "world_size": world_size, "seconds": sec,
+                     "seconds_min": min(r["samples"]), "seconds_max": max(r["samples"]), "repeats": len(r["samples"]),
+                     "iters": r["iters"], "flops_per_s": math.nan, "bytes_per_s": r["bytes"] / sec,
+                     "busbw_bytes_per_s": busbw})
+    return pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS))

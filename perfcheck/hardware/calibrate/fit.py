@@ -1,0 +1,292 @@
+"""Turn a table of micro-benchmark measurements into a calibrated ``SystemSpec`` (pure arithmetic).
+
+``build_spec(base, table, peaks=...)`` is kept apart from the timing code so its arithmetic is
+tested on hand-made tables (tests/test_calibrate.py). Conventions are documented in
+``perfcheck.calibrate``; in short, per ceiling:
+
+=====================  ==========================================  ==========================================
+ceiling                peaks="base" (GPU default)                  peaks="measured" (CPU default)
+=====================  ==========================================  ==========================================
+matrix, per dtype      peak = base datasheet; efficiency =         peak = best measured rate; efficiency =
+                       median of the 3 largest shapes / peak       median of the 3 largest shapes / best
+matrix curve           (FLOPs per kernel, measured / peak) for the reference dtype (bf16 on GPU, fp32 on CPU),
+                       with the tiny-op time subtracted from each matmul time first
+vector (CPU only)      efficiency = add rate / base peak           peak = add rate; efficiency 1
+memory                 efficiency = copy B/s / base bandwidth      bandwidth = copy B/s; efficiency 1
+intra-node             efficiency = all-reduce busbw / base link   link = all-reduce busbw; efficiency 1
+launch_overhead_s      per-kernel time of a tiny forward+backward chain under autograd (both)
+=====================  ==========================================  ==========================================
+
+Efficiencies are capped at 1 (a boost clock can beat a datasheet). Anything not measured keeps
+the base's value, and its source says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from perfcheck.errors import UserError
+from perfcheck.hardware.systems import SystemSpec, load_system
+
+#: Columns of the measurement table (``Calibration.measurements``, ``perfcheck calibrate --csv``).
+MEASUREMENT_COLUMNS = ("kind", "label", "dtype", "m", "k", "n", "flops", "bytes", "world_size", "seconds",
+                       "seconds_min", "seconds_max", "repeats", "iters", "flops_per_s", "bytes_per_s",
+                       "busbw_bytes_per_s")
+COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter")
+_REFERENCE_ORDER = {"gpu": ("bf16", "fp16", "tf32", "fp32"), "cpu": ("fp32", "bf16", "fp16", "tf32")}
+_LARGEST = 3  # shapes that set efficiency.matrix (median of the largest by FLOPs)
+
+
+def _cap(x: float) -> float:
+    return float(min(1.0, x))
+
+
+def _rows(table: pd.DataFrame, kind: str, **eq) -> pd.DataFrame:
+    sel = table["kind"] == kind
+    for col, value in eq.items():
+        sel &= table[col] == value
+    return table[sel]
+
+
+def _seconds(table, kind, label) -> Optional[float]:
+    rows = _rows(table, kind, label=label)
+    return float(rows["seconds"].iloc[0]) if len(rows) else None
+
+
+def matrix_efficiencies(rows: pd.DataFrame, peak: float, op_s: float) -> np.ndarray:
+    """Per-shape efficiency: FLOPs / ((time - tiny-op time) * peak), capped at 1.
+
+    The estimator adds launch overhead per kernel on top of the roofline time, so the part of a
+    small matmul's time that is dispatch is taken out before it enters the curve.
+    """
+    flops = rows["flops"].to_numpy(float)
+    compute_s = np.maximum(rows["seconds"].to_numpy(float) - op_s, 0.0)
+    with np.errstate(divide="ignore"):
+        rate = np.where(compute_s > 0, flops / np.where(compute_s > 0, compute_s, 1.0), np.inf)
+    return np.minimum(rate / peak, 1.0)
+
+
+def efficiency_curve(rows: pd.DataFrame, eff: np.ndarray) -> tuple:
+    """((FLOPs per kernel, efficiency), ...) sorted by FLOPs; shapes with equal FLOPs share the median."""
+    frame = pd.DataFrame({"flops": rows["flops"].to_numpy(float), "eff": eff})
+    frame = frame[(frame["flops"] > 0) & (frame["eff"] > 0)]
+    grouped = frame.groupby("flops", sort=True)["eff"].median()
+    return tuple((float(f), float(round(e, 4)) or 1e-4) for f, e in grouped.items())
+
+
+def merge_measurements(tables) -> pd.DataFrame:
+    """Several calibrations' tables as one: per case the median time (min of mins, max of maxes).
+
+    Calibrating before and after a measurement and merging brackets the machine's drift on a
+    shared host (bench/accuracy.py does this)."""
+    frame = pd.concat(list(tables), ignore_index=True)
+    keys = ["kind", "label", "dtype", "m", "k", "n", "flops", "bytes", "world_size"]
+    g = frame.groupby(keys, sort=False, dropna=False)
+    out = g.agg(seconds=("seconds", "median"), seconds_min=("seconds_min", "min"), seconds_max=("seconds_max", "max"),
+                repeats=("repeats", "sum"), iters=("iters", "max"),
+                busbw_bytes_per_s=("busbw_bytes_per_s", "median")).reset_index()
+    out["flops_per_s"] = (out["flops"] / out["seconds"]).where(out["flops"] > 0)
+    out["bytes_per_s"] = (out["bytes"] / out["seconds"]).where(out["bytes"] > 0)
+    return out[list(MEASUREMENT_COLUMNS)]
+
+
+def _fmt_rate(x, unit):
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def _size(nbytes: float) -> str:
+    for scale, unit in ((2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+@dataclasses.dataclass
+class _Draft:
+    """The spec being built: fields to replace, sources, and the conventions every step needs."""
+
+    base: SystemSpec
+    peaks: str
+    stamp: str
+    kind: str
+    matrix: dict
+    vector: dict
+    eff: dict
+    sources: dict
+    fields: dict = dataclasses.field(default_factory=dict)
+    op_s: float = 0.0  # one plain tiny op, subtracted from matmul and vector times
+
+    @property
+    def relative(self) -> str:
+        what = "the datasheet peak" if self.peaks == "base" else "the best measured rate"
+        return f"as a fraction of {what}"
+
+
+def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optional[str] = None,
+               kind: Optional[str] = None, mem_capacity_bytes: Optional[float] = None,
+               threads: Optional[int] = None) -> SystemSpec:
+    """A calibrated spec from ``base`` and a measurement table (``MEASUREMENT_COLUMNS``).
+
+    peaks: "base" keeps the base's peaks (efficiency = measured / peak); "measured" sets each peak
+    to the best measured rate. stamp: provenance text put in every measured field's source.
+    """
+    base = load_system(base)
+    if peaks not in ("base", "measured"):
+        raise UserError(f"peaks: unknown {peaks!r} (known: base, measured)")
+    missing = [c for c in ("kind", "label", "dtype", "flops", "bytes", "seconds") if c not in table.columns]
+    if missing:
+        raise UserError(f"measurements: missing column {missing[0]!r}")
+    sources = {k: (v if v.startswith("from base spec") else f"from base spec {base.name!r} (not measured): {v}")
+               for k, v in base.sources.items()}
+    d = _Draft(base, peaks, stamp, kind or base.kind, dict(base.matrix_flops_per_s), dict(base.vector_flops_per_s),
+               dict(base.efficiency), sources)
+    _launch(d, table, threads)
+    _matrix(d, table)
+    _vector(d, table)
+    _memory(d, table)
+    _collectives(d, table)
+    if mem_capacity_bytes:
+        d.fields["mem_capacity_bytes"] = float(mem_capacity_bytes)
+        d.sources["mem_capacity_bytes"] = f"{stamp}: total device memory (CUDA) or RAM (psutil)"
+    convention = ("peaks are the base spec's datasheet numbers, efficiencies measured / peak" if peaks == "base"
+                  else "peaks are the best rates measured here (no datasheet), efficiencies relative to them")
+    description = (f"{base.name} calibrated by perfcheck calibrate: {convention}. "
+                   f"{stamp[0].upper() + stamp[1:]}. Unmeasured fields are the base spec {base.name!r}'s.")
+    sources = {k: v for k, v in d.sources.items() if k.split(".", 1)[0] in _field_names()}
+    return dataclasses.replace(
+        base, name=name or f"{base.name}-calibrated", description=description, kind=d.kind,
+        matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
+        sources=sources, **d.fields)
+
+
+def _launch(d: _Draft, table, threads):
+    d.op_s = _seconds(table, "launch", "op") or 0.0
+    launch = _seconds(table, "launch", "autograd") or (d.op_s or None)
+    if launch:
+        where = f" with {threads} thread{'s' if threads != 1 else ''}" if threads else ""
+        d.fields["launch_overhead_s"] = launch
+        d.sources["launch_overhead_s"] = (f"{d.stamp}: per-kernel time of a chain of tiny multiplies run forward and "
+                                          f"backward under autograd{where} (one plain tiny op: {d.op_s * 1e6:.2f} us)")
+
+
+def _matrix(d: _Draft, table):
+    """Peaks (measured convention), efficiency at the largest shapes per dtype, the reference dtype's curve."""
+    mm = _rows(table, "matmul")
+    measured = [x for x in dict.fromkeys(mm["dtype"]) if x]
+    large, curves = {}, {}
+    for dt in measured:
+        rows = mm[mm["dtype"] == dt].sort_values("flops", kind="stable")
+        best = float((rows["flops"] / rows["seconds"]).max())
+        if d.peaks == "measured":
+            d.matrix[dt] = best
+        elif dt not in d.base.matrix_flops_per_s:
+            raise UserError(f"peaks: base spec {d.base.name!r} has no matrix peak for measured dtype {dt!r}; "
+                            f"use peaks='measured'")
+        e = matrix_efficiencies(rows, d.matrix[dt], d.op_s)
+        large[dt], curves[dt] = float(np.median(e[-_LARGEST:])), efficiency_curve(rows, e)
+        label = f"{rows['m'].iloc[-1]}x{rows['k'].iloc[-1]}x{rows['n'].iloc[-1]}"
+        kept = ("set as the peak (no datasheet)" if d.peaks == "measured"
+                else f"peak kept from base spec {d.base.name!r}")
+        d.sources[f"matrix_flops_per_s.{dt}"] = (f"{d.stamp}: best of {len(rows)} matmul shapes "
+                                                 f"{_fmt_rate(best, 'FLOP/s')} (median over repeats); {kept}; "
+                                                 f"largest shape {label}")
+    if not measured:
+        return
+    ref = next(x for x in _REFERENCE_ORDER.get(d.kind, _REFERENCE_ORDER["gpu"]) + tuple(measured) if x in measured)
+    d.eff["matrix"] = _cap(large[ref]) or d.eff["matrix"]
+    for dt in measured:
+        d.eff[f"matrix_{dt}"] = _cap(large[dt]) or d.eff["matrix"]
+        if dt != ref:
+            d.sources[f"efficiency.matrix_{dt}"] = (f"{d.stamp}: {dt} matmul rate {d.relative}, median of the "
+                                                    f"{_LARGEST} largest shapes")
+    d.eff.pop(f"matrix_{ref}", None)
+    d.fields["matrix_efficiency_curve"] = curves[ref] if len(curves[ref]) >= 2 else ()
+    d.sources["matrix_efficiency_curve"] = (
+        f"{d.stamp}: {ref} matmuls (torch.mm squares and F.linear shapes), FLOPs per kernel -> measured rate "
+        f"{d.relative} after subtracting the {d.op_s * 1e6:.2f} us tiny-op time; other dtypes scale it by "
+        f"efficiency.matrix_<dtype> / efficiency.matrix")
+    d.sources["efficiency.matrix"] = (f"{d.stamp}: {ref} matmul rate {d.relative}, median of the {_LARGEST} largest "
+                                      f"shapes" + "".join(f"; {x}: {large[x]:.3f}" for x in measured if x != ref))
+
+
+def _vector(d: _Draft, table):
+    vec = _rows(table, "vector")
+    for r in vec.itertuples(index=False):
+        rate = r.flops / max(r.seconds - d.op_s, r.seconds * 0.05)
+        if d.peaks == "measured":
+            d.vector[r.dtype] = rate
+        if r.dtype == "fp32" or len(vec) == 1:
+            d.eff["vector"] = 1.0 if d.peaks == "measured" else _cap(rate / d.base.vector_peak(r.dtype))
+        d.sources[f"vector_flops_per_s.{r.dtype}"] = (
+            f"{d.stamp}: torch.add of {int(r.m)} elements (cache-resident), 1 FLOP per element, "
+            f"{_fmt_rate(rate, 'FLOP/s')} after subtracting the tiny-op time")
+    if len(vec):
+        d.sources["efficiency.vector"] = f"{d.stamp}: elementwise add rate {d.relative}"
+
+
+def _memory(d: _Draft, table):
+    cp = _rows(table, "copy").sort_values("bytes", kind="stable")
+    if not len(cp):
+        return
+    big = cp.iloc[-1]
+    bw = float(big["bytes"] / big["seconds"])
+    if d.peaks == "measured":
+        d.fields["mem_bandwidth_bytes_per_s"], d.eff["memory"] = bw, 1.0
+    else:
+        d.eff["memory"] = _cap(bw / d.base.mem_bandwidth_bytes_per_s)
+    others = ", ".join(f"{_size(r.bytes / 2)}: {_fmt_rate(r.bytes / r.seconds, 'B/s')}" for r in cp.itertuples())
+    d.sources["mem_bandwidth_bytes_per_s"] = (
+        f"{d.stamp}: copy of {_size(big['bytes'] / 2)} (read + write counted), {_fmt_rate(bw, 'B/s')}"
+        + ("" if d.peaks == "measured" else f", i.e. {d.eff['memory']:.3f} of the datasheet") + f"; by size: {others}")
+    d.sources["efficiency.memory"] = f"{d.stamp}: large-copy bandwidth {d.relative}"
+
+
+def _collectives(d: _Draft, table):
+    """The intra-node link: all-reduce bus bandwidth at the largest size; every size kept in the source text."""
+    comm = table[table["kind"].isin(COLLECTIVE_KINDS)]
+    if not len(comm):
+        return
+    ar = comm[comm["kind"] == "allreduce"] if (comm["kind"] == "allreduce").any() else comm
+    big = ar.sort_values("bytes", kind="stable").iloc[-1]
+    busbw = float(big["busbw_bytes_per_s"])
+    if d.peaks == "measured":
+        d.fields["intra_node_bandwidth_bytes_per_s"], d.eff["intra_node"] = busbw, 1.0
+    else:
+        d.eff["intra_node"] = _cap(busbw / d.base.intra_node_bandwidth_bytes_per_s)
+    by_size = "; ".join(f"{k}: " + ", ".join(f"{_size(r.bytes)} {_fmt_rate(r.busbw_bytes_per_s, 'B/s')}"
+                                             for r in g.sort_values("bytes").itertuples())
+                        for k, g in comm.groupby("kind", sort=False))
+    d.sources["intra_node_bandwidth_bytes_per_s"] = (
+        f"{d.stamp}: {big['kind']} bus bandwidth (nccl-tests convention) at {_size(big['bytes'])} across "
+        f"{int(big['world_size'])} ranks, {_fmt_rate(busbw, 'B/s')}; busbw by size: {by_size}")
+    d.sources["efficiency.intra_node"] = f"{d.stamp}: large-message all-reduce busbw {d.relative}"
+
+
+def _field_names():
+    return {f.name for f in dataclasses.fields(SystemSpec)}
+
+
+def summary_rows(spec: SystemSpec, table: pd.DataFrame) -> list:
+    """(what, value) lines for the calibration report (presentation helper, no printing)."""
+    out = [("system", f"{spec.name} (calibrated)" if spec.calibrated else spec.name)]
+    for d, v in spec.matrix_flops_per_s.items():
+        out.append((f"matrix {d}", f"{_fmt_rate(v, 'FLOP/s')} peak x {spec.matrix_efficiency(d):.3f} at large sizes"))
+    for d, v in spec.vector_flops_per_s.items():
+        out.append((f"vector {d}", f"{_fmt_rate(v, 'FLOP/s')} x {spec.efficiency['vector']:.3f}"))
+    out.append(("memory", f"{_fmt_rate(spec.mem_bandwidth_bytes_per_s, 'B/s')} x {spec.efficiency['memory']:.3f}"))
+    out.append(("launch overhead", f"{spec.launch_overhead_s * 1e6:.2f} us per kernel"))
+    out.append(("intra-node link", f"{_fmt_rate(spec.intra_node_bandwidth_bytes_per_s, 'B/s')} x "
+                                   f"{spec.efficiency['intra_node']:.3f}"))
+    for f, e in spec.matrix_efficiency_curve:
+        out.append(("curve", f"{f:.3g} FLOP/kernel -> {e:.3f}"))
+    comm = table[table["kind"].isin(COLLECTIVE_KINDS)] if "kind" in table else table.iloc[0:0]
+    for r in comm.itertuples(index=False):
+        out.append((f"{r.kind} {_size(r.bytes)}",
+                    f"{r.seconds * 1e6:.1f} us, busbw {_fmt_rate(r.busbw_bytes_per_s, 'B/s')}"))
+    return out

@@ -1,0 +1,278 @@
+"""``perfcheck calibrate``: measure this machine's ceilings and write a system file.
+
+Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
+
+* matmul    ``torch.mm`` on square shapes and ``F.linear`` on Linear-like shapes, per dtype, small
+            to large, so the estimator learns where efficiency falls off
+            (``matrix_efficiency_curve``, FLOPs per kernel -> fraction of peak);
+* copy      ``dst.copy_(src)``, bytes = read + write (2 x size); the largest size is the ceiling
+            (a DRAM/HBM-sized buffer, past the last-level cache);
+* vector    ``torch.add(a, b, out=c)`` on a cache-resident buffer, 1 FLOP per element (the
+            estimator's count for a pointwise op); CPU only (GPU elementwise work is memory-bound);
+* launch    ``op``: one tiny ``torch.add``; ``autograd``: a chain of tiny multiplies run forward
+            and backward, per kernel the estimator counts (1 forward + 1 backward each): what one
+            more small op costs in a training step. ``launch_overhead_s`` is the latter;
+* collectives  all-reduce / all-gather / reduce-scatter bus bandwidth by message size across
+            ranks (``perfcheck.hardware.calibrate.collectives``: gloo on CPU, NCCL on GPU).
+
+Timing: cases of one group are *interleaved* (repeat r of every case, then repeat r+1, ...), so
+a burst of noise on a shared machine hits every case alike; each repeat is a timed loop long
+enough to dwarf the clock (``target_s``); the number kept is the MEDIAN per-call time over
+repeats (min and max are kept in the table). On GPU the loop is bracketed by CUDA events and the
+device is synchronized only around it.
+
+Ceilings (``build_spec``; two conventions, named by ``peaks``):
+
+* ``peaks="base"`` (default on GPU): peaks stay the base spec's datasheet numbers and every
+  efficiency is measured / datasheet peak (capped at 1: a boost clock can beat the datasheet).
+* ``peaks="measured"`` (default on CPU, whose datasheet is unknown): each peak is the best
+  measured rate and efficiencies are relative to it (memory, vector, intra-node 1.0; the matrix
+  curve and ``efficiency.matrix`` at large sizes relative to the best matmul).
+
+The curve is for one reference dtype (bf16 on GPU, fp32 on CPU); other dtypes get
+``efficiency.matrix_<dtype>``, which the roofline uses to scale the curve. Matmul times have the
+tiny-op time subtracted before they enter the curve, because the estimator adds launch overhead
+per kernel on top of the roofline time. Not measured, and kept from the base spec (its source
+says so): the inter-node link (one node), ranks per node, GPU vector rates, fp8 GEMMs.
+
+Layout: the cases, timer and runner are in ``perfcheck.hardware.calibrate.cases``, the collectives in
+``perfcheck.hardware.calibrate.collectives``, the timings-to-spec arithmetic in ``perfcheck.hardware.calibrate.fit``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+import socket
+import time
+from typing import Callable, Optional
+
+import pandas as pd
+import torch
+
+from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, launch_cases, matmul_cases, run_cases,  # noqa: F401
+                                       vector_cases)
+from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec  # noqa: F401
+from perfcheck.errors import UserError
+from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
+
+#: Run-length presets. ``target_s``: minimum duration of one timed loop; shapes as (m, k, n).
+MODES = {
+    "quick": dict(repeats=3, target_s=0.01, squares=(64, 128, 256, 512, 1024),
+                  linear=((1024, 512, 2048),), copy_mb=(1, 64), comm_kib=(64, 4096),
+                  comm_kinds=("allreduce",)),
+    "default": dict(repeats=5, target_s=0.02, squares=(32, 64, 128, 256, 512, 1024, 2048),
+                    linear=((2048, 512, 512), (2048, 512, 2048), (2048, 2048, 512), (256, 512, 1536)),
+                    copy_mb=(1, 8, 256), comm_kib=(4, 64, 1024, 16384),
+                    comm_kinds=("allreduce", "allgather", "reducescatter")),
+    "full": dict(repeats=9, target_s=0.05, squares=(16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096),
+                 linear=((2048, 512, 512), (2048, 512, 2048), (2048, 2048, 512), (256, 512, 1536),
+                         (8192, 768, 3072), (8192, 3072, 768), (512, 4096, 4096)),
+                 copy_mb=(1, 8, 64, 256, 1024), comm_kib=(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536),
+                 comm_kinds=("allreduce", "allgather", "reducescatter")),
+}
+#: Larger shapes and buffers for GPUs (a CPU-sized GEMM is launch-bound on an H100).
+GPU_MODES = {
+    "quick": dict(squares=(256, 1024, 4096), linear=((8192, 4096, 4096),), copy_mb=(64, 1024)),
+    "default": dict(squares=(128, 256, 512, 1024, 2048, 4096, 8192),
+                    linear=((8192, 768, 3072), (8192, 3072, 768), (16384, 4096, 4096), (2048, 1024, 1024)),
+                    copy_mb=(8, 256, 2048)),
+    "full": dict(squares=(64, 128, 256, 512, 1024, 2048, 4096, 6144, 8192, 12288, 16384),
+                 linear=((8192, 768, 3072), (8192, 3072, 768), (16384, 4096, 4096), (2048, 1024, 1024),
+                         (16384, 8192, 28672), (4096, 12288, 12288)),
+                 copy_mb=(8, 256, 2048, 8192)),
+}
+PEAK_CONVENTIONS = ("base", "measured")
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """What ``calibrate`` returns: the spec to save, the raw measurements, and notes for the report."""
+
+    spec: SystemSpec
+    measurements: pd.DataFrame  # MEASUREMENT_COLUMNS, one row per case
+    notes: tuple = ()
+    elapsed_s: float = 0.0
+
+
+# ------------------------------------------------------------------------------ the run
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_base(device: torch.device) -> str:
+    """The built-in spec to start from: ``cpu`` on CPU; on GPU the spec matching the device name."""
+    if device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device)
+    try:
+        from perfcheck.hardware.systems import match_device_name
+    except ImportError:
+        match_device_name = None
+    if match_device_name is not None:
+        return match_device_name(name)
+    guess = guess_system(name)
+    if guess is None:
+        raise UserError(f"base: no built-in spec matches GPU {name!r}; give --base SYSTEM (see `perfcheck systems`)")
+    return guess
+
+
+def guess_system(device_name: str) -> Optional[str]:
+    """The built-in spec for a CUDA/ROCm device name, or None (see systems.match_device_name)."""
+    from perfcheck.hardware.systems import match_device_name
+
+    try:
+        return match_device_name(device_name)
+    except UserError:
+        return None
+
+
+def _dtypes_to_measure(base: SystemSpec, device: torch.device, dtypes) -> list:
+    if dtypes is not None:
+        out = [normalize_dtype(d) for d in dtypes]
+        for d in out:
+            base.matrix_peak(d)  # UserError naming the dtype if the base spec has no such peak
+            if d == "fp8":
+                raise NotImplementedError("perfcheck calibrate: fp8 GEMMs (torch._scaled_mm with scales) are not "
+                                          "benchmarked yet; leave fp8 out (its efficiency stays the base spec's)")
+        return out
+    usable = ("fp32", "tf32", "bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
+    return [d for d in base.matrix_flops_per_s if d in usable]
+
+
+def _progress(progress, message):
+    if progress is not None:
+        progress(message)
+
+
+def calibrate(base=None, *, mode: str = "default", device=None, dtypes=None, peaks: Optional[str] = None,
+              comm: bool = True, world_size: int = 2, name: Optional[str] = None, threads: Optional[int] = None,
+              progress: Optional[Callable[[str], None]] = None) -> Calibration:
+    """Run the micro-benchmarks on this machine and return a calibrated ``SystemSpec`` with its measurements.
+
+    base: system to start from (name, path or spec; default: ``cpu``, or the GPU's spec).
+    mode: ``quick`` | ``default`` (under a minute on CPU) | ``full``.
+    dtypes: matrix dtypes to benchmark (default: those the base lists that this device runs).
+    peaks: ``base`` (keep datasheet peaks, efficiencies = measured / peak) or ``measured``
+      (peaks = best measured); default ``base`` on GPU and ``measured`` on CPU.
+    comm: benchmark collectives across ``world_size`` ranks (gloo on CPU; on GPU NCCL across the
+      visible GPUs, skipped with a note when there is only one).
+    threads: CPU intra-op threads for the benchmarks (default: torch's current setting, which
+      the measured runs use too; restored afterwards).
+    progress: called with one-line messages while it runs (the CLI prints them to stderr).
+    """
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise UserError(f"threads: must be a positive integer, got {threads!r}")
+    saved = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress)
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.backends.cuda.matmul.allow_tf32 = saved[1]
+
+
+def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress) -> Calibration:
+    if mode not in MODES:
+        raise UserError(f"mode: unknown {mode!r} (known: {', '.join(MODES)})")
+    dev = torch.device(device or default_device())
+    if dev.type not in ("cpu", "cuda"):
+        raise UserError(f"device: only cpu and cuda can be calibrated, got {dev.type!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("device: cuda was asked for but torch.cuda.is_available() is False")
+    base_spec = load_system(base if base is not None else default_base(dev))
+    peaks = peaks or ("base" if dev.type == "cuda" else "measured")
+    if peaks not in PEAK_CONVENTIONS:
+        raise UserError(f"peaks: unknown {peaks!r} (known: {', '.join(PEAK_CONVENTIONS)})")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+        raise UserError(f"world_size: must be an integer >= 2, got {world_size!r}")
+    cfg = {**MODES[mode], **(GPU_MODES[mode] if dev.type == "cuda" else {})}
+    timer, start, frames, notes = Timer(dev), time.perf_counter(), [], []
+    measured = _dtypes_to_measure(base_spec, dev, dtypes)
+    busy = _busy_note(dev)
+    if busy:
+        notes.append(busy)
+        _progress(progress, f"note: {busy}")
+
+    def group(title, cases):
+        _progress(progress, f"[{time.perf_counter() - start:5.1f} s] {title}: {len(cases)} cases x "
+                            f"{cfg['repeats']} repeats")
+        frames.append(run_cases(cases, timer, repeats=cfg["repeats"], target_s=cfg["target_s"]))
+
+    group("launch overhead", launch_cases(dev))
+    group("memory copy", copy_cases(cfg["copy_mb"], dev))
+    if dev.type == "cpu":
+        vec = [d for d in ("fp32", "bf16") if d in base_spec.vector_flops_per_s]
+        group("vector (elementwise add)", vector_cases(vec, dev))
+    for d in measured:
+        group(f"matmul {d}", matmul_cases(d, cfg["squares"], cfg["linear"], dev))
+    if comm:
+        from perfcheck.hardware.calibrate.collectives import bench_collectives
+
+        n = world_size if dev.type == "cpu" else torch.cuda.device_count()
+        if n < 2:
+            notes.append("collectives not measured: one GPU visible (needs >= 2 for NCCL)")
+        else:
+            _progress(progress, f"[{time.perf_counter() - start:5.1f} s] collectives: {', '.join(cfg['comm_kinds'])} "
+                                f"on {n} ranks ({'gloo' if dev.type == 'cpu' else 'nccl'}), "
+                                f"{len(cfg['comm_kib'])} sizes")
+            frames.append(bench_collectives([k * 1024 for k in cfg["comm_kib"]], kinds=cfg["comm_kinds"], world_size=n,
+                                            device=dev.type, repeats=cfg["repeats"], target_s=cfg["target_s"]))
+    table = pd.concat(frames, ignore_index=True)
+    stamp = provenance(dev)
+    spec = build_spec(base_spec, table, peaks=peaks, stamp=stamp, name=name, kind=_device_kind(dev),
+                      mem_capacity_bytes=_capacity(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None)
+    elapsed = time.perf_counter() - start
+    _progress(progress, f"[{elapsed:5.1f} s] done")
+    return Calibration(spec, table, tuple(notes), elapsed)
+
+
+def _busy_note(device) -> Optional[str]:
+    """A warning when other processes compete for this CPU's cores (timings then drift and stall)."""
+    if device.type != "cpu" or not hasattr(os, "getloadavg"):
+        return None
+    load, cores, threads = os.getloadavg()[0], os.cpu_count() or 1, torch.get_num_threads()
+    if load + threads <= cores + 1:
+        return None
+    stall = (f"; with {threads} threads a parallel op can wait a scheduler tick for a busy core (--threads 1 is "
+             f"steadier)" if threads > 1 else "")
+    return f"load average {load:.1f} on {cores} cores: other processes compete for the CPU, so rates drift{stall}"
+
+
+def provenance(device) -> str:
+    """"measured by perfcheck calibrate on <host> (<device>), <date>, torch <version>"."""
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"measured by perfcheck calibrate on {socket.gethostname()} ({what}), {date}, torch {torch.__version__}"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
+    except OSError:
+        names = []  # no /proc (not Linux): platform's name below
+    if names:
+        return f"{names[0]}, {_threads()}"
+    import platform
+
+    return f"{platform.processor() or platform.machine()}, {_threads()}"
+
+
+def _threads() -> str:
+    n = torch.get_num_threads()
+    return f"{n} thread{'s' if n != 1 else ''}"
+
+
+def _device_kind(device) -> str:
+    return "gpu" if device.type == "cuda" else "cpu"
+
+
+def _capacity(device) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    import psutil
+
+    return float(psutil.virtual_memory().total)
+

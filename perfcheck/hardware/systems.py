@@ -1,0 +1,383 @@
+"""Hardware systems as data: a name-or-path loader returning a frozen, validated ``SystemSpec``.
+
+One JSON file per system lives in ``perfcheck/hardware/specs/`` (``configs/systems`` links to it),
+with units in every key and a source for every number, so adding a GPU is a one-file change
+(the llm-analysis ``gpu_configs/*.json`` / Calculon ``systems/*.json`` style). ``perfcheck
+calibrate`` writes files in the same format (``SystemSpec.to_json_dict``), and a path to such a
+file is accepted wherever a system name is.
+
+Conventions (each a common source of 2x errors):
+
+* FLOP/s are DENSE datasheet peaks; "with sparsity" figures are halved before they go in.
+* Link bandwidths are per GPU and ONE direction (NVLink 900 GB/s bidirectional -> 450e9), the
+  figure NCCL's bus bandwidth is compared with (nccl-tests ``doc/PERFORMANCE.md``).
+* Decimal units: GB = 1e9 bytes, TB/s = 1e12 bytes/s; capacities are the datasheet's decimal GB.
+* ``efficiency`` holds achievable fractions of peak, in (0, 1]; times are peak * efficiency.
+
+Bad input raises ``perfcheck.errors.UserError`` with one line naming the file and field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import types
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Tuple
+
+from perfcheck.errors import UserError
+
+#: Canonical dtype names a system can list peaks for.
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+
+#: Efficiency keys every system must give (achievable fraction of the matching peak).
+EFFICIENCY_KEYS = ("matrix", "vector", "memory", "intra_node", "inter_node")
+#: Optional per-dtype matrix efficiency overrides, e.g. ``"matrix_fp8": 0.71`` (FP8 GEMMs reach a
+#: lower fraction of peak than BF16 ones on H100: 70.9% vs 80.3%, ml-engineering MAMF table).
+OPTIONAL_EFFICIENCY_KEYS = tuple(f"matrix_{d}" for d in DTYPES)
+
+SYSTEM_KINDS = ("gpu", "cpu")
+
+_REQUIRED = (
+    "name", "description", "kind", "matrix_flops_per_s", "vector_flops_per_s",
+    "mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",
+    "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
+)
+_OPTIONAL = ("matrix_efficiency_curve", "calibrated", "sources")
+_FIELDS = _REQUIRED + _OPTIONAL
+
+# Aliases -> canonical dtype. torch dtypes are matched by their str() ("torch.float32").
+_DTYPE_ALIASES = {
+    "fp64": "fp64", "float64": "fp64", "double": "fp64", "f64": "fp64",
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "f32": "fp32",
+    "tf32": "tf32", "tensorfloat32": "tf32",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "f16": "fp16",
+    "fp8": "fp8", "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
+    "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8", "e4m3": "fp8", "e5m2": "fp8",
+}
+
+# A dtype without vector (non-matrix) units of its own runs its elementwise work in another one:
+# TF32 only exists inside tensor cores (elementwise math is FP32); FP8 tensors are upcast.
+_VECTOR_FALLBACK = {"tf32": ("fp32",), "fp8": ("fp16", "bf16", "fp32")}
+
+
+def normalize_dtype(dtype) -> str:
+    """Canonical dtype name ("fp32", "tf32", "bf16", "fp16", "fp8", "fp64") for a torch dtype or string.
+
+    Raises UserError for anything else (integers, complex, unknown strings).
+    """
+    key = str(dtype).lower().strip()
+    if key.startswith("torch."):
+        key = key[len("torch."):]
+    try:
+        return _DTYPE_ALIASES[key]
+    except KeyError:
+        raise UserError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)} and torch float dtypes)") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class SystemSpec:
+    """One accelerator (or CPU) and its node: peaks, bandwidths, achievable efficiencies, sources.
+
+    Mappings are stored read-only (``types.MappingProxyType``) and the curve as a tuple of pairs,
+    so a loaded spec cannot drift. Construction validates every field; use ``dataclasses.replace``
+    (it re-validates) to derive what-if variants.
+    """
+
+    name: str
+    description: str
+    kind: str
+    matrix_flops_per_s: Mapping[str, float]
+    vector_flops_per_s: Mapping[str, float]
+    mem_bandwidth_bytes_per_s: float
+    mem_capacity_bytes: float
+    intra_node_bandwidth_bytes_per_s: float
+    gpus_per_node: int
+    inter_node_bandwidth_bytes_per_s: float
+    launch_overhead_s: float
+    efficiency: Mapping[str, float]
+    matrix_efficiency_curve: Tuple[Tuple[float, float], ...] = ()
+    calibrated: bool = False
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        where = f"system {self.name!r}" if isinstance(self.name, str) else "system"
+        for field, value in _validated_fields(self, where).items():
+            object.__setattr__(self, field, value)
+
+    def __hash__(self):
+        return hash(json.dumps(self.to_json_dict(), sort_keys=True))
+
+    # ---- peaks ---------------------------------------------------------------------------
+    def matrix_peak(self, dtype) -> float:
+        """Dense datasheet matrix (tensor-core) peak in FLOP/s for ``dtype``.
+
+        ``fp32`` is the plain FP32 rate; ask for ``tf32`` when TF32 matmuls are enabled.
+        Raises UserError naming the system and dtype when the system has no such unit.
+        """
+        d = normalize_dtype(dtype)
+        try:
+            return self.matrix_flops_per_s[d]
+        except KeyError:
+            raise UserError(
+                f"system {self.name!r} has no matrix peak for dtype {d!r} "
+                f"(it lists: {', '.join(self.matrix_flops_per_s)})") from None
+
+    def vector_peak(self, dtype) -> float:
+        """Non-matrix (elementwise/reduction) peak in FLOP/s for ``dtype``.
+
+        TF32 falls back to FP32 and FP8 to FP16/BF16/FP32 (those dtypes have no vector units of
+        their own); any other missing dtype raises UserError naming the system and dtype.
+        """
+        d = normalize_dtype(dtype)
+        for candidate in (d,) + _VECTOR_FALLBACK.get(d, ()):
+            if candidate in self.vector_flops_per_s:
+                return self.vector_flops_per_s[candidate]
+        raise UserError(
+            f"system {self.name!r} has no vector peak for dtype {d!r} "
+            f"(it lists: {', '.join(self.vector_flops_per_s)})")
+
+    def matrix_efficiency(self, dtype) -> float:
+        """Flat achievable fraction of the matrix peak for ``dtype`` (``matrix_<dtype>`` override, else ``matrix``)."""
+        d = normalize_dtype(dtype)
+        return self.efficiency.get(f"matrix_{d}", self.efficiency["matrix"])
+
+    # ---- serialisation ---------------------------------------------------------------------
+    def to_json_dict(self) -> dict:
+        """Plain JSON-ready dict in the file format; ``load_system`` of it gives an equal spec."""
+        out = {}
+        for f in _FIELDS:
+            value = getattr(self, f)
+            if isinstance(value, types.MappingProxyType):
+                value = dict(value)
+            elif f == "matrix_efficiency_curve":
+                value = [list(p) for p in value]
+            out[f] = value
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_json_dict(), indent=2) + "\n"
+
+    def save(self, path) -> Path:
+        """Write the spec as JSON (atomically: temp file + rename) and return the path."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json())
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "system") -> "SystemSpec":
+        """Validate a parsed JSON object (unknown/missing keys, types, ranges) and build a spec."""
+        if not isinstance(data, dict):
+            raise UserError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        unknown = [k for k in data if k not in _FIELDS]
+        if unknown:
+            raise UserError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} "
+                            f"(allowed: {', '.join(_FIELDS)})")
+        missing = [k for k in _REQUIRED if k not in data]
+        if missing:
+            raise UserError(f"{where}: missing required key(s) {', '.join(map(repr, missing))}")
+        defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+        _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, **data}), where)
+        return cls(**data)
+
+
+# ---- validation ---------------------------------------------------------------------------------
+def _number(value, field, where, *, allow_zero=False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(f"{where}: {field} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise UserError(f"{where}: {field} must be {'>= 0' if allow_zero else 'positive'} and finite, got {value!r}")
+    return value
+
+
+def _fraction(value, field, where) -> float:
+    value = _number(value, field, where)
+    if value > 1:
+        raise UserError(f"{where}: {field} = {value!r} is outside (0, 1]")
+    return value
+
+
+def _dtype_map(value, field, where) -> types.MappingProxyType:
+    if not isinstance(value, Mapping) or not value:
+        raise UserError(f"{where}: {field} must be a non-empty object of dtype -> FLOP/s")
+    out = {}
+    for key, v in value.items():
+        if key not in DTYPES:
+            raise UserError(f"{where}: {field} has unknown dtype {key!r} (known: {', '.join(DTYPES)})")
+        out[key] = _number(v, f"{field}.{key}", where)
+    return types.MappingProxyType(out)
+
+
+def _efficiency(value, where) -> types.MappingProxyType:
+    if not isinstance(value, Mapping):
+        raise UserError(f"{where}: efficiency must be an object")
+    unknown = [k for k in value if k not in EFFICIENCY_KEYS + OPTIONAL_EFFICIENCY_KEYS]
+    if unknown:
+        raise UserError(f"{where}: efficiency has unknown key(s) {', '.join(map(repr, unknown))} "
+                        f"(allowed: {', '.join(EFFICIENCY_KEYS)}, matrix_<dtype>)")
+    missing = [k for k in EFFICIENCY_KEYS if k not in value]
+    if missing:
+        raise UserError(f"{where}: efficiency is missing key(s) {', '.join(map(repr, missing))}")
+    return types.MappingProxyType({k: _fraction(v, f"efficiency.{k}", where) for k, v in value.items()})
+
+
+def _curve(value, where) -> tuple:
+    field = "matrix_efficiency_curve"
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise UserError(f"{where}: {field} must be a list of [flops_per_kernel, efficiency] pairs")
+    points = []
+    for i, pair in enumerate(value):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise UserError(f"{where}: {field}[{i}] must be a [flops_per_kernel, efficiency] pair, got {pair!r}")
+        points.append((_number(pair[0], f"{field}[{i}][0]", where), _fraction(pair[1], f"{field}[{i}][1]", where)))
+    for i in range(1, len(points)):
+        if points[i][0] <= points[i - 1][0]:
+            raise UserError(f"{where}: {field} is not sorted by strictly increasing flops_per_kernel at index {i}")
+    return tuple(points)
+
+
+def _sources(value, where) -> types.MappingProxyType:
+    if not isinstance(value, Mapping):
+        raise UserError(f"{where}: sources must be an object of field -> source text")
+    for key, text in value.items():
+        if not isinstance(key, str) or key.split(".", 1)[0] not in _FIELDS:
+            raise UserError(f"{where}: sources has key {key!r} that names no field")
+        if not isinstance(text, str) or not text.strip():
+            raise UserError(f"{where}: sources.{key} must be a non-empty string")
+    return types.MappingProxyType(dict(value))
+
+
+def _validated_fields(spec, where: str) -> dict:
+    """Every field of ``spec`` checked and normalised; raises UserError naming the first bad one."""
+    if not isinstance(spec.name, str) or not spec.name.strip():
+        raise UserError(f"{where}: name must be a non-empty string")
+    if not isinstance(spec.description, str):
+        raise UserError(f"{where}: description must be a string")
+    if spec.kind not in SYSTEM_KINDS:
+        raise UserError(f"{where}: kind must be one of {', '.join(SYSTEM_KINDS)}, got {spec.kind!r}")
+    gpn = spec.gpus_per_node
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
+        raise UserError(f"{where}: gpus_per_node must be a positive integer, got {gpn!r}")
+    if not isinstance(spec.calibrated, bool):
+        raise UserError(f"{where}: calibrated must be true or false, got {spec.calibrated!r}")
+    out = {
+        "matrix_flops_per_s": _dtype_map(spec.matrix_flops_per_s, "matrix_flops_per_s", where),
+        "vector_flops_per_s": _dtype_map(spec.vector_flops_per_s, "vector_flops_per_s", where),
+        "launch_overhead_s": _number(spec.launch_overhead_s, "launch_overhead_s", where, allow_zero=True),
+        "efficiency": _efficiency(spec.efficiency, where),
+        "matrix_efficiency_curve": _curve(spec.matrix_efficiency_curve, where),
+        "sources": _sources(spec.sources, where),
+    }
+    for f in ("mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",
+              "inter_node_bandwidth_bytes_per_s"):
+        out[f] = _number(getattr(spec, f), f, where)
+    return out
+
+
+# ---- loading ------------------------------------------------------------------------------------
+def _data_dir():
+    return resources.files("perfcheck.hardware") / "specs"
+
+
+def list_systems() -> list:
+    """Names of the built-in systems, sorted."""
+    return sorted(p.name[:-5] for p in _data_dir().iterdir() if p.name.endswith(".json"))
+
+
+def _parse_json(text: str, where: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+
+
+@lru_cache(maxsize=None)
+def _load_builtin(name: str) -> SystemSpec:
+    resource = _data_dir() / f"{name}.json"
+    return SystemSpec.from_dict(_parse_json(resource.read_text(), f"{name}.json"), f"{name}.json")
+
+
+def load_system(name_or_path) -> SystemSpec:
+    """A ``SystemSpec`` from a built-in name (``"h100-sxm"``), a path to a JSON file, or a spec.
+
+    A spec is returned unchanged. Raises UserError (one line) for an unknown name (listing the
+    known ones), an unreadable or malformed file (file and line), or an invalid field.
+    """
+    if isinstance(name_or_path, SystemSpec):
+        return name_or_path
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise UserError(f"system must be a name, a path or a SystemSpec, got {type(name_or_path).__name__}")
+    text = os.fspath(name_or_path)
+    known = list_systems()
+    if text.strip().lower() in known:
+        return _load_builtin(text.strip().lower())
+    path = Path(text).expanduser()
+    looks_like_path = path.suffix.lower() == ".json" or os.sep in text or (os.altsep and os.altsep in text)
+    if not path.is_file():
+        if looks_like_path:
+            raise UserError(f"system file {text!r} does not exist")
+        raise UserError(f"unknown system {text!r} (known: {', '.join(known)}; or give a path to a JSON file)")
+    try:
+        content = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read system file {text!r}: {exc}") from None
+    return SystemSpec.from_dict(_parse_json(content, str(path)), str(path))
+
+
+# ---- tables -------------------------------------------------------------------------------------
+def system_row(spec: SystemSpec) -> dict:
+    """One flat row (SI units, NaN where a dtype is absent) describing ``spec``."""
+    row = {"name": spec.name, "kind": spec.kind}
+    for d in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+        row[f"matrix_{d}_flops_per_s"] = spec.matrix_flops_per_s.get(d, math.nan)
+    for d in ("fp32", "bf16", "fp16"):
+        row[f"vector_{d}_flops_per_s"] = spec.vector_flops_per_s.get(d, math.nan)
+    for f in ("mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",
+              "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s"):
+        row[f] = getattr(spec, f)
+    for k in EFFICIENCY_KEYS:
+        row[f"efficiency_{k}"] = spec.efficiency[k]
+    row["calibrated"] = spec.calibrated
+    row["description"] = spec.description
+    return row
+
+
+def systems_table(names=None):
+    """pandas DataFrame with one row per system (all built-ins by default; names or paths allowed)."""
+    import pandas as pd
+
+    specs = [load_system(n) for n in (list_systems() if names is None else names)]
+    return pd.DataFrame([system_row(s) for s in specs])
+
+
+def match_device_name(device_name: str) -> str:
+    """The built-in spec for a CUDA/ROCm device name ("NVIDIA H100 80GB HBM3" -> "h100-sxm").
+
+    The chip ("h100") must appear in the name; among its specs the one sharing the most other
+    tokens ("80gb", "sxm") wins; a PCIe spec only when the name says PCIe. No match: UserError
+    naming the device, so the caller passes --system explicitly.
+    """
+    text = device_name.lower().replace("-", " ").replace("_", " ")
+    best, best_score = None, -1
+    for system in list_systems():
+        chip, *rest = system.split("-")
+        if chip == "cpu" or chip not in text.split():
+            continue
+        if ("pcie" in rest) != ("pcie" in text):
+            continue
+        score = sum(tok in text for tok in rest)
+        if score > best_score:
+            best, best_score = system, score
+    if best is None:
+        raise UserError(f"device {device_name!r}: no built-in system matches it; pass --system NAME or a "
+                        f"file from `perfcheck calibrate` (built-ins: {', '.join(list_systems())})")
+    return best

@@ -1,0 +1,3 @@
+"""DeepSpeed integration: the config's ``"perfcheck"`` block and the drop-in ``initialize`` (``api``),
+the engine wrapper that measures (``engine_session``), the comms logger's records (``comms``), the
+engine's ZeRO facts (``facts``), and the ZeRO sweep's stage configs (``configs/*.json``, package data)."""

@@ -1,0 +1,507 @@
+"""PerfCheck: measure training steps of a PyTorch model per module, phase and kernel.
+
+    pc = PerfCheck(model, warmup=2, steps=20, out_dir="runs/exp1")
+    with pc:                                  # or pc.start() ... pc.stop()
+        for x, y in loader:
+            loss_fn(model(x), y).backward(); opt.step(); opt.zero_grad()
+            pc.step()                         # marks the end of a training step
+    pc.measured(); pc.steps(); pc.kernels(); pc.samples(); pc.save("runs/exp1")
+
+Steps, in order from ``start()``: ``warmup`` steps; one FlopCounterMode step if ``count_flops``;
+the profiler window ``profile_window=(wait, warmup, active)`` (its wait steps are measured, its
+warm-up and active steps are not: the profiler slows them); then measured steps, alternating with
+``overhead_pairs`` steps run without hooks ("bare", for the in-run overhead A/B); once ``steps``
+measured steps are done the hooks are removed and the model runs bare until ``stop()``.
+``step()`` with nothing run since the last boundary is ignored, so calling it at the start or at
+the end of each iteration both work; ``stop()`` keeps a step in flight if the root's forward ran.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+import uuid
+import warnings
+import weakref
+from collections import deque
+from pathlib import Path
+
+import pandas as pd
+
+from perfcheck.measure import rundir as runs
+from perfcheck.errors import UserError
+from perfcheck.measure import memory as memory_mod
+from perfcheck.measure.context import (device_name, model_device, model_dtype, model_view, parallel_setup,
+                                       rank_and_world, versions)
+from perfcheck.measure.flops import FlopStep
+from perfcheck.measure.kernel_table import ProfilerWindow, empty_kernel_frame
+from perfcheck.measure.clocks import clock_for
+from perfcheck.measure.module_timer import ModuleTimer
+from perfcheck.measure.schedule import StepSchedule
+from perfcheck.measure.sampler import DEFAULT_INTERVAL_S, Sampler, validate_interval
+from perfcheck.schema import ROOT, SAMPLE_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
+
+#: Per-step module rows kept in memory (about 120 bytes each); older steps are dropped from memory
+#: (counted in meta.json ``module_steps_dropped``), module_steps.csv keeps them all.
+MAX_MODULE_ROWS = 200_000
+
+BACKWARD_RULE = ("backward of a module = from the first gradient of its outputs to the earliest of: all "
+                 "needed input gradients ready; the backward of a module outside its subtree starting; "
+                 "an enclosing module's backward ending; the end of the backward pass (queue_callback). "
+                 "Recompute inside the interval is subtracted.")
+
+
+def _nonneg_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UserError(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+class PerfCheck:
+    """Per-module forward/backward/recompute times, kernel tables, samples and a run directory.
+
+    Args:
+        model: the ``nn.Module`` (DDP / DeepSpeed engine wrappers are unwrapped; paths as the inner
+            model's ``named_modules()``; a torch.compile'd module is timed as a whole).
+        warmup: steps run with hooks but left out of the statistics.
+        steps: measured steps; ``None`` measures until ``stop()``.
+        profile: run one torch.profiler window (kernel table + Chrome trace).
+        profile_window: ``(wait, warmup, active)`` steps of ``torch.profiler.schedule`` after the
+            warm-up (and FLOP) steps.
+        count_flops: one step under ``FlopCounterMode`` (per module, forward and backward).
+        sample_interval: sampler period in seconds (>= 0.1); ``None`` turns the sampler off.
+        out_dir: run directory; rows are appended as steps end and the rest is written at ``stop()``.
+        memory: per-module CUDA memory (default: on for CUDA models; NaN on CPU).
+        overhead_pairs: instrumented/bare step pairs for the in-run overhead estimate (meta.json).
+        parallel: what is known about the parallel layout, merged into meta.json's ``parallel``.
+        system: the spec predictions use (a name from ``perfcheck systems``, a JSON file from
+            ``perfcheck calibrate`` or a SystemSpec); default: this device's built-in entry.
+
+    ``save()`` also writes the estimator's rows for the shapes, dtype and parallel layout the run
+    saw (``predicted.csv``), so ``perfcheck report RUN_DIR`` needs nothing but the directory.
+    """
+
+    #: Every module some running PerfCheck has hooks on (weak: no attribute on user modules).
+    _attached: "weakref.WeakSet" = weakref.WeakSet()
+
+    def __init__(self, model, *, warmup: int = 1, steps: int | None = None, profile: bool = True,
+                 profile_window: tuple = (0, 1, 1), count_flops: bool = False,
+                 sample_interval: float | None = DEFAULT_INTERVAL_S, out_dir=None, memory: bool | None = None,
+                 overhead_pairs: int = 0, parallel: dict | None = None, system=None):
+        self.warmup = _nonneg_int("warmup", warmup)
+        self.n_steps = _nonneg_int("steps", steps, allow_none=True)
+        if self.n_steps == 0:
+            raise UserError("steps must be at least 1 (or None to measure until stop())")
+        try:
+            window = tuple(_nonneg_int(f"profile_window[{i}]", int(v) if not isinstance(v, bool) else v)
+                           for i, v in enumerate(profile_window))
+        except (TypeError, ValueError):
+            raise UserError(f"profile_window must be (wait, warmup, active), got {profile_window!r}") from None
+        if len(window) != 3 or window[2] < 1:
+            raise UserError(f"profile_window must be (wait, warmup, active) with active >= 1, got {profile_window!r}")
+        self.profile, self.profile_window = bool(profile), window
+        self.count_flops = bool(count_flops)
+        self.sample_interval = None if sample_interval is None else validate_interval(sample_interval)
+        self.overhead_pairs = _nonneg_int("overhead_pairs", overhead_pairs)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.user_parallel = dict(parallel or {})
+        self.system = system
+        self._schedule = StepSchedule(warmup=self.warmup, steps=self.n_steps, count_flops=self.count_flops,
+                                      profile_window=self.profile_window if self.profile else None,
+                                      overhead_pairs=self.overhead_pairs)
+        self._view = model_view(model)
+        self.device = model_device(self._view.root)
+        self.track_memory = (self.device.type == "cuda") if memory is None else bool(memory)
+        if self.track_memory and self.device.type != "cuda":
+            self.track_memory = False  # nothing to read on CPU; meta.json says so
+        self._state = "new"
+        self._warnings: list[str] = []
+        if self._view.compiled:
+            self._warn(f"torch.compile'd module(s) {self._view.compiled} are timed as a whole (forward, backward, "
+                       "step); their submodules get no rows, because hooks inside a compiled region would add "
+                       "graph breaks. The profiler's kernel table still covers them.")
+        self._reset_results()
+
+    # ------------------------------------------------------------------------------ results
+    def _reset_results(self):
+        self._step_rows: list[dict] = []
+        self._module_rows: deque = deque()  # (step, [row tuples in MODULE_STEP_COLUMNS order]) per step
+        self._module_row_count = 0
+        self._dropped_steps = 0
+        self._flops: dict = {}
+        self._window: ProfilerWindow | None = None
+        self._overhead: dict | str = "not measured"
+
+    def _warn(self, message: str):
+        if message not in self._warnings:
+            self._warnings.append(message)
+            warnings.warn(f"perfcheck: {message}", RuntimeWarning, stacklevel=3)
+
+    # ---------------------------------------------------------------------------- lifecycle
+    def start(self) -> "PerfCheck":
+        if self._state == "running":
+            raise UserError("PerfCheck.start() called twice; call stop() first")
+        if self._state == "stopped":
+            raise UserError("this PerfCheck has been stopped; create a new one for another run")
+        for path, mod in self._view.modules:
+            if mod in PerfCheck._attached:
+                raise UserError(f"module {path!r} ({type(mod).__name__}) is already measured by another running "
+                                "PerfCheck; stop() that one first (one PerfCheck per model)")
+        self.rank, self.world_size = rank_and_world()
+        self.run_id = uuid.uuid4().hex[:12]
+        self._t_start = time.time()
+        clock = clock_for(self.device)
+        mem = memory_mod.CudaMemoryTracker(self.device) if self.track_memory else None
+        self._timer = ModuleTimer(self._view.modules, clock, ranges=self.profile, memory=mem)
+        self._paths = {id(m): p for p, m in self._view.modules}
+        self._pending: deque = deque()
+        self._index, self._measured_n, self._bare_n, self._last_plain = 0, 0, 0, None
+        self._flop_step, self._done, self._sampler = None, False, None
+        self._writers: dict = {}
+        if self.out_dir is not None:
+            self._open_writers()
+        for _, mod in self._view.modules:
+            PerfCheck._attached.add(mod)
+        self._state = "running"
+        try:
+            if self.profile:
+                self._window = ProfilerWindow(
+                    "cuda" if self.device.type == "cuda" else "cpu", self.warmup + (1 if self.count_flops else 0),
+                    self.profile_window, self.rank, self._rank_dir if self.out_dir is not None else None,
+                    self._warn).start()
+            if self.sample_interval is not None:
+                on_row = self._writers["samples"].append if "samples" in self._writers else None
+                self._sampler = Sampler(self.sample_interval, device=self.device, step_fn=lambda: self._index,
+                                        rank=self.rank, on_row=on_row).start()
+            if self.out_dir is not None:
+                runs.atomic_write_json(self._rank_dir / runs.META, self.meta(complete=False))
+            self._begin_step()
+        except BaseException:
+            self._teardown()
+            raise
+        return self
+
+    def step(self):
+        """Mark the end of a training step (and the start of the next)."""
+        if self._state != "running":
+            raise UserError("PerfCheck.step() called outside start()/stop()")
+        if self._done:
+            self._index += 1
+            return
+        if self._role != "bare" and not self._timer.step_has_calls:
+            return  # nothing ran since the last boundary
+        self._end_step()
+        self._index += 1
+        self._begin_step()
+
+    def stop(self):
+        """End measuring: keep the step in flight if its root forward ran, remove every hook,
+        stop the profiler and the sampler, write the run directory if ``out_dir`` was given."""
+        if self._state != "running":
+            return
+        try:
+            if not self._done:
+                in_flight = self._timer.root_forward_finished
+                if in_flight and self._role != "bare":
+                    self._end_step()
+                    self._index += 1
+                else:
+                    self._timer.clock.release(self._timer.end_step().tokens)
+                    if self._flop_step is not None:
+                        self._flop_step.end()
+                        self._flop_step = None
+            while self._pending:
+                self._finalize(*self._pending.popleft())
+            self._compute_overhead()
+            if not any(r["role"] == "measured" and not r["failed"] for r in self._step_rows):
+                self._warn(f"no measured step: {len(self._step_rows)} step(s) recorded with warmup={self.warmup}"
+                           f"{', count_flops' if self.count_flops else ''}{', a profiler window' if self.profile else ''}"
+                           " before them; measured() is empty (call step() after each training step and run more steps)")
+        finally:
+            self._teardown()
+        if self.out_dir is not None:
+            self.save(self.out_dir)
+
+    def _teardown(self):
+        self._timer.detach()
+        if self._flop_step is not None:
+            self._flop_step.end()
+            self._flop_step = None
+        for _, mod in self._view.modules:
+            PerfCheck._attached.discard(mod)
+        if self._window is not None:
+            self._window.stop()
+        if self._sampler is not None:
+            self._sampler.stop()
+            for w in self._sampler.warnings:
+                if w not in self._warnings:
+                    self._warnings.append(w)
+        for w in self._writers.values():
+            w.close()
+        self._state = "stopped"
+        if self._timer.internal_errors:
+            self._warn(f"hook errors (steps marked failed): {self._timer.internal_errors}")
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and self._state == "running":
+            self._timer.mark_failed()
+        self.stop()
+        return False
+
+    # ------------------------------------------------------------------------------- steps
+    def _role_for(self, i: int) -> str:
+        return self._schedule.role(i, self._measured_n, self._bare_n, self._last_plain)
+
+    def _begin_step(self):
+        role = self._role = self._role_for(self._index)
+        if role == "done":
+            self._done = True
+            self._timer.detach()
+            if self._window is not None:
+                self._window.stop()
+            return
+        if role == "bare":
+            self._timer.detach()
+        else:
+            self._timer.attach()
+        if role == "flops":
+            self._flop_step = FlopStep(self._view.root, self._paths)
+            self._flop_step.begin()
+        self._timer.begin_step()
+
+    def _end_step(self):
+        pending = self._timer.end_step()
+        if self._flop_step is not None:
+            self._flops = self._flop_step.end()
+            self._flop_step = None
+        if self._window is not None:
+            self._window.step()
+        role = self._role
+        if role == "measured" and not pending.failed:
+            self._measured_n += 1
+        elif role == "bare":
+            self._bare_n += 1
+        if role in ("measured", "bare"):
+            self._last_plain = role
+        self._pending.append((self._index, role, pending))
+        while self._pending and (len(self._pending) > 1 or self._pending[0][2].ready()):
+            self._finalize(*self._pending.popleft())
+
+    def _finalize(self, index: int, role: str, pending):
+        res = pending.resolve()
+        bare = role == "bare"
+        nan = math.nan
+        row = {"step": index, "measured": role == "measured", "fwd_s": nan if bare else res["fwd_s"],
+               "bwd_s": nan if bare else res["bwd_s"], "optim_s": nan if bare else res["optim_s"],
+               "step_s": res["step_s"], "recompute_s": nan if bare else res["recompute_s"],
+               "peak_mem_bytes": nan if res["peak_mem_bytes"] is None else float(res["peak_mem_bytes"]),
+               "role": role, "failed": bool(res["failed"]), "rank": self.rank}
+        self._step_rows.append(row)
+        if "steps" in self._writers:
+            self._writers["steps"].append(row)
+        types, rank = self._view.types, self.rank
+        rows = [(index, path, types.get(path, ""), calls, fwd, bwd, rc, nan if act is None else float(act),
+                 nan if peak is None else float(peak), rank)
+                for path, (calls, fwd, bwd, rc, act, peak) in res["modules"].items()]
+        if "module_steps" in self._writers:
+            for r in rows:
+                self._writers["module_steps"].append(dict(zip(runs.MODULE_STEP_COLUMNS, r)))
+        self._module_rows.append((index, rows))
+        self._module_row_count += len(rows)
+        while self._module_row_count > MAX_MODULE_ROWS and len(self._module_rows) > 1:
+            _, old = self._module_rows.popleft()  # bounded memory on long runs (the CSV keeps them all)
+            self._module_row_count -= len(old)
+            self._dropped_steps += 1
+
+    def _compute_overhead(self):
+        rows = self._step_rows
+        pairs = [(a["step_s"], b["step_s"]) for a, b in zip(rows, rows[1:])
+                 if b["role"] == "bare" and a["role"] == "measured" and not a["failed"] and b["step"] == a["step"] + 1]
+        if not pairs:
+            return
+        inst = pd.Series([p[0] for p in pairs]).median()
+        bare = pd.Series([p[1] for p in pairs]).median()
+        self._overhead = {"fraction": float(inst / bare - 1.0), "instrumented_step_s_median": float(inst),
+                          "bare_step_s_median": float(bare), "pairs": len(pairs),
+                          "method": "adjacent instrumented/bare steps of this run (hooks removed in bare steps), medians"}
+
+    # ------------------------------------------------------------------------------ frames
+    def steps(self) -> pd.DataFrame:
+        """One row per recorded step (schema.STEP_COLUMNS)."""
+        return pd.DataFrame(self._step_rows, columns=list(STEP_COLUMNS))
+
+    def module_steps(self) -> pd.DataFrame:
+        """Per-step, per-module rows (runs.MODULE_STEP_COLUMNS): the numbers behind measured()."""
+        rows = [r for _, step_rows in self._module_rows for r in step_rows]
+        return pd.DataFrame(rows, columns=list(runs.MODULE_STEP_COLUMNS))
+
+    def measured(self) -> pd.DataFrame:
+        """One row per module that ran in the measured steps (schema.MEASURED_COLUMNS)."""
+        return runs.summarize_module_steps(self.module_steps(), self.steps(), self.rank if self._state != "new" else 0,
+                                           self._flops)
+
+    def kernels(self) -> pd.DataFrame:
+        """Kernels (GPU) or aten ops (CPU) per module and phase in the profiler window (schema.KERNEL_COLUMNS)."""
+        return self._window.kernels.copy() if self._window is not None else empty_kernel_frame()
+
+    def samples(self) -> pd.DataFrame:
+        """Utilization/memory samples (schema.SAMPLE_COLUMNS)."""
+        rows = list(self._sampler.rows) if self._sampler is not None else []
+        return pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
+
+    @property
+    def state(self) -> str:
+        """'new' (not started), 'running' or 'stopped'."""
+        return self._state
+
+    @property
+    def done(self) -> bool:
+        """True once every requested step (warm-up, FLOPs, profiler window, measured, bare) has run."""
+        return self._state == "stopped" or (self._state == "running" and self._done)
+
+    @property
+    def overhead(self):
+        """The in-run A/B overhead (dict) or the string 'not measured'."""
+        return self._overhead
+
+    # -------------------------------------------------------------------------- run files
+    @property
+    def _rank_dir(self) -> Path:
+        return runs.rank_dir(self.out_dir, self.rank)
+
+    def _open_writers(self):
+        d = self._rank_dir
+        if (d / runs.META).exists():
+            raise UserError(f"{d} already holds a run ({runs.META} exists); choose a new out_dir")
+        d.mkdir(parents=True, exist_ok=True)
+        runs.clean_stale_temps(d)
+        for key in ("steps", "module_steps", "samples"):
+            fname, cols = runs.TABLES[key]
+            if key == "samples" and self.sample_interval is None:
+                continue
+            self._writers[key] = runs.CsvAppender(d / fname, cols)
+
+    def save(self, run_dir) -> Path:
+        """Write this rank's files under ``run_dir/rank<R>/`` (each atomically); return that directory."""
+        if self._state == "new":
+            raise UserError("nothing to save: PerfCheck was never started")
+        d = runs.rank_dir(run_dir, self.rank)
+        files = []
+        frames = {"modules": self.measured, "steps": self.steps, "module_steps": self.module_steps,
+                  "kernels": self.kernels, "samples": self.samples}
+        for key, frame in frames.items():
+            fname, cols = runs.TABLES[key]
+            files.append(fname)
+            writer = self._writers.get(key)
+            if writer is not None and writer.path.resolve() == (d / fname).resolve():
+                continue  # appended row by row as the run went: already complete (memory may hold less)
+            runs.atomic_write_csv(d / fname, frame(), cols)
+        trace = self._window.trace_path if self._window is not None else None
+        if trace is not None and trace.exists():
+            if trace.resolve() != (d / runs.TRACE).resolve():
+                runs.atomic_copy(trace, d / runs.TRACE)
+            files.append(runs.TRACE)
+        files += self._save_prediction(run_dir)
+        runs.atomic_write_json(d / runs.META, self.meta(complete=self._state == "stopped", files=files))
+        return d
+
+    # ------------------------------------------------------------------- predicted vs measured
+    def _system_spec(self):
+        from perfcheck.predict.for_run import system_from_meta
+        from perfcheck.hardware.systems import load_system
+
+        return load_system(system_from_meta(self.meta(), self.system))
+
+    def predicted(self) -> pd.DataFrame:
+        """The estimator's rows for this run: the root's recorded input shapes and dtype, the
+        parallel layout seen, on ``system`` (schema.PREDICTED_COLUMNS)."""
+        from perfcheck.predict.for_run import predict_for_run
+
+        if self._state == "new" or not self._timer.first_root_inputs:
+            raise UserError("no prediction yet: run at least one step so the input shapes are known")
+        if getattr(self, "_predicted", None) is None:
+            self._predicted = predict_for_run(self._view.root, self.meta(), system=self._system_spec())
+        return self._predicted
+
+    def _save_prediction(self, run_dir) -> list:
+        """Write predicted.csv beside this rank's files; a model the estimator cannot trace leaves a
+        warning in meta.json, never a lost run."""
+        from perfcheck.predict.for_run import PREDICTED_CSV, PREDICTED_JSON, save_predicted
+
+        try:
+            frame = self.predicted()
+            save_predicted(run_dir, frame, rank=self.rank, system=self._system_spec(), dtype=frame.attrs.get("dtype"))
+        except (UserError, NotImplementedError, RuntimeError, ValueError, TypeError) as exc:
+            self._warn(f"predicted.csv not written: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return []
+        return [PREDICTED_CSV, PREDICTED_JSON]
+
+    def reconciled(self) -> pd.DataFrame:
+        """perfcheck.analysis.reconcile of this run's predicted and measured rows (with kernels and steps)."""
+        from perfcheck.analysis.reconcile import reconcile
+
+        return reconcile(self.predicted(), self.measured(), system=self._system_spec(), kernels=self.kernels(),
+                         steps=self.steps())
+
+    def report(self, *, depth: int | None = None, top: int = 3) -> str:
+        """The terminal report (module tree, predicted vs measured, gaps and reasons) as a string."""
+        from perfcheck.report.text import render_text
+
+        return render_text(self.reconciled(), depth=depth, top=top)
+
+    def _system_name(self):
+        from perfcheck.hardware.systems import SystemSpec, list_systems, load_system
+
+        if self.system is None or isinstance(self.system, SystemSpec):
+            return None if self.system is None else self.system.name
+        return str(load_system(self.system).name if str(self.system) in list_systems() else self.system)
+
+    def meta(self, complete: bool = True, files=None) -> dict:
+        """The run's metadata (what meta.json holds)."""
+        view, started = self._view, self._state != "new"
+        rows = self._step_rows
+        roles = {}
+        for r in rows:
+            roles[r["role"]] = roles.get(r["role"], 0) + 1
+        parallel = parallel_setup(view, self.world_size if started else 1)
+        parallel.update(self.user_parallel)
+        notes = [memory_mod.CUDA_NOTE if self.track_memory else memory_mod.CPU_NOTE,
+                 "gpu_util (NVML) is a duty cycle: the share of a 1/6 s to 1 s window in which any kernel ran; "
+                 "it is not SM occupancy or efficiency."]
+        return {
+            "schema_version": SCHEMA_VERSION, "complete": bool(complete), "files": list(files or []) or [
+                f for k, (f, _) in runs.TABLES.items() if k in getattr(self, "_writers", {})],
+            "run_id": getattr(self, "run_id", None), "hostname": socket.gethostname(), "pid": os.getpid(),
+            "started_unix": getattr(self, "_t_start", None), "rank": getattr(self, "rank", 0),
+            "world_size": getattr(self, "world_size", 1), "versions": versions(),
+            "device": {"type": self.device.type, "index": self.device.index, "name": device_name(self.device)},
+            "model": {"type": view.types.get(ROOT), "dtype": model_dtype(view.root),
+                      "params": int(sum(getattr(p, "ds_numel", p.numel()) for p in view.root.parameters())),
+                      "wrappers": view.wrappers, "compiled": view.compiled},
+            "dtype": model_dtype(view.root),
+            "inputs": self._timer.first_root_inputs if started else None,
+            "parallel": parallel,
+            "system": self._system_name(),
+            "options": {"warmup": self.warmup, "steps": self.n_steps, "profile": self.profile,
+                        "profile_window": list(self.profile_window), "count_flops": self.count_flops,
+                        "sample_interval_s": self.sample_interval, "memory": self.track_memory,
+                        "overhead_pairs": self.overhead_pairs},
+            "step_count": len(rows), "steps_by_role": roles,
+            "measured_steps": sum(1 for r in rows if r["role"] == "measured" and not r["failed"]),
+            "failed_steps": sum(1 for r in rows if r["failed"]),
+            "module_steps_dropped": self._dropped_steps,
+            "timing": {"clock": "cuda events (pooled, resolved after the step)" if self.device.type == "cuda"
+                       else "time.perf_counter_ns", "backward": BACKWARD_RULE},
+            "overhead": self._overhead,
+            "profile": (self._window.info if self._window is not None else {}) if self.profile else "off",
+            "sampler": ({"interval_s": self.sample_interval, "backend": self._sampler.backend if getattr(self, "_sampler", None) else None}
+                        if self.sample_interval is not None else "off"),
+            "flops": "counted (FlopCounterMode, one step)" if self._flops else ("off" if not self.count_flops else "not reached"),
+            "notes": notes, "warnings": list(self._warnings),
+        }

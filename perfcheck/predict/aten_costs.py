@@ -1,0 +1,480 @@
+"""The registry that maps each traced aten op to the shape formulas in ``formulas.py``.
+
+One function per op family, registered by decorator; registering an op twice raises. An op
+with no entry is resolved in a fixed, explicit order (``cost_of``):
+  1. a view or metadata op (aliasing output, or in ``ZERO_COST_OPS``)      -> no kernel, no cost
+  2. torch.Tag.pointwise                                                   -> formulas.elementwise
+  3. torch.Tag.reduction                                                   -> formulas.reduction
+  4. torch.utils.flop_counter's registry has it                            -> counted (source='counted')
+  5. anything else                                                         -> a memory-only op
+     (bytes of its inputs and outputs), reported by name in ``unmodeled_ops`` so it is never
+     silently zero.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from perfcheck.predict import formulas as F
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What a formula needs to know about one tensor argument or result."""
+
+    shape: tuple
+    elem_bytes: int
+    requires_grad: bool
+    is_float: bool
+    distinct: int = -1  # elements actually stored (an expanded view repeats them); -1: numel
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes_read(self) -> int:
+        """Bytes a kernel reads for this input: its distinct elements, not its broadcast size."""
+        return (self.numel if self.distinct < 0 else self.distinct) * self.elem_bytes
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """One traced aten call: the op, its arguments with tensors replaced by ``TensorMeta``."""
+
+    func: object  # torch._ops.OpOverload
+    args: tuple
+    kwargs: dict
+    outputs: tuple  # TensorMeta of tensor outputs, in order
+
+    @property
+    def name(self) -> str:
+        return str(self.func.overloadpacket.__name__)
+
+    def tensors(self):
+        return [a for a in _flat(self.args) if isinstance(a, TensorMeta)]
+
+    def arg(self, i, name=None, default=None):
+        if i < len(self.args):
+            return self.args[i]
+        return self.kwargs.get(name, default)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """An op's cost and how it was obtained."""
+
+    cost: F.OpCost
+    source: str  # "modeled" | "counted" | "unmodeled" | "free"
+
+
+def _flat(xs):
+    for x in xs:
+        if isinstance(x, (list, tuple)):
+            yield from _flat(x)
+        else:
+            yield x
+
+
+_REGISTRY: dict = {}
+
+
+def register(*packets) -> Callable:
+    """Register a cost function for aten op packets; registering a packet twice is an error."""
+
+    def wrap(fn):
+        for p in packets:
+            if p in _REGISTRY:
+                raise RuntimeError(f"aten op {p} already has a cost formula ({_REGISTRY[p].__name__})")
+            _REGISTRY[p] = fn
+        return fn
+
+    return wrap
+
+
+def _packets(*names):
+    """aten packets that exist in this torch build (some ops are newer or CUDA-only)."""
+    return tuple(getattr(aten, n) for n in names if hasattr(aten, n))
+
+
+def _eb(t: TensorMeta) -> int:
+    return t.elem_bytes
+
+
+def _distinct(t: Optional[TensorMeta]) -> int:
+    """Distinct elements of an (index) tensor; 0 when absent."""
+    if t is None:
+        return 0
+    return t.numel if t.distinct < 0 else t.distinct
+
+
+# ---------------------------------------------------------------------------------- matmuls
+
+@register(aten.mm)
+def _mm(c: OpCall):
+    a, b = c.args[0], c.args[1]
+    (m, k), n = a.shape, b.shape[1]
+    return F.matmul(m, k, n, a_grad=a.requires_grad, b_grad=b.requires_grad, elem_bytes=_eb(a))
+
+
+@register(aten.addmm)
+def _addmm(c: OpCall):
+    bias, a, b = c.args[0], c.args[1], c.args[2]
+    (m, k), n = a.shape, b.shape[1]
+    return F.matmul(m, k, n, a_grad=a.requires_grad, b_grad=b.requires_grad, bias=True,
+                    bias_grad=bias.requires_grad, elem_bytes=_eb(a))
+
+
+@register(aten.bmm)
+def _bmm(c: OpCall):
+    a, b = c.args[0], c.args[1]
+    batch, m, k = a.shape
+    return F.matmul(m, k, b.shape[2], batch=batch, a_grad=a.requires_grad, b_grad=b.requires_grad,
+                    elem_bytes=_eb(a))
+
+
+@register(aten.baddbmm)
+def _baddbmm(c: OpCall):
+    bias, a, b = c.args[0], c.args[1], c.args[2]
+    batch, m, k = a.shape
+    return F.matmul(m, k, b.shape[2], batch=batch, a_grad=a.requires_grad, b_grad=b.requires_grad,
+                    bias=True, bias_grad=bias.requires_grad, elem_bytes=_eb(a))
+
+
+@register(*_packets("convolution", "_convolution", "cudnn_convolution", "_slow_conv2d_forward",
+                    "convolution_overrideable", "mkldnn_convolution"))
+def _conv(c: OpCall):
+    x, w, bias = c.args[0], c.args[1], c.arg(2)
+    transposed = bool(c.arg(6, "transposed", False)) if c.name in ("convolution", "_convolution") else False
+    groups = c.arg(8, "groups", 1) if c.name in ("convolution", "_convolution") else 1
+    out = c.outputs[0]
+    c_out = w.shape[1] * groups if transposed else w.shape[0]
+    return F.conv(x.shape[0], x.shape[1], c_out, math.prod(w.shape[2:]), math.prod(out.shape[2:]),
+                  math.prod(x.shape[2:]), groups=groups, bias=isinstance(bias, TensorMeta),
+                  transposed=transposed, x_grad=x.requires_grad, w_grad=w.requires_grad,
+                  elem_bytes=_eb(x))
+
+
+def sdpa_cost(q: TensorMeta, k: TensorMeta, v: TensorMeta, causal=False) -> F.OpCost:
+    """F.scaled_dot_product_attention on (..., heads, seq, dim) tensors, fused kernel semantics."""
+    *lead, s_q, d = q.shape
+    batch_heads = math.prod(lead)
+    kv_heads_ratio = math.prod(k.shape[:-2]) / batch_heads
+    grad = q.requires_grad or k.requires_grad or v.requires_grad
+    return F.attention(batch_heads, 1, s_q, k.shape[-2], d, v.shape[-1], kv_heads=kv_heads_ratio,
+                       causal=causal, grad=grad, elem_bytes=_eb(q))
+
+
+@register(*_packets("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                    "_scaled_dot_product_fused_attention_overrideable"))
+def _sdpa(c: OpCall):
+    # NB(perfcheck): causal flag is counted in full, like FlopCounterMode; see estimate(causal=...).
+    return sdpa_cost(c.args[0], c.args[1], c.args[2])
+
+
+# --------------------------------------------------------------------------- normalisations
+
+@register(aten.native_layer_norm)
+def _layer_norm(c: OpCall):
+    x, shape, w, b = c.args[0], c.args[1], c.arg(2), c.arg(3)
+    cols = math.prod(shape)
+    affine = isinstance(w, TensorMeta)
+    return F.layer_norm(x.numel // cols, cols, affine=affine, bias=isinstance(b, TensorMeta),
+                        x_grad=x.requires_grad, w_grad=affine and w.requires_grad, elem_bytes=_eb(x))
+
+
+@register(*_packets("_fused_rms_norm", "rms_norm"))
+def _rms_norm(c: OpCall):
+    x, shape, w = c.args[0], c.args[1], c.arg(2)
+    cols = math.prod(shape)
+    affine = isinstance(w, TensorMeta)
+    return F.layer_norm(x.numel // cols, cols, affine=affine, bias=False, rms=True,
+                        x_grad=x.requires_grad, w_grad=affine and w.requires_grad, elem_bytes=_eb(x))
+
+
+@register(*_packets("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+                    "_native_batch_norm_legit_no_training", "cudnn_batch_norm", "miopen_batch_norm"))
+def _batch_norm(c: OpCall):
+    x, w = c.args[0], c.arg(1)
+    if c.name == "_native_batch_norm_legit_no_training":
+        training = False
+    else:
+        training = bool(next(a for a in c.args[3:] if isinstance(a, bool)))
+    affine = isinstance(w, TensorMeta)
+    return F.batch_norm(x.shape[0], x.shape[1], math.prod(x.shape[2:]), training=training, affine=affine,
+                        x_grad=x.requires_grad, w_grad=affine and w.requires_grad, elem_bytes=_eb(x))
+
+
+@register(aten.native_group_norm)
+def _group_norm(c: OpCall):
+    x, w = c.args[0], c.arg(1)
+    n, ch, hxw, groups = c.args[3], c.args[4], c.args[5], c.args[6]
+    affine = isinstance(w, TensorMeta)
+    return F.group_norm(n, ch, hxw, groups, affine=affine, x_grad=x.requires_grad,
+                        w_grad=affine and w.requires_grad, elem_bytes=_eb(x))
+
+
+@register(*_packets("_softmax", "_log_softmax", "_safe_softmax"))
+def _softmax(c: OpCall):
+    x, dim = c.args[0], c.args[1]
+    cols = x.shape[dim] if x.shape else 1
+    return F.softmax(x.numel // max(cols, 1), cols, x_grad=x.requires_grad, elem_bytes=_eb(c.outputs[0]),
+                     log=c.name == "_log_softmax")
+
+
+@register(aten.native_dropout)
+def _dropout(c: OpCall):
+    x, train = c.args[0], c.arg(2, "train", True)
+    return F.dropout(x.numel, training=bool(train) if train is not None else True,
+                     x_grad=x.requires_grad, elem_bytes=_eb(x))
+
+
+_ACTIVATIONS = {
+    "relu": "relu", "relu_": "relu", "gelu": "gelu", "gelu_": "gelu", "silu": "silu", "silu_": "silu",
+    "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh", "hardtanh": "hardtanh",
+    "hardtanh_": "hardtanh", "leaky_relu": "leaky_relu", "leaky_relu_": "leaky_relu", "elu": "elu",
+    "elu_": "elu", "hardswish": "hardswish", "hardswish_": "hardswish", "hardsigmoid": "hardsigmoid",
+    "mish": "mish", "softplus": "softplus", "threshold": "threshold", "threshold_": "threshold",
+    "celu": "celu", "selu": "selu",
+}
+
+
+@register(*_packets(*_ACTIVATIONS))
+def _activation(c: OpCall):
+    x = c.args[0]
+    return F.activation(x.numel, _ACTIVATIONS[c.name], x_grad=x.requires_grad, elem_bytes=_eb(x))
+
+
+# ------------------------------------------------------------------------------- pooling
+
+@register(*_packets("max_pool2d_with_indices", "max_pool3d_with_indices", "max_pool1d", "max_pool2d",
+                    "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "_adaptive_avg_pool2d",
+                    "_adaptive_avg_pool3d", "adaptive_max_pool2d", "adaptive_max_pool3d", "adaptive_avg_pool1d",
+                    "adaptive_max_pool1d"))
+def _pool(c: OpCall):
+    x, out = c.args[0], c.outputs[0]
+    nd = len(out.shape) - 2 if len(out.shape) >= 3 else 1
+    in_spatial, out_spatial = math.prod(x.shape[-nd:]), math.prod(out.shape[-nd:])
+    kernel = c.arg(1)
+    if "adaptive" in c.name:  # window ~ input/output per dim, rounded up
+        kernel_numel = math.prod(-(-a // b) for a, b in zip(x.shape[-nd:], out.shape[-nd:]))
+    else:
+        ks = list(kernel) if isinstance(kernel, (list, tuple)) else [kernel]
+        kernel_numel = math.prod(ks * (nd if len(ks) == 1 else 1))
+    lead = math.prod(x.shape[:-nd])
+    return F.pool(lead, 1, out_spatial, in_spatial, kernel_numel, kind="max" if "max" in c.name else "avg",
+                  x_grad=x.requires_grad, elem_bytes=_eb(x))
+
+
+# ------------------------------------------------------------------- embedding / indexing
+
+@register(aten.embedding)
+def _embedding(c: OpCall):
+    w, idx = c.args[0], c.args[1]
+    return F.embedding(idx.numel, w.shape[1], w.shape[0], w_grad=w.requires_grad, elem_bytes=_eb(w),
+                       index_bytes=idx.elem_bytes)
+
+
+@register(*_packets("index_select", "gather", "index", "_unsafe_index", "take_along_dim"))
+def _gather(c: OpCall):
+    x, out = c.args[0], c.outputs[0]
+    idx = next((t for t in c.tensors()[1:] if not t.is_float), None)
+    return F.gather(out.numel, _distinct(idx), x_grad=x.requires_grad, elem_bytes=_eb(out),
+                    index_bytes=idx.elem_bytes if idx else 8)
+
+
+@register(*_packets("scatter_add", "scatter_add_", "index_add", "index_add_", "scatter_reduce",
+                    "scatter_reduce_", "index_put", "index_put_", "scatter", "scatter_", "index_reduce",
+                    "index_reduce_", "_index_put_impl_"))
+def _scatter(c: OpCall):
+    tensors = c.tensors()
+    src = max(tensors[1:], key=lambda t: t.numel * t.is_float, default=tensors[0])
+    idx = next((t for t in tensors[1:] if not t.is_float), None)
+    grad = any(t.requires_grad for t in tensors if t.is_float)
+    return F.gather(src.numel, _distinct(idx), x_grad=grad, elem_bytes=_eb(src),
+                    index_bytes=idx.elem_bytes if idx else 8, accumulate=True)
+
+
+@register(*_packets("_embedding_bag", "_embedding_bag_forward_only"))
+def _embedding_bag(c: OpCall):
+    w, idx = c.args[0], c.args[1]
+    # a gather of one row per index, reduced into its bag: 1 add per gathered element
+    return F.gather(idx.numel * w.shape[1], idx.numel, x_grad=w.requires_grad, elem_bytes=_eb(w),
+                    index_bytes=idx.elem_bytes, accumulate=True)
+
+
+# -------------------------------------------------------------------------- recurrent layers
+
+_RNN_GATES = {0: 1, 1: 1, 2: 4, 3: 3}  # mkldnn/cuDNN modes: RNN_RELU, RNN_TANH, LSTM, GRU
+
+
+@register(*_packets("mkldnn_rnn_layer"))
+def _mkldnn_rnn(c: OpCall):
+    x, w_ih, w_hh = c.args[0], c.args[1], c.args[2]
+    batch_first = bool(c.args[14])
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first and len(x.shape) == 3 else (x.shape[0], x.shape[-2] if len(x.shape) == 3 else 1)
+    hidden = int(c.args[10])
+    return F.rnn(steps, batch, x.shape[-1], hidden, w_ih.shape[0] // hidden, x_grad=x.requires_grad,
+                 w_grad=w_ih.requires_grad, bias=bool(c.args[12]), elem_bytes=_eb(x))
+
+
+@register(*_packets("_cudnn_rnn", "miopen_rnn"))
+def _cudnn_rnn(c: OpCall):
+    x, weights = c.args[0], c.args[1]
+    mode = int(c.args[6] if c.name == "_cudnn_rnn" else c.args[5])
+    hidden, layers = int(c.args[7] if c.name == "_cudnn_rnn" else c.args[6]), int(c.arg(9 if c.name == "_cudnn_rnn" else 7))
+    batch_first = bool(c.arg(10 if c.name == "_cudnn_rnn" else 8))
+    bidirectional = bool(c.arg(13 if c.name == "_cudnn_rnn" else 11))
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    gates, dirs = _RNN_GATES[mode], 1 + bidirectional
+    has_bias = len(weights) == 4 * layers * dirs
+    total = F.OpCost()
+    for layer in range(layers):  # layer l > 0 reads the previous layer's (dirs*hidden) outputs
+        in_size = x.shape[-1] if layer == 0 else hidden * dirs
+        total = total + F.rnn(steps, batch, in_size, hidden, gates, x_grad=x.requires_grad or layer > 0,
+                              w_grad=weights[0].requires_grad, bias=has_bias, elem_bytes=_eb(x), directions=dirs)
+    return total
+
+
+# ------------------------------------------------------------------------ losses / copies
+
+@register(*_packets("nll_loss_forward", "nll_loss2d_forward"))
+def _nll(c: OpCall):
+    x, target = c.args[0], c.args[1]
+    rows = target.numel
+    fwd = F.Cost(flops=rows, bytes=rows * (_eb(x) + target.elem_bytes) + _eb(x), kernels=1)
+    bwd = F.Cost(bytes=x.numel * _eb(x) + rows * target.elem_bytes, kernels=1)
+    return F.OpCost(fwd, bwd.scale(x.requires_grad), 0, 0)
+
+
+@register(*_packets("clone", "_to_copy", "copy_", "contiguous", "cat", "stack", "repeat", "constant_pad_nd",
+                    "flip", "roll", "expand_copy", "permute_copy", "_reshape_copy", "tril", "triu",
+                    "reflection_pad1d", "reflection_pad2d", "reflection_pad3d", "replication_pad1d",
+                    "replication_pad2d", "replication_pad3d", "pixel_shuffle", "pixel_unshuffle",
+                    "channel_shuffle", "im2col", "col2im"))
+def _copy(c: OpCall):
+    ins = [t for t in c.tensors() if t.is_float or not c.outputs[0].is_float]
+    src = sum(t.numel * t.elem_bytes for t in ins[1:] if c.name == "copy_") if c.name == "copy_" else \
+        sum(t.numel * t.elem_bytes for t in ins)
+    out = c.outputs[0]
+    grad = any(t.requires_grad for t in c.tensors())
+    return F.copy(src, out.numel * out.elem_bytes, x_grad=grad, elem_bytes=1, out_elem_bytes=1)
+
+
+#: FLOPs per output element of an interpolation (weights x neighbours, plus index arithmetic).
+_UPSAMPLE_FLOPS = {"nearest": 0, "linear": 4, "bilinear": 11, "trilinear": 23, "bicubic": 48}
+
+
+@register(*_packets("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+                    "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d",
+                    "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bilinear2d_aa",
+                    "_upsample_bicubic2d_aa"))
+def _upsample(c: OpCall):
+    x, out = c.args[0], c.outputs[0]
+    kind = next(k for k in ("nearest", "trilinear", "bilinear", "bicubic", "linear") if k in c.name)
+    flops = _UPSAMPLE_FLOPS[kind]
+    fwd = F.Cost(flops=out.numel * flops, bytes=(x.numel + out.numel) * _eb(x), kernels=1)
+    bwd = F.Cost(flops=out.numel * max(flops, 1), bytes=(out.numel + x.numel) * _eb(x), kernels=2)
+    return F.OpCost(fwd, bwd.scale(x.requires_grad), 0, 0)
+
+
+#: Ops that launch no compute kernel worth modelling (allocation without initialisation,
+#: metadata, RNG state). Factory ops that *fill* memory (zeros, ones, full) are costed as writes.
+ZERO_COST_OPS = frozenset(_packets(
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "lift_fresh",
+    "_local_scalar_dense", "resize_", "set_", "sym_size", "sym_stride", "is_same_size", "alias",
+    "_has_compatible_shallow_copy_type", "to", "lift_fresh_copy", "scalar_tensor", "_assert_async",
+    "_unsafe_view",  # a view that autograd treats as a fresh tensor: still no kernel
+    "transpose_", "t_", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk", "squeeze_", "unsqueeze_",
+))
+
+_FILL_OPS = frozenset(_packets("zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "fill_",
+                               "zero_", "new_zeros", "new_ones", "new_full", "arange", "randn", "rand",
+                               "randn_like", "rand_like", "normal_", "uniform_", "bernoulli", "bernoulli_",
+                               "randint", "randperm"))
+
+
+def _is_view(func) -> bool:
+    if getattr(func, "is_view", False):
+        return True
+    rets = func._schema.returns
+    return bool(rets) and all(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+
+
+def _write_only(c: OpCall) -> F.OpCost:
+    written = sum(t.numel * t.elem_bytes for t in c.outputs)
+    return F.OpCost(F.Cost(bytes=written, kernels=1 if written else 0))
+
+
+def _pointwise(c: OpCall) -> F.OpCost:
+    """Any op tagged pointwise (add, mul, div, pow, where, masked_fill, ...): 1 FLOP per output."""
+    ins = [t for t in c.tensors()]
+    out = c.outputs[0] if c.outputs else None
+    if out is None:
+        return F.OpCost()
+    grad_inputs = sum(t.requires_grad for t in ins if t.is_float)
+    in_bytes = sum(t.nbytes_read for t in ins)
+    saves = 0 if c.name in ("add", "add_", "sub", "sub_", "neg", "clone") else len(ins)
+    fwd = F.Cost(flops=out.numel, bytes=in_bytes + out.numel * out.elem_bytes, kernels=1)
+    bwd = F.Cost(flops=out.numel * grad_inputs,
+                 bytes=(out.numel * (1 + grad_inputs) + saves * out.numel) * out.elem_bytes,
+                 kernels=grad_inputs)
+    return F.OpCost(fwd, bwd, (saves * out.numel * out.elem_bytes) * (grad_inputs > 0), 0)
+
+
+def _reduction(c: OpCall) -> F.OpCost:
+    x = c.tensors()[0]
+    out_numel = sum(t.numel for t in c.outputs[:1])
+    per = 3 if c.name in ("var", "std", "var_mean", "std_mean", "logsumexp", "norm", "linalg_vector_norm") else 1
+    return F.reduction(x.numel, out_numel, x_grad=x.requires_grad, elem_bytes=_eb(x), flops_per_elem=per)
+
+
+def _counted(c: OpCall, formula) -> F.OpCost:
+    """An op torch.utils.flop_counter knows and we don't: its forward count, backward as 2x
+    (a matrix product's two gradients), bytes of inputs and outputs."""
+    shapes = [list(a.shape) if isinstance(a, TensorMeta) else a for a in c.args]
+    out_shape = [list(t.shape) for t in c.outputs] if len(c.outputs) > 1 else list(c.outputs[0].shape)
+    flops = formula(*shapes, **c.kwargs, out_shape=out_shape)
+    io = sum(t.numel * t.elem_bytes for t in c.tensors()) + sum(t.numel * t.elem_bytes for t in c.outputs)
+    grad = any(t.requires_grad for t in c.tensors())
+    return F.OpCost(F.Cost(macs=flops / 2, bytes=io, kernels=1),
+                    F.Cost(macs=flops, bytes=2 * io, kernels=2).scale(grad), 0, 0)
+
+
+def _memory_only(c: OpCall) -> F.OpCost:
+    io = sum(t.numel * t.elem_bytes for t in c.tensors()) + sum(t.numel * t.elem_bytes for t in c.outputs)
+    grad = any(t.requires_grad for t in c.tensors())
+    return F.OpCost(F.Cost(bytes=io, kernels=1), F.Cost(bytes=io, kernels=1).scale(grad), 0, 0)
+
+
+def cost_of(c: OpCall) -> Resolved:
+    """Resolve one traced op to a cost (see the module docstring for the order)."""
+    packet = c.func.overloadpacket
+    fn: Optional[Callable] = _REGISTRY.get(packet)
+    if fn is not None:
+        return Resolved(fn(c), "modeled")
+    if packet in ZERO_COST_OPS or c.func.namespace == "prim" or _is_view(c.func):
+        return Resolved(F.OpCost(), "free")
+    if packet in _FILL_OPS:
+        return Resolved(_write_only(c), "modeled")
+    tags = getattr(c.func, "tags", ())
+    if torch.Tag.pointwise in tags:
+        return Resolved(_pointwise(c), "modeled")
+    if torch.Tag.reduction in tags:
+        return Resolved(_reduction(c), "modeled")
+    from torch.utils.flop_counter import flop_registry
+
+    if packet in flop_registry and c.outputs:
+        return Resolved(_counted(c, flop_registry[packet]), "counted")
+    return Resolved(_memory_only(c), "unmodeled")
+
+
+def registered_ops() -> list:
+    """Names of the aten ops with a dedicated formula (for docs and tests)."""
+    return sorted(str(p) for p in _REGISTRY)

@@ -1,0 +1,161 @@
+"""Collective communication time: ring (bandwidth-optimal) formulas as nccl-tests defines them.
+
+From NVIDIA nccl-tests ``doc/PERFORMANCE.md``: ``algbw = S / t`` and ``busbw = algbw * factor``,
+where busbw "should reflect the speed of the hardware bottleneck". Inverting it, a collective on a
+link of achievable bandwidth B takes
+
+    t = S * bus_factor(kind, n) / B  (+ launch_overhead_s, one latency term per collective)
+
+with S the FULL buffer size in nccl-tests' convention: the tensor for allreduce/broadcast/reduce,
+the gathered OUTPUT for allgather (n x each rank's input), the unreduced INPUT for reducescatter
+(n x each rank's output), each rank's send buffer for alltoall, the message for send/recv.
+
+Bus factors (PERFORMANCE.md): allreduce 2(n-1)/n; allgather, reducescatter, alltoall (n-1)/n;
+broadcast and reduce 1 (NCCL pipelines them along a ring, so every link carries the whole
+buffer once: busbw = algbw); send/recv 1. A group of one rank moves nothing: factor 0.
+
+NB (perfcheck): the latency term is one launch_overhead_s per collective, not the alpha-beta
+model's 2(n-1)*alpha; it matters only for small messages, which nccl-tests shows are latency-bound.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from perfcheck.errors import UserError
+from perfcheck.hardware.systems import load_system
+
+#: Canonical collective names.
+COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "sendrecv")
+
+# Compact spellings (lower case, no separators) of DeepSpeed comms-logger / torch.distributed /
+# NCCL kernel names -> canonical kind.
+_ALIASES = {
+    **{k: k for k in COLLECTIVE_KINDS},
+    "allreducecoalesced": "allreduce", "inferenceallreduce": "allreduce", "allreducebase": "allreduce",
+    "allgatherintotensor": "allgather", "allgatherbase": "allgather", "allgathercoalesced": "allgather",
+    "allgatherfn": "allgather", "allgatherintotensorcoalesced": "allgather",
+    "reducescattertensor": "reducescatter", "reducescatterbase": "reducescatter",
+    "reducescattercoalesced": "reducescatter", "reducescatterfn": "reducescatter",
+    "reducescattertensorcoalesced": "reducescatter",
+    "broadcastcoalesced": "broadcast",
+    "alltoallsingle": "alltoall", "alltoallbase": "alltoall",
+    "send": "sendrecv", "recv": "sendrecv", "isend": "sendrecv", "irecv": "sendrecv",
+    "batchisendirecv": "sendrecv", "p2p": "sendrecv",
+}
+
+# DeepSpeed's comms logger records each rank's shard for these ops (its calc_bw_log multiplies
+# the size by n before computing bandwidth, deepspeed/utils/comms_logging.py).
+#: Kinds whose DeepSpeed comms-logger size is one rank's input shard (all_gather*); the logger
+#: records reduce_scatter_tensor's full unreduced input and all_reduce's whole tensor (measured
+#: with deepspeed 0.19.8 on 2 gloo ranks; deepspeed/comm/utils.py get_msg_size_from_args).
+_PER_RANK_LOGGED = {"allgather"}
+
+
+def normalize_kind(name: str) -> str:
+    """Canonical kind for a DeepSpeed/torch.distributed/NCCL op name ("all_gather_into_tensor" -> "allgather").
+
+    Case, underscores, a leading ``nccl``/``ncclDevKernel_`` prefix and a trailing NCCL type/algorithm
+    suffix ("AllReduce_Sum_bf16_RING_LL") are ignored. Unknown names raise UserError.
+    """
+    if not isinstance(name, str):
+        raise UserError(f"collective kind must be a string, got {name!r}")
+    text = re.sub(r"^(ncclDevKernel_|ncclKernel_|nccl)", "", name.strip(), flags=re.IGNORECASE)
+    compact = re.sub(r"[^a-z0-9]", "", text.lower())
+    if compact in _ALIASES:
+        return _ALIASES[compact]
+    head = re.sub(r"[^a-z0-9]", "", re.split(r"_", text, maxsplit=1)[0].lower())  # "AllReduce_Sum_..."
+    if "_" in text and head in _ALIASES:
+        return _ALIASES[head]
+    raise UserError(f"unknown collective {name!r} (known: {', '.join(COLLECTIVE_KINDS)} and DeepSpeed/NCCL spellings)")
+
+
+_FACTOR_CODE = {"allreduce": 0, "allgather": 1, "reducescatter": 1, "alltoall": 1, "broadcast": 2, "reduce": 2, "sendrecv": 2}
+
+
+def _factor_code(name) -> int:
+    # "" or None marks "no collective" in vectorised calls (rows of a frame without communication).
+    return 3 if name in ("", None) else _FACTOR_CODE[normalize_kind(name)]
+
+
+def _factor_codes(kind):
+    """0 for 2(n-1)/n, 1 for (n-1)/n, 2 for 1, 3 for none; an int for a str, else an int array of kind's shape."""
+    if isinstance(kind, str) or kind is None:
+        return _factor_code(kind)
+    arr = np.asarray(kind, dtype=object)
+    arr = np.where(arr == None, "", arr)  # noqa: E711 - elementwise comparison
+    uniq, inverse = np.unique(arr.astype(str), return_inverse=True)
+    codes = np.array([_factor_code(u) for u in uniq], dtype=int)  # distinct names only
+    return codes[inverse].reshape(arr.shape)
+
+
+def _group(n) -> np.ndarray:
+    arr = np.asarray(n)
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number) or np.any(arr < 1) or np.any(arr != np.floor(arr)):
+        raise UserError(f"group_size must be a positive integer, got {n!r}")
+    return arr.astype(float)
+
+
+def bus_factor(kind, n):
+    """nccl-tests bus-bandwidth factor for ``kind`` over ``n`` ranks; vectorised.
+
+    0 when n == 1, and for an empty kind ("" or None), which marks "no collective" in an array.
+    """
+    code = np.asarray(_factor_codes(kind))
+    nn = _group(n)
+    ring = (nn - 1.0) / nn
+    factor = np.where(code == 0, 2.0 * ring, np.where(code == 1, ring, 1.0))
+    factor = np.where((nn == 1) | (code == 3), 0.0, factor)
+    return factor.item() if np.ndim(kind) == 0 and np.ndim(n) == 0 else factor
+
+
+def _spans(system, group_size, spans_nodes):
+    n = _group(group_size)
+    fits = n <= system.gpus_per_node
+    if spans_nodes is None:
+        return ~fits
+    return np.asarray(spans_nodes, dtype=bool) | ~fits
+
+
+def link_bandwidth_bytes_per_s(system, group_size, spans_nodes=None):
+    """Achievable per-GPU, one-direction bandwidth of the link a group's ring is bottlenecked by.
+
+    Intra-node (NVLink / Infinity Fabric / PCIe) when the group fits in one node
+    (``group_size <= gpus_per_node``) and ``spans_nodes`` is not True; else the inter-node NIC.
+    ``spans_nodes=None`` infers it from the group size alone (ranks packed into nodes).
+    """
+    system = load_system(system)
+    inter = _spans(system, group_size, spans_nodes)
+    bw = np.where(inter,
+                  system.inter_node_bandwidth_bytes_per_s * system.efficiency["inter_node"],
+                  system.intra_node_bandwidth_bytes_per_s * system.efficiency["intra_node"])
+    scalar = np.ndim(group_size) == 0 and np.ndim(spans_nodes) == 0
+    return bw.item() if scalar else bw
+
+
+def collective_time_s(kind, bytes, group_size, system, spans_nodes=None):  # noqa: A002 - the contract's name
+    """Seconds for one collective: ``bytes * bus_factor / link bandwidth + launch_overhead_s``.
+
+    ``bytes`` is the full buffer size S (see the module docstring). Zero bytes or a group of one
+    costs nothing. All of kind, bytes, group_size and spans_nodes may be arrays of one shape.
+    """
+    system = load_system(system)
+    size = np.asarray(bytes, dtype=float)
+    if np.any(size < 0):
+        raise UserError("collective bytes must be >= 0 (got a negative value)")
+    factor = np.asarray(bus_factor(kind, group_size))
+    bw = np.asarray(link_bandwidth_bytes_per_s(system, group_size, spans_nodes))
+    active = (factor > 0) & (size > 0)
+    t = np.where(active, size * factor / bw + system.launch_overhead_s, 0.0)
+    scalar = all(np.ndim(x) == 0 for x in (kind, bytes, group_size, spans_nodes))
+    return t.item() if scalar else t
+
+
+def bytes_from_deepspeed_log(op_name: str, msg_size, group_size):
+    """Full buffer size S (nccl-tests convention) for a DeepSpeed comms-logger record: the logged
+    size times the group for all-gathers (the logger sees one rank's shard), as logged otherwise."""
+    kind = normalize_kind(op_name)
+    size = np.asarray(msg_size, dtype=float)
+    out = size * _group(group_size) if kind in _PER_RANK_LOGGED else size
+    return out.item() if np.ndim(out) == 0 else out

@@ -1,0 +1,171 @@
+"""The prediction for a measured run: re-run the estimator with what meta.json recorded, save it beside the run.
+
+``predict_for_run(model, meta)`` rebuilds the example inputs as meta-device tensors from the input
+spec PerfCheck recorded (``meta["inputs"]``: shapes and dtypes of the root's first call), takes
+the dtype and the parallel setup (data-parallel degree, ZeRO stage) from the meta, and returns
+``perfcheck.estimate``'s frame. ``save_predicted(run_dir, frame)`` writes ``predicted.csv`` (at the
+top of the run, or in ``rank<R>/``) and ``predicted.json`` (schema version, system, dtype), so
+``perfcheck report`` works on a run directory copied to a machine without the model.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from perfcheck.errors import UserError
+from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, SCHEMA_VERSION, SchemaError, validate_frame
+
+PREDICTED_CSV = "predicted.csv"
+PREDICTED_JSON = "predicted.json"
+
+
+# ------------------------------------------------------------------------------ inputs
+def _from_spec(spec, where: str):
+    import torch
+
+    if isinstance(spec, list):
+        return [_from_spec(s, f"{where}[{i}]") for i, s in enumerate(spec)]
+    if not isinstance(spec, dict):
+        raise UserError(f"meta.json: {where}: expected an input spec object, got {spec!r}")
+    if "shape" in spec:
+        try:
+            dtype = getattr(torch, str(spec.get("dtype", "float32")))
+            t = torch.empty([int(d) for d in spec["shape"]], dtype=dtype, device="meta")
+        except (AttributeError, TypeError, ValueError, RuntimeError) as exc:
+            raise UserError(f"meta.json: {where}: bad tensor spec {spec!r} ({exc})") from None
+        return t.requires_grad_(True) if spec.get("requires_grad") and t.is_floating_point() else t
+    if "value" in spec:
+        return spec["value"]
+    if set(spec) == {"type"}:
+        raise UserError(f"meta.json: {where} is a {spec['type']} that the input spec cannot rebuild; "
+                        "run perfcheck.estimate yourself and save it with perfcheck.predict.for_run.save_predicted")
+    return {k: _from_spec(v, f"{where}.{k}") for k, v in spec.items()}
+
+
+def inputs_from_meta(meta: dict) -> tuple:
+    """``(args, kwargs)`` of meta-device tensors rebuilt from ``meta["inputs"]``."""
+    spec = meta.get("inputs")
+    if not isinstance(spec, dict) or "args" not in spec:
+        raise UserError("meta.json: no input spec ('inputs' with 'args'); the run never called the model's forward")
+    return tuple(_from_spec(spec["args"], "inputs.args")), _from_spec(spec.get("kwargs") or {}, "inputs.kwargs")
+
+
+def parallel_from_meta(meta: dict):
+    """A ParallelConfig for the data-parallel / ZeRO layout in ``meta["parallel"]``, or None (one process)."""
+    from perfcheck.parallel import ParallelConfig
+
+    par = meta.get("parallel") or {}
+    world = int(par.get("world_size", meta.get("world_size", 1)) or 1)
+    dp = int(par.get("dp", world if par.get("kind") in ("ddp", "deepspeed") else 1) or 1)
+    tp = int(par.get("tp", par.get("mp", 1)) or 1)
+    fields = {"dp": dp, "tp": tp, "pp": int(par.get("pp", 1) or 1), "zero_stage": int(par.get("zero_stage", 0) or 0),
+              "grad_accum_steps": int(par.get("gradient_accumulation_steps", par.get("grad_accum_steps", 1)) or 1)}
+    if fields["dp"] == 1 and fields["tp"] == 1 and fields["pp"] == 1:
+        return None
+    return ParallelConfig(**fields)
+
+
+def system_from_meta(meta: dict, system=None):
+    """``system`` if given, else the meta's ``system``, else 'cpu' for a CPU run or the GPU's entry by name."""
+    if system is not None:
+        return system
+    if meta.get("system"):
+        return meta["system"]
+    device = meta.get("device") or {}
+    if device.get("type", "cpu") == "cpu":
+        return "cpu"
+    from perfcheck.hardware import systems
+
+    match = getattr(systems, "match_device_name", None)
+    if match is None or not device.get("name"):
+        raise UserError(f"meta.json: device {device.get('name')!r}: give the system (--system NAME)")
+    return match(device["name"])
+
+
+def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
+    """The predicted frame (schema.PREDICTED_COLUMNS) for the run described by ``meta`` (meta.json)."""
+    from perfcheck.predict.module_estimator import estimate
+
+    args, kwargs = inputs_from_meta(meta)
+    return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
+                    parallel=parallel_from_meta(meta), kwargs=kwargs or None)
+
+
+def model_from_meta(meta: dict):
+    """A built-in example model (perfcheck.examples) whose class and parameter count match the meta, else None."""
+    from perfcheck.examples.models import EXAMPLES
+
+    info = meta.get("model") or {}
+    for example in EXAMPLES.values():
+        if isinstance(example.build, type) and example.build.__name__ != info.get("type"):
+            continue  # a class of another name: no need to build it
+        model = example.build()
+        params = sum(p.numel() for p in model.parameters())
+        if type(model).__name__ == info.get("type") and params == info.get("params"):
+            return model
+    return None
+
+
+# ------------------------------------------------------------------------------ files
+def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, system=None, dtype=None) -> Path:
+    """Write ``predicted.csv`` + ``predicted.json`` at the top of ``run_dir`` (or in ``rank<R>/``); return the CSV path."""
+    from perfcheck.measure import rundir as runs
+    from perfcheck.hardware.systems import load_system
+
+    base = Path(run_dir) if rank is None else runs.rank_dir(run_dir, rank)
+    cols = list(PREDICTED_COLUMNS) + [c for c in PREDICTED_EXTRA_COLUMNS if c in frame.columns]
+    try:
+        validate_frame(frame, cols, "predicted frame")
+    except SchemaError as exc:
+        raise UserError(str(exc)) from None
+    path = runs.atomic_write_text(base / PREDICTED_CSV, frame[cols].to_csv(index=False, float_format="%.12g"))
+    name = load_system(system).name if system is not None else None
+    runs.atomic_write_json(base / PREDICTED_JSON, {"schema_version": SCHEMA_VERSION, "system": name,
+                                                   "dtype": None if dtype is None else str(dtype).replace("torch.", "")})
+    return path
+
+
+def _read_one(csv: Path) -> tuple:
+    info = {}
+    side = csv.with_name(PREDICTED_JSON)
+    if side.is_file():
+        try:
+            info = json.loads(side.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"{side}: not valid JSON ({exc})") from None
+        if info.get("schema_version") != SCHEMA_VERSION:
+            raise UserError(f"{side}: schema version {info.get('schema_version')!r} does not match this perfcheck's "
+                            f"schema version {SCHEMA_VERSION}; re-run the prediction")
+    try:
+        frame = pd.read_csv(csv, keep_default_na=False, na_values=["", "nan", "NaN"])
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise UserError(f"{csv}: cannot read the predicted rows ({exc})") from None
+    try:
+        validate_frame(frame, PREDICTED_COLUMNS, str(csv))
+    except SchemaError as exc:
+        raise UserError(str(exc)) from None
+    for c in ("comm_kind", "unmodeled_ops", "bound_fwd", "bound_bwd", "source"):
+        if c in frame:
+            frame[c] = frame[c].fillna("").astype(str)
+    return frame, info
+
+
+def load_predicted(run_dir, ranks=(0,)):
+    """``(frame, info)`` from ``rank<R>/predicted.csv`` (per rank, a ``rank`` column added) or the top-level
+    ``predicted.csv``; ``(None, {})`` when the run has neither. ``info``: predicted.json (system, dtype)."""
+    run_dir = Path(run_dir)
+    per_rank = {r: run_dir / f"rank{r}" / PREDICTED_CSV for r in ranks}
+    found = {r: p for r, p in per_rank.items() if p.is_file()}
+    if found:
+        frames, info = [], {}
+        for r, p in sorted(found.items()):
+            f, i = _read_one(p)
+            frames.append(f.assign(rank=r))
+            info = info or i
+        return pd.concat(frames, ignore_index=True), info
+    top = run_dir / PREDICTED_CSV
+    if top.is_file():
+        return _read_one(top)
+    return None, {}

@@ -1,0 +1,218 @@
+"""perfcheck.estimate(model, example_inputs, ...): the predicted table, one row per module.
+
+Pipeline: trace one fake forward (trace.py) -> cost every aten op with the registry
+(aten_costs.py -> formulas.py) -> time each op on the system's roofline (roofline.py) -> add each
+op into every module on the stack when it ran, so a container's row includes its children *and*
+the functional ops its own forward calls (a residual add, F.relu, a matmul). Columns are
+documented in perfcheck.schema.PREDICTED_COLUMNS.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from perfcheck.errors import UserError
+from perfcheck.model_paths import module_paths, unwrap
+from perfcheck.predict import trace as tracing
+from perfcheck.predict.aten_costs import cost_of, sdpa_cost
+from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, module_depth
+
+_BOUND_ORDER = ("compute", "memory", "overhead", "comm")
+
+
+def _dtype_of(model, dtype):
+    if dtype is not None:
+        return dtype if isinstance(dtype, torch.dtype) else _parse_dtype(dtype)
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def _parse_dtype(name: str) -> torch.dtype:
+    aliases = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+               "half": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+               "fp64": torch.float64, "float64": torch.float64}
+    try:
+        return aliases[str(name).lower()]
+    except KeyError:
+        raise UserError(f"dtype: unknown {name!r}; use one of {sorted(aliases)}") from None
+
+
+def default_system_name() -> str:
+    """The spec for the device this process would run on: a GPU by name, else the CPU entry."""
+    if torch.cuda.is_available():
+        from perfcheck.hardware.systems import match_device_name
+
+        return match_device_name(torch.cuda.get_device_name())
+    return "cpu"
+
+
+def _param_count(module) -> int:
+    seen, total = set(), 0
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += int(getattr(p, "ds_numel", 0) or p.numel())
+    return total
+
+
+def _op_table(trace, causal: bool) -> pd.DataFrame:
+    """One row per traced op with its forward and backward cost and how it was resolved."""
+    rows = []
+    for i, op in enumerate(trace.ops):
+        if op.sdpa:
+            q, k, v = op.call.args
+            cost, source = sdpa_cost(q, k, v, causal=causal and op.causal), "modeled"
+        else:
+            resolved = cost_of(op.call)
+            cost, source = resolved.cost, resolved.source
+        if source == "free":
+            continue
+        rows.append((i, op.call.name, source, cost.fwd.macs, cost.fwd.flops, cost.fwd.bytes, cost.fwd.kernels,
+                     cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels))
+    return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
+                                       "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd"])
+
+
+def _time_ops(ops: pd.DataFrame, system, dtype) -> pd.DataFrame:
+    from perfcheck.predict import roofline
+
+    for phase in ("fwd", "bwd"):
+        t, bound = roofline.op_time_s(2 * ops[f"macs_{phase}"].to_numpy(float), ops[f"other_{phase}"].to_numpy(float),
+                                      ops[f"bytes_{phase}"].to_numpy(float), ops[f"kernels_{phase}"].to_numpy(float),
+                                      system, dtype)
+        ops[f"t_{phase}"] = np.where(ops[f"kernels_{phase}"].to_numpy() > 0, t, 0.0)
+        ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(bound, dtype=object), len(ops))
+    return ops
+
+
+def _membership(trace, ops: pd.DataFrame) -> pd.DataFrame:
+    """(module, op row) pairs: every op counts in every module on its stack, once."""
+    pairs = [(path, row) for row, op_index in enumerate(ops["op"].to_numpy())
+             for path in dict.fromkeys(trace.ops[op_index].stack)]
+    return pd.DataFrame(pairs, columns=["module", "row"])
+
+
+def _dominant_bound(members: pd.DataFrame, ops: pd.DataFrame, phase: str) -> pd.Series:
+    t = ops[f"t_{phase}"].to_numpy()[members["row"].to_numpy()]
+    b = ops[f"bound_{phase}"].to_numpy()[members["row"].to_numpy()]
+    by = pd.DataFrame({"module": members["module"].to_numpy(), "bound": b, "t": t})
+    by = by[by["t"] > 0].groupby(["module", "bound"])["t"].sum().reset_index()
+    return by.sort_values("t", ascending=False).drop_duplicates("module").set_index("module")["bound"]
+
+
+def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None, parallel=None,
+             causal: bool = False, kwargs=None) -> pd.DataFrame:
+    """Predict FLOPs, bytes, activation memory and time per module for one training step.
+
+    model: any nn.Module (real, or built on the meta device: nothing is computed or allocated).
+    example_inputs: what ``model(*example_inputs)`` takes (tensors on any device, or meta).
+    system: a name from ``perfcheck systems``, a JSON path or a SystemSpec (default: this device).
+    dtype: element type to assume for floating tensors and peak FLOP/s (default: the model's).
+    parallel: a ParallelConfig; data parallel / ZeRO communication is added per module.
+    causal: count causal SDPA calls at half their products (FlopCounterMode counts them in full).
+    Returns a DataFrame with the columns of ``perfcheck.schema.PREDICTED_COLUMNS`` plus
+    ``PREDICTED_EXTRA_COLUMNS`` (``unmodeled_ops``, ``kernels_fwd``, ``kernels_bwd``); ``attrs``
+    names the system, whether it was calibrated, and the dtype.
+    """
+    from perfcheck.hardware.systems import load_system
+
+    spec = load_system(system if system is not None else default_system_name())
+    dt = _dtype_of(model, dtype)
+    elem_bytes = torch.tensor([], dtype=dt).element_size() if dtype is not None else None
+    model = unwrap(model)
+    trace = tracing.trace_model(model, example_inputs, elem_bytes=elem_bytes, kwargs=kwargs,
+                                fused_dropout=spec.kind != "cpu")
+    ops = _time_ops(_op_table(trace, causal), spec, dt)
+    members = _membership(trace, ops)
+    joined = ops.iloc[members["row"].to_numpy()].reset_index(drop=True)
+    joined["module"] = members["module"].to_numpy()
+    joined["counted"] = joined["source"] == "counted"
+    joined["unmodeled"] = np.where(joined["source"] == "unmodeled", joined["name"], None)
+    sums = joined.groupby("module").agg(
+        macs_fwd=("macs_fwd", "sum"), macs_bwd=("macs_bwd", "sum"), other_fwd=("other_fwd", "sum"),
+        other_bwd=("other_bwd", "sum"), bytes_fwd=("bytes_fwd", "sum"), bytes_bwd=("bytes_bwd", "sum"),
+        pred_fwd_s=("t_fwd", "sum"), pred_bwd_s=("t_bwd", "sum"), counted=("counted", "any"),
+        kernels_fwd=("kernels_fwd", "sum"), kernels_bwd=("kernels_bwd", "sum"),
+        unmodeled_ops=("unmodeled", lambda s: ",".join(sorted(set(s.dropna())))))
+    modules = {path: mod for path, mod in _named(model)}
+    frame = pd.DataFrame({"module": trace.order})
+    frame["type"] = [trace.types[p] for p in trace.order]
+    frame["depth"] = [module_depth(p) for p in trace.order]
+    frame["calls"] = [trace.calls[p] for p in trace.order]
+    frame["params"] = [_param_count(modules[p]) if p in modules else 0 for p in trace.order]
+    frame = frame.join(sums, on="module")
+    for col in ("macs_fwd", "macs_bwd", "other_fwd", "other_bwd", "bytes_fwd", "bytes_bwd", "pred_fwd_s", "pred_bwd_s",
+                "kernels_fwd", "kernels_bwd"):
+        frame[col] = frame[col].fillna(0.0)
+    frame["flops_fwd"] = 2 * frame["macs_fwd"] + frame["other_fwd"]
+    frame["flops_bwd"] = 2 * frame["macs_bwd"] + frame["other_bwd"]
+    frame["act_mem"] = [float(sum(trace.saved.get(p, {}).values())) for p in trace.order]
+    frame["bound_fwd"] = frame["module"].map(_dominant_bound(members, ops, "fwd")).fillna("overhead")
+    frame["bound_bwd"] = frame["module"].map(_dominant_bound(members, ops, "bwd")).fillna("overhead")
+    frame["source"] = np.where(frame["counted"].fillna(False).astype(bool), "counted", "modeled")
+    frame["unmodeled_ops"] = frame["unmodeled_ops"].fillna("")
+    frame = _add_communication(frame, model, modules, parallel, spec, dt)
+    cols = list(PREDICTED_COLUMNS) + list(PREDICTED_EXTRA_COLUMNS)
+    frame = frame[cols].reset_index(drop=True)
+    # Which ceilings produced the times: every report prints "NAME (calibrated|datasheet)".
+    frame.attrs.update(system=spec.name, calibrated=bool(spec.calibrated), dtype=str(dt).replace("torch.", ""))
+    return frame
+
+
+def _named(model):
+
+    paths = module_paths(model)
+    return [(paths[id(m)], m) for m in {id(m): m for m in model.modules()}.values()]
+
+
+def _add_communication(frame, model, modules, parallel, spec, dtype) -> pd.DataFrame:
+    """Data-parallel / ZeRO collectives per module (by the parameters it owns directly)."""
+    frame["comm_fwd_bytes"] = 0.0
+    frame["comm_bwd_bytes"] = 0.0
+    frame["comm_kind"] = ""
+    if parallel is None:
+        return frame
+    if parallel.tp > 1 or parallel.pp > 1:
+        raise NotImplementedError(
+            "estimate(): tensor/pipeline parallelism needs the model's sharding plan, which an arbitrary "
+            "nn.Module does not declare; use perfcheck.estimate_transformer for TP/SP/PP layouts")
+    if parallel.dp == 1:
+        return frame
+    from perfcheck.predict import zero
+
+    param_bytes = torch.tensor([], dtype=dtype).element_size()
+    own = frame["module"].map(lambda p: sum(int(getattr(q, "ds_numel", 0) or q.numel())
+                                            for q in modules[p].parameters(recurse=False)) if p in modules else 0)
+    comm = zero.module_comm(own.to_numpy(float), stage=parallel.zero_stage, dp=parallel.dp,
+                            param_bytes=param_bytes, grad_bytes=param_bytes)
+    # A container's collectives include its children's, like its FLOPs.
+    frame["comm_fwd_bytes"] = _inclusive(frame, comm["fwd_bytes"])
+    frame["comm_bwd_bytes"] = _inclusive(frame, comm["bwd_bytes"])
+    frame["comm_kind"] = np.where(frame["comm_fwd_bytes"] + frame["comm_bwd_bytes"] > 0, comm["kind"], "")
+    from perfcheck.predict import collectives
+
+    for phase in ("fwd", "bwd"):
+        t_comm = collectives.collective_time_s(comm[f"{phase}_kind"], frame[f"comm_{phase}_bytes"].to_numpy(float),
+                                               parallel.dp, spec)
+        t_comm = np.where(frame[f"comm_{phase}_bytes"].to_numpy() > 0, t_comm, 0.0)
+        frame[f"pred_{phase}_s"] = frame[f"pred_{phase}_s"] + t_comm
+        frame[f"bound_{phase}"] = np.where(t_comm > 0.5 * frame[f"pred_{phase}_s"], "comm", frame[f"bound_{phase}"])
+    return frame
+
+
+def _inclusive(frame: pd.DataFrame, own: np.ndarray) -> np.ndarray:
+    """Sum a per-module quantity over each module's subtree: add every row into its ancestors."""
+    from perfcheck.schema import parent_path
+
+    index = {p: i for i, p in enumerate(frame["module"])}
+    total = np.array(own, dtype=float)
+    for i, path in enumerate(frame["module"]):
+        parent = parent_path(path)
+        while parent is not None:
+            if parent in index:
+                total[index[parent]] += own[i]
+            parent = parent_path(parent)
+    return total

@@ -1,0 +1,145 @@
+"""Roofline times on a ``SystemSpec``: compute vs memory vs kernel-launch overhead.
+
+Every function takes scalars or numpy arrays of one shape (numpy broadcasting) and never loops
+in Python, so a 10k-module estimate is a handful of array operations. Scalars in, scalars out.
+
+Model (Williams et al., "Roofline", CACM 2009; launch floor from the research notes, section 4.3):
+
+    compute  = matrix_flops / (matrix_peak(dtype) * eff_matrix) + other_flops / (vector_peak * eff_vector)
+    memory   = bytes_moved / (mem_bandwidth * eff_memory)
+    time     = max(compute, memory) + kernels * launch_overhead_s
+    bound    = "overhead" if the launch term exceeds max(compute, memory), else the larger of the two
+
+``ideal_time_s`` is the same with datasheet peaks, efficiency 1 and no launch term, so
+``op_time_s >= ideal_time_s`` always (every efficiency is in (0, 1]; the launch term is >= 0).
+NB: matrix and vector work are added, not overlapped: a conservative choice for one module's
+kernels, which mostly run one after another on one stream.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from perfcheck.errors import UserError
+from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
+
+
+def _array(x, name: str) -> np.ndarray:
+    """``x`` as a float array; negative entries are user errors (NaN passes through)."""
+    try:
+        arr = np.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        raise UserError(f"{name} must be numeric, got {x!r}") from None
+    if np.any(arr < 0):
+        raise UserError(f"{name} must be >= 0 (got a negative value)")
+    return arr
+
+
+def _scalar_out(value, *inputs):
+    """Return a Python scalar when every input was a scalar, else the array."""
+    if all(np.ndim(x) == 0 for x in inputs):
+        return value.item() if isinstance(value, np.ndarray) else value
+    return value
+
+
+def matrix_efficiency(system, dtype, flops_per_kernel=None):
+    """Achievable fraction of the matrix peak; from the calibrated curve when the system has one.
+
+    The curve gives efficiency by kernel size (FLOPs per kernel), interpolated linearly in
+    log(FLOPs) and clamped at its ends. A per-dtype override (``efficiency.matrix_fp8``) scales
+    the curve by ``matrix_<dtype> / matrix``. Result is capped at 1.
+    """
+    system = load_system(system)
+    flat = system.matrix_efficiency(dtype)
+    curve = system.matrix_efficiency_curve
+    if not curve or flops_per_kernel is None:
+        return flat if flops_per_kernel is None else np.full(np.shape(flops_per_kernel), flat)[()]
+    xs = np.log(np.array([p[0] for p in curve]))
+    ys = np.array([p[1] for p in curve])
+    x = np.log(np.maximum(np.asarray(flops_per_kernel, dtype=float), 1.0))
+    eff = np.interp(x, xs, ys) * (flat / system.efficiency["matrix"])
+    return np.minimum(eff, 1.0)[()]
+
+
+def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None):
+    """Seconds to execute the FLOPs at achievable rates.
+
+    ``kernels`` (optional) splits ``matrix_flops`` into equal kernels for the efficiency-curve
+    lookup (FLOPs per kernel = matrix_flops / kernels); without it the whole is one kernel.
+    """
+    system = load_system(system)
+    mf = _array(matrix_flops, "matrix_flops")
+    of = _array(other_flops, "other_flops")
+    per_kernel = mf if kernels is None else mf / np.maximum(_array(kernels, "kernels"), 1.0)
+    eff = matrix_efficiency(system, dtype, per_kernel)
+    t = mf / (system.matrix_peak(dtype) * eff) + of / (system.vector_peak(dtype) * system.efficiency["vector"])
+    return _scalar_out(t, matrix_flops, other_flops, kernels)
+
+
+def memory_time_s(bytes_moved, system):
+    """Seconds to move ``bytes_moved`` through device memory at achievable bandwidth."""
+    system = load_system(system)
+    t = _array(bytes_moved, "bytes_moved") / (system.mem_bandwidth_bytes_per_s * system.efficiency["memory"])
+    return _scalar_out(t, bytes_moved)
+
+
+def op_time_s(matrix_flops, other_flops, bytes_moved, kernels, system, dtype):
+    """``(time_s, bound)``: roofline time plus launch overhead, and what limits it.
+
+    bound is "compute", "memory" or "overhead" (a str for scalar inputs, else a numpy str
+    array). Ties between compute and memory go to "compute".
+    """
+    system = load_system(system)
+    k = _array(kernels, "kernels")
+    compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=kernels))
+    memory = np.asarray(memory_time_s(bytes_moved, system))
+    roof = np.maximum(compute, memory)
+    launch = k * system.launch_overhead_s
+    time = roof + launch
+    bound = np.where(launch > roof, "overhead", np.where(compute >= memory, "compute", "memory"))
+    inputs = (matrix_flops, other_flops, bytes_moved, kernels)
+    if all(np.ndim(x) == 0 for x in inputs):
+        return float(time), str(bound)
+    return time, bound
+
+
+def ideal_time_s(matrix_flops, other_flops, bytes_moved, kernels=None, system=None, dtype=None):
+    """Lower bound: max(FLOPs at datasheet peak, bytes at datasheet bandwidth), no launch term.
+
+    Takes the same arguments as ``op_time_s`` (``kernels`` is accepted and ignored) so call sites
+    can swap the two; ``ideal_time_s(mf, of, bytes, system, dtype)`` also works.
+    """
+    if dtype is None and isinstance(kernels, (SystemSpec, str, os.PathLike)):  # called without kernels
+        kernels, system, dtype = None, kernels, system
+    if system is None or dtype is None:
+        raise UserError("ideal_time_s: give system and dtype")
+    system = load_system(system)
+    normalize_dtype(dtype)
+    mf = _array(matrix_flops, "matrix_flops")
+    of = _array(other_flops, "other_flops")
+    b = _array(bytes_moved, "bytes_moved")
+    compute = mf / system.matrix_peak(dtype) + of / system.vector_peak(dtype)
+    t = np.maximum(compute, b / system.mem_bandwidth_bytes_per_s)
+    return _scalar_out(t, matrix_flops, other_flops, bytes_moved)
+
+
+def flag_rate_above_peak(achieved_flops_per_s, system, dtype, tolerance: float = 1.0):
+    """True where a measured FLOP/s exceeds the datasheet matrix peak (times ``tolerance``).
+
+    Such rates are measurement artifacts (a timer that missed work, a double count), never
+    performance: DeepSpeed's tutorial prints 1310 TFLOPS for a Linear on a 312 TFLOPS A100.
+    NaN gives False.
+    """
+    system = load_system(system)
+    rate = np.asarray(achieved_flops_per_s, dtype=float)
+    flags = rate > system.matrix_peak(dtype) * tolerance
+    return _scalar_out(np.asarray(flags), achieved_flops_per_s)
+
+
+def flag_bandwidth_above_peak(achieved_bytes_per_s, system, tolerance: float = 1.0):
+    """True where a measured device-memory B/s exceeds the datasheet bandwidth (artifact, or cache hits)."""
+    system = load_system(system)
+    rate = np.asarray(achieved_bytes_per_s, dtype=float)
+    flags = rate > system.mem_bandwidth_bytes_per_s * tolerance
+    return _scalar_out(np.asarray(flags), achieved_bytes_per_s)

@@ -1,0 +1,249 @@
+"""One transformer layer on one GPU under Megatron 1D tensor parallelism (TP) and sequence
+parallelism (SP): the sublayers, their costs (from ``formulas.py``, nothing re-derived here) and
+the tensor-parallel collectives each one issues.
+
+Every size may be a numpy array (one entry per configuration of a sweep): the formulas are plain
+arithmetic, so one call costs thousands of layouts at once. Names (per GPU, one micro-batch):
+
+    b micro-batch, s sequence, e hidden, h heads, q = e/h head dim, f ffn hidden, V vocab,
+    t TP degree, T = b*s tokens, Tn = T/t with SP (else T): tokens in the norm/dropout regions.
+
+Megatron-LM 1D TP (Shoeybi et al. 2019, arXiv 1909.08053, Fig. 3): qkv_proj and fc1 are
+column-parallel (outputs split over t), out_proj and fc2 row-parallel (inputs split, partial sums
+added by a collective). The conjugate operators per block:
+
+    f: identity in forward, all-reduce of dX (b,s,e) in backward      (before qkv_proj / fc1)
+    g: all-reduce of Y (b,s,e) in forward, identity in backward       (after out_proj / fc2)
+
+With SP (Korthikanti et al. 2022, arXiv 2205.05198, section 4.2.2) the norms, dropouts and
+residual adds run on Tn = T/t tokens and the collectives change kind, not volume:
+
+    g  -> all-gather (b,s,e) in forward, reduce-scatter (b,s,e) in backward   (before qkv/fc1)
+    g' -> reduce-scatter (b,s,e) in forward, all-gather (b,s,e) in backward   (after out_proj/fc2)
+
+NB(perfcheck): with SP Megatron saves only the sequence shard (b, s/t, e) of the input of the
+column-parallel linears and all-gathers it again in backward for the weight gradient
+(``LinearWithGradAccumulationAndAsyncCommunication``; overlapped with dgrad there). That is one
+more all-gather of (b,s,e) per column-parallel linear in backward; we count it (overlap is the
+caller's ``tp_overlap``) and save the shard, which is what makes Korthikanti's 34/t exact.
+
+Collective sizes are the FULL buffer S in the nccl-tests convention (``collectives.py``): the
+(b,s,e) tensor for all-reduce, the gathered output for all-gather, the unreduced input for
+reduce-scatter; at t = 1 every size is 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Tuple
+
+import numpy as np
+
+from perfcheck.predict import formulas as F
+
+#: Sublayer names of one transformer layer, in execution order (documented in docs/transformer.md).
+LAYER_SUBLAYERS = ("layer_norm_1", "qkv_proj", "rotary", "logits", "softmax", "dropout_softmax",
+                   "attend", "core_attention", "out_proj", "dropout_attn", "residual_attn",
+                   "layer_norm_2", "fc1", "act", "fc2", "dropout_mlp", "residual_mlp")
+#: Model-level sublayers: on the first pipeline stage, and on the last.
+FIRST_SUBLAYERS = ("embedding", "position_embedding", "dropout_embedding")
+LAST_SUBLAYERS = ("final_norm", "lm_head", "cross_entropy")
+#: The unfused attention core: what selective recompute recomputes (Korthikanti et al. 2022, 5.1).
+CORE_ATTENTION = ("logits", "softmax", "dropout_softmax", "attend", "core_attention")
+
+COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One tensor-parallel collective a sublayer issues: phase, kind, full buffer bytes (array)."""
+
+    phase: str  # "fwd" | "bwd"
+    kind: str  # "allreduce" | "allgather" | "reducescatter"
+    bytes: object
+
+
+@dataclass(frozen=True)
+class Sublayer:
+    """A row of the per-layer table: the formula used, its cost on this GPU, its collectives.
+
+    ``stage``: "layer" (one per transformer layer), "first" (first pipeline stage only) or "last".
+    ``recomputed_act``: activation bytes that selective recompute does not keep (the attention
+    core's s x s tensors).
+    """
+
+    name: str
+    formula: str
+    cost: F.OpCost
+    stage: str = "layer"
+    comms: Tuple[Collective, ...] = ()
+    recomputed_act: object = 0.0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Per-GPU sizes of one micro-batch; any field may be a numpy array (one entry per config)."""
+
+    b: object  # micro-batch size
+    s: object  # sequence length
+    t: object  # tensor-parallel degree
+    sp: object  # sequence parallelism on (bool array)
+    elem_bytes: float  # activation / weight element size
+
+    @property
+    def tokens(self):
+        return self.b * self.s
+
+    @property
+    def norm_tokens(self):
+        """Tokens in the norm/dropout/residual regions: T/t with SP, else T (replicated)."""
+        return self.tokens / np.where(self.sp, self.t, 1)
+
+    def tp_bytes(self, elements, on):
+        """Full-buffer bytes of a TP collective of ``elements`` elements, where ``on``; 0 at t = 1."""
+        return elements * self.elem_bytes * (self.t > 1) * on
+
+
+def _col_parallel_comms(x: Shape, elements):
+    """Collectives around a column-parallel linear (qkv_proj, fc1, lm_head): operator f / g."""
+    sp, nsp = np.asarray(x.sp), ~np.asarray(x.sp)
+    return (Collective("fwd", "allgather", x.tp_bytes(elements, sp)),
+            Collective("bwd", "reducescatter", x.tp_bytes(elements, sp)),
+            Collective("bwd", "allgather", x.tp_bytes(elements, sp)),  # re-gather of the saved shard
+            Collective("bwd", "allreduce", x.tp_bytes(elements, nsp)))
+
+
+def _row_parallel_comms(x: Shape, elements):
+    """Collectives after a row-parallel linear (out_proj, fc2): operator g / g'."""
+    sp, nsp = np.asarray(x.sp), ~np.asarray(x.sp)
+    return (Collective("fwd", "reducescatter", x.tp_bytes(elements, sp)),
+            Collective("fwd", "allreduce", x.tp_bytes(elements, nsp)),
+            Collective("bwd", "allgather", x.tp_bytes(elements, sp)))
+
+
+def _sp_saved_input(cost: F.OpCost, x: Shape, features) -> F.OpCost:
+    """A column-parallel linear under SP keeps the (Tn, features) shard of its input, not (T, features)."""
+    return replace(cost, act_mem=x.norm_tokens * features * x.elem_bytes)
+
+
+def _norm(model, rows, cols, eb) -> F.OpCost:
+    rms = model.norm == "rmsnorm"
+    return F.layer_norm(rows, cols, bias=model.bias and not rms, rms=rms, elem_bytes=eb)
+
+
+def _residual(numel, eb) -> F.OpCost:
+    # x + branch(x): 1 FLOP per element; backward passes the gradient to both inputs. Saves nothing.
+    return F.elementwise(numel, inputs=2, flops_per_elem=1, bwd_flops_per_elem=1, saves=0, elem_bytes=eb)
+
+
+def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool):
+    """qkv_proj .. out_proj: Megatron self-attention with h/t heads per GPU."""
+    e, eb, T = model.hidden, x.elem_bytes, x.tokens
+    q = e // model.heads
+    heads_t = model.heads / x.t
+    rows = []
+    qkv = F.linear(T, e, 3 * e / x.t, bias=model.bias, elem_bytes=eb)  # (T,e) @ (e,3e/t)
+    qkv = F.OpCost(qkv.fwd, qkv.bwd, np.where(x.sp, _sp_saved_input(qkv, x, e).act_mem, qkv.act_mem), qkv.params)
+    rows.append(Sublayer("qkv_proj", "linear", qkv, comms=_col_parallel_comms(x, T * e)))
+    if model.position == "rotary":
+        # q and k rotated: x*cos + rotate_half(x)*sin, 3 FLOPs per element; cos/sin tables not counted.
+        rows.append(Sublayer("rotary", "elementwise",
+                             F.elementwise(2 * T * e / x.t, flops_per_elem=3, bwd_flops_per_elem=3, saves=0,
+                                           elem_bytes=eb)))
+    frac = 0.5 if causal else 1.0
+    if flash:
+        core = F.attention(x.b, heads_t, x.s, x.s, q, q, causal=causal, elem_bytes=eb)
+        rows.append(Sublayer("core_attention", "attention", core))
+    else:
+        probs = x.b * heads_t * x.s * x.s  # elements of the (b, h/t, s, s) score matrix
+        logits = F.matmul(x.s, q, x.s, batch=x.b * heads_t, elem_bytes=eb)  # (s,q) @ (q,s) per (b, head)
+        rows.append(Sublayer("logits", "matmul", _scale_macs(logits, frac)))
+        rows.append(Sublayer("softmax", "softmax", F.softmax(x.b * heads_t * x.s, x.s, elem_bytes=eb),
+                             recomputed_act=probs * eb))
+        if model.dropout > 0:
+            rows.append(Sublayer("dropout_softmax", "dropout", F.dropout(probs, elem_bytes=eb),
+                                 recomputed_act=probs * 1))
+        attend = F.matmul(x.s, x.s, q, batch=x.b * heads_t, elem_bytes=eb)  # (s,s) @ (s,q) per (b, head)
+        rows.append(Sublayer("attend", "matmul", _scale_macs(attend, frac), recomputed_act=probs * eb))
+    out = F.linear(T, e / x.t, e, bias=model.bias, elem_bytes=eb)  # (T,e/t) @ (e/t,e); bias replicated
+    rows.append(Sublayer("out_proj", "linear", out, comms=_row_parallel_comms(x, T * e)))
+    if model.dropout > 0:
+        rows.append(Sublayer("dropout_attn", "dropout", F.dropout(x.norm_tokens * e, elem_bytes=eb)))
+    rows.append(Sublayer("residual_attn", "elementwise", _residual(x.norm_tokens * e, eb)))
+    return rows
+
+
+def _scale_macs(cost: F.OpCost, frac) -> F.OpCost:
+    """Causal attention: count half the products of the score matmuls (what a causal kernel skips)."""
+    if frac == 1.0:
+        return cost
+    return replace(cost, fwd=replace(cost.fwd, macs=cost.fwd.macs * frac),
+                   bwd=replace(cost.bwd, macs=cost.bwd.macs * frac))
+
+
+def mlp_sublayers(model, x: Shape):
+    """layer_norm_2 .. residual_mlp: fc1 column-parallel (f/t outputs; 2f/t gate+up for SwiGLU)."""
+    e, eb, T = model.hidden, x.elem_bytes, x.tokens
+    f_t = model.ffn_hidden / x.t
+    glu = model.activation == "swiglu"
+    rows = [Sublayer("layer_norm_2", "layer_norm", _norm(model, x.norm_tokens, e, eb))]
+    fc1 = F.linear(T, e, (2 if glu else 1) * f_t, bias=model.bias, elem_bytes=eb)
+    fc1 = F.OpCost(fc1.fwd, fc1.bwd, np.where(x.sp, _sp_saved_input(fc1, x, e).act_mem, fc1.act_mem), fc1.params)
+    rows.append(Sublayer("fc1", "linear", fc1, comms=_col_parallel_comms(x, T * e)))
+    if glu:  # silu(gate) * up: the activation, then a product that saves both operands
+        act = F.activation(T * f_t, "silu", elem_bytes=eb) + F.elementwise(T * f_t, inputs=2, saves=2, elem_bytes=eb)
+    else:
+        act = F.activation(T * f_t, model.activation, elem_bytes=eb)
+    rows.append(Sublayer("act", "activation", act))
+    fc2 = F.linear(T, f_t, e, bias=model.bias, elem_bytes=eb)
+    rows.append(Sublayer("fc2", "linear", fc2, comms=_row_parallel_comms(x, T * e)))
+    if model.dropout > 0:
+        rows.append(Sublayer("dropout_mlp", "dropout", F.dropout(x.norm_tokens * e, elem_bytes=eb)))
+    rows.append(Sublayer("residual_mlp", "elementwise", _residual(x.norm_tokens * e, eb)))
+    return rows
+
+
+def layer_sublayers(model, x: Shape, *, causal=False, flash=False):
+    """All sublayers of one transformer layer on one GPU, in execution order."""
+    ln1 = Sublayer("layer_norm_1", "layer_norm", _norm(model, x.norm_tokens, model.hidden, x.elem_bytes))
+    return [ln1, *attention_sublayers(model, x, causal=causal, flash=flash), *mlp_sublayers(model, x)]
+
+
+def padded_vocab(model, t):
+    """Vocabulary rows per TP rank: ceil(V/t) (Megatron pads the vocabulary to a multiple of t)."""
+    return np.ceil(model.vocab / np.asarray(t, dtype=float))
+
+
+def model_sublayers(model, x: Shape, *, tied_copy):
+    """Embedding (first stage) and final norm, LM head, loss (last stage).
+
+    Vocabulary-parallel embedding and LM head (Megatron ``VocabParallelEmbedding``,
+    ``ColumnParallelLinear``): V/t rows per rank. The embedding's partial lookups are all-reduced
+    (reduce-scattered with SP) in forward; the LM head is a column-parallel linear; the vocab-
+    parallel cross entropy all-reduces three fp32 values per token (max, sum of exp, target logit).
+    ``tied_copy`` (array): the LM head owns weights (untied, or tied across pipeline stages,
+    where Megatron keeps a copy on the last stage); else its weight is the embedding's.
+    """
+    e, eb, T = model.hidden, x.elem_bytes, x.tokens
+    v_t = padded_vocab(model, x.t)
+    sp, nsp = np.asarray(x.sp), ~np.asarray(x.sp)
+    emb = F.embedding(T, e, v_t, elem_bytes=eb)
+    rows = [Sublayer("embedding", "embedding", emb, "first",
+                     (Collective("fwd", "reducescatter", x.tp_bytes(T * e, sp)),
+                      Collective("fwd", "allreduce", x.tp_bytes(T * e, nsp)),
+                      Collective("bwd", "allgather", x.tp_bytes(T * e, sp))))]
+    if model.position == "learned":
+        # one lookup per position (s, or s/t with SP), broadcast over the batch by the add
+        positions = x.s / np.where(x.sp, x.t, 1)
+        rows.append(Sublayer("position_embedding", "embedding", F.embedding(positions, e, model.seq_len, elem_bytes=eb),
+                             "first"))
+    if model.dropout > 0:
+        rows.append(Sublayer("dropout_embedding", "dropout", F.dropout(x.norm_tokens * e, elem_bytes=eb), "first"))
+    rows.append(Sublayer("final_norm", "layer_norm", _norm(model, x.norm_tokens, e, eb), "last"))
+    head = F.linear(T, e, v_t, bias=False, elem_bytes=eb)
+    head = F.OpCost(head.fwd, head.bwd, np.where(x.sp, _sp_saved_input(head, x, e).act_mem, head.act_mem),
+                    head.params * tied_copy)
+    rows.append(Sublayer("lm_head", "linear", head, "last", _col_parallel_comms(x, T * e)))
+    ce_bytes = 3 * T * 4 * (x.t > 1)  # fp32 max, sum-exp and target logit per token
+    rows.append(Sublayer("cross_entropy", "cross_entropy", F.cross_entropy(T, v_t, elem_bytes=eb), "last",
+                         (Collective("fwd", "allreduce", ce_bytes * np.ones_like(np.asarray(T, dtype=float))),)))
+    return rows

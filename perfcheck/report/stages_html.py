@@ -1,0 +1,141 @@
+"""Presentation of ``perfcheck compare``: the terminal table, the CSV and a self-contained HTML page
+(matplotlib figures embedded as base64 PNG). Computing lives in compare.py and compare_notes.py."""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+
+import pandas as pd
+
+from perfcheck.analysis.answers import answers, fmt_bytes, fmt_s
+from perfcheck.measure.rundir import atomic_write_text
+
+#: Terminal columns: (header, predicted column, measured column, formatter).
+_TERMINAL = (("allreduce", "pred_allreduce_bytes", "meas_allreduce_bytes", fmt_bytes),
+             ("allgather", "pred_allgather_bytes", "meas_allgather_bytes", fmt_bytes),
+             ("reducescatter", "pred_reducescatter_bytes", "meas_reducescatter_bytes", fmt_bytes),
+             ("mem/rank", "pred_mem_bytes", "meas_mem_bytes", fmt_bytes),
+             ("fwd", "pred_fwd_s", "meas_fwd_s", fmt_s), ("fwd comm", "pred_fwd_comm_s", "meas_fwd_comm_s", fmt_s),
+             ("bwd", "pred_bwd_s", "meas_bwd_s", fmt_s), ("bwd comm", "pred_bwd_comm_s", "meas_bwd_comm_s", fmt_s),
+             ("optim", "pred_optim_s", "meas_optim_s", fmt_s), ("step", "pred_step_s", "meas_step_s", fmt_s))
+
+
+def _cell(v, f):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f(v)
+
+
+def terminal_table(table: pd.DataFrame) -> str:
+    """One line per (stage, rank): 'predicted / measured' per column, then the questions answered."""
+    head = ["run", "stage", "rank", "status"] + [h for h, *_ in _TERMINAL]
+    lines = []
+    for _, r in table.iterrows():
+        if r.get("status") != "ok" and pd.isna(r.get("pred_allreduce_bytes")):
+            lines.append([str(r.get("run", "")), str(r["stage"]), "-", r.get("status", "failed")]
+                         + ["-"] * len(_TERMINAL))
+            continue
+        lines.append([str(r.get("run", "")), str(int(r["stage"])), str(int(r["rank"])), str(r["status"])]
+                     + [f"{_cell(r.get(p), f)} / {_cell(r.get(m), f)}" for _, p, m, f in _TERMINAL])
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = ["predicted / measured, per optimizer step (bytes: full collective buffers, per rank)",
+           fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*l) for l in lines]
+    for _, r in table[table["status"] != "ok"].drop_duplicates("run").iterrows():
+        out.append(f"\n{r.get('run', 'stage')} (ZeRO stage {r['stage']}) FAILED:\n{r.get('notes', '')}")
+    out.append("")
+    for q, a in answers(table):
+        out.append(f"Q: {q}\nA: {a}\n")
+    return "\n".join(out)
+
+
+def write_csv(table: pd.DataFrame, path) -> None:
+    atomic_write_text(path, table.to_csv(index=False))
+
+
+# ------------------------------------------------------------------------------------ HTML
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def time_figure(table: pd.DataFrame) -> str:
+    """Stacked bars per stage, predicted and measured side by side: compute / exposed comm / other."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = table[table["status"] == "ok"]
+    per = ok.groupby("run", sort=False).median(numeric_only=True)
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    parts = (("compute", "#4C72B0"), ("exposed comm", "#DD8452"), ("other", "#8C8C8C"))
+    for j, (who, hatch) in enumerate((("pred", ""), ("meas", "//"))):
+        x = [i + (j - 0.5) * 0.38 for i in range(len(per))]
+        compute = sum(per[f"{who}_{p}_compute_s"].fillna(0) for p in ("fwd", "bwd", "optim"))
+        comm = sum(per[f"{who}_{p}_comm_s"].fillna(0) for p in ("fwd", "bwd", "optim"))
+        other = per["meas_other_s"].fillna(0).clip(lower=0) if who == "meas" else 0 * compute
+        bottom = 0 * compute
+        for (label, color), vals in zip(parts, (compute, comm, other)):
+            ax.bar(x, vals * 1e3, 0.36, bottom=bottom * 1e3, color=color, hatch=hatch, edgecolor="white",
+                   label=label if j == 1 else None)
+            bottom = bottom + vals
+    ax.set_xticks(range(len(per)), [f"{run}\n(pred | meas)" for run in per.index])
+    ax.margins(y=0.12)
+    ax.set_ylabel("ms per optimizer step (left bar predicted, hatched bar measured)")
+    ax.set_title("Step time: compute, exposed communication, other (median over ranks)")
+    ax.legend(frameon=False)
+    return _png(fig)
+
+
+def memory_figure(table: pd.DataFrame) -> str:
+    """Model-state bytes per rank per stage: predicted vs measured, split into params/grads/optimizer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = table[table["status"] == "ok"].sort_values(["stage", "run", "rank"])
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    colors = {"param": "#4C72B0", "grad": "#55A868", "optim": "#C44E52"}
+    labels = []
+    for i, (_, r) in enumerate(ok.iterrows()):
+        for j, who in enumerate(("pred", "meas")):
+            bottom = 0.0
+            for part, color in colors.items():
+                v = r[f"{who}_{part}_mem_bytes"]
+                v = 0.0 if pd.isna(v) else v
+                ax.bar(i + (j - 0.5) * 0.38, v / 1e6, 0.36, bottom=bottom / 1e6, color=color,
+                       hatch="//" if who == "meas" else "", edgecolor="white",
+                       label=f"{part}" if i == 0 and j == 0 else None)
+                bottom += v
+        labels.append(f"{r['run']}\nrank {int(r['rank'])}")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylabel("MB per rank (model states)")
+    ax.set_title("Memory per rank: predicted (plain) | measured (hatched)")
+    ax.legend(frameon=False)
+    return _png(fig)
+
+
+def write_html(table: pd.DataFrame, path, title: str = "perfcheck compare: ZeRO stages") -> None:
+    qa = "".join(f"<h3>{html.escape(q)}</h3><p>{html.escape(a)}</p>" for q, a in answers(table))
+    figs = ""
+    if (table["status"] == "ok").any():
+        figs = (f'<img alt="step time per stage" src="data:image/png;base64,{time_figure(table)}">'
+                f'<img alt="memory per rank" src="data:image/png;base64,{memory_figure(table)}">')
+    bad = table[table["status"] != "ok"].drop_duplicates("run")
+    failed = "".join(f"<h3>{html.escape(str(r.get('run', r['stage'])))} failed</h3>"
+                     f"<pre>{html.escape(str(r.get('notes', '')))}</pre>" for _, r in bad.iterrows())
+    page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}} table{{border-collapse:collapse;font-size:12px}}
+td,th{{border:1px solid #ccc;padding:2px 5px;text-align:right}} img{{max-width:49%}}
+pre{{background:#f4f4f4;padding:1em}}</style>
+</head><body><h1>{html.escape(title)}</h1>{figs}<h2>Answers</h2>{qa}{failed}
+<h2>Table (pred_* / meas_* pairs; bytes per optimizer step per rank)</h2>{table.to_html(index=False, na_rep="-")}
+</body></html>"""
+    atomic_write_text(path, page)
