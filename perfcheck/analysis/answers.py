@@ -1,4 +1,6 @@
-"""Words from numbers for ``perfcheck compare``: per-row notes and the answers to seed 000's questions.
+"""Words from numbers for ``perfcheck compare``: per-row notes and answers to the questions a DeepSpeed
+user asks of a ZeRO sweep (why is stage 3 slower, why is "model parallel size" 1, why does the
+forward grow with the stage, where is GPU utilization).
 
 Every sentence is built from the comparison table (or the run's facts), never from a canned
 conclusion: change the run and the answer changes with it.
@@ -103,7 +105,8 @@ def _per_stage(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def answers(table: pd.DataFrame) -> list:
-    """Seed 000's questions, answered from the comparison table. Returns (question, answer) pairs."""
+    """The ZeRO-sweep questions (module docstring), answered from the comparison table.
+    Returns (question, answer) pairs."""
     s = _per_stage(table)
     out = []
     if s.empty:

@@ -50,7 +50,10 @@ from perfcheck.schema import ROOT
 from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 
 #: Default hook cost per module call when the run gives no better figure: two clock reads and the
-#: Python dispatch of a pre- and post-hook (1-5 us each, research notes section 1.3).
+#: Python dispatch of a pre- and post-hook. Default chosen by perfcheck from public figures for one
+#: timing-enabled CUDA event record: ~2.5 us (https://github.com/NVIDIA/NVTX/issues/3) to 5.2 us with
+#: a query (https://github.com/ICLDisco/parsec/pull/576); a floor, not a measurement: bench/RESULTS.md
+#: measured 19-70 us for the full forward+backward hook set per module call on a shared 2-core VM.
 DEFAULT_HOOK_OVERHEAD_S = 5e-6
 
 
@@ -59,12 +62,15 @@ class Thresholds:
     """Every number the diagnoses compare against, with why it has its default."""
 
     #: gap = measured / predicted above this is "slower than the model" (2x: beyond the 1.7-2.75x
-    #: optimism of roofline models in the wild, research notes section 0.5).
+    #: optimism of roofline models in the wild: LLM-Viewer vs TensorRT-LLM on LLaMA-7B, 1.67x throughput
+    #: and 2.3x first-token latency, https://github.com/hahnyuan/LLM-Viewer/issues/4; llm-analysis at
+    #: ideal efficiency vs MT-NLG's published step time, 2.5-2.75x,
+    #: https://github.com/cli99/llm-analysis/tree/main/examples/megatron-turing-nlg).
     gap_high: float = 2.0
     #: gap below this is "faster than the model" (the mirror image of gap_high).
     gap_low: float = 0.5
     #: measured time per kernel (per call without a kernel table) under which the work is tiny
-    #: ("tens of us": every module of seed 001's JSC_Tiny).
+    #: ("tens of us": every module of JSC_Tiny, perfcheck.examples.models).
     tiny_s: float = 100e-6
     #: predicted time per kernel under which the roofline work is negligible (a few launch latencies).
     tiny_pred_s: float = 25e-6

@@ -112,8 +112,8 @@ RANK_SUMMARY_COLUMNS = {
 }
 
 #: Kernel/op names of collectives and of irregular memory access (the roofline costs the latter
-#: as streaming bytes; seed 002's TransformerConv spends 47% of its CUDA time in index_select and
-#: scatter_add_).
+#: as streaming bytes; the TransformerConv graph model of perfcheck.examples.graph spends 47% of
+#: its CUDA time on an Ampere (sm_80) GPU in index_select and scatter_add_, per torch.profiler).
 COMM_KERNELS = re.compile(r"nccl|rccl|c10d::|gloo|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast", re.I)
 IRREGULAR_KERNELS = re.compile(r"scatter|gather|index|nonzero|unique|sort|topk|cumsum|embedding_dense_backward"
                                r"|segment_reduce", re.I)

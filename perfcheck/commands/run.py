@@ -1,7 +1,8 @@
 """`perfcheck run`: measure a built-in example model for some steps and write a run directory.
 
-The examples need no download and no GPU (perfcheck.examples.models): seed 000's LeNet on
-CIFAR-shaped random images (the default), seed 001's JSC_Tiny, a 6-layer GPT-2-style model.
+The examples need no download and no GPU (perfcheck.examples.models): LeNet of DeepSpeed's
+CIFAR-10 example on CIFAR-shaped random images (lenet, the default), JSC_Tiny, MASE's 117-param
+jet-substructure MLP with in-place ReLUs (jsc), a 6-layer GPT-2-style model (gpt).
 """
 from __future__ import annotations
 

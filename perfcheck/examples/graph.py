@@ -1,6 +1,9 @@
-"""Seed 002's GraphTransformer, rebuilt: 11 TransformerConv(in, 256, heads=32, concat=False)
-layers (in = 9, then 256), 10 LayerNorm(256), a Dropout, a ReLU and post_mp = Linear(256, 1):
-64,071,937 parameters, the seed's "64.07 M". Needs torch_geometric (``pip install torch-geometric``)."""
+"""A graph transformer built from PyTorch Geometric's ``TransformerConv`` (the graph attention of
+Shi et al. 2021, "Masked Label Prediction", arXiv 2009.03509): 11 TransformerConv(in, 256, heads=32,
+concat=False) layers (in = 9, then 256), 10 LayerNorm(256), a Dropout, a ReLU and
+post_mp = Linear(256, 1): 64,071,937 parameters, the "64.07 M" DeepSpeed's Flops Profiler prints for
+it. Its time goes to gathers and scatters over edges (index_select, scatter_add_), work a roofline of
+FLOPs and streamed bytes underestimates. Needs torch_geometric (``pip install torch-geometric``)."""
 from __future__ import annotations
 
 import torch.nn as nn
@@ -15,7 +18,7 @@ class GraphTransformer(nn.Module):
             [TransformerConv(in_dim if i == 0 else hidden, hidden, heads=heads, concat=False) for i in range(layers)])
         self.lns = nn.ModuleList([nn.LayerNorm(hidden) for _ in range(layers - 1)])
         self.conv_dropout = nn.Dropout(dropout)
-        self.ReLU = nn.ReLU()  # noqa: N815 - the seed's attribute name
+        self.ReLU = nn.ReLU()  # noqa: N815 - keeps the profiled model's attribute name
         self.post_mp = nn.Sequential(nn.Linear(hidden, 1))
 
     def forward(self, x, edge_index):

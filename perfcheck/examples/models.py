@@ -1,4 +1,12 @@
-"""Example models: the seeds' LeNet (``Net``) and ``JSC_Tiny``, and a GPT-2-style ``GPT``.
+"""Example models: LeNet (``Net``), the tiny jet-substructure MLP ``JSC_Tiny`` and a GPT-2-style ``GPT``.
+
+``Net`` is the CIFAR-10 LeNet that DeepSpeed's CIFAR-10 example trains
+(https://github.com/deepspeedai/DeepSpeedExamples/tree/master/training/cifar, the model of PyTorch's
+CIFAR-10 tutorial); run with DeepSpeed's Flops Profiler (https://www.deepspeed.ai/tutorials/flops-profiler/)
+it prints 62.01 K params and 5.21 MMACs per forward at batch 8. ``JSC_Tiny`` is MASE's smallest
+jet-substructure classifier (https://github.com/DeepWok/mase,
+``machop/chop/models/physical/jet_substructure``, after the JSC models of LogicNets, Umuroglu et al.
+2020, arXiv 2004.03021): 117 params, and in-place ReLUs that break naive backward hooks.
 
 They need no download and run on CPU. ``EXAMPLES`` names each with a factory for the model, a
 batch of random inputs and a loss, so ``perfcheck run --model NAME`` and the benchmarks build
@@ -16,7 +24,7 @@ import torch.nn.functional as F
 
 
 class Net(nn.Module):
-    """Seed 000's LeNet, as in the PyTorch CIFAR-10 tutorial: input (batch, 3, 32, 32), 62,006 params."""
+    """LeNet of DeepSpeed's CIFAR-10 example / PyTorch's CIFAR-10 tutorial: input (batch, 3, 32, 32), 62,006 params."""
 
     def __init__(self):
         super().__init__()
@@ -36,8 +44,11 @@ class Net(nn.Module):
         return self.fc3(x)
 
 
-class JSC_Tiny(nn.Module):  # noqa: N801 - the seed's name
-    """Seed 001's jet-substructure classifier: input (batch, 16), 117 params, two in-place ReLUs."""
+class JSC_Tiny(nn.Module):  # noqa: N801 - MASE's class name
+    """MASE's tiny jet-substructure classifier: input (batch, 16), 117 params, two in-place ReLUs.
+
+    MASE writes ``nn.ReLU(16)`` and ``nn.ReLU(5)``: ReLU's first argument is ``inplace``, so both
+    ReLUs run in place (DeepSpeed's profiler prints ``inplace=True`` for them); spelled out here."""
 
     def __init__(self):
         super().__init__()
@@ -180,10 +191,10 @@ def _gpt_batch(n, g):
 
 
 EXAMPLES = {
-    "lenet": Example("lenet", "seed 000's LeNet on CIFAR-shaped random images (3x32x32)", Net, _lenet_batch,
-                     _classification_loss, 8),
-    "jsc": Example("jsc", "seed 001's JSC_Tiny (117 params, in-place ReLUs) on 16 random features", JSC_Tiny,
-                   _jsc_batch, _classification_loss, 8),
+    "lenet": Example("lenet", "LeNet (DeepSpeed's CIFAR-10 example) on CIFAR-shaped random images (3x32x32)",
+                     Net, _lenet_batch, _classification_loss, 8),
+    "jsc": Example("jsc", "JSC_Tiny, MASE's jet-substructure MLP (117 params, in-place ReLUs), on 16 random features",
+                   JSC_Tiny, _jsc_batch, _classification_loss, 8),
     "gpt": Example("gpt", "GPT-2-style, 6 layers, d=512, 8 heads, vocab 8192, seq 256, SDPA attention",
                    lambda: GPT(**_GPT_SMALL), _gpt_batch, _lm_loss, 8),
 }

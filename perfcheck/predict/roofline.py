@@ -3,7 +3,8 @@
 Every function takes scalars or numpy arrays of one shape (numpy broadcasting) and never loops
 in Python, so a 10k-module estimate is a handful of array operations. Scalars in, scalars out.
 
-Model (Williams et al., "Roofline", CACM 2009; launch floor from the research notes, section 4.3):
+Model (Williams et al., "Roofline", CACM 2009; a per-kernel launch floor of a few us: a CUDA launch
+costs ~3-4 us of host work, https://forums.developer.nvidia.com/t/too-much-time-for-kernel-launch-latency/233645/3):
 
     compute  = matrix_flops / (matrix_peak(dtype) * eff_matrix) + other_flops / (vector_peak * eff_vector)
     memory   = bytes_moved / (mem_bandwidth * eff_memory)

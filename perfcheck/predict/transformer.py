@@ -1,7 +1,8 @@
 """The transformer front-end: a model described by a dozen numbers -> per-sublayer table, whole-step
 totals, and vectorised layout sweeps. Same formulas as the module estimator (``formulas.py``);
 sharding and TP collectives in ``sharding.py``; step totals (pipeline bubble, ZeRO, memory, MFU) in
-``step.py``. Deliberate differences from the seed notebook are listed in docs/transformer.md.
+``step.py``. Deliberate differences from the transformer-perf-estimates notebook it started from
+(Subramanian et al. 2024, arXiv 2410.00273) are listed in docs/transformer.md.
 
     >>> import perfcheck
     >>> table = perfcheck.estimate_transformer("gpt3-175b", parallel=dict(tp=8, sp=True, dp=128, zero_stage=1))

@@ -5,7 +5,7 @@ and a summary. This report keeps that shape and adds, for forward AND backward: 
 measured time, gap (measured / predicted), achieved FLOP/s, the predicted bound and the reason for
 each large gap. It fixes what DeepSpeed gets wrong: times are printed from SI seconds with at
 most "s" as unit (DeepSpeed printed "1.8 Gs" for a CPU forward), params of the model come from
-the root row (DeepSpeed printed 0 for ``params per GPU * mp_size`` under ZeRO-3 and in seed 001),
+the root row (DeepSpeed printed 0 for ``params per GPU * mp_size`` under ZeRO-3 and for JSC_Tiny),
 backward time is per module (DeepSpeed has one model-level backward timer), and rates above the
 datasheet peak are printed as "artifact", never as performance.
 """

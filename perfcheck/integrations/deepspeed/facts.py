@@ -3,7 +3,7 @@
 Read from the engine's public accessors and from the tensors it holds; nothing is changed.
 Parameters are counted with ``ds_numel`` (ZeRO-3 partitions them: ``p.numel()`` is 0 on every
 rank for a partitioned parameter, which is why DeepSpeed's flops profiler printed "params of model
-... 0" in seed 001). Model-state bytes are the distinct tensor storages reachable from the model
+... 0" for JSC_Tiny, perfcheck.examples.models). Model-state bytes are the distinct tensor storages reachable from the model
 and the optimizer, each counted once and classed as params, grads or optimizer states.
 """
 from __future__ import annotations
