@@ -1,6 +1,6 @@
-"""The seeds' situations through the real estimator and reconcile: seed 001's JSC_Tiny is launch-bound
-everywhere; seed 000's LeNet on a recorded CPU run keeps every module; predict_for_run rebuilds a run's
-prediction from meta.json alone."""
+"""The example models through the real estimator and reconcile: JSC_Tiny (MASE's 117-param MLP) is
+launch-bound everywhere; the CIFAR-10 LeNet on a recorded CPU run keeps every module; predict_for_run
+rebuilds a run's prediction from meta.json alone."""
 import json
 import math
 from pathlib import Path
@@ -29,7 +29,7 @@ def _measured(times: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_seed_001_jsc_tiny_is_launch_bound_everywhere():
+def test_jsc_tiny_is_launch_bound_everywhere():
     # Predicted on an A100: every module is a few 5 us launches. Measured in the tens of us per kernel
     # (CUDA events, no syncs), with the kernels the profiler would see: 2 for BatchNorm, 1 per ReLU, 2 for Linear.
     pred = perfcheck.estimate(JSC_Tiny(), (torch.randn(8, 16),), system="a100-80gb-sxm")
