@@ -142,9 +142,9 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = make_run_dir(Path(tmp) / "run", args.modules, args.ranks)
         stages = {}
-        stages["load + reconcile"], (rec, run, system, _) = _time(lambda: cmd.build(run_dir), args.repeat)
+        stages["load + reconcile"], result = _time(lambda: cmd.build(run_dir), args.repeat)
         for fmt in ("table", "csv", "json", "html"):
-            stages[f"render {fmt}"], text = _time(lambda: cmd.render(rec, run, fmt, system=system), args.repeat)
+            stages[f"render {fmt}"], text = _time(lambda: cmd.render(result, fmt), args.repeat)
             (Path(tmp) / f"out.{fmt}").write_text(text)
         total = sum(stages.values())
         print(f"modules: {rec['module'].nunique()}, ranks: {rec['rank'].nunique()}, rows: {len(rec)}, "

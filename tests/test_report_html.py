@@ -67,8 +67,9 @@ def _ink(img: np.ndarray, box) -> tuple:
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
 def test_plots_render_in_chromium(tmp_path):
-    rec, run, system, _ = build(DATA / "run_lenet_cpu")
-    page = render(rec, run, "html", system=system)
+    result = build(DATA / "run_lenet_cpu")
+    rec, run = result.table, result.run
+    page = render(result, "html")
     boxes = _boxes(_screenshot(_probe(page), tmp_path, "probe"))
     assert set(boxes) == set(PLOTS), f"plot boxes found: {sorted(boxes)} (is the window tall enough?)"
     for fid, (y0, y1, x0, x1) in boxes.items():
@@ -101,6 +102,7 @@ def test_missing_inputs_give_a_sentence_not_a_broken_figure():
 
 
 def test_multi_rank_page_flags_the_straggler():
-    rec, run, system, _ = build(DATA / "run_jsc_2ranks")
-    page = render(rec, run, "html", system=system)
+    result = build(DATA / "run_jsc_2ranks")
+    rec, run = result.table, result.run
+    page = render(result, "html")
     assert "<h2>Ranks</h2>" in page and "STRAGGLER" in page and "slowest rank 1" in page

@@ -80,7 +80,7 @@ def test_findings_section_lists_reasons_with_evidence():
 
 
 def test_multi_rank_run_shows_per_rank_totals_and_the_straggler():
-    rec, _run, _system, _notes = build(DATA / "run_jsc_2ranks")
+    rec = build(DATA / "run_jsc_2ranks").table
     text = render_text(rec)
     assert "Per-rank totals" in text and "STRAGGLER" in text
     straggler_line = next(l for l in text.splitlines() if "STRAGGLER" in l)

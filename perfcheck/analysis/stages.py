@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfcheck.errors import UserError
+from perfcheck.measure import rundir as runs
 from perfcheck.predict import zero
 
 KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
@@ -39,13 +40,6 @@ def _read_json(path: Path):
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def _read_csv(path: Path) -> pd.DataFrame:
-    try:
-        return pd.read_csv(path)
-    except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError):
-        return pd.DataFrame()
 
 
 _SALIENT = ("Error", "error:", "Exception", "Killed", "out of memory", "OOM", "exits with return code", "Traceback")
@@ -91,23 +85,40 @@ def _stage_from_name(run_dir: Path):
 
 
 def load_stage(run_dir) -> dict:
-    """Everything one stage's run directory holds, per rank, and its status."""
+    """Everything one stage's run directory holds, per rank, and its status. A rank whose files do
+    not read (garbage, another schema version) makes the stage "failed" with that reason."""
+    from perfcheck.integrations.deepspeed import run_files
+    from perfcheck.predict.for_run import load_predicted
+
     run_dir = Path(run_dir)
-    ranks = {}
+    ranks, problems = {}, []
     for d in sorted(run_dir.glob("rank*")):
-        facts = _read_json(d / "zero.json")
-        if facts is None:
+        try:
+            facts = run_files.read_zero_json(d)
+            if facts is None:
+                continue
+            comms, steps = run_files.read_comms(d), run_files.read_engine_steps(d)
+            samples_path = d / runs.TABLES["samples"][0]
+            samples = (runs.read_table(samples_path, runs.TABLES["samples"][1], "samples") if samples_path.is_file()
+                       else pd.DataFrame(columns=list(runs.TABLES["samples"][1])))
+        except UserError as exc:
+            problems.append(str(exc))
             continue
-        ranks[int(facts["rank"])] = {"facts": facts, "comms": _read_csv(d / "comms.csv"),
-                                     "steps": _read_csv(d / "engine_steps.csv"),
-                                     "samples": _read_csv(d / "samples.csv")}
+        ranks[facts["rank"]] = {"facts": facts, "comms": comms if comms is not None else pd.DataFrame(),
+                                "steps": steps if steps is not None else pd.DataFrame(), "samples": samples}
     world = max((r["facts"]["world_size"] for r in ranks.values()), default=0)
-    complete = bool(ranks) and all(r["facts"].get("complete") for r in ranks.values()) and len(ranks) == world
+    complete = (bool(ranks) and not problems and all(r["facts"].get("complete") for r in ranks.values())
+                and len(ranks) == world)
     status = "ok" if complete else "failed"
     stage = next(iter(ranks.values()))["facts"]["zero_stage"] if ranks else _stage_from_name(run_dir)
-    predicted = _read_csv(run_dir / "predicted.csv")
+    try:
+        predicted, _ = load_predicted(run_dir)
+    except UserError as exc:
+        predicted = None
+        problems.append(str(exc))
     return {"run_dir": run_dir, "stage": stage, "status": status, "ranks": ranks, "world_size": world,
-            "predicted": predicted, "log_tail": "" if complete else log_tail(run_dir)}
+            "predicted": predicted if predicted is not None else pd.DataFrame(), "problems": problems,
+            "log_tail": "" if complete else log_tail(run_dir)}
 
 
 # ------------------------------------------------------------------------------- predicted
@@ -251,7 +262,8 @@ def reconcile_stages(run_dirs, system=None) -> pd.DataFrame:
         if not stage["ranks"]:
             rows.append({"stage": stage["stage"], "run": run_dir.name, "rank": -1, "status": "failed",
                          "run_dir": str(run_dir),
-                         "notes": "failed: no rank wrote zero.json; log tail:\n" + stage["log_tail"]})
+                         "notes": "failed: " + ("; ".join(stage["problems"]) or "no rank wrote zero.json")
+                                  + "; log tail:\n" + stage["log_tail"]})
             continue
         for rank, data in sorted(stage["ranks"].items()):
             row = {"run": run_dir.name, **_row(stage, rank, data, system), "run_dir": str(run_dir)}
@@ -259,7 +271,9 @@ def reconcile_stages(run_dirs, system=None) -> pd.DataFrame:
                 missing = sorted(set(range(stage["world_size"])) - set(stage["ranks"]))
                 unfinished = sorted(r for r, d in stage["ranks"].items() if not d["facts"].get("complete"))
                 wrote_nothing = f", {missing} wrote nothing" if missing else ""
-                row["notes"] = f"failed: rank(s) {unfinished} did not finish{wrote_nothing}; log:\n" + stage["log_tail"]
+                unreadable = ("; " + "; ".join(stage["problems"])) if stage["problems"] else ""
+                row["notes"] = (f"failed: rank(s) {unfinished} did not finish{wrote_nothing}{unreadable}; log:\n"
+                                + stage["log_tail"])
             rows.append(row)
     frame = pd.DataFrame(rows)
     return frame.sort_values(["stage", "run", "rank"], kind="stable", ignore_index=True) if not frame.empty else frame
@@ -281,11 +295,13 @@ def merge_node_runs(node_dirs, dest) -> Path:
     """
     import shutil
 
+    from perfcheck.integrations.deepspeed import run_files
+
     dest = Path(dest)
     seen, worlds, stages = {}, set(), set()
     for src in map(Path, node_dirs):
         for d in sorted(src.glob("rank*")):
-            facts = _read_json(d / "zero.json")
+            facts = run_files.read_zero_json(d)
             if facts is None:
                 raise UserError(f"{d}: no zero.json; not a perfcheck DeepSpeed rank directory")
             rank = int(facts["rank"])

@@ -34,41 +34,16 @@ def add_parser(subparsers):
     p.set_defaults(run=run)
 
 
-def _profile_steps(meta: dict) -> int:
-    prof = meta.get("profile")
-    if isinstance(prof, dict) and isinstance(prof.get("steps"), list) and prof["steps"]:
-        return len(prof["steps"])
-    return 1
-
-
 def build(run_dir, *, system=None):
-    """Load a run and reconcile it: ``(reconciled frame, run, system spec or None, notes)``."""
-    from perfcheck.measure import rundir as runs
-    from perfcheck.predict import for_run as predict_run
-    from perfcheck.analysis.reconcile import reconcile
+    """The run reconciled (``analysis.pipeline.reconcile_run``, the one assembly path)."""
+    from perfcheck.analysis.pipeline import reconcile_run
 
-    run = runs.load_run(run_dir)
-    meta0 = run.meta[run.ranks[0]]
-    pred, info = predict_run.load_predicted(run.run_dir, run.ranks)
-    notes = list(run.notes)
-    if pred is None:
-        model = predict_run.model_from_meta(meta0)
-        if model is None:
-            raise UserError(f"{Path(run_dir) / predict_run.PREDICTED_CSV}: missing file (no predicted rows in the run, "
-                            "and meta.json does not name a built-in example model to re-run the estimator; save them "
-                            "with perfcheck.predict.for_run.save_predicted(run_dir, perfcheck.estimate(model, inputs)))")
-        pred = predict_run.predict_for_run(model, meta0, system=system)
-        info = {"system": predict_run.system_from_meta(meta0, system), "dtype": meta0.get("dtype")}
-        notes.append(f"predicted rows re-computed from meta.json (model {meta0['model']['type']}, system {info['system']})")
-    name = system or info.get("system") or predict_run.system_from_meta(meta0)
-    dtype = info.get("dtype") or meta0.get("dtype")
-    rec = reconcile(pred, run.modules, system=name, kernels=run.kernels, steps=run.steps, dtype=dtype,
-                    profile_steps={r: _profile_steps(m) for r, m in run.meta.items()})
-    rec.attrs["notes"] = notes
-    return rec, run, name, notes
+    return reconcile_run(run_dir, system=system)
 
 
-def render(rec, run, fmt: str, *, depth=None, top=3, system=None) -> str:
+def render(result, fmt: str, *, depth=None, top=3) -> str:
+    """``result`` (a ``pipeline.ReconciledRun``) in one of FORMATS."""
+    rec, run = result.table, result.run
     if fmt == "table":
         from perfcheck.report.text import render_text
 
@@ -83,9 +58,8 @@ def render(rec, run, fmt: str, *, depth=None, top=3, system=None) -> str:
         return render_json(rec)
     from perfcheck.report.html import render_html
 
-    steps = max(_profile_steps(m) for m in run.meta.values()) if run.meta else 1
-    return render_html(rec, kernels=run.kernels, samples=run.samples, system=system, depth=depth, top=top,
-                       profile_steps=steps, title=f"perfcheck report: {Path(run.run_dir).name}")
+    return render_html(rec, kernels=run.kernels, samples=run.samples, system=result.system, depth=depth, top=top,
+                       profile_steps=result.profile_steps, title=f"perfcheck report: {Path(run.run_dir).name}")
 
 
 def run(args) -> int:
@@ -93,8 +67,7 @@ def run(args) -> int:
         raise UserError(f"--depth must be >= 0, got {args.depth}")
     if args.top < 1:
         raise UserError(f"--top must be >= 1, got {args.top}")
-    rec, loaded, system, _ = build(args.run_dir, system=args.system)
-    text = render(rec, loaded, args.format, depth=args.depth, top=args.top, system=system)
+    text = render(build(args.run_dir, system=args.system), args.format, depth=args.depth, top=args.top)
     if args.output is None:
         sys.stdout.write(text)
         return 0

@@ -255,7 +255,9 @@ class Run:
         return max(int(m.get("world_size", 1)) for m in self.meta.values())
 
 
-def _read_csv(path: Path, columns, what: str) -> pd.DataFrame:
+def read_table(path: Path, columns, what: str) -> pd.DataFrame:
+    """A CSV of the run directory with its schema's columns checked; garbage or a missing column is a
+    UserError naming the file, an empty file an empty frame with the columns."""
     try:
         frame = pd.read_csv(path)
     except pd.errors.EmptyDataError:
@@ -268,13 +270,25 @@ def _read_csv(path: Path, columns, what: str) -> pd.DataFrame:
         raise UserError(str(exc)) from None
 
 
-def _read_meta(path: Path) -> dict:
+def as_saved(frame: pd.DataFrame, key: str) -> pd.DataFrame:
+    """``frame`` (one of ``TABLES``) exactly as writing it to its CSV and reading it back gives it:
+    a live run hands the analysis the same frames as its saved run directory."""
+    import io
+
+    fname, cols = TABLES[key]
+    return read_table(io.StringIO(frame[list(cols)].to_csv(index=False)), cols, key)
+
+
+def read_versioned_json(path: Path, what: str = META) -> dict:
+    """A JSON file of the run directory whose ``schema_version`` must be this perfcheck's."""
     if not path.is_file():
-        raise UserError(f"{path}: missing file (every rank directory needs {META})")
+        raise UserError(f"{path}: missing file (every rank directory needs {what})")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
         raise UserError(f"{path}: schema version {version!r} does not match this perfcheck's "
@@ -283,7 +297,7 @@ def _read_meta(path: Path) -> dict:
 
 
 def _load_rank(d: Path, rank: int, notes: list[str]):
-    meta = _read_meta(d / META)
+    meta = read_versioned_json(d / META)
     complete = bool(meta.get("complete", False))
     listed = set(meta.get("files", []))
     for name in sorted(listed):
@@ -293,7 +307,7 @@ def _load_rank(d: Path, rank: int, notes: list[str]):
     for key, (fname, cols) in TABLES.items():
         path = d / fname
         if path.is_file():
-            frames[key] = _read_csv(path, cols, key)
+            frames[key] = read_table(path, cols, key)
         elif key == "modules" and not complete:
             frames[key] = None  # rebuilt below
         elif complete or key in ("steps", "module_steps"):

@@ -45,6 +45,8 @@ from perfcheck.schema import ROOT, SAMPLE_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
 #: Per-step module rows kept in memory (about 120 bytes each); older steps are dropped from memory
 #: (counted in meta.json ``module_steps_dropped``), module_steps.csv keeps them all.
 MAX_MODULE_ROWS = 200_000
+#: Finished steps whose CUDA events may still be in flight; past this the oldest is waited for.
+MAX_PENDING_STEPS = 16
 
 BACKWARD_RULE = ("backward of a module = from the first gradient of its outputs to the earliest of: all "
                  "needed input gradients ready; the backward of a module outside its subtree starting; "
@@ -290,7 +292,11 @@ class PerfCheck:
         if role in ("measured", "bare"):
             self._last_plain = role
         self._pending.append((self._index, role, pending))
-        while self._pending and (len(self._pending) > 1 or self._pending[0][2].ready()):
+        # Resolve finished steps only; wait for the device only when the host is MAX_PENDING_STEPS
+        # steps ahead of it (the device then has that much work queued, so the wait costs no
+        # device time). Resolving the previous step unconditionally would block the host on every
+        # step of a device-bound loop: a hidden synchronize that set_sync_debug_mode does not flag.
+        while self._pending and (len(self._pending) > MAX_PENDING_STEPS or self._pending[0][2].ready()):
             self._finalize(*self._pending.popleft())
 
     def _finalize(self, index: int, role: str, pending):
@@ -412,21 +418,26 @@ class PerfCheck:
         return d
 
     # ------------------------------------------------------------------- predicted vs measured
-    def _system_spec(self):
-        from perfcheck.predict.for_run import system_from_meta
+    def system_spec(self, system=None):
+        """The SystemSpec predictions for this run use: ``system``, else the one given to PerfCheck, else
+        this device's built-in entry."""
         from perfcheck.hardware.systems import load_system
+        from perfcheck.predict.for_run import system_from_meta
 
-        return load_system(system_from_meta(self.meta(), self.system))
+        return load_system(system_from_meta(self.meta(), self.system if system is None else system))
 
-    def predicted(self) -> pd.DataFrame:
+    def predicted(self, system=None) -> pd.DataFrame:
         """The estimator's rows for this run: the root's recorded input shapes and dtype, the
-        parallel layout seen, on ``system`` (schema.PREDICTED_COLUMNS)."""
+        parallel layout seen, on ``system`` (default: the one given to PerfCheck, else this device's
+        entry) (schema.PREDICTED_COLUMNS)."""
         from perfcheck.predict.for_run import predict_for_run
 
         if self._state == "new" or not self._timer.first_root_inputs:
             raise UserError("no prediction yet: run at least one step so the input shapes are known")
-        if getattr(self, "_predicted", None) is None:
-            self._predicted = predict_for_run(self._view.root, self.meta(), system=self._system_spec())
+        spec = self.system_spec(system)
+        cached = getattr(self, "_predicted", None)
+        if cached is None or cached.attrs.get("system") != spec.name:
+            self._predicted = predict_for_run(self._view.root, self.meta(), system=spec)
         return self._predicted
 
     def _save_prediction(self, run_dir) -> list:
@@ -436,24 +447,37 @@ class PerfCheck:
 
         try:
             frame = self.predicted()
-            save_predicted(run_dir, frame, rank=self.rank, system=self._system_spec(), dtype=frame.attrs.get("dtype"))
+            save_predicted(run_dir, frame, rank=self.rank, system=self.system_spec(), dtype=frame.attrs.get("dtype"))
         except (UserError, NotImplementedError, RuntimeError, ValueError, TypeError) as exc:
             self._warn(f"predicted.csv not written: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             return []
         return [PREDICTED_CSV, PREDICTED_JSON]
 
-    def reconciled(self) -> pd.DataFrame:
-        """perfcheck.analysis.reconcile of this run's predicted and measured rows (with kernels and steps)."""
-        from perfcheck.analysis.reconcile import reconcile
+    def as_run(self):
+        """This rank's run as ``measure.rundir.Run``: exactly the frames ``save()`` writes, as reading
+        the run directory back gives them (so the live and the saved report are the same)."""
+        from perfcheck.measure.rundir import Run, as_saved
 
-        return reconcile(self.predicted(), self.measured(), system=self._system_spec(), kernels=self.kernels(),
-                         steps=self.steps())
+        if self._state == "new":
+            raise UserError("nothing measured yet: PerfCheck was never started")
+        frames = {"modules": self.measured(), "steps": self.steps(), "module_steps": self.module_steps(),
+                  "kernels": self.kernels(), "samples": self.samples()}
+        return Run(run_dir=self.out_dir if self.out_dir is not None else Path("."), ranks=[self.rank],
+                   meta={self.rank: self.meta(complete=self._state == "stopped")},
+                   complete=self._state == "stopped", **{k: as_saved(f, k) for k, f in frames.items()})
 
-    def report(self, *, depth: int | None = None, top: int = 3) -> str:
+    def reconciled(self, system=None) -> pd.DataFrame:
+        """Predicted vs measured per module for this run (analysis.reconcile.RECONCILED_COLUMNS), through
+        the same assembly as ``perfcheck report RUN_DIR`` (``analysis.pipeline.reconcile_run``)."""
+        from perfcheck.analysis.pipeline import reconcile_run
+
+        return reconcile_run(self, system=system).table
+
+    def report(self, *, depth: int | None = None, top: int = 3, system=None) -> str:
         """The terminal report (module tree, predicted vs measured, gaps and reasons) as a string."""
         from perfcheck.report.text import render_text
 
-        return render_text(self.reconciled(), depth=depth, top=top)
+        return render_text(self.reconciled(system=system), depth=depth, top=top)
 
     def _system_name(self):
         from perfcheck.hardware.systems import SystemSpec, list_systems, load_system
@@ -461,6 +485,11 @@ class PerfCheck:
         if self.system is None or isinstance(self.system, SystemSpec):
             return None if self.system is None else self.system.name
         return str(load_system(self.system).name if str(self.system) in list_systems() else self.system)
+
+    def _compute_dtype(self, started: bool):
+        """The dtype the model computes in: autocast's when its first call ran under autocast, else the parameters'."""
+        inputs = self._timer.first_root_inputs if started else None
+        return (inputs or {}).get("autocast") or model_dtype(self._view.root)
 
     def meta(self, complete: bool = True, files=None) -> dict:
         """The run's metadata (what meta.json holds)."""
@@ -484,7 +513,7 @@ class PerfCheck:
             "model": {"type": view.types.get(ROOT), "dtype": model_dtype(view.root),
                       "params": int(sum(getattr(p, "ds_numel", p.numel()) for p in view.root.parameters())),
                       "wrappers": view.wrappers, "compiled": view.compiled},
-            "dtype": model_dtype(view.root),
+            "dtype": self._compute_dtype(started),
             "inputs": self._timer.first_root_inputs if started else None,
             "parallel": parallel,
             "system": self._system_name(),

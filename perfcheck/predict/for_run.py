@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfcheck.errors import UserError
+from perfcheck.measure import rundir as runs
 from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, SCHEMA_VERSION, SchemaError, validate_frame
 
 PREDICTED_CSV = "predicted.csv"
@@ -111,16 +112,15 @@ def model_from_meta(meta: dict):
 # ------------------------------------------------------------------------------ files
 def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, system=None, dtype=None) -> Path:
     """Write ``predicted.csv`` + ``predicted.json`` at the top of ``run_dir`` (or in ``rank<R>/``); return the CSV path."""
-    from perfcheck.measure import rundir as runs
     from perfcheck.hardware.systems import load_system
 
     base = Path(run_dir) if rank is None else runs.rank_dir(run_dir, rank)
-    cols = list(PREDICTED_COLUMNS) + [c for c in PREDICTED_EXTRA_COLUMNS if c in frame.columns]
+    cols = _columns(frame)
     try:
         validate_frame(frame, cols, "predicted frame")
     except SchemaError as exc:
         raise UserError(str(exc)) from None
-    path = runs.atomic_write_text(base / PREDICTED_CSV, frame[cols].to_csv(index=False, float_format="%.12g"))
+    path = runs.atomic_write_text(base / PREDICTED_CSV, frame[cols].to_csv(index=False))  # floats round-trip exactly
     name = load_system(system).name if system is not None else None
     runs.atomic_write_json(base / PREDICTED_JSON, {"schema_version": SCHEMA_VERSION, "system": name,
                                                    "dtype": None if dtype is None else str(dtype).replace("torch.", "")})
@@ -128,28 +128,40 @@ def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, sys
 
 
 def _read_one(csv: Path) -> tuple:
-    info = {}
     side = csv.with_name(PREDICTED_JSON)
-    if side.is_file():
-        try:
-            info = json.loads(side.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UserError(f"{side}: not valid JSON ({exc})") from None
-        if info.get("schema_version") != SCHEMA_VERSION:
-            raise UserError(f"{side}: schema version {info.get('schema_version')!r} does not match this perfcheck's "
-                            f"schema version {SCHEMA_VERSION}; re-run the prediction")
+    if not side.is_file():
+        raise UserError(f"{side}: missing file ({csv.name} without its {PREDICTED_JSON} is from an older perfcheck or "
+                        "another tool; re-run the prediction with perfcheck.predict.for_run.save_predicted)")
+    info = runs.read_versioned_json(side, PREDICTED_JSON)
+    return _parse_predicted(csv, str(csv)), info
+
+
+def _columns(frame: pd.DataFrame) -> list:
+    return list(PREDICTED_COLUMNS) + [c for c in PREDICTED_EXTRA_COLUMNS if c in frame.columns]
+
+
+def _parse_predicted(source, where: str) -> pd.DataFrame:
+    """predicted.csv text (a path or a buffer) → the frame; the one parser of predicted rows."""
     try:
-        frame = pd.read_csv(csv, keep_default_na=False, na_values=["", "nan", "NaN"])
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise UserError(f"{csv}: cannot read the predicted rows ({exc})") from None
+        frame = pd.read_csv(source, keep_default_na=False, na_values=["", "nan", "NaN"])
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise UserError(f"{where}: cannot read the predicted rows ({exc})") from None
     try:
-        validate_frame(frame, PREDICTED_COLUMNS, str(csv))
+        validate_frame(frame, PREDICTED_COLUMNS, where)
     except SchemaError as exc:
         raise UserError(str(exc)) from None
     for c in ("comm_kind", "unmodeled_ops", "bound_fwd", "bound_bwd", "source"):
         if c in frame:
             frame[c] = frame[c].fillna("").astype(str)
-    return frame, info
+    return frame
+
+
+def normalize_predicted(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame exactly as saving it to predicted.csv and reading it back gives it, so a live
+    prediction and a saved one reconcile identically."""
+    import io
+
+    return _parse_predicted(io.StringIO(frame[_columns(frame)].to_csv(index=False)), "predicted frame")
 
 
 def load_predicted(run_dir, ranks=(0,)):

@@ -16,13 +16,8 @@ import torch
 from perfcheck.measure.clocks import clock_for
 from perfcheck.measure.schedule import StepSchedule
 from perfcheck.measure import rundir as runs
-from perfcheck.integrations.deepspeed import comms as ds_comms, facts as ds_facts
+from perfcheck.integrations.deepspeed import comms as ds_comms, facts as ds_facts, run_files
 
-ZERO_JSON = "zero.json"
-COMMS_CSV = "comms.csv"
-ENGINE_STEPS_CSV = "engine_steps.csv"
-ENGINE_STEP_COLUMNS = ("rank", "step", "micro_step", "role", "comms_logged", "boundary", "fwd_s", "bwd_s",
-                       "step_s", "total_s")
 
 #: Sessions not yet finished; at interpreter exit each is written, marked incomplete.
 _open_sessions: list = []
@@ -68,7 +63,7 @@ class EngineSession:
         if self._device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self._device)
         self._rank_dir.mkdir(parents=True, exist_ok=True)
-        d["_appender"] = runs.CsvAppender(self._rank_dir / ENGINE_STEPS_CSV, ENGINE_STEP_COLUMNS)
+        d["_appender"] = run_files.engine_steps_appender(self._rank_dir)
         self._write_zero_json(complete=False)
         self._begin_step()
         _open_sessions.append(self)
@@ -220,7 +215,7 @@ class EngineSession:
                 self._warn(f"PerfCheck.stop failed ({type(exc).__name__}: {exc})")
         self._flush(wait=True)
         self._appender.close()
-        runs.atomic_write_csv(self._rank_dir / COMMS_CSV, self._comms.frame(), ds_comms.COMMS_COLUMNS)
+        run_files.write_comms(self._rank_dir, self._comms.frame())
         self._write_zero_json(complete=complete)
         if self in _open_sessions:
             _open_sessions.remove(self)
@@ -228,7 +223,7 @@ class EngineSession:
 
     def _write_zero_json(self, complete: bool):
         b = self._block
-        out = {"schema_version": runs.SCHEMA_VERSION, "complete": bool(complete), **self._facts,
+        out = {"complete": bool(complete), **self._facts,
                "perfcheck_block": b.to_dict(), "steps_recorded": self._step,
                "model_state_bytes": self._memory, **ds_facts.peak_memory(self._device),
                "device": self._device.type,
@@ -236,4 +231,4 @@ class EngineSession:
                "comms_logger": "DeepSpeed comms logger on for the first comms_steps measured steps (it "
                                "synchronizes after each collective); off in the profiler window",
                "warnings": list(self._warnings)}
-        runs.atomic_write_json(self._rank_dir / ZERO_JSON, out)
+        run_files.write_zero_json(self._rank_dir, out)

@@ -1,0 +1,93 @@
+"""The one assembly path: a run (its directory, or a live ``PerfCheck``) → the reconciled table.
+
+``perfcheck report``, ``PerfCheck.report()`` / ``reconciled()`` and the HTML report all call
+``reconcile_run``; so the same run gives the same table whichever way it is read. The steps:
+
+1. the measured side as a ``rundir.Run`` (``rundir.load_run(path)``, or ``PerfCheck.as_run()``,
+   which hands over exactly the frames ``PerfCheck.save`` writes);
+2. the predicted side: ``predicted.csv`` saved with the run (``for_run.load_predicted``; the live
+   ``PerfCheck.predicted()`` is the same frame), else the estimator re-run on a built-in example
+   model that meta.json names;
+3. the system: the caller's ``system``, else the one the prediction was made for, else the run's
+   device; the dtype from the prediction, else meta.json;
+4. ``reconcile.reconcile`` with the kernel table, the steps and the profiled-step count per rank.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+
+from perfcheck.analysis.reconcile import reconcile
+from perfcheck.errors import UserError
+from perfcheck.measure import rundir
+from perfcheck.predict import for_run
+
+
+@dataclasses.dataclass
+class ReconciledRun:
+    """The reconciled table of one run and what it was built from."""
+
+    table: pd.DataFrame  # analysis.reconcile.RECONCILED_COLUMNS; attrs["notes"], attrs["totals"]
+    run: rundir.Run
+    system: object  # the system name, path or SystemSpec the table was reconciled on
+    notes: list
+
+    @property
+    def profile_steps(self) -> int:
+        """Active profiler steps behind the kernel table (the largest over ranks)."""
+        return max((profile_steps(m) for m in self.run.meta.values()), default=1)
+
+
+def profile_steps(meta: dict) -> int:
+    """Active profiler steps recorded in a rank's meta.json (1 when it names none)."""
+    prof = meta.get("profile")
+    if isinstance(prof, dict) and isinstance(prof.get("steps"), list) and prof["steps"]:
+        return len(prof["steps"])
+    return 1
+
+
+def _predicted_for(run: rundir.Run, system, live_predicted):
+    """``(frame, info, notes)``: the saved or live prediction, else a re-run on a built-in example."""
+    meta0 = run.meta[run.ranks[0]]
+    if live_predicted is not None:
+        frame = for_run.normalize_predicted(live_predicted)
+        return frame, {"system": live_predicted.attrs.get("system"), "dtype": live_predicted.attrs.get("dtype")}, []
+    pred, info = for_run.load_predicted(run.run_dir, run.ranks)
+    if pred is not None:
+        return pred, info, []
+    model = for_run.model_from_meta(meta0)
+    if model is None:
+        raise UserError(f"{Path(run.run_dir) / for_run.PREDICTED_CSV}: missing file (no predicted rows in the run, and "
+                        "meta.json does not name a built-in example model to re-run the estimator; save them with "
+                        "perfcheck.predict.for_run.save_predicted(run_dir, perfcheck.estimate(model, inputs)))")
+    pred = for_run.predict_for_run(model, meta0, system=system)
+    info = {"system": for_run.system_from_meta(meta0, system), "dtype": meta0.get("dtype")}
+    return pred, info, [f"predicted rows re-computed from meta.json (model {meta0['model']['type']}, "
+                        f"system {info['system']})"]
+
+
+def reconcile_run(source, *, system=None) -> ReconciledRun:
+    """Reconcile a run directory (path) or a live/stopped ``PerfCheck``.
+
+    ``system`` overrides the system the run was predicted for (a name, a JSON path or a SystemSpec).
+    """
+    live_predicted = None
+    if isinstance(source, (str, Path)):
+        run = rundir.load_run(source)
+    elif hasattr(source, "as_run") and hasattr(source, "predicted"):
+        run = source.as_run()
+        live_predicted = source.predicted(system=system)
+        system = source.system_spec(system)  # the spec itself: a calibrated file's name is not a built-in
+    else:
+        raise UserError(f"reconcile_run needs a run directory or a PerfCheck, got {type(source).__name__}")
+    pred, info, notes = _predicted_for(run, system, live_predicted)
+    notes = list(run.notes) + notes
+    meta0 = run.meta[run.ranks[0]]
+    name = system if system is not None else (info.get("system") or for_run.system_from_meta(meta0))
+    dtype = info.get("dtype") or meta0.get("dtype")
+    table = reconcile(pred, run.modules, system=name, kernels=run.kernels, steps=run.steps, dtype=dtype,
+                      profile_steps={r: profile_steps(m) for r, m in run.meta.items()})
+    table.attrs["notes"] = notes
+    return ReconciledRun(table=table, run=run, system=name, notes=notes)

@@ -1,0 +1,70 @@
+"""The one reader and writer of the DeepSpeed files in a run's ``rank<R>/`` directories.
+
+    zero.json          the engine's ZeRO facts (stage, dp/tp/pp, ds_numel counts, settings, memory),
+                       the ``"perfcheck"`` block, ``complete`` and ``schema_version``
+    comms.csv          every collective the comms logger saw (``comms.COMMS_COLUMNS``)
+    engine_steps.csv   per micro-step forward/backward/step seconds (``ENGINE_STEP_COLUMNS``)
+
+The engine wrapper (``engine_session``) writes them; ``perfcheck compare`` (``analysis.stages``)
+and the sweep read them. A file of another schema version, or one that does not parse, is a
+``UserError`` naming the file; a missing file is ``None`` (the rank did not get that far).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from perfcheck.errors import UserError
+from perfcheck.integrations.deepspeed.comms import COMMS_COLUMNS
+from perfcheck.measure import rundir
+from perfcheck.schema import SCHEMA_VERSION
+
+ZERO_JSON = "zero.json"
+COMMS_CSV = "comms.csv"
+ENGINE_STEPS_CSV = "engine_steps.csv"
+ENGINE_STEP_COLUMNS = {
+    "rank": "global rank", "step": "optimizer step index (0-based, from the engine's first step)",
+    "micro_step": "micro-batch index within the step", "role": "measure.schedule role of the step",
+    "comms_logged": "True when DeepSpeed's comms logger was on (it synchronizes each collective)",
+    "boundary": "True on the gradient-accumulation boundary (the optimizer stepped)",
+    "fwd_s": "engine forward, s", "bwd_s": "engine.backward, s", "step_s": "engine.step, s",
+    "total_s": "from the forward's start to the step's end, s",
+}
+
+
+def write_zero_json(rank_dir, facts: dict) -> Path:
+    """Write ``zero.json`` (atomically) with this perfcheck's schema version."""
+    return rundir.atomic_write_json(Path(rank_dir) / ZERO_JSON, {**facts, "schema_version": SCHEMA_VERSION})
+
+
+def read_zero_json(rank_dir) -> Optional[dict]:
+    """``zero.json`` of a rank directory; None when the rank never wrote one."""
+    path = Path(rank_dir) / ZERO_JSON
+    if not path.is_file():
+        return None
+    facts = rundir.read_versioned_json(path, ZERO_JSON)
+    for key in ("rank", "world_size", "zero_stage"):
+        if not isinstance(facts.get(key), int) or isinstance(facts.get(key), bool):
+            raise UserError(f"{path}: {key} must be an integer, got {facts.get(key)!r}")
+    return facts
+
+
+def write_comms(rank_dir, frame: pd.DataFrame) -> Path:
+    return rundir.atomic_write_csv(Path(rank_dir) / COMMS_CSV, frame, COMMS_COLUMNS)
+
+
+def read_comms(rank_dir) -> Optional[pd.DataFrame]:
+    path = Path(rank_dir) / COMMS_CSV
+    return rundir.read_table(path, COMMS_COLUMNS, "collectives") if path.is_file() else None
+
+
+def engine_steps_appender(rank_dir) -> "rundir.CsvAppender":
+    """Rows appended as the run goes, so a killed run keeps every finished micro-step."""
+    return rundir.CsvAppender(Path(rank_dir) / ENGINE_STEPS_CSV, ENGINE_STEP_COLUMNS)
+
+
+def read_engine_steps(rank_dir) -> Optional[pd.DataFrame]:
+    path = Path(rank_dir) / ENGINE_STEPS_CSV
+    return rundir.read_table(path, ENGINE_STEP_COLUMNS, "engine steps") if path.is_file() else None

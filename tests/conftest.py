@@ -1,0 +1,46 @@
+"""Fixtures shared by the test modules: the repository's paths and one small measured run."""
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """Recorded run directories (tests/data; tests/data/run_record.py re-records them)."""
+    return DATA_DIR
+
+
+def train_steps(model, pc, steps: int, batch=(4, 3, 32, 32), seed: int = 0):
+    """``steps`` SGD steps of ``model`` on random inputs of shape ``batch``, calling ``pc.step()`` after each."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        model(torch.randn(*batch, generator=gen)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        pc.step()
+
+
+@pytest.fixture(scope="session")
+def lenet_session(tmp_path_factory):
+    """A stopped PerfCheck on the LeNet example (warm-up 1, a 2-step profiler window, 3 measured
+    steps) and the run directory it saved: one run to read both live and from disk."""
+    from perfcheck import PerfCheck
+    from perfcheck.examples.models import Net
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("lenet_run")
+    model = Net()
+    pc = PerfCheck(model, warmup=1, steps=3, profile_window=(0, 1, 2), out_dir=out, sample_interval=None)
+    with pc:
+        train_steps(model, pc, 8)
+    return pc, out
