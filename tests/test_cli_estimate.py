@@ -50,7 +50,7 @@ def test_module_front_end(capsys):
     assert code == 0 and "conv1" in out and "fc3" in out
     code, out, _ = run(capsys, "--module", "perfcheck.examples.models:Net", "--input-shape", "8,3,32,32", "--format", "csv")
     frame = pd.read_csv(io.StringIO(out)).set_index("module")
-    assert frame.loc["(root)", "macs_fwd"] == 5_213_760  # seed 000's DeepSpeed count, 5.21 MMACs
+    assert frame.loc["(root)", "macs_fwd"] == 5_213_760  # DeepSpeed's Flops Profiler count for LeNet, 5.21 MMACs
     code, out, _ = run(capsys, "--module", "perfcheck.examples.models:GPT", "--input-shape", "2,64:int64",
                        "--format", "json", "--system", "a100-40gb-sxm")
     assert code == 0 and json.loads(out)["modules"][0]["module"] == "(root)"

@@ -1,4 +1,4 @@
-"""Models beyond the seeds: every op is costed by a formula (no `unmodeled_ops`), and the counts
+"""Models beyond the examples (perfcheck.examples): every op is costed by a formula (no `unmodeled_ops`), and the counts
 equal hand derivations where FlopCounterMode cannot serve as the reference."""
 import pytest
 import torch

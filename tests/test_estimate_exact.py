@@ -1,5 +1,6 @@
 """The module estimator's MACs against independent counts: FlopCounterMode, hand derivations and
-the numbers DeepSpeed's profiler printed in seeds 000 and 001.
+the numbers DeepSpeed's Flops Profiler printed for the example LeNet (DeepSpeed's CIFAR-10 example)
+and JSC_Tiny (MASE's jet-substructure MLP).
 
 Where FlopCounterMode (torch 2.13) is wrong, the test says so and checks the hand derivation:
   * grouped convolution: its weight-gradient count ignores ``groups`` (``groups`` times too high);
@@ -41,9 +42,9 @@ def _assert_matches_flop_counter(model, inputs, skip=()):
     return est
 
 
-# ---------------------------------------------------------------------------- seed models
+# ---------------------------------------------------- example models (perfcheck.examples.models)
 
-def test_seed000_net_matches_deepspeed_and_flop_counter():
+def test_lenet_matches_deepspeed_and_flop_counter():
     est = _assert_matches_flop_counter(Net(), (torch.randn(8, 3, 32, 32),))
     root = est.loc[ROOT]
     # DeepSpeed printed: params 62.01 K, fwd MACs 5.21 MMACs, fwd flops 10.58 M (batch 8).
@@ -59,7 +60,7 @@ def test_seed000_net_matches_deepspeed_and_flop_counter():
     assert est.loc["pool"].calls == 2
 
 
-def test_seed001_jsc_tiny_inplace_relu():
+def test_jsc_tiny_inplace_relu_matches_deepspeed_and_flop_counter():
     est = _assert_matches_flop_counter(JSC_Tiny(), (torch.randn(8, 16),))
     # DeepSpeed printed 117 params, 640 MACs: Linear(16, 5) on 8 rows = 8*16*5.
     assert est.loc[ROOT].params == 117 and est.loc["seq_blocks.0"].params == 32

@@ -1,5 +1,5 @@
-"""Seed 002: the GraphTransformer (torch_geometric TransformerConv, heads=32) estimates, and its
-message passing (per-edge gathers, scatter-adds, attention softmax over edges) is modelled as
+"""The example GraphTransformer (PyG TransformerConv, heads=32; perfcheck.examples.graph) estimates,
+and its message passing (per-edge gathers, scatter-adds, attention softmax over edges) is modelled as
 memory-bound work with bytes, not dropped as DeepSpeed's profiler drops it."""
 import pytest
 import torch
@@ -17,8 +17,9 @@ def _graph(nodes, edges, seed=0):
     return torch.randn(nodes, 9, generator=g), torch.randint(0, nodes, (2, edges), generator=g)
 
 
-def test_seed002_parameter_count():
-    # The seed printed 64.07 M params: 11 TransformerConv(heads=32, concat=False), 10 LayerNorm, Linear(256, 1).
+def test_graph_transformer_parameter_count():
+    # DeepSpeed's Flops Profiler printed 64.07 M params for this model:
+    # 11 TransformerConv(heads=32, concat=False), 10 LayerNorm, Linear(256, 1).
     assert sum(p.numel() for p in GraphTransformer().parameters()) == 64_071_937
 
 

@@ -134,8 +134,9 @@ def test_memory_rule_needs_a_system():
     assert r["reason_fwd"] == "unexplained" and r["gap_fwd"] == pytest.approx(2.5)
 
 
-def test_unmodeled_work_from_kernel_table_seed_002():
-    # Seed 002's profile: a TransformerConv's time is index_select (40 ms) + scatter_add (8 ms) + addmm (20 ms)
+def test_unmodeled_work_from_kernel_table_of_a_graph_transformer():
+    # A torch.profiler table of the TransformerConv graph model (perfcheck.examples.graph) on an Ampere GPU:
+    # a TransformerConv's time is index_select (40 ms) + scatter_add (8 ms) + addmm (20 ms)
     # + elementwise (24 ms); the irregular kernels are 48 / 92 = 52% of the kernel time.
     conv = "convs.0"
     p, m = frames([pred_row(conv, 20e-3, type="TransformerConv", bound_fwd="compute", flops_fwd=7.5e13 * 20e-3)],

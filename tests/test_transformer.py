@@ -1,7 +1,10 @@
-"""The transformer front-end against independent references: the seed notebook's printed numbers
-(seed 004), Megatron's published formulas (Narayanan et al. 2021; Korthikanti et al. 2022), the
-ZeRO paper's memory per GPU, the 1F1B bubble, and perfcheck.estimate on equivalent torch modules
-(same formulas, two front-ends: MACs must agree exactly)."""
+"""The transformer front-end against independent references: the printed tables of an early
+analytical notebook of transformer-perf-estimates (Subramanian et al. 2024, "Comprehensive
+Performance Modeling and System Design Insights for Foundation Models", arXiv 2410.00273;
+https://github.com/ShashankSubramanian/transformer-perf-estimates), Megatron's published formulas
+(Narayanan et al. 2021; Korthikanti et al. 2022), the ZeRO paper's memory per GPU, the 1F1B bubble,
+and perfcheck.estimate on equivalent torch modules (same formulas, two front-ends: MACs must agree
+exactly)."""
 import math
 
 import numpy as np
@@ -19,11 +22,12 @@ from perfcheck.examples.models import GPT
 from perfcheck.schema import ROOT
 from perfcheck.hardware.systems import SystemSpec, load_system
 
-# ------------------------------------------------------------------------------ seed 004 notebook
-# The notebook's system dict: 312 TFLOP/s fp16 tensor cores, 78 vector, 1555 GB/s HBM, no
-# efficiency factors, no launch overhead (its times are FLOPs/peak and bytes/bandwidth).
+# ---------------------------------------------- transformer-perf-estimates notebook (arXiv 2410.00273)
+# "The notebook" below is that early transformer-perf-estimates notebook. Its system dict: 312 TFLOP/s
+# fp16 tensor cores, 78 vector, 1555 GB/s HBM, no efficiency factors, no launch overhead (its times
+# are FLOPs/peak and bytes/bandwidth).
 NB_SYSTEM = SystemSpec.from_dict(dict(
-    name="notebook-a100", description="seed 004's system dict", kind="gpu", matrix_flops_per_s={"fp16": 312e12},
+    name="notebook-a100", description="the notebook's A100 dict", kind="gpu", matrix_flops_per_s={"fp16": 312e12},
     vector_flops_per_s={"fp16": 78e12}, mem_bandwidth_bytes_per_s=1555e9, mem_capacity_bytes=40e9,
     intra_node_bandwidth_bytes_per_s=600e9, gpus_per_node=4, inter_node_bandwidth_bytes_per_s=100e9,
     launch_overhead_s=0.0, efficiency=dict(matrix=1, vector=1, memory=1, intra_node=1, inter_node=1)))

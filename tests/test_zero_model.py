@@ -7,7 +7,7 @@ import pytest
 from perfcheck.errors import UserError
 from perfcheck.predict import collectives, zero
 
-# Seed 000's LeNet: (weight, bias) per module in forward order; 62,006 params, every size even.
+# The example LeNet (examples.models.Net): (weight, bias) per module in forward order; 62,006 params, every size even.
 LENET = zero.layout([[450, 6], [2400, 16], [48000, 120], [10080, 84], [840, 10]])
 P = 62006
 

@@ -2,8 +2,8 @@
 
     python tests/data/run_record.py
 
-run_lenet_cpu/  seed 000's LeNet, batch 8, one rank, with predicted.csv (estimate on the 'cpu' system).
-run_jsc_2ranks/ seed 001's JSC_Tiny recorded twice as ranks 0 and 1 of a world of 2 (RANK/WORLD_SIZE set,
+run_lenet_cpu/  the example LeNet (``Net``), batch 8, one rank, with predicted.csv (estimate on the 'cpu' system).
+run_jsc_2ranks/ the example JSC_Tiny (MASE's MLP) recorded twice as ranks 0 and 1 of a world of 2 (RANK/WORLD_SIZE set,
                 no process group); rank 1 sleeps 5 ms per step outside the model (a slow data loader), so
                 it is the straggler and its extra time is time no module explains. predicted.csv at the top.
 Recorded with one intra-op thread (the recording machine has 2 cores shared with other jobs).
