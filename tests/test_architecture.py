@@ -121,8 +121,16 @@ def test_no_private_names_reached_across_modules():
     offenders = []
     for name, path in MODULES.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        module_aliases = set()  # local names bound to another perfcheck module
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("perfcheck"):
                 offenders += [f"{name}: from {node.module} import {a.name}" for a in node.names
                               if a.name.startswith("_") and not a.name.startswith("__")]
+                module_aliases |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in MODULES}
+            elif isinstance(node, ast.Import):
+                module_aliases |= {a.asname for a in node.names if a.name.startswith("perfcheck") and a.asname}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in module_aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                offenders.append(f"{name}: {node.value.id}.{node.attr}")
     assert not offenders, offenders
