@@ -1,8 +1,9 @@
 """Accuracy of perfcheck's predictions: measured / predicted time per model and module class,
 with the datasheet ceilings (the built-in system) and with ceilings calibrated on this machine.
 
-Reference models: seed 000's ``Net`` (lenet), seed 001's ``JSC_Tiny`` (jsc), seed 002's
-``GraphTransformer`` on a small synthetic graph (graph; needs torch_geometric) and a GPT-2-style
+Reference models (perfcheck.examples): ``Net``, the LeNet of DeepSpeed's CIFAR-10 example (lenet);
+``JSC_Tiny``, MASE's jet-substructure MLP (jsc); ``GraphTransformer``, 11 PyTorch Geometric
+TransformerConv layers, on a small synthetic graph (graph; needs torch_geometric) and a GPT-2-style
 ``GPT`` (gpt: the 6-layer example on CPU, GPT-2 small 124M on GPU).
 
 Method (rounds are interleaved, because a shared machine's speed drifts): every round runs, for
@@ -73,7 +74,7 @@ def build(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) ->
         model = GraphTransformer()
         inputs = (torch.randn(nodes, 9, generator=g), torch.randint(0, nodes, (2, edges), generator=g))
         target = torch.randn(nodes, 1, generator=g)
-        desc, loss = f"seed 002 GraphTransformer (64.07 M params), synthetic graph {nodes} nodes / {edges} edges", \
+        desc, loss = f"GraphTransformer, 11 TransformerConv (64.07 M params), synthetic graph {nodes} nodes / {edges} edges", \
             torch.nn.functional.mse_loss
     elif name == "gpt" and gpu:
         model, seq, batch = GPT(), 1024, 8

@@ -4,8 +4,9 @@
 #   scripts/zero_sweep.sh [--stages "0 1 2 3"] [--num_gpus N] [--hostfile FILE] [--model lenet|gpt2]
 #                         [--script PATH] [--steps N] [--micro-batch N] [--extra-config JSON] [--out DIR] [--force]
 #
-# Defaults run anywhere with no download: seed 000's LeNet on CIFAR-shaped synthetic data; on a
-# machine without CUDA 2 ranks on CPU (DS_ACCELERATOR=cpu, gloo), with CUDA every visible GPU (NCCL).
+# Defaults run anywhere with no download: the LeNet of DeepSpeed's CIFAR-10 example
+# (perfcheck.examples.models.Net) on CIFAR-shaped synthetic data; on a machine without CUDA 2 ranks
+# on CPU (DS_ACCELERATOR=cpu, gloo), with CUDA every visible GPU (NCCL).
 # Stage S uses configs/deepspeed/base.json + configs/deepspeed/stage<S>.json (S may name any overlay
 # there, e.g. "3-gather"), the same seed and data. Each stage's run directory is <out>/stage<S>/
 # with its launcher log; a stage whose results are complete is skipped unless --force. A failing
