@@ -90,3 +90,33 @@ def test_zero_json_of_another_version_fails_the_stage_with_the_reason(data_dir, 
     table = reconcile_stages([stage])
     assert set(table["status"]) == {"failed"}
     assert table["notes"].str.contains("zero.json: schema version 0 does not match").all()
+
+
+def test_stage_comparison_reads_module_tables_through_the_same_pipeline(lenet_session, data_dir, tmp_path):
+    """A ZeRO stage whose ranks also wrote PerfCheck's module tables gets its per-module view from
+    pipeline.reconcile_run: the module it names is the one with the largest measured-minus-predicted
+    fwd+bwd time in `perfcheck report`'s table of the same directory."""
+    from perfcheck.analysis.stages import reconcile_stages
+
+    stage = tmp_path / "stage0"
+    shutil.copytree(data_dir / "deepspeed_sweep" / "stage0", stage)
+    src = lenet_session[1] / "rank0"
+    for rank in (0, 1):
+        for f in src.iterdir():
+            if f.suffix == ".csv" and f.name != "predicted.csv":
+                frame = pd.read_csv(f)
+                if "rank" in frame:
+                    frame["rank"] = rank
+                frame.to_csv(stage / f"rank{rank}" / f.name, index=False)
+            elif f.name == "meta.json":
+                meta = json.loads(f.read_text())
+                meta.update(rank=rank, world_size=2)
+                (stage / f"rank{rank}" / f.name).write_text(json.dumps(meta))
+            else:  # predicted.json, trace.json
+                shutil.copy(f, stage / f"rank{rank}" / f.name)
+    table = reconcile_stages([stage])
+    rec = reconcile_run(stage).table
+    body = rec[(rec["module"] != "(root)") & (rec["rank"] == 0)]
+    gap = body["meas_fwd_s"] + body["meas_bwd_s"] - body["pred_fwd_s"] - body["pred_bwd_s"]
+    expected = body.loc[gap.idxmax(), "module"]
+    assert table.loc[table["rank"] == 0, "module_top_gap"].iloc[0].startswith(f"{expected} (")

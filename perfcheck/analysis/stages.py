@@ -254,6 +254,30 @@ def notes_for(row: dict, facts: dict, est: zero.ZeroEstimate) -> list:
     return notes(row, facts, est)
 
 
+def module_summary(run_dir, system=None) -> dict:
+    """Per rank, the module-level view of a stage through the one assembly path
+    (``pipeline.reconcile_run``, as ``perfcheck report`` shows it): the module with the largest
+    predicted-vs-measured gap and its reason. Empty when the stage has no module tables."""
+    from perfcheck.analysis.pipeline import reconcile_run
+
+    if not any(Path(run_dir).glob(f"rank*/{runs.META}")):
+        return {}
+    try:
+        table = reconcile_run(run_dir, system=system).table
+    except UserError as exc:
+        return {"error": str(exc)}
+    out = {}
+    for rank, g in table[(table["module"] != "(root)") & (table["side"] == "both")].groupby("rank"):
+        gap = (g["meas_fwd_s"].fillna(0) + g["meas_bwd_s"].fillna(0)) - (g["pred_fwd_s"].fillna(0) + g["pred_bwd_s"].fillna(0))
+        if gap.empty:
+            continue
+        top = g.loc[gap.idxmax()]
+        out[int(rank)] = (f"{top['module']} ({top['type']}): measured {top['meas_fwd_s'] + top['meas_bwd_s']:.3g} s vs "
+                          f"predicted {top['pred_fwd_s'] + top['pred_bwd_s']:.3g} s fwd+bwd"
+                          + (f"; {top['reason']}" if top.get("reason") else ""))
+    return out
+
+
 def reconcile_stages(run_dirs, system=None) -> pd.DataFrame:
     """The comparison table: one row per (stage, rank); failed stages keep a row with their log tail."""
     rows = []
@@ -265,8 +289,10 @@ def reconcile_stages(run_dirs, system=None) -> pd.DataFrame:
                          "notes": "failed: " + ("; ".join(stage["problems"]) or "no rank wrote zero.json")
                                   + "; log tail:\n" + stage["log_tail"]})
             continue
+        modules = module_summary(run_dir, system)
         for rank, data in sorted(stage["ranks"].items()):
             row = {"run": run_dir.name, **_row(stage, rank, data, system), "run_dir": str(run_dir)}
+            row["module_top_gap"] = modules.get(rank, modules.get("error", ""))
             if stage["status"] != "ok":
                 missing = sorted(set(range(stage["world_size"])) - set(stage["ranks"]))
                 unfinished = sorted(r for r, d in stage["ranks"].items() if not d["facts"].get("complete"))
