@@ -46,7 +46,29 @@ _REQUIRED = (
     "mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
-_OPTIONAL = ("matrix_efficiency_curve", "calibrated", "sources")
+_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "host", "calibrated", "sources")
+
+#: Host-side (framework) constants a spec may give in its ``host`` block, seconds; the estimator's
+#: host model (perfcheck.predict.host) uses them. Missing keys come from ``host_defaults.json``.
+HOST_KEYS = {
+    "op_dispatch_s": "eager dispatch of one aten op that computes (dispatcher, allocation, kernel launch), per op",
+    "view_dispatch_s": "eager dispatch of one view/metadata op (t, view, transpose, detach)",
+    "autograd_node_s": "extra forward host time of an op whose input needs a gradient (grad_fn node, saved tensors)",
+    "backward_node_s": "autograd engine time per node evaluated in backward, beside its kernels' dispatch",
+    "backward_call_s": "fixed cost of one loss.backward() (graph task, engine start)",
+    "module_call_s": "Python cost of one nn.Module.__call__ (hook checks, forward frame)",
+    "optim_step_s": "fixed cost of one optimizer.step() + zero_grad(set_to_none=True)",
+    "optim_sgd_per_tensor_s": "torch.optim.SGD for-loop implementation, host time per parameter tensor",
+    "optim_sgd_foreach_per_tensor_s": "torch.optim.SGD foreach implementation, host time per parameter tensor",
+    "optim_adam_per_tensor_s": "torch.optim.Adam/AdamW for-loop implementation, host time per parameter tensor",
+    "optim_adam_foreach_per_tensor_s": "torch.optim.Adam/AdamW foreach implementation, host time per parameter tensor",
+    "device_kernel_s": "device-side fixed time per kernel beyond the roofline (GPU launch gap; 0 on a CPU: "
+                       "the same thread, counted in op_dispatch_s)",
+    "collective_latency_s": "alpha: fixed time of one collective call (small-message all-reduce)",
+    "ds_engine_step_s": "DeepSpeed engine work per step (backward/step wrappers, bookkeeping)",
+    "zero_grad_hook_s": "ZeRO-1/2 per-parameter-tensor gradient hook and bucketing, per step",
+    "zero3_module_hooks_s": "ZeRO-3 fetch/release hooks per module call (forward and backward halves together)",
+}
 _FIELDS = _REQUIRED + _OPTIONAL
 
 # Aliases -> canonical dtype. torch dtypes are matched by their str() ("torch.float32").
@@ -101,6 +123,8 @@ class SystemSpec:
     launch_overhead_s: float
     efficiency: Mapping[str, float]
     matrix_efficiency_curve: Tuple[Tuple[float, float], ...] = ()
+    matrix_shape_curve: Tuple[Tuple[float, float], ...] = ()
+    host: Mapping[str, float] = dataclasses.field(default_factory=dict)
     calibrated: bool = False
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -152,9 +176,11 @@ class SystemSpec:
         out = {}
         for f in _FIELDS:
             value = getattr(self, f)
+            if f in ("matrix_shape_curve", "host") and not value:
+                continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if isinstance(value, types.MappingProxyType):
                 value = dict(value)
-            elif f == "matrix_efficiency_curve":
+            elif f in ("matrix_efficiency_curve", "matrix_shape_curve"):
                 value = [list(p) for p in value]
             out[f] = value
         return out
@@ -183,7 +209,7 @@ class SystemSpec:
         if missing:
             raise UserError(f"{where}: missing required key(s) {', '.join(map(repr, missing))}")
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-        _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, **data}), where)
+        _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, **data}), where)
         return cls(**data)
 
 
@@ -245,6 +271,61 @@ def _curve(value, where) -> tuple:
     return tuple(points)
 
 
+def _shape_curve(value, where) -> tuple:
+    """[[smallest GEMM dimension, factor], ...]: efficiency multiplier for skinny GEMMs, strictly increasing dims."""
+    field = "matrix_shape_curve"
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise UserError(f"{where}: {field} must be a list of [smallest_dim, factor] pairs")
+    points = []
+    for i, pair in enumerate(value):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise UserError(f"{where}: {field}[{i}] must be a [smallest_dim, factor] pair, got {pair!r}")
+        points.append((_number(pair[0], f"{field}[{i}][0]", where), _number(pair[1], f"{field}[{i}][1]", where)))
+        if points[-1][1] > 4:
+            raise UserError(f"{where}: {field}[{i}][1] = {points[-1][1]!r} is outside (0, 4]")
+    for i in range(1, len(points)):
+        if points[i][0] <= points[i - 1][0]:
+            raise UserError(f"{where}: {field} is not sorted by strictly increasing smallest_dim at index {i}")
+    return tuple(points)
+
+
+def _host(value, where) -> types.MappingProxyType:
+    if not isinstance(value, Mapping):
+        raise UserError(f"{where}: host must be an object of constant -> seconds")
+    for key in value:
+        if key not in HOST_KEYS:
+            raise UserError(f"{where}: host has unknown key {key!r} (allowed: {', '.join(HOST_KEYS)})")
+    return types.MappingProxyType({k: _number(v, f"host.{k}", where, allow_zero=True) for k, v in value.items()})
+
+
+@lru_cache(maxsize=None)
+def _host_defaults() -> dict:
+    where = "host_defaults.json"
+    data = _parse_json((resources.files("perfcheck.hardware") / where).read_text(), where)
+    out = {}
+    for kind in SYSTEM_KINDS:
+        block = data.get(kind)
+        if not isinstance(block, Mapping) or set(block) != set(HOST_KEYS):
+            raise UserError(f"{where}: {kind} must give exactly the keys {', '.join(HOST_KEYS)}")
+        out[kind] = dict(_host(block, where))
+    out["sources"] = dict(data.get("sources", {}))
+    return out
+
+
+def host_constants(spec: "SystemSpec") -> dict:
+    """Every HOST_KEYS constant for ``spec``: its own ``host`` block over the defaults for its kind."""
+    return {**_host_defaults()[spec.kind], **dict(spec.host)}
+
+
+def host_source(spec: "SystemSpec", key: str) -> str:
+    """Where ``spec``'s value of host constant ``key`` comes from (its source, or the default's)."""
+    if key in spec.host:
+        return spec.sources.get(f"host.{key}", spec.sources.get("host", "given in the spec's host block"))
+    return _host_defaults()["sources"].get(f"{spec.kind}.{key}", _host_defaults()["sources"].get(spec.kind, ""))
+
+
 def _sources(value, where) -> types.MappingProxyType:
     if not isinstance(value, Mapping):
         raise UserError(f"{where}: sources must be an object of field -> source text")
@@ -275,6 +356,8 @@ def _validated_fields(spec, where: str) -> dict:
         "launch_overhead_s": _number(spec.launch_overhead_s, "launch_overhead_s", where, allow_zero=True),
         "efficiency": _efficiency(spec.efficiency, where),
         "matrix_efficiency_curve": _curve(spec.matrix_efficiency_curve, where),
+        "matrix_shape_curve": _shape_curve(getattr(spec, "matrix_shape_curve", ()), where),
+        "host": _host(getattr(spec, "host", {}) or {}, where),
         "sources": _sources(spec.sources, where),
     }
     for f in ("mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",

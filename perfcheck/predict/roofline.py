@@ -11,6 +11,10 @@ costs ~3-4 us of host work, https://forums.developer.nvidia.com/t/too-much-time-
     time     = max(compute, memory) + kernels * launch_overhead_s
     bound    = "overhead" if the launch term exceeds max(compute, memory), else the larger of the two
 
+The module estimator times each op's device side here with ``launch_s`` = the spec's
+``device_kernel_s`` and adds the host side (dispatch, autograd, module calls) on a second
+timeline (perfcheck.predict.host); a region whose host work exceeds its device work is ``host``-bound.
+
 ``ideal_time_s`` is the same with datasheet peaks, efficiency 1 and no launch term, so
 ``op_time_s >= ideal_time_s`` always (every efficiency is in (0, 1]; the launch term is >= 0).
 NB: matrix and vector work are added, not overlapped: a conservative choice for one module's
@@ -44,36 +48,55 @@ def _scalar_out(value, *inputs):
     return value
 
 
-def matrix_efficiency(system, dtype, flops_per_kernel=None):
-    """Achievable fraction of the matrix peak; from the calibrated curve when the system has one.
+def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None):
+    """Achievable fraction of the matrix peak; from the calibrated curves when the system has them.
 
-    The curve gives efficiency by kernel size (FLOPs per kernel), interpolated linearly in
-    log(FLOPs) and clamped at its ends. A per-dtype override (``efficiency.matrix_fp8``) scales
-    the curve by ``matrix_<dtype> / matrix``. Result is capped at 1.
+    ``matrix_efficiency_curve`` gives efficiency by kernel size (FLOPs per kernel), interpolated
+    linearly in log(FLOPs) and clamped at its ends; it is measured on square-ish GEMMs.
+    ``matrix_shape_curve`` multiplies it by a factor keyed by the GEMM's smallest dimension
+    (``min_dim``: min(m, k, n); a 96-row Linear runs ~1.4x slower than a square GEMM of equal
+    FLOPs on a CPU), interpolated in log(min_dim) and clamped; NaN or absent ``min_dim`` (a
+    convolution, an unknown shape) uses factor 1. A per-dtype override (``efficiency.matrix_fp8``)
+    scales the curve by ``matrix_<dtype> / matrix``. Result is capped at 1.
     """
     system = load_system(system)
     flat = system.matrix_efficiency(dtype)
     curve = system.matrix_efficiency_curve
     if not curve or flops_per_kernel is None:
-        return flat if flops_per_kernel is None else np.full(np.shape(flops_per_kernel), flat)[()]
+        eff = flat if flops_per_kernel is None else np.full(np.shape(flops_per_kernel), flat)
+    else:
+        xs = np.log(np.array([p[0] for p in curve]))
+        ys = np.array([p[1] for p in curve])
+        x = np.log(np.maximum(np.asarray(flops_per_kernel, dtype=float), 1.0))
+        eff = np.interp(x, xs, ys) * (flat / system.efficiency["matrix"])
+    return np.minimum(np.asarray(eff, dtype=float) * shape_factor(system, min_dim), 1.0)[()]
+
+
+def shape_factor(system, min_dim):
+    """The ``matrix_shape_curve`` multiplier for GEMMs whose smallest dimension is ``min_dim`` (1 without a curve)."""
+    system = load_system(system)
+    curve = system.matrix_shape_curve
+    if min_dim is None or not curve:
+        return 1.0 if min_dim is None else np.ones(np.shape(min_dim))[()]
+    d = np.asarray(min_dim, dtype=float)
     xs = np.log(np.array([p[0] for p in curve]))
     ys = np.array([p[1] for p in curve])
-    x = np.log(np.maximum(np.asarray(flops_per_kernel, dtype=float), 1.0))
-    eff = np.interp(x, xs, ys) * (flat / system.efficiency["matrix"])
-    return np.minimum(eff, 1.0)[()]
+    f = np.interp(np.log(np.where(np.isfinite(d) & (d > 0), d, 1.0)), xs, ys)
+    return np.where(np.isfinite(d) & (d > 0), f, 1.0)[()]
 
 
-def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None):
+def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, min_dim=None):
     """Seconds to execute the FLOPs at achievable rates.
 
     ``kernels`` (optional) splits ``matrix_flops`` into equal kernels for the efficiency-curve
     lookup (FLOPs per kernel = matrix_flops / kernels); without it the whole is one kernel.
+    ``min_dim`` (optional): the GEMMs' smallest dimension, for the shape curve.
     """
     system = load_system(system)
     mf = _array(matrix_flops, "matrix_flops")
     of = _array(other_flops, "other_flops")
     per_kernel = mf if kernels is None else mf / np.maximum(_array(kernels, "kernels"), 1.0)
-    eff = matrix_efficiency(system, dtype, per_kernel)
+    eff = matrix_efficiency(system, dtype, per_kernel, min_dim)
     t = mf / (system.matrix_peak(dtype) * eff) + of / (system.vector_peak(dtype) * system.efficiency["vector"])
     return _scalar_out(t, matrix_flops, other_flops, kernels)
 
@@ -85,18 +108,21 @@ def memory_time_s(bytes_moved, system):
     return _scalar_out(t, bytes_moved)
 
 
-def op_time_s(matrix_flops, other_flops, bytes_moved, kernels, system, dtype):
+def op_time_s(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s=None, min_dim=None):
     """``(time_s, bound)``: roofline time plus launch overhead, and what limits it.
 
     bound is "compute", "memory" or "overhead" (a str for scalar inputs, else a numpy str
-    array). Ties between compute and memory go to "compute".
+    array). Ties between compute and memory go to "compute". ``launch_s`` replaces the spec's
+    ``launch_overhead_s`` per kernel: the host model (perfcheck.predict.host) passes the
+    device-side ``device_kernel_s`` because it costs dispatch on the host timeline itself.
+    ``min_dim``: GEMM smallest dimension per op (see ``matrix_efficiency``).
     """
     system = load_system(system)
     k = _array(kernels, "kernels")
-    compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=kernels))
+    compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=kernels, min_dim=min_dim))
     memory = np.asarray(memory_time_s(bytes_moved, system))
     roof = np.maximum(compute, memory)
-    launch = k * system.launch_overhead_s
+    launch = k * (system.launch_overhead_s if launch_s is None else _array(launch_s, "launch_s"))
     time = roof + launch
     bound = np.where(launch > roof, "overhead", np.where(compute >= memory, "compute", "memory"))
     inputs = (matrix_flops, other_flops, bytes_moved, kernels)
@@ -144,3 +170,21 @@ def flag_bandwidth_above_peak(achieved_bytes_per_s, system, tolerance: float = 1
     rate = np.asarray(achieved_bytes_per_s, dtype=float)
     flags = rate > system.mem_bandwidth_bytes_per_s * tolerance
     return _scalar_out(np.asarray(flags), achieved_bytes_per_s)
+
+
+def gemm_min_dim(call) -> float:
+    """Smallest of (m, k, n) for a matmul-family aten call (mm, addmm, bmm, baddbmm, matmul); NaN otherwise.
+
+    The backward GEMMs of a matmul use the same three dimensions (dX = dY W^T: m, n, k; dW =
+    X^T dY: k, m, n), so one value serves both phases.
+    """
+    name = call.name
+    idx = {"mm": (0, 1), "bmm": (0, 1), "matmul": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2)}.get(name)
+    if idx is None:
+        return float("nan")
+    try:
+        a, b = call.args[idx[0]], call.args[idx[1]]
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    except (AttributeError, IndexError, TypeError):
+        return float("nan")
+    return float(min(m, k, n))

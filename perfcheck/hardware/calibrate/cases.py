@@ -148,3 +148,88 @@ def launch_cases(device, chain: int = 32) -> list:
 
     return [Case("launch", "op", lambda: torch.add(a, b), "fp32"),
             Case("launch", "autograd", fwd_bwd, "fp32", per_call=2 * chain)]
+
+
+# ------------------------------------------------------------------------------ host (framework) costs
+class _Noop(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+
+#: Chain lengths of the forward+backward cases: backward per node is the slope, the fixed cost of
+#: loss.backward() the intercept.
+BACKWARD_CHAINS = (8, 32)
+#: Parameter-tensor counts of the optimizer cases: per-tensor cost is the slope, the step's fixed cost the intercept.
+OPTIM_TENSORS = (2, 16)
+#: (label, optimizer class name, foreach) of the optimizer cases.
+OPTIM_CASES = (("sgd", "SGD", False), ("sgd_foreach", "SGD", True), ("adam", "Adam", False),
+               ("adam_foreach", "Adam", True))
+
+
+def host_cases(device, chain: int = 32) -> list:
+    """Framework costs the host model needs (perfcheck.predict.host), on 1-element tensors so the
+    kernels themselves cost nothing: a view op, an op under autograd (forward only), forward +
+    backward chains of two lengths, a module call, and optimizer steps per implementation.
+    Each row's time is per ``per_call`` (op, module call or whole call, as labelled)."""
+    dev = torch.device(device)
+    b = torch.ones(1, device=dev)
+    m2 = torch.ones(1, 1, device=dev)
+    x = torch.ones(1, device=dev, requires_grad=True)
+    noop = _Noop()
+
+    def fwd_grad():
+        y = x
+        for _ in range(chain):
+            y = y * b  # one op + one grad_fn node each; the graph is freed when y goes
+        return y
+
+    def fwd_bwd(n):
+        def fn():
+            y = x
+            for _ in range(n):
+                y = y * b
+            y.backward()
+        return fn
+
+    def calls():
+        y = b
+        for _ in range(16):
+            y = noop(y)
+        return y
+
+    cases = [Case("host", "view", lambda: m2.t(), "fp32"),
+             Case("host", f"autograd forward x{chain}", fwd_grad, "fp32", per_call=chain),
+             Case("host", "module call", calls, "fp32", per_call=16)]
+    cases += [Case("host", f"forward+backward x{n}", fwd_bwd(n), "fp32", shape=(n, 0, 0)) for n in BACKWARD_CHAINS]
+    for label, cls, foreach in OPTIM_CASES:
+        for n in OPTIM_TENSORS:
+            params = [torch.nn.Parameter(torch.ones(1, device=dev)) for _ in range(n)]
+            for p in params:
+                p.grad = torch.ones(1, device=dev)
+            opt = getattr(torch.optim, cls)(params, lr=1e-9, foreach=foreach)
+            cases.append(Case("host", f"optim {label} x{n}", opt.step, "fp32", shape=(n, 0, 0)))
+    return cases
+
+
+def device_kernel_rows(device, repeats: int, kernels: int = 256) -> pd.DataFrame:
+    """GPU-side seconds per tiny kernel (one row, kind "host", label "device kernel"):
+    ``torch.cuda._sleep`` holds the stream while the host queues ``kernels`` tiny adds, so the
+    events around them time the device alone, without host gaps. Median over ``repeats``."""
+    a = torch.ones(1, device=device)
+    samples = []
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize(device)
+        torch.cuda._sleep(5_000_000)  # a few ms of spinning: longer than queuing the adds takes
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(kernels):
+            torch.add(a, a)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / kernels)
+    s = samples[1:]  # the first is a warm-up
+    sec = statistics.median(s)
+    return pd.DataFrame([{"kind": "host", "label": "device kernel", "dtype": "fp32", "m": kernels, "k": 0, "n": 0,
+                          "flops": 0.0, "bytes": 0.0, "world_size": 1, "seconds": sec, "seconds_min": min(s),
+                          "seconds_max": max(s), "repeats": len(s), "iters": kernels, "flops_per_s": math.nan,
+                          "bytes_per_s": math.nan, "busbw_bytes_per_s": math.nan}], columns=list(MEASUREMENT_COLUMNS))

@@ -77,6 +77,30 @@ def efficiency_curve(rows: pd.DataFrame, eff: np.ndarray) -> tuple:
     return tuple((float(f), float(round(e, 4)) or 1e-4) for f, e in grouped.items())
 
 
+def _is_square(rows: pd.DataFrame) -> np.ndarray:
+    return ((rows["m"] == rows["k"]) & (rows["k"] == rows["n"])).to_numpy(bool)
+
+
+def shape_curve(rows: pd.DataFrame, eff: np.ndarray, curve: tuple) -> tuple:
+    """((smallest dim, factor), ...): each non-square shape's efficiency over the square curve's at
+    its FLOPs (median per smallest dim), then (largest square side, 1.0) as the anchor; () when
+    there is no non-square shape or no curve."""
+    if len(curve) < 2:
+        return ()
+    square = _is_square(rows)
+    xs, ys = np.log([p[0] for p in curve]), np.array([p[1] for p in curve])
+    dims = rows[["m", "k", "n"]].to_numpy(float).min(axis=1)
+    ref = np.interp(np.log(np.maximum(rows["flops"].to_numpy(float), 1.0)), xs, ys)
+    frame = pd.DataFrame({"dim": dims, "factor": eff / ref})[~square & (eff > 0)]
+    if frame.empty:
+        return ()
+    points = {float(k): float(round(v, 4)) for k, v in frame.groupby("dim")["factor"].median().items()}
+    anchor = float(dims[square].max()) if square.any() else None
+    if anchor is not None and anchor > max(points):
+        points[anchor] = 1.0
+    return tuple(sorted((k, min(max(v, 1e-3), 4.0)) for k, v in points.items()))
+
+
 def merge_measurements(tables) -> pd.DataFrame:
     """Several calibrations' tables as one: per case the median time (min of mins, max of maxes).
 
@@ -147,6 +171,7 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
     d = _Draft(base, peaks, stamp, kind or base.kind, dict(base.matrix_flops_per_s), dict(base.vector_flops_per_s),
                dict(base.efficiency), sources)
     _launch(d, table, threads)
+    _host(d, table, threads)
     _matrix(d, table)
     _vector(d, table)
     _memory(d, table)
@@ -175,11 +200,81 @@ def _launch(d: _Draft, table, threads):
                                           f"backward under autograd{where} (one plain tiny op: {d.op_s * 1e6:.2f} us)")
 
 
+def _host(d: _Draft, table, threads):
+    """The host block (perfcheck.predict.host): each constant from its case, slopes and intercepts
+    from the cases of two sizes; constants without a case keep the base's (or the defaults)."""
+    host = _rows(table, "host")
+    if not len(host):
+        return
+    sec = {r.label: float(r.seconds) for r in host.itertuples(index=False)}
+    where = f" with {threads} thread{'s' if threads != 1 else ''}" if threads else ""
+    out, src = dict(d.base.host), {}
+
+    def put(key, value, how):
+        out[key] = float(max(value, 0.0))
+        src[f"host.{key}"] = f"{d.stamp}{where}: {how}"
+
+    op = d.op_s
+    if op:
+        put("op_dispatch_s", op, "one torch.add of 1-element tensors (nothing to compute: all dispatch)")
+    if "view" in sec:
+        put("view_dispatch_s", sec["view"], "Tensor.t() of a 1x1 tensor")
+    chain = next((lab for lab in sec if lab.startswith("autograd forward x")), None)
+    if chain and op:
+        put("autograd_node_s", sec[chain] - op, f"per op of a chain of 1-element multiplies under autograd "
+                                                f"({sec[chain] * 1e6:.2f} us), minus the plain op")
+    fb = _rows(host, "host")[host["label"].str.startswith("forward+backward x")].sort_values("m")
+    if len(fb) >= 2 and chain and op:
+        per_fwd = sec[chain]
+        n = fb["m"].to_numpy(float)
+        bwd = fb["seconds"].to_numpy(float) - n * per_fwd
+        slope = (bwd[-1] - bwd[0]) / (n[-1] - n[0])
+        put("backward_node_s", slope - op, f"backward of 1-element multiply chains of {int(n[0])} and {int(n[-1])} "
+                                           f"(forward part subtracted): slope {slope * 1e6:.2f} us per node, minus "
+                                           f"one op's dispatch (its grad kernel)")
+        put("backward_call_s", bwd[0] - n[0] * slope, "intercept of the same line: loss.backward()'s fixed cost")
+    if "module call" in sec:
+        put("module_call_s", sec["module call"], "calling an nn.Module whose forward returns its input")
+    for label in ("sgd", "sgd_foreach", "adam", "adam_foreach"):
+        rows = host[host["label"].str.fullmatch(f"optim {label} x\\d+")].sort_values("m")
+        if len(rows) < 2:
+            continue
+        n, t = rows["m"].to_numpy(float), rows["seconds"].to_numpy(float)
+        per = (t[-1] - t[0]) / (n[-1] - n[0])
+        put(f"optim_{label}_per_tensor_s", per, f"torch.optim.{'SGD' if 'sgd' in label else 'Adam'}"
+            f"(foreach={'foreach' in label}).step() on {int(n[0])} and {int(n[-1])} 1-element tensors: slope")
+        if label == "sgd":
+            put("optim_step_s", t[0] - n[0] * per, "intercept of the SGD for-loop line: step()'s fixed cost")
+    if "device kernel" in sec:
+        put("device_kernel_s", sec["device kernel"], "GPU time per tiny add queued behind torch.cuda._sleep "
+                                                     "(device alone, CUDA events)")
+    elif d.kind == "cpu":
+        put("device_kernel_s", 0.0, "0 on a CPU by definition: the op runs on the dispatching thread, "
+                                    "so its fixed cost is op_dispatch_s")
+    _collective_latency(out, src, table, d.stamp)
+    d.fields["host"] = out
+    d.sources.update(src)
+
+
+def _collective_latency(out, src, table, stamp):
+    """alpha of all-reduce: the smallest message's time less its bandwidth term (scaled from the largest)."""
+    ar = table[table["kind"] == "allreduce"].sort_values("bytes", kind="stable")
+    if len(ar) < 2:
+        return
+    small, big = ar.iloc[0], ar.iloc[-1]
+    alpha = float(small["seconds"]) - float(small["bytes"]) / float(big["bytes"]) * float(big["seconds"])
+    alpha = min(max(alpha, 0.0), float(small["seconds"]))
+    out["collective_latency_s"] = alpha
+    src["host.collective_latency_s"] = (f"{stamp}: all-reduce of {_size(small['bytes'])} "
+                                        f"({small['seconds'] * 1e6:.1f} us) less its bandwidth term at the "
+                                        f"{_size(big['bytes'])} rate, across {int(small['world_size'])} ranks")
+
+
 def _matrix(d: _Draft, table):
     """Peaks (measured convention), efficiency at the largest shapes per dtype, the reference dtype's curve."""
     mm = _rows(table, "matmul")
     measured = [x for x in dict.fromkeys(mm["dtype"]) if x]
-    large, curves = {}, {}
+    large, curves, shapes = {}, {}, {}
     for dt in measured:
         rows = mm[mm["dtype"] == dt].sort_values("flops", kind="stable")
         best = float((rows["flops"] / rows["seconds"]).max())
@@ -189,7 +284,11 @@ def _matrix(d: _Draft, table):
             raise UserError(f"peaks: base spec {d.base.name!r} has no matrix peak for measured dtype {dt!r}; "
                             f"use peaks='measured'")
         e = matrix_efficiencies(rows, d.matrix[dt], d.op_s)
-        large[dt], curves[dt] = float(np.median(e[-_LARGEST:])), efficiency_curve(rows, e)
+        square = _is_square(rows)
+        large[dt], curves[dt] = float(np.median(e[-_LARGEST:])), efficiency_curve(rows[square], e[square])
+        if len(curves[dt]) < 2:  # too few squares: every shape (the curve by FLOPs alone, as before)
+            curves[dt] = efficiency_curve(rows, e)
+        shapes[dt] = shape_curve(rows, e, curves[dt])
         label = f"{rows['m'].iloc[-1]}x{rows['k'].iloc[-1]}x{rows['n'].iloc[-1]}"
         kept = ("set as the peak (no datasheet)" if d.peaks == "measured"
                 else f"peak kept from base spec {d.base.name!r}")
@@ -207,8 +306,13 @@ def _matrix(d: _Draft, table):
                                                     f"{_LARGEST} largest shapes")
     d.eff.pop(f"matrix_{ref}", None)
     d.fields["matrix_efficiency_curve"] = curves[ref] if len(curves[ref]) >= 2 else ()
+    d.fields["matrix_shape_curve"] = shapes[ref]
+    if shapes[ref]:
+        d.sources["matrix_shape_curve"] = (
+            f"{d.stamp}: {ref} F.linear shapes, smallest dimension -> measured efficiency / the square curve's "
+            f"at equal FLOPs (median per dimension), anchored at 1.0 by the largest square")
     d.sources["matrix_efficiency_curve"] = (
-        f"{d.stamp}: {ref} matmuls (torch.mm squares and F.linear shapes), FLOPs per kernel -> measured rate "
+        f"{d.stamp}: {ref} matmuls (torch.mm squares), FLOPs per kernel -> measured rate "
         f"{d.relative} after subtracting the {d.op_s * 1e6:.2f} us tiny-op time; other dtypes scale it by "
         f"efficiency.matrix_<dtype> / efficiency.matrix")
     d.sources["efficiency.matrix"] = (f"{d.stamp}: {ref} matmul rate {d.relative}, median of the {_LARGEST} largest "

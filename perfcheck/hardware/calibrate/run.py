@@ -50,8 +50,8 @@ from typing import Callable, Optional
 import pandas as pd
 import torch
 
-from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, launch_cases, matmul_cases, run_cases,  # noqa: F401
-                                       vector_cases)
+from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
+                                                launch_cases, matmul_cases, run_cases, vector_cases)
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec  # noqa: F401
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
@@ -59,10 +59,12 @@ from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
 #: Run-length presets. ``target_s``: minimum duration of one timed loop; shapes as (m, k, n).
 MODES = {
     "quick": dict(repeats=3, target_s=0.01, squares=(64, 128, 256, 512, 1024),
-                  linear=((1024, 512, 2048),), copy_mb=(1, 64), comm_kib=(64, 4096),
+                  linear=((1024, 512, 2048), (96, 1024, 1024), (24, 1024, 1024)), copy_mb=(1, 64),
+                  comm_kib=(4, 64, 4096),
                   comm_kinds=("allreduce",)),
     "default": dict(repeats=5, target_s=0.02, squares=(32, 64, 128, 256, 512, 1024, 2048),
-                    linear=((2048, 512, 512), (2048, 512, 2048), (2048, 2048, 512), (256, 512, 1536)),
+                    linear=((2048, 512, 512), (2048, 512, 2048), (2048, 2048, 512), (256, 512, 1536),
+                            (96, 1024, 1024), (24, 1024, 1024), (8, 1024, 1024)),
                     copy_mb=(1, 8, 256), comm_kib=(4, 64, 1024, 16384),
                     comm_kinds=("allreduce", "allgather", "reducescatter")),
     "full": dict(repeats=9, target_s=0.05, squares=(16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096),
@@ -73,9 +75,11 @@ MODES = {
 }
 #: Larger shapes and buffers for GPUs (a CPU-sized GEMM is launch-bound on an H100).
 GPU_MODES = {
-    "quick": dict(squares=(256, 1024, 4096), linear=((8192, 4096, 4096),), copy_mb=(64, 1024)),
+    "quick": dict(squares=(256, 1024, 4096), linear=((8192, 4096, 4096), (512, 4096, 4096), (64, 4096, 4096)),
+                  copy_mb=(64, 1024)),
     "default": dict(squares=(128, 256, 512, 1024, 2048, 4096, 8192),
-                    linear=((8192, 768, 3072), (8192, 3072, 768), (16384, 4096, 4096), (2048, 1024, 1024)),
+                    linear=((8192, 768, 3072), (8192, 3072, 768), (16384, 4096, 4096), (2048, 1024, 1024),
+                            (512, 4096, 4096), (64, 4096, 4096), (16, 4096, 4096)),
                     copy_mb=(8, 256, 2048)),
     "full": dict(squares=(64, 128, 256, 512, 1024, 2048, 4096, 6144, 8192, 12288, 16384),
                  linear=((8192, 768, 3072), (8192, 3072, 768), (16384, 4096, 4096), (2048, 1024, 1024),
@@ -201,6 +205,9 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
         frames.append(run_cases(cases, timer, repeats=cfg["repeats"], target_s=cfg["target_s"]))
 
     group("launch overhead", launch_cases(dev))
+    group("host (dispatch, autograd, module call, optimizer)", host_cases(dev))
+    if dev.type == "cuda":
+        frames.append(device_kernel_rows(dev, cfg["repeats"]))
     group("memory copy", copy_cases(cfg["copy_mb"], dev))
     if dev.type == "cpu":
         vec = [d for d in ("fp32", "bf16") if d in base_spec.vector_flops_per_s]

@@ -1,0 +1,321 @@
+"""Host (CPU-side framework) cost of a training step, and the two-timeline rule that combines it
+with the device (roofline) cost of every op.
+
+Why: small models are host-bound. A LeNet step on a GPU spends its time in eager dispatch, autograd
+bookkeeping and Python, not in kernels; a roofline alone under-predicts it by 10x. Every op the
+trace records therefore also costs host time, from constants in the system spec's ``host`` block
+(``perfcheck.hardware.systems.HOST_KEYS``: measured by ``perfcheck calibrate``, else the
+datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with its source):
+
+    forward, per traced aten op     op_dispatch_s (view_dispatch_s for a view/metadata op)
+                                    + autograd_node_s when an input needs a gradient (grad_fn node)
+    forward, per module call        module_call_s (nn.Module.__call__ and the forward frame)
+    backward, per autograd node     backward_node_s + op_dispatch_s per backward kernel
+                                    (view_dispatch_s for a view's node)
+    backward, per parameter tensor  backward_node_s + view_dispatch_s (AccumulateGrad: a node and a detach)
+    backward, once (root)           backward_call_s (engine start for loss.backward())
+    optimizer step                  optim_step_s + per tensor optim_<impl>_per_tensor_s (host)
+                                    + streams x parameter bytes at the memory ceiling (device)
+
+Two timelines (``timeline``): the host issues op i after its host cost h_i (issue time
+H_i = h_0 + ... + h_i); the device starts op i once it is issued and op i-1 is done, and runs it
+for d_i (its roofline time + ``device_kernel_s`` per kernel):
+
+    E_i = max(H_i, E_{i-1}) + d_i  =  D_i + max_{j<=i} (H_j - D_j + d_j),   D_i = d_0 + ... + d_i
+
+(the closed form is a cumulative max, so a 100k-op trace is a few numpy calls). A module's time
+is what CUDA events at its hooks measure: from max(H_{a-1}, E_{a-1}) (the start event runs when
+the host reaches it and the stream is free) to E_b, summed over its contiguous runs of ops
+[a, b]. On a CPU the host and the "device" are the same thread, so they add:
+E_i = (h_0 + d_0) + ... + (h_i + d_i). A region whose host total exceeds its device total is
+``host``-bound.
+
+NB (perfcheck): module-call costs are attached to the first op of each run of a module (a module
+whose forward runs no aten op costs nothing here); backward is the forward's node sequence
+reversed (autograd's order for a chain; branches interleave differently but add the same totals);
+the loss function, data loading and instrumentation hooks are outside the model and not predicted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from perfcheck.errors import UserError
+from perfcheck.hardware.systems import host_constants, load_system
+
+#: torch.optim implementations with a calibrated per-tensor host cost, and the parameter-sized
+#: streams (arrays read + written per element) each update moves on the device:
+#: SGD: read p, g, write p = 3; with momentum + read/write buf = 5; Adam/AdamW: read p, g, m, v,
+#: write p, m, v = 7 (torch/optim/sgd.py, adam.py single-tensor updates).
+OPTIMIZER_STREAMS = {"sgd": 3, "sgd_momentum": 5, "adam": 7, "adamw": 7}
+#: Device kernels per parameter tensor of the for-loop implementations (torch 2.x _single_tensor_*):
+#: SGD add_ = 1; momentum mul_+add_ then add_ = 3; Adam lerp_, mul_, addcmul_, sqrt, div_, add_, addcdiv_ = 7.
+OPTIMIZER_KERNELS = {"sgd": 1, "sgd_momentum": 3, "adam": 7, "adamw": 8}
+IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerCost:
+    """One optimizer.step() + zero_grad(): host and device seconds and the combined time."""
+
+    kind: str  # sgd | sgd_momentum | adam | adamw
+    implementation: str  # for-loop | foreach | fused
+    tensors: int
+    params: int
+    host_s: float
+    device_s: float
+    time_s: float
+
+
+# ------------------------------------------------------------------------------ timelines
+def timeline(host_s, device_s, same_thread: bool):
+    """``(issue_end, device_end)`` arrays for ops issued in order (see the module docstring).
+
+    same_thread: True on a CPU (host and device work add), False for an accelerator.
+    """
+    h = np.asarray(host_s, dtype=float)
+    d = np.asarray(device_s, dtype=float)
+    if h.shape != d.shape or h.ndim != 1:
+        raise UserError("timeline: host_s and device_s must be 1-D arrays of one length")
+    if np.any(h < 0) or np.any(d < 0):
+        raise UserError("timeline: host and device times must be >= 0")
+    if same_thread:
+        end = np.cumsum(h + d)
+        return end, end
+    issue = np.cumsum(h)
+    dev = np.cumsum(d)
+    end = dev + np.maximum.accumulate(issue - dev + d) if len(h) else dev
+    return issue, end
+
+
+def region_time(issue, end, runs) -> float:
+    """Seconds the regions ``runs`` ([(a, b)] inclusive index ranges) take on the two timelines."""
+    total = 0.0
+    for a, b in runs:
+        start = 0.0 if a == 0 else max(issue[a - 1], end[a - 1])
+        total += end[b] - start
+    return total
+
+
+def _runs(stacks) -> dict:
+    """path -> [(a, b)]: maximal runs of consecutive ops whose module stack contains the path."""
+    runs, open_at, prev = {}, {}, set()
+    for i, stack in enumerate(stacks):
+        cur = set(stack)
+        for p in prev - cur:
+            runs.setdefault(p, []).append((open_at.pop(p), i - 1))
+        for p in cur - prev:
+            open_at[p] = i
+        prev = cur
+    for p, a in open_at.items():
+        runs.setdefault(p, []).append((a, len(stacks) - 1))
+    return runs
+
+
+# ------------------------------------------------------------------------------ per-op host costs
+def _is_recorded(op) -> bool:
+    """Aten ops eager mode dispatches; fake-tensor bookkeeping (prim::device) is not one."""
+    return getattr(op.call.func, "namespace", "aten") != "prim"
+
+
+def op_sequence(trace, ops: pd.DataFrame) -> pd.DataFrame:
+    """One row per op eager mode dispatches, in order, with its device times from ``ops``.
+
+    ``ops``: the estimator's timed op table (columns ``op`` = index into ``trace.ops``, ``t_fwd``,
+    ``t_bwd``, ``kernels_fwd``, ``kernels_bwd``); an op absent from it (a view, free on the device)
+    costs only host time. Columns: op, view, node (an input needs a gradient), kernels_bwd,
+    t_fwd, t_bwd.
+    """
+    timed = ops.set_index("op")
+    rows, stacks = [], []
+    for i, op in enumerate(trace.ops):
+        if not _is_recorded(op):
+            continue
+        node = any(t.requires_grad for t in op.call.tensors())
+        if i in timed.index:
+            r = timed.loc[i]
+            rows.append((i, False, node, float(r["kernels_bwd"]), float(r["t_fwd"]), float(r["t_bwd"])))
+        else:
+            rows.append((i, True, node, 0.0, 0.0, 0.0))
+        stacks.append(op.stack)
+    seq = pd.DataFrame(rows, columns=["op", "view", "node", "kernels_bwd", "t_fwd", "t_bwd"])
+    seq.attrs["stacks"] = stacks
+    return seq
+
+
+def _host_arrays(seq: pd.DataFrame, hc) -> tuple:
+    """Per-op forward and backward host seconds (before module-call and AccumulateGrad terms)."""
+    view = seq["view"].to_numpy(bool)
+    node = seq["node"].to_numpy(bool)
+    fwd = np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"]) + node * hc["autograd_node_s"]
+    bwd_kernels = np.where(view, hc["view_dispatch_s"],
+                           np.maximum(seq["kernels_bwd"].to_numpy(float), 1.0) * hc["op_dispatch_s"])
+    bwd = node * (hc["backward_node_s"] + bwd_kernels)
+    return fwd, bwd
+
+
+def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] = None) -> pd.DataFrame:
+    """Per module path: host_fwd_s, host_bwd_s, device_fwd_s, device_bwd_s, time_fwd_s, time_bwd_s.
+
+    trace: perfcheck.predict.trace.Trace; ops: the timed op table (see ``op_sequence``; ``t_*``
+    are device seconds on ``spec`` without launch terms beyond ``device_kernel_s``);
+    param_tensors: path -> parameter tensors needing a gradient that the module owns directly
+    (their AccumulateGrad nodes run in its backward). Containers include their children.
+    """
+    spec = load_system(spec)
+    hc = host_constants(spec)
+    seq = op_sequence(trace, ops)
+    stacks = seq.attrs["stacks"]
+    n = len(seq)
+    h_fwd, h_bwd = _host_arrays(seq, hc)
+    runs = _runs(stacks)
+    param_tensors = param_tensors or {}
+    for path, rs in runs.items():  # module calls at run starts; extra calls of a merged run on the first
+        extra = max(trace.calls.get(path, len(rs)) - len(rs), 0)
+        for k, (a, _) in enumerate(rs):
+            h_fwd[a] += hc["module_call_s"] * (1 + (extra if k == 0 else 0))
+        first = rs[0][0]
+        h_bwd[first] += param_tensors.get(path, 0) * (hc["backward_node_s"] + hc["view_dispatch_s"])
+    same = spec.kind == "cpu"
+    d_fwd, d_bwd = seq["t_fwd"].to_numpy(float), seq["t_bwd"].to_numpy(float)
+    f_issue, f_end = timeline(h_fwd, d_fwd, same)
+    b_issue, b_end = timeline(h_bwd[::-1], d_bwd[::-1], same)
+    out = []
+    for path, rs in runs.items():
+        idx = np.concatenate([np.arange(a, b + 1) for a, b in rs])
+        back = [(n - 1 - b, n - 1 - a) for a, b in reversed(rs)]
+        out.append((path, h_fwd[idx].sum(), h_bwd[idx].sum(), d_fwd[idx].sum(), d_bwd[idx].sum(),
+                    region_time(f_issue, f_end, rs), region_time(b_issue, b_end, back)))
+    frame = pd.DataFrame(out, columns=["module", "host_fwd_s", "host_bwd_s", "device_fwd_s", "device_bwd_s",
+                                       "time_fwd_s", "time_bwd_s"])
+    root = frame["module"] == _root()
+    frame.loc[root, ["host_bwd_s", "time_bwd_s"]] += hc["backward_call_s"]
+    return frame
+
+
+def _root():
+    from perfcheck.schema import ROOT
+
+    return ROOT
+
+
+def host_bound(host_s, device_s):
+    """True where the host's total exceeds the device's (the region waits on Python/dispatch)."""
+    return np.asarray(host_s, dtype=float) > np.asarray(device_s, dtype=float)
+
+
+# ------------------------------------------------------------------------------ optimizer
+def optimizer_kind(optimizer) -> tuple:
+    """``(kind, implementation)`` for a torch.optim optimizer or a name.
+
+    Names: sgd, sgd_momentum, adam, adamw, each optionally suffixed ``-foreach``, ``-fused`` or
+    ``-for-loop`` (default: torch's choice, foreach on CUDA tensors and for-loop on CPU ones,
+    resolved by the caller from the device). An optimizer instance is read from its class and
+    its first param group (momentum, foreach, fused).
+    """
+    if isinstance(optimizer, str):
+        text = optimizer.strip().lower().replace("_", "-")
+        impl = None
+        for suffix in IMPLEMENTATIONS:
+            if text.endswith("-" + suffix):
+                text, impl = text[: -len(suffix) - 1], suffix
+        kind = text.replace("-", "_")
+        if kind not in OPTIMIZER_STREAMS:
+            raise UserError(f"optimizer: unknown {optimizer!r} (known: {', '.join(OPTIMIZER_STREAMS)}, "
+                            f"optionally -foreach, -fused or -for-loop)")
+        return kind, impl
+    name = type(optimizer).__name__.lower()
+    group = optimizer.param_groups[0] if getattr(optimizer, "param_groups", None) else {}
+    if name == "sgd":
+        kind = "sgd_momentum" if group.get("momentum", 0) else "sgd"
+    elif name in ("adam", "adamw"):
+        kind = name
+    else:
+        raise NotImplementedError(f"optimizer: {type(optimizer).__name__} has no host/device model yet "
+                                  f"(modelled: SGD, Adam, AdamW)")
+    impl = "fused" if group.get("fused") else "foreach" if group.get("foreach") else (
+        "for-loop" if group.get("foreach") is False else None)
+    return kind, impl
+
+
+def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int = 4) -> OptimizerCost:
+    """Predicted optimizer.step() + zero_grad(set_to_none=True) for parameter tensors of ``param_numels``.
+
+    Host: optim_step_s + tensors x optim_<kind>_per_tensor_s (for-loop) or
+    optim_<kind>_foreach_per_tensor_s (foreach; fused is costed as foreach: not calibrated apart).
+    Device: streams x elements x elem_bytes at the memory ceiling, + kernels x device_kernel_s
+    (for-loop: kernels per tensor; foreach/fused: one launch per op for the whole list).
+    CPU: host + device (same thread); GPU: max(host, device) (the step's kernels queue behind it).
+    """
+    spec = load_system(spec)
+    hc = host_constants(spec)
+    kind, impl = optimizer_kind(optimizer)
+    impl = impl or ("for-loop" if spec.kind == "cpu" else "foreach")
+    numels = np.asarray(list(param_numels), dtype=float)
+    tensors, elems = len(numels), float(numels.sum())
+    base = "adam" if kind == "adamw" else "sgd" if kind == "sgd_momentum" else kind
+    per = hc[f"optim_{base}_per_tensor_s" if impl == "for-loop" else f"optim_{base}_foreach_per_tensor_s"]
+    host = hc["optim_step_s"] + tensors * per
+    kernels = tensors * OPTIMIZER_KERNELS[kind] if impl == "for-loop" else OPTIMIZER_KERNELS[kind]
+    mem = OPTIMIZER_STREAMS[kind] * elems * elem_bytes / (spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"])
+    device = mem + kernels * hc["device_kernel_s"] * (tensors > 0)
+    total = host + device if spec.kind == "cpu" else max(host, device)
+    return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total))
+
+
+# ------------------------------------------------------------------------------ collectives, DeepSpeed
+def collective_latency_s(calls, spec) -> float:
+    """Alpha term: ``calls`` collectives x the fixed time of one (collective_latency_s)."""
+    return float(calls) * host_constants(load_system(spec))["collective_latency_s"]
+
+
+def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec) -> dict:
+    """DeepSpeed's per-step host work beside the model's: the engine's backward/step wrappers
+    (``ds_engine_step_s``), ZeRO-1/2's per-parameter gradient hooks (``zero_grad_hook_s``) and,
+    at stage 3, the per-module fetch/release hooks (``zero3_module_hooks_s`` per module call,
+    forward and backward halves). Returns seconds by phase: fwd, bwd, optim."""
+    hc = host_constants(load_system(spec))
+    if stage not in (0, 1, 2, 3):
+        raise UserError(f"stage: ZeRO stage must be 0-3, got {stage!r}")
+    hooks = module_calls * hc["zero3_module_hooks_s"] if stage == 3 else 0.0
+    grad_hooks = param_tensors * hc["zero_grad_hook_s"] if stage >= 1 else 0.0
+    return {"fwd": hooks / 2, "bwd": hooks / 2 + grad_hooks, "optim": hc["ds_engine_step_s"]}
+
+
+def fmt_us(seconds: float) -> str:
+    return "nan" if not math.isfinite(seconds) else f"{seconds * 1e6:.1f} us"
+
+
+# ------------------------------------------------------------------------------ estimator columns
+def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, modules: dict,
+                     optimizer="sgd") -> pd.DataFrame:
+    """The module estimator's host terms: ``host_fwd_s``, ``host_bwd_s``, ``pred_optim_s``, and
+    ``pred_fwd_s``/``pred_bwd_s`` replaced by the two-timeline time (device terms + host terms);
+    ``bound_*`` becomes ``host`` where the host total exceeds the device total.
+
+    frame: the estimator's per-module frame (before communication is added); ops: its timed op
+    table; modules: path -> nn.Module. ``optimizer``: name or torch.optim instance (``optimizer_kind``).
+    """
+    spec = load_system(spec)
+    own = {p: sum(1 for q in m.parameters(recurse=False) if q.requires_grad) for p, m in modules.items()}
+    times = module_times(trace, ops, spec, own).set_index("module")
+    for phase in ("fwd", "bwd"):
+        host = frame["module"].map(times[f"host_{phase}_s"]).fillna(0.0).to_numpy(float)
+        device = frame["module"].map(times[f"device_{phase}_s"]).fillna(0.0).to_numpy(float)
+        frame[f"host_{phase}_s"] = host
+        frame[f"pred_{phase}_s"] = frame["module"].map(times[f"time_{phase}_s"]).fillna(0.0).to_numpy(float)
+        frame[f"bound_{phase}"] = np.where(host_bound(host, device), "host", frame[f"bound_{phase}"])
+    fixed = host_constants(spec)["optim_step_s"]
+    optim = []
+    for path in frame["module"]:
+        mod = modules.get(path)
+        numels = [int(getattr(q, "ds_numel", 0) or q.numel()) for q in
+                  {id(q): q for q in mod.parameters()}.values() if q.requires_grad] if mod is not None else []
+        cost = optimizer_time(numels, optimizer, spec)
+        optim.append(max(cost.time_s - (fixed if path != _root() else 0.0), 0.0) if numels else 0.0)
+    frame["pred_optim_s"] = optim
+    return frame
