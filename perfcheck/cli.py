@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "compare": "compare",
     "calibrate": "calibrate",
     "whatif": "whatif",
+    "sweep": "sweep",
 }
 
 

@@ -8,6 +8,12 @@ so ranks see different data, as data parallelism needs, and every stage sees the
 Rank 0 writes ``<out>/predicted.csv`` (``perfcheck.estimate`` of one micro-batch, compute only)
 before DeepSpeed partitions the model, and ``<out>/run.json`` (the merged config and arguments).
 ``--fail-rank R --fail-step N`` makes rank R exit with status 3 at step N (to test failure paths).
+
+Nothing is compiled by default: on DeepSpeed's CPU accelerator ``deepspeed.init_distributed`` would
+JIT-build its shared-memory collective op (``deepspeed/comm/torch.py: build_shm_op``, minutes of C++
+on a small machine, in a build cache shared by every environment, where a lock left by a killed build
+hangs every later one). Training never uses that op (only ``inference_all_reduce`` does), so it is
+marked unavailable unless ``--shm-comm``; the stage configs ask for torch's Adam (``torch_adam``).
 """
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--micro-batch", type=int, default=None, help="train_micro_batch_size_per_gpu")
     p.add_argument("--backend", default=None, help="torch.distributed backend (default: nccl with CUDA, else gloo)")
+    p.add_argument("--shm-comm", action="store_true",
+                   help="let DeepSpeed JIT-build its CPU shared-memory collective op (off: nothing is compiled)")
     p.add_argument("--fail-rank", type=int, default=None)
     p.add_argument("--fail-step", type=int, default=0)
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # added by the deepspeed launcher
@@ -58,6 +66,20 @@ def _cast(batch, dtype):
     return tuple(t.to(dtype) if t.is_floating_point() else t for t in batch)
 
 
+def _no_shm_comm_build():
+    """Mark DeepSpeed's CPU shared-memory comm op unavailable, so init_distributed compiles nothing.
+
+    ``deepspeed.ops.__compatible_ops__`` is the dict DeepSpeed consults before building it (it is
+    computed once per process and kept, so the entry persists); a GPU accelerator never builds it.
+    """
+    import deepspeed.ops
+
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import deepspeed
@@ -70,6 +92,8 @@ def main(argv=None) -> int:
     from perfcheck.measure.rundir import atomic_write_json
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if not args.shm_comm:
+        _no_shm_comm_build()
     deepspeed.init_distributed(dist_backend=backend)
     rank = torch.distributed.get_rank()
     if torch.cuda.is_available():

@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from perfcheck.errors import UserError
 from perfcheck.predict.aten_costs import OpCall, TensorMeta
 from perfcheck.model_paths import module_paths, unwrap
+from perfcheck.predict.zero3_twin import aten_linear, shape_twin
 from perfcheck.schema import ROOT
 
 
@@ -215,7 +216,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
     """
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
-    model = unwrap(model)
+    model = shape_twin(unwrap(model))  # ZeRO-3: full shapes, without DeepSpeed's gather hooks
     trace = Trace()
     stack: list = []
     paths = module_paths(model)
@@ -243,6 +244,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         for mod in {id(m): m for m in model.modules()}.values():
             es.callback(mod.register_forward_pre_hook(pre_hook).remove)
             es.callback(mod.register_forward_hook(post_hook, always_call=True).remove)
+        es.enter_context(aten_linear())  # ZeRO-3 replaces F.linear by a Function the trace cannot see into
         es.enter_context(fake_mode)
         # Parameters and buffers run as fake twins through torch.func.functional_call: the user's
         # tensors are never touched (a BatchNorm's running stats update the twin), and fake mode's

@@ -1,0 +1,277 @@
+"""The ZeRO sweep: one DeepSpeed training job per stage, then ``perfcheck compare`` over them.
+
+``run_sweep(SweepOptions(...))`` is what ``perfcheck sweep`` (and ``scripts/zero_sweep.sh``, a thin
+wrapper) runs. Per stage S it launches DeepSpeed's launcher on ``perfcheck.examples.train_ds`` (or
+``--script``) with the package's ``configs/base.json`` merged with ``configs/stage<S>.json`` (S may
+name any overlay there, e.g. ``3-gather``) and the user's extra overlays, into ``<out>/stage<S>/``,
+with its whole launcher output in ``<out>/stage<S>/launcher.log``. Each stage:
+
+* prints one progress line when it starts and one when it ends (status and seconds);
+* has a wall-clock limit (``timeout_s``): past it the launcher's whole process group is killed and
+  the stage is marked failed with the reason, so a hung stage (a lock left in a shared build cache,
+  a rank waiting on a dead peer) cannot stall the sweep;
+* is skipped when its run directory is already complete (resume, the default) unless ``force``.
+
+Nothing is compiled: the stage configs ask for torch's Adam (``"torch_adam": true``), and
+``train_ds`` keeps DeepSpeed's CPU shared-memory collective op (a C++ JIT build used only by
+inference all-reduce) off unless asked for. A failing stage does not stop the others; the
+comparison marks it failed with the tail of its log.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from perfcheck.errors import UserError
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+BASE_CONFIG = CONFIG_DIR / "base.json"
+DEFAULT_STAGES = ("0", "1", "2", "3")
+MODELS = ("lenet", "gpt2", "jsc")  # perfcheck.examples.train_ds.MODELS (a test checks they agree)
+DEFAULT_TIMEOUT_S = 600.0
+LOG_NAME = "launcher.log"
+
+
+def available_stages() -> list:
+    """Stage names that have an overlay in the package's configs (``stage<NAME>.json``)."""
+    return sorted(p.stem[len("stage"):] for p in CONFIG_DIR.glob("stage*.json"))
+
+
+def stage_overlay(stage: str) -> Path:
+    path = CONFIG_DIR / f"stage{stage}.json"
+    if not path.is_file():
+        raise UserError(f"--stages: no stage {stage!r} (known: {', '.join(available_stages())})")
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+    """What one sweep runs; every field is checked in ``validate()`` before anything starts."""
+
+    stages: Sequence[str] = DEFAULT_STAGES
+    model: str = "lenet"
+    ranks: Optional[int] = None          # processes per node (GPUs with CUDA; default 2 on CPU, all GPUs on CUDA)
+    steps: Optional[int] = None          # measured optimizer steps (the config's perfcheck.steps otherwise)
+    micro_batch: Optional[int] = None
+    out: str = "runs/zero_sweep"
+    hostfile: Optional[str] = None
+    script: Optional[str] = None         # a training script of the user's instead of perfcheck.examples.train_ds
+    extra_configs: Sequence[str] = ()    # overlays merged after the stage's
+    force: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    optimizer: str = "torch"             # torch: torch.optim.Adam(W); fused: DeepSpeed's FusedAdam (JIT-compiled)
+    verbose: bool = False
+    script_args: Sequence[str] = ()
+
+    def validate(self) -> "SweepOptions":
+        if not self.stages:
+            raise UserError("--stages: give at least one stage")
+        seen = set()
+        for s in self.stages:
+            stage_overlay(s)
+            if s in seen:
+                raise UserError(f"--stages: stage {s!r} given twice")
+            seen.add(s)
+        if self.model not in MODELS:
+            raise UserError(f"--model: {self.model!r} is not one of {', '.join(MODELS)}")
+        for name in ("ranks", "steps", "micro_batch"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise UserError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
+            raise UserError(f"--timeout must be seconds > 0, got {self.timeout_s!r}")
+        if self.optimizer not in ("torch", "fused"):
+            raise UserError(f"--optimizer must be torch or fused, got {self.optimizer!r}")
+        if self.hostfile is not None and not Path(self.hostfile).is_file():
+            raise UserError(f"--hostfile: {self.hostfile}: no such file")
+        if self.hostfile is not None and self.ranks is not None:
+            raise UserError("--ranks: give either --ranks or --hostfile (the hostfile's slots set the ranks)")
+        if self.script is not None and not Path(self.script).is_file():
+            raise UserError(f"--script: {self.script}: no such file")
+        for extra in self.extra_configs:
+            from perfcheck.integrations.deepspeed.api import load_config, parse_block
+
+            cfg = load_config(extra)  # unreadable or not JSON: a UserError naming the file
+            if not isinstance(cfg, dict):
+                raise UserError(f"--extra-config: {extra}: expected a JSON object")
+            parse_block(cfg)
+        out = Path(self.out)
+        if out.exists() and not out.is_dir():
+            raise UserError(f"--out: {out} exists and is not a directory")
+        return self
+
+
+@dataclasses.dataclass
+class StageResult:
+    stage: str
+    run_dir: Path
+    status: str        # ok | failed | timeout | skipped
+    seconds: float
+    reason: str = ""
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no torch CUDA: CPU ranks
+        return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _optimizer_overlay(opts: SweepOptions, out: Path) -> Optional[Path]:
+    """The fused optimizer is an overlay written beside the runs (the package configs ask for torch's)."""
+    if opts.optimizer == "torch":
+        return None
+    import json
+
+    path = out / "optimizer-fused.json"
+    path.write_text(json.dumps({"optimizer": {"params": {"torch_adam": False}}}))
+    return path
+
+
+def launch_command(opts: SweepOptions, stage: str, run_dir: Path, port: int, gpus: int,
+                   extra_overlays: Sequence[Path] = ()) -> list:
+    """The DeepSpeed launcher command line for one stage."""
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", str(port)]
+    if opts.hostfile:
+        cmd += ["--hostfile", str(opts.hostfile)]
+    else:
+        cmd += ["--num_gpus", str(opts.ranks or (gpus if gpus > 0 else 2))]
+    cmd += [str(opts.script)] if opts.script else ["--module", "perfcheck.examples.train_ds"]
+    cmd += ["--config", str(BASE_CONFIG), "--overlay", str(stage_overlay(stage))]
+    for extra in list(extra_overlays) + list(opts.extra_configs):
+        cmd += ["--overlay", str(extra)]
+    cmd += ["--model", opts.model, "--out", str(run_dir)]
+    if opts.steps is not None:
+        cmd += ["--steps", str(opts.steps)]
+    if opts.micro_batch is not None:
+        cmd += ["--micro-batch", str(opts.micro_batch)]
+    return cmd + list(opts.script_args)
+
+
+def stage_env(gpus: int, verbose: bool) -> dict:
+    """The environment of a stage's launcher: CPU ranks on a machine without CUDA, one intra-op thread
+    each (ranks share the cores), third-party warnings kept in the log rather than the terminal."""
+    env = dict(os.environ)
+    if gpus == 0:
+        env["DS_ACCELERATOR"] = "cpu"
+        env.setdefault("OMP_NUM_THREADS", "1")
+    if not verbose:
+        env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    return env
+
+
+def _kill_group(proc: subprocess.Popen):
+    """End the launcher and every rank it started (they share the session started for it)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _progress_text(run_dir: Path, total: Optional[int]) -> str:
+    """'step k/N' from rank 0's engine_steps.csv (rows are appended as steps end)."""
+    path = run_dir / "rank0" / "engine_steps.csv"
+    try:
+        with open(path, "rb") as f:
+            rows = max(sum(1 for _ in f) - 1, 0)
+    except OSError:
+        return "starting"
+    return f"micro-step {rows}" + (f" of {total}" if total else "")
+
+
+def run_stage(opts: SweepOptions, stage: str, index: int, count: int, *, gpus: int,
+              extra_overlays: Sequence[Path] = (), say: Callable[[str], None] = print) -> StageResult:
+    """Launch one stage (or skip it when complete), wait at most ``opts.timeout_s``; never raises for
+    a failing run: the result says what happened."""
+    import shutil
+
+    from perfcheck.analysis.stages import stage_complete
+
+    run_dir = Path(opts.out) / f"stage{stage}"
+    tag = f"[{index}/{count}] stage {stage}"
+    if not opts.force and stage_complete(run_dir):
+        say(f"{tag}: complete in {run_dir}, skipped (--force reruns it)")
+        return StageResult(stage, run_dir, "skipped", 0.0)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    cmd = launch_command(opts, stage, run_dir, _free_port(), gpus, extra_overlays)
+    say(f"{tag}: running ({' '.join(cmd[2:4])} ... --out {run_dir}; log {run_dir / LOG_NAME})")
+    t0 = time.monotonic()
+    with open(run_dir / LOG_NAME, "wb") as log:
+        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=stage_env(gpus, opts.verbose),
+                                start_new_session=True)
+        live = sys.stdout.isatty()
+        rc = None
+        while rc is None:
+            try:
+                rc = proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - t0
+                if elapsed > opts.timeout_s:
+                    _kill_group(proc)
+                    if live:
+                        sys.stdout.write("\n")
+                    reason = (f"timed out after {opts.timeout_s:.0f} s (--timeout); the launcher and its ranks were "
+                              "killed")
+                    with open(run_dir / LOG_NAME, "a") as tail:
+                        tail.write(f"perfcheck sweep: stage {stage} {reason}\n")
+                    say(f"{tag}: FAILED, {reason}")
+                    return StageResult(stage, run_dir, "timeout", elapsed, reason)
+                if live:
+                    sys.stdout.write(f"\r{tag}: {elapsed:5.0f} s, {_progress_text(run_dir, None)}   ")
+                    sys.stdout.flush()
+        if live:
+            sys.stdout.write("\r")
+    elapsed = time.monotonic() - t0
+    if rc != 0:
+        from perfcheck.analysis.stages import log_tail
+
+        tail = log_tail(run_dir, lines=5)
+        say(f"{tag}: FAILED (exit {rc}) in {elapsed:.1f} s; log {run_dir / LOG_NAME}:\n"
+            + "\n".join("    " + t for t in tail.splitlines()))
+        return StageResult(stage, run_dir, "failed", elapsed, f"launcher exit {rc}")
+    if not stage_complete(run_dir):
+        say(f"{tag}: FAILED in {elapsed:.1f} s: the launcher exited 0 but not every rank wrote a complete run "
+            f"directory (see {run_dir / LOG_NAME})")
+        return StageResult(stage, run_dir, "failed", elapsed, "incomplete run directory")
+    say(f"{tag}: ok in {elapsed:.1f} s")
+    return StageResult(stage, run_dir, "ok", elapsed)
+
+
+def run_sweep(opts: SweepOptions, say: Callable[[str], None] = print) -> list:
+    """Every stage of ``opts`` in order; returns their ``StageResult``s (the comparison is the caller's)."""
+    opts.validate()
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpus = _cuda_devices()
+    fused = _optimizer_overlay(opts, out)
+    where = (f"hostfile {opts.hostfile}" if opts.hostfile else
+             f"{opts.ranks or (gpus if gpus else 2)} {'GPU' if gpus else 'CPU'} rank(s)")
+    say(f"perfcheck sweep: ZeRO stages {' '.join(opts.stages)}, model {opts.model}, {where}, into {out}/ "
+        f"(per-stage limit {opts.timeout_s:.0f} s)")
+    return [run_stage(opts, s, i, len(opts.stages), gpus=gpus, extra_overlays=[fused] if fused else [], say=say)
+            for i, s in enumerate(opts.stages, 1)]
