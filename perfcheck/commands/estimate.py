@@ -16,6 +16,7 @@ to standard output or --output FILE. Bad input exits 2 with one line naming the 
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import math
@@ -29,7 +30,7 @@ DEFAULT_MODEL, DEFAULT_SYSTEM = "gpt2-124m", "h100-sxm"
 
 def add_parser(subparsers):
     p = subparsers.add_parser("estimate", help="predict FLOPs, memory, communication and time of a training step",
-                              description=__doc__.split("\n\n")[1])
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("what to estimate (one of)")
     src.add_argument("--model", metavar="NAME|FILE", help=f"built-in model or JSON file (default: {DEFAULT_MODEL})")
     src.add_argument("--module", metavar="PKG.MOD:CALLABLE", help="a callable returning an nn.Module")

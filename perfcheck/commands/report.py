@@ -30,7 +30,7 @@ def add_parser(subparsers):
     p.add_argument("--top", type=int, default=3, help="modules per depth in the top lists, and findings shown (default: 3)")
     p.add_argument("--system", default=None, help="system name or JSON path for the roofs (default: the prediction's, "
                                                   "else the run's device)")
-    p.add_argument("--output", "-o", default=None, help="write to FILE instead of standard output")
+    p.add_argument("--output", "-o", default=None, metavar="FILE", help="write to FILE instead of standard output")
     p.set_defaults(run=run)
 
 

@@ -25,7 +25,8 @@ def add_parser(subparsers):
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps, not measured (default: 3)")
     p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the example's, 8)")
     p.add_argument("--out", default=None, help="run directory (default: runs/<time>-<model>-<id>)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda if available")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: cuda if available, else cpu (default: auto)")
     p.add_argument("--no-profile", action="store_true", help="no torch.profiler window (no kernels.csv rows, no trace)")
     p.add_argument("--profile-window", default="0,1,1", metavar="WAIT,WARMUP,ACTIVE",
                    help="torch.profiler schedule after warm-up (default: 0,1,1)")
@@ -33,7 +34,7 @@ def add_parser(subparsers):
     p.add_argument("--sample-interval", type=float, default=0.5, help="sampler interval in s, >= 0.1 (default: 0.5)")
     p.add_argument("--overhead-pairs", type=int, default=5,
                    help="instrumented/bare step pairs for the in-run overhead estimate (default: 5; 0 = not measured)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the random batches (default: 0)")
     p.add_argument("--system", default=None,
                    help="spec for the saved predictions: a name (`perfcheck systems`) or a calibrated JSON file "
                         "(default: this device's entry)")

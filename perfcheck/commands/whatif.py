@@ -21,7 +21,7 @@ def add_parser(subparsers):
                               description=__doc__.split("\n\n")[1])
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (perfcheck run / PerfCheck.save)")
     p.add_argument("--system", required=True, metavar="SYSTEM", help="target system: built-in name or JSON file")
-    p.add_argument("--from", dest="source", metavar="SYSTEM", help="system the run was measured on (default: cpu)")
+    p.add_argument("--from", dest="source", metavar="SYSTEM", help="system the run was measured on (default: the one in its meta.json, else cpu for a CPU run)")
     p.add_argument("--predicted", metavar="FILE", help="the model's predicted table on the run's system (CSV)")
     p.add_argument("--dtype", help="the run's dtype (default: meta.json's)")
     p.add_argument("--target-dtype", help="dtype on the target (default: the run's)")
