@@ -37,7 +37,7 @@ class Options:
 
     causal: count half of the attention score products (FlopCounterMode counts them in full).
     flash: fused attention (one ``core_attention`` row, ``formulas.attention``) instead of the
-      notebook's logits/softmax/dropout/attend rows.
+      transformer-perf-estimates notebook's logits/softmax/dropout/attend rows (docs/transformer.md).
     recompute: activation checkpointing per layer: "none", "selective" (the attention core,
       Korthikanti et al. 2022) or "full" (keep each layer's input, redo its forward in backward).
     tp_overlap, dp_overlap: fraction of TP / DP collective time hidden behind compute.
