@@ -56,7 +56,7 @@ def model_view(model: torch.nn.Module) -> ModelView:
             compiled.append(path)
             types[path] = type(mod._orig_mod).__name__
         else:
-            types[path] = type(mod).__name__
+            types[path] = _class_name(mod)
         modules.append((path, mod))
     return ModelView(m, modules, types, wrappers, compiled, model)
 
@@ -101,9 +101,22 @@ def parallel_setup(view: ModelView, world_size: int) -> dict:
             if isinstance(getattr(engine, attr, None), int):
                 info[key] = getattr(engine, attr)
         return info
-    if "DistributedDataParallel" in view.wrappers:
-        return {"kind": "ddp", "dp": world_size, "world_size": world_size}
-    return {"kind": "none", "world_size": world_size} if world_size == 1 else {"kind": "unknown", "world_size": world_size}
+    from perfcheck.integrations.torch_distributed import detect_layout  # DDP, FSDP2, DTensor TP/SP, 2-D meshes
+
+    info = detect_layout(outer if "DistributedDataParallel" in view.wrappers else view.root)
+    info["world_size"] = world_size
+    if info["kind"] in ("none", "unknown"):
+        info["kind"] = "none" if world_size == 1 else "unknown"
+    return info
+
+
+def _class_name(mod) -> str:
+    """The user's class name; FSDP2 swaps a module's class for a generated ``FSDP<Name>`` subclass."""
+    cls = type(mod)
+    if cls.__name__.startswith("FSDP") and any(b.__name__ == "FSDPModule" for b in cls.__mro__[1:]):
+        return next((b.__name__ for b in cls.__mro__[1:] if b.__name__ != "FSDPModule"
+                     and not b.__name__.startswith("FSDP")), cls.__name__)
+    return cls.__name__
 
 
 def describe(obj, depth: int = 0):
@@ -120,6 +133,17 @@ def describe(obj, depth: int = 0):
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return {"value": obj}
     return {"type": type(obj).__name__}
+
+
+def autocast_dtype() -> str | None:
+    """The compute dtype of an enclosing ``torch.autocast`` region (CUDA first, then CPU), or None."""
+    for device_type in ("cuda", "cpu"):
+        try:
+            if torch.is_autocast_enabled(device_type):
+                return str(torch.get_autocast_dtype(device_type)).replace("torch.", "")
+        except (TypeError, RuntimeError):  # torch < 2.4: no per-device-type query
+            return None
+    return None
 
 
 def versions() -> dict:

@@ -162,6 +162,7 @@ class ProfilerWindow:
         self.info: dict = {"window": {"skip_first": skip_first, "wait": wait, "warmup": pwarm, "active": active},
                            "steps": list(range(first, first + active))}
         self.kernels = empty_kernel_frame()
+        self.collectives = None  # measure/collectives.py frame, set when the window ends
         self.trace_path = None
         self._prof = None
         self._schedule = (skip_first, wait, pwarm, active)
@@ -171,7 +172,8 @@ class ProfilerWindow:
 
         skip, wait, pwarm, active = self._schedule
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
-        self._prof = profile(activities=acts, on_trace_ready=self._on_trace_ready,
+        # record_shapes: collective sizes (measure/collectives.py); the window is not measured
+        self._prof = profile(activities=acts, on_trace_ready=self._on_trace_ready, record_shapes=True,
                              schedule=schedule(skip_first=skip, wait=wait, warmup=pwarm, active=active, repeat=1))
         self._prof.start()
         return self
@@ -198,6 +200,9 @@ class ProfilerWindow:
         try:
             events = prof.events()
             self.kernels = kernel_rows(events, self.device, self.rank)
+            from perfcheck.measure.collectives import collective_rows
+
+            self.collectives = collective_rows(events, attribute(events), self.rank, self._schedule[3])
             self.info.update({
                 "total_s": profiler_total_s(events, self.device),
                 "total_kind": "self CPU time of all events" if self.device == "cpu" else "device time of all kernels",

@@ -62,6 +62,22 @@ def _nonneg_int(name, value, allow_none=False):
     return value
 
 
+def _check_system(system):
+    """``system`` as given, once it loads (a name from ``perfcheck systems``, a JSON file, a SystemSpec):
+    a bad one fails when PerfCheck is built, not after the run."""
+    if system is None:
+        return None
+    from perfcheck.hardware.systems import SystemSpec, load_system
+
+    if not isinstance(system, (str, os.PathLike, SystemSpec)) or isinstance(system, bool):
+        raise UserError(f"system: expected a system name, a JSON path or a SystemSpec, got {system!r}")
+    try:
+        load_system(system)
+    except UserError as exc:
+        raise UserError(f"system: {exc}") from None
+    return system
+
+
 class PerfCheck:
     """Per-module forward/backward/recompute times, kernel tables, samples and a run directory.
 
@@ -108,9 +124,9 @@ class PerfCheck:
         self.count_flops = bool(count_flops)
         self.sample_interval = None if sample_interval is None else validate_interval(sample_interval)
         self.overhead_pairs = _nonneg_int("overhead_pairs", overhead_pairs)
-        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.out_dir = runs.check_run_dir(out_dir, "out_dir") if out_dir is not None else None
         self.user_parallel = dict(parallel or {})
-        self.system = system
+        self.system = _check_system(system)
         self._schedule = StepSchedule(warmup=self.warmup, steps=self.n_steps, count_flops=self.count_flops,
                                       profile_window=self.profile_window if self.profile else None,
                                       overhead_pairs=self.overhead_pairs)
@@ -246,6 +262,9 @@ class PerfCheck:
         self._state = "stopped"
         if self._timer.internal_errors:
             self._warn(f"hook errors (steps marked failed): {self._timer.internal_errors}")
+        if self._timer.saw_capture:
+            self._warn("module calls inside a CUDA graph capture were not timed (an event recorded into a graph "
+                       "is no timestamp); graph replays are timed only as part of the module that calls them")
 
     def __enter__(self):
         return self.start()
@@ -356,6 +375,14 @@ class PerfCheck:
         """Kernels (GPU) or aten ops (CPU) per module and phase in the profiler window (schema.KERNEL_COLUMNS)."""
         return self._window.kernels.copy() if self._window is not None else empty_kernel_frame()
 
+    def collectives(self) -> pd.DataFrame:
+        """Collectives of the profiler window: issued (kind, bytes, module and phase that issued
+        them) and waited (module and phase that waited, seconds); measure/collectives.py."""
+        from perfcheck.measure.collectives import COLLECTIVE_COLUMNS
+
+        frame = getattr(self._window, "collectives", None) if self._window is not None else None
+        return frame.copy() if frame is not None else pd.DataFrame(columns=list(COLLECTIVE_COLUMNS))
+
     def samples(self) -> pd.DataFrame:
         """Utilization/memory samples (schema.SAMPLE_COLUMNS)."""
         rows = list(self._sampler.rows) if self._sampler is not None else []
@@ -413,6 +440,12 @@ class PerfCheck:
             if trace.resolve() != (d / runs.TRACE).resolve():
                 runs.atomic_copy(trace, d / runs.TRACE)
             files.append(runs.TRACE)
+        coll = self.collectives()
+        if not coll.empty:
+            from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
+
+            runs.atomic_write_csv(d / COLLECTIVES_CSV, coll, list(COLLECTIVE_COLUMNS))
+            files.append(COLLECTIVES_CSV)
         files += self._save_prediction(run_dir)
         runs.atomic_write_json(d / runs.META, self.meta(complete=self._state == "stopped", files=files))
         return d

@@ -89,7 +89,20 @@ def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
     """The predicted frame (schema.PREDICTED_COLUMNS) for the run described by ``meta`` (meta.json)."""
     from perfcheck.predict.module_estimator import estimate
 
+    from perfcheck.integrations import torch_distributed as native
+
     args, kwargs = inputs_from_meta(meta)
+    kind = str((meta.get("parallel") or {}).get("kind", ""))
+    if native.is_sharded(model):
+        # FSDP2 / DTensor: trace an unparallelised meta twin (the live model's state and hooks are
+        # never touched), then add the collectives the live layout issues per module.
+        frame = estimate(native.meta_twin(model), args, system=system_from_meta(meta, system),
+                         dtype=meta.get("dtype") or None, parallel=None, kwargs=kwargs or None)
+        return native.add_live_collectives(frame, model, system_from_meta(meta, system))
+    if kind == "ddp" and native.has_buckets(model):
+        frame = estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
+                         parallel=None, kwargs=kwargs or None)
+        return native.add_live_collectives(frame, model, system_from_meta(meta, system))
     return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                     parallel=parallel_from_meta(meta), kwargs=kwargs or None)
 

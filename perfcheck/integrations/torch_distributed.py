@@ -1,0 +1,289 @@
+"""PyTorch's own parallel engines as PerfCheck sees them: DDP, FSDP2 (``fully_shard``) and DTensor
+tensor/sequence parallelism on a DeviceMesh, alone or combined.
+
+* ``detect_layout(model)``: what meta.json records under ``parallel`` (kind, dp / fsdp / tp sizes,
+  mesh shape and dimension names), read from the model itself (DDP wrapper, ``FSDPModule``
+  instances, DTensor parameters' meshes and placements), never from guesses on class names.
+* ``class_name(module)``: the user's class name (FSDP2 swaps ``Net`` for a generated ``FSDPNet``).
+* ``meta_twin(model)``: an unparallelised copy on the meta device (global parameter shapes, no
+  hooks, no DTensors), so the estimator can trace the structure of a live FSDP2/TP model without
+  touching its state; the live model's next forward still works (``FSDP2 + out_dir`` used to
+  raise "mixed torch.Tensor and DTensor").
+* ``live_collectives(model)``: the collectives of one step predicted from the live model's layout
+  without running it: DDP one all-reduce per bucket; FSDP2 per ``fully_shard`` unit one all-gather
+  in forward, one in backward (unless ``reshard_after_forward=False``), one reduce-scatter in
+  backward, each of the unit's padded unsharded bytes. DTensor TP/SP collectives depend on the
+  forward's redistributes and are only predicted by tracing (``perfcheck.predict.distributed``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from perfcheck.schema import ROOT
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective issued in a traced step."""
+
+    module: str
+    phase: str  # fwd / bwd
+    kind: str
+    op: str
+    bytes: float
+    group_size: int
+    dtype: str
+
+
+def ddp_bucket_collectives(ddp) -> list:
+    """One all-reduce per DDP bucket: S = the bucket's bytes; issued in backward by the module that
+    owns the bucket parameter used first in forward (its gradient is the bucket's last to arrive)."""
+    from perfcheck.model_paths import module_paths
+
+    inner = ddp.module
+    paths = module_paths(inner)
+    owner = {}
+    for mod in inner.modules():
+        for p in mod.parameters(recurse=False):
+            owner.setdefault(id(p), paths.get(id(mod), ROOT))
+    order = {id(p): i for i, p in enumerate(inner.parameters())}
+    group = ddp.process_group.size() if getattr(ddp, "process_group", None) is not None else 1
+    rows = []
+    for bucket in ddp.reducer._get_zeros_like_grad_buckets():
+        buf = bucket.buffer()
+        params = bucket.parameters()
+        first = min(params, key=lambda p: order.get(id(p), 0)) if params else None
+        rows.append(Collective(owner.get(id(first), ROOT) if first is not None else ROOT, "bwd", "allreduce",
+                               "ddp_bucket", float(buf.numel() * buf.element_size()), int(group),
+                               str(buf.dtype).replace("torch.", "")))
+    return rows
+
+
+def _is_dtensor(t) -> bool:
+    return type(t).__name__ == "DTensor" or hasattr(t, "device_mesh") and hasattr(t, "placements")
+
+
+def fsdp_modules(model) -> list:
+    """Modules ``fully_shard`` was applied to (FSDP2), outermost first."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without FSDP2
+        return []
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def class_name(module) -> str:
+    """The user's class name: FSDP2's generated ``FSDP<Name>`` class maps back to ``<Name>``."""
+    cls = type(module)
+    if fsdp_modules_class(cls):
+        for base in cls.__mro__[1:]:
+            if base.__name__ != "FSDPModule" and issubclass(base, torch.nn.Module) and not fsdp_modules_class(base):
+                return base.__name__
+    return cls.__name__
+
+
+def fsdp_modules_class(cls) -> bool:
+    return any(b.__name__ == "FSDPModule" for b in cls.__mro__) and cls.__name__ != "FSDPModule"
+
+
+def _mesh_info(mesh) -> dict:
+    names = list(mesh.mesh_dim_names or [])
+    return {"mesh_shape": list(mesh.mesh.shape), "mesh_dim_names": names}
+
+
+def detect_layout(model) -> dict:
+    """The parallel layout of ``model`` (possibly DDP-wrapped): a dict for meta.json ``parallel``.
+
+    kind: "ddp", "fsdp2", "tp", "fsdp2+tp", "ddp+tp" or "none"; dp (replicas of the batch:
+    DDP and FSDP both split the batch), fsdp (ranks a parameter is sharded over by FSDP2), tp
+    (ranks a DTensor TP/SP parameter is sharded over), sp (True when some module keeps activations
+    sharded on the sequence: a SequenceParallel style), mesh_shape / mesh_dim_names.
+    """
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    info = {"world_size": world}
+    ddp = type(model).__name__ == "DistributedDataParallel"
+    inner = model.module if ddp else model
+    fsdp = fsdp_modules(inner)
+    fsdp_size, tp_size, mesh = 1, 1, None
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in fsdp]
+    group = next((g for g in groups if g is not None), None)
+    if group is not None:
+        mesh_info = getattr(group, "mesh_info", None)
+        if mesh_info is not None:
+            fsdp_size = int(mesh_info.shard_mesh_size)
+            mesh = mesh_info.mesh
+    fsdp_dim_name = None
+    if mesh is not None:
+        names = list(mesh.mesh_dim_names or [])
+        fsdp_dim_name = names[0] if names else None
+    for p in inner.parameters():
+        if not _is_dtensor(p):
+            continue
+        m = p.device_mesh
+        names = list(m.mesh_dim_names or [])
+        for i, placement in enumerate(p.placements):
+            if type(placement).__name__ not in ("Shard", "_StridedShard"):
+                continue
+            name = names[i] if i < len(names) else None
+            # FSDP2 shards dim 0 over its mesh: the dim FSDP named, or the only dim of a 1-D mesh
+            if fsdp and (name is not None and name == fsdp_dim_name or name is None and m.ndim == 1 and i == 0):
+                continue
+            tp_size = max(tp_size, int(m.size(i)))
+        if mesh is None or m.ndim > mesh.ndim:
+            mesh = m
+    parts = (["ddp"] if ddp else []) + (["fsdp2"] if fsdp else []) + (["tp"] if tp_size > 1 else [])
+    info["kind"] = "+".join(parts) if parts else ("none" if world == 1 else "unknown")
+    info["tp"] = tp_size
+    info["fsdp"] = fsdp_size
+    info["dp"] = max(1, world // tp_size) if (ddp or fsdp) else 1
+    info["sp"] = _sequence_parallel(inner)
+    if mesh is not None:
+        info.update(_mesh_info(mesh))
+    if fsdp:
+        info["fsdp_units"] = len(fsdp)
+    return info
+
+
+def _sequence_parallel(model) -> bool:
+    """True when parallelize_module gave some module a SequenceParallel style: its hooks are
+    closures over SequenceParallel's own methods (torch/distributed/tensor/parallel/style.py)."""
+    for m in model.modules():
+        for hook in list(m._forward_pre_hooks.values()) + list(m._forward_hooks.values()):
+            if _mentions(hook, "SequenceParallel", depth=0):
+                return True
+    return False
+
+
+def _mentions(obj, name: str, depth: int) -> bool:
+    if depth > 4 or obj is None:
+        return False
+    if name in (getattr(obj, "__qualname__", "") or "") or type(obj).__name__ == name:
+        return True
+    inner = [getattr(obj, "func", None), getattr(obj, "__self__", None)] + list(getattr(obj, "args", ()) or ())
+    for cell in getattr(obj, "__closure__", None) or ():
+        try:
+            inner.append(cell.cell_contents)
+        except ValueError:
+            continue
+    return any(_mentions(o, name, depth + 1) for o in inner if o is not obj)
+
+
+# ------------------------------------------------------------------------------------ twin
+def meta_twin(model) -> torch.nn.Module:
+    """An unparallelised copy of ``model`` on the meta device: the user's classes, global parameter
+    shapes, no hooks, no DTensors, no FSDP state; ``model`` is left exactly as it was.
+
+    Every module is shallow-copied into its original class (FSDP2's ``FSDPNet`` back to ``Net``)
+    with fresh parameter/buffer/child dicts and empty hook dicts; attributes that are not tensors
+    or modules (sizes, flags) are shared, which a forward only reads.
+    """
+    from perfcheck.model_paths import unwrap
+
+    model = unwrap(model)
+    memo: dict = {}
+
+    def twin(mod):
+        if id(mod) in memo:
+            return memo[id(mod)]
+        cls = type(mod)
+        if fsdp_modules_class(cls):
+            cls = next(b for b in cls.__mro__[1:] if b.__name__ != "FSDPModule" and not fsdp_modules_class(b))
+        new = cls.__new__(cls)
+        state = dict(mod.__dict__)
+        for key in list(state):
+            if key.endswith("hooks") and isinstance(state[key], dict):
+                state[key] = type(state[key])()
+            if key.startswith("_fsdp") or key in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+                                                    "_forward_hooks_always_called"):
+                state[key] = type(state[key])() if isinstance(state[key], (dict, set, list)) else None
+        state["_parameters"] = {k: None if p is None else torch.nn.Parameter(_meta_like(p), requires_grad=p.requires_grad)
+                                for k, p in mod._parameters.items()}
+        state["_buffers"] = {k: None if b is None else _meta_like(b) for k, b in mod._buffers.items()}
+        state["_modules"] = {}
+        new.__dict__.update(state)
+        memo[id(mod)] = new
+        for k, child in mod._modules.items():
+            new._modules[k] = None if child is None else twin(child)
+        return new
+
+    return twin(model)
+
+
+def _meta_like(t):
+    shape = tuple(t.shape)  # a DTensor's shape is the global one
+    return torch.empty(shape, dtype=t.dtype, device="meta")
+
+
+# ----------------------------------------------------------------------- live collectives
+def live_collectives(model) -> list:
+    """Collectives of one training step predicted from a live model's layout (no forward run):
+    a list of ``perfcheck.predict.distributed.Collective``."""
+    from perfcheck.model_paths import module_paths
+
+    rows = []
+    if type(model).__name__ == "DistributedDataParallel":
+        rows += ddp_bucket_collectives(model)
+        model = model.module
+    paths = module_paths(model)
+    for mod in fsdp_modules(model):
+        group = mod._get_fsdp_state()._fsdp_param_group
+        if group is None:
+            continue
+        n = int(group.mesh_info.shard_mesh_size)
+        elem = group.fsdp_params[0].sharded_param.element_size() if group.fsdp_params else 4
+        # FSDP2 pads each parameter's dim-0 to a multiple of the shard size: S = sum of padded sizes
+        total = sum(fp.padded_sharded_param_size.numel() * n for fp in group.fsdp_params) * elem
+        dtype = str(group.fsdp_params[0].sharded_param.dtype).replace("torch.", "") if group.fsdp_params else ""
+        path = paths.get(id(mod), ROOT)
+        rows.append(Collective(path, "fwd", "allgather", "fsdp2_all_gather", float(total), n, dtype))
+        is_root = mod is fsdp_modules(model)[0] and mod is model
+        reshard = getattr(group, "post_forward_mesh_info", None) is not None and not is_root
+        if reshard:
+            rows.append(Collective(path, "bwd", "allgather", "fsdp2_all_gather", float(total), n, dtype))
+        rows.append(Collective(path, "bwd", "reducescatter", "fsdp2_reduce_scatter", float(total), n, dtype))
+    return rows
+
+
+def is_sharded(model) -> bool:
+    """True when ``model`` holds FSDP2 units or DTensor parameters (the estimator must trace a twin)."""
+    from perfcheck.model_paths import unwrap
+
+    inner = unwrap(model)
+    return bool(fsdp_modules(inner)) or any(_is_dtensor(p) for p in inner.parameters())
+
+
+def has_buckets(model) -> bool:
+    return type(model).__name__ == "DistributedDataParallel" and getattr(model, "reducer", None) is not None
+
+
+def add_live_collectives(frame, model, system):
+    """Fill the predicted frame's communication columns from ``live_collectives(model)``: each
+    collective counts in the module that issues it and in its ancestors (like FLOPs); its time on
+    ``system``'s links is added to pred_<phase>_s."""
+    import numpy as np
+
+    from perfcheck.predict import collectives as coll_model
+    from perfcheck.schema import parent_path
+
+    rows = live_collectives(model)
+    frame = frame.copy()
+    frame["comm_fwd_bytes"], frame["comm_bwd_bytes"] = 0.0, 0.0
+    kinds = {p: set() for p in frame["module"]}
+    index = {p: i for i, p in enumerate(frame["module"])}
+    for r in rows:
+        t = float(np.asarray(coll_model.collective_time_s(r.kind, r.bytes, r.group_size, system)))
+        path = r.module if r.module in index else ROOT
+        while path is not None:
+            if path in index:
+                i = index[path]
+                frame.loc[frame.index[i], f"comm_{r.phase}_bytes"] += r.bytes
+                frame.loc[frame.index[i], f"pred_{r.phase}_s"] += t
+                kinds[path].add(r.kind)
+            path = parent_path(path)
+    frame["comm_kind"] = [",".join(sorted(kinds.get(p, ()))) for p in frame["module"]]
+    frame.attrs["collectives"] = [r.__dict__ for r in rows]
+    return frame
