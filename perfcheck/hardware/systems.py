@@ -46,7 +46,8 @@ _REQUIRED = (
     "mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
-_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "host", "calibrated", "sources")
+_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "host", "op_fixed_s", "op_efficiency", "calibrated",
+             "sources")
 
 #: Host-side (framework) constants a spec may give in its ``host`` block, seconds; the estimator's
 #: host model (perfcheck.predict.host) uses them. Missing keys come from ``host_defaults.json``.
@@ -125,6 +126,8 @@ class SystemSpec:
     matrix_efficiency_curve: Tuple[Tuple[float, float], ...] = ()
     matrix_shape_curve: Tuple[Tuple[float, float], ...] = ()
     host: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    op_fixed_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    op_efficiency: Mapping[str, float] = dataclasses.field(default_factory=dict)
     calibrated: bool = False
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -176,7 +179,7 @@ class SystemSpec:
         out = {}
         for f in _FIELDS:
             value = getattr(self, f)
-            if f in ("matrix_shape_curve", "host") and not value:
+            if f in ("matrix_shape_curve", "host", "op_fixed_s", "op_efficiency") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if isinstance(value, types.MappingProxyType):
                 value = dict(value)
@@ -209,7 +212,8 @@ class SystemSpec:
         if missing:
             raise UserError(f"{where}: missing required key(s) {', '.join(map(repr, missing))}")
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-        _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, **data}), where)
+        _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, "op_fixed_s": {},
+                                                   "op_efficiency": {}, **data}), where)
         return cls(**data)
 
 
@@ -300,6 +304,15 @@ def _host(value, where) -> types.MappingProxyType:
     return types.MappingProxyType({k: _number(v, f"host.{k}", where, allow_zero=True) for k, v in value.items()})
 
 
+def _per_op(value, field, where, *, fraction: bool) -> types.MappingProxyType:
+    """aten op name -> seconds (op_fixed_s: a CPU kernel's fixed cost beyond dispatch) or an efficiency
+    in (0, 1] (op_efficiency: measured / roofline rate of that op's kernel)."""
+    if not isinstance(value, Mapping):
+        raise UserError(f"{where}: {field} must be an object of aten op name -> number")
+    check = _fraction if fraction else (lambda v, f, w: _number(v, f, w, allow_zero=True))
+    return types.MappingProxyType({str(k): check(v, f"{field}.{k}", where) for k, v in value.items()})
+
+
 @lru_cache(maxsize=None)
 def _host_defaults() -> dict:
     where = "host_defaults.json"
@@ -358,6 +371,8 @@ def _validated_fields(spec, where: str) -> dict:
         "matrix_efficiency_curve": _curve(spec.matrix_efficiency_curve, where),
         "matrix_shape_curve": _shape_curve(getattr(spec, "matrix_shape_curve", ()), where),
         "host": _host(getattr(spec, "host", {}) or {}, where),
+        "op_fixed_s": _per_op(getattr(spec, "op_fixed_s", {}) or {}, "op_fixed_s", where, fraction=False),
+        "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True),
         "sources": _sources(spec.sources, where),
     }
     for f in ("mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",

@@ -188,3 +188,35 @@ def gemm_min_dim(call) -> float:
     except (AttributeError, IndexError, TypeError):
         return float("nan")
     return float(min(m, k, n))
+
+
+def op_device_times(ops, system, dtype, launch_s: float = None):
+    """Device seconds and bound per op and phase for the estimator's op table (a DataFrame with
+    name, macs_*, other_*, bytes_*, kernels_*, min_dim): adds columns ``t_fwd``, ``t_bwd``,
+    ``bound_fwd``, ``bound_bwd`` and returns the frame.
+
+    Per op: ``op_time_s`` with ``launch_s`` per kernel, the roofline part divided by the spec's
+    ``op_efficiency[name]`` (a kernel measured slower than the roofline on this machine: a CPU
+    convolution with few channels, a max-pool), plus ``op_fixed_s[name]`` (a CPU kernel's fixed
+    cost beyond dispatch: a reduction's or a small GEMM's set-up) in forward, and that fixed cost
+    x backward kernels / forward kernels in backward (the backward kernels of an op are costed
+    like its forward one: NB, an approximation).
+    """
+    system = load_system(system)
+    names = ops["name"].to_numpy(object)
+    eff = np.array([system.op_efficiency.get(n, 1.0) for n in names], dtype=float)
+    fixed = np.array([system.op_fixed_s.get(n, 0.0) for n in names], dtype=float)
+    k_fwd = ops["kernels_fwd"].to_numpy(float)
+    for phase in ("fwd", "bwd"):
+        k = ops[f"kernels_{phase}"].to_numpy(float)
+        launch = system.launch_overhead_s if launch_s is None else launch_s
+        t, bound = op_time_s(2 * ops[f"macs_{phase}"].to_numpy(float), ops[f"other_{phase}"].to_numpy(float),
+                             ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype, launch_s=launch,
+                             min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None)
+        t = np.asarray(t, dtype=float)
+        roof = t - k * launch
+        extra = fixed if phase == "fwd" else fixed * k / np.maximum(k_fwd, 1.0)
+        t = roof / eff + k * launch + np.where(k > 0, extra, 0.0)
+        ops[f"t_{phase}"] = np.where(k > 0, t, 0.0)
+        ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(bound, dtype=object), len(ops))
+    return ops

@@ -233,3 +233,70 @@ def device_kernel_rows(device, repeats: int, kernels: int = 256) -> pd.DataFrame
                           "flops": 0.0, "bytes": 0.0, "world_size": 1, "seconds": sec, "seconds_min": min(s),
                           "seconds_max": max(s), "repeats": len(s), "iters": kernels, "flops_per_s": math.nan,
                           "bytes_per_s": math.nan, "busbw_bytes_per_s": math.nan}], columns=list(MEASUREMENT_COLUMNS))
+
+
+# ------------------------------------------------------------------------------ per-op kernel costs (CPU)
+def _tiny_ops(dev):
+    """aten op name -> a call of it on tiny tensors (nothing to compute: dispatch + the kernel's fixed cost)."""
+    F = torch.nn.functional
+    y, w, b = torch.randn(8, 16, device=dev), torch.randn(16, 5, device=dev), torch.randn(5, device=dev)
+    img, k = torch.randn(1, 1, 6, 6, device=dev), torch.randn(1, 1, 3, 3, device=dev)
+    rm, rv, g, beta = (torch.zeros(16, device=dev), torch.ones(16, device=dev), torch.ones(16, device=dev),
+                       torch.zeros(16, device=dev))
+    bat = torch.randn(2, 4, 4, device=dev)
+    idx, table = torch.arange(8, device=dev), torch.randn(16, 4, device=dev)
+    return {
+        "addmm": lambda: torch.addmm(b, y, w), "mm": lambda: torch.mm(y, w), "bmm": lambda: torch.bmm(bat, bat),
+        "convolution": lambda: F.conv2d(img, k),
+        "native_batch_norm": lambda: F.batch_norm(y, rm, rv, g, beta, training=True),
+        "native_layer_norm": lambda: F.layer_norm(y, (16,)), "sum": lambda: y.sum(0), "mean": lambda: y.mean(0),
+        "_log_softmax": lambda: F.log_softmax(y, 1), "_softmax": lambda: F.softmax(y, 1),
+        "max_pool2d_with_indices": lambda: F.max_pool2d(img, 2), "relu": lambda: F.relu(y),
+        "gelu": lambda: F.gelu(y), "embedding": lambda: F.embedding(idx, table),
+    }
+
+
+def op_fixed_cases(device) -> list:
+    """One tiny call per aten op family (label = the op's name): its time less one plain tiny op's
+    is that kernel's fixed cost (``op_fixed_s``; CPU only: on a GPU it is device_kernel_s)."""
+    return [Case("opfixed", name, fn, "fp32") for name, fn in _tiny_ops(torch.device(device)).items()]
+
+
+class _One(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+def _formula_cost(fn, inputs, name: str) -> tuple:
+    """(matrix FLOPs, other FLOPs, bytes) of the forward ``name`` ops ``fn(*inputs)`` runs, by the estimator's formulas."""
+    from perfcheck.predict.aten_costs import cost_of
+    from perfcheck.predict.trace import trace_model
+
+    trace = trace_model(_One(fn), inputs)
+    mf = of = nb = 0.0
+    for op in trace.ops:
+        if op.call.name == name:
+            c = cost_of(op.call).cost.fwd
+            mf, of, nb = mf + 2 * c.macs, of + c.flops, nb + c.bytes
+    return mf, of, nb
+
+
+def op_efficiency_cases(device) -> list:
+    """Kernels that run far below the roofline on CPUs at small sizes, at a LeNet-like size (label =
+    the op's name): a 3->6 channel 5x5 convolution on 8 CIFAR images and a 2x2 max-pool of its output.
+    ``flops`` holds the matrix FLOPs, ``bytes`` the bytes and ``n`` the other FLOPs of the formulas."""
+    F = torch.nn.functional
+    dev = torch.device(device)
+    x, w, b = torch.randn(8, 3, 32, 32, device=dev), torch.randn(6, 3, 5, 5, device=dev), torch.randn(6, device=dev)
+    y = torch.randn(8, 6, 28, 28, device=dev)
+    out = []
+    for name, fn, inputs in (("convolution", F.conv2d, (x, w, b)),
+                             ("max_pool2d_with_indices", lambda t: F.max_pool2d(t, 2, 2), (y,))):
+        mf, of, nb = _formula_cost(fn, inputs, name)
+        out.append(Case("opeff", name, (lambda fn=fn, inputs=inputs: fn(*inputs)), "fp32", mf, nb,
+                        (0, 0, int(of))))
+    return out

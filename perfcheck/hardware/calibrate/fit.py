@@ -184,10 +184,35 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
     description = (f"{base.name} calibrated by perfcheck calibrate: {convention}. "
                    f"{stamp[0].upper() + stamp[1:]}. Unmeasured fields are the base spec {base.name!r}'s.")
     sources = {k: v for k, v in d.sources.items() if k.split(".", 1)[0] in _field_names()}
-    return dataclasses.replace(
+    spec = dataclasses.replace(
         base, name=name or f"{base.name}-calibrated", description=description, kind=d.kind,
         matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
         sources=sources, **d.fields)
+    return _per_op_costs(spec, table, d)
+
+
+def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
+    """op_fixed_s (tiny call less one plain tiny op) and op_efficiency (the formulas' roofline time on
+    the calibrated spec / the measured time less dispatch and fixed cost, capped at 1)."""
+    from perfcheck.predict import roofline
+
+    fixed_rows, eff_rows = _rows(table, "opfixed"), _rows(table, "opeff")
+    if not len(fixed_rows) and not len(eff_rows):
+        return spec
+    fixed = {r.label: max(float(r.seconds) - d.op_s, 0.0) for r in fixed_rows.itertuples(index=False)}
+    eff, sources = {}, dict(spec.sources)
+    for r in eff_rows.itertuples(index=False):
+        roof, _ = roofline.op_time_s(float(r.flops), float(r.n), float(r.bytes), 1.0, spec, "fp32", launch_s=0.0)
+        kernel_s = max(float(r.seconds) - d.op_s - fixed.get(r.label, 0.0), 1e-9)
+        eff[r.label] = float(min(max(roof / kernel_s, 1e-4), 1.0))
+    if fixed:
+        sources["op_fixed_s"] = (f"{d.stamp}: per aten op, one call on tiny tensors (8x16, 1x1x6x6) less one "
+                                 f"plain tiny op ({d.op_s * 1e6:.2f} us): the kernel's fixed cost beyond dispatch")
+    if eff:
+        sources["op_efficiency"] = (f"{d.stamp}: the estimator's roofline time on this spec / the measured time "
+                                    f"less dispatch and fixed cost, at a LeNet-like size (conv 3->6 ch 5x5 on "
+                                    f"8x3x32x32; 2x2 max-pool of 8x6x28x28)")
+    return dataclasses.replace(spec, op_fixed_s=fixed, op_efficiency=eff, sources=sources)
 
 
 def _launch(d: _Draft, table, threads):

@@ -51,7 +51,8 @@ import pandas as pd
 import torch
 
 from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
-                                                launch_cases, matmul_cases, run_cases, vector_cases)
+                                                launch_cases, matmul_cases, op_efficiency_cases, op_fixed_cases,
+                                                run_cases, vector_cases)
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec  # noqa: F401
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
@@ -206,6 +207,9 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
 
     group("launch overhead", launch_cases(dev))
     group("host (dispatch, autograd, module call, optimizer)", host_cases(dev))
+    if dev.type == "cpu":
+        group("per-op kernel fixed costs", op_fixed_cases(dev))
+        group("per-op kernel efficiency", op_efficiency_cases(dev))
     if dev.type == "cuda":
         frames.append(device_kernel_rows(dev, cfg["repeats"]))
     group("memory copy", copy_cases(cfg["copy_mb"], dev))
