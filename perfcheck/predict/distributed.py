@@ -1,5 +1,5 @@
 """Predict a torch-native parallel layout (DDP, FSDP2 ``fully_shard``, DTensor TP/SP, 2-D meshes)
-from ONE process: the collectives every module issues, per rank, with sharded FLOPs and memory.
+from ONE process: the collectives every module issues, per rank, with FLOPs and memory per rank (see the NB on TP FLOPs).
 
 How: the model is built and parallelised inside a *fake* process group (PyTorch's own, the
 ``"fake"`` backend of ``torch.testing._internal.distributed.fake_pg``: collectives complete at
@@ -12,7 +12,9 @@ backward run under
   S (the nccl-tests convention of ``predict/collectives.py``: all-gather S = gathered output,
   reduce-scatter S = unreduced input, all-reduce S = the tensor) and group size;
 * ``ModTracker`` for the module and phase that issued it (innermost module on the stack);
-* ``FlopCounterMode`` for the FLOPs each module does on one rank (DTensor ops run on local shards).
+* ``FlopCounterMode`` for the FLOPs of each module. NB (helper-5, 2026-11-22): it counts a DTensor
+  op at its logical (global) shapes, so under TP a column/row-parallel layer's count is tp times
+  what one rank computes; FSDP2/DDP counts are per rank (plain tensors after the all-gather).
 
 DDP's gradient all-reduce is issued by its C++ reducer straight to the process group, below the
 dispatcher; it is predicted from the reducer's buckets instead (one all-reduce per bucket, S =
@@ -257,7 +259,7 @@ def trace_collectives(model, example_inputs, *, kwargs=None, loss_fn=None) -> tu
     """One fake forward+backward of a model built in a fake process group: (collectives, flops).
 
     ``collectives``: DataFrame (COLLECTIVE_COLUMNS), one row per collective of the step.
-    ``flops``: {module path: (fwd FLOPs, bwd FLOPs)} on one rank (FlopCounterMode, local shards).
+    ``flops``: {module path: (fwd FLOPs, bwd FLOPs)} (FlopCounterMode: DTensor ops at global shapes).
     ``.grad`` of every parameter is restored afterwards; the forward runs under FakeTensorMode.
     """
     import torch.distributed as dist
@@ -417,3 +419,54 @@ def bytes_by_kind(coll: pd.DataFrame) -> dict:
     if coll is None or coll.empty:
         return {}
     return {k: float(v) for k, v in coll.groupby("kind")["bytes"].sum().items()}
+
+
+def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=False, kwargs=None,
+                     optimizer="sgd") -> pd.DataFrame:
+    """``perfcheck.estimate`` for an FSDP2 / DTensor model: the compute columns come from an
+    unparallelised meta twin (integrations.torch_distributed.meta_twin; the live model is not
+    touched) run on ``example_inputs`` as given (the rank's batch, or its sequence shard under SP);
+    the communication columns from the collectives the layout issues: traced on a fake process
+    group when one is the default group (every funcol/c10d op, per module), otherwise read from the
+    live layout (FSDP2 units, DDP buckets).
+
+    NB (helper-5, 2026-11-22): under tensor parallelism the twin's compute is the whole layer's,
+    tp times one rank's; ``predict_parallel(...)["modules"]`` has FlopCounterMode's counts (also
+    at DTensor ops' global shapes, see the module docstring). ``attrs['flops_traced']`` carries them.
+    """
+    import numpy as np
+    import torch.distributed as dist
+
+    from perfcheck.hardware.systems import load_system
+    from perfcheck.integrations import torch_distributed as native
+    from perfcheck.predict import collectives as coll_model
+    from perfcheck.predict.module_estimator import default_system_name, estimate
+    from perfcheck.schema import parent_path
+
+    spec = load_system(system if system is not None else default_system_name())
+    frame = estimate(native.meta_twin(model), example_inputs, system=spec, dtype=dtype, causal=causal,
+                     kwargs=kwargs, optimizer=optimizer)
+    if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake"):
+        out = native.add_live_collectives(frame, model, spec)
+        out.attrs["collectives_source"] = "live layout (FSDP2 units, DDP buckets; TP/SP redistributes need a fake group)"
+        return out
+    coll, flops = trace_collectives(model, example_inputs, kwargs=kwargs)
+    frame = frame.copy()
+    frame["comm_fwd_bytes"], frame["comm_bwd_bytes"] = 0.0, 0.0
+    index = {p: i for i, p in enumerate(frame["module"])}
+    kinds = {p: set() for p in frame["module"]}
+    for r in coll.itertuples(index=False):
+        phase = "fwd" if r.phase == "fwd" else "bwd"  # optimizer-time reductions count with backward
+        t = float(np.asarray(coll_model.collective_time_s(r.kind, r.bytes, r.group_size, spec)))
+        path = r.module if r.module in index else ROOT
+        while path is not None:
+            if path in index:
+                i = frame.index[index[path]]
+                frame.loc[i, f"comm_{phase}_bytes"] += r.bytes
+                frame.loc[i, f"pred_{phase}_s"] += t
+                kinds[path].add(r.kind)
+            path = parent_path(path)
+    frame["comm_kind"] = [",".join(sorted(kinds.get(p, ()))) for p in frame["module"]]
+    frame.attrs["flops_traced"] = flops
+    frame.attrs["collectives_source"] = "traced on the fake process group"
+    return frame
