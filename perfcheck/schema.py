@@ -57,6 +57,10 @@ PREDICTED_EXTRA_COLUMNS: Mapping[str, str] = {
     "unmodeled_ops": "aten ops no formula knows, costed by their bytes alone, ','-joined ('' if none)",
     "kernels_fwd": "kernel launches predicted for the forward (the launch-overhead term counts these)",
     "kernels_bwd": "kernel launches predicted for the backward",
+    "macs_recompute": "matrix MACs re-run in backward by activation checkpointing (torch.utils.checkpoint): the "
+                      "forward MACs of the module's checkpointed ops; 0 without checkpointing",
+    "flops_recompute": "all FLOPs re-run in backward by activation checkpointing (2*macs_recompute + other)",
+    "pred_recompute_s": "predicted time of that recompute, seconds (measured as recompute_s; not in pred_bwd_s)",
 }
 
 # --------------------------------------------------------------------------------------------

@@ -115,6 +115,20 @@ def _distinct(t: Optional[TensorMeta]) -> int:
 
 # ---------------------------------------------------------------------------------- matmuls
 
+@register(*_packets("_grouped_mm"))
+def _grouped_mm(c: OpCall):
+    """torch._grouped_mm (output shapes as torch's meta kernel: _create_grouped_mm_output_tensor).
+    MACs: every output element is a K-term dot product, K = a.shape[-1] -- except 2D x 2D, where
+    offsets split K_total into G groups and out is (G, M, N): M*K_total*N (each k in one group)."""
+    a, b, out = c.args[0], c.args[1], c.outputs[0]
+    if len(a.shape) == 2 and len(b.shape) == 2:
+        macs = a.shape[0] * a.shape[1] * b.shape[1]
+    else:
+        macs = out.numel * a.shape[-1]
+    return F.grouped_matmul(macs, a.numel, b.numel, out.numel, a_grad=a.requires_grad, b_grad=b.requires_grad,
+                            elem_bytes=_eb(a))
+
+
 @register(aten.mm)
 def _mm(c: OpCall):
     a, b = c.args[0], c.args[1]
@@ -459,11 +473,14 @@ def cost_of(c: OpCall) -> Resolved:
     fn: Optional[Callable] = _REGISTRY.get(packet)
     if fn is not None:
         return Resolved(fn(c), "modeled")
-    if packet in ZERO_COST_OPS or c.func.namespace == "prim" or _is_view(c.func):
-        return Resolved(F.OpCost(), "free")
+    tags = getattr(c.func, "tags", ())
+    if packet in ZERO_COST_OPS or c.func.namespace == "prim" or _is_view(c.func) or torch.Tag.inplace_view in tags:
+        return Resolved(F.OpCost(), "free")  # inplace_view: as_strided_, transpose_, ... change metadata only
+    functional = _functional_twin(c)
+    if functional is not None:  # masked_fill_ -> masked_fill: same work, written in place
+        return cost_of(functional)
     if packet in _FILL_OPS:
         return Resolved(_write_only(c), "modeled")
-    tags = getattr(c.func, "tags", ())
     if torch.Tag.pointwise in tags:
         return Resolved(_pointwise(c), "modeled")
     if torch.Tag.reduction in tags:
@@ -473,6 +490,20 @@ def cost_of(c: OpCall) -> Resolved:
     if packet in flop_registry and c.outputs:
         return Resolved(_counted(c, flop_registry[packet]), "counted")
     return Resolved(_memory_only(c), "unmodeled")
+
+
+def _functional_twin(c: OpCall) -> Optional[OpCall]:
+    """The out-of-place overload of an in-place op (``x.masked_fill_(m, v)`` -> ``masked_fill``),
+    when it exists with the same arguments: in-place variants often lack the ``pointwise`` tag
+    their functional twin carries, and otherwise fall through to 'unmodeled'."""
+    name = c.name
+    if torch.Tag.inplace not in getattr(c.func, "tags", ()) or not name.endswith("_") or name.startswith("_"):
+        return None
+    packet = getattr(aten, name[:-1], None)
+    overload = getattr(packet, c.func._overloadname, None) if packet is not None else None
+    if overload is None:
+        return None
+    return OpCall(overload, c.args, c.kwargs, c.outputs)
 
 
 def registered_ops() -> list:

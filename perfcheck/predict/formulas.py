@@ -88,6 +88,22 @@ def matmul(m, k, n, *, batch=1, a_grad=True, b_grad=True, bias=False, bias_grad=
     return OpCost(fwd, bwd, saved * elem_bytes, params)
 
 
+def grouped_matmul(macs, a_numel, b_numel, out_numel, *, a_grad=True, b_grad=True, elem_bytes=4,
+                   b_is_weight=True) -> OpCost:
+    """A grouped GEMM (torch._grouped_mm: one kernel, G independent products; MoE experts).
+
+    The caller derives ``macs`` from the shapes (2D x 3D with offsets: M*K*N for (M, K) tokens
+    sorted by expert and (G, K, N) expert weights; 3D x 3D: G*M*K*N; 2D x 2D: M*K_total*N).
+    Like ``matmul``: bwd grad_a = g @ b^T and grad_b = a^T @ g, ``macs`` each, when that operand
+    requires grad; saved: a for grad_b, b for grad_a (unless b is a weight, which is state).
+    """
+    fwd = Cost(macs=macs, bytes=(a_numel + b_numel + out_numel) * elem_bytes, kernels=1)
+    grad_a = Cost(macs=macs, bytes=(out_numel + b_numel + a_numel) * elem_bytes, kernels=1)
+    grad_b = Cost(macs=macs, bytes=(a_numel + out_numel + b_numel) * elem_bytes, kernels=1)
+    saved = a_numel * b_grad + b_numel * a_grad * (not b_is_weight)
+    return OpCost(fwd, grad_a.scale(a_grad) + grad_b.scale(b_grad), saved * elem_bytes, b_numel * b_is_weight)
+
+
 def linear(tokens, in_features, out_features, *, bias=True, x_grad=True, w_grad=True,
            elem_bytes=4) -> OpCost:
     """nn.Linear on (tokens, in) -> (tokens, out): a matmul against a weight (in, out)."""

@@ -8,6 +8,8 @@ documented in perfcheck.schema.PREDICTED_COLUMNS.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import torch
@@ -16,6 +18,7 @@ from perfcheck.errors import UserError
 from perfcheck.model_paths import module_paths, unwrap
 from perfcheck.predict import trace as tracing
 from perfcheck.predict.aten_costs import cost_of, sdpa_cost
+from perfcheck.predict.formulas import ZERO
 from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, module_depth
 
 _BOUND_ORDER = ("compute", "memory", "overhead", "comm")
@@ -62,18 +65,30 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
     """One row per traced op with its forward and backward cost and how it was resolved."""
     rows = []
     for i, op in enumerate(trace.ops):
-        if op.sdpa:
-            q, k, v = op.call.args
-            cost, source = sdpa_cost(q, k, v, causal=causal and op.causal), "modeled"
+        if op.sdpa or op.call.name in _FLASH_SDPA:
+            q, k, v = op.call.args[:3]
+            cost, source = sdpa_cost(q, k, v, causal=causal and (op.causal or _is_causal(op.call))), "modeled"
         else:
             resolved = cost_of(op.call)
             cost, source = resolved.cost, resolved.source
         if source == "free":
             continue
+        if not op.backward:  # autograd never differentiates it (no_grad, .detach()'d, frozen)
+            cost = replace(cost, bwd=ZERO)
         rows.append((i, op.call.name, source, cost.fwd.macs, cost.fwd.flops, cost.fwd.bytes, cost.fwd.kernels,
-                     cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels))
+                     cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels, op.recompute))
     return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
-                                       "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd"])
+                                       "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "recompute"])
+
+
+#: Fused attention ops the CPU dispatcher picks itself (args q, k, v, dropout_p, is_causal, ...).
+_FLASH_SDPA = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention")
+
+
+def _is_causal(call) -> bool:
+    if call.name not in _FLASH_SDPA:
+        return False
+    return bool(call.arg(4, "is_causal", False))
 
 
 def _time_ops(ops: pd.DataFrame, system, dtype) -> pd.DataFrame:
@@ -130,12 +145,18 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     joined = ops.iloc[members["row"].to_numpy()].reset_index(drop=True)
     joined["module"] = members["module"].to_numpy()
     joined["counted"] = joined["source"] == "counted"
+    # Activation checkpointing re-runs these forwards during backward (measured as `recompute`).
+    rec = joined["recompute"].to_numpy(bool)
+    joined["macs_rec"] = np.where(rec, joined["macs_fwd"], 0.0)
+    joined["other_rec"] = np.where(rec, joined["other_fwd"], 0.0)
+    joined["t_rec"] = np.where(rec, joined["t_fwd"], 0.0)
     joined["unmodeled"] = np.where(joined["source"] == "unmodeled", joined["name"], None)
     sums = joined.groupby("module").agg(
         macs_fwd=("macs_fwd", "sum"), macs_bwd=("macs_bwd", "sum"), other_fwd=("other_fwd", "sum"),
         other_bwd=("other_bwd", "sum"), bytes_fwd=("bytes_fwd", "sum"), bytes_bwd=("bytes_bwd", "sum"),
         pred_fwd_s=("t_fwd", "sum"), pred_bwd_s=("t_bwd", "sum"), counted=("counted", "any"),
         kernels_fwd=("kernels_fwd", "sum"), kernels_bwd=("kernels_bwd", "sum"),
+        macs_recompute=("macs_rec", "sum"), other_rec=("other_rec", "sum"), pred_recompute_s=("t_rec", "sum"),
         unmodeled_ops=("unmodeled", lambda s: ",".join(sorted(set(s.dropna())))))
     modules = {path: mod for path, mod in _named(model)}
     frame = pd.DataFrame({"module": trace.order})
@@ -145,8 +166,9 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     frame["params"] = [_param_count(modules[p]) if p in modules else 0 for p in trace.order]
     frame = frame.join(sums, on="module")
     for col in ("macs_fwd", "macs_bwd", "other_fwd", "other_bwd", "bytes_fwd", "bytes_bwd", "pred_fwd_s", "pred_bwd_s",
-                "kernels_fwd", "kernels_bwd"):
+                "kernels_fwd", "kernels_bwd", "macs_recompute", "other_rec", "pred_recompute_s"):
         frame[col] = frame[col].fillna(0.0)
+    frame["flops_recompute"] = 2 * frame["macs_recompute"] + frame["other_rec"]
     frame["flops_fwd"] = 2 * frame["macs_fwd"] + frame["other_fwd"]
     frame["flops_bwd"] = 2 * frame["macs_bwd"] + frame["other_bwd"]
     frame["act_mem"] = [float(sum(trace.saved.get(p, {}).values())) for p in trace.order]

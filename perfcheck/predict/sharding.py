@@ -152,6 +152,9 @@ def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool):
     frac = 0.5 if causal else 1.0
     if flash:
         core = F.attention(x.b, heads_t, x.s, x.s, q, q, causal=causal, elem_bytes=eb)
+        # The kernel saves its output, which is also out_proj's saved input: one tensor, counted
+        # there (autograd keeps one storage; the module estimator deduplicates it the same way).
+        core = replace(core, act_mem=core.act_mem - x.tokens * e / x.t * eb)
         rows.append(Sublayer("core_attention", "attention", core))
     else:
         probs = x.b * heads_t * x.s * x.s  # elements of the (b, h/t, s, s) score matrix

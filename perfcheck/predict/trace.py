@@ -9,11 +9,21 @@ Hooks are owned by the ``trace_model`` call and removed before it returns, whate
 F.scaled_dot_product_attention is recorded as one fused op (a TorchFunctionMode sees it before
 the dispatcher decomposes it), so attention is costed as the flash/efficient kernel that runs on
 the target device, not as the math fallback the meta device would pick.
+
+Backward follows autograd, not the forward: an op gets a backward only when its output's
+``grad_fn`` is reachable from the model's outputs (``TracedOp.backward``), so work under
+``torch.no_grad()``, behind ``.detach()`` or on frozen parameters costs no backward, and the
+tensors such work saved are freed with its graph and are not activation memory. Ops inside an
+activation-checkpointed region (``torch.utils.checkpoint``, either flavour) are marked
+``recompute``: backward runs their forward again.
 """
 from __future__ import annotations
 
+import logging
 import math
-from contextlib import ExitStack
+import sys
+import weakref
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +48,8 @@ class TracedOp:
     stack: tuple  # module paths, outermost first
     sdpa: bool = False  # a fused F.scaled_dot_product_attention call
     causal: bool = False
+    backward: bool = True  # autograd differentiates this op (its grad_fn reaches the outputs)
+    recompute: bool = False  # inside an activation-checkpointed region: forward re-runs in backward
 
 
 @dataclass
@@ -56,111 +68,307 @@ class Trace:
     order: list = field(default_factory=list)  # paths in first-call order
     saved: dict = field(default_factory=dict)  # path -> {storage key: bytes} saved while inside it
     dtype_override: object = None
+    opaque: list = field(default_factory=list)  # (path, reason) of work the trace could not see into
 
 
-def _meta_of(t: torch.Tensor, elem_bytes_override) -> TensorMeta:
+def _meta_of(t: torch.Tensor, elem_bytes_override, grad=None) -> TensorMeta:
+    """``grad``: a function tensor -> bool for ``requires_grad`` (default: the tensor's own flag)."""
     is_float = t.is_floating_point() or t.is_complex()
     eb = elem_bytes_override if (is_float and elem_bytes_override) else t.element_size()
     distinct = math.prod(n for n, st in zip(t.shape, t.stride()) if st != 0) if t.layout == torch.strided else -1
-    return TensorMeta(tuple(t.shape), eb, bool(t.requires_grad), is_float, distinct)
+    rg = bool(t.requires_grad) if grad is None else grad(t)
+    return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct)
 
 
-def _to_meta(x, elem_bytes):
-    return _meta_of(x, elem_bytes) if isinstance(x, torch.Tensor) else x
+def _to_meta(x, elem_bytes, grad=None):
+    return _meta_of(x, elem_bytes, grad) if isinstance(x, torch.Tensor) else x
+
+
+_REENTRANT_FORWARD = None
+
+
+def _checkpoint_region() -> str:
+    """'non-reentrant' | 'reentrant' | '' : whether the op now running is inside a region of
+    torch.utils.checkpoint (its forward is re-run during backward).
+
+    Non-reentrant checkpointing packs saved tensors with its own ``_checkpoint_hook`` (the top
+    of autograd's saved-tensor hook stack); the reentrant flavour runs the region under
+    ``torch.no_grad()`` inside ``CheckpointFunction.forward`` (looked for on the Python stack,
+    only when grad mode is off)."""
+    global _REENTRANT_FORWARD
+    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if top is not None and "_checkpoint_hook" in getattr(top[0], "__qualname__", ""):
+        return "non-reentrant"
+    if torch.is_grad_enabled():
+        return ""
+    if _REENTRANT_FORWARD is None:
+        from torch.utils.checkpoint import CheckpointFunction
+
+        _REENTRANT_FORWARD = CheckpointFunction.forward.__code__
+    frame = sys._getframe(2)
+    for _ in range(256):
+        if frame is None:
+            break
+        if frame.f_code is _REENTRANT_FORWARD:
+            return "reentrant"
+        frame = frame.f_back
+    return ""
+
+
+class _GradRule:
+    """``requires_grad`` as backward will see it, for the op running now: nothing under
+    ``torch.no_grad()``; inside a reentrant checkpoint (which runs under no_grad but re-runs with
+    grad in backward) every floating tensor except frozen parameters/buffers."""
+
+    def __init__(self, state_storages: set):
+        self.state_storages = state_storages
+
+    def __call__(self):
+        region = _checkpoint_region()
+        if region == "reentrant":
+            return region, self._reentrant
+        if not torch.is_grad_enabled():
+            return region, _no_grad
+        return region, None
+
+    def _reentrant(self, t):
+        if t.requires_grad:
+            return True
+        return (t.is_floating_point() or t.is_complex()) and _storage_key(t) not in self.state_storages
+
+
+def _no_grad(t):
+    return False
 
 
 class _Recorder(TorchDispatchMode):
     """Records every aten op below the autograd layer with the current module stack."""
 
-    def __init__(self, trace: Trace, stack: list, elem_bytes, hidden: list):
+    def __init__(self, trace: Trace, stack: list, elem_bytes, hidden: list, grad_rule: "_GradRule", outs: dict):
         super().__init__()
         self.trace, self.stack, self.elem_bytes, self.hidden = trace, stack, elem_bytes, hidden
+        self.grad_rule, self.outs = grad_rule, outs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self.hidden[0] == 0 and torch._C._current_graph_task_id() == -1:
             # requires_grad of the inputs is visible here; outputs get it after autograd returns.
-            meta_args = tree_map(lambda x: _to_meta(x, self.elem_bytes), args)
-            meta_kwargs = tree_map(lambda x: _to_meta(x, self.elem_bytes), kwargs)
-            outs = tuple(_meta_of(t, self.elem_bytes) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
-            self.trace.ops.append(TracedOp(OpCall(func, meta_args, meta_kwargs, outs), tuple(self.stack)))
+            region, grad = self.grad_rule()
+            meta_args = tree_map(lambda x: _to_meta(x, self.elem_bytes, grad), args)
+            meta_kwargs = tree_map(lambda x: _to_meta(x, self.elem_bytes, grad), kwargs)
+            tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            outs = tuple(_meta_of(t, self.elem_bytes) for t in tensors)
+            self.trace.ops.append(TracedOp(OpCall(func, meta_args, meta_kwargs, outs), tuple(self.stack),
+                                           recompute=bool(region)))
+            # Kept until the forward ends: their grad_fn (set after this returns) says whether
+            # backward ever reaches the op. Reentrant-checkpoint ops have none: always differentiated.
+            self.outs[len(self.trace.ops) - 1] = None if region == "reentrant" else tensors
         return out
+
+
+class _Packed:
+    """What our saved-tensor hook hands autograd: a weak reference to the saved tensor. It lives
+    exactly as long as the autograd node that saved it, so a node freed with its graph (a
+    ``.detach()``'d branch) tells us its tensors were never activation memory. Holding the tensor
+    weakly avoids the node -> packed -> tensor -> grad_fn cycle a strong reference would make."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, t):
+        self.tensor = weakref.ref(t)
 
 
 class _Saved:
     """Bytes autograd keeps for backward, per module on the stack, deduplicated by storage;
-    parameters and buffers are state, not activations."""
+    parameters and buffers are state, not activations.
+
+    Storage keys are only unique while the storage lives, so every keyed storage is kept alive
+    for the whole trace (fake storages cost nothing): a freed address can never be reused by a
+    later tensor and merge two different activations."""
 
     def __init__(self, trace: Trace, stack: list, elem_bytes, hidden: list):
         self.trace, self.stack, self.elem_bytes, self.hidden = trace, stack, elem_bytes, hidden
         self.state_storages: set = set()
+        self.entries: list = []  # (key, bytes, module paths, alive: () -> truthy while saved)
+        self.alive_storages: dict = {}  # key -> storage (or tensor), held until the trace ends
 
-    def add(self, key, nbytes):
-        for path in set(self.stack):
-            self.trace.saved.setdefault(path, {})[key] = nbytes
+    def key(self, t: torch.Tensor):
+        try:
+            st = t.untyped_storage()
+            key = st._cdata
+        except Exception:  # noqa: BLE001 - tensor subclasses without storage: identity of the tensor
+            st, key = t, id(t)
+        self.alive_storages.setdefault(key, st)
+        return key
 
-    def add_tensor(self, t: torch.Tensor):
-        key = _storage_key(t)
+    def add(self, key, nbytes, alive):
+        if self.stack:
+            self.entries.append((key, nbytes, tuple(dict.fromkeys(self.stack)), alive))
+
+    def add_tensor(self, t: torch.Tensor, alive):
+        key = self.key(t)
         if key in self.state_storages or not self.stack:
             return
         nbytes = t.untyped_storage().nbytes() if hasattr(t, "untyped_storage") else t.numel() * t.element_size()
         if self.elem_bytes and t.is_floating_point():
             nbytes = nbytes * self.elem_bytes // t.element_size()
-        self.add(key, nbytes)
+        self.add(key, nbytes, alive)
 
     def pack(self, t):
-        if not self.hidden[0]:  # inside a fused op its own saved set is added instead
-            self.add_tensor(t)
-        return t
+        if self.hidden[0]:  # inside a fused op its own saved set is added instead
+            return t
+        packed = _Packed(t)
+        self.add_tensor(t, weakref.ref(packed))
+        return packed
+
+    @staticmethod
+    def unpack(p):
+        return p.tensor() if isinstance(p, _Packed) else p
+
+    def finish(self):
+        """Fill ``trace.saved`` with what is still saved once the forward is over."""
+        for key, nbytes, paths, alive in self.entries:
+            if alive():
+                for path in paths:
+                    self.trace.saved.setdefault(path, {})[key] = nbytes
 
 
 class _FusedCatcher(TorchFunctionMode):
-    """Records fused kernels as one op each and hides their decomposition (ops and saved tensors):
-    F.scaled_dot_product_attention always (the flash/efficient kernel: saves q, k, v, out and the
-    fp32 row log-sum-exp, never the s x s matrix), and F.dropout when ``fused_dropout`` (CUDA's
-    native_dropout: one kernel keeping a 1-byte mask; CPU runs bernoulli_/div_/mul and keeps a
-    mask of the input's dtype, which is what the trace sees when the target is a CPU)."""
+    """Records fused kernels as one op each and hides their decomposition (ops and saved tensors).
 
-    def __init__(self, trace: Trace, stack: list, elem_bytes, hidden: list, saved: _Saved, fused_dropout: bool):
+    GPU targets (``gpu``): F.scaled_dot_product_attention is the flash/efficient kernel (saves
+    q, k, v, out and the fp32 row log-sum-exp, never the s x s matrix), also when reached through
+    F.multi_head_attention_forward (nn.MultiheadAttention, nn.Transformer*), and F.dropout is
+    CUDA's native_dropout (one kernel keeping a 1-byte mask). On the ``cpu`` target nothing is
+    caught: the trace runs on fake CPU tensors, whose dispatcher picks what the CPU runs
+    (_scaled_dot_product_flash_attention_for_cpu, or the math path with dropout or a mask that
+    needs a gradient; bernoulli_/div_/mul dropout with a mask of the input's dtype).
+
+    Always: torch._grouped_mm (MoE experts) is recorded as one grouped GEMM. Its meta kernel
+    (which fake tensors use) refuses anything but bf16 although the CPU runs fp32, so for other
+    dtypes the output is made by a shape-only stand-in that keeps the autograd graph."""
+
+    def __init__(self, trace: Trace, stack: list, elem_bytes, hidden: list, saved: _Saved, gpu: bool,
+                 grad_rule: _GradRule, outs: dict):
         super().__init__()
         self.trace, self.stack, self.elem_bytes, self.hidden = trace, stack, elem_bytes, hidden
-        self.saved, self.fused_dropout = saved, fused_dropout
+        self.saved, self.gpu, self.grad_rule, self.outs = saved, gpu, grad_rule, outs
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.hidden[0] or not (func is TF.scaled_dot_product_attention or
-                                  (func is TF.dropout and self.fused_dropout and _dropout_active(args, kwargs))):
+        if self.hidden[0]:
             return func(*args, **kwargs)
+        if func in _GROUPED_MM:
+            return self._grouped_mm(args, kwargs)
+        if self.gpu and func is TF.multi_head_attention_forward:
+            # The mode is off while this handler runs, so the SDPA call inside would go unseen:
+            # run the function's body under this mode instead (see _reentered).
+            with self:
+                return _reentered(func)(*args, **kwargs)
+        if not self.gpu or not (func is TF.scaled_dot_product_attention or
+                                (func is TF.dropout and _dropout_active(args, kwargs))):
+            return func(*args, **kwargs)
+        region, grad = self.grad_rule()
         self.hidden[0] += 1
         try:
             out = func(*args, **kwargs)
         finally:
             self.hidden[0] -= 1
         if func is TF.dropout:
-            self._dropout(args[0], out, kwargs.get("p", args[1] if len(args) > 1 else 0.5))
+            self._dropout(args[0], out, kwargs.get("p", args[1] if len(args) > 1 else 0.5), region, grad)
         else:
-            self._sdpa(args, kwargs, out)
+            self._sdpa(args, kwargs, out, region, grad)
         return out
 
-    def _sdpa(self, args, kwargs, out):
+    def _record(self, call, out, region, **flags):
+        self.trace.ops.append(TracedOp(call, tuple(self.stack), recompute=bool(region), **flags))
+        index = len(self.trace.ops) - 1
+        self.outs[index] = None if region == "reentrant" else [out]
+        return lambda: self.trace.ops[index].backward
+
+    def _sdpa(self, args, kwargs, out, region, grad):
         q, k, v = args[:3]
         causal = bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))
-        metas = tuple(_meta_of(t, self.elem_bytes) for t in (q, k, v))
+        metas = tuple(_meta_of(t, self.elem_bytes, grad) for t in (q, k, v))
         call = OpCall(_SDPA_OP, metas, {}, (_meta_of(out, self.elem_bytes),))
-        self.trace.ops.append(TracedOp(call, tuple(self.stack), sdpa=True, causal=causal))
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        alive = self._record(call, out, region, sdpa=True, causal=causal)
+        if any(m.requires_grad for m in metas) and region != "non-reentrant":
             for t in (q, k, v, out):
-                self.saved.add_tensor(t)
-            self.saved.add(("lse", len(self.trace.ops)), math.prod(q.shape[:-1]) * 4)
+                self.saved.add_tensor(t, alive)
+            self.saved.add(("lse", len(self.trace.ops)), math.prod(q.shape[:-1]) * 4, alive)
 
-    def _dropout(self, x, out, p):
-        call = OpCall(torch.ops.aten.native_dropout.default, (_meta_of(x, self.elem_bytes), p, True), {},
-                      (_meta_of(out, self.elem_bytes),))
-        self.trace.ops.append(TracedOp(call, tuple(self.stack)))
-        if torch.is_grad_enabled() and x.requires_grad:
-            self.saved.add(("dropout-mask", len(self.trace.ops)), x.numel())  # bool mask, 1 byte per element
+    def _dropout(self, x, out, p, region, grad):
+        xm = _meta_of(x, self.elem_bytes, grad)
+        call = OpCall(torch.ops.aten.native_dropout.default, (xm, p, True), {}, (_meta_of(out, self.elem_bytes),))
+        alive = self._record(call, out, region)
+        if xm.requires_grad and region != "non-reentrant":
+            self.saved.add(("dropout-mask", len(self.trace.ops)), x.numel(), alive)  # bool mask, 1 byte per element
 
+    def _grouped_mm(self, args, kwargs):
+        a, b = args[0], args[1]
+        offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+        bias = kwargs.get("bias", args[3] if len(args) > 3 else None)
+        out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None)
+        region, grad = self.grad_rule()
+        self.hidden[0] += 1
+        try:
+            if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+                out = torch._grouped_mm(a, b, offs=offs, bias=bias, out_dtype=out_dtype)
+            else:
+                out = _GroupedMmShape.apply(a, b, offs, out_dtype or a.dtype)
+        finally:
+            self.hidden[0] -= 1
+        metas = (_meta_of(a, self.elem_bytes, grad), _meta_of(b, self.elem_bytes, grad),
+                 None if offs is None else _meta_of(offs, None))
+        call = OpCall(torch.ops.aten._grouped_mm.default, metas, {}, (_meta_of(out, self.elem_bytes),))
+        alive = self._record(call, out, region)
+        if region != "non-reentrant":  # each operand is saved for the other's gradient
+            if metas[1].requires_grad:
+                self.saved.add_tensor(a, alive)
+            if metas[0].requires_grad:
+                self.saved.add_tensor(b, alive)
+        return out
+
+
+_GROUPED_MM = tuple(f for f in (getattr(torch, "_grouped_mm", None), getattr(TF, "grouped_mm", None)) if f)
+
+
+class _GroupedMmShape(torch.autograd.Function):
+    """A shape-only stand-in for torch._grouped_mm (the output shapes of torch's meta kernel,
+    torch/_meta_registrations.py ``_create_grouped_mm_output_tensor``); never run backward."""
+
+    @staticmethod
+    def forward(ctx, a, b, offs, dtype):
+        if a.dim() == 2:
+            shape = (offs.shape[0], a.shape[0], b.shape[1]) if b.dim() == 2 else (a.shape[0], b.shape[-1])
+        else:
+            shape = (a.shape[1], b.shape[1]) if b.dim() == 2 else (a.shape[0], a.shape[1], b.shape[-1])
+        return a.new_empty(shape, dtype=dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - the trace never runs backward
+        raise NotImplementedError("perfcheck's grouped-GEMM stand-in is for shape tracing only")
+
+
+def _reentered(func):
+    """``func`` (a Python function that starts with ``if has_torch_function(...): return
+    handle_torch_function(...)``) with that first check answering False, so that its body runs
+    under the active mode and the torch functions it calls are seen by it."""
+    import types
+
+    cached = _REENTERED.get(func)
+    if cached is None:
+        glb = dict(func.__globals__)
+        glb.update(has_torch_function=lambda *a: False, has_torch_function_unary=lambda *a: False,
+                   has_torch_function_variadic=lambda *a: False)
+        cached = types.FunctionType(func.__code__, glb, func.__name__, func.__defaults__, func.__closure__)
+        cached.__kwdefaults__ = func.__kwdefaults__
+        _REENTERED[func] = cached
+    return cached
+
+
+_REENTERED: dict = {}
 
 _SDPA_OP = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu",
                    torch.ops.aten._scaled_dot_product_flash_attention).default
@@ -179,6 +387,48 @@ def _storage_key(t: torch.Tensor):
         return id(t)
 
 
+def _mark_backward(trace: Trace, outs: dict, result) -> None:
+    """``TracedOp.backward``: whether autograd's backward from the model's outputs reaches the op.
+
+    Walks ``grad_fn.next_functions`` from every output tensor that requires grad; an op is
+    differentiated when the node that made its output is on that walk (an in-place op later
+    applied to the same tensor stands for it: backward reaches the first through the second)."""
+    seen: dict = {}
+    todo = [t.grad_fn for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node  # holds the node: ids stay unique during the walk
+        todo.extend(n for n, _ in node.next_functions if n is not None)
+    for index, tensors in outs.items():
+        if tensors is None:
+            continue  # reentrant checkpoint: no graph in forward, always re-run and differentiated
+        node = None
+        for t in tensors:
+            base = t._base if t._is_view() and t._base is not None else t
+            node = base.grad_fn if base.grad_fn is not None else t.grad_fn
+            if node is not None:
+                break
+        trace.ops[index].backward = node is not None and id(node) in seen
+
+
+@contextmanager
+def _quiet_torch_logs():
+    """Silence torch's own loggers while tracing: a failing op makes fake-tensor mode log ~25
+    lines before the exception that perfcheck turns into its one-line error."""
+    loggers = [logging.getLogger(n) for n in ("torch._subclasses.fake_tensor", "torch._subclasses",
+                                              "torch.fx.experimental.symbolic_shapes")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def _twin(t: torch.Tensor, device) -> torch.Tensor:
     """An empty tensor like ``t`` (shape, strides, dtype, requires_grad) on ``device``; inside
     FakeTensorMode it is a fake tensor: no data is read or allocated."""
@@ -186,13 +436,18 @@ def _twin(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def _fake_inputs(example_inputs, fake_mode: FakeTensorMode, device):
-    """Fake twins of the inputs on the model's device (call inside fake_mode)."""
+    """Fake twins of the inputs on the model's device (call inside fake_mode). The same tensor
+    passed twice gets the same twin (``mha(x, x, x)`` takes a self-attention fast path on it)."""
+    memo: dict = {}
+
     def conv(x):
         if not isinstance(x, torch.Tensor):
             return x
-        if x.device.type == "meta" and device.type != "meta":
-            return _twin(x, device)
-        return fake_mode.from_tensor(x)
+        if x.device.type != "meta":
+            return fake_mode.from_tensor(x)
+        if id(x) not in memo:
+            memo[id(x)] = (x, _twin(x, device))
+        return memo[id(x)][1]
 
     return tree_map(conv, example_inputs)
 
@@ -211,8 +466,13 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
 
     ``example_inputs``: a tensor or tuple of tensors/values (real, fake or meta), as the model's
     forward takes them. ``elem_bytes`` overrides the element size of floating tensors (to
-    estimate bf16 on an fp32 model without converting it). ``fused_dropout``: record dropout as
-    CUDA's single fused kernel with a 1-byte mask (the estimator sets it for GPU targets).
+    estimate bf16 on an fp32 model without converting it). ``fused_dropout``: the target is a
+    GPU: attention is the fused kernel and dropout CUDA's single kernel with a 1-byte mask (the
+    estimator sets it for GPU targets; see ``_FusedCatcher``).
+
+    Parameters, buffers and inputs on the meta device are traced as fake *CPU* tensors, so that a
+    model built on the meta device and the same model built on the CPU dispatch to the same
+    kernels and give identical numbers.
     """
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
@@ -236,28 +496,34 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         if paths.get(id(mod)) is not None and stack and stack[-1] == paths[id(mod)]:
             stack.pop()
 
+    _refuse_script_modules(model, paths)
     saved = _Saved(trace, stack, elem_bytes, hidden)
+    grad_rule = _GradRule(saved.state_storages)
+    outs: dict = {}  # op index -> its output tensors, until the forward is over
 
-    device = _param_device(model)
+    device = _trace_device(_param_device(model))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with ExitStack() as es:
         for mod in {id(m): m for m in model.modules()}.values():
             es.callback(mod.register_forward_pre_hook(pre_hook).remove)
             es.callback(mod.register_forward_hook(post_hook, always_call=True).remove)
+        es.enter_context(_quiet_torch_logs())
         es.enter_context(aten_linear())  # ZeRO-3 replaces F.linear by a Function the trace cannot see into
         es.enter_context(fake_mode)
         # Parameters and buffers run as fake twins through torch.func.functional_call: the user's
         # tensors are never touched (a BatchNorm's running stats update the twin), and fake mode's
         # dispatch cache answers repeated shapes (twice as fast as running meta kernels).
-        state = {name: _twin(t, t.device) for name, t in
+        state = {name: _twin(t, _trace_device(t.device)) for name, t in
                  list(model.named_parameters()) + list(model.named_buffers())}
-        saved.state_storages.update(_storage_key(t) for t in state.values())
+        saved.state_storages.update(saved.key(t) for t in state.values())
         inputs = _fake_inputs(example_inputs, fake_mode, device)
-        es.enter_context(torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t))
-        es.enter_context(_FusedCatcher(trace, stack, elem_bytes, hidden, saved, fused_dropout))
-        es.enter_context(_Recorder(trace, stack, elem_bytes, hidden))
+        es.enter_context(torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack))
+        es.enter_context(_FusedCatcher(trace, stack, elem_bytes, hidden, saved, fused_dropout, grad_rule, outs))
+        es.enter_context(_Recorder(trace, stack, elem_bytes, hidden, grad_rule, outs))
         try:
-            torch.func.functional_call(model, state, tuple(inputs), kwargs or {})
+            # keyword tensors (model(x, labels=y)) are faked and moved like positional ones
+            result = torch.func.functional_call(model, state, tuple(inputs),
+                                                _fake_inputs(dict(kwargs or {}), fake_mode, device))
         except (DataDependentOutputException, DynamicOutputShapeException) as exc:
             raise UserError(f"model: its forward needs tensor values ({exc.func}: .item(), a Python `if` on a tensor, "
                             "boolean-mask indexing or nonzero), which a shape-only trace cannot supply; estimate a "
@@ -265,7 +531,26 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"example_inputs: the model rejected them: {first}") from exc
+    _mark_backward(trace, outs, result)
+    outs.clear()  # frees the graphs backward never reaches, and with them their saved tensors
+    saved.finish()
+    del result
     return trace
+
+
+def _trace_device(device: torch.device) -> torch.device:
+    """Meta tensors are traced as fake CPU tensors (see ``trace_model``)."""
+    return torch.device("cpu") if device.type == "meta" else device
+
+
+def _refuse_script_modules(model, paths):
+    """A TorchScript submodule runs compiled code that neither module hooks nor fake tensors can
+    enter; say which one, in one line, instead of torch's RuntimeError from inside the trace."""
+    for mod in model.modules():
+        if isinstance(mod, torch.jit.ScriptModule):
+            path = paths.get(id(mod), "?")
+            raise UserError(f"model: submodule {path!r} is TorchScript ({type(mod).__name__}); perfcheck traces eager "
+                            "PyTorch only: estimate the nn.Module it was scripted from (or torch.compile it instead)")
 
 
 def inputs_from_shapes(shapes, dtype=torch.float32, device="meta"):
