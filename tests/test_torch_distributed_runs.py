@@ -125,3 +125,15 @@ def test_fsdp2_run_directory_has_prediction(runs):
     assert not any("predicted.csv not written" in w for w in results[0]["fsdp2"]["warnings"]), results[0]["fsdp2"]
     assert os.path.isfile(os.path.join(out, "fsdp2", "rank0", "predicted.csv"))
     assert os.path.isfile(os.path.join(out, "fsdp2", "rank0", "collectives.csv"))
+
+
+def test_compare_reconciles_the_three_layouts(runs, capsys):
+    from perfcheck.analysis.layouts import reconcile_layouts
+
+    out, _ = runs
+    table = reconcile_layouts([os.path.join(out, name) for name in M.LAYOUTS])
+    assert len(table) == 6 and set(table["layout"]) == {"ddp", "fsdp2", "tp"}
+    ok = table[table["layout"] != "tp"]  # TP/SP redistributes are predicted by tracing, not from the live layout
+    assert ok["bytes_ok"].all(), ok.filter(like="_bytes")
+    assert (table.loc[table["layout"] == "fsdp2", "pred_allgather_bytes"] == 2 * (544 + 264) * 4).all()
+    assert table["notes"].str.contains("bytes match").sum() >= 4

@@ -24,6 +24,10 @@ import torch
 from perfcheck.schema import ROOT
 
 
+PREDICTED_COLLECTIVES_CSV = "predicted_collectives.csv"
+COLLECTIVE_FIELDS = ("module", "phase", "kind", "op", "bytes", "group_size", "dtype")
+
+
 @dataclass(frozen=True)
 class Collective:
     """One collective issued in a traced step."""

@@ -470,7 +470,8 @@ class PerfCheck:
         spec = self.system_spec(system)
         cached = getattr(self, "_predicted", None)
         if cached is None or cached.attrs.get("system") != spec.name:
-            self._predicted = predict_for_run(self._view.root, self.meta(), system=spec)
+            ddp = "DistributedDataParallel" in self._view.wrappers  # its buckets give the all-reduces
+            self._predicted = predict_for_run(self._view.outer if ddp else self._view.root, self.meta(), system=spec)
         return self._predicted
 
     def _save_prediction(self, run_dir) -> list:
@@ -484,7 +485,14 @@ class PerfCheck:
         except (UserError, NotImplementedError, RuntimeError, ValueError, TypeError) as exc:
             self._warn(f"predicted.csv not written: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             return []
-        return [PREDICTED_CSV, PREDICTED_JSON]
+        extra = []
+        if frame.attrs.get("collectives"):  # torch-native layouts: the collectives predicted per module
+            from perfcheck.integrations.torch_distributed import COLLECTIVE_FIELDS, PREDICTED_COLLECTIVES_CSV
+
+            runs.atomic_write_csv(runs.rank_dir(run_dir, self.rank) / PREDICTED_COLLECTIVES_CSV,
+                                  pd.DataFrame(frame.attrs["collectives"]), COLLECTIVE_FIELDS)
+            extra.append(PREDICTED_COLLECTIVES_CSV)
+        return [PREDICTED_CSV, PREDICTED_JSON] + extra
 
     def as_run(self):
         """This rank's run as ``measure.rundir.Run``: exactly the frames ``save()`` writes, as reading

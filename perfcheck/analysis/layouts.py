@@ -1,0 +1,100 @@
+"""Reconcile runs of one model under torch-native layouts (DDP, FSDP2, TP+SP...): predicted vs
+measured bytes per collective kind, memory and step time, one row per (run, rank).
+
+The torch-native counterpart of ``stages.py`` (ZeRO stages), with the same column rule
+``pred_<what>`` / ``meas_<what>`` and the same bytes check (``stages.bytes_within``, 5%):
+
+    <kind>_bytes     S bytes per step per collective kind (predicted: rank<R>/predicted_collectives.csv
+                     written by PerfCheck from the live layout; measured: rank<R>/collectives.csv
+                     from the profiler window, per profiled step)
+    step_s           predicted root forward + backward; measured median step time
+    peak_mem_bytes   measured peak (CUDA only; NaN on CPU)
+
+plus ``layout`` (meta.json ``parallel.kind``), ``dp``, ``tp``, ``fsdp``, ``mesh_shape`` and
+``notes`` (answers drawn from the rows: which layout moves the most bytes, which is fastest).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from perfcheck.analysis.stages import KINDS, bytes_within
+
+
+def is_layout_run(run_dir) -> bool:
+    """A PerfCheck run (rank*/meta.json) that is not a DeepSpeed run (no rank*/zero.json)."""
+    d = Path(run_dir)
+    return any(d.glob("rank*/meta.json")) and not any(d.glob("rank*/zero.json"))
+
+
+def _csv(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path) if path.is_file() else pd.DataFrame()
+    except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError):
+        return pd.DataFrame()
+
+
+def _row(run_dir: Path, rank_dir: Path) -> dict:
+    meta = json.loads((rank_dir / "meta.json").read_text())
+    par = meta.get("parallel") or {}
+    row = {"run": run_dir.name, "rank": int(meta.get("rank", 0)), "layout": par.get("kind", "none"),
+           "world_size": meta.get("world_size", 1), "dp": par.get("dp", 1), "tp": par.get("tp", 1),
+           "fsdp": par.get("fsdp", 1), "mesh_shape": str(par.get("mesh_shape", "")),
+           "status": "ok" if meta.get("complete") else "failed"}
+    pred, meas = _csv(rank_dir / "predicted_collectives.csv"), _csv(rank_dir / "collectives.csv")
+    active = max(1, int(((meta.get("profile") or {}).get("window") or {}).get("active", 1))
+                 if isinstance(meta.get("profile"), dict) else 1)
+    for k in KINDS:
+        row[f"pred_{k}_bytes"] = float(pred.loc[pred["kind"] == k, "bytes"].sum()) if not pred.empty else 0.0
+        issued = meas[(meas.get("what") == "issued") & (meas.get("kind") == k)] if not meas.empty else meas
+        row[f"meas_{k}_bytes"] = float(issued["bytes"].sum()) / active if not meas.empty else math.nan
+    predicted = _csv(rank_dir / "predicted.csv")
+    root = predicted[predicted["module"] == "(root)"] if not predicted.empty else predicted
+    row["pred_step_s"] = float(root["pred_fwd_s"].iloc[0] + root["pred_bwd_s"].iloc[0]) if not root.empty else math.nan
+    steps = _csv(rank_dir / "steps.csv")
+    ok = steps[(steps["role"] == "measured") & (~steps["failed"].astype(bool))] if not steps.empty else steps
+    row["meas_step_s"] = float(ok["step_s"].median()) if not ok.empty else math.nan
+    row["meas_peak_mem_bytes"] = float(ok["peak_mem_bytes"].max()) if not ok.empty else math.nan
+    wait = meas[meas.get("what") == "waited"]["wait_s"].sum() / active if not meas.empty else 0.0
+    row["meas_wait_s"] = float(wait)
+    row["meas_compute_s"] = row["meas_step_s"] - row["meas_wait_s"]
+    row["bytes_ok"] = bytes_within(row)
+    return row
+
+
+def reconcile_layouts(run_dirs) -> pd.DataFrame:
+    rows = []
+    for run_dir in map(Path, run_dirs):
+        for d in sorted(run_dir.glob("rank*")):
+            if (d / "meta.json").is_file():
+                rows.append(_row(run_dir, d))
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    frame["notes"] = notes(frame)
+    return frame.sort_values(["run", "rank"], ignore_index=True)
+
+
+def notes(frame: pd.DataFrame) -> list:
+    """One line per row, drawn from the table: bytes agreement, the layout with most traffic, the
+    fastest layout, and the rank with the most compute (the straggler: waits equalise step times)."""
+    meas_cols = [f"meas_{k}_bytes" for k in KINDS]
+    traffic = frame.groupby("run")[meas_cols].mean().sum(axis=1)
+    speed = frame.groupby("run")["meas_step_s"].median()
+    heaviest = traffic.idxmax() if traffic.notna().any() else None
+    fastest = speed.idxmin() if speed.notna().any() else None
+    out = []
+    for r in frame.itertuples(index=False):
+        parts = ["bytes match the prediction per kind" if r.bytes_ok else "bytes differ from the prediction"]
+        if r.run == heaviest and len(traffic) > 1:
+            parts.append(f"most collective traffic ({traffic[r.run]:.0f} B/step)")
+        if r.run == fastest and len(speed) > 1:
+            parts.append("fastest step")
+        same = frame[frame["run"] == r.run]
+        if len(same) > 1 and same["meas_compute_s"].notna().all() and r.meas_compute_s == same["meas_compute_s"].max():
+            parts.append("most compute of its run's ranks (straggler candidate)")
+        out.append("; ".join(parts))
+    return out
