@@ -123,3 +123,17 @@ def test_estimate_with_tensor_kwargs_on_meta():
     frame = perfcheck.estimate(WithLabels(), (torch.empty(5, 8, device="meta"),), system="cpu",
                                kwargs={"labels": torch.zeros(5, dtype=torch.long, device="meta")})
     assert frame.set_index("module").loc["lin", "macs_fwd"] == 5 * 8 * 4
+
+
+def test_collective_kernels_are_communication_not_irregular_access():
+    """FSDP2's all-gathers used to be diagnosed as "irregular-access kernels" (the name has 'gather')."""
+    import pandas as pd
+
+    from perfcheck.analysis.reconcile import kernel_summary
+
+    k = pd.DataFrame({"module": ["0", "0"], "phase": ["fwd", "fwd"], "device": ["cpu", "cpu"],
+                      "name": ["c10d::_allgather_base_", "aten::index_select"], "count": [1, 1],
+                      "total_s": [0.004, 0.001], "self_s": [0.004, 0.001], "rank": [0, 0]})
+    row = kernel_summary(k).set_index("module").loc["0"]
+    assert row["comm_kernel_fwd_s"] == pytest.approx(0.004)
+    assert row["irregular_kernel_fwd_s"] == pytest.approx(0.001)
