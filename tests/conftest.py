@@ -8,6 +8,21 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _empty_calibration_cache(tmp_path_factory):
+    """An empty per-user calibration cache for the whole session (perfcheck.hardware.cache): a
+    developer's `perfcheck calibrate` result must not change what the tests predict."""
+    import os
+
+    old = os.environ.get("PERFCHECK_CACHE_DIR")
+    os.environ["PERFCHECK_CACHE_DIR"] = str(tmp_path_factory.mktemp("perfcheck-cache"))
+    yield
+    if old is None:
+        os.environ.pop("PERFCHECK_CACHE_DIR", None)
+    else:
+        os.environ["PERFCHECK_CACHE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT

@@ -1,8 +1,9 @@
 """`perfcheck calibrate [--quick|--full] [--base SYSTEM] [--output FILE] [--csv FILE] ...`.
 
-Measures this machine's ceilings with micro-benchmarks (matmul FLOP/s by dtype and size, copy
-bandwidth, tiny-op time, collective bus bandwidth by message size across ranks) and writes a
-system file in the built-in format, loadable with --system FILE. Progress goes to stderr; the
+Measures this machine's ceilings with micro-benchmarks (matmul FLOP/s by dtype, size and shape, copy
+bandwidth, tiny-op time, framework host costs, collective bus bandwidth and latency by message size
+across ranks) and writes a system file in the built-in format, loadable with --system FILE; it
+also keeps it in the per-user cache, which predictions without --system use on this machine. Progress goes to stderr; the
 summary to stdout. The default run takes under a minute on a CPU.
 """
 from __future__ import annotations
@@ -35,6 +36,9 @@ def add_parser(subparsers):
     p.add_argument("--threads", type=int, metavar="N",
                    help="CPU intra-op threads (default: torch's setting, as runs use)")
     p.add_argument("--csv", metavar="FILE", help="also write every measurement (one row per case) as CSV")
+    p.add_argument("--no-cache", action="store_true",
+                   help="do not keep the result in the per-user cache ($PERFCHECK_CACHE_DIR or ~/.cache/perfcheck), "
+                        "which predictions without --system use on this machine")
     p.set_defaults(run=run, mode="default")
 
 
@@ -58,6 +62,11 @@ def run(args) -> int:
             result.measurements.to_csv(args.csv, index=False)
     except OSError as exc:
         raise UserError(f"output: cannot write {exc.filename or out!r}: {exc.strerror}") from None
+    if not args.no_cache:
+        from perfcheck.hardware.cache import save_to_cache
+
+        print(f"kept in the per-user cache {save_to_cache(result.spec, args.device)} (predictions without "
+              f"--system on this machine use it)", file=sys.stderr)
     width = max(len(w) for w, _ in summary_rows(result.spec, result.measurements))
     for what, value in summary_rows(result.spec, result.measurements):
         print(f"{what.ljust(width)}  {value}")

@@ -401,7 +401,9 @@ def _parse_json(text: str, where: str):
 @lru_cache(maxsize=None)
 def _load_builtin(name: str) -> SystemSpec:
     resource = _data_dir() / f"{name}.json"
-    return SystemSpec.from_dict(_parse_json(resource.read_text(), f"{name}.json"), f"{name}.json")
+    spec = SystemSpec.from_dict(_parse_json(resource.read_text(), f"{name}.json"), f"{name}.json")
+    object.__setattr__(spec, "origin", f"built-in {name}")
+    return spec
 
 
 def load_system(name_or_path) -> SystemSpec:
@@ -428,7 +430,9 @@ def load_system(name_or_path) -> SystemSpec:
         content = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read system file {text!r}: {exc}") from None
-    return SystemSpec.from_dict(_parse_json(content, str(path)), str(path))
+    spec = SystemSpec.from_dict(_parse_json(content, str(path)), str(path))
+    object.__setattr__(spec, "origin", f"file {path}")  # for report headers (perfcheck.hardware.cache.spec_label)
+    return spec
 
 
 # ---- tables -------------------------------------------------------------------------------------

@@ -122,29 +122,29 @@ def _is_recorded(op) -> bool:
     return getattr(op.call.func, "namespace", "aten") != "prim"
 
 
-def op_sequence(trace, ops: pd.DataFrame) -> pd.DataFrame:
-    """One row per op eager mode dispatches, in order, with its device times from ``ops``.
+def op_sequence(trace, ops: pd.DataFrame) -> tuple:
+    """``(frame, stacks)``: one row per op eager mode dispatches, in order, with its device times
+    from ``ops``, and each row's module stack.
 
     ``ops``: the estimator's timed op table (columns ``op`` = index into ``trace.ops``, ``t_fwd``,
     ``t_bwd``, ``kernels_fwd``, ``kernels_bwd``); an op absent from it (a view, free on the device)
     costs only host time. Columns: op, view, node (an input needs a gradient), kernels_bwd,
     t_fwd, t_bwd.
     """
-    timed = ops.set_index("op")
+    timed = {int(i): (float(k), float(f), float(b)) for i, k, f, b in
+             zip(ops["op"], ops["kernels_bwd"], ops["t_fwd"], ops["t_bwd"])}
     rows, stacks = [], []
     for i, op in enumerate(trace.ops):
         if not _is_recorded(op):
             continue
         node = any(t.requires_grad for t in op.call.tensors())
-        if i in timed.index:
-            r = timed.loc[i]
-            rows.append((i, False, node, float(r["kernels_bwd"]), float(r["t_fwd"]), float(r["t_bwd"])))
+        if i in timed:
+            rows.append((i, False, node) + timed[i])
         else:
             rows.append((i, True, node, 0.0, 0.0, 0.0))
         stacks.append(op.stack)
     seq = pd.DataFrame(rows, columns=["op", "view", "node", "kernels_bwd", "t_fwd", "t_bwd"])
-    seq.attrs["stacks"] = stacks
-    return seq
+    return seq, stacks
 
 
 def _host_arrays(seq: pd.DataFrame, hc) -> tuple:
@@ -165,23 +165,41 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     are device seconds on ``spec`` without launch terms beyond ``device_kernel_s``);
     param_tensors: path -> parameter tensors needing a gradient that the module owns directly
     (their AccumulateGrad nodes run in its backward). Containers include their children.
+
+    Each module call is an item of its own in the sequence, just before the call's first op, on
+    the stack up to that module (so it counts in the module and its ancestors, not in the child
+    whose first op follows); the module's AccumulateGrad nodes ride on its first call item.
     """
     spec = load_system(spec)
     hc = host_constants(spec)
-    seq = op_sequence(trace, ops)
-    stacks = seq.attrs["stacks"]
-    n = len(seq)
-    h_fwd, h_bwd = _host_arrays(seq, hc)
-    runs = _runs(stacks)
+    seq, op_stacks = op_sequence(trace, ops)
+    h_op, hb_op = _host_arrays(seq, hc)
     param_tensors = param_tensors or {}
-    for path, rs in runs.items():  # module calls at run starts; extra calls of a merged run on the first
-        extra = max(trace.calls.get(path, len(rs)) - len(rs), 0)
-        for k, (a, _) in enumerate(rs):
-            h_fwd[a] += hc["module_call_s"] * (1 + (extra if k == 0 else 0))
-        first = rs[0][0]
-        h_bwd[first] += param_tensors.get(path, 0) * (hc["backward_node_s"] + hc["view_dispatch_s"])
+    h_fwd, h_bwd, d_fwd, d_bwd, stacks, seen, prev = [], [], [], [], [], set(), ()
+    op_runs = _runs(op_stacks)
+    t_fwd, t_bwd = seq["t_fwd"].to_numpy(float), seq["t_bwd"].to_numpy(float)
+    for i, stack in enumerate(op_stacks):
+        for depth, path in enumerate(stack):
+            if depth < len(prev) and prev[depth] == path:
+                continue  # still inside this call
+            first = path not in seen
+            seen.add(path)
+            calls = 1 + (max(trace.calls.get(path, 1) - len(op_runs[path]), 0) if first else 0)
+            h_fwd.append(hc["module_call_s"] * calls)
+            h_bwd.append(param_tensors.get(path, 0) * (hc["backward_node_s"] + hc["view_dispatch_s"]) if first else 0.0)
+            d_fwd.append(0.0)
+            d_bwd.append(0.0)
+            stacks.append(stack[:depth + 1])
+        h_fwd.append(h_op[i])
+        h_bwd.append(hb_op[i])
+        d_fwd.append(t_fwd[i])
+        d_bwd.append(t_bwd[i])
+        stacks.append(stack)
+        prev = stack
+    h_fwd, h_bwd, d_fwd, d_bwd = (np.asarray(a, dtype=float) for a in (h_fwd, h_bwd, d_fwd, d_bwd))
+    n = len(stacks)
+    runs = _runs(stacks)
     same = spec.kind == "cpu"
-    d_fwd, d_bwd = seq["t_fwd"].to_numpy(float), seq["t_bwd"].to_numpy(float)
     f_issue, f_end = timeline(h_fwd, d_fwd, same)
     b_issue, b_end = timeline(h_bwd[::-1], d_bwd[::-1], same)
     out = []

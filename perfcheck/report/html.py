@@ -143,6 +143,7 @@ def _kernel_table(kernels, profile_steps: float, n: int = 40) -> str:
 def render_html(rec: pd.DataFrame, *, kernels=None, samples=None, system=None, depth: int | None = None,
                 top: int = 3, profile_steps: float = 1.0, title: str = "perfcheck report", notes=()) -> str:
     """The HTML report as one string (see the module docstring)."""
+    from perfcheck.hardware.cache import spec_label
     from perfcheck.hardware.systems import load_system
 
     spec = load_system(system) if system is not None else (load_system(rec.attrs["system"]) if rec.attrs.get("system")
@@ -169,7 +170,7 @@ def render_html(rec: pd.DataFrame, *, kernels=None, samples=None, system=None, d
                 "Kernels attributed to the innermost module whose range encloses them.",
                 "No kernel table in this run (profiler off)."),
     ]
-    meta = [f"system: {_e(spec.name) if spec is not None else '(none)'}", f"dtype: {_e(dtype or '-')}",
+    meta = [f"system: {_e(spec_label(spec)) if spec is not None else '(none)'}", f"dtype: {_e(dtype or '-')}",
             f"ranks: {len(ranks)}" + (f" (details: slowest rank {rank})" if len(ranks) > 1 else ""),
             f"modules: {part['module'].nunique()}"]
     glossary = "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in RECONCILED_COLUMNS.items())

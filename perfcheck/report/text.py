@@ -180,7 +180,7 @@ def render_text(rec: pd.DataFrame, *, depth: int | None = None, top: int = 3, ra
     part.attrs = rec.attrs
     title = " perfcheck: predicted vs measured "
     out = [f"{title:-^100}"]
-    meta = [f"system: {rec.attrs.get('system') or '(none: no datasheet roofs)'}"]
+    meta = [f"system: {rec.attrs.get('system_label') or rec.attrs.get('system') or '(none: no datasheet roofs)'}"]
     if rec.attrs.get("dtype"):
         meta.append(f"dtype: {rec.attrs['dtype']}")
     meta.append(f"ranks: {len(ranks)}" + (f" (tree below: rank {rank})" if len(ranks) > 1 else ""))

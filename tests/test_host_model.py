@@ -1,0 +1,223 @@
+"""The host model (perfcheck.predict.host): the two-timeline rule on constructed host-bound,
+device-bound and mixed sequences, the per-op host arithmetic by hand on a one-Linear model, the
+optimizer model per implementation, the calibration fit of the host constants and the skinny-GEMM
+shape curve, the per-op kernel costs, and the per-user calibration cache."""
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import perfcheck
+from perfcheck.errors import UserError
+from perfcheck.hardware.systems import SystemSpec, host_constants, load_system
+from perfcheck.predict import host, roofline
+
+US = 1e-6
+
+
+def _spec(kind="cpu", **host_values):
+    base = load_system("cpu" if kind == "cpu" else "h100-sxm")
+    values = {k: 0.0 for k in host_constants(base)}
+    values.update(host_values)
+    return dataclasses.replace(base, host=values)
+
+
+# ---------------------------------------------------------------------------- two timelines
+def test_timeline_host_bound_device_bound_and_mixed():
+    # host-bound: the device idles between ops; E_i = H_i + d_i: 10+1, 20+1, 30+1
+    issue, end = host.timeline([10, 10, 10], [1, 1, 1], same_thread=False)
+    assert list(issue) == [10, 20, 30] and list(end) == [11, 21, 31]
+    # device-bound: after the first issue the device never waits: 1+10, then +10, +10
+    issue, end = host.timeline([1, 1, 1], [10, 10, 10], same_thread=False)
+    assert list(end) == [11, 21, 31]
+    # mixed: E0 = 1+10 = 11; E1 = max(2, 11)+10 = 21; E2 = max(22, 21)+1 = 23; E3 = max(23, 23)+10 = 33
+    issue, end = host.timeline([1, 1, 20, 1], [10, 10, 1, 10], same_thread=False)
+    assert list(issue) == [1, 2, 22, 23] and list(end) == [11, 21, 23, 33]
+    # region [2, 3] starts when its start event runs, max(H1, E1) = max(2, 21) = 21, and ends at E3 = 33
+    assert host.region_time(issue, end, [(2, 3)]) == 12
+    assert host.region_time(issue, end, [(0, 0), (2, 3)]) == 11 + 12
+    # one thread (a CPU): everything adds, 1+10 + 1+10 + 20+1 + 1+10 = 54
+    _, end = host.timeline([1, 1, 20, 1], [10, 10, 1, 10], same_thread=True)
+    assert end[-1] == 54
+
+
+def test_timeline_rejects_bad_input():
+    with pytest.raises(UserError, match="one length"):
+        host.timeline([1, 2], [1], same_thread=False)
+    with pytest.raises(UserError, match=">= 0"):
+        host.timeline([-1], [1], same_thread=False)
+
+
+# ---------------------------------------------------------------------------- per-op arithmetic
+def _linear_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3)), (torch.randn(2, 4),)
+
+
+def test_host_terms_of_one_linear_by_hand():
+    spec = _spec("cpu", op_dispatch_s=1 * US, view_dispatch_s=0.5 * US, autograd_node_s=0.25 * US,
+                 backward_node_s=2 * US, backward_call_s=10 * US, module_call_s=3 * US)
+    model, x = _linear_model()
+    pred = perfcheck.estimate(model, x, system=spec).set_index("module")
+    # Linear forward records t (a view) and addmm, both with an input needing a gradient (the weight):
+    #   module call 3 + t (0.5 + 0.25) + addmm (1 + 0.25) = 5.0 us; Sequential adds its own call: 8.0 us
+    assert pred.loc["0", "host_fwd_s"] == pytest.approx(5.0 * US)
+    assert pred.loc["(root)", "host_fwd_s"] == pytest.approx(8.0 * US)
+    # backward: addmm node 2 + 2 kernels (grad W, grad b; x needs none) x 1 = 4; t node 2 + 0.5 = 2.5;
+    # AccumulateGrad for weight and bias 2 x (2 + 0.5) = 5: 11.5 us; the root adds backward() 10 us
+    assert pred.loc["0", "host_bwd_s"] == pytest.approx(11.5 * US)
+    assert pred.loc["(root)", "host_bwd_s"] == pytest.approx(21.5 * US)
+    # on a CPU the two timelines are one thread: time = host + device (roofline of addmm, nothing else)
+    device = pred.loc["0", "pred_fwd_s"] - pred.loc["0", "host_fwd_s"]
+    mf = 2 * 2 * 4 * 3  # 2 x (m=2, k=4, n=3) MACs
+    t_addmm, _ = roofline.op_time_s(mf, 2 * 3, (2 * 4 + 4 * 3 + 2 * 3 + 3) * 4, 1, spec, "fp32", launch_s=0.0,
+                                    min_dim=2)
+    assert device == pytest.approx(t_addmm, rel=1e-6)
+    assert pred.loc["0", "bound_fwd"] == ("host" if 5.0 * US > t_addmm else pred.loc["0", "bound_fwd"])
+
+
+def test_gpu_tiny_model_is_host_bound_and_time_is_the_host_timeline():
+    spec = _spec("gpu", op_dispatch_s=10 * US, view_dispatch_s=2 * US, module_call_s=5 * US,
+                 device_kernel_s=1 * US)
+    model, x = _linear_model()
+    pred = perfcheck.estimate(model, x, system=spec).set_index("module")
+    # host: 5 + 2 + 10 = 17 us; the device's addmm (~1 us) runs after its issue at 17 us, so the
+    # region ends at 17 + ~1 us: host-bound, and the time is the host's plus one kernel
+    assert pred.loc["0", "host_fwd_s"] == pytest.approx(17 * US)
+    assert pred.loc["0", "bound_fwd"] == "host"
+    assert 17 * US < pred.loc["0", "pred_fwd_s"] < 18.1 * US
+
+
+def test_device_bound_gemm_is_not_host_bound():
+    model = torch.nn.Linear(2048, 2048)
+    pred = perfcheck.estimate(model, (torch.empty(4096, 2048, device="meta"),), system="cpu")
+    root = pred.iloc[0]
+    assert root["bound_fwd"] == "compute" and root["host_fwd_s"] < 1e-3 * root["pred_fwd_s"]
+
+
+# ---------------------------------------------------------------------------- optimizer
+def test_optimizer_arithmetic_per_implementation():
+    spec = _spec("cpu", optim_step_s=30 * US, optim_sgd_per_tensor_s=5 * US, optim_adam_foreach_per_tensor_s=7 * US)
+    cost = host.optimizer_time([100, 50], "sgd", spec)
+    # for-loop on a CPU: host 30 + 2 x 5 = 40 us; device 3 streams x 150 elements x 4 B at the copy rate
+    mem = 3 * 150 * 4 / (spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"])
+    assert (cost.implementation, cost.host_s) == ("for-loop", pytest.approx(40 * US))
+    assert cost.device_s == pytest.approx(mem) and cost.time_s == pytest.approx(40 * US + mem)
+    adam = host.optimizer_time([100, 50], "adamw-foreach", spec)
+    assert adam.host_s == pytest.approx(30 * US + 2 * 7 * US)
+    assert adam.device_s == pytest.approx(7 * 150 * 4 / (spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"]))
+    gpu = _spec("gpu", optim_step_s=30 * US, optim_sgd_foreach_per_tensor_s=1 * US, device_kernel_s=2 * US)
+    g = host.optimizer_time([10] * 4, "sgd", gpu)  # GPU default: foreach; host and device overlap
+    assert g.implementation == "foreach" and g.time_s == pytest.approx(max(g.host_s, g.device_s))
+    assert g.host_s == pytest.approx(34 * US)
+
+
+def test_optimizer_kind_from_instances_and_names():
+    p = [torch.nn.Parameter(torch.ones(2))]
+    assert host.optimizer_kind(torch.optim.SGD(p, lr=0.1, momentum=0.9)) == ("sgd_momentum", None)
+    assert host.optimizer_kind(torch.optim.Adam(p, foreach=True)) == ("adam", "foreach")
+    assert host.optimizer_kind(torch.optim.AdamW(p, foreach=False)) == ("adamw", "for-loop")
+    assert host.optimizer_kind("Adam-fused") == ("adam", "fused")
+    with pytest.raises(UserError, match="optimizer: unknown 'lion'"):
+        host.optimizer_kind("lion")
+    with pytest.raises(NotImplementedError, match="RMSprop"):
+        host.optimizer_kind(torch.optim.RMSprop(p))
+
+
+def test_estimate_predicts_the_optimizer_at_the_root():
+    spec = _spec("cpu", optim_step_s=30 * US, optim_sgd_per_tensor_s=5 * US)
+    model, x = _linear_model()
+    pred = perfcheck.estimate(model, x, system=spec, optimizer="sgd").set_index("module")
+    mem = 3 * 15 * 4 / (spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"])  # 4x3 weight + 3 bias
+    assert pred.loc["(root)", "pred_optim_s"] == pytest.approx(30 * US + 2 * 5 * US + mem)
+    assert pred.loc["0", "pred_optim_s"] == pytest.approx(2 * 5 * US + mem)  # no fixed step cost below the root
+
+
+# ---------------------------------------------------------------------------- spec validation
+def test_host_block_is_validated():
+    data = load_system("cpu").to_json_dict()
+    with pytest.raises(UserError, match="host has unknown key 'dispatch'"):
+        SystemSpec.from_dict({**data, "host": {"dispatch": 1e-6}}, "x.json")
+    with pytest.raises(UserError, match="host.op_dispatch_s"):
+        SystemSpec.from_dict({**data, "host": {"op_dispatch_s": -1}}, "x.json")
+    with pytest.raises(UserError, match="op_efficiency.convolution"):
+        SystemSpec.from_dict({**data, "op_efficiency": {"convolution": 2.0}}, "x.json")
+    assert "host" not in data  # built-ins carry no host block: the defaults file gives it
+
+
+# ---------------------------------------------------------------------------- calibration fit
+def _row(kind, label, seconds, m=0, k=0, n=0, flops=0.0, nbytes=0.0):
+    return {"kind": kind, "label": label, "dtype": "fp32", "m": m, "k": k, "n": n, "flops": flops, "bytes": nbytes,
+            "world_size": 1, "seconds": seconds}
+
+
+def test_fit_host_constants_by_hand():
+    from perfcheck.hardware.calibrate.fit import build_spec
+
+    rows = [_row("launch", "op", 4 * US), _row("host", "view", 2 * US),
+            _row("host", "autograd forward x32", 7 * US), _row("host", "module call", 3 * US),
+            # forward 7 us per op; backward 6 us per node + 50 us per call: x8 = 56 + 48 + 50 = 154 us,
+            # x32 = 224 + 192 + 50 = 466 us
+            _row("host", "forward+backward x8", 154 * US, m=8), _row("host", "forward+backward x32", 466 * US, m=32),
+            # SGD for-loop: 30 us + 5 us per tensor: x2 = 40 us, x16 = 110 us
+            _row("host", "optim sgd x2", 40 * US, m=2), _row("host", "optim sgd x16", 110 * US, m=16)]
+    spec = build_spec("cpu", pd.DataFrame(rows), peaks="measured", stamp="test")
+    h = spec.host
+    assert h["op_dispatch_s"] == pytest.approx(4 * US) and h["view_dispatch_s"] == pytest.approx(2 * US)
+    assert h["autograd_node_s"] == pytest.approx(3 * US)  # 7 - 4
+    assert h["backward_node_s"] == pytest.approx(2 * US)  # slope 6 less one grad kernel's dispatch 4
+    assert h["backward_call_s"] == pytest.approx(50 * US)
+    assert h["optim_sgd_per_tensor_s"] == pytest.approx(5 * US) and h["optim_step_s"] == pytest.approx(30 * US)
+    assert h["module_call_s"] == pytest.approx(3 * US) and h["device_kernel_s"] == 0.0
+    assert "test" in spec.sources["host.backward_node_s"]
+
+
+def test_fit_shape_curve_for_skinny_gemms():
+    from perfcheck.hardware.calibrate.fit import build_spec
+
+    peak = 100e9
+    rows = [_row("launch", "op", 0.0)]
+    for s in (64, 256, 1024):  # squares at the peak: efficiency 1 everywhere
+        f = 2.0 * s ** 3
+        rows.append(_row("matmul", f"mm {s}", f / peak, s, s, s, f))
+    f = 2.0 * 96 * 1024 * 1024  # a 96-row Linear at 1/1.4 of the rate
+    rows.append(_row("matmul", "linear 96x1024x1024", f / (peak / 1.4), 96, 1024, 1024, f))
+    spec = build_spec("cpu", pd.DataFrame(rows), peaks="measured", stamp="test")
+    assert spec.matrix_shape_curve == ((96.0, pytest.approx(1 / 1.4, rel=1e-3)), (1024.0, 1.0))
+    # the roofline applies it by smallest dimension: 96 rows -> 1/1.4 of the square rate at equal FLOPs
+    t_skinny = roofline.compute_time_s(f, 0, spec, "fp32", min_dim=96)
+    t_square = roofline.compute_time_s(f, 0, spec, "fp32")
+    assert t_skinny / t_square == pytest.approx(1.4, rel=1e-3)
+
+
+def test_per_op_fixed_cost_and_efficiency_enter_the_device_time():
+    base = _spec("cpu")
+    model, x = _linear_model()
+    before = perfcheck.estimate(model, x, system=base).set_index("module")
+    spec = dataclasses.replace(base, op_fixed_s={"addmm": 10 * US}, op_efficiency={"addmm": 0.5})
+    after = perfcheck.estimate(model, x, system=spec).set_index("module")
+    roof = before.loc["0", "pred_fwd_s"]  # host terms are 0 here: the addmm roofline alone
+    assert after.loc["0", "pred_fwd_s"] == pytest.approx(roof / 0.5 + 10 * US)
+    # backward: 2 kernels vs 1 forward kernel -> twice the fixed cost
+    assert after.loc["0", "pred_bwd_s"] == pytest.approx(before.loc["0", "pred_bwd_s"] / 0.5 + 20 * US)
+
+
+# ---------------------------------------------------------------------------- cache
+def test_calibration_cache_round_trip_and_labels(tmp_path, monkeypatch):
+    from perfcheck.hardware import cache
+
+    monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path))
+    assert cache.cached_spec("cpu") is None
+    assert cache.spec_label(cache.default_system("cpu")) == "cpu (datasheet)"
+    spec = dataclasses.replace(load_system("cpu"), name="mine", calibrated=True, host={"op_dispatch_s": 9 * US})
+    path = cache.save_to_cache(spec, "cpu")
+    assert path.parent == tmp_path and path.suffix == ".json"
+    got = cache.default_system("cpu")
+    assert got.name == "mine" and host_constants(got)["op_dispatch_s"] == 9 * US
+    assert cache.spec_label(got) == f"mine (calibrated: per-user cache {path})"
+    pred = perfcheck.estimate(*_linear_model())  # no system: the cache's spec
+    assert pred.attrs["system"] == "mine" and "per-user cache" in pred.attrs["system_label"]
+    torch.set_num_threads(torch.get_num_threads())  # same threads: same fingerprint
+    assert cache.cache_path("cpu") == path
