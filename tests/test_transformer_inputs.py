@@ -75,7 +75,7 @@ def _bad_model(**kw):
     (lambda: estimate_transformer("gpt2-124m", optimizer="adafactor"), "optimizer"),
     (lambda: estimate_transformer("gpt2-124m", tp_scheme="4d"), "tp_scheme"),
     (lambda: estimate_transformer("no-such-model"), "model"),
-    (lambda: estimate_transformer(_bad_model(kv_heads=4)), "kv_heads"),
+    (lambda: estimate_transformer(_bad_model(kv_heads=5)), "kv_heads"),  # 5 does not divide 12 heads
     (lambda: estimate_transformer(_bad_model(hidden=-768)), "hidden"),
     (lambda: estimate_transformer(_bad_model(heads=7)), "heads"),
     (lambda: estimate_transformer(_bad_model(norm="batchnorm")), "norm"),

@@ -50,7 +50,7 @@ LAST_SUBLAYERS = ("final_norm", "lm_head", "cross_entropy")
 #: The unfused attention core: what selective recompute recomputes (Korthikanti et al. 2022, 5.1).
 CORE_ATTENTION = ("logits", "softmax", "dropout_softmax", "attend", "core_attention")
 
-COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter")
+COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall")  # all-to-all: MoE token dispatch
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ class Shape:
     t: object  # tensor-parallel degree
     sp: object  # sequence parallelism on (bool array)
     elem_bytes: float  # activation / weight element size
+    ep: int = 1  # expert-parallel degree (MoE): experts/ep experts per GPU
 
     @property
     def tokens(self):
@@ -136,22 +137,24 @@ def _residual(numel, eb) -> F.OpCost:
 
 
 def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool):
-    """qkv_proj .. out_proj: Megatron self-attention with h/t heads per GPU."""
+    """qkv_proj .. out_proj: Megatron self-attention with h/t query heads and kv/t key/value
+    heads per GPU (grouped-query attention when kv_heads < heads)."""
     e, eb, T = model.hidden, x.elem_bytes, x.tokens
     q = e // model.heads
-    heads_t = model.heads / x.t
+    heads_t, kv_t = model.heads / x.t, model.kv_heads / x.t
     rows = []
-    qkv = F.linear(T, e, 3 * e / x.t, bias=model.bias, elem_bytes=eb)  # (T,e) @ (e,3e/t)
+    qkv = F.linear(T, e, (model.heads + 2 * model.kv_heads) * q / x.t, bias=model.bias,
+                   elem_bytes=eb)  # (T,e) @ (e,(h+2kv)q/t); (e, 3e/t) without GQA
     qkv = F.OpCost(qkv.fwd, qkv.bwd, np.where(x.sp, _sp_saved_input(qkv, x, e).act_mem, qkv.act_mem), qkv.params)
     rows.append(Sublayer("qkv_proj", "linear", qkv, comms=_col_parallel_comms(x, T * e)))
     if model.position == "rotary":
         # q and k rotated: x*cos + rotate_half(x)*sin, 3 FLOPs per element; cos/sin tables not counted.
         rows.append(Sublayer("rotary", "elementwise",
-                             F.elementwise(2 * T * e / x.t, flops_per_elem=3, bwd_flops_per_elem=3, saves=0,
+                             F.elementwise(T * (heads_t + kv_t) * q, flops_per_elem=3, bwd_flops_per_elem=3, saves=0,
                                            elem_bytes=eb)))
     frac = 0.5 if causal else 1.0
     if flash:
-        core = F.attention(x.b, heads_t, x.s, x.s, q, q, causal=causal, elem_bytes=eb)
+        core = F.attention(x.b, heads_t, x.s, x.s, q, q, kv_heads=kv_t, causal=causal, elem_bytes=eb)
         # The kernel saves its output, which is also out_proj's saved input: one tensor, counted
         # there (autograd keeps one storage; the module estimator deduplicates it the same way).
         core = replace(core, act_mem=core.act_mem - x.tokens * e / x.t * eb)
@@ -183,12 +186,65 @@ def _scale_macs(cost: F.OpCost, frac) -> F.OpCost:
                    bwd=replace(cost.bwd, macs=cost.bwd.macs * frac))
 
 
+def _expert_mlp(model, x: Shape, tokens, prefix, copies, a2a_bytes):
+    """fc1, act, fc2 of ``copies`` experts (on this GPU) over ``tokens`` tokens, Megatron TP inside
+    each expert; ``a2a_bytes``: the all-to-all that brings the tokens (before fc1) and takes the
+    results back (after fc2), in forward and again for their gradients in backward."""
+    e, eb, T = model.hidden, x.elem_bytes, x.tokens
+    f_t = model.ffn_hidden / x.t
+    glu = model.activation == "swiglu"
+    fc1 = F.linear(tokens, e, (2 if glu else 1) * f_t, bias=model.bias, elem_bytes=eb)
+    fc1 = F.OpCost(fc1.fwd, fc1.bwd, fc1.act_mem, fc1.params * copies)
+    a2a = (Collective("fwd", "alltoall", a2a_bytes), Collective("bwd", "alltoall", a2a_bytes))
+    if glu:
+        act = F.activation(tokens * f_t, "silu", elem_bytes=eb) + F.elementwise(tokens * f_t, inputs=2, saves=2,
+                                                                                elem_bytes=eb)
+    else:
+        act = F.activation(tokens * f_t, model.activation, elem_bytes=eb)
+    fc2 = F.linear(tokens, f_t, e, bias=model.bias, elem_bytes=eb)
+    fc2 = F.OpCost(fc2.fwd, fc2.bwd, fc2.act_mem, fc2.params * copies)
+    return [Sublayer(f"{prefix}fc1", "linear", fc1, comms=a2a + _col_parallel_comms(x, T * e)),
+            Sublayer(f"{prefix}act", "activation", act),
+            Sublayer(f"{prefix}fc2", "linear", fc2, comms=a2a + _row_parallel_comms(x, T * e))]
+
+
+def moe_sublayers(model, x: Shape):
+    """A mixture-of-experts MLP: router, shared experts (if any), routed experts.
+
+    router: a replicated linear (T, e) @ (e, E) + softmax over E and the top-k selection.
+    Routed tokens per GPU: T * top_k * capacity_factor (each token's top_k copies; the capacity
+    factor pads or trims an expert's share); with expert parallelism (``ep``) the ep GPUs of a
+    group exchange tokens by all-to-all so that each runs experts/ep experts on an equal share:
+    send buffer S = routed tokens x e x elem bytes, forward (dispatch, combine) and backward
+    (their gradients) (Lepikhin et al. 2021, GShard, arXiv 2006.16668, section 2.2; Fedus et al.
+    2022, Switch Transformers, arXiv 2101.03961, section 2.1 for the capacity factor).
+    """
+    e, eb, T = model.hidden, x.elem_bytes, x.tokens
+    n = model.experts
+    rows = []
+    router = F.linear(T, e, n, bias=False, elem_bytes=eb) + F.softmax(T, n, elem_bytes=eb)
+    rows.append(Sublayer("router", "linear", router))
+    if model.shared_experts:
+        rows += _expert_mlp(model, x, T * model.shared_experts, "shared_", model.shared_experts, 0.0)
+    routed = T * model.top_k * model.capacity_factor
+    a2a = routed * e * eb * (np.asarray(x.ep) > 1)
+    rows += _expert_mlp(model, x, routed, "expert_", n / x.ep, a2a)
+    return rows
+
+
 def mlp_sublayers(model, x: Shape):
-    """layer_norm_2 .. residual_mlp: fc1 column-parallel (f/t outputs; 2f/t gate+up for SwiGLU)."""
+    """layer_norm_2 .. residual_mlp: fc1 column-parallel (f/t outputs; 2f/t gate+up for SwiGLU),
+    or the mixture-of-experts rows (``moe_sublayers``) when the model has experts."""
     e, eb, T = model.hidden, x.elem_bytes, x.tokens
     f_t = model.ffn_hidden / x.t
     glu = model.activation == "swiglu"
     rows = [Sublayer("layer_norm_2", "layer_norm", _norm(model, x.norm_tokens, e, eb))]
+    if model.experts:
+        rows += moe_sublayers(model, x)
+        if model.dropout > 0:
+            rows.append(Sublayer("dropout_mlp", "dropout", F.dropout(x.norm_tokens * e, elem_bytes=eb)))
+        rows.append(Sublayer("residual_mlp", "elementwise", _residual(x.norm_tokens * e, eb)))
+        return rows
     fc1 = F.linear(T, e, (2 if glu else 1) * f_t, bias=model.bias, elem_bytes=eb)
     fc1 = F.OpCost(fc1.fwd, fc1.bwd, np.where(x.sp, _sp_saved_input(fc1, x, e).act_mem, fc1.act_mem), fc1.params)
     rows.append(Sublayer("fc1", "linear", fc1, comms=_col_parallel_comms(x, T * e)))

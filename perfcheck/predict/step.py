@@ -52,18 +52,29 @@ class Options:
     dp_overlap: float = 0.0
     optimizer: str = "adam"
     master_weights: object = None
+    ep: int = 1
 
     def __post_init__(self):
         for f in ("causal", "flash", "master_weights"):
             value = getattr(self, f)
             if not isinstance(value, (bool, np.bool_)) and not (f == "master_weights" and value is None):
                 raise UserError(f"{f} must be true or false, got {getattr(self, f)!r}")
+        if isinstance(self.ep, bool) or not isinstance(self.ep, (int, np.integer)) or self.ep < 1:
+            raise UserError(f"ep must be a positive integer (expert-parallel degree), got {self.ep!r}")
         if self.recompute not in RECOMPUTE:
             raise UserError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         for f in ("tp_overlap", "dp_overlap"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise UserError(f"{f} must be a fraction in [0, 1], got {v!r}")
+
+
+def check_ep(model, opts: Options):
+    """Expert parallelism splits whole experts over ``ep`` GPUs (each holds experts/ep of them)."""
+    if opts.ep > 1 and not model.experts:
+        raise UserError(f"ep = {opts.ep} needs a mixture-of-experts model (model {model.name!r} has experts = 0)")
+    if model.experts and model.experts % opts.ep:
+        raise UserError(f"ep = {opts.ep} does not divide experts = {model.experts}")
 
 
 def make_options(**kw) -> Options:
@@ -124,6 +135,7 @@ def validate_layouts(model, cols: Mapping[str, np.ndarray]) -> Layouts:
         (model.heads % np.maximum(o["tp"], 1) != 0, f"tp does not divide heads = {model.heads}"),
         (model.hidden % np.maximum(o["tp"], 1) != 0, f"tp does not divide hidden = {model.hidden}"),
         (model.ffn_hidden % np.maximum(o["tp"], 1) != 0, f"tp does not divide ffn_hidden = {model.ffn_hidden}"),
+        (model.kv_heads % np.maximum(o["tp"], 1) != 0, f"tp does not divide kv_heads = {model.kv_heads}"),
         (sp & (o["seq"] % np.maximum(o["tp"], 1) != 0), "tp (sequence parallel) does not divide seq"),
         (model.layers % np.maximum(o["pp"], 1) != 0, f"pp does not divide layers = {model.layers}"),
         ((o["pp"] > 1) & (o["zero_stage"] >= 2), "zero_stage 2/3 is incompatible with pp > 1 (DeepSpeed)"),
@@ -165,7 +177,7 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     b, s, tied_copy = cfg.micro_batch.astype(float), cfg.seq.astype(float), (not model.tied_embeddings) | (cfg.pp > 1)
     if n == 1:  # one layout: Python scalars are ~20x faster than 1-element arrays in the formulas
         b, s, t, sp, tied_copy = float(b[0]), float(s[0]), float(t[0]), bool(sp[0]), bool(tied_copy[0])
-    x = sharding.Shape(b, s, t, sp, elem_bytes(dtype))
+    x = sharding.Shape(b, s, t, sp, elem_bytes(dtype), 1 if tp1 else opts.ep)
     rows = (sharding.layer_sublayers(model, x, causal=opts.causal, flash=opts.flash)
             + sharding.model_sublayers(model, x, tied_copy=tied_copy))
     out = {"name": [r.name for r in rows], "formula": [r.formula for r in rows],
@@ -194,7 +206,8 @@ def _time_rows(out, t, system, dtype, opts):
     memory = np.asarray(roofline.memory_time_s(both["bytes"], spec))
     launch = both["kernels"] * spec.launch_overhead_s
     comm = sum(np.asarray(collectives.collective_time_s(
-        kind, np.concatenate([out[f"comm_fwd_{kind}"], out[f"comm_bwd_{kind}"]]), t, spec))
+        kind, np.concatenate([out[f"comm_fwd_{kind}"], out[f"comm_bwd_{kind}"]]),
+        np.full_like(t, opts.ep) if kind == "alltoall" else t, spec))  # all-to-all: over the EP group
         for kind in sharding.COLLECTIVE_KINDS)
     roof = np.maximum(compute, memory)
     exposed = (1 - opts.tp_overlap) * comm
@@ -385,7 +398,7 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
     # DP / ZeRO collectives of the stage with the most parameters (stages communicate concurrently)
     p_comm = np.maximum(p_stage_first, p_stage_last)
     colls = zero.step_comm(p_comm, cfg.zero_stage, cfg.dp, micro_steps=micro_steps, dtype=dtype, precision_=prec)
-    for kind in sharding.COLLECTIVE_KINDS:
+    for kind in ("allreduce", "allgather", "reducescatter"):
         res[f"dp_{kind}_bytes"] = sum((np.asarray(c.bytes, dtype=float) for c in colls if c.kind == kind),
                                       np.zeros(len(pp)))
     dp_spans = (cfg.dp > 1) & (cfg.tp * cfg.dp > spec.gpus_per_node)

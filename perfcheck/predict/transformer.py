@@ -37,8 +37,11 @@ POSITIONS = ("learned", "rotary")
 _INT_FIELDS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 _BOOL_FIELDS = ("bias", "tied_embeddings")
 _REQUIRED = ("name",) + _INT_FIELDS + ("norm", "activation") + _BOOL_FIELDS
-_OPTIONAL = ("description", "position", "dropout", "sources")
+_MOE_FIELDS = ("kv_heads", "experts", "top_k", "capacity_factor", "shared_experts")
+_OPTIONAL = ("description", "position", "dropout", "sources") + _MOE_FIELDS
 ARCH_FIELDS = _INT_FIELDS + ("norm", "activation") + _BOOL_FIELDS + ("position", "dropout")
+#: Keys ``sources`` may cite: every architecture field, and the GQA/MoE ones where a file sets them.
+SOURCED_FIELDS = ARCH_FIELDS + _MOE_FIELDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +51,13 @@ class TransformerModel:
     ``ffn_hidden``: the MLP's inner size f (SwiGLU: each of gate and up is f wide).
     ``position``: "learned" absolute embeddings (GPT) or "rotary" (Llama).
     ``dropout``: probability of the attention/hidden/embedding dropouts; 0 drops their rows.
+    ``kv_heads``: key/value heads (grouped-query attention, Ainslie et al. 2023; default ``heads``,
+    i.e. multi-head attention; 1 is multi-query attention).
+    ``experts``: 0 for a dense MLP, else a mixture-of-experts MLP of ``experts`` experts of width
+    ``ffn_hidden``, each token routed to ``top_k`` of them by a linear router (Shazeer et al. 2017;
+    Mixtral: 8 experts, top 2). ``capacity_factor``: tokens an expert processes relative to a
+    perfectly balanced share (1.0: balanced, the expected work of dropless routing; 1.25: GShard's
+    padded capacity). ``shared_experts``: experts every token goes through (DeepSeekMoE).
     """
 
     name: str
@@ -63,6 +73,11 @@ class TransformerModel:
     tied_embeddings: bool = True
     position: str = "learned"
     dropout: float = 0.0
+    kv_heads: int = None
+    experts: int = 0
+    top_k: int = 1
+    capacity_factor: float = 1.0
+    shared_experts: int = 0
     description: str = ""
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -83,8 +98,25 @@ class TransformerModel:
             raise UserError(f"{where}: dropout must be a probability in [0, 1), got {d!r}")
         if self.hidden % self.heads:
             raise UserError(f"{where}: heads = {self.heads} does not divide hidden = {self.hidden}")
-        if not isinstance(self.sources, Mapping) or any(k not in ARCH_FIELDS for k in self.sources):
-            bad = [k for k in self.sources if k not in ARCH_FIELDS] if isinstance(self.sources, Mapping) else [self.sources]
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        for f in ("kv_heads", "top_k"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UserError(f"{where}: {f} must be a positive integer, got {v!r}")
+        for f in ("experts", "shared_experts"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise UserError(f"{where}: {f} must be a non-negative integer, got {v!r}")
+        if self.heads % self.kv_heads:
+            raise UserError(f"{where}: kv_heads = {self.kv_heads} does not divide heads = {self.heads}")
+        if self.experts and self.top_k > self.experts:
+            raise UserError(f"{where}: top_k = {self.top_k} exceeds experts = {self.experts}")
+        cf = self.capacity_factor
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not cf > 0:
+            raise UserError(f"{where}: capacity_factor must be a positive number, got {cf!r}")
+        if not isinstance(self.sources, Mapping) or any(k not in SOURCED_FIELDS for k in self.sources):
+            bad = [k for k in self.sources if k not in SOURCED_FIELDS] if isinstance(self.sources, Mapping) else [self.sources]
             raise UserError(f"{where}: sources has key(s) naming no field: "
                             f"{', '.join(map(repr, bad))}")
         object.__setattr__(self, "sources", types.MappingProxyType(dict(self.sources)))
@@ -189,7 +221,8 @@ def check_tp_scheme(tp_scheme: str):
 
 
 def check_layout(model: TransformerModel, parallel: ParallelConfig, seq: int, tp_scheme: str = "1d"):
-    """Raise UserError (naming the field) when ``model`` cannot be split as ``parallel`` says.
+    """Raise UserError (naming the field) when ``model`` cannot be split as ``parallel`` says
+    (tp must also divide kv_heads: Megatron gives each rank whole key/value heads).
 
     Megatron 1D TP splits heads, hidden and ffn_hidden over tp; SP splits the sequence; pipeline
     stages hold layers/pp layers each. Other TP schemes raise NotImplementedError naming them.
@@ -198,6 +231,8 @@ def check_layout(model: TransformerModel, parallel: ParallelConfig, seq: int, tp
     parallel.validate_for_model(num_heads=model.heads, hidden=model.hidden, seq_len=seq, layers=model.layers)
     if model.ffn_hidden % parallel.tp:
         raise UserError(f"parallel config: tp = {parallel.tp} does not divide ffn_hidden = {model.ffn_hidden}")
+    if model.kv_heads % parallel.tp:
+        raise UserError(f"parallel config: tp = {parallel.tp} does not divide kv_heads = {model.kv_heads}")
 
 
 def _positive_int(value, field):
@@ -238,6 +273,7 @@ def estimate_transformer(model="gpt2-124m", *, batch: int = 1, seq: int = None, 
     """
     model, batch, seq, parallel = _setup(model, batch, seq, parallel, tp_scheme)
     opts = steps.make_options(**options)
+    steps.check_ep(model, opts)
     return sublayer_table(model, batch, seq, parallel, load_system(system), dtype, opts)
 
 
@@ -249,6 +285,7 @@ def transformer_step(model="gpt2-124m", *, batch: int = 1, seq: int = None, para
     """
     model, batch, seq, parallel = _setup(model, batch, seq, parallel, tp_scheme)
     opts = steps.make_options(**options)
+    steps.check_ep(model, opts)
     return steps.step_summary(model, batch, seq, parallel, load_system(system), dtype, opts)
 
 
@@ -280,7 +317,9 @@ def sweep_transformer(model, layouts: pd.DataFrame, *, system="h100-sxm", dtype=
         value = model.seq_len if c == "seq" and default is None else default
         cols[c] = layouts[c].to_numpy() if c in layouts.columns else np.full(len(layouts), value)
     cfg = steps.validate_layouts(model, cols)
-    totals = steps.step_arrays(model, cfg, load_system(system), dtype, steps.make_options(**options))
+    opts = steps.make_options(**options)
+    steps.check_ep(model, opts)
+    totals = steps.step_arrays(model, cfg, load_system(system), dtype, opts)
     out = layouts.reset_index(drop=True).copy()
     for name in steps.STEP_COLUMNS:
         out[name] = totals[name]
