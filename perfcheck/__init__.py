@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 #: Public name -> "module:attribute" it lives in.
 _EXPORTS = {
-    "estimate": "perfcheck.predict.module_estimator:estimate",
+    "estimate": "perfcheck.predict.estimate:estimate",
     "estimate_transformer": "perfcheck.predict.transformer:estimate_transformer",
     "load_system": "perfcheck.hardware.systems:load_system",
     "list_systems": "perfcheck.hardware.systems:list_systems",

@@ -100,10 +100,10 @@ def test_no_callable_module_tricks():
 def test_public_api_is_plain_functions():
     import perfcheck
 
-    assert callable(perfcheck.estimate) and perfcheck.estimate.__module__ == "perfcheck.predict.module_estimator"
+    assert callable(perfcheck.estimate) and perfcheck.estimate.__module__ == "perfcheck.predict.estimate"
     assert callable(perfcheck.reconcile) and perfcheck.reconcile.__module__ == "perfcheck.analysis.reconcile"
     import perfcheck.analysis.reconcile  # noqa: F401 - importing the module must not shadow the function
-    import perfcheck.predict.module_estimator  # noqa: F401
+    import perfcheck.predict.estimate  # noqa: F401
 
     assert perfcheck.reconcile.__name__ == "reconcile" and perfcheck.estimate.__name__ == "estimate"
     import perfcheck.deepspeed as pds

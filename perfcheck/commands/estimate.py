@@ -214,7 +214,7 @@ def _torch_dtype(name: str):
 
 
 def _module_output(args) -> str:
-    from perfcheck.predict.module_estimator import estimate
+    from perfcheck.predict.estimate import estimate
     from perfcheck.predict.trace import inputs_from_shapes
 
     if not args.input_shape:
@@ -246,4 +246,8 @@ def _module_output(args) -> str:
     rows = [["  " * r.depth + r.module, r.type, fmt_count(r.params), fmt_count(r.flops_fwd), fmt_count(r.flops_bwd),
              fmt_bytes(r.act_mem), fmt_time(r.pred_fwd_s), fmt_time(r.pred_bwd_s), r.bound_fwd]
             for r in frame.itertuples(index=False)]
-    return f"{args.module} on {args.system}, inputs {' '.join(args.input_shape)}\n\n" + _text_table(header, rows)
+    from perfcheck.analysis.findings import predicted_host_bound
+
+    notes = "".join(f"\n{line}" for line in predicted_host_bound(frame))
+    return (f"{args.module} on {frame.attrs.get('system_label', args.system)}, inputs {' '.join(args.input_shape)}"
+            f"\n\n" + _text_table(header, rows) + notes + ("\n" if notes else ""))

@@ -75,6 +75,9 @@ def system_from_meta(meta: dict, system=None):
     if meta.get("system"):
         return meta["system"]
     device = meta.get("device") or {}
+    cached = _cached_for(device, meta.get("hostname"))
+    if cached is not None:  # this machine's `perfcheck calibrate` result, for a run on this device
+        return cached
     if device.get("type", "cpu") == "cpu":
         return "cpu"
     from perfcheck.hardware import systems
@@ -85,20 +88,37 @@ def system_from_meta(meta: dict, system=None):
     return match(device["name"])
 
 
+def _cached_for(device: dict, host):
+    """The per-user calibration cache's spec when the run's device is this machine's, else None."""
+    import socket
+
+    from perfcheck.hardware.cache import cached_spec
+
+    kind = device.get("type", "cpu")
+    if host is not None and host != socket.gethostname():
+        return None
+    try:
+        import torch
+
+        if kind == "cuda" and (not torch.cuda.is_available() or torch.cuda.get_device_name() != device.get("name")):
+            return None
+        return cached_spec(kind)
+    except (RuntimeError, AssertionError):
+        return None
+
+
 def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
     """The predicted frame (schema.PREDICTED_COLUMNS) for the run described by ``meta`` (meta.json)."""
-    from perfcheck.predict.module_estimator import estimate
-
     from perfcheck.integrations import torch_distributed as native
+    from perfcheck.predict.estimate import estimate
 
     args, kwargs = inputs_from_meta(meta)
     kind = str((meta.get("parallel") or {}).get("kind", ""))
     if native.is_sharded(model):
-        # FSDP2 / DTensor: trace an unparallelised meta twin (the live model's state and hooks are
-        # never touched), then add the collectives the live layout issues per module.
-        frame = estimate(native.meta_twin(model), args, system=system_from_meta(meta, system),
-                         dtype=meta.get("dtype") or None, parallel=None, kwargs=kwargs or None)
-        return native.add_live_collectives(frame, model, system_from_meta(meta, system))
+        # FSDP2 / DTensor: estimate() traces an unparallelised meta twin (the live model's state and
+        # hooks are never touched) and adds the collectives the live layout issues per module.
+        return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
+                        kwargs=kwargs or None)
     if kind == "ddp" and native.has_buckets(model):
         frame = estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                          parallel=None, kwargs=kwargs or None)

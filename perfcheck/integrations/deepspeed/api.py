@@ -128,9 +128,13 @@ def parse_block(config) -> Optional[PerfcheckBlock]:
                 raise UserError(f'"perfcheck" block: {key} must be a string, got {value!r}')
             kw[key] = value
         elif key == "sampler_interval_s":
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-                raise UserError(f'"perfcheck" block: sampler_interval_s must be seconds >= 0 or null, got {value!r}')
-            kw[key] = float(value) if value else None
+            if value is not None:
+                from perfcheck.measure.sampler import MIN_INTERVAL_S
+
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= MIN_INTERVAL_S:
+                    raise UserError(f'"perfcheck" block: sampler_interval_s must be seconds >= {MIN_INTERVAL_S}, or '
+                                    f'null to turn the sampler off, got {value!r}')
+            kw[key] = None if value is None else float(value)
         elif key == "profiler":
             kw[key] = _profiler(value)
     parsed = PerfcheckBlock(**kw)
@@ -229,7 +233,7 @@ def save_prediction(run_dir, model, example_inputs, *, system=None, dtype=None) 
     Call it with the model before DeepSpeed partitions it. Returns the path (None if the estimator
     failed, with a warning: a prediction never stops the training run)."""
     from perfcheck.predict.for_run import save_predicted
-    from perfcheck.predict.module_estimator import estimate
+    from perfcheck.predict.estimate import estimate
 
     try:
         frame = estimate(model, example_inputs, system=system, dtype=dtype)

@@ -1,0 +1,28 @@
+"""``perfcheck.estimate``: the per-module prediction of one training step, for any model.
+
+A model whose layout declares its sharding (FSDP2 ``fully_shard``, DTensor tensor/sequence
+parallel) goes to ``distributed.estimate_sharded`` (compute from an unsharded meta twin, the
+collectives its layout issues); every other model, DDP/DeepSpeed/compiled wrappers included, to
+``module_estimator.estimate``. Arguments and columns are ``module_estimator.estimate``'s.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from perfcheck.integrations.torch_distributed import is_sharded
+from perfcheck.predict import distributed, module_estimator
+
+
+def estimate(model, example_inputs, *, system=None, dtype=None, parallel=None, causal: bool = False, kwargs=None,
+             optimizer="sgd") -> pd.DataFrame:
+    """Predict FLOPs, bytes, activation memory, communication and time per module for one training
+    step (see ``perfcheck.predict.module_estimator.estimate`` for every argument and column)."""
+    if is_sharded(model):
+        if parallel is not None:
+            from perfcheck.errors import UserError
+
+            raise UserError("parallel: an FSDP2/DTensor model declares its own layout; leave parallel=None")
+        return distributed.estimate_sharded(model, example_inputs, system=system, dtype=dtype, causal=causal,
+                                            kwargs=kwargs, optimizer=optimizer)
+    return module_estimator.estimate(model, example_inputs, system=system, dtype=dtype, parallel=parallel,
+                                     causal=causal, kwargs=kwargs, optimizer=optimizer)
