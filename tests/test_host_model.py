@@ -221,3 +221,40 @@ def test_calibration_cache_round_trip_and_labels(tmp_path, monkeypatch):
     assert pred.attrs["system"] == "mine" and "per-user cache" in pred.attrs["system_label"]
     torch.set_num_threads(torch.get_num_threads())  # same threads: same fingerprint
     assert cache.cache_path("cpu") == path
+
+
+# ---------------------------------------------------------------------------- findings, DeepSpeed, collectives
+def test_predicted_host_bound_finding_before_the_run():
+    from perfcheck.analysis.findings import predicted_host_bound
+
+    spec = _spec("gpu", op_dispatch_s=10 * US, module_call_s=5 * US, view_dispatch_s=2 * US, device_kernel_s=1 * US)
+    model, x = _linear_model()
+    lines = predicted_host_bound(perfcheck.estimate(model, x, system=spec))
+    # root forward host: Sequential 5 + Linear 5 + t 2 + addmm 10 = 22 us
+    assert lines[0].startswith("(root) fwd: predicted host-bound, host 22 us vs device ")
+    big = perfcheck.estimate(torch.nn.Linear(4096, 4096), (torch.empty(8192, 4096, device="meta"),), system=spec)
+    assert predicted_host_bound(big) == []  # a large GEMM is device-bound
+
+
+def test_deepspeed_host_terms_by_hand():
+    spec = _spec("cpu", zero3_fwd_hook_s=100 * US, zero3_bwd_hook_s=150 * US, zero_grad_hook_s=7 * US,
+                 ds_engine_step_s=400 * US)
+    # stage 3, 8 module calls, 10 parameter tensors: fwd 8 x 100 = 800 us; bwd 8 x 150 + 10 x 7 = 1270 us
+    t = host.deepspeed_host_s(stage=3, module_calls=8, param_tensors=10, spec=spec)
+    assert t == {"fwd": pytest.approx(800 * US), "bwd": pytest.approx(1270 * US), "optim": pytest.approx(400 * US)}
+    t0 = host.deepspeed_host_s(stage=0, module_calls=8, param_tensors=10, spec=spec)
+    assert t0 == {"fwd": 0.0, "bwd": 0.0, "optim": pytest.approx(400 * US)}  # no ZeRO hooks at stage 0
+    with pytest.raises(UserError, match="stage"):
+        host.deepspeed_host_s(stage=4, module_calls=1, param_tensors=1, spec=spec)
+
+
+def test_collective_alpha_per_call_in_the_zero_model():
+    from perfcheck.predict import zero
+    from perfcheck.predict.collectives import collective_time_s
+
+    spec = _spec("cpu", collective_latency_s=500 * US)
+    lines = [zero.Collective("bwd", "allreduce", 3 * 4096.0, 3, "grads")]
+    t = zero.comm_time_s(lines, 2, spec)["bwd"]
+    # three calls of 4096 B: 3 x (bandwidth term + alpha 500 us); collective_time_s's own latency is replaced
+    bw = float(collective_time_s("allreduce", 4096.0, 2, spec)) - spec.launch_overhead_s
+    assert t == pytest.approx(3 * (bw + 500 * US))

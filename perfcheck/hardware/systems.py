@@ -68,7 +68,8 @@ HOST_KEYS = {
     "collective_latency_s": "alpha: fixed time of one collective call (small-message all-reduce)",
     "ds_engine_step_s": "DeepSpeed engine work per step (backward/step wrappers, bookkeeping)",
     "zero_grad_hook_s": "ZeRO-1/2 per-parameter-tensor gradient hook and bucketing, per step",
-    "zero3_module_hooks_s": "ZeRO-3 fetch/release hooks per module call (forward and backward halves together)",
+    "zero3_fwd_hook_s": "ZeRO-3 pre/post-forward hooks (fetch, release, prefetch bookkeeping) per module call",
+    "zero3_bwd_hook_s": "ZeRO-3 pre/post-backward hooks (fetch, release, gradient partitioning) per module call",
 }
 _FIELDS = _REQUIRED + _OPTIONAL
 

@@ -294,14 +294,15 @@ def collective_latency_s(calls, spec) -> float:
 def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec) -> dict:
     """DeepSpeed's per-step host work beside the model's: the engine's backward/step wrappers
     (``ds_engine_step_s``), ZeRO-1/2's per-parameter gradient hooks (``zero_grad_hook_s``) and,
-    at stage 3, the per-module fetch/release hooks (``zero3_module_hooks_s`` per module call,
-    forward and backward halves). Returns seconds by phase: fwd, bwd, optim."""
+    at stage 3, the per-module fetch/release hooks (``zero3_fwd_hook_s`` and ``zero3_bwd_hook_s``
+    per module call). Returns seconds by phase: fwd, bwd, optim (one micro-step for fwd/bwd)."""
     hc = host_constants(load_system(spec))
     if stage not in (0, 1, 2, 3):
         raise UserError(f"stage: ZeRO stage must be 0-3, got {stage!r}")
-    hooks = module_calls * hc["zero3_module_hooks_s"] if stage == 3 else 0.0
+    three = stage == 3
     grad_hooks = param_tensors * hc["zero_grad_hook_s"] if stage >= 1 else 0.0
-    return {"fwd": hooks / 2, "bwd": hooks / 2 + grad_hooks, "optim": hc["ds_engine_step_s"]}
+    return {"fwd": module_calls * hc["zero3_fwd_hook_s"] * three,
+            "bwd": module_calls * hc["zero3_bwd_hook_s"] * three + grad_hooks, "optim": hc["ds_engine_step_s"]}
 
 
 def fmt_us(seconds: float) -> str:
