@@ -43,6 +43,9 @@ class Options:
     tp_overlap, dp_overlap: fraction of TP / DP collective time hidden behind compute.
     optimizer, master_weights: model states per parameter (``zero.precision``: "adam" keeps fp32
       momentum and variance; master_weights None = DeepSpeed's choice of an fp32 master copy).
+    ep: expert-parallel degree (MoE).
+    tp_scheme: "1d" (Megatron), "2d" (Optimus, tp = q*q), "2.5d" (Tesseract, tp = q*q*tp_depth),
+      "3d" (tp = q**3); ``sharding.grid_linear`` and docs/transformer.md. tp_depth: 2.5D's d.
     """
 
     causal: bool = False
@@ -53,8 +56,19 @@ class Options:
     optimizer: str = "adam"
     master_weights: object = None
     ep: int = 1
+    tp_scheme: str = "1d"
+    tp_depth: int = 1
 
     def __post_init__(self):
+        scheme = str(self.tp_scheme).lower()
+        if scheme not in sharding.TP_SCHEMES:
+            raise UserError(f"tp_scheme must be one of {', '.join(sharding.TP_SCHEMES)}, got {self.tp_scheme!r}")
+        object.__setattr__(self, "tp_scheme", scheme)
+        d = self.tp_depth
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+            raise UserError(f"tp_depth must be a positive integer (the 2.5D grid's depth d), got {d!r}")
+        if d > 1 and scheme != "2.5d":
+            raise UserError(f"tp_depth = {d} needs tp_scheme='2.5d' (got tp_scheme={scheme!r})")
         for f in ("causal", "flash", "master_weights"):
             value = getattr(self, f)
             if not isinstance(value, (bool, np.bool_)) and not (f == "master_weights" and value is None):
@@ -111,8 +125,9 @@ class Layouts:
         return self.tp * self.pp * self.dp
 
 
-def validate_layouts(model, cols: Mapping[str, np.ndarray]) -> Layouts:
-    """Arrays of layouts checked like ``ParallelConfig`` + ``validate_for_model``; UserError names row and field."""
+def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = None) -> Layouts:
+    """Arrays of layouts checked like ``ParallelConfig`` + ``validate_for_model`` (and, for a grid
+    ``opts.tp_scheme``, ``sharding.grid_problems``); UserError names row and field."""
     out = {}
     for f in ("tp", "pp", "dp", "zero_stage", "micro_batch", "micro_batches", "grad_accum_steps", "seq"):
         a = np.asarray(cols[f])
@@ -126,17 +141,25 @@ def validate_layouts(model, cols: Mapping[str, np.ndarray]) -> Layouts:
         sp = sp.astype(bool)
     out["sp"] = sp
     o = out
+    scheme = "1d" if opts is None else opts.tp_scheme
     checks = [
         (o["tp"] < 1, "tp must be >= 1"), (o["pp"] < 1, "pp must be >= 1"), (o["dp"] < 1, "dp must be >= 1"),
         (o["micro_batch"] < 1, "micro_batch must be >= 1"), (o["micro_batches"] < 1, "micro_batches must be >= 1"),
         (o["grad_accum_steps"] < 1, "grad_accum_steps must be >= 1"), (o["seq"] < 1, "seq must be >= 1"),
         ((o["zero_stage"] < 0) | (o["zero_stage"] > 3), "zero_stage must be 0, 1, 2 or 3"),
         (sp & (o["tp"] == 1), "sp needs tp > 1"),
-        (model.heads % np.maximum(o["tp"], 1) != 0, f"tp does not divide heads = {model.heads}"),
-        (model.hidden % np.maximum(o["tp"], 1) != 0, f"tp does not divide hidden = {model.hidden}"),
-        (model.ffn_hidden % np.maximum(o["tp"], 1) != 0, f"tp does not divide ffn_hidden = {model.ffn_hidden}"),
-        (model.kv_heads % np.maximum(o["tp"], 1) != 0, f"tp does not divide kv_heads = {model.kv_heads}"),
-        (sp & (o["seq"] % np.maximum(o["tp"], 1) != 0), "tp (sequence parallel) does not divide seq"),
+    ]
+    if scheme != "1d":
+        checks += sharding.grid_problems(model, np.maximum(o["tp"], 1), scheme, opts.tp_depth,
+                                         np.maximum(o["micro_batch"], 1), sp)
+    else:
+        t = np.maximum(o["tp"], 1)
+        checks += [(model.heads % t != 0, f"tp does not divide heads = {model.heads}"),
+                   (model.hidden % t != 0, f"tp does not divide hidden = {model.hidden}"),
+                   (model.ffn_hidden % t != 0, f"tp does not divide ffn_hidden = {model.ffn_hidden}"),
+                   (model.kv_heads % t != 0, f"tp does not divide kv_heads = {model.kv_heads}"),
+                   (sp & (o["seq"] % t != 0), "tp (sequence parallel) does not divide seq")]
+    checks += [
         (model.layers % np.maximum(o["pp"], 1) != 0, f"pp does not divide layers = {model.layers}"),
         ((o["pp"] > 1) & (o["zero_stage"] >= 2), "zero_stage 2/3 is incompatible with pp > 1 (DeepSpeed)"),
     ]
@@ -177,7 +200,8 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     b, s, tied_copy = cfg.micro_batch.astype(float), cfg.seq.astype(float), (not model.tied_embeddings) | (cfg.pp > 1)
     if n == 1:  # one layout: Python scalars are ~20x faster than 1-element arrays in the formulas
         b, s, t, sp, tied_copy = float(b[0]), float(s[0]), float(t[0]), bool(sp[0]), bool(tied_copy[0])
-    x = sharding.Shape(b, s, t, sp, elem_bytes(dtype), 1 if tp1 else opts.ep)
+    x = sharding.Shape(b, s, t, sp, elem_bytes(dtype), 1 if tp1 else opts.ep,
+                       "1d" if tp1 else opts.tp_scheme, opts.tp_depth)
     rows = (sharding.layer_sublayers(model, x, causal=opts.causal, flash=opts.flash)
             + sharding.model_sublayers(model, x, tied_copy=tied_copy))
     out = {"name": [r.name for r in rows], "formula": [r.formula for r in rows],
@@ -189,26 +213,35 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     out["act_mem"] = _stack([r.cost.act_mem for r in rows], n)
     out["params"] = _stack([r.cost.params for r in rows], n)
     out["recomputed_act"] = _stack([r.recomputed_act for r in rows], n)
-    for phase in ("fwd", "bwd"):
+    # bytes per (kind, group) for timing (each group has its own size), summed over groups per kind
+    pairs = sorted({(c.kind, c.group) for r in rows for c in r.comms})
+    out["comm_groups"] = {}
+    for kind, group in pairs:
+        out["comm_groups"][kind, group] = tuple(_stack(
+            [sum((c.bytes for c in r.comms if c.phase == phase and c.kind == kind and c.group == group), 0.0)
+             for r in rows], n) for phase in ("fwd", "bwd"))
+    zero = np.zeros((len(rows), n))
+    for i, phase in enumerate(("fwd", "bwd")):
         for kind in sharding.COLLECTIVE_KINDS:
-            out[f"comm_{phase}_{kind}"] = _stack(
-                [sum((c.bytes for c in r.comms if c.phase == phase and c.kind == kind), 0.0) for r in rows], n)
+            out[f"comm_{phase}_{kind}"] = sum((v[i] for (k, _), v in out["comm_groups"].items() if k == kind), zero)
     if not tp1:
-        _time_rows(out, np.atleast_1d(t), system, dtype, opts)
+        sizes = {g: np.broadcast_to(np.asarray(v, dtype=float), (n,)) for g, v in x.group_sizes().items()}
+        _time_rows(out, sizes, system, dtype, opts)
     return out
 
 
-def _time_rows(out, t, system, dtype, opts):
-    """Roofline and TP collective times of every row; fwd and bwd stacked so each model runs once."""
+def _time_rows(out, group_sizes, system, dtype, opts):
+    """Roofline and TP collective times of every row; fwd and bwd stacked so each model runs once.
+
+    ``group_sizes``: ranks per group name (``Shape.group_sizes``), one entry per layout.
+    """
     spec = load_system(system)
     both = {f: np.concatenate([out[f"{f}_fwd"], out[f"{f}_bwd"]]) for f in ("macs", "flops", "bytes", "kernels")}
     compute = np.asarray(roofline.compute_time_s(2 * both["macs"], both["flops"], spec, dtype, kernels=both["kernels"]))
     memory = np.asarray(roofline.memory_time_s(both["bytes"], spec))
     launch = both["kernels"] * spec.launch_overhead_s
-    comm = sum(np.asarray(collectives.collective_time_s(
-        kind, np.concatenate([out[f"comm_fwd_{kind}"], out[f"comm_bwd_{kind}"]]),
-        np.full_like(t, opts.ep) if kind == "alltoall" else t, spec))  # all-to-all: over the EP group
-        for kind in sharding.COLLECTIVE_KINDS)
+    comm = sum((np.asarray(collectives.collective_time_s(kind, np.concatenate([fwd, bwd]), group_sizes[group], spec))
+                for (kind, group), (fwd, bwd) in out["comm_groups"].items()), np.zeros_like(compute))
     roof = np.maximum(compute, memory)
     exposed = (1 - opts.tp_overlap) * comm
     bound = np.where(exposed > roof + launch, "comm",
@@ -287,6 +320,12 @@ class StepSummary:
                              "unit": [_unit(k) for k in STEP_COLUMNS], "description": list(STEP_COLUMNS.values())})
 
 
+def act_split(cfg: Layouts, opts: Options):
+    """Ways one GPU's share of the (b, s, e) residual stream is split: t with SP, 1 without (1D);
+    t for the grid schemes (tokens over the rows, features over the columns: q*q, d*q*q, q*q*q)."""
+    return cfg.tp if opts.tp_scheme != "1d" else np.where(cfg.sp, cfg.tp, 1)
+
+
 def _select(rows_arr, mask):
     """Sum a (rows, n) array over the rows in ``mask``."""
     return rows_arr[mask].sum(axis=0)
@@ -322,7 +361,7 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     else:
         rec_roof = rec_comm = rec_flops = 0.0
     eb = elem_bytes(dtype)
-    x_bytes = cfg.micro_batch * cfg.seq * model.hidden * eb / np.where(cfg.sp, cfg.tp, 1)
+    x_bytes = cfg.micro_batch * cfg.seq * model.hidden * eb / act_split(cfg, opts)
     pp_spans = cfg.world > spec.gpus_per_node
     send = collectives.collective_time_s("sendrecv", x_bytes, np.full(len(pp), 2), spec, spans_nodes=pp_spans)
     p2p = np.where(one, 0.0, 2 * np.asarray(send))  # activations forward, their gradients backward
@@ -373,7 +412,7 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
     act = out["act_mem"]
     full_layer = _select(act, lay)
     if opts.recompute == "full":
-        layer_input = cfg.micro_batch * cfg.seq * model.hidden * elem_bytes(dtype) / np.where(cfg.sp, cfg.tp, 1)
+        layer_input = cfg.micro_batch * cfg.seq * model.hidden * elem_bytes(dtype) / act_split(cfg, opts)
         kept, rebuilt = layer_input, full_layer  # one layer's activations rebuilt during its backward
     elif opts.recompute == "selective":
         kept, rebuilt = full_layer - _select(out["recomputed_act"], lay), _select(out["recomputed_act"], lay)

@@ -197,7 +197,8 @@ def load_model(model) -> TransformerModel:
 
 
 # ---- parallel layouts --------------------------------------------------------------------------
-TP_SCHEMES = {"1d": None, "2d": "2D tensor parallelism (Optimus, Xu et al. 2021)",
+TP_SCHEMES = {"1d": "Megatron 1D tensor parallelism (Shoeybi et al. 2019)",
+              "2d": "2D tensor parallelism (Optimus, Xu et al. 2021)",
               "2.5d": "2.5D tensor parallelism (Tesseract, Wang et al. 2021)",
               "3d": "3D tensor parallelism (Bian et al. 2021)"}
 
@@ -210,24 +211,31 @@ def _parallel(parallel) -> ParallelConfig:
     return ParallelConfig.from_mapping(parallel)
 
 
-def check_tp_scheme(tp_scheme: str):
-    """Megatron 1D only: the 2D/2.5D/3D schemes raise NotImplementedError naming the scheme."""
+def check_tp_scheme(tp_scheme: str) -> str:
+    """The scheme's canonical name ("1d", "2d", "2.5d", "3d"); anything else is a UserError."""
     scheme = str(tp_scheme).lower()
     if scheme not in TP_SCHEMES:
         raise UserError(f"tp_scheme must be one of {', '.join(TP_SCHEMES)}, got {tp_scheme!r}")
-    if TP_SCHEMES[scheme]:
-        raise NotImplementedError(f"{TP_SCHEMES[scheme]} is not implemented; perfcheck models Megatron 1D "
-                                  "tensor parallelism only (tp_scheme='1d')")
+    return scheme
 
 
-def check_layout(model: TransformerModel, parallel: ParallelConfig, seq: int, tp_scheme: str = "1d"):
-    """Raise UserError (naming the field) when ``model`` cannot be split as ``parallel`` says
-    (tp must also divide kv_heads: Megatron gives each rank whole key/value heads).
+def check_layout(model: TransformerModel, parallel: ParallelConfig, seq: int, tp_scheme: str = "1d",
+                 tp_depth: int = 1, batch: int = 1):
+    """Raise UserError (naming the field) when ``model`` cannot be split as ``parallel`` says.
 
-    Megatron 1D TP splits heads, hidden and ffn_hidden over tp; SP splits the sequence; pipeline
-    stages hold layers/pp layers each. Other TP schemes raise NotImplementedError naming them.
+    Megatron 1D TP splits heads, hidden, ffn_hidden and kv_heads over tp (whole key/value heads
+    per rank); SP splits the sequence; pipeline stages hold layers/pp layers each. The grid schemes
+    need tp = q*q (2D), q*q*tp_depth (2.5D) or q**3 (3D) and split heads, features and the batch
+    over the grid (``sharding.grid_problems``).
     """
-    check_tp_scheme(tp_scheme)
+    scheme = check_tp_scheme(tp_scheme)
+    if scheme != "1d":
+        parallel.validate_for_model(seq_len=seq, layers=model.layers)
+        for bad, message in sharding.grid_problems(model, parallel.tp, scheme, tp_depth, batch, parallel.sp):
+            if np.any(bad):
+                depth = f", tp_depth = {tp_depth}" if scheme == "2.5d" else ""
+                raise UserError(f"parallel config: {message} (got tp = {parallel.tp}{depth}, batch = {batch})")
+        return
     parallel.validate_for_model(num_heads=model.heads, hidden=model.hidden, seq_len=seq, layers=model.layers)
     if model.ffn_hidden % parallel.tp:
         raise UserError(f"parallel config: tp = {parallel.tp} does not divide ffn_hidden = {model.ffn_hidden}")
@@ -241,16 +249,19 @@ def _positive_int(value, field):
     return int(value)
 
 
-def _setup(model, batch, seq, parallel, tp_scheme):
-    check_tp_scheme(tp_scheme)
+def _setup(model, batch, seq, parallel, tp_scheme, options):
+    """Validated (model, batch, seq, parallel, Options); ``tp_scheme`` travels inside the Options."""
+    scheme = check_tp_scheme(tp_scheme)
     model = load_model(model)
     batch = _positive_int(batch, "batch")
     seq = model.seq_len if seq is None else _positive_int(seq, "seq")
     if model.position == "learned" and seq > model.seq_len:
         raise UserError(f"seq = {seq} exceeds the model's seq_len = {model.seq_len} (learned position embeddings)")
     parallel = _parallel(parallel)
-    check_layout(model, parallel, seq, tp_scheme)
-    return model, batch, seq, parallel
+    opts = steps.make_options(tp_scheme=scheme, **options)
+    check_layout(model, parallel, seq, scheme, opts.tp_depth, batch)
+    steps.check_ep(model, opts)
+    return model, batch, seq, parallel, opts
 
 
 # ---- public API --------------------------------------------------------------------------------
@@ -271,9 +282,7 @@ def estimate_transformer(model="gpt2-124m", *, batch: int = 1, seq: int = None, 
     the embedding rows (``stage`` = "first") and the head rows (``stage`` = "last"). Columns are
     documented in ``TABLE_COLUMNS`` (SI units: FLOPs, bytes, seconds).
     """
-    model, batch, seq, parallel = _setup(model, batch, seq, parallel, tp_scheme)
-    opts = steps.make_options(**options)
-    steps.check_ep(model, opts)
+    model, batch, seq, parallel, opts = _setup(model, batch, seq, parallel, tp_scheme, options)
     return sublayer_table(model, batch, seq, parallel, load_system(system), dtype, opts)
 
 
@@ -283,9 +292,7 @@ def transformer_step(model="gpt2-124m", *, batch: int = 1, seq: int = None, para
 
     Same arguments as ``estimate_transformer``; returns a ``step.StepSummary`` (``.to_frame()``).
     """
-    model, batch, seq, parallel = _setup(model, batch, seq, parallel, tp_scheme)
-    opts = steps.make_options(**options)
-    steps.check_ep(model, opts)
+    model, batch, seq, parallel, opts = _setup(model, batch, seq, parallel, tp_scheme, options)
     return steps.step_summary(model, batch, seq, parallel, load_system(system), dtype, opts)
 
 
@@ -311,13 +318,12 @@ def sweep_transformer(model, layouts: pd.DataFrame, *, system="h100-sxm", dtype=
         raise UserError(f"layouts: " + (f"unknown column(s) {', '.join(map(repr, unknown))}" if unknown else
                                         f"missing column(s) {', '.join(map(repr, missing))}") +
                         f" (required: {', '.join(LAYOUT_REQUIRED)}; optional: {', '.join(LAYOUT_OPTIONAL)})")
-    check_tp_scheme(tp_scheme)
+    opts = steps.make_options(tp_scheme=check_tp_scheme(tp_scheme), **options)
     cols = {c: layouts[c].to_numpy() for c in LAYOUT_REQUIRED}
     for c, default in LAYOUT_OPTIONAL.items():
         value = model.seq_len if c == "seq" and default is None else default
         cols[c] = layouts[c].to_numpy() if c in layouts.columns else np.full(len(layouts), value)
-    cfg = steps.validate_layouts(model, cols)
-    opts = steps.make_options(**options)
+    cfg = steps.validate_layouts(model, cols, opts)
     steps.check_ep(model, opts)
     totals = steps.step_arrays(model, cfg, load_system(system), dtype, opts)
     out = layouts.reset_index(drop=True).copy()
