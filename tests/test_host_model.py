@@ -185,7 +185,8 @@ def test_fit_shape_curve_for_skinny_gemms():
     f = 2.0 * 96 * 1024 * 1024  # a 96-row Linear at 1/1.4 of the rate
     rows.append(_row("matmul", "linear 96x1024x1024", f / (peak / 1.4), 96, 1024, 1024, f))
     spec = build_spec("cpu", pd.DataFrame(rows), peaks="measured", stamp="test")
-    assert spec.matrix_shape_curve == ((96.0, pytest.approx(1 / 1.4, rel=1e-3)), (1024.0, 1.0))
+    # anchored at 1.0 by the next non-skinny shape above 96: the 256 square
+    assert spec.matrix_shape_curve == ((96.0, pytest.approx(1 / 1.4, rel=1e-3)), (256.0, 1.0))
     # the roofline applies it by smallest dimension: 96 rows -> 1/1.4 of the square rate at equal FLOPs
     t_skinny = roofline.compute_time_s(f, 0, spec, "fp32", min_dim=96)
     t_square = roofline.compute_time_s(f, 0, spec, "fp32")

@@ -41,9 +41,9 @@ def fingerprint(device=None) -> dict:
     if dev.type == "cuda":
         name, threads = torch.cuda.get_device_name(dev), None
     else:
-        from perfcheck.hardware.calibrate.run import _cpu_name
+        from perfcheck.hardware.calibrate.run import cpu_name
 
-        name, threads = _cpu_name().rsplit(",", 1)[0], torch.get_num_threads()
+        name, threads = cpu_name().rsplit(",", 1)[0], torch.get_num_threads()
     return {"host": socket.gethostname(), "device_type": dev.type, "device": name, "torch": torch.__version__,
             "threads": threads}
 

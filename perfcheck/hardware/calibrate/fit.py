@@ -77,14 +77,22 @@ def efficiency_curve(rows: pd.DataFrame, eff: np.ndarray) -> tuple:
     return tuple((float(f), float(round(e, 4)) or 1e-4) for f, e in grouped.items())
 
 
+#: A GEMM is *skinny* when its smallest dimension is under this fraction of its largest: those shapes
+#: key the shape curve; the others (squares, Linear-like shapes) key the FLOPs curve.
+SKINNY_RATIO = 0.25
+
+
 def _is_square(rows: pd.DataFrame) -> np.ndarray:
-    return ((rows["m"] == rows["k"]) & (rows["k"] == rows["n"])).to_numpy(bool)
+    """Not skinny (see SKINNY_RATIO): the shapes that set the FLOPs-keyed efficiency curve."""
+    dims = rows[["m", "k", "n"]].to_numpy(float)
+    return dims.min(axis=1) >= SKINNY_RATIO * dims.max(axis=1)
 
 
 def shape_curve(rows: pd.DataFrame, eff: np.ndarray, curve: tuple) -> tuple:
-    """((smallest dim, factor), ...): each non-square shape's efficiency over the square curve's at
-    its FLOPs (median per smallest dim), then (largest square side, 1.0) as the anchor; () when
-    there is no non-square shape or no curve."""
+    """((smallest dim, factor), ...): each skinny shape's efficiency over the FLOPs curve's at its
+    FLOPs (median per smallest dim), then 1.0 at the smallest dimension of the first non-skinny
+    shape above them (the anchor: from there on the FLOPs curve alone applies); () when there is
+    no skinny shape or no curve."""
     if len(curve) < 2:
         return ()
     square = _is_square(rows)
@@ -95,9 +103,9 @@ def shape_curve(rows: pd.DataFrame, eff: np.ndarray, curve: tuple) -> tuple:
     if frame.empty:
         return ()
     points = {float(k): float(round(v, 4)) for k, v in frame.groupby("dim")["factor"].median().items()}
-    anchor = float(dims[square].max()) if square.any() else None
-    if anchor is not None and anchor > max(points):
-        points[anchor] = 1.0
+    above = dims[square & (dims > max(points))]
+    if len(above):
+        points[float(above.min())] = 1.0
     return tuple(sorted((k, min(max(v, 1e-3), 4.0)) for k, v in points.items()))
 
 
@@ -334,10 +342,11 @@ def _matrix(d: _Draft, table):
     d.fields["matrix_shape_curve"] = shapes[ref]
     if shapes[ref]:
         d.sources["matrix_shape_curve"] = (
-            f"{d.stamp}: {ref} F.linear shapes, smallest dimension -> measured efficiency / the square curve's "
-            f"at equal FLOPs (median per dimension), anchored at 1.0 by the largest square")
+            f"{d.stamp}: {ref} skinny F.linear shapes (smallest dimension < {SKINNY_RATIO} x largest), smallest "
+            f"dimension -> measured efficiency / the FLOPs curve's at equal FLOPs (median per dimension), 1.0 from "
+            f"the next non-skinny shape's smallest dimension on")
     d.sources["matrix_efficiency_curve"] = (
-        f"{d.stamp}: {ref} matmuls (torch.mm squares), FLOPs per kernel -> measured rate "
+        f"{d.stamp}: {ref} matmuls (torch.mm squares and non-skinny F.linear shapes), FLOPs per kernel -> measured rate "
         f"{d.relative} after subtracting the {d.op_s * 1e6:.2f} us tiny-op time; other dtypes scale it by "
         f"efficiency.matrix_<dtype> / efficiency.matrix")
     d.sources["efficiency.matrix"] = (f"{d.stamp}: {ref} matmul rate {d.relative}, median of the {_LARGEST} largest "

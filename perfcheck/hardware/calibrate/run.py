@@ -253,12 +253,12 @@ def _busy_note(device) -> Optional[str]:
 
 def provenance(device) -> str:
     """"measured by perfcheck calibrate on <host> (<device>), <date>, torch <version>"."""
-    what = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"measured by perfcheck calibrate on {socket.gethostname()} ({what}), {date}, torch {torch.__version__}"
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as fh:
             names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
