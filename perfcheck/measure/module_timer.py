@@ -223,6 +223,9 @@ class _TimedForward:
         timer = self.timer
         if not (self.live and timer._on) or _is_compiling() or (timer._check_capture and timer._capturing()):
             return self.inner(*args, **kwargs)
+        if (timer._lean and not kwargs and len(args) == 1 and type(args[0]) is _Tensor and _graph_task_id() == -1
+                and not (timer.ranges and _profiler._is_profiler_enabled)):
+            return timer._lean_call(self, args[0])
         try:
             call = timer._pre(self.path, self.mid, args, kwargs)
         except Exception as exc:  # never break the user's forward
@@ -294,6 +297,8 @@ class ModuleTimer:
         # graph is no timestamp); a replay is timed by the hooks of the module that calls it.
         self._check_capture = getattr(clock, "kind", "cpu") == "cuda" and torch.cuda.is_available()
         self.saw_capture = False
+        # _lean_call applies (no per-call memory reading, root inputs already recorded)
+        self._lean = False
 
     # ------------------------------------------------------------------ attach / detach
     @property
@@ -441,6 +446,7 @@ class ModuleTimer:
             amp = autocast_dtype()  # the compute dtype under torch.autocast (meta.json "dtype")
             self.first_root_inputs = {"args": describe(list(args)), "kwargs": describe(dict(kwargs)),
                                       **({"autocast": amp} if amp else {})}
+            self._lean = self.memory is None
         if _grad_enabled():
             if not kwargs and len(args) == 1 and type(args[0]) is _Tensor:  # the common case, fast
                 if args[0].requires_grad:
@@ -460,6 +466,48 @@ class ModuleTimer:
         self._calls.append(call)
         call.t0 = self._now()  # last: the interval starts as late as possible
         return call
+
+    def _lean_call(self, fwd, x):
+        """``_pre`` + forward + ``_finish`` for the common call, in fewer steps: a forward (not
+        recompute) with one tensor argument, no memory readings, no profiler ranges. Same records."""
+        call = _Call(fwd.path, FWD, fwd.mid)
+        grad = _grad_enabled()
+        if grad and x.requires_grad:
+            try:
+                self._hook(x, (_END, call))
+            except Exception as exc:  # never break the user's forward
+                self._internal_error(exc)
+        stack = self._stack
+        stack.append(call)
+        self._calls.append(call)
+        call.t0 = self._now()  # last: the interval starts as late as possible
+        try:
+            out = fwd.inner(x)
+        except BaseException:
+            t1 = self._now()
+            try:
+                self._finish(t1, call, None, True)
+            except Exception as exc:
+                self._internal_error(exc)
+            raise
+        t1 = self._now()  # first: the interval ends as early as possible
+        try:
+            if not stack or stack[-1] is not call:
+                self._finish(t1, call, out, False)  # the general path knows how to unwind the stack
+                return out
+            stack.pop()
+            call.t1 = t1
+            if grad:
+                if type(out) is _Tensor:
+                    if out.requires_grad:
+                        self._hook(out, (_START, call))
+                else:
+                    self._hook_outputs(out, call)
+            if not stack:
+                self._recent.clear()  # the outermost call returned: hold no node past the forward
+        except Exception as exc:
+            self._internal_error(exc)
+        return out
 
     def _finish(self, t1, call, output, raised: bool):
         stack = self._stack
@@ -488,19 +536,23 @@ class ModuleTimer:
                 if output.requires_grad:
                     self._hook(output, (_START, call))
             else:
-                outs = _grad_tensors(output, [])
-                if outs:
-                    action = (_START, call)
-                    seen = []
-                    for t in outs:
-                        node = t.grad_fn
-                        if node is None or not any(n is node for n in seen):
-                            seen.append(node)
-                            self._hook(t, action)
+                self._hook_outputs(output, call)
         if not stack:
             self._recent.clear()  # the outermost call returned: hold no node past the forward
 
     # ------------------------------------------------------------------ backward hooks
+    def _hook_outputs(self, output, call):
+        """Backward start of ``call`` on the nodes of its grad-requiring outputs (tuples, dicts...)."""
+        outs = _grad_tensors(output, [])
+        if outs:
+            action = (_START, call)
+            seen = []
+            for t in outs:
+                node = t.grad_fn
+                if node is None or not any(n is node for n in seen):
+                    seen.append(node)
+                    self._hook(t, action)
+
     def _hook(self, t, action):
         """Run ``action`` when autograd reaches the node that produced ``t`` (one hook per node)."""
         node = t.grad_fn
@@ -513,7 +565,15 @@ class ModuleTimer:
                 entry[1].append(action)
                 return
         actions = [action]
-        node.register_prehook(self._node_hook(actions))
+        gen = self._gen
+
+        def on_node(_grads):  # (what _node_hook makes, inlined: this runs once per node of every step)
+            if self._gen == gen and self._on:
+                try:
+                    self._fire(actions)
+                except Exception as exc:
+                    self._internal_error(exc)
+        node.register_prehook(on_node)
         recent.append((node, actions))
         if len(recent) > _RECENT_NODES:
             del recent[0]
