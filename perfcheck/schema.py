@@ -92,12 +92,15 @@ STEP_COLUMNS: Mapping[str, str] = {
     "measured": "True for steps inside the measured window",
     "fwd_s": "forward time of the root module, seconds",
     "bwd_s": "backward time of the root module, seconds",
-    "optim_s": "time from the end of backward to the end of the step (optimizer, framework), seconds",
+    "optim_s": "time from the end of backward to the end of the step (optimizer, framework), less bwd_finalize_s, seconds",
+    "bwd_finalize_s": "time in end-of-backward callbacks frameworks queue after the backward pass: DDP's finalize_backward "
+                      "waiting for its gradient all-reduces, FSDP2's post-backward waiting for its reduce-scatters "
+                      "(communication waits, not optimizer); ~0 without them, seconds",
     "step_s": "wall time of the whole step, seconds",
     "recompute_s": "activation-checkpoint recompute time in the step (outermost recompute calls), seconds",
     "peak_mem_bytes": "peak device memory allocated in the step, bytes; NaN where not measurable (CPU)",
     "role": "warmup | flops (FlopCounterMode on) | profile (torch.profiler warm-up/active) | measured | bare (no hooks, for the overhead A/B)",
-    "failed": "True if the user's forward raised (or a hook failed) in this step; such steps are left out of the statistics",
+    "failed": "True if the user's forward or a backward pass raised (or a hook failed) in this step; such steps are left out of the statistics",
     "rank": "distributed rank",
 }
 

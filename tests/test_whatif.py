@@ -68,8 +68,8 @@ def _write_run(d, modules=MODS, steps=3):
                       **{f"recompute_s_{s}": 0.0 for s in ("median", "mean", "min", "max")},
                       "act_mem_bytes": np.nan, "peak_mem_bytes": np.nan, "flops_fwd_counted": np.nan,
                       "flops_bwd_counted": np.nan, "fwd_flops_per_s": np.nan, "bwd_flops_per_s": np.nan})
-    srows = [{"step": i, "measured": True, "fwd_s": 0.010, "bwd_s": 0.020, "optim_s": 0.004, "step_s": 0.040,
-              "recompute_s": 0.0, "peak_mem_bytes": np.nan, "role": "measured", "failed": False, "rank": 0}
+    srows = [{"step": i, "measured": True, "fwd_s": 0.010, "bwd_s": 0.020, "optim_s": 0.004, "bwd_finalize_s": 0.0,
+              "step_s": 0.040, "recompute_s": 0.0, "peak_mem_bytes": np.nan, "role": "measured", "failed": False, "rank": 0}
              for i in range(steps)]
     runs.atomic_write_csv(rd / "modules.csv", pd.DataFrame(mrows), MEASURED_COLUMNS)
     runs.atomic_write_csv(rd / "steps.csv", pd.DataFrame(srows), STEP_COLUMNS)

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfcheck.analysis.findings import Thresholds
 from perfcheck.analysis.stages import KINDS, bytes_within
+from perfcheck.measure.collectives import FINALIZE_OP
 
 
 def is_layout_run(run_dir) -> bool:
@@ -58,8 +60,12 @@ def _row(run_dir: Path, rank_dir: Path) -> dict:
     ok = steps[(steps["role"] == "measured") & (~steps["failed"].astype(bool))] if not steps.empty else steps
     row["meas_step_s"] = float(ok["step_s"].median()) if not ok.empty else math.nan
     row["meas_peak_mem_bytes"] = float(ok["peak_mem_bytes"].max()) if not ok.empty else math.nan
-    wait = meas[meas.get("what") == "waited"]["wait_s"].sum() / active if not meas.empty else 0.0
-    row["meas_wait_s"] = float(wait)
+    # waits: the end-of-backward callbacks (DDP's all-reduce wait, FSDP2's reduce-scatter wait) from the
+    # measured steps (steps.csv bwd_finalize_s); waits inside the step (FSDP2 all-gathers, DTensor
+    # redistributes) from the profiler window's waited rows, per profiled step
+    finalize = float(ok["bwd_finalize_s"].fillna(0).median()) if not ok.empty and "bwd_finalize_s" in ok else 0.0
+    waited = meas[(meas.get("what") == "waited") & (meas.get("op") != FINALIZE_OP)] if not meas.empty else meas
+    row["meas_wait_s"] = finalize + (float(waited["wait_s"].sum()) / active if not meas.empty else 0.0)
     row["meas_compute_s"] = row["meas_step_s"] - row["meas_wait_s"]
     row["bytes_ok"] = bytes_within(row)
     return row
@@ -95,6 +101,10 @@ def notes(frame: pd.DataFrame) -> list:
             parts.append("fastest step")
         same = frame[frame["run"] == r.run]
         if len(same) > 1 and same["meas_compute_s"].notna().all() and r.meas_compute_s == same["meas_compute_s"].max():
-            parts.append("most compute of its run's ranks (straggler candidate)")
+            median = float(same["meas_compute_s"].median())
+            slow = r.meas_compute_s > (1 + Thresholds().straggler_tolerance) * median
+            parts.append(f"{'straggler' if slow else 'slowest rank'}: most compute of its run's ranks "
+                         f"({r.meas_compute_s * 1e3:.1f} ms against a median of {median * 1e3:.1f} ms; step less "
+                         "collective waits, which DDP/FSDP equalise)")
         out.append("; ".join(parts))
     return out

@@ -87,19 +87,25 @@ TOTALS_COLUMNS = {
     "meas_recompute_s": "measured recompute time, median per step, seconds",
     "meas_optim_s": "measured time from the end of backward to the end of the step (optimizer, framework), median, seconds",
     "meas_step_s": "measured wall time of the step, median, seconds",
+    "meas_bwd_finalize_s": "measured end-of-backward framework callbacks (DDP's gradient all-reduce wait, FSDP2's "
+                           "reduce-scatter wait; steps.csv bwd_finalize_s), median, seconds: communication, not optimizer",
+    "meas_compute_s": "measured step_s - bwd_finalize_s (time outside collective waits), median, seconds: DDP/FSDP make "
+                      "step times equal over ranks, so the straggler is the rank with the most compute",
     "gap_fwd": "meas_fwd_s / pred_fwd_s",
     "gap_bwd": "meas_bwd_s / pred_bwd_s",
     "gap_fwd_bwd": "(meas_fwd_s + meas_bwd_s) / pred_step_s",
     "unexplained_s": "meas_step_s - meas_fwd_s - meas_bwd_s - meas_recompute_s (medians): time no module explains, seconds",
     "unexplained_share": "unexplained_s / meas_step_s",
     "optim_share": "meas_optim_s / meas_step_s (part of the unexplained share)",
-    "other_s": "unexplained_s - meas_optim_s: loss, data loading, framework and idle time before/between phases, seconds",
+    "other_s": "unexplained_s - meas_optim_s - meas_bwd_finalize_s: loss, data loading, framework and idle time "
+               "before/between phases, seconds",
     "optimizer_kernel_s": "kernel/op time attributed to the optimizer per profiled step (kernel table), seconds",
     "unattributed_kernel_s": "kernel/op time outside every module and the optimizer per profiled step, seconds",
     "hook_overhead_share": "instrumented / bare step time - 1 (medians; NaN without bare steps): what the hooks cost",
     "bare_steps": "steps run without hooks (the overhead A/B)",
-    "slowest": "True for the rank with the largest meas_step_s",
-    "straggler": "True when the slowest rank's step exceeds the median over ranks by more than Thresholds.straggler_tolerance",
+    "slowest": "True for the rank with the largest meas_compute_s (meas_step_s where compute is unknown)",
+    "straggler": "True when the slowest rank's compute time (step less collective waits) exceeds the median over ranks by "
+                 "more than Thresholds.straggler_tolerance",
 }
 
 #: Columns of ``rank_summary(rec)``: one row per module over ranks.
@@ -451,7 +457,10 @@ def _totals(rec: pd.DataFrame, steps, kernels, profile_steps, thresholds: Thresh
         row["gap_bwd"] = _ratio(row["meas_bwd_s"], row["pred_bwd_s"]).item()
         row["gap_fwd_bwd"] = _ratio(row["meas_fwd_s"] + row["meas_bwd_s"], row["pred_step_s"]).item()
         rows.append(row)
-    step_times = np.array([r["meas_step_s"] for r in rows], float)
+    # compute per rank (step less collective waits), not step time: DDP/FSDP make every rank wait for
+    # the slowest, so their step times are equal and the fast ranks' extra time is the wait
+    step_times = np.array([r["meas_compute_s"] if np.isfinite(r["meas_compute_s"]) else r["meas_step_s"] for r in rows],
+                          float)
     if len(rows) and np.isfinite(step_times).any():
         slow = int(np.nanargmax(step_times))
         rows[slow]["slowest"] = len(rows) > 1
@@ -473,8 +482,9 @@ def _step_totals(steps: pd.DataFrame, rank: int) -> dict:
     if ok.empty:
         return out
     f = {c: ok[c].to_numpy(float) if c in ok else np.zeros(len(ok)) for c in ("fwd_s", "bwd_s", "recompute_s",
-                                                                            "optim_s", "step_s")}
-    med = {c: float(np.median(np.nan_to_num(v) if c == "recompute_s" else v)) for c, v in f.items()}
+                                                                            "optim_s", "step_s", "bwd_finalize_s")}
+    med = {c: float(np.median(np.nan_to_num(v) if c in ("recompute_s", "bwd_finalize_s") else v)) for c, v in f.items()}
+    med["compute_s"] = float(np.median(f["step_s"] - np.nan_to_num(f["bwd_finalize_s"])))
     # Medians of each part, so that the parts add up: step = fwd + bwd + recompute + unexplained,
     # unexplained = optim (after backward) + other (before forward, between phases).
     unexplained = med["step_s"] - med["fwd_s"] - med["bwd_s"] - med["recompute_s"]
@@ -482,7 +492,8 @@ def _step_totals(steps: pd.DataFrame, rank: int) -> dict:
                meas_optim_s=med["optim_s"], meas_step_s=med["step_s"], unexplained_s=unexplained,
                unexplained_share=unexplained / med["step_s"] if med["step_s"] > 0 else np.nan,
                optim_share=med["optim_s"] / med["step_s"] if med["step_s"] > 0 else np.nan,
-               other_s=unexplained - med["optim_s"])
+               meas_bwd_finalize_s=med["bwd_finalize_s"], meas_compute_s=med["compute_s"],
+               other_s=unexplained - med["optim_s"] - med["bwd_finalize_s"])
     if len(bare):
         out["hook_overhead_share"] = float(np.median(f["step_s"]) / np.median(bare["step_s"].to_numpy(float)) - 1.0)
     return out

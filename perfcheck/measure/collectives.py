@@ -13,25 +13,72 @@ measured statistics, so the shapes cost nothing there):
   started (``gloo:all_reduce`` / ``nccl:all_reduce``, the next one of that process group's thread).
   Module and phase are the event's context (``kernel_table.attribute``: the ``perfcheck/fwd``
   range or the autograd node it ran in): **issued by**.
-* **waited**: ``_c10d_functional::wait_tensor`` and ``c10d::wait`` events on the training thread:
-  the module and phase whose time contains the wait (**waited on**) and its duration. FSDP2 and
-  DDP wait inside ``Work.wait()`` calls the profiler does not record as events; their waits show
-  as time in the module intervals (NB: helper-5, 2026-11-22: not separated yet).
+* **waited**: the module and phase whose time contains a wait (**waited on**) and its duration:
+  ``_c10d_functional::wait_tensor`` / ``c10d::wait`` events (DTensor redistributes); FSDP2's
+  ``FSDP::all_gather_copy_out (<unit>)`` range (it waits on the unit's all-gather ``Work``, then
+  copies the gathered shards out: an upper bound of the wait); and the module timer's
+  ``perfcheck/wait/bwd_finalize`` range around the frameworks' end-of-backward callbacks (DDP's
+  ``finalize_backward`` waiting for its bucket all-reduces, FSDP2's post-backward waiting for its
+  reduce-scatters), on the root in backward. ``Work.wait()`` itself is no profiler event; these
+  ranges enclose it. A wait nested in another counted wait is not counted again.
+* **target**: the FSDP2 unit a collective serves, from FSDP2's own ranges (``FSDP::all_gather
+  (<unit>)``, ``FSDP::backward_prefetch for <unit>``, ``FSDP::post_backward_reduce (<unit>)``):
+  with prefetching, a unit's backward all-gather is *issued by* the module before it and *waited
+  on* in the unit's own pre-backward; both rows name the unit. '' when not FSDP2.
 
 Columns: COLLECTIVE_COLUMNS (``rank``, ``module``, ``phase``, ``kind``, ``op``, ``bytes``,
-``dtype``, ``issue_s`` the issuing op's CPU time, ``what`` = issued/waited, ``wait_s``).
+``dtype``, ``issue_s`` the issuing op's CPU time, ``what`` = issued/waited, ``wait_s``, ``target``).
 """
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 from torch.autograd import DeviceType
 
+from perfcheck.schema import ROOT
+
 COLLECTIVES_CSV = "collectives.csv"
-COLLECTIVE_COLUMNS = ("rank", "what", "module", "phase", "kind", "op", "bytes", "dtype", "issue_s", "wait_s")
+COLLECTIVE_COLUMNS = ("rank", "what", "module", "phase", "kind", "op", "bytes", "dtype", "issue_s", "wait_s", "target")
 _BACKENDS = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:")
 _WAITS = ("_c10d_functional::wait_tensor", "c10d::wait", "c10d_functional::wait_tensor")
+#: The module timer's range around the frameworks' end-of-backward callbacks (module_timer._after_backward).
+FINALIZE_RANGE = "perfcheck/wait/bwd_finalize"
+#: The ``op`` of its waited rows.
+FINALIZE_OP = "end-of-backward callbacks (DDP finalize_backward / FSDP2 post-backward)"
+_FSDP_COPY_OUT = "FSDP::all_gather_copy_out"
+#: FSDP2 ranges naming the unit a collective serves: "FSDP::all_gather (layers.0)", "FSDP::backward_prefetch
+#: for layers.1", "FSDP::post_backward_reduce (layers.0) [pg=2]" (torch/distributed/fsdp/_fully_shard).
+_FSDP_UNIT = re.compile(r"^FSDP::(?:\w+ \(([^)]*)\)|\w+_prefetch for (\S*))")
+
+
+_FSDP_GROUP_LABELS = {"all_gather", "all_gather_copy_out", "pre_forward", "post_forward", "pre_backward",
+                      "post_backward_accumulate", "post_backward_reshard", "post_backward_reduce"}
+
+
+def _wait_kind(name: str):
+    """(kind, op label) of a wait event or range, None for other events."""
+    if name in _WAITS:
+        return "", name
+    if name == FINALIZE_RANGE:
+        return "", FINALIZE_OP
+    if name.startswith(_FSDP_COPY_OUT):
+        return "allgather", _FSDP_COPY_OUT
+    return None
+
+
+def _fsdp_unit(e) -> str:
+    """The FSDP2 unit named by the innermost enclosing FSDP range of ``e`` (itself included), else ''."""
+    while e is not None:
+        if e.name.startswith("FSDP::"):
+            m = _FSDP_UNIT.match(e.name)
+            if m:
+                return m.group(1) if m.group(1) is not None else (m.group(2) or ROOT)
+            if e.name.split(" ")[0][len("FSDP::"):] in _FSDP_GROUP_LABELS:
+                return ROOT  # the root unit's fqn is '': its labels carry no "(unit)"
+        e = e.cpu_parent
+    return ""
 _ELEM = {"float": 4, "float32": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long": 8, "int": 4,
          "signed char": 1, "unsigned char": 1, "bool": 1, "short": 2, "Half": 2, "BFloat16": 2}
 
@@ -97,12 +144,28 @@ def collective_rows(events, ctx: dict, rank: int = 0, steps: int = 1) -> pd.Data
                     sz = _sizes(match)
                     size = float(max(sz)) if sz else math.nan
             module, phase = ctx.get(id(e), ("unattributed", "unattributed"))
+            target = _fsdp_unit(e)
+            if module == "unattributed" and target and kind == "reducescatter":
+                module, phase = target, "bwd"  # FSDP2's post-backward reduce of the unit, run outside its interval
             rows.append({"rank": rank, "what": "issued", "module": module, "phase": phase, "kind": kind,
-                         "op": e.name, "bytes": size, "dtype": "", "issue_s": e.cpu_time_total * 1e-6, "wait_s": 0.0})
-        elif e.name in _WAITS:
-            module, phase = ctx.get(id(e), ("unattributed", "unattributed"))
-            rows.append({"rank": rank, "what": "waited", "module": module, "phase": phase, "kind": "", "op": e.name,
-                         "bytes": 0.0, "dtype": "", "issue_s": 0.0, "wait_s": e.cpu_time_total * 1e-6})
+                         "op": e.name, "bytes": size, "dtype": "", "issue_s": e.cpu_time_total * 1e-6, "wait_s": 0.0,
+                         "target": target})
+        elif _wait_kind(e.name) is not None:
+            parent = e.cpu_parent
+            while parent is not None and _wait_kind(parent.name) is None:
+                parent = parent.cpu_parent
+            if parent is not None:
+                continue  # inside a counted wait
+            wkind, op = _wait_kind(e.name)
+            if e.name == FINALIZE_RANGE:
+                module, phase = ROOT, "bwd"
+            else:
+                module, phase = ctx.get(id(e), ("unattributed", "unattributed"))
+            rows.append({"rank": rank, "what": "waited", "module": module, "phase": phase, "kind": wkind, "op": op,
+                         "bytes": 0.0, "dtype": "", "issue_s": 0.0, "wait_s": e.cpu_time_total * 1e-6,
+                         "target": _fsdp_unit(e)})
+    if not any(r["what"] == "issued" for r in rows):
+        rows = []  # no collective in the window: its end-of-backward callbacks waited on none
     frame = pd.DataFrame(rows, columns=list(COLLECTIVE_COLUMNS))
     frame.attrs["steps"] = int(steps)
     return frame

@@ -324,6 +324,7 @@ class PerfCheck:
         nan = math.nan
         row = {"step": index, "measured": role == "measured", "fwd_s": nan if bare else res["fwd_s"],
                "bwd_s": nan if bare else res["bwd_s"], "optim_s": nan if bare else res["optim_s"],
+               "bwd_finalize_s": nan if bare else res["bwd_finalize_s"],
                "step_s": res["step_s"], "recompute_s": nan if bare else res["recompute_s"],
                "peak_mem_bytes": nan if res["peak_mem_bytes"] is None else float(res["peak_mem_bytes"]),
                "role": role, "failed": bool(res["failed"]), "rank": self.rank}

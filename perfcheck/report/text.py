@@ -84,7 +84,9 @@ def _summary(t: dict, rec: pd.DataFrame) -> list:
     share = t.get("unexplained_share")
     out.append(f"{'time no module explains:':<44}{fmt_time(t.get('unexplained_s'))} = {fmt_pct(share)} of the step"
                f" (optimizer/framework after backward {fmt_time(t.get('meas_optim_s'))},"
-               f" loss/data/idle {fmt_time(t.get('other_s'))})")
+               + (f" collective waits at the end of backward (DDP/FSDP2) {fmt_time(t.get('meas_bwd_finalize_s'))},"
+                  if (t.get('meas_bwd_finalize_s') or 0) > 1e-4 else "")
+               + f" loss/data/idle {fmt_time(t.get('other_s'))})")
     if t.get("meas_recompute_s"):
         out.append(f"{'recompute (activation checkpointing):':<44}{fmt_time(t.get('meas_recompute_s'))}")
     out.append(f"{'hook overhead (instrumented vs bare steps):':<44}{hook_text(t)}")
@@ -142,11 +144,13 @@ def _findings(rec: pd.DataFrame, k: int) -> list:
 
 def _ranks(rec: pd.DataFrame, k: int) -> list:
     t = totals_frame(rec)
-    out = ["Per-rank totals (slowest rank marked; straggler when its step exceeds the median over ranks by more than "
+    out = ["Per-rank totals (slowest rank marked by compute = step less collective waits, which DDP/FSDP do not "
+           "equalise; straggler when its compute exceeds the median over ranks by more than "
            f"{100 * rec.attrs.get('thresholds', {}).get('straggler_tolerance', 0.05):g}%):"]
-    rows = [[int(r.rank), fmt_time(r.meas_fwd_s), fmt_time(r.meas_bwd_s), fmt_time(r.meas_step_s), fmt_pct(r.unexplained_share),
+    rows = [[int(r.rank), fmt_time(r.meas_fwd_s), fmt_time(r.meas_bwd_s), fmt_time(r.meas_step_s),
+             fmt_time(r.meas_compute_s), fmt_pct(r.unexplained_share),
              ("STRAGGLER" if r.straggler else "slowest") if r.slowest else ""] for r in t.itertuples(index=False)]
-    out += ["  " + s for s in _table(["rank", "fwd", "bwd", "step", "unexplained", ""], rows, left=())]
+    out += ["  " + s for s in _table(["rank", "fwd", "bwd", "step", "compute", "unexplained", ""], rows, left=())]
     steps = t["meas_step_s"].astype(float)
     if steps.notna().any():
         out.append(f"  step over ranks: min {fmt_time(steps.min())} | median {fmt_time(steps.median())} | "
