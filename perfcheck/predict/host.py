@@ -131,29 +131,37 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
     costs only host time. Columns: op, view, node (an input needs a gradient), kernels_bwd,
     t_fwd, t_bwd.
     """
-    timed = {int(i): (float(k), float(f), float(b)) for i, k, f, b in
-             zip(ops["op"], ops["kernels_bwd"], ops["t_fwd"], ops["t_bwd"])}
+    timed = {int(i): (float(kf), float(k), float(f), float(b)) for i, kf, k, f, b in
+             zip(ops["op"], ops["kernels_fwd"], ops["kernels_bwd"], ops["t_fwd"], ops["t_bwd"])}
     rows, stacks = [], []
     for i, op in enumerate(trace.ops):
         if not _is_recorded(op):
             continue
         node = any(t.requires_grad for t in op.call.tensors())
         if i in timed:
-            rows.append((i, False, node) + timed[i])
+            rows.append((i, op.call.name, False, node) + timed[i])
         else:
-            rows.append((i, True, node, 0.0, 0.0, 0.0))
+            rows.append((i, op.call.name, True, node, 0.0, 0.0, 0.0, 0.0))
         stacks.append(op.stack)
-    seq = pd.DataFrame(rows, columns=["op", "view", "node", "kernels_bwd", "t_fwd", "t_bwd"])
+    seq = pd.DataFrame(rows, columns=["op", "name", "view", "node", "kernels_fwd", "kernels_bwd", "t_fwd", "t_bwd"])
     return seq, stacks
 
 
-def _host_arrays(seq: pd.DataFrame, hc) -> tuple:
-    """Per-op forward and backward host seconds (before module-call and AccumulateGrad terms)."""
+def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
+    """Per-op forward and backward host seconds (before module-call and AccumulateGrad terms).
+
+    ``op_fixed``: aten name -> fixed cost of that op family beyond a tiny add's dispatch (the
+    spec's ``op_fixed_s``: cuDNN/cuBLAS set-up, a reduction's set-up); backward kernels of an op
+    are costed like its forward kernel (fixed x backward kernels / forward kernels; NB, an approximation).
+    """
     view = seq["view"].to_numpy(bool)
     node = seq["node"].to_numpy(bool)
-    fwd = np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"]) + node * hc["autograd_node_s"]
+    k_fwd = seq["kernels_fwd"].to_numpy(float)
+    k_bwd = seq["kernels_bwd"].to_numpy(float)
+    fixed = np.array([(op_fixed or {}).get(n, 0.0) for n in seq["name"]], dtype=float)
+    fwd = np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + node * hc["autograd_node_s"]
     bwd_kernels = np.where(view, hc["view_dispatch_s"],
-                           np.maximum(seq["kernels_bwd"].to_numpy(float), 1.0) * hc["op_dispatch_s"])
+                           np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed * k_bwd / np.maximum(k_fwd, 1.0))
     bwd = node * (hc["backward_node_s"] + bwd_kernels)
     return fwd, bwd
 
@@ -173,7 +181,7 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     spec = load_system(spec)
     hc = host_constants(spec)
     seq, op_stacks = op_sequence(trace, ops)
-    h_op, hb_op = _host_arrays(seq, hc)
+    h_op, hb_op = _host_arrays(seq, hc, dict(spec.op_fixed_s))
     param_tensors = param_tensors or {}
     h_fwd, h_bwd, d_fwd, d_bwd, stacks, seen, prev = [], [], [], [], [], set(), ()
     op_runs = _runs(op_stacks)

@@ -197,16 +197,12 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
 
     Per op: ``op_time_s`` with ``launch_s`` per kernel, the roofline part divided by the spec's
     ``op_efficiency[name]`` (a kernel measured slower than the roofline on this machine: a CPU
-    convolution with few channels, a max-pool), plus ``op_fixed_s[name]`` (a CPU kernel's fixed
-    cost beyond dispatch: a reduction's or a small GEMM's set-up) in forward, and that fixed cost
-    x backward kernels / forward kernels in backward (the backward kernels of an op are costed
-    like its forward one: NB, an approximation).
+    convolution with few channels, a max-pool). An op family's fixed cost (``op_fixed_s``) is host
+    time: perfcheck.predict.host adds it.
     """
     system = load_system(system)
     names = ops["name"].to_numpy(object)
     eff = np.array([system.op_efficiency.get(n, 1.0) for n in names], dtype=float)
-    fixed = np.array([system.op_fixed_s.get(n, 0.0) for n in names], dtype=float)
-    k_fwd = ops["kernels_fwd"].to_numpy(float)
     for phase in ("fwd", "bwd"):
         k = ops[f"kernels_{phase}"].to_numpy(float)
         launch = system.launch_overhead_s if launch_s is None else launch_s
@@ -215,8 +211,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
                              min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None)
         t = np.asarray(t, dtype=float)
         roof = t - k * launch
-        extra = fixed if phase == "fwd" else fixed * k / np.maximum(k_fwd, 1.0)
-        t = roof / eff + k * launch + np.where(k > 0, extra, 0.0)
+        t = roof / eff + k * launch
         ops[f"t_{phase}"] = np.where(k > 0, t, 0.0)
         ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(bound, dtype=object), len(ops))
     return ops

@@ -258,7 +258,8 @@ def _tiny_ops(dev):
 
 def op_fixed_cases(device) -> list:
     """One tiny call per aten op family (label = the op's name): its time less one plain tiny op's
-    is that kernel's fixed cost (``op_fixed_s``; CPU only: on a GPU it is device_kernel_s)."""
+    is that family's fixed cost (``op_fixed_s``): on a CPU the kernel's set-up, on a GPU the host's
+    (cuDNN/cuBLAS heuristics and descriptors: a loop of tiny calls is host-bound there)."""
     return [Case("opfixed", name, fn, "fp32") for name, fn in _tiny_ops(torch.device(device)).items()]
 
 
@@ -285,18 +286,22 @@ def _formula_cost(fn, inputs, name: str) -> tuple:
     return mf, of, nb
 
 
-def op_efficiency_cases(device) -> list:
-    """Kernels that run far below the roofline on CPUs at small sizes, at a LeNet-like size (label =
-    the op's name): a 3->6 channel 5x5 convolution on 8 CIFAR images and a 2x2 max-pool of its output.
+def op_efficiency_cases(device, dtype: str = "fp32") -> list:
+    """Kernels that run far below the roofline at small channel counts, at a LeNet-like size (label =
+    the op's name): a 3->6 channel 5x5 convolution on CIFAR images (8 on a CPU, 256 on a GPU, so
+    the GPU's kernel, not its host, is timed) and a 2x2 max-pool of its output, in ``dtype``.
     ``flops`` holds the matrix FLOPs, ``bytes`` the bytes and ``n`` the other FLOPs of the formulas."""
     F = torch.nn.functional
     dev = torch.device(device)
-    x, w, b = torch.randn(8, 3, 32, 32, device=dev), torch.randn(6, 3, 5, 5, device=dev), torch.randn(6, device=dev)
-    y = torch.randn(8, 6, 28, 28, device=dev)
+    tdt = _TORCH_DTYPES[normalize_dtype(dtype)]
+    batch = 256 if dev.type == "cuda" else 8
+    x, w, b = (torch.randn(batch, 3, 32, 32, device=dev, dtype=tdt), torch.randn(6, 3, 5, 5, device=dev, dtype=tdt),
+               torch.randn(6, device=dev, dtype=tdt))
+    y = torch.randn(batch, 6, 28, 28, device=dev, dtype=tdt)
     out = []
     for name, fn, inputs in (("convolution", F.conv2d, (x, w, b)),
                              ("max_pool2d_with_indices", lambda t: F.max_pool2d(t, 2, 2), (y,))):
         mf, of, nb = _formula_cost(fn, inputs, name)
-        out.append(Case("opeff", name, (lambda fn=fn, inputs=inputs: fn(*inputs)), "fp32", mf, nb,
+        out.append(Case("opeff", name, (lambda fn=fn, inputs=inputs: fn(*inputs)), normalize_dtype(dtype), mf, nb,
                         (0, 0, int(of))))
     return out

@@ -106,7 +106,9 @@ def shape_curve(rows: pd.DataFrame, eff: np.ndarray, curve: tuple) -> tuple:
     above = dims[square & (dims > max(points))]
     if len(above):
         points[float(above.min())] = 1.0
-    return tuple(sorted((k, min(max(v, 1e-3), 4.0)) for k, v in points.items()))
+    # capped at 1: the curve is a penalty for skinny shapes; a skinny shape that beat the (coarse) FLOPs
+    # curve says the curve is sparse there, not that skinny GEMMs are faster
+    return tuple(sorted((k, min(max(v, 1e-3), 1.0)) for k, v in points.items()))
 
 
 def merge_measurements(tables) -> pd.DataFrame:
@@ -210,12 +212,14 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     fixed = {r.label: max(float(r.seconds) - d.op_s, 0.0) for r in fixed_rows.itertuples(index=False)}
     eff, sources = {}, dict(spec.sources)
     for r in eff_rows.itertuples(index=False):
-        roof, _ = roofline.op_time_s(float(r.flops), float(r.n), float(r.bytes), 1.0, spec, "fp32", launch_s=0.0)
+        roof, _ = roofline.op_time_s(float(r.flops), float(r.n), float(r.bytes), 1.0, spec, r.dtype or "fp32",
+                                     launch_s=0.0)
         kernel_s = max(float(r.seconds) - d.op_s - fixed.get(r.label, 0.0), 1e-9)
         eff[r.label] = float(min(max(roof / kernel_s, 1e-4), 1.0))
     if fixed:
         sources["op_fixed_s"] = (f"{d.stamp}: per aten op, one call on tiny tensors (8x16, 1x1x6x6) less one "
-                                 f"plain tiny op ({d.op_s * 1e6:.2f} us): the kernel's fixed cost beyond dispatch")
+                                 f"plain tiny op ({d.op_s * 1e6:.2f} us): the op family's fixed cost beyond a "
+                                 f"tiny add's dispatch (host time in the estimator)")
     if eff:
         sources["op_efficiency"] = (f"{d.stamp}: the estimator's roofline time on this spec / the measured time "
                                     f"less dispatch and fixed cost, at a LeNet-like size (conv 3->6 ch 5x5 on "

@@ -207,9 +207,9 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
 
     group("launch overhead", launch_cases(dev))
     group("host (dispatch, autograd, module call, optimizer)", host_cases(dev))
-    if dev.type == "cpu":
-        group("per-op kernel fixed costs", op_fixed_cases(dev))
-        group("per-op kernel efficiency", op_efficiency_cases(dev))
+    group("per-op fixed costs", op_fixed_cases(dev))
+    group("per-op kernel efficiency", op_efficiency_cases(dev, "fp32" if dev.type == "cpu" else (
+        "bf16" if "bf16" in measured else measured[0] if measured else "fp32")))
     if dev.type == "cuda":
         frames.append(device_kernel_rows(dev, cfg["repeats"]))
     group("memory copy", copy_cases(cfg["copy_mb"], dev))
