@@ -37,6 +37,8 @@ Fast modules (gap < gap_low): ``measurement_artifact`` when the achieved FLOP/s 
 datasheet matrix peak (a timer that missed work), else ``overestimated`` (the model is
 pessimistic: too much launch overhead, or an efficiency below what this device reaches).
 One-sided rows: ``not_measured`` (predicted only) and ``not_predicted`` (measured only).
+Recompute (activation checkpointing, timed and predicted apart from backward) is a third phase with
+one rule, ``recompute`` (``diagnose_recompute``).
 """
 from __future__ import annotations
 
@@ -299,6 +301,8 @@ REASONS.update({
     "overestimated": "faster than predicted: the model is pessimistic (launch overhead or efficiency too low)",
     "not_measured": "predicted only: the module never ran under the hooks in the measured steps",
     "not_predicted": "measured only: the estimate has no row for this module",
+    "recompute": "activation-checkpoint recompute (the forward re-run in backward, timed apart from it) far from "
+                 "its prediction, run without being predicted, or predicted but never run",
 })
 
 
@@ -376,13 +380,63 @@ def _over_evidence(r, phase, ctx):
     return f"{fmt_gap(r[f'gap_{phase}'])}: {fmt_time(r[f'meas_{phase}_s'])} measured vs {fmt_time(r[f'pred_{phase}_s'])} predicted; {why}"
 
 
+def diagnose_recompute(rows: pd.DataFrame, ctx: Context) -> dict:
+    """``{reason_recompute, evidence_recompute}``: the recompute phase's gap rule.
+
+    The module timer reports activation-checkpoint recompute apart from backward (``meas_recompute_s``),
+    and the estimate predicts it apart (``pred_recompute_s``), so a recompute gap never hides in
+    ``gap_bwd``. Reason ``recompute`` when ``gap_recompute`` > ``gap_high`` (slower than its FLOPs
+    say), when recompute was measured above the hook floor but none predicted (the estimate traced
+    the model without the checkpointing the run uses), or when it was predicted but the run measured
+    none (the run does not checkpoint what the estimate did); ``overestimated`` below ``gap_low``.
+    Rows without a recompute measurement (NaN) or prediction column get ''.
+    """
+    t = ctx.thresholds
+    meas, pred = _c(rows, "meas_recompute_s", ""), _c(rows, "pred_recompute_s", "")
+    gap = _c(rows, "gap_recompute", "")
+    calls = rows["calls"].to_numpy(dtype=float, na_value=np.nan) if "calls" in rows else np.ones(len(rows))
+    floor = t.hook_floor_factor * ctx.hook_overhead_s * np.where(np.isfinite(calls) & (calls > 0), calls, 1.0)
+    both = np.isfinite(meas) & np.isfinite(pred)
+    unpredicted = both & (pred == 0) & (meas > floor)
+    missing = both & (pred > 0) & (meas == 0)
+    slow = both & (pred > 0) & (gap > t.gap_high)
+    fast = both & (pred > 0) & (meas > 0) & (gap < t.gap_low)
+    reason = np.full(len(rows), "", dtype=object)
+    evidence = np.full(len(rows), "", dtype=object)
+    cols = {c: rows[c].to_numpy() for c in rows.columns}
+    _assign(cols, slow | unpredicted | missing, "recompute", _recompute_evidence, "recompute", ctx, reason, evidence)
+    _assign(cols, fast, "overestimated", _recompute_over_evidence, "recompute", ctx, reason, evidence)
+    return {"reason_recompute": reason, "evidence_recompute": evidence}
+
+
+def _recompute_evidence(r, phase, ctx):
+    meas, pred = r["meas_recompute_s"], r["pred_recompute_s"]
+    if pred == 0:
+        return (f"recompute {fmt_time(meas)} measured, none predicted: the run re-runs this forward in backward "
+                "(activation checkpointing) but the estimate traced the model without it")
+    if meas == 0:
+        return (f"{fmt_time(pred)} of recompute predicted, none measured: the estimate checkpoints this module "
+                "but the run does not")
+    flops = r.get("flops_recompute")
+    work = f" ({fmt_count(flops, 'FLOP')} re-run)" if flops == flops and flops else ""
+    return (f"recompute {fmt_time(meas)} measured vs {fmt_time(pred)} predicted ({fmt_gap(meas / pred)}): the forward "
+            f"re-run in backward{work} is slower than modelled")
+
+
+def _recompute_over_evidence(r, phase, ctx):
+    meas, pred = r["meas_recompute_s"], r["pred_recompute_s"]
+    return (f"{fmt_gap(meas / pred)}: recompute {fmt_time(meas)} measured vs {fmt_time(pred)} predicted; the "
+            "predicted time of the re-run forward is pessimistic")
+
+
 def findings_table(rec: pd.DataFrame) -> pd.DataFrame:
     """One row per (module, rank, phase) with a reason, largest time lost (measured - predicted) first.
 
-    The root is left out: its gap is the whole step's, reported with the totals.
+    Phases: fwd, bwd and recompute (activation checkpointing, ``diagnose_recompute``). The root is
+    left out: its gap is the whole step's, reported with the totals.
     """
     parts = []
-    for phase in ("fwd", "bwd"):
+    for phase in ("fwd", "bwd", "recompute"):
         col = f"reason_{phase}"
         if col not in rec:
             continue

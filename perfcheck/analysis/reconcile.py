@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.analysis.findings import DEFAULT_HOOK_OVERHEAD_S, Context, Thresholds, diagnose
+from perfcheck.analysis.findings import DEFAULT_HOOK_OVERHEAD_S, Context, Thresholds, diagnose, diagnose_recompute
 from perfcheck.schema import PREDICTED_COLUMNS, ROOT, module_depth, parent_path, strip_wrapper_prefix
 
 PHASES2 = ("fwd", "bwd")
@@ -63,11 +63,18 @@ RECONCILED_COLUMNS = {
     "unmodeled_ops": "aten ops the estimate costed by bytes only (no formula), ','-joined",
     "bound": "predicted bound of the phase with the larger predicted time",
     "meas_recompute_s": "measured activation-checkpoint recompute time per step, median, seconds",
+    "pred_recompute_s": "predicted recompute time per step (the estimate's checkpointed forwards re-run in "
+                        "backward), seconds; NaN for a prediction without the column",
+    "flops_recompute": "predicted FLOPs of that recompute",
+    "gap_recompute": "meas_recompute_s / pred_recompute_s (inf when none predicted but some measured)",
+    "reason_recompute": "'recompute' or 'overestimated' when the recompute gap is large "
+                        "(perfcheck.analysis.findings.diagnose_recompute); '' otherwise",
+    "evidence_recompute": "the numbers behind reason_recompute, one sentence",
     "meas_act_mem_bytes": "measured activation memory of the forward (CUDA), bytes; NaN on CPU",
     "meas_peak_mem_bytes": "measured peak memory during the forward (CUDA), bytes; NaN on CPU",
     **{k.format(p=p): v.format(p=p, ph="forward" if p == "fwd" else "backward") for p in PHASES2 for k, v in _PER_PHASE.items()},
     "efficiency": "(pred_fwd_s + pred_bwd_s) / (meas_fwd_s + meas_bwd_s)",
-    "reason": "reason of the phase with the larger gap (in log scale); not_measured / not_predicted for one-sided rows",
+    "reason": "reason of the phase (fwd, bwd, recompute) with the largest gap (in log scale); not_measured / not_predicted for one-sided rows",
     "flags": "'+'-joined: fwd_rate_above_peak / bwd_rate_above_peak (FLOP/s above the datasheet matrix peak: a "
              "measurement artifact, achieved_flops blanked), fwd_bandwidth_above_peak / bwd_bandwidth_above_peak "
              "(bytes/s above the datasheet bandwidth: cache hits or a timer that missed work), bwd_not_measured "
@@ -139,8 +146,12 @@ def _prepare_predicted(predicted: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise UserError(f"reconcile: predicted frame is missing column {missing[0]!r}"
                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    cols = list(PREDICTED_COLUMNS) + [c for c in ("unmodeled_ops", "rank") if c in predicted.columns]
+    extra = ("unmodeled_ops", "rank", "pred_recompute_s", "flops_recompute")
+    cols = list(PREDICTED_COLUMNS) + [c for c in extra if c in predicted.columns]
     pred = predicted[cols].copy()
+    for c in ("pred_recompute_s", "flops_recompute"):  # predictions written before recompute was predicted
+        if c not in pred:
+            pred[c] = np.nan
     pred["module"] = _paths(pred["module"])
     if "unmodeled_ops" not in pred:
         pred["unmodeled_ops"] = ""
@@ -294,6 +305,7 @@ def _derive(rec: pd.DataFrame, ctx: Context) -> list:
             flags[i].append(f"{p}_rate_above_peak")
         for i in np.flatnonzero(over_bw):
             flags[i].append(f"{p}_bandwidth_above_peak")
+    rec["gap_recompute"] = _ratio(rec["meas_recompute_s"].to_numpy(float), rec["pred_recompute_s"].to_numpy(float))
     no_bwd = (rec["side"].to_numpy() == "both") & (rec["pred_bwd_s"].to_numpy(float) > 0) & ~np.isfinite(
         rec["meas_bwd_s"].to_numpy(float))
     for i in np.flatnonzero(no_bwd):
@@ -318,12 +330,17 @@ def _stragglers(rec: pd.DataFrame, flags: list, tol: float):
 
 
 def _summary_reason(rec: pd.DataFrame) -> np.ndarray:
-    lg = {p: np.abs(np.log(np.where(rec[f"gap_{p}"].to_numpy(float) > 0, rec[f"gap_{p}"].to_numpy(float), np.nan)))
-          for p in PHASES2}
-    rf, rb = rec["reason_fwd"].to_numpy(object), rec["reason_bwd"].to_numpy(object)
-    pick_bwd = (rb != "") & ((rf == "") | (np.nan_to_num(lg["bwd"], nan=-1, posinf=1e9) >
-                                           np.nan_to_num(lg["fwd"], nan=-1, posinf=1e9)))
-    out = np.where(pick_bwd, rb, rf).astype(object)
+    """The reason of the phase (fwd, bwd, recompute) with the largest gap in log scale."""
+    out = np.full(len(rec), "", dtype=object)
+    best = np.full(len(rec), -np.inf)
+    for p in PHASES2 + ("recompute",):
+        g = rec[f"gap_{p}"].to_numpy(float)
+        size = np.nan_to_num(np.abs(np.log(np.where(g > 0, g, np.nan))), nan=-1, posinf=1e9)
+        # a recompute predicted but never run has gap 0: as large as any
+        size = np.where((g == 0) & (rec[f"reason_{p}"].to_numpy(object) != ""), 1e9, size)
+        r = rec[f"reason_{p}"].to_numpy(object)
+        take = (r != "") & ((out == "") | (size > best))
+        out, best = np.where(take, r, out).astype(object), np.where(take, size, best)
     side = rec["side"].to_numpy()
     out[side == "predicted_only"] = "not_measured"
     out[side == "measured_only"] = "not_predicted"
@@ -408,7 +425,7 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
     flags = _derive(rec, ctx)
     _stragglers(rec, flags, ctx.thresholds.straggler_tolerance)
     rec["flags"] = ["+".join(f) for f in flags]
-    for col, values in diagnose(rec, ctx).items():
+    for col, values in {**diagnose(rec, ctx), **diagnose_recompute(rec, ctx)}.items():
         rec[col] = values
     rec["reason"] = _summary_reason(rec)
     bigger_bwd = rec["pred_bwd_s"].fillna(0) > rec["pred_fwd_s"].fillna(0)

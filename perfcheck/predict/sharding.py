@@ -180,6 +180,16 @@ def _norm(model, rows, cols, eb) -> F.OpCost:
     return F.layer_norm(rows, cols, bias=model.bias and not rms, rms=rms, elem_bytes=eb)
 
 
+def _scaled_softmax(rows, cols, eb) -> F.OpCost:
+    """softmax(scores / sqrt(q)) over ``rows`` rows of ``cols`` scores: Megatron's fused scale + softmax
+    (FusedScaleMaskSoftmax): one kernel, ``formulas.softmax``'s bytes, plus the scaling's 1 FLOP per
+    score forward and backward (what an unfused ``scores / sqrt(q)`` costs; the module estimator
+    counts that divide on the same block, so the two front-ends agree FLOP for FLOP)."""
+    cost = F.softmax(rows, cols, elem_bytes=eb)
+    n = rows * cols
+    return replace(cost, fwd=replace(cost.fwd, flops=cost.fwd.flops + n), bwd=replace(cost.bwd, flops=cost.bwd.flops + n))
+
+
 def _residual(numel, eb) -> F.OpCost:
     # x + branch(x): 1 FLOP per element; backward passes the gradient to both inputs. Saves nothing.
     return F.elementwise(numel, inputs=2, flops_per_elem=1, bwd_flops_per_elem=1, saves=0, elem_bytes=eb)
@@ -212,7 +222,7 @@ def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool):
         probs = x.b * heads_t * x.s * x.s  # elements of the (b, h/t, s, s) score matrix
         logits = F.matmul(x.s, q, x.s, batch=x.b * heads_t, elem_bytes=eb)  # (s,q) @ (q,s) per (b, head)
         rows.append(Sublayer("logits", "matmul", _scale_macs(logits, frac)))
-        rows.append(Sublayer("softmax", "softmax", F.softmax(x.b * heads_t * x.s, x.s, elem_bytes=eb),
+        rows.append(Sublayer("softmax", "softmax", _scaled_softmax(x.b * heads_t * x.s, x.s, eb),
                              recomputed_act=probs * eb))
         if model.dropout > 0:
             rows.append(Sublayer("dropout_softmax", "dropout", F.dropout(probs, elem_bytes=eb),
@@ -504,7 +514,7 @@ def grid_layer_sublayers(model, x: Shape, *, causal=False, flash=False):
     else:
         probs = b * hq * x.s * x.s
         rows.append(Sublayer("logits", "matmul", _scale_macs(F.matmul(x.s, hd, x.s, batch=b * hq, elem_bytes=eb), frac)))
-        rows.append(Sublayer("softmax", "softmax", F.softmax(b * hq * x.s, x.s, elem_bytes=eb), recomputed_act=probs * eb))
+        rows.append(Sublayer("softmax", "softmax", _scaled_softmax(b * hq * x.s, x.s, eb), recomputed_act=probs * eb))
         if model.dropout > 0:
             rows.append(Sublayer("dropout_softmax", "dropout", F.dropout(probs, elem_bytes=eb), recomputed_act=probs))
         rows.append(Sublayer("attend", "matmul", _scale_macs(F.matmul(x.s, x.s, hd, batch=b * hq, elem_bytes=eb), frac),

@@ -283,6 +283,8 @@ STEP_COLUMNS: Mapping[str, str] = {
     "mem_fits": "mem_total_bytes <= the system's memory capacity",
     "model_flops_per_step": "FLOPs of the unsharded model's forward + backward over the global batch",
     "hardware_flops_per_gpu": "FLOPs one GPU of the critical stage executes per step (recompute included)",
+    "recompute_flops_per_gpu": "of hardware_flops_per_gpu: the forward FLOPs re-run for activation checkpointing "
+                               "(the module estimator's flops_recompute on the same layers)",
     "mfu": "model FLOPs utilisation: model_flops_per_step / (step_time_s * world_size * matrix peak)",
     "hfu": "hardware FLOPs utilisation: hardware_flops_per_gpu / (step_time_s * matrix peak)",
     "tokens_per_s": "tokens_per_step / step_time_s",
@@ -391,6 +393,7 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     res["model_flops_per_step"] = micro * cfg.dp * (model.layers * flops1[ul].sum(axis=0) + flops1[~ul].sum(axis=0))
     flops = 2 * (out["macs_fwd"] + out["macs_bwd"]) + out["flops_fwd"] + out["flops_bwd"]
     res["hardware_flops_per_gpu"] = micro * (stage_sum(flops) + per_stage * rec_flops)
+    res["recompute_flops_per_gpu"] = micro * per_stage * rec_flops * np.ones(len(pp))
     peak = spec.matrix_peak(dtype)
     res["mfu"] = res["model_flops_per_step"] / (res["step_time_s"] * cfg.world * peak)
     res["hfu"] = res["hardware_flops_per_gpu"] / (res["step_time_s"] * peak)
