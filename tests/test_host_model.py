@@ -220,8 +220,9 @@ def test_calibration_cache_round_trip_and_labels(tmp_path, monkeypatch):
     assert cache.spec_label(got) == f"mine (calibrated: per-user cache {path})"
     pred = perfcheck.estimate(*_linear_model())  # no system: the cache's spec
     assert pred.attrs["system"] == "mine" and "per-user cache" in pred.attrs["system_label"]
-    torch.set_num_threads(torch.get_num_threads())  # same threads: same fingerprint
-    assert cache.cache_path("cpu") == path
+    assert cache.cache_path("cpu") == path  # same machine, same threads: same fingerprint
+    other = cache.cache_path("cpu", threads=torch.get_num_threads() + 1)
+    assert other != path  # a calibration with other threads does not describe this run
 
 
 # ---------------------------------------------------------------------------- findings, DeepSpeed, collectives

@@ -65,8 +65,9 @@ def run(args) -> int:
     if not args.no_cache:
         from perfcheck.hardware.cache import save_to_cache
 
-        print(f"kept in the per-user cache {save_to_cache(result.spec, args.device)} (predictions without "
-              f"--system on this machine use it)", file=sys.stderr)
+        kept = save_to_cache(result.spec, args.device, args.threads)
+        print(f"kept in the per-user cache {kept} (predictions without --system on this machine, with the same "
+              f"threads, use it)", file=sys.stderr)
     width = max(len(w) for w, _ in summary_rows(result.spec, result.measurements))
     for what, value in summary_rows(result.spec, result.measurements):
         print(f"{what.ljust(width)}  {value}")

@@ -33,8 +33,9 @@ def cache_dir() -> Path:
     return Path(base) / "perfcheck"
 
 
-def fingerprint(device=None) -> dict:
-    """What a calibration depends on: host, device name, torch version (and CPU threads)."""
+def fingerprint(device=None, threads=None) -> dict:
+    """What a calibration depends on: host, device name, torch version (and CPU threads: ``threads``,
+    default torch's current setting)."""
     import torch
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -43,22 +44,23 @@ def fingerprint(device=None) -> dict:
     else:
         from perfcheck.hardware.calibrate.run import cpu_name
 
-        name, threads = cpu_name().rsplit(",", 1)[0], torch.get_num_threads()
+        name, threads = cpu_name().rsplit(",", 1)[0], threads or torch.get_num_threads()
     return {"host": socket.gethostname(), "device_type": dev.type, "device": name, "torch": torch.__version__,
             "threads": threads}
 
 
-def cache_path(device=None, fp: Optional[dict] = None) -> Path:
-    fp = fp or fingerprint(device)
+def cache_path(device=None, fp: Optional[dict] = None, threads=None) -> Path:
+    fp = fp or fingerprint(device, threads)
     digest = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:12]
     slug = re.sub(r"[^a-z0-9]+", "-", f"{fp['host']}-{fp['device']}".lower()).strip("-")[:60]
     threads = f"-{fp['threads']}t" if fp.get("threads") else ""
     return cache_dir() / f"{slug}{threads}-{digest}.json"
 
 
-def save_to_cache(spec: SystemSpec, device=None) -> Path:
-    """Write ``spec`` as this machine's calibration; returns the path. UserError if it cannot be written."""
-    path = cache_path(device)
+def save_to_cache(spec: SystemSpec, device=None, threads=None) -> Path:
+    """Write ``spec`` as this machine's calibration (measured with ``threads`` CPU threads, default
+    torch's current setting); returns the path. UserError if it cannot be written."""
+    path = cache_path(device, threads=threads)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         return spec.save(path)
