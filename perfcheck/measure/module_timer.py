@@ -74,12 +74,12 @@ _is_compiling = torch.compiler.is_compiling
 #: True while the current CUDA stream is being captured into a CUDA graph (events cannot time it).
 _cuda_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 _MISSING = object()
-# Backward actions a node hook runs, in registration order (the order tensor hooks on one tensor fire).
+# Backward actions a node hook carries, in the order they were noted (the order in which tensor
+# hooks on one tensor would fire).
 _START, _END, _END_ALL = 0, 1, 2
-#: Autograd nodes remembered while a forward runs, so that the next module's input (or the parent's
-#: output) on the same node reuses its hook instead of registering another. Strong references:
-#: cleared when the outermost instrumented call returns, so no graph outlives its forward here.
-_RECENT_NODES = 4
+# Backward events, logged by the hooks and replayed into intervals: a node ran, a backward pass
+# ended, a top-level recompute call returned.
+_FIRE, _TASK_END, _RC = 0, 1, 2
 
 
 # ------------------------------------------------------------------------------ records
@@ -360,7 +360,8 @@ class ModuleTimer:
         self._bwds: list[_Bwd] = []
         self._stack: list[_Call] = []
         self._bstack: list[_Bwd] = []
-        self._recent: list = []  # [(node, actions)] most recent last
+        self._pending: list = []  # (node or leaf tensor, action kind, call or _EndAll) noted in forward
+        self._log: list = []  # backward events not yet replayed
         self._cb_tasks: set = set()
         self._failed = False
         self._start = None
@@ -387,6 +388,10 @@ class ModuleTimer:
         end = self.clock.now()
         self._gen += 1  # this step's backward hooks go inert
         self._drop_leaf_handles()
+        try:
+            self._replay()
+        except Exception as exc:
+            self._internal_error(exc)
         for b in self._bstack:  # a backward still open at the step's end (should not happen)
             b.b1 = end
         peak = self.memory.end_step() if self.memory is not None else None
@@ -450,13 +455,10 @@ class ModuleTimer:
         if _grad_enabled():
             if not kwargs and len(args) == 1 and type(args[0]) is _Tensor:  # the common case, fast
                 if args[0].requires_grad:
-                    self._hook(args[0], (_END, call))
+                    node = args[0].grad_fn
+                    self._pending.append((args[0] if node is None else node, _END, call))
             else:
-                tensors = _grad_tensors(kwargs, _grad_tensors(args, []))
-                if len(tensors) == 1:
-                    self._hook(tensors[0], (_END, call))
-                elif tensors:
-                    self._hook_all(tensors, call)
+                self._note_inputs(_grad_tensors(kwargs, _grad_tensors(args, [])), call)
         if self.memory is not None and not in_bw:
             call.mem = self.memory.enter()
         if self.ranges and _profiler._is_profiler_enabled:
@@ -473,10 +475,8 @@ class ModuleTimer:
         call = _Call(fwd.path, FWD, fwd.mid)
         grad = _grad_enabled()
         if grad and x.requires_grad:
-            try:
-                self._hook(x, (_END, call))
-            except Exception as exc:  # never break the user's forward
-                self._internal_error(exc)
+            node = x.grad_fn  # the node as it is now: an in-place op on x later does not move it
+            self._pending.append((x if node is None else node, _END, call))
         stack = self._stack
         stack.append(call)
         self._calls.append(call)
@@ -500,11 +500,12 @@ class ModuleTimer:
             if grad:
                 if type(out) is _Tensor:
                     if out.requires_grad:
-                        self._hook(out, (_START, call))
+                        node = out.grad_fn
+                        self._pending.append((out if node is None else node, _START, call))
                 else:
-                    self._hook_outputs(out, call)
+                    self._note_outputs(out, call)
             if not stack:
-                self._recent.clear()  # the outermost call returned: hold no node past the forward
+                self._flush()
         except Exception as exc:
             self._internal_error(exc)
         return out
@@ -528,104 +529,113 @@ class ModuleTimer:
         if call.mem is not None:
             call.act, call.peak = self.memory.exit(call.mem)
         if call.phase == RECOMPUTE and not any(c.phase == RECOMPUTE for c in stack):
-            call.top = True  # top-level recompute: subtract it from the open backward intervals
-            for b in self._bstack:
-                b.rc.append(call)
+            call.top = True  # top-level recompute: subtracted from the backward intervals open now
+            self._log.append((_RC, None, None, call))
         if not raised and _grad_enabled():
             if type(output) is _Tensor:
                 if output.requires_grad:
-                    self._hook(output, (_START, call))
+                    node = output.grad_fn
+                    self._pending.append((output if node is None else node, _START, call))
             else:
-                self._hook_outputs(output, call)
+                self._note_outputs(output, call)
         if not stack:
-            self._recent.clear()  # the outermost call returned: hold no node past the forward
+            self._flush()
 
     # ------------------------------------------------------------------ backward hooks
-    def _hook_outputs(self, output, call):
+    # The forward only notes (node, action) pairs; the hooks go on when the outermost instrumented
+    # call returns, in one loop, one per distinct node (registering inside the forward, between
+    # the model's own ops, cost about 3x more host time per hook: bench/RESULTS.md). A hook that
+    # fires only logs (event, task, time, actions); the log becomes intervals at the step's end,
+    # or at once while the profiler records (so that the markers land in the trace in place).
+
+    def _note_outputs(self, output, call):
         """Backward start of ``call`` on the nodes of its grad-requiring outputs (tuples, dicts...)."""
-        outs = _grad_tensors(output, [])
-        if outs:
-            action = (_START, call)
-            seen = []
-            for t in outs:
-                node = t.grad_fn
-                if node is None or not any(n is node for n in seen):
-                    seen.append(node)
-                    self._hook(t, action)
-
-    def _hook(self, t, action):
-        """Run ``action`` when autograd reaches the node that produced ``t`` (one hook per node)."""
-        node = t.grad_fn
-        if node is None:  # a leaf that requires grad: a tensor hook, removed at the step's end
-            self._leaf_handles.append(t.register_hook(self._node_hook([action])))
-            return
-        recent = self._recent
-        for entry in recent:
-            if entry[0] is node:
-                entry[1].append(action)
-                return
-        actions = [action]
-        gen = self._gen
-
-        def on_node(_grads):  # (what _node_hook makes, inlined: this runs once per node of every step)
-            if self._gen == gen and self._on:
-                try:
-                    self._fire(actions)
-                except Exception as exc:
-                    self._internal_error(exc)
-        node.register_prehook(on_node)
-        recent.append((node, actions))
-        if len(recent) > _RECENT_NODES:
-            del recent[0]
-
-    def _hook_all(self, tensors, call):
         seen = []
-        for t in tensors:
+        for t in _grad_tensors(output, []):
             node = t.grad_fn
             key = t if node is None else node
             if not any(k is key for k in seen):
                 seen.append(key)
-        if len(seen) == 1:
-            self._hook(tensors[0], (_END, call))
-            return
-        action = (_END_ALL, _EndAll(call, len(seen)))
-        done = []
+                self._pending.append((key, _START, call))
+
+    def _note_inputs(self, tensors, call):
+        """Rule (a) for ``call``: its inputs' nodes (a leaf input: the tensor itself)."""
+        keys = []
         for t in tensors:
             node = t.grad_fn
             key = t if node is None else node
-            if not any(k is key for k in done):
-                done.append(key)
-                self._hook(t, action)
+            if not any(k is key for k in keys):
+                keys.append(key)
+        if len(keys) == 1:
+            self._pending.append((keys[0], _END, call))
+        elif keys:
+            end_all = _EndAll(call, len(keys))
+            self._pending.extend((k, _END_ALL, end_all) for k in keys)
 
-    def _node_hook(self, actions):
-        gen = self._gen
+    def _flush(self):
+        """Put the noted hooks on: one per distinct node (a node pre-hook) or leaf tensor (a tensor
+        hook, removed at the step's end), carrying its actions in the order they were noted."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        gen, groups = self._gen, {}
+        try:
+            for key, kind, obj in pending:  # (pending holds every key: ids are not reused meanwhile)
+                actions = groups.get(id(key))
+                if actions is None:
+                    actions = groups[id(key)] = [(kind, obj)]
+                    if isinstance(key, _Tensor):
+                        self._leaf_handles.append(key.register_hook(self._node_hook(actions, gen)))
+                    else:
+                        key.register_prehook(self._node_hook(actions, gen))
+                else:
+                    actions.append((kind, obj))
+        except Exception as exc:  # never break the user's forward
+            self._internal_error(exc)
 
+    def _node_hook(self, actions, gen):
         def on_node(_grads):
-            if self._gen == gen and self._on:
+            if self._gen == gen:  # (a later step, or detached: inert)
                 try:
-                    self._fire(actions)
-                except Exception as exc:
+                    now = self._now()
+                    task = _graph_task_id()
+                    if task not in self._cb_tasks:  # rule (d): once per backward pass
+                        self._cb_tasks.add(task)
+                        torch.autograd.Variable._execution_engine.queue_callback(lambda: self._task_end(task, gen))
+                    self._log.append((_FIRE, task, now, actions))
+                    if self.ranges and _profiler._is_profiler_enabled:
+                        self._replay()
+                except Exception as exc:  # never break the user's backward
                     self._internal_error(exc)
         return on_node
 
-    def _fire(self, actions):
-        task = _graph_task_id()
-        now = self._now()
-        if task not in self._cb_tasks:  # rule (d): once per backward pass
-            self._cb_tasks.add(task)
-            gen = self._gen
-            torch.autograd.Variable._execution_engine.queue_callback(lambda: self._task_end(task, gen))
-        for kind, obj in actions:
-            if kind == _START:
-                self._bwd_start(obj, task, now)
-            elif kind == _END:
-                self._bwd_end(obj, task, now)
-            else:
-                if obj.task != task:
-                    obj.task, obj.left = task, obj.n
-                obj.left -= 1
-                if obj.left == 0:
-                    self._bwd_end(obj.call, task, now)
+    def _replay(self):
+        """Backward intervals from the logged events, in the order they happened."""
+        log = self._log
+        if not log:
+            return
+        self._log = []
+        bstack = self._bstack
+        for event, task, now, obj in log:
+            if event == _FIRE:
+                for kind, x in obj:
+                    if kind == _START:
+                        self._bwd_start(x, task, now)
+                    elif kind == _END:
+                        self._bwd_end(x, task, now)
+                    else:
+                        if x.task != task:
+                            x.task, x.left = task, x.n
+                        x.left -= 1
+                        if x.left == 0:
+                            self._bwd_end(x.call, task, now)
+            elif event == _TASK_END:
+                while bstack and bstack[-1].task == task:  # rule (d)
+                    self._close(bstack.pop(), now)
+            else:  # _RC: a top-level recompute call returned inside the intervals open now
+                for b in bstack:
+                    b.rc.append(obj)
 
     def _bwd_start(self, call, task, now):
         if call.bwd_task == task or call.ended_task == task:
@@ -666,14 +676,12 @@ class ModuleTimer:
             self._close(bstack.pop(), now)
 
     def _task_end(self, task, gen):
-        if not self._on or gen != self._gen:
+        if gen != self._gen:
             return
         self._cb_tasks.discard(task)
-        bstack = self._bstack
-        if bstack and bstack[-1].task == task:
-            now = self._now()
-            while bstack and bstack[-1].task == task:  # rule (d)
-                self._close(bstack.pop(), now)
+        self._log.append((_TASK_END, task, self._now(), None))
+        if self.ranges and _profiler._is_profiler_enabled:
+            self._replay()
         self._after_backward(gen)
 
     # ------------------------------------------------------------------ end-of-backward callbacks
