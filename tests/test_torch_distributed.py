@@ -137,3 +137,23 @@ def test_collective_kernels_are_communication_not_irregular_access():
     row = kernel_summary(k).set_index("module").loc["0"]
     assert row["comm_kernel_fwd_s"] == pytest.approx(0.004)
     assert row["irregular_kernel_fwd_s"] == pytest.approx(0.001)
+
+
+def test_live_dtensor_collectives_trace_a_twin_with_fake_shards(fake2):
+    """The TP+SP block's redistributes predicted from the live model (as PerfCheck does in a real
+    group) equal the fake-group trace's, and the live model is left as it was."""
+    from perfcheck.integrations.torch_distributed import live_dtensor_collectives
+
+    model = M.tp_sp()
+    before = [(p.to_local().clone(), p.grad) for p in model.parameters()]
+    rows = live_dtensor_collectives(model, (torch.randn(2, 4, 16),))
+    by_kind = {}
+    for r in rows:
+        by_kind[r.kind] = by_kind.get(r.kind, 0) + r.bytes
+    # 2x8x16 fp32 activation gathered / reduce-scattered once per direction; LayerNorm's Partial
+    # weight and bias gradients (16 + 16 floats) all-reduced at the step
+    assert by_kind == {"allgather": 2 * 2 * 8 * 16 * 4, "reducescatter": 2 * 2 * 8 * 16 * 4, "allreduce": 32 * 4}
+    assert {r.module for r in rows if r.phase == "fwd"} == {"up", "down"}
+    for p, (value, grad) in zip(model.parameters(), before):
+        assert torch.equal(p.to_local(), value) and p.grad is grad
+    assert all(type(p).__name__ == "DTensor" for p in model.parameters())

@@ -9,11 +9,13 @@ tensor/sequence parallelism on a DeviceMesh, alone or combined.
   hooks, no DTensors), so the estimator can trace the structure of a live FSDP2/TP model without
   touching its state; the live model's next forward still works (``FSDP2 + out_dir`` used to
   raise "mixed torch.Tensor and DTensor").
-* ``live_collectives(model)``: the collectives of one step predicted from the live model's layout
-  without running it: DDP one all-reduce per bucket; FSDP2 per ``fully_shard`` unit one all-gather
-  in forward, one in backward (unless ``reshard_after_forward=False``), one reduce-scatter in
-  backward, each of the unit's padded unsharded bytes. DTensor TP/SP collectives depend on the
-  forward's redistributes and are only predicted by tracing (``perfcheck.predict.distributed``).
+* ``live_collectives(model, example_inputs)``: the collectives of one step predicted from the live
+  model's layout: DDP one all-reduce per bucket; FSDP2 per ``fully_shard`` unit one all-gather in
+  forward, one in backward (unless ``reshard_after_forward=False``), one reduce-scatter in
+  backward, each of the unit's padded unsharded bytes; DTensor TP/SP (without FSDP2) the
+  redistributes its forward and backward issue, traced on ``dtensor_twin`` (DTensor parameters on
+  the live mesh with fake local shards, the parallel styles' hooks kept) under FakeTensorMode:
+  funcol ops on fake tensors move nothing, so this runs on one rank of a real group.
 """
 from __future__ import annotations
 
@@ -222,13 +224,108 @@ def _meta_like(t):
     return torch.empty(shape, dtype=t.dtype, device="meta")
 
 
+def _is_style_hook(hook) -> bool:
+    """A forward (pre-)hook ``parallelize_module`` installed: a closure over its DeviceMesh
+    (torch/distributed/tensor/_api.py distribute_module: ``lambda _, inputs: input_fn(module,
+    inputs, device_mesh)``), not FSDP2's or perfcheck's."""
+    return _mentions(hook, "DeviceMesh", depth=0)
+
+
+def dtensor_twin(model, fake) -> torch.nn.Module:
+    """A copy of a DTensor tensor/sequence-parallel ``model`` whose parameters are DTensors on the
+    live mesh with the live placements but *fake* local shards (made under the FakeTensorMode
+    ``fake``), carrying the parallel styles' input/output hooks: its forward issues the layout's
+    redistributes as funcol ops on fake tensors, which run their fake kernels and move nothing.
+    The live model (parameters, gradients, hooks) is not touched."""
+    from torch.distributed.tensor import DTensor
+
+    memo: dict = {}
+
+    def param(p):
+        if not _is_dtensor(p):
+            return torch.nn.Parameter(torch.empty(tuple(p.shape), dtype=p.dtype), requires_grad=p.requires_grad)
+        local = p.to_local()
+        with fake:
+            shard = torch.empty(tuple(local.shape), dtype=local.dtype, device=local.device)
+        d = DTensor.from_local(shard, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+        return torch.nn.Parameter(d, requires_grad=p.requires_grad)
+
+    def twin(mod):
+        if id(mod) in memo:
+            return memo[id(mod)]
+        new = type(mod).__new__(type(mod))
+        state = dict(mod.__dict__)
+        for key in ("_forward_pre_hooks", "_forward_hooks"):
+            kept = type(state[key])()
+            for k, h in state[key].items():
+                if _is_style_hook(h):
+                    kept[k] = h
+            state[key] = kept
+        for key in ("_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks"):
+            if isinstance(state.get(key), dict):
+                state[key] = type(state[key])()
+        state["_parameters"] = {k: None if p is None else param(p) for k, p in mod._parameters.items()}
+        with fake:
+            state["_buffers"] = {k: None if b is None else torch.empty(tuple(b.shape), dtype=b.dtype)
+                                 for k, b in mod._buffers.items()}
+        state["_modules"] = {}
+        new.__dict__.update(state)
+        memo[id(mod)] = new
+        for k, child in mod._modules.items():
+            new._modules[k] = None if child is None else twin(child)
+        return new
+
+    return twin(model)
+
+
+def live_dtensor_collectives(model, example_inputs, kwargs=None) -> list:
+    """The DTensor TP/SP collectives of one step of a live model in a *real* process group, traced
+    on ``dtensor_twin`` under FakeTensorMode (the same recorder and issuer rule as the fake-group
+    trace, perfcheck.predict.distributed.trace_step): every redistribute the layout's forward and
+    backward issue, and the Partial gradients reduced at the optimizer step. A list of Collective.
+
+    FSDP2+TP is refused (NotImplementedError): its parameters' FSDP mesh dimension would have to
+    be stripped from the twin's placements; its FSDP collectives are still predicted by
+    ``live_collectives``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from perfcheck.model_paths import unwrap
+    from perfcheck.predict.distributed import trace_step
+
+    inner = unwrap(model)
+    if fsdp_modules(inner):
+        raise NotImplementedError("live prediction of FSDP2+TP redistributes: trace the layout on a fake "
+                                  "process group (perfcheck.predict.distributed.predict_parallel)")
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    twin = dtensor_twin(inner, fake)
+    device = next((p.to_local().device for p in inner.parameters() if _is_dtensor(p)), torch.device("cpu"))
+
+    def like(t):  # the input's shape and dtype, fake, on the shards' device (inputs may come as meta)
+        if not isinstance(t, torch.Tensor):
+            return t
+        with fake:
+            return torch.empty(tuple(t.shape), dtype=t.dtype, device=device).requires_grad_(t.requires_grad)
+
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    args = [like(a) for a in example_inputs]
+    kw = {k: like(v) for k, v in (kwargs or {}).items()}
+    frame, _ = trace_step(twin, args, fake, kwargs=kw)
+    return [Collective(**r) for r in frame.to_dict("records")]
+
+
 # ----------------------------------------------------------------------- live collectives
-def live_collectives(model) -> list:
-    """Collectives of one training step predicted from a live model's layout (no forward run):
-    a list of ``perfcheck.predict.distributed.Collective``."""
-    from perfcheck.model_paths import module_paths
+def live_collectives(model, example_inputs=None, kwargs=None) -> list:
+    """Collectives of one training step predicted from a live model's layout: a list of
+    ``perfcheck.predict.distributed.Collective``. DDP buckets and FSDP2 units are read from the
+    layout; DTensor TP/SP redistributes need the step's inputs (``example_inputs``, the rank's own:
+    its batch, or its sequence shard under SP) and are traced on ``dtensor_twin``."""
+    from perfcheck.model_paths import module_paths, unwrap
 
     rows = []
+    inner = unwrap(model)
+    if example_inputs is not None and not fsdp_modules(inner) and any(_is_dtensor(p) for p in inner.parameters()):
+        rows += live_dtensor_collectives(inner, example_inputs, kwargs)
     if type(model).__name__ == "DistributedDataParallel":
         rows += ddp_bucket_collectives(model)
         model = model.module
@@ -264,16 +361,16 @@ def has_buckets(model) -> bool:
     return type(model).__name__ == "DistributedDataParallel" and getattr(model, "reducer", None) is not None
 
 
-def add_live_collectives(frame, model, system):
-    """Fill the predicted frame's communication columns from ``live_collectives(model)``: each
+def add_live_collectives(frame, model, system, example_inputs=None, kwargs=None):
+    """Fill the predicted frame's communication columns from ``live_collectives(model, ...)``: each
     collective counts in the module that issues it and in its ancestors (like FLOPs); its time on
-    ``system``'s links is added to pred_<phase>_s."""
+    ``system``'s links is added to pred_<phase>_s (optimizer-time reductions count with backward)."""
     import numpy as np
 
     from perfcheck.predict import collectives as coll_model
     from perfcheck.schema import parent_path
 
-    rows = live_collectives(model)
+    rows = live_collectives(model, example_inputs, kwargs)
     frame = frame.copy()
     frame["comm_fwd_bytes"], frame["comm_bwd_bytes"] = 0.0, 0.0
     kinds = {p: set() for p in frame["module"]}
@@ -284,8 +381,9 @@ def add_live_collectives(frame, model, system):
         while path is not None:
             if path in index:
                 i = index[path]
-                frame.loc[frame.index[i], f"comm_{r.phase}_bytes"] += r.bytes
-                frame.loc[frame.index[i], f"pred_{r.phase}_s"] += t
+                phase = "fwd" if r.phase == "fwd" else "bwd"
+                frame.loc[frame.index[i], f"comm_{phase}_bytes"] += r.bytes
+                frame.loc[frame.index[i], f"pred_{phase}_s"] += t
                 kinds[path].add(r.kind)
             path = parent_path(path)
     frame["comm_kind"] = [",".join(sorted(kinds.get(p, ()))) for p in frame["module"]]

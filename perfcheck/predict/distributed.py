@@ -264,12 +264,20 @@ def trace_collectives(model, example_inputs, *, kwargs=None, loss_fn=None) -> tu
     """
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mod_tracker import ModTracker
-    from torch.utils.flop_counter import FlopCounterMode
 
     if not dist.is_initialized() or dist.get_backend() != "fake":
         raise UserError("model: trace_collectives needs a model built in a fake process group "
                         "(use predict_parallel, or fake_process_group() before building it)")
+    return trace_step(model, example_inputs, FakeTensorMode(allow_non_fake_inputs=True), kwargs=kwargs, loss_fn=loss_fn)
+
+
+def trace_step(model, example_inputs, fake, *, kwargs=None, loss_fn=None) -> tuple:
+    """``trace_collectives`` under the FakeTensorMode ``fake``, with no check of the process group:
+    for a model whose collectives cannot reach a real group (built in a fake group, or a twin whose
+    DTensor parameters hold fake local shards: funcol ops on fake tensors run their fake kernels
+    and move nothing; ``integrations.torch_distributed.live_dtensor_collectives``)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     ddp = _ddp(model)
@@ -280,7 +288,6 @@ def trace_collectives(model, example_inputs, *, kwargs=None, loss_fn=None) -> tu
 
     paths = module_paths(inner)
     saved_grads = [(p, p.grad) for p in inner.parameters()]
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
     tracker = _IssuerTracker(inner, paths)
     recorder = _Recorder(tracker.where)
     counter = FlopCounterMode(display=False)
@@ -302,7 +309,6 @@ def trace_collectives(model, example_inputs, *, kwargs=None, loss_fn=None) -> tu
     except (RuntimeError, ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"example_inputs: the parallelised model rejected them under fake tensors: {first}") from exc
-        pending = _partial_grad_reductions(inner, paths)
     finally:
         for p, g in saved_grads:
             p.grad = g
@@ -447,8 +453,9 @@ def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=F
     frame = estimate(native.meta_twin(model), example_inputs, system=spec, dtype=dtype, causal=causal,
                      kwargs=kwargs, optimizer=optimizer)
     if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake"):
-        out = native.add_live_collectives(frame, model, spec)
-        out.attrs["collectives_source"] = "live layout (FSDP2 units, DDP buckets; TP/SP redistributes need a fake group)"
+        out = native.add_live_collectives(frame, model, spec, example_inputs, kwargs)
+        out.attrs["collectives_source"] = ("live layout (FSDP2 units, DDP buckets) and TP/SP redistributes traced on "
+                                           "a twin with fake shards")
         return out
     coll, flops = trace_collectives(model, example_inputs, kwargs=kwargs)
     frame = frame.copy()
