@@ -9,6 +9,8 @@ example is a two-layer MLP 256 -> 1024 -> 256 on a (16, 256) input:
   3D,   q = 2 (8 GPUs):        weights [128, 256] and [512, 64];  input [4, 128]; outputs [4, 512], [4, 128]
 and whose efficiency tables give parameters per GPU O(1/q^2), O(1/q^2), O(1/q^3).
 """
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -151,3 +153,19 @@ def test_grid_step_totals_and_sweep_agree():
 def test_bad_grid_layouts_are_one_line_errors_naming_the_field(call, message):
     with pytest.raises(UserError, match=message):
         call()
+
+
+def test_cli_tp_scheme_flags(capsys):
+    from perfcheck.cli import main
+
+    assert main(["estimate", "--model", "gpt3-175b", "--tp", "16", "--tp-scheme", "2.5d", "--tp-depth", "4",
+                 "--batch", "8", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["tp_scheme"], doc["tp_depth"]) == ("2.5d", 4)
+    api = estimate_transformer("gpt3-175b", batch=8, parallel=dict(tp=16), tp_scheme="2.5d", tp_depth=4)
+    assert [r["comm_bwd_bytes"] for r in doc["sublayers"]] == api["comm_bwd_bytes"].tolist()
+    assert main(["estimate", "--model", "gpt3-175b", "--tp", "8", "--tp-scheme", "3d", "--batch", "8"]) == 0
+    assert "tp 8 (3d)" in capsys.readouterr().out
+    assert main(["estimate", "--model", "gpt3-175b", "--tp", "6", "--tp-scheme", "2d", "--batch", "8"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "tp must be a square" in err

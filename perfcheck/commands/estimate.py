@@ -42,6 +42,10 @@ def add_parser(subparsers):
                            ("--grad-accum", "pipeline flushes (gradient-accumulation steps) per optimizer step")):
         tr.add_argument(flag, type=int, help=helptext)
     tr.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (needs --tp > 1)")
+    tr.add_argument("--tp-scheme", choices=("1d", "2d", "2.5d", "3d"), default="1d",
+                    help="tensor-parallel scheme: Megatron 1d (default), 2d (Optimus, --tp q*q), 2.5d (Tesseract, "
+                         "--tp q*q*--tp-depth) or 3d (--tp q^3); docs/transformer.md")
+    tr.add_argument("--tp-depth", type=int, default=1, help="depth d of the 2.5d grid (default 1)")
     tr.add_argument("--causal", action="store_true", help="count causal attention at half its products")
     tr.add_argument("--flash", action="store_true", help="fused attention kernel instead of logits/softmax/attend")
     tr.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
@@ -91,17 +95,28 @@ def _model_output(args) -> str:
     parallel["sp"] = bool(args.sp)
     kw = dict(batch=1 if args.batch is None else args.batch, seq=args.seq, parallel=parallel, system=args.system,
               dtype=args.dtype or "bf16", causal=args.causal, flash=args.flash, recompute=args.recompute,
-              tp_overlap=args.tp_overlap, dp_overlap=args.dp_overlap)
+              tp_overlap=args.tp_overlap, dp_overlap=args.dp_overlap, tp_scheme=args.tp_scheme)
+    if args.tp_depth != 1:
+        kw["tp_depth"] = args.tp_depth
     table = estimate_transformer(model, **kw)
     step = transformer_step(model, **kw)
     if args.format == "csv":
         return table.to_csv(index=False)
     if args.format == "json":
         doc = {"model": model.to_json_dict(), "system": args.system, "dtype": kw["dtype"], "batch": kw["batch"],
-               "seq": kw["seq"] or model.seq_len, "parallel": step.parallel,
+               "seq": kw["seq"] or model.seq_len, "parallel": step.parallel, "tp_scheme": kw["tp_scheme"],
+               "tp_depth": kw.get("tp_depth", 1),
                "sublayers": json.loads(table.to_json(orient="records")), "step": _jsonable(step.values)}
         return json.dumps(doc, indent=2) + "\n"
     return _model_text(model, kw, table, step)
+
+
+def _scheme(kw) -> str:
+    """' (2.5d, depth 2)' for a tensor-parallel scheme other than Megatron's 1D, else ''."""
+    scheme = kw.get("tp_scheme", "1d")
+    if scheme == "1d":
+        return ""
+    return f" ({scheme}" + (f", depth {kw['tp_depth']})" if "tp_depth" in kw else ")")
 
 
 def _jsonable(values):
@@ -115,7 +130,7 @@ def _model_text(model, kw, table, step) -> str:
     p = step.parallel
     head = (f"{model.name}: {model.layers} layers, hidden {model.hidden}, {model.heads} heads, ffn {model.ffn_hidden}, "
             f"vocab {model.vocab}\nbatch {kw['batch']} x seq {kw['seq'] or model.seq_len}, {kw['dtype']} on "
-            f"{kw['system']}; tp {p['tp']}{' + sp' if p['sp'] else ''}, pp {p['pp']}, dp {p['dp']}, "
+            f"{kw['system']}; tp {p['tp']}{' + sp' if p['sp'] else ''}{_scheme(kw)}, pp {p['pp']}, dp {p['dp']}, "
             f"ZeRO-{p['zero_stage']}, {p['micro_batches']} micro-batch(es)\n\n"
             "Per GPU, one micro-batch; layer rows repeat 'count' times per stage:\n")
     header = ["sublayer", "count", "params", "FLOP fwd", "FLOP bwd", "act mem", "comm fwd", "comm bwd",

@@ -274,7 +274,9 @@ def estimate_transformer(model="gpt2-124m", *, batch: int = 1, seq: int = None, 
     parallel: a ``ParallelConfig`` or a mapping of its fields (tp, sp, pp, dp, zero_stage,
     micro_batches, grad_accum_steps); validated against the model (UserError naming the field).
     system: a name from ``perfcheck systems``, a path or a SystemSpec; dtype: activations/weights.
-    options (``step.Options``): causal (halve the score matmuls), flash (one fused attention row),
+    tp_scheme: "1d" (Megatron), "2d" (Optimus: tp = q*q), "2.5d" (Tesseract: tp = q*q*tp_depth) or
+    "3d" (tp = q**3); ``sharding.grid_linear`` and docs/transformer.md give the per-GPU split.
+    options (``step.Options``): tp_depth (2.5D's d), causal (halve the score matmuls), flash (one fused attention row),
     recompute ("none" | "selective" | "full"), tp_overlap and dp_overlap (hidden fraction of
     communication, default 0), optimizer ("adam" | "sgd"), master_weights (fp32 copy, default True).
 
