@@ -142,11 +142,9 @@ def test_collective_kernels_are_communication_not_irregular_access():
 def test_live_dtensor_collectives_trace_a_twin_with_fake_shards(fake2):
     """The TP+SP block's redistributes predicted from the live model (as PerfCheck does in a real
     group) equal the fake-group trace's, and the live model is left as it was."""
-    from perfcheck.integrations.torch_distributed import live_dtensor_collectives
-
     model = M.tp_sp()
     before = [(p.to_local().clone(), p.grad) for p in model.parameters()]
-    rows = live_dtensor_collectives(model, (torch.randn(2, 4, 16),))
+    rows = D.live_dtensor_collectives(model, (torch.randn(2, 4, 16),))
     by_kind = {}
     for r in rows:
         by_kind[r.kind] = by_kind.get(r.kind, 0) + r.bytes

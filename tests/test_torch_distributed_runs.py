@@ -139,3 +139,18 @@ def test_compare_reconciles_the_three_layouts(runs, capsys):
     assert (tp["pred_allgather_bytes"] == 2 * 2 * 8 * 16 * 4).all() and (tp["pred_allreduce_bytes"] == 32 * 4).all()
     assert (table.loc[table["layout"] == "fsdp2", "pred_allgather_bytes"] == 2 * (544 + 264) * 4).all()
     assert table["notes"].str.contains("bytes match").sum() == 6
+
+
+def test_compare_command_writes_the_layout_page(runs, tmp_path, capsys):
+    from perfcheck.cli import main
+
+    out, _ = runs
+    dest = tmp_path / "cmp"
+    code = main(["compare", *[os.path.join(out, name) for name in M.LAYOUTS], "--out", str(dest)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "Q: Do the predicted bytes match the measured bytes per collective kind?\nA: yes" in text
+    page = (dest / "comparison.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "torch-native layouts" in page
+    # the answer on traffic names the FSDP2 run: 3 x 808 x 4 B against DDP's 808 x 4 and TP's 4224
+    assert "fsdp2 (fsdp2): 9696 B per rank" in page

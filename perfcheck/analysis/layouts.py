@@ -108,3 +108,41 @@ def notes(frame: pd.DataFrame) -> list:
                          "collective waits, which DDP/FSDP equalise)")
         out.append("; ".join(parts))
     return out
+
+
+def answers(frame: pd.DataFrame) -> list:
+    """[(question, answer)] for the layout comparison, every number drawn from ``frame``."""
+    if frame is None or frame.empty:
+        return [("Which runs were compared?", "none: no rank directory with meta.json was found")]
+    out = []
+    bad = frame[~frame["bytes_ok"].astype(bool)]
+    out.append(("Do the predicted bytes match the measured bytes per collective kind?",
+                "yes, within 5% on every rank of every run" if bad.empty else
+                "no: " + "; ".join(f"{r.run} rank {r.rank} ({r.layout})" for r in bad.itertuples(index=False))
+                + " differ by more than 5% on some kind"))
+    meas_cols = [f"meas_{k}_bytes" for k in KINDS]
+    per_run = frame.groupby("run", sort=False)
+    traffic = per_run[meas_cols].mean().sum(axis=1)
+    speed = per_run["meas_step_s"].median()
+    layout = per_run["layout"].first()
+    if traffic.notna().any() and len(traffic) > 1:
+        heavy, light = traffic.idxmax(), traffic.idxmin()
+        out.append(("Which layout moves the most bytes per step?",
+                    f"{heavy} ({layout[heavy]}): {traffic[heavy]:.0f} B per rank; the least: {light} "
+                    f"({layout[light]}), {traffic[light]:.0f} B"))
+    if speed.notna().any() and len(speed) > 1:
+        fast, slow = speed.idxmin(), speed.idxmax()
+        out.append(("Which layout has the shortest step?",
+                    f"{fast} ({layout[fast]}): {speed[fast] * 1e3:.2f} ms median over ranks; the longest: {slow} "
+                    f"({layout[slow]}), {speed[slow] * 1e3:.2f} ms"))
+    for run, same in per_run:
+        if len(same) < 2 or not same["meas_compute_s"].notna().all():
+            continue
+        r = same.loc[same["meas_compute_s"].idxmax()]
+        med = float(same["meas_compute_s"].median())
+        if r["meas_compute_s"] > (1 + Thresholds().straggler_tolerance) * med:
+            out.append((f"Is a rank of {run} a straggler?",
+                        f"rank {int(r['rank'])}: {r['meas_compute_s'] * 1e3:.1f} ms of compute (step less collective "
+                        f"waits) against a median of {med * 1e3:.1f} ms; the other ranks wait for it "
+                        f"({same['meas_wait_s'].max() * 1e3:.1f} ms at most)"))
+    return out

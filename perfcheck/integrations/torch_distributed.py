@@ -9,13 +9,14 @@ tensor/sequence parallelism on a DeviceMesh, alone or combined.
   hooks, no DTensors), so the estimator can trace the structure of a live FSDP2/TP model without
   touching its state; the live model's next forward still works (``FSDP2 + out_dir`` used to
   raise "mixed torch.Tensor and DTensor").
-* ``live_collectives(model, example_inputs)``: the collectives of one step predicted from the live
-  model's layout: DDP one all-reduce per bucket; FSDP2 per ``fully_shard`` unit one all-gather in
-  forward, one in backward (unless ``reshard_after_forward=False``), one reduce-scatter in
-  backward, each of the unit's padded unsharded bytes; DTensor TP/SP (without FSDP2) the
-  redistributes its forward and backward issue, traced on ``dtensor_twin`` (DTensor parameters on
-  the live mesh with fake local shards, the parallel styles' hooks kept) under FakeTensorMode:
-  funcol ops on fake tensors move nothing, so this runs on one rank of a real group.
+* ``live_collectives(model)``: the collectives of one step predicted from the live model's layout:
+  DDP one all-reduce per bucket; FSDP2 per ``fully_shard`` unit one all-gather in forward, one in
+  backward (unless ``reshard_after_forward=False``), one reduce-scatter in backward, each of the
+  unit's padded unsharded bytes.
+* ``dtensor_twin(model, fake)``: DTensor parameters on the live mesh with fake local shards, the
+  parallel styles' hooks kept: ``perfcheck.predict.distributed.live_dtensor_collectives`` traces the
+  TP/SP redistributes on it under FakeTensorMode (funcol ops on fake tensors move nothing, so
+  this runs on one rank of a real group).
 """
 from __future__ import annotations
 
@@ -278,54 +279,14 @@ def dtensor_twin(model, fake) -> torch.nn.Module:
     return twin(model)
 
 
-def live_dtensor_collectives(model, example_inputs, kwargs=None) -> list:
-    """The DTensor TP/SP collectives of one step of a live model in a *real* process group, traced
-    on ``dtensor_twin`` under FakeTensorMode (the same recorder and issuer rule as the fake-group
-    trace, perfcheck.predict.distributed.trace_step): every redistribute the layout's forward and
-    backward issue, and the Partial gradients reduced at the optimizer step. A list of Collective.
-
-    FSDP2+TP is refused (NotImplementedError): its parameters' FSDP mesh dimension would have to
-    be stripped from the twin's placements; its FSDP collectives are still predicted by
-    ``live_collectives``."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from perfcheck.model_paths import unwrap
-    from perfcheck.predict.distributed import trace_step
-
-    inner = unwrap(model)
-    if fsdp_modules(inner):
-        raise NotImplementedError("live prediction of FSDP2+TP redistributes: trace the layout on a fake "
-                                  "process group (perfcheck.predict.distributed.predict_parallel)")
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    twin = dtensor_twin(inner, fake)
-    device = next((p.to_local().device for p in inner.parameters() if _is_dtensor(p)), torch.device("cpu"))
-
-    def like(t):  # the input's shape and dtype, fake, on the shards' device (inputs may come as meta)
-        if not isinstance(t, torch.Tensor):
-            return t
-        with fake:
-            return torch.empty(tuple(t.shape), dtype=t.dtype, device=device).requires_grad_(t.requires_grad)
-
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    args = [like(a) for a in example_inputs]
-    kw = {k: like(v) for k, v in (kwargs or {}).items()}
-    frame, _ = trace_step(twin, args, fake, kwargs=kw)
-    return [Collective(**r) for r in frame.to_dict("records")]
-
-
 # ----------------------------------------------------------------------- live collectives
-def live_collectives(model, example_inputs=None, kwargs=None) -> list:
-    """Collectives of one training step predicted from a live model's layout: a list of
-    ``perfcheck.predict.distributed.Collective``. DDP buckets and FSDP2 units are read from the
-    layout; DTensor TP/SP redistributes need the step's inputs (``example_inputs``, the rank's own:
-    its batch, or its sequence shard under SP) and are traced on ``dtensor_twin``."""
-    from perfcheck.model_paths import module_paths, unwrap
+def live_collectives(model) -> list:
+    """Collectives of one training step read from a live model's layout (no forward run), a list
+    of Collective: DDP buckets and FSDP2 units. DTensor TP/SP redistributes depend on the forward:
+    ``perfcheck.predict.distributed.live_dtensor_collectives`` traces them on ``dtensor_twin``."""
+    from perfcheck.model_paths import module_paths
 
     rows = []
-    inner = unwrap(model)
-    if example_inputs is not None and not fsdp_modules(inner) and any(_is_dtensor(p) for p in inner.parameters()):
-        rows += live_dtensor_collectives(inner, example_inputs, kwargs)
     if type(model).__name__ == "DistributedDataParallel":
         rows += ddp_bucket_collectives(model)
         model = model.module
@@ -361,8 +322,9 @@ def has_buckets(model) -> bool:
     return type(model).__name__ == "DistributedDataParallel" and getattr(model, "reducer", None) is not None
 
 
-def add_live_collectives(frame, model, system, example_inputs=None, kwargs=None):
-    """Fill the predicted frame's communication columns from ``live_collectives(model, ...)``: each
+def add_live_collectives(frame, model, system, extra=()):
+    """Fill the predicted frame's communication columns from ``live_collectives(model)`` and the
+    ``extra`` Collectives (the traced TP/SP redistributes): each
     collective counts in the module that issues it and in its ancestors (like FLOPs); its time on
     ``system``'s links is added to pred_<phase>_s (optimizer-time reductions count with backward)."""
     import numpy as np
@@ -370,7 +332,7 @@ def add_live_collectives(frame, model, system, example_inputs=None, kwargs=None)
     from perfcheck.predict import collectives as coll_model
     from perfcheck.schema import parent_path
 
-    rows = live_collectives(model, example_inputs, kwargs)
+    rows = live_collectives(model) + list(extra)
     frame = frame.copy()
     frame["comm_fwd_bytes"], frame["comm_bwd_bytes"] = 0.0, 0.0
     kinds = {p: set() for p in frame["module"]}

@@ -275,7 +275,7 @@ def trace_step(model, example_inputs, fake, *, kwargs=None, loss_fn=None) -> tup
     """``trace_collectives`` under the FakeTensorMode ``fake``, with no check of the process group:
     for a model whose collectives cannot reach a real group (built in a fake group, or a twin whose
     DTensor parameters hold fake local shards: funcol ops on fake tensors run their fake kernels
-    and move nothing; ``integrations.torch_distributed.live_dtensor_collectives``)."""
+    and move nothing; ``live_dtensor_collectives``)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
@@ -326,6 +326,42 @@ def trace_step(model, example_inputs, fake, *, kwargs=None, loss_fn=None) -> tup
         f = fwd_flops.get(name, 0)
         flops[path] = (float(f), float(total - f))
     return frame, flops
+
+
+def live_dtensor_collectives(model, example_inputs, kwargs=None) -> list:
+    """The DTensor TP/SP collectives of one step of a live model in a *real* process group, traced
+    on ``integrations.torch_distributed.dtensor_twin`` under FakeTensorMode with ``trace_step`` (the
+    same recorder and issuer rule as the fake-group trace): every redistribute the layout's
+    forward and backward issue, and the Partial gradients reduced at the optimizer step. A list
+    of Collective; the live model is not touched. ``example_inputs``: the rank's own (its batch,
+    or its sequence shard under SP); meta tensors are fine (only shapes and dtypes are used).
+
+    FSDP2+TP is refused (NotImplementedError): the FSDP mesh dimension would have to be stripped
+    from the twin's placements; its FSDP collectives are still read from the live layout."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from perfcheck.integrations.torch_distributed import dtensor_twin, fsdp_modules
+    from perfcheck.model_paths import unwrap
+
+    inner = unwrap(model)
+    if fsdp_modules(inner):
+        raise NotImplementedError("live prediction of FSDP2+TP redistributes: trace the layout on a fake "
+                                  "process group (perfcheck.predict.distributed.predict_parallel)")
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    twin = dtensor_twin(inner, fake)
+    device = next((_local(p).device for p in inner.parameters() if hasattr(p, "placements")), torch.device("cpu"))
+
+    def like(t):  # the input's shape and dtype, fake, on the shards' device
+        if not isinstance(t, torch.Tensor):
+            return t
+        with fake:
+            return torch.empty(tuple(t.shape), dtype=t.dtype, device=device).requires_grad_(t.requires_grad)
+
+    if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    frame, _ = trace_step(twin, [like(a) for a in example_inputs], fake,
+                          kwargs={k: like(v) for k, v in (kwargs or {}).items()})
+    return [Collective(**r) for r in frame.to_dict("records")]
 
 
 def _partial_grad_reductions(model, paths) -> list:
@@ -446,6 +482,7 @@ def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=F
     from perfcheck.hardware.systems import load_system
     from perfcheck.integrations import torch_distributed as native
     from perfcheck.predict import collectives as coll_model
+    from perfcheck.model_paths import unwrap
     from perfcheck.predict.module_estimator import default_system_name, estimate
     from perfcheck.schema import parent_path
 
@@ -453,7 +490,10 @@ def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=F
     frame = estimate(native.meta_twin(model), example_inputs, system=spec, dtype=dtype, causal=causal,
                      kwargs=kwargs, optimizer=optimizer)
     if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake"):
-        out = native.add_live_collectives(frame, model, spec, example_inputs, kwargs)
+        inner = unwrap(model)
+        tp = not native.fsdp_modules(inner) and any(hasattr(p, "placements") for p in inner.parameters())
+        extra = live_dtensor_collectives(inner, example_inputs, kwargs) if tp else []
+        out = native.add_live_collectives(frame, model, spec, extra)
         out.attrs["collectives_source"] = ("live layout (FSDP2 units, DDP buckets) and TP/SP redistributes traced on "
                                            "a twin with fake shards")
         return out

@@ -55,7 +55,7 @@ def write_csv(table: pd.DataFrame, path) -> None:
 
 
 # ------------------------------------------------------------------------------------ HTML
-def _png(fig) -> str:
+def figure_png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     import matplotlib.pyplot as plt
@@ -90,7 +90,7 @@ def time_figure(table: pd.DataFrame) -> str:
     ax.set_ylabel("ms per optimizer step (left bar predicted, hatched bar measured)")
     ax.set_title("Step time: compute, exposed communication, other (median over ranks)")
     ax.legend(frameon=False)
-    return _png(fig)
+    return figure_png(fig)
 
 
 def memory_figure(table: pd.DataFrame) -> str:
@@ -119,23 +119,29 @@ def memory_figure(table: pd.DataFrame) -> str:
     ax.set_ylabel("MB per rank (model states)")
     ax.set_title("Memory per rank: predicted (plain) | measured (hatched)")
     ax.legend(frameon=False)
-    return _png(fig)
+    return figure_png(fig)
 
 
 def write_html(table: pd.DataFrame, path, title: str = "perfcheck compare: ZeRO stages") -> None:
-    qa = "".join(f"<h3>{html.escape(q)}</h3><p>{html.escape(a)}</p>" for q, a in answers(table))
-    figs = ""
+    figs = []
     if (table["status"] == "ok").any():
-        figs = (f'<img alt="step time per stage" src="data:image/png;base64,{time_figure(table)}">'
-                f'<img alt="memory per rank" src="data:image/png;base64,{memory_figure(table)}">')
+        figs = [("step time per stage", time_figure(table)), ("memory per rank", memory_figure(table))]
     bad = table[table["status"] != "ok"].drop_duplicates("run")
-    failed = "".join(f"<h3>{html.escape(str(r.get('run', r['stage'])))} failed</h3>"
-                     f"<pre>{html.escape(str(r.get('notes', '')))}</pre>" for _, r in bad.iterrows())
-    page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+    failed = [(f"{r.get('run', r['stage'])} failed", str(r.get("notes", ""))) for _, r in bad.iterrows()]
+    atomic_write_text(path, html_page(title, figs, answers(table), failed, table,
+                                      "Table (pred_* / meas_* pairs; bytes per optimizer step per rank)"))
+
+
+def html_page(title: str, figures, qa, failed, table: pd.DataFrame, caption: str) -> str:
+    """A self-contained comparison page: ``figures`` [(alt, base64 PNG from figure_png)], ``qa``
+    [(question, answer)], ``failed`` [(heading, text)], then ``table`` under ``caption``."""
+    figs = "".join(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">' for alt, png in figures)
+    answers_html = "".join(f"<h3>{html.escape(q)}</h3><p>{html.escape(a)}</p>" for q, a in qa)
+    failed_html = "".join(f"<h3>{html.escape(h)}</h3><pre>{html.escape(t)}</pre>" for h, t in failed)
+    return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}} table{{border-collapse:collapse;font-size:12px}}
 td,th{{border:1px solid #ccc;padding:2px 5px;text-align:right}} img{{max-width:49%}}
 pre{{background:#f4f4f4;padding:1em}}</style>
-</head><body><h1>{html.escape(title)}</h1>{figs}<h2>Answers</h2>{qa}{failed}
-<h2>Table (pred_* / meas_* pairs; bytes per optimizer step per rank)</h2>{table.to_html(index=False, na_rep="-")}
+</head><body><h1>{html.escape(title)}</h1>{figs}<h2>Answers</h2>{answers_html}{failed_html}
+<h2>{html.escape(caption)}</h2>{table.to_html(index=False, na_rep="-")}
 </body></html>"""
-    atomic_write_text(path, page)
