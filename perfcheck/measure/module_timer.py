@@ -116,7 +116,8 @@ class _EndAll:
 
 
 def _grad_tensors(obj, out: list):
-    """Tensors requiring grad inside args/kwargs (tensors, lists, tuples, dicts)."""
+    """Tensors requiring grad inside args/kwargs/outputs (tensors, lists, tuples, dicts, dataclass
+    instances: a module returning a plain dataclass of tensors gets its backward timed, not 0)."""
     if isinstance(obj, torch.Tensor):
         if obj.requires_grad:
             out.append(obj)
@@ -126,6 +127,9 @@ def _grad_tensors(obj, out: list):
     elif isinstance(obj, dict):
         for x in obj.values():
             _grad_tensors(x, out)
+    elif hasattr(type(obj), "__dataclass_fields__"):
+        for name in type(obj).__dataclass_fields__:
+            _grad_tensors(getattr(obj, name, None), out)
     return out
 
 
@@ -225,7 +229,46 @@ class _TimedForward:
             return self.inner(*args, **kwargs)
         if (timer._lean and not kwargs and len(args) == 1 and type(args[0]) is _Tensor and _graph_task_id() == -1
                 and not (timer.ranges and _profiler._is_profiler_enabled)):
-            return timer._lean_call(self, args[0])
+            # The common call, in fewer steps than _pre/_finish (same records): a forward (not
+            # recompute) with one tensor argument, no memory readings, no profiler ranges.
+            x = args[0]
+            call = _Call(self.path, FWD, self.mid)
+            grad = _grad_enabled()
+            if grad and x.requires_grad:
+                node = x.grad_fn  # the node as it is now: an in-place op on x later does not move it
+                timer._pending.append((x if node is None else node, _END, call))
+            stack = timer._stack
+            stack.append(call)
+            timer._calls.append(call)
+            call.t0 = timer._now()  # last: the interval starts as late as possible
+            try:
+                out = self.inner(x)
+            except BaseException:
+                t1 = timer._now()
+                try:
+                    timer._finish(t1, call, None, True)
+                except Exception as exc:
+                    timer._internal_error(exc)
+                raise
+            t1 = timer._now()  # first: the interval ends as early as possible
+            try:
+                if not stack or stack[-1] is not call:
+                    timer._finish(t1, call, out, False)  # the general path knows how to unwind the stack
+                    return out
+                stack.pop()
+                call.t1 = t1
+                if grad:
+                    if type(out) is _Tensor:
+                        if out.requires_grad:
+                            node = out.grad_fn
+                            timer._pending.append((out if node is None else node, _START, call))
+                    else:
+                        timer._note_outputs(out, call)
+                if not stack:
+                    timer._flush()
+            except Exception as exc:
+                timer._internal_error(exc)
+            return out
         try:
             call = timer._pre(self.path, self.mid, args, kwargs)
         except Exception as exc:  # never break the user's forward
@@ -297,7 +340,7 @@ class ModuleTimer:
         # graph is no timestamp); a replay is timed by the hooks of the module that calls it.
         self._check_capture = getattr(clock, "kind", "cpu") == "cuda" and torch.cuda.is_available()
         self.saw_capture = False
-        # _lean_call applies (no per-call memory reading, root inputs already recorded)
+        # _TimedForward's lean path applies (no per-call memory reading, root inputs already recorded)
         self._lean = False
 
     # ------------------------------------------------------------------ attach / detach
@@ -361,8 +404,13 @@ class ModuleTimer:
         self._stack: list[_Call] = []
         self._bstack: list[_Bwd] = []
         self._pending: list = []  # (node or leaf tensor, action kind, call or _EndAll) noted in forward
-        self._log: list = []  # backward events not yet replayed
-        self._cb_tasks: set = set()
+        # backward events not yet replayed, and the backward passes whose end callback is queued:
+        # the same objects for the timer's life (the hooks hold them), emptied here
+        if not hasattr(self, "_log"):
+            self._log: list = []
+            self._cb_tasks: set = set()
+        self._log.clear()
+        self._cb_tasks.clear()
         self._failed = False
         self._start = None
         self._finals: list = []  # [t_a, t_b, profiler range]: frameworks' end-of-backward callbacks (_after_backward)
@@ -469,47 +517,6 @@ class ModuleTimer:
         call.t0 = self._now()  # last: the interval starts as late as possible
         return call
 
-    def _lean_call(self, fwd, x):
-        """``_pre`` + forward + ``_finish`` for the common call, in fewer steps: a forward (not
-        recompute) with one tensor argument, no memory readings, no profiler ranges. Same records."""
-        call = _Call(fwd.path, FWD, fwd.mid)
-        grad = _grad_enabled()
-        if grad and x.requires_grad:
-            node = x.grad_fn  # the node as it is now: an in-place op on x later does not move it
-            self._pending.append((x if node is None else node, _END, call))
-        stack = self._stack
-        stack.append(call)
-        self._calls.append(call)
-        call.t0 = self._now()  # last: the interval starts as late as possible
-        try:
-            out = fwd.inner(x)
-        except BaseException:
-            t1 = self._now()
-            try:
-                self._finish(t1, call, None, True)
-            except Exception as exc:
-                self._internal_error(exc)
-            raise
-        t1 = self._now()  # first: the interval ends as early as possible
-        try:
-            if not stack or stack[-1] is not call:
-                self._finish(t1, call, out, False)  # the general path knows how to unwind the stack
-                return out
-            stack.pop()
-            call.t1 = t1
-            if grad:
-                if type(out) is _Tensor:
-                    if out.requires_grad:
-                        node = out.grad_fn
-                        self._pending.append((out if node is None else node, _START, call))
-                else:
-                    self._note_outputs(out, call)
-            if not stack:
-                self._flush()
-        except Exception as exc:
-            self._internal_error(exc)
-        return out
-
     def _finish(self, t1, call, output, raised: bool):
         stack = self._stack
         if stack and stack[-1] is call:
@@ -595,27 +602,34 @@ class ModuleTimer:
             self._internal_error(exc)
 
     def _node_hook(self, actions, gen):
+        # Everything the hook touches is bound here: it runs between autograd's own work, where
+        # each attribute lookup costs several times what it costs in a loop (bench/RESULTS.md).
+        now, log, cb_tasks, ranges, timer = self._now, self._log, self._cb_tasks, self.ranges, self
+
         def on_node(_grads):
-            if self._gen == gen:  # (a later step, or detached: inert)
+            if timer._gen == gen:  # (a later step, or detached: inert)
                 try:
-                    now = self._now()
+                    t = now()
                     task = _graph_task_id()
-                    if task not in self._cb_tasks:  # rule (d): once per backward pass
-                        self._cb_tasks.add(task)
-                        torch.autograd.Variable._execution_engine.queue_callback(lambda: self._task_end(task, gen))
-                    self._log.append((_FIRE, task, now, actions))
-                    if self.ranges and _profiler._is_profiler_enabled:
-                        self._replay()
+                    log.append((_FIRE, task, t, actions))
+                    if task not in cb_tasks:  # rule (d): once per backward pass
+                        timer._queue_task_end(task, gen)
+                    if ranges and _profiler._is_profiler_enabled:
+                        timer._replay()
                 except Exception as exc:  # never break the user's backward
-                    self._internal_error(exc)
+                    timer._internal_error(exc)
         return on_node
+
+    def _queue_task_end(self, task, gen):
+        self._cb_tasks.add(task)
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: self._task_end(task, gen))
 
     def _replay(self):
         """Backward intervals from the logged events, in the order they happened."""
-        log = self._log
-        if not log:
+        if not self._log:
             return
-        self._log = []
+        log = self._log.copy()
+        self._log.clear()
         bstack = self._bstack
         for event, task, now, obj in log:
             if event == _FIRE:
