@@ -122,3 +122,54 @@ def test_straggler_is_the_rank_with_most_compute_not_the_longest_step():
     assert bool(t.loc[1, "straggler"]) and not bool(t.loc[0, "slowest"])
     # the wait is not "loss/data/idle": other_s = step - fwd - bwd - optim - finalize = 0 here
     assert t.loc[0, "other_s"] == pytest.approx(0.0, abs=1e-12)
+
+
+# ------------------------------------------------------------------ outputs in a dataclass
+class _Out:
+    pass
+
+
+def test_module_returning_a_plain_dataclass_gets_its_backward_timed():
+    """A module whose output is a plain dataclass of tensors (not a tuple, dict or ModelOutput):
+    its backward used to read 0. A planted 20 ms sleep in its backward must show."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Result:
+        hidden: torch.Tensor
+        note: str = ""
+
+    class SlowGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            time.sleep(0.02)
+            return g
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return Result(SlowGrad.apply(self.lin(x)))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block, self.head = Block(), nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.block(x).hidden)
+
+    model = Net()
+    pc = PerfCheck(model, warmup=0, steps=3, profile=False, sample_interval=None)
+    with pc:
+        for _ in range(3):
+            model(torch.randn(4, 8)).sum().backward()
+            pc.step()
+    bwd = pc.measured().set_index("module").loc["block", "bwd_s_median"]
+    assert bwd >= 0.02, bwd
