@@ -15,8 +15,10 @@ Each module's ratio ``(measured fwd + bwd) / (predicted fwd + bwd)`` (> 1: slowe
 is taken against the datasheet spec and against that round's calibrated spec; the table gives
 the median and the min-max over module instances x rounds. "large matmul" rows are leaf modules
 whose predicted forward is compute-bound with >= 90% of its FLOPs in matrix products and at least
-``--large-flops`` forward FLOPs. "step" compares the measured step (median) with the predicted
-forward + backward + an SGD update (3 parameter-sized streams at the memory ceiling).
+``--large-flops`` forward FLOPs. "step" compares the measured step without instrumentation (median
+of uninstrumented steps run right after PerfCheck's) with the predicted forward + backward + loss
++ SGD step, host terms included (perfcheck.predict.host: dispatch, autograd, module calls, the
+optimizer's per-tensor cost; the loss is estimated as a one-module model on the output's shape).
 
     python bench/accuracy.py                                  # CPU: all models, 3 rounds
     python bench/accuracy.py --models gpt --rounds 5 --steps 5 --threads 1
@@ -47,7 +49,10 @@ from perfcheck.schema import ROOT  # noqa: E402
 
 SECTION = ("<!-- accuracy:start -->", "<!-- accuracy:end -->")
 MODELS = ("lenet", "jsc", "graph", "gpt")
-TARGET_CPU, TARGET_GPU = 0.30, 0.15
+TARGET_CPU, TARGET_GPU = 0.30, 0.10
+STEP_TARGET_GPU = 0.15  # the whole GPT-2 small training step (issue 9)
+HOST_STEP_TARGET = 0.25  # every model's step, host terms included (issue 12)
+SKINNY_TARGET_CPU = 0.15  # the graph model's 96-row Linears (issue 12)
 
 
 @dataclass
@@ -60,7 +65,7 @@ class Workload:
     loss: object
 
 
-def build(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Workload:
+def build(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, gpt_batch: int = 8) -> Workload:
     """A reference model with a batch sized for the device (small on CPU, realistic on GPU)."""
     from perfcheck.examples.models import EXAMPLES, GPT
 
@@ -77,7 +82,7 @@ def build(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) ->
         desc, loss = f"GraphTransformer, 11 TransformerConv (64.07 M params), synthetic graph {nodes} nodes / {edges} edges", \
             torch.nn.functional.mse_loss
     elif name == "gpt" and gpu:
-        model, seq, batch = GPT(), 1024, 8
+        model, seq, batch = GPT(), 1024, gpt_batch
         inputs = (torch.randint(0, 50257, (batch, seq), generator=g),)
         target = torch.randint(0, 50257, (batch, seq), generator=g)
         desc, loss = f"GPT-2 small (124 M), batch {batch}, seq {seq}", EXAMPLES["gpt"].loss
@@ -100,7 +105,9 @@ def measure(w: Workload, steps: int, warmup: int):
     from perfcheck.measure.session import PerfCheck
 
     opt = torch.optim.SGD(w.model.parameters(), lr=1e-4)
-    pc = PerfCheck(w.model, warmup=warmup, steps=steps, profile=False, sample_interval=None, count_flops=False)
+    # memory=False: per-module memory tracking costs host time, which a host-bound GPU step pays in full
+    pc = PerfCheck(w.model, warmup=warmup, steps=steps, profile=False, sample_interval=None, count_flops=False,
+                   memory=False)
     with pc:
         for _ in range(warmup + steps + 2):
             if pc.done:
@@ -109,8 +116,40 @@ def measure(w: Workload, steps: int, warmup: int):
             opt.step()
             opt.zero_grad(set_to_none=True)
             pc.step()
-    st = pc.steps()
-    return pc.measured(), st[(st["role"] == "measured") & ~st["failed"].astype(bool)]
+    # the step row compares the prediction of the user's step with steps that carry no
+    # instrumentation at all (no hooks, no PerfCheck.step), timed here with perf_counter
+    bare = []
+    for _ in range(max(steps, 5)):
+        t0 = time.perf_counter()
+        w.loss(w.model(*w.inputs), w.target).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if w.inputs[0].device.type == "cuda":
+            torch.cuda.synchronize()
+        bare.append(time.perf_counter() - t0)
+    return pc.measured(), pd.DataFrame({"step_s": bare})
+
+
+class _Loss(torch.nn.Module):
+    """The workload's loss as a module, so the estimator predicts it like the model (its ops' host and device terms)."""
+
+    def __init__(self, loss, target):
+        super().__init__()
+        self.loss, self.target = loss, target
+
+    def forward(self, out):
+        return self.loss(out, self.target)
+
+
+def _loss_s(w: Workload, spec) -> float:
+    with torch.no_grad():
+        out = w.model(*w.inputs)
+    pred = perfcheck.estimate(_Loss(w.loss, w.target), (out.detach().requires_grad_(True),), system=spec)
+    root = pred[pred["module"] == ROOT].iloc[0]
+    from perfcheck.hardware.systems import host_constants
+
+    # one loss.backward() runs the loss's and the model's backward: its fixed cost is in the model's root already
+    return float(root.pred_fwd_s + root.pred_bwd_s - host_constants(spec)["backward_call_s"])
 
 
 def _leaves(paths) -> set:
@@ -119,17 +158,12 @@ def _leaves(paths) -> set:
     return {p for p in paths if p not in parents}
 
 
-def _sgd_s(model, spec) -> float:
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return 3 * nbytes / (spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"])
-
-
 def compare(w: Workload, measured: pd.DataFrame, steps: pd.DataFrame, systems: dict, *, rnd: int,
             large_flops: float) -> pd.DataFrame:
     """One row per (system label, module): measured and predicted fwd/bwd and the ratio."""
     rows = []
     for label, spec in systems.items():
-        pred = perfcheck.estimate(w.model, w.inputs, system=spec)
+        pred = perfcheck.estimate(w.model, w.inputs, system=spec, optimizer="sgd")
         j = pred.merge(measured[["module", "fwd_s_median", "bwd_s_median"]], on="module", how="inner")
         leaves = _leaves(pred["module"])
         large = ((j["bound_fwd"] == "compute") & (2 * j["macs_fwd"] >= 0.9 * j["flops_fwd"])
@@ -146,7 +180,8 @@ def compare(w: Workload, measured: pd.DataFrame, steps: pd.DataFrame, systems: d
                      "calibrated": spec.calibrated, "module": "(step)", "type": "(step)", "leaf": False,
                      "large_matmul": False, "flops_fwd": root.flops_fwd,
                      "meas_fwd_s": float(steps["step_s"].median()), "meas_bwd_s": 0.0,
-                     "pred_fwd_s": root.pred_fwd_s + root.pred_bwd_s + _sgd_s(w.model, spec), "pred_bwd_s": 0.0})
+                     "pred_fwd_s": root.pred_fwd_s + root.pred_bwd_s + root.pred_optim_s + _loss_s(w, spec),
+                     "pred_bwd_s": 0.0})
     out = pd.DataFrame(rows)
     out["ratio"] = (out["meas_fwd_s"] + out["meas_bwd_s"]) / (out["pred_fwd_s"] + out["pred_bwd_s"])
     out["ratio_fwd"] = out["meas_fwd_s"] / out["pred_fwd_s"]
@@ -191,16 +226,17 @@ def render(summary: pd.DataFrame, labels, target: float) -> list:
 
 
 LIMITS = {
-    "cpu": "Known limits on CPU: the matmul curve is keyed by FLOPs per kernel only, so a skinny GEMM (the graph's "
-           "96-row Linear layers) that runs slower than a square one of equal FLOPs is under-predicted; elementwise "
-           "modules (GELU, LayerNorm) work on cache-resident tensors, faster than the DRAM copy bandwidth the "
-           "roofline uses; tiny models (jsc, lenet) spend their time in per-module hooks and Python, which the "
-           "estimator does not model; Embedding backward is an irregular scatter-add. On a shared host the machine's "
+    "cpu": "Known limits on CPU: elementwise modules (GELU, LayerNorm) work on cache-resident tensors, faster than "
+           "the DRAM copy bandwidth the roofline uses; per-module measured times include PerfCheck's hooks, which the "
+           "prediction (of an uninstrumented model) does not (the step row is measured without them); a torch.nn "
+           "layer's Python forward beyond one module call (BatchNorm's checks, F.linear's wrappers) is not "
+           "modelled; op_efficiency is measured at one LeNet-like size per op and applied to every size; Embedding "
+           "backward is an irregular scatter-add. On a shared host the machine's "
            "speed drifts between rounds; the calibration brackets each measurement to follow it. Use --threads 1 "
            "on a shared host: with 2 threads on 2 busy cores each parallel op can wait a scheduler tick, which hits "
            "the calibration's short kernels harder than the model's long ones (a 2-thread run of gpt and graph gave "
            "calibrated ratios of 0.04-0.5).",
-    "cuda": "GPU targets: large GEMM modules within +/-15%, the GPT-2 small step within +/-25%.",
+    "cuda": "GPU targets: large GEMM modules within +/-10% (median), the GPT-2 small step within +/-15%.",
 }
 
 
@@ -209,13 +245,23 @@ def target_lines(summary: pd.DataFrame, target: float, device: str) -> list:
     out = []
     for r in summary.to_dict("records"):
         if r["class"] == "large matmul (leaf)" or (device == "cuda" and r["class"] == "(step)" and r["model"] == "gpt"):
-            tol = 0.25 if r["class"] == "(step)" else target
+            tol = STEP_TARGET_GPU if r["class"] == "(step)" else target
             med = r.get("calibrated_median", np.nan)
             met = "met" if abs(med - 1) <= tol else "missed"
             share = "" if r["class"] == "(step)" else \
                 f", {r.get('calibrated_within', np.nan):.0%} of instance-rounds within +/-{target:.0%}"
             out.append(f"- Target, {r['model']} {r['class']} within +/-{tol:.0%} (calibrated): median {med:.2f}"
                        f"{share}: **{met}** (by the median).")
+    for r in summary.to_dict("records"):  # issue 12: host-bound models' steps, and skinny GEMMs
+        med = r.get("calibrated_median", np.nan)
+        if r["class"] == "(step)" and not (device == "cuda" and r["model"] == "gpt"):
+            tol = HOST_STEP_TARGET
+        elif device == "cpu" and r["model"] == "graph" and r["class"] == "large matmul (leaf)":
+            tol = SKINNY_TARGET_CPU
+        else:
+            continue
+        out.append(f"- Target (issue 12), {r['model']} {r['class']} within +/-{tol:.0%} (calibrated): median "
+                   f"{med:.2f}: **{'met' if abs(med - 1) <= tol else 'missed'}** (by the median).")
     return out + ["", LIMITS["cuda" if device == "cuda" else "cpu"]]
 
 
@@ -228,19 +274,19 @@ def _machine(device) -> str:
 
 
 def run(models, *, rounds=3, steps=5, warmup=1, device="cpu", dtype="fp32", base=None, calibrated=None,
-        large_flops=None, threads=None, progress=print):
+        large_flops=None, threads=None, progress=print, gpt_batch=8):
     """All rounds: (rows, labels, workloads, base spec). ``calibrated``: a fixed system file instead of
     calibrating before each model in each round; ``threads``: torch CPU threads for the run (restored after)."""
     saved = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress)
+        return _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress, gpt_batch)
     finally:
         torch.set_num_threads(saved)
 
 
-def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress):
+def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress, gpt_batch):
     from perfcheck.hardware.calibrate.run import calibrate, default_base, provenance
     from perfcheck.hardware.calibrate.fit import build_spec, merge_measurements
     from perfcheck.hardware.systems import load_system
@@ -249,7 +295,7 @@ def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_f
     tdt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     base_spec = load_system(base or default_base(dev))
     large_flops = large_flops or (1e8 if dev.type == "cpu" else 1e10)
-    workloads = [build(m, dev, tdt) for m in models]
+    workloads = [build(m, dev, tdt, gpt_batch=gpt_batch) for m in models]
     frames = []
     for rnd in range(rounds):
         for w in workloads:
@@ -304,6 +350,7 @@ def main(argv=None):
     ap.add_argument("--large-flops", type=float, default=None, help="forward FLOPs of a 'large' matmul module")
     ap.add_argument("--no-ceilings", action="store_true", help="skip the default-mode calibration summary")
     ap.add_argument("--csv", default=None, help="write every row (model x round x system x module)")
+    ap.add_argument("--gpt-batch", type=int, default=8, help="GPT-2 small's batch on GPU (seq 1024)")
     ap.add_argument("--write", default=None, help="RESULTS.md to update (this script's section only)")
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -320,7 +367,7 @@ def main(argv=None):
     rows, labels, workloads, base_spec = run(models, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
                                              device=args.device, dtype=dtype, base=args.base,
                                              calibrated=args.calibrated, large_flops=args.large_flops,
-                                             threads=args.threads,
+                                             threads=args.threads, gpt_batch=args.gpt_batch,
                                              progress=lambda m: print(m, file=sys.stderr, flush=True))
     if args.csv:
         rows.to_csv(args.csv, index=False)
@@ -329,9 +376,12 @@ def main(argv=None):
     threads = args.threads or torch.get_num_threads()
     report = [f"Machine: {_machine(dev)}; {threads} torch threads; host {socket.gethostname()}.",
               f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}. Command: `{cmd.strip()}`.",
-              f"Datasheet system: `{base_spec.name}`; calibrated: `perfcheck calibrate --quick` (matmul {dtype}, copy, "
-              f"tiny op) run before and after each model's measurement in each round, merged (median per case). "
-              f"{args.rounds} rounds x {args.steps} measured steps, "
+              f"Datasheet system: `{base_spec.name}`; calibrated: "
+              + (f"the system file `{args.calibrated}` (written by `perfcheck calibrate` on this machine). "
+                 if args.calibrated else
+                 f"`perfcheck calibrate --quick` (matmul {dtype}, copy, tiny op) run before and after each model's "
+                 "measurement in each round, merged (median per case). ")
+              + f"{args.rounds} rounds x {args.steps} measured steps, "
               f"load average {rows['loadavg'].min():.1f}-{rows['loadavg'].max():.1f}.",
               "Ratio = measured / predicted (fwd + bwd per step; > 1: slower than predicted); median and "
               "[min-max] over module instances x rounds.", "",

@@ -300,6 +300,8 @@ REASONS.update({
     "measurement_artifact": "achieved rate above the datasheet peak: the timer missed work (never performance)",
     "overestimated": "faster than predicted: the model is pessimistic (launch overhead or efficiency too low)",
     "not_measured": "predicted only: the module never ran under the hooks in the measured steps",
+    "not_instrumented": "predicted only, by design: outside PerfCheck's depth=/modules= selection; its time is "
+                        "inside its nearest timed ancestor's",
     "not_predicted": "measured only: the estimate has no row for this module",
     "recompute": "activation-checkpoint recompute (the forward re-run in backward, timed apart from it) far from "
                  "its prediction, run without being predicted, or predicted but never run",
@@ -454,3 +456,29 @@ def findings_table(rec: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     out = pd.concat(parts, ignore_index=True)
     return out.sort_values("lost_s", ascending=False, kind="stable", ignore_index=True)[cols]
+
+
+# ------------------------------------------------------------------------------ before the run
+def predicted_host_bound(pred: pd.DataFrame, depth: int = 1) -> list:
+    """Findings from the prediction alone (no run needed): one line per module at ``depth`` or above
+    and phase that the host model predicts ``host``-bound, e.g. "(root) fwd: predicted host-bound,
+    host 1.1 ms vs device 0.02 ms". ``pred``: perfcheck.estimate's frame (host_fwd_s/host_bwd_s)."""
+    if "host_fwd_s" not in pred.columns:
+        return []
+    out = []
+    for r in pred[pred["depth"] <= depth].itertuples(index=False):
+        for phase in ("fwd", "bwd"):
+            if getattr(r, f"bound_{phase}") != "host":
+                continue
+            host = getattr(r, f"host_{phase}_s")
+            device = _device_part(r, phase, host)
+            out.append(f"{r.module} {phase}: predicted host-bound, host {fmt_time(host)} vs device "
+                       f"{fmt_time(device)} (dispatch, autograd and Python exceed the kernels' work)")
+    return out
+
+
+def _device_part(r, phase, host) -> float:
+    """Device seconds of a row: the two-timeline time less the host's (a CPU adds them; a GPU's
+    host-bound region is the host's time plus the tail of its last kernel, so this is a lower bound)."""
+    total = getattr(r, f"pred_{phase}_s")
+    return max(total - host, 0.0)

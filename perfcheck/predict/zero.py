@@ -405,15 +405,20 @@ def memory_per_rank(params, stage, dp, *, dtype="bf16", optimizer: str = "adam",
 
 # ------------------------------------------------------------------------------------- time
 def comm_time_s(collectives, dp, system, spans_nodes=None) -> dict:
-    """Seconds per phase: sum over lines of count * t(kind, S / count) (``collectives.collective_time_s``)."""
+    """Seconds per phase: sum over lines of count * t(kind, S / count) (``collectives.collective_time_s``),
+    with each call's latency the spec's ``host.collective_latency_s`` (alpha, measured by ``perfcheck
+    calibrate`` at a small message) in place of collective_time_s's launch_overhead_s."""
+    from perfcheck.hardware.systems import host_constants, load_system
     from perfcheck.predict.collectives import collective_time_s
 
+    spec = load_system(system)
+    alpha = host_constants(spec)["collective_latency_s"] - spec.launch_overhead_s
     out = {ph: 0.0 for ph in PHASES}
     for c in collectives:
         count = np.asarray(c.count, dtype=float)
         per_call = np.divide(np.asarray(c.bytes, dtype=float), count, out=np.zeros(np.broadcast(count, c.bytes).shape),
                              where=count > 0)
-        t = count * np.asarray(collective_time_s(c.kind, per_call, dp, system, spans_nodes=spans_nodes))
+        t = count * (np.asarray(collective_time_s(c.kind, per_call, dp, spec, spans_nodes=spans_nodes)) + alpha)
         out[c.phase] = out[c.phase] + np.where(count > 0, t, 0.0)
     return out
 
@@ -468,17 +473,19 @@ class ZeroEstimate:
 
 def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimizer="adam", master_weights=None,
                   settings: ZeroSettings = None, layout: Layout = None, system="cpu", spans_nodes=None,
-                  compute_fwd_s=0.0, compute_bwd_s=0.0, comm_overlap=0.0) -> ZeroEstimate:
+                  compute_fwd_s=0.0, compute_bwd_s=0.0, comm_overlap=0.0, host_s=None) -> ZeroEstimate:
     """Predict one optimizer step of ZeRO ``stage`` over ``dp`` ranks for a model of ``params`` elements
     (or a ``layout`` / nn.Module).
 
     compute_fwd_s, compute_bwd_s: one micro-batch's forward/backward compute on one rank (e.g. the
     root row of ``perfcheck.estimate`` without ``parallel``); the batch enters only through them.
     comm_overlap: fraction of fwd/bwd collective time hidden behind compute (0 on CPU/gloo).
+    host_s: DeepSpeed's and the optimizer's host seconds per phase ({"fwd", "bwd", "optim"}, per
+      micro-step for fwd/bwd: perfcheck.analysis.stages builds it with perfcheck.predict.host).
     Times per optimizer step:
-        fwd  = G * compute_fwd + (1 - overlap) * t(fwd collectives)
-        bwd  = G * compute_bwd + (1 - overlap) * t(bwd collectives)
-        optim = optimizer_time_s + t(step collectives)
+        fwd  = G * (compute_fwd + host_fwd) + (1 - overlap) * t(fwd collectives)
+        bwd  = G * (compute_bwd + host_bwd) + (1 - overlap) * t(bwd collectives)
+        optim = optimizer_time_s + host_optim + t(step collectives)
         step = fwd + bwd + optim
     """
     if layout is None and hasattr(params, "parameters"):
@@ -507,7 +514,9 @@ def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimi
              "bwd_compute_s": g * float(compute_bwd_s), "bwd_comm_s": hide * float(comm["bwd"]),
              "optim_compute_s": float(optimizer_time_s(P, st, n, spec, precision_=prec)),
              "optim_comm_s": float(comm["step"])}
+    host_s = host_s or {}
     for ph in ("fwd", "bwd", "optim"):
-        times[f"{ph}_s"] = times[f"{ph}_compute_s"] + times[f"{ph}_comm_s"]
+        times[f"{ph}_host_s"] = float(host_s.get(ph, 0.0)) * (g if ph != "optim" else 1)
+        times[f"{ph}_s"] = times[f"{ph}_compute_s"] + times[f"{ph}_comm_s"] + times[f"{ph}_host_s"]
     times["step_s"] = times["fwd_s"] + times["bwd_s"] + times["optim_s"]
     return ZeroEstimate(st, n, g, int(P), prec, colls, memory, times)
