@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import perfcheck
+from perfcheck.predict.for_run import save_predicted
 from perfcheck.measure import rundir as runs
 from perfcheck.cli import main
 from perfcheck.errors import UserError
@@ -92,7 +93,7 @@ def _write_run(d, modules=MODS, steps=3):
     child = pred[pred["module"] != ROOT]  # the root's totals are its children's: its own part is empty
     for c in ("macs_fwd", "macs_bwd", "flops_fwd", "flops_bwd", "bytes_fwd", "bytes_bwd", "pred_fwd_s", "pred_bwd_s"):
         pred.loc[pred["module"] == ROOT, c] = child[c].sum()
-    pred.to_csv(d / "predicted.csv", index=False)
+    save_predicted(d, pred)  # the run directory's one writer of predicted.csv/json
     return d
 
 
