@@ -214,12 +214,12 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     out["params"] = _stack([r.cost.params for r in rows], n)
     out["recomputed_act"] = _stack([r.recomputed_act for r in rows], n)
     # bytes per (kind, group) for timing (each group has its own size), summed over groups per kind
-    pairs = sorted({(c.kind, c.group) for r in rows for c in r.comms})
-    out["comm_groups"] = {}
-    for kind, group in pairs:
-        out["comm_groups"][kind, group] = tuple(_stack(
-            [sum((c.bytes for c in r.comms if c.phase == phase and c.kind == kind and c.group == group), 0.0)
-             for r in rows], n) for phase in ("fwd", "bwd"))
+    acc = {}  # (kind, group) -> ([fwd bytes per row], [bwd bytes per row]), one pass over the collectives
+    for i, r in enumerate(rows):
+        for c in r.comms:
+            per_row = acc.setdefault((c.kind, c.group), ([0.0] * len(rows), [0.0] * len(rows)))[c.phase == "bwd"]
+            per_row[i] = per_row[i] + c.bytes
+    out["comm_groups"] = {key: (_stack(f, n), _stack(b, n)) for key, (f, b) in sorted(acc.items())}
     zero = np.zeros((len(rows), n))
     for i, phase in enumerate(("fwd", "bwd")):
         for kind in sharding.COLLECTIVE_KINDS:
