@@ -368,3 +368,123 @@ def test_cuda_clock_path_defers_resolution_and_pools_events(monkeypatch):
     timer.end_step().resolve()
     timer.detach()
     assert FakeEvent.created == created  # the 4th step reused pooled events
+
+
+# ------------------------------------------------------------------ the timed forward and node hooks
+def _timed_forwards(model):
+    from perfcheck.measure.module_timer import _TimedForward
+
+    return {n for n, m in model.named_modules() if isinstance(vars(m).get("forward"), _TimedForward)}
+
+
+def test_timed_forward_keeps_signature_and_copies_run_their_own_forward():
+    import copy
+    import inspect
+    import io
+    import types
+
+    torch.manual_seed(0)
+    model, x = TwoSleepy(), torch.randn(2, 4)
+    sig = inspect.signature(model.a.forward)
+    pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None).start()
+    try:
+        assert _timed_forwards(model) == {"", "a", "b", "a.lin", "b.lin"}
+        assert inspect.signature(model.a.forward) == sig
+        twin = copy.deepcopy(model)  # an EMA / teacher copy made mid-run
+        assert _timed_forwards(twin) == set()
+        assert isinstance(twin.a.forward, types.MethodType) and twin.a.forward.__self__ is twin.a
+        with torch.no_grad():
+            twin.a.lin.weight.add_(1.0)  # the copy computes with its own weights, not the original's
+            assert not torch.equal(twin(x), model(x))
+        buf = io.BytesIO()
+        torch.save(model, buf)  # pickling a timed model works and loads untimed
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        assert _timed_forwards(loaded) == set()
+        with torch.no_grad():
+            assert torch.equal(loaded(x), model(x))
+        calls_before = len(pc._timer._calls)
+        twin(x)
+        assert len(pc._timer._calls) == calls_before  # the copy's calls are not recorded
+    finally:
+        pc.stop()
+    assert _timed_forwards(model) == set() and all("forward" not in vars(m) for m in model.modules())
+
+
+def test_module_with_its_own_hooks_is_timed_through_hooks_with_their_work_inside():
+    model = TwoSleepy()
+    handle = model.b.register_forward_pre_hook(lambda mod, args: time.sleep(0.012))  # e.g. ZeRO-3's gather
+    try:
+        pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None).start()
+        assert "b" not in _timed_forwards(model) and "a" in _timed_forwards(model)
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            pc.step()
+        pc.stop()
+    finally:
+        handle.remove()
+    assert_close(row(pc, "b")["fwd_s_median"], 0.020 + 0.012, "b forward with its pre-hook's 12 ms inside")
+    assert_close(row(pc, "a")["fwd_s_median"], 0.010, "a forward")
+
+
+def test_hooks_of_an_ended_step_stay_inert_on_a_retained_graph():
+    model = TwoSleepy()
+    pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None).start()
+    old = model(torch.randn(2, 4)).sum()
+    old.backward(retain_graph=True)
+    pc.step()
+    model(torch.randn(2, 4)).sum().backward()
+    old.backward()  # the first step's graph again: its hooks must not add to this step
+    pc.step()
+    pc.stop()
+    ms = pc.module_steps().set_index(["step", "module"])
+    for step in (0, 1):
+        assert_close(ms.loc[(step, "a"), "bwd_s"], 0.030, f"a backward in step {step}")
+        assert_close(ms.loc[(step, "b"), "bwd_s"], 0.010, f"b backward in step {step}")
+
+
+class Add2(Sleepy):
+    """A two-input module: a + b through a Linear, then the planted sleeps."""
+
+    def forward(self, a, b):
+        return SleepFn.apply(self.lin(a + b), self.fwd, self.bwd)
+
+
+class Join(nn.Module):
+    """Two inputs from two branches (one through a functional relu of the parent): the join's
+    backward ends once both of its inputs' nodes are reached, not after a branch's backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.left, self.right = Sleepy(0.001, 0.020), Sleepy(0.001, 0.015)
+        self.join = Add2(0.001, 0.010)
+
+    def forward(self, x):
+        return self.join(self.left(x), torch.relu(self.right(x)))
+
+
+def test_two_input_module_backward_ends_at_its_inputs():
+    pc = run_steps(Join(), lambda: (torch.randn(2, 4),))
+    assert_close(row(pc, "join")["bwd_s_median"], 0.010, "join backward")
+    assert_close(row(pc, "left")["bwd_s_median"], 0.020, "left backward")
+    assert_close(row(pc, "right")["bwd_s_median"], 0.015, "right backward")
+
+
+def test_a_wrapper_put_over_ours_keeps_working_after_stop():
+    import functools
+
+    model, x = TwoSleepy(), torch.randn(2, 4)
+    pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None).start()
+    ours = model.a.forward
+    model.a.forward = functools.partial(ours)  # e.g. accelerate's add_hook_to_module, after attach
+    model(x).sum().backward()
+    pc.step()
+    pc.stop()
+    assert model.a.forward.func is ours and not ours.live  # theirs stays; ours inside it, inert
+    model.a.forward = ours  # they restore what they found
+    second = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None).start()
+    model(x).sum().backward()
+    second.step()
+    second.stop()
+    assert row(second, "a")["calls"] == 1  # timed once (by the new timer), not twice
+    assert vars(model.a).get("forward") is ours

@@ -87,7 +87,13 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
     meta0 = run.meta[run.ranks[0]]
     name = system if system is not None else (info.get("system") or for_run.system_from_meta(meta0))
     dtype = info.get("dtype") or meta0.get("dtype")
+    sel = meta0.get("selection")  # PerfCheck(depth=/modules=): rows outside it are absent by design
+    timed = sel.get("timed") if isinstance(sel, dict) else None
+    if timed is not None:
+        notes.append(f"{sel.get('note', 'modules outside the selection are not timed')} (timed "
+                     f"{sel.get('timed_count', len(timed))} of {sel.get('module_count', '?')} modules: "
+                     + (f"depth={sel['depth']})" if sel.get("depth") is not None else f"modules={sel.get('modules')})"))
     table = reconcile(pred, run.modules, system=name, kernels=run.kernels, steps=run.steps, dtype=dtype,
-                      profile_steps={r: profile_steps(m) for r, m in run.meta.items()})
+                      profile_steps={r: profile_steps(m) for r, m in run.meta.items()}, timed=timed)
     table.attrs["notes"] = notes
     return ReconciledRun(table=table, run=run, system=name, notes=notes)

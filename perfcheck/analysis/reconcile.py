@@ -227,7 +227,9 @@ def kernel_summary(kernels: pd.DataFrame, profile_steps=None) -> pd.DataFrame:
     base = pd.DataFrame({"rank": k["rank"].to_numpy(), "module": k["module"].to_numpy(), "phase": k["phase"].to_numpy(),
                          "kernels": np.where(counted, k["count"].to_numpy(float), 0.0), "kernel_s": t,
                          "comm_kernel_s": np.where(names.str.contains(COMM_KERNELS).to_numpy(), t, 0.0),
-                         "irregular_kernel_s": np.where(names.str.contains(IRREGULAR_KERNELS).to_numpy(), t, 0.0),
+                         # a collective (all_gather, reduce_scatter) is communication, never irregular access
+                         "irregular_kernel_s": np.where((names.str.contains(IRREGULAR_KERNELS)
+                                                         & ~names.str.contains(COMM_KERNELS)).to_numpy(), t, 0.0),
                          "name": names.to_numpy()})
     own = base.groupby(["rank", "module", "phase"], sort=False)[["kernels", "kernel_s", "comm_kernel_s",
                                                                  "irregular_kernel_s"]].sum().reset_index()
@@ -329,8 +331,9 @@ def _stragglers(rec: pd.DataFrame, flags: list, tol: float):
         flags[i].append("straggler")
 
 
-def _summary_reason(rec: pd.DataFrame) -> np.ndarray:
-    """The reason of the phase (fwd, bwd, recompute) with the largest gap in log scale."""
+def _summary_reason(rec: pd.DataFrame, timed=None) -> np.ndarray:
+    """The reason of the phase (fwd, bwd, recompute) with the largest gap in log scale. ``timed``:
+    the module paths PerfCheck's depth=/modules= selection timed (None: all)."""
     out = np.full(len(rec), "", dtype=object)
     best = np.full(len(rec), -np.inf)
     for p in PHASES2 + ("recompute",):
@@ -343,6 +346,8 @@ def _summary_reason(rec: pd.DataFrame) -> np.ndarray:
         out, best = np.where(take, r, out).astype(object), np.where(take, size, best)
     side = rec["side"].to_numpy()
     out[side == "predicted_only"] = "not_measured"
+    if timed is not None:  # outside the selection: absent by design, its time is in an ancestor's row
+        out[(side == "predicted_only") & ~rec["module"].isin(set(timed)).to_numpy()] = "not_instrumented"
     out[side == "measured_only"] = "not_predicted"
     return out
 
@@ -368,7 +373,8 @@ def _tree_order(modules_in_order) -> dict:
 
 # -------------------------------------------------------------------------------------- main
 def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, kernels=None, steps=None,
-              dtype=None, profile_steps=None, hook_overhead_s=None, thresholds: Thresholds | None = None) -> pd.DataFrame:
+              dtype=None, profile_steps=None, hook_overhead_s=None, thresholds: Thresholds | None = None,
+              timed=None) -> pd.DataFrame:
     """Join predicted and measured rows on module path; one row per (module, rank).
 
     predicted: ``perfcheck.estimate(...)`` (schema.PREDICTED_COLUMNS; a ``rank`` column is optional).
@@ -382,6 +388,8 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
     profile_steps: active profiler steps behind the kernel table (int, or {rank: int}; default
       ``kernels.attrs["profile_steps"]`` or 1).
     hook_overhead_s: cost of the hooks per module call (default ``findings.DEFAULT_HOOK_OVERHEAD_S``).
+    timed: module paths a ``PerfCheck(depth=/modules=)`` run timed (meta.json ``selection.timed``);
+      predicted-only rows outside it get reason ``not_instrumented`` instead of ``not_measured``.
     Returns RECONCILED_COLUMNS in tree order per rank; ``attrs["totals"]`` holds TOTALS_COLUMNS records.
     """
     from perfcheck.hardware.systems import load_system
@@ -427,7 +435,7 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
     rec["flags"] = ["+".join(f) for f in flags]
     for col, values in {**diagnose(rec, ctx), **diagnose_recompute(rec, ctx)}.items():
         rec[col] = values
-    rec["reason"] = _summary_reason(rec)
+    rec["reason"] = _summary_reason(rec, timed)
     bigger_bwd = rec["pred_bwd_s"].fillna(0) > rec["pred_fwd_s"].fillna(0)
     rec["bound"] = np.where(bigger_bwd, rec["bound_bwd"], rec["bound_fwd"]).astype(object)
     order = _tree_order(list(pred["module"]) + list(meas["module"]))
@@ -436,6 +444,7 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
     rec = rec[list(RECONCILED_COLUMNS)]
     rec.attrs = {"totals": _totals(rec, steps, kernels, profile_steps, ctx.thresholds),
                  "system": spec.name if spec is not None else None, "dtype": dtype,
+                 "system_label": _spec_label(spec),
                  "hook_overhead_s": ctx.hook_overhead_s, "thresholds": dict(vars(ctx.thresholds)),
                  "kernel_table": kern is not None}
     return rec
@@ -538,3 +547,10 @@ def rank_summary(rec: pd.DataFrame, tolerance: float | None = None) -> pd.DataFr
     total = (m["meas_fwd_s"].fillna(0) + m["meas_bwd_s"].fillna(0)).groupby(m["module"], sort=False)
     out["straggler"] = (out["ranks"] > 1) & (total.max() > (1 + tol) * total.median())
     return out.reset_index()[list(RANK_SUMMARY_COLUMNS)]
+
+
+def _spec_label(spec):
+    """"NAME (calibrated: where | datasheet)" for report headers (perfcheck.hardware.cache.spec_label)."""
+    from perfcheck.hardware.cache import spec_label
+
+    return spec_label(spec) if spec is not None else None

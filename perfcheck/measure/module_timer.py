@@ -66,6 +66,10 @@ from perfcheck.measure.context import autocast_dtype, describe
 from perfcheck.schema import ROOT
 
 FWD, BWD, RECOMPUTE = "fwd", "bwd", "recompute"
+#: A forward call made with grad disabled (``torch.no_grad()``/``inference_mode()``) outside any
+#: training forward: a validation batch, an EMA/teacher call. Reported apart (eval_s), never as
+#: forward, unless the step has no grad-enabled forward at all (inference: then it is the forward).
+EVAL = "eval"
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
 _profiler = torch.autograd.profiler
@@ -145,20 +149,34 @@ class PendingStep:
         return self.clock.ready(self.end)
 
     def resolve(self) -> dict:
-        """Seconds per module and phase. Returns {'modules': {path: [calls, fwd, bwd, rc, act, peak]}, ...}."""
+        """Seconds per module and phase. Returns {'modules': {path: [calls, fwd, bwd, rc, act, peak]},
+        'eval_modules': {path: [eval calls, eval seconds]}, 'micro_batches': root forward calls, ...}."""
         if not self.clock.ready(self.end):
             self.end.synchronize()  # only reached at stop() or when the CPU runs far ahead
         sec, s0 = self.clock.seconds, self.start
         mods: dict[str, list] = {}
+        evals: dict[str, list] = {}  # path -> [eval calls, eval seconds]
+        top_evals = []  # (call, seconds) of the outermost eval calls
         root_fwd_end = root_bwd_end = None
+        # a step without any grad-enabled forward (inference, a loop under no_grad): its eval calls are the forward
+        as_fwd = not any(c.phase == FWD for c in self.calls)
         for c in self.calls:
             if c.t1 is None:
+                continue
+            dt = sec(c.t0, c.t1)
+            if c.phase == EVAL and not as_fwd:
+                e = evals.get(c.path)
+                if e is None:
+                    e = evals[c.path] = [0, 0.0]
+                e[0] += 1
+                e[1] += dt
+                if c.top:
+                    top_evals.append((c, dt))
                 continue
             row = mods.get(c.path)
             if row is None:
                 row = mods[c.path] = [0, 0.0, 0.0, 0.0, None, None]
-            dt = sec(c.t0, c.t1)
-            if c.phase == FWD:
+            if c.phase == FWD or c.phase == EVAL:
                 row[0] += 1
                 row[1] += dt
                 if c.act is not None:
@@ -185,13 +203,18 @@ class PendingStep:
         finalize = sum(sec(f[0], f[1]) for f in getattr(self, "finals", ()) if f[1] is not None)
         recompute = sum(sec(c.t0, c.t1) for c in self.calls
                         if c.phase == RECOMPUTE and c.t1 is not None and c.top)
+        # eval calls after the last backward (or forward) ran inside the optim_s interval: not optimizer time
+        eval_after = sum(dt for c, dt in top_evals if sec(last, c.t0) >= 0) if last is not None else 0.0
         out = {
             "modules": mods,
+            "eval_modules": evals,
             "step_s": sec(s0, self.end),
             "fwd_s": root[1],
             "bwd_s": root[2],
             "recompute_s": recompute,
-            "optim_s": sec(last, self.end) - finalize if last is not None else float("nan"),
+            "eval_s": sum(dt for _, dt in top_evals),
+            "micro_batches": root[0],
+            "optim_s": sec(last, self.end) - finalize - eval_after if last is not None else float("nan"),
             "bwd_finalize_s": finalize,
             "failed": self.failed,
             "peak_mem_bytes": self.peak_mem,
@@ -218,10 +241,12 @@ class _TimedForward:
     """
 
     def __init__(self, timer, path, mod, inner, prev):
+        # name, doc, __wrapped__ (inspect.signature sees the real one); not inner's __dict__, which
+        # for an earlier _TimedForward would bring its timer and state along
+        functools.update_wrapper(self, inner, updated=())
         self.timer, self.path, self.mod, self.inner, self.prev = timer, path, mod, inner, prev
         self.mid = id(mod)
         self.live = True
-        functools.update_wrapper(self, inner)  # name, doc, __wrapped__: inspect.signature sees the real one
 
     def __call__(self, *args, **kwargs):
         timer = self.timer
@@ -232,12 +257,16 @@ class _TimedForward:
             # The common call, in fewer steps than _pre/_finish (same records): a forward (not
             # recompute) with one tensor argument, no memory readings, no profiler ranges.
             x = args[0]
-            call = _Call(self.path, FWD, self.mid)
             grad = _grad_enabled()
+            stack = timer._stack
+            # a nested call has its enclosing call's phase (a no_grad block inside a training forward
+            # stays forward); an outermost call made with grad disabled is an eval forward
+            call = _Call(self.path, stack[-1].phase if stack else (FWD if grad else EVAL), self.mid)
+            if not stack and not grad:
+                call.top = True
             if grad and x.requires_grad:
                 node = x.grad_fn  # the node as it is now: an in-place op on x later does not move it
                 timer._pending.append((x if node is None else node, _END, call))
-            stack = timer._stack
             stack.append(call)
             timer._calls.append(call)
             call.t0 = timer._now()  # last: the interval starts as late as possible
@@ -342,6 +371,7 @@ class ModuleTimer:
         self.saw_capture = False
         # _TimedForward's lean path applies (no per-call memory reading, root inputs already recorded)
         self._lean = False
+        self._inputs_eval = False  # first_root_inputs came from an eval (grad-disabled) call
 
     # ------------------------------------------------------------------ attach / detach
     @property
@@ -494,12 +524,20 @@ class ModuleTimer:
     # ------------------------------------------------------------------ forward bookkeeping
     def _pre(self, path, mid, args, kwargs) -> _Call:
         in_bw = _graph_task_id() != -1
-        call = _Call(path, RECOMPUTE if in_bw else FWD, mid)
-        if self.first_root_inputs is None and path == ROOT and not in_bw:
+        stack = self._stack
+        # recompute inside a backward; else the enclosing call's phase; else eval when grad is disabled
+        phase = RECOMPUTE if in_bw else stack[-1].phase if stack else FWD if _grad_enabled() else EVAL
+        call = _Call(path, phase, mid)
+        if phase == EVAL and not stack:
+            call.top = True  # an outermost eval call: the step's eval_s
+        if path == ROOT and (self.first_root_inputs is None or (self._inputs_eval and phase == FWD)) and not in_bw:
             amp = autocast_dtype()  # the compute dtype under torch.autocast (meta.json "dtype")
             self.first_root_inputs = {"args": describe(list(args)), "kwargs": describe(dict(kwargs)),
                                       **({"autocast": amp} if amp else {})}
-            self._lean = self.memory is None
+            # a training forward's inputs replace an eval call's (a validation batch may differ in
+            # shape); the lean path, which skips this, only once they are a training forward's
+            self._inputs_eval = phase == EVAL
+            self._lean = self.memory is None and phase == FWD
         if _grad_enabled():
             if not kwargs and len(args) == 1 and type(args[0]) is _Tensor:  # the common case, fast
                 if args[0].requires_grad:

@@ -37,6 +37,7 @@ from perfcheck.measure.context import (device_name, model_device, model_dtype, m
 from perfcheck.measure.flops import FlopStep
 from perfcheck.measure.kernel_table import ProfilerWindow, empty_kernel_frame
 from perfcheck.measure.clocks import clock_for
+from perfcheck.measure import selection
 from perfcheck.measure.module_timer import ModuleTimer
 from perfcheck.measure.schedule import StepSchedule
 from perfcheck.measure.sampler import DEFAULT_INTERVAL_S, Sampler, validate_interval
@@ -60,6 +61,20 @@ def _nonneg_int(name, value, allow_none=False):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise UserError(f"{name} must be a non-negative integer, got {value!r}")
     return value
+
+
+def _micro_batches(step_rows) -> float | int | None:
+    """Root forward calls per step (gradient-accumulation micro-batches between ``step()`` calls), the
+    median over measured, non-failed steps (else over every instrumented step); None before any step.
+    Reports scale the one-micro-batch prediction by it (analysis.pipeline)."""
+    counts = sorted(r["micro_batches"] for r in step_rows if r["role"] == "measured" and not r["failed"])
+    if not counts:
+        counts = sorted(r["micro_batches"] for r in step_rows if r["role"] != "bare" and r["micro_batches"] > 0)
+    if not counts:
+        return None
+    mid = len(counts) // 2
+    value = counts[mid] if len(counts) % 2 else (counts[mid - 1] + counts[mid]) / 2
+    return int(value) if float(value).is_integer() else float(value)
 
 
 def _check_system(system):
@@ -97,6 +112,10 @@ class PerfCheck:
         parallel: what is known about the parallel layout, merged into meta.json's ``parallel``.
         system: the spec predictions use (a name from ``perfcheck systems``, a JSON file from
             ``perfcheck calibrate`` or a SystemSpec); default: this device's built-in entry.
+        depth: time only the modules at most ``depth`` levels below the root (0: the root alone),
+            a cheaper always-on mode; the others' time is inside their nearest timed ancestor's.
+        modules: time only these (and the root): module paths, class names, path globs or classes
+            (measure/selection.py). meta.json ``selection`` records either choice.
 
     ``save()`` also writes the estimator's rows for the shapes, dtype and parallel layout the run
     saw (``predicted.csv``), so ``perfcheck report RUN_DIR`` needs nothing but the directory.
@@ -108,7 +127,8 @@ class PerfCheck:
     def __init__(self, model, *, warmup: int = 1, steps: int | None = None, profile: bool = True,
                  profile_window: tuple = (0, 1, 1), count_flops: bool = False,
                  sample_interval: float | None = DEFAULT_INTERVAL_S, out_dir=None, memory: bool | None = None,
-                 overhead_pairs: int = 0, parallel: dict | None = None, system=None):
+                 overhead_pairs: int = 0, parallel: dict | None = None, system=None, depth: int | None = None,
+                 modules=None):
         self.warmup = _nonneg_int("warmup", warmup)
         self.n_steps = _nonneg_int("steps", steps, allow_none=True)
         if self.n_steps == 0:
@@ -131,6 +151,9 @@ class PerfCheck:
                                       profile_window=self.profile_window if self.profile else None,
                                       overhead_pairs=self.overhead_pairs)
         self._view = model_view(model)
+        self.depth, self.modules_selected = selection.validate(depth, modules)
+        self._timed, self._selection = selection.select(self._view.modules, self._view.types, depth=self.depth,
+                                                        entries=self.modules_selected)
         self.device = model_device(self._view.root)
         self.track_memory = (self.device.type == "cuda") if memory is None else bool(memory)
         if self.track_memory and self.device.type != "cuda":
@@ -173,7 +196,7 @@ class PerfCheck:
         self._t_start = time.time()
         clock = clock_for(self.device)
         mem = memory_mod.CudaMemoryTracker(self.device) if self.track_memory else None
-        self._timer = ModuleTimer(self._view.modules, clock, ranges=self.profile, memory=mem)
+        self._timer = ModuleTimer(self._timed, clock, ranges=self.profile, memory=mem)
         self._paths = {id(m): p for p, m in self._view.modules}
         self._pending: deque = deque()
         self._index, self._measured_n, self._bare_n, self._last_plain = 0, 0, 0, None
@@ -326,15 +349,19 @@ class PerfCheck:
                "bwd_s": nan if bare else res["bwd_s"], "optim_s": nan if bare else res["optim_s"],
                "bwd_finalize_s": nan if bare else res["bwd_finalize_s"],
                "step_s": res["step_s"], "recompute_s": nan if bare else res["recompute_s"],
+               "eval_s": nan if bare else res["eval_s"], "micro_batches": nan if bare else res["micro_batches"],
                "peak_mem_bytes": nan if res["peak_mem_bytes"] is None else float(res["peak_mem_bytes"]),
                "role": role, "failed": bool(res["failed"]), "rank": self.rank}
         self._step_rows.append(row)
         if "steps" in self._writers:
             self._writers["steps"].append(row)
         types, rank = self._view.types, self.rank
-        rows = [(index, path, types.get(path, ""), calls, fwd, bwd, rc, nan if act is None else float(act),
-                 nan if peak is None else float(peak), rank)
+        evals, no_eval = res["eval_modules"], (0, 0.0)
+        rows = [(index, path, types.get(path, ""), calls, fwd, bwd, rc, *evals.get(path, no_eval),
+                 nan if act is None else float(act), nan if peak is None else float(peak), rank)
                 for path, (calls, fwd, bwd, rc, act, peak) in res["modules"].items()]
+        rows += [(index, path, types.get(path, ""), 0, 0.0, 0.0, 0.0, n, t, nan, nan, rank)  # ran only in eval
+                 for path, (n, t) in evals.items() if path not in res["modules"]]
         if "module_steps" in self._writers:
             for r in rows:
                 self._writers["module_steps"].append(dict(zip(runs.MODULE_STEP_COLUMNS, r)))
@@ -483,7 +510,8 @@ class PerfCheck:
         try:
             frame = self.predicted()
             save_predicted(run_dir, frame, rank=self.rank, system=self.system_spec(), dtype=frame.attrs.get("dtype"))
-        except (UserError, NotImplementedError, RuntimeError, ValueError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any estimator failure (an AttributeError from another
+            # torch version lost the DeepSpeed runs' files on the GPU run of 2026-11-22) must not lose the run
             self._warn(f"predicted.csv not written: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             return []
         extra = []
@@ -562,11 +590,14 @@ class PerfCheck:
             "options": {"warmup": self.warmup, "steps": self.n_steps, "profile": self.profile,
                         "profile_window": list(self.profile_window), "count_flops": self.count_flops,
                         "sample_interval_s": self.sample_interval, "memory": self.track_memory,
-                        "overhead_pairs": self.overhead_pairs},
+                        "overhead_pairs": self.overhead_pairs, "depth": self.depth,
+                        "modules": None if self._selection is None else self._selection["modules"]},
+            "selection": self._selection or "all modules",
             "step_count": len(rows), "steps_by_role": roles,
             "measured_steps": sum(1 for r in rows if r["role"] == "measured" and not r["failed"]),
             "failed_steps": sum(1 for r in rows if r["failed"]),
             "module_steps_dropped": self._dropped_steps,
+            "micro_batches": _micro_batches(rows),
             "timing": {"clock": "cuda events (pooled, resolved after the step)" if self.device.type == "cuda"
                        else "time.perf_counter_ns", "backward": BACKWARD_RULE},
             "overhead": self._overhead,

@@ -42,7 +42,8 @@ def _tree_rows(rec: pd.DataFrame, depth) -> list:
     for r in part.to_dict("records"):
         name = "  " * int(r["depth"]) + _name(r)
         if r["side"] != "both":
-            name += " [" + ("predicted only" if r["side"] == "predicted_only" else "measured only") + "]"
+            name += " [" + ("not timed (depth=/modules=)" if r["reason"] == "not_instrumented" else
+                            "predicted only" if r["side"] == "predicted_only" else "measured only") + "]"
         cells = [name, fmt_count(r["params"]), fmt_count(r["macs_fwd"])]
         for p in ("fwd", "bwd"):
             cells += [fmt_time(r[f"pred_{p}_s"]), fmt_time(r[f"meas_{p}_s"]), fmt_gap(r[f"gap_{p}"]), _rate(r, p)]
@@ -200,5 +201,9 @@ def render_text(rec: pd.DataFrame, *, depth: int | None = None, top: int = 3, ra
                "(median per step), gap = measured/predicted, achieved FLOP/s (predicted FLOPs / measured time); "
                "then the predicted bound and the reason for a large gap.")
     out += _table(_HEAD, _tree_rows(part, depth))
+    untimed = int((part["reason"] == "not_instrumented").sum())
+    if untimed:  # PerfCheck(depth=/modules=): say why those rows have no measurement
+        out.append(f"{untimed} module(s) marked 'not timed' are outside PerfCheck's depth=/modules= selection: "
+                   "their time is inside their nearest timed ancestor's row.")
     out += ["", _BAR, *_findings(part if len(ranks) == 1 else rec, top), _BAR]
     return "\n".join(out) + "\n"
