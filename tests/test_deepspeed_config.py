@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_block_defaults_and_values():
     b = parse_block({"train_batch_size": 8, "perfcheck": {"steps": 3, "profiler": {"active": 2, "warmup": 0},
-                                                          "system": "cpu", "sampler_interval_s": 0}})
+                                                          "system": "cpu", "sampler_interval_s": None}})
     assert b.steps == 3 and b.profiler.active == 2 and b.profiler.warmup == 0 and b.sampler_interval_s is None
     assert b.total_steps == b.warmup_steps + 0 + 2 + 3
     assert parse_block({"train_batch_size": 8}) is None
@@ -32,6 +32,8 @@ def test_block_defaults_and_values():
     ({"enabled": "yes"}, "enabled"),
     ({"profiler": {"active": 0}}, "profiler.active"),
     ({"sampler_interval_s": "fast"}, "sampler_interval_s"),
+    ({"sampler_interval_s": 0}, "sampler_interval_s"),  # 0 used to turn the sampler off silently; null does
+    ({"sampler_interval_s": 0.01}, "sampler_interval_s"),
     ({"system": "no-such-gpu"}, "no-such-gpu"),
 ])
 def test_block_errors_name_the_key(block, word):

@@ -84,6 +84,21 @@ def _stage_from_name(run_dir: Path):
     return int(digits) if digits else -1
 
 
+def _save_problems(rank_dir: Path, facts: dict) -> list:
+    """Why a rank that wrote zero.json still failed: the engine wrapper's PerfCheck failed (its warning
+    in zero.json), or the per-module files of a run whose block asked for them were not saved
+    (meta.json missing or marked incomplete)."""
+    out = [f"rank {facts.get('rank')}: {w}" for w in facts.get("warnings") or []
+           if w.startswith(("PerfCheck.stop failed", "PerfCheck.step failed", "per-module measurement off"))]
+    if facts.get("complete") and (facts.get("perfcheck_block") or {}).get("modules", True):
+        meta = _read_json(rank_dir / runs.META)
+        if meta is None:
+            out.append(f"{rank_dir / runs.META}: missing or unreadable (the rank's per-module tables were not saved)")
+        elif not meta.get("complete"):
+            out.append(f"{rank_dir / runs.META}: marked incomplete (the rank's per-module tables were not saved)")
+    return out
+
+
 def load_stage(run_dir) -> dict:
     """Everything one stage's run directory holds, per rank, and its status. A rank whose files do
     not read (garbage, another schema version) makes the stage "failed" with that reason."""
@@ -104,6 +119,7 @@ def load_stage(run_dir) -> dict:
         except UserError as exc:
             problems.append(str(exc))
             continue
+        problems.extend(_save_problems(d, facts))
         ranks[facts["rank"]] = {"facts": facts, "comms": comms if comms is not None else pd.DataFrame(),
                                 "steps": steps if steps is not None else pd.DataFrame(), "samples": samples}
     world = max((r["facts"]["world_size"] for r in ranks.values()), default=0)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 
+from perfcheck.commands.checks import check_output_file, check_system, positive_int
+
 #: perfcheck.calibrate's PEAK_CONVENTIONS, spelled here so building the CLI parser imports no torch
 #: (tests/test_calibrate.py checks they agree).
 PEAK_CONVENTIONS = ("base", "measured")
@@ -32,8 +34,8 @@ def add_parser(subparsers):
                    help="base: keep datasheet peaks, efficiency = measured/peak (GPU default); "
                         "measured: peaks = best measured (CPU default)")
     p.add_argument("--no-comm", action="store_true", help="skip the multi-process collective benchmark")
-    p.add_argument("--world-size", type=int, default=2, help="ranks for the CPU collective benchmark (default 2)")
-    p.add_argument("--threads", type=int, metavar="N",
+    p.add_argument("--world-size", type=positive_int, default=2, help="ranks for the CPU collective benchmark (default 2)")
+    p.add_argument("--threads", type=positive_int, metavar="N",
                    help="CPU intra-op threads (default: torch's setting, as runs use)")
     p.add_argument("--csv", metavar="FILE", help="also write every measurement (one row per case) as CSV")
     p.add_argument("--no-cache", action="store_true",
@@ -51,6 +53,9 @@ def run(args) -> int:
     from perfcheck.hardware.calibrate.fit import summary_rows
     from perfcheck.errors import UserError
 
+    check_system(args.base, "--base")  # every argument checked before a benchmark starts
+    check_output_file(args.output, "--output")
+    check_output_file(args.csv, "--csv")
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None
     result = calibrate(args.base, mode=args.mode, device=args.device, dtypes=dtypes, peaks=args.peaks,
                        comm=not args.no_comm, world_size=args.world_size, name=args.name,

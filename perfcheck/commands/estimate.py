@@ -22,6 +22,7 @@ import json
 import math
 import sys
 
+from perfcheck.commands.checks import check_output_file
 from perfcheck.errors import UserError
 
 FORMATS = ("table", "csv", "json")
@@ -40,7 +41,7 @@ def add_parser(subparsers):
                            ("--dp", "data-parallel degree"), ("--zero", "ZeRO stage 0-3"),
                            ("--micro-batches", "micro-batches per pipeline flush / step"),
                            ("--grad-accum", "pipeline flushes (gradient-accumulation steps) per optimizer step")):
-        tr.add_argument(flag, type=int, help=helptext)
+        tr.add_argument(flag, type=int, help=helptext)  # values checked by the transformer front-end, naming the field
     tr.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (needs --tp > 1)")
     tr.add_argument("--tp-scheme", choices=("1d", "2d", "2.5d", "3d"), default="1d",
                     help="tensor-parallel scheme: Megatron 1d (default), 2d (Optimus, --tp q*q), 2.5d (Tesseract, "
@@ -66,6 +67,7 @@ def run(args) -> int:
     from perfcheck.hardware.systems import load_system
 
     load_system(args.system)  # an unknown system fails first, whichever front-end
+    check_output_file(args.output, "--output")
     if args.module and args.model:
         raise UserError("give --model or --module, not both")
     text = _module_output(args) if args.module else _model_output(args)

@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from perfcheck.commands.checks import check_input_dir, check_output_file, check_system
 from perfcheck.errors import UserError
 
 FORMATS = ("table", "csv", "json", "html")
@@ -67,6 +68,9 @@ def run(args) -> int:
         raise UserError(f"--depth must be >= 0, got {args.depth}")
     if args.top < 1:
         raise UserError(f"--top must be >= 1, got {args.top}")
+    check_input_dir(args.run_dir, "RUN_DIR")
+    check_system(args.system, "--system")
+    check_output_file(args.output, "--output")
     text = render(build(args.run_dir, system=args.system), args.format, depth=args.depth, top=args.top)
     if args.output is None:
         sys.stdout.write(text)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from perfcheck.commands.checks import (check_out_dir, check_system, nonneg_int, positive_float,
+                                       positive_int)
 from perfcheck.errors import UserError
 
 
@@ -21,9 +23,9 @@ def add_parser(subparsers):
     p = subparsers.add_parser("run", help="measure a built-in example model for N steps and write a run directory",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=MODELS, default="lenet", help="example model (default: lenet)")
-    p.add_argument("--steps", type=int, default=20, help="measured steps (default: 20)")
-    p.add_argument("--warmup", type=int, default=3, help="warm-up steps, not measured (default: 3)")
-    p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the example's, 8)")
+    p.add_argument("--steps", type=positive_int, default=20, help="measured steps (default: 20)")
+    p.add_argument("--warmup", type=nonneg_int, default=3, help="warm-up steps, not measured (default: 3)")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="batch size (default: the example's, 8)")
     p.add_argument("--out", default=None, help="run directory (default: runs/<time>-<model>-<id>)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda if available, else cpu (default: auto)")
@@ -31,10 +33,10 @@ def add_parser(subparsers):
     p.add_argument("--profile-window", default="0,1,1", metavar="WAIT,WARMUP,ACTIVE",
                    help="torch.profiler schedule after warm-up (default: 0,1,1)")
     p.add_argument("--no-flops", action="store_true", help="skip the FlopCounterMode step")
-    p.add_argument("--sample-interval", type=float, default=0.5, help="sampler interval in s, >= 0.1 (default: 0.5)")
-    p.add_argument("--overhead-pairs", type=int, default=5,
+    p.add_argument("--sample-interval", type=positive_float, default=0.5, help="sampler interval in s, >= 0.1 (default: 0.5)")
+    p.add_argument("--overhead-pairs", type=nonneg_int, default=5,
                    help="instrumented/bare step pairs for the in-run overhead estimate (default: 5; 0 = not measured)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the random batches (default: 0)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the weights and the random batches (default: 0)")
     p.add_argument("--system", default=None,
                    help="spec for the saved predictions: a name (`perfcheck systems`) or a calibrated JSON file "
                         "(default: this device's entry)")
@@ -46,12 +48,21 @@ def _window(text: str) -> tuple:
         parts = tuple(int(x) for x in text.split(","))
     except ValueError:
         parts = ()
-    if len(parts) != 3:
-        raise UserError(f"--profile-window must be WAIT,WARMUP,ACTIVE (three integers), got {text!r}")
+    if len(parts) != 3 or min(parts) < 0 or parts[2] < 1:
+        raise UserError(f"--profile-window must be WAIT,WARMUP,ACTIVE (three integers >= 0, ACTIVE >= 1), got {text!r}")
     return parts
 
 
 def run(args) -> int:
+    window = _window(args.profile_window)  # every argument checked before torch is imported or a step runs
+    check_out_dir(args.out, "--out")
+    check_system(args.system, "--system")
+    from perfcheck.measure.sampler import validate_interval
+
+    try:
+        validate_interval(args.sample_interval)
+    except UserError as exc:
+        raise UserError(f"--sample-interval: {exc}") from None
     import torch
 
     from perfcheck.measure import rundir as runs
@@ -64,7 +75,7 @@ def run(args) -> int:
     if args.steps < 1:
         raise UserError(f"--steps must be at least 1, got {args.steps}")
     example = EXAMPLES[args.model]
-    batch = args.batch_size or example.default_batch
+    batch = args.batch_size if args.batch_size is not None else example.default_batch
     if batch < 1:
         raise UserError(f"--batch-size must be at least 1, got {batch}")
     torch.manual_seed(args.seed)
@@ -75,10 +86,10 @@ def run(args) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     out = args.out or runs.new_run_dir("runs", args.model)
     pc = PerfCheck(model, warmup=args.warmup, steps=args.steps, profile=not args.no_profile,
-                   profile_window=_window(args.profile_window), count_flops=not args.no_flops,
+                   profile_window=window, count_flops=not args.no_flops,
                    sample_interval=args.sample_interval, out_dir=out, overhead_pairs=args.overhead_pairs,
                    system=args.system)
-    limit = args.warmup + args.steps + 2 * args.overhead_pairs + sum(_window(args.profile_window)) + 2
+    limit = args.warmup + args.steps + 2 * args.overhead_pairs + sum(window) + 2
     with pc:
         for _ in range(limit):
             if pc.done:

@@ -25,6 +25,9 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    from perfcheck.commands.checks import check_output_file
+
+    check_output_file(args.output, "--output")
     if args.name is None:
         text = _render_all(args.format)
     else:

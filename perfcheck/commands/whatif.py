@@ -13,6 +13,8 @@ import json
 import math
 import sys
 
+from perfcheck.commands.checks import check_input_dir, check_output_file, check_system, nonneg_int
+
 FORMATS = ("table", "csv", "json")
 
 
@@ -25,8 +27,8 @@ def add_parser(subparsers):
     p.add_argument("--predicted", metavar="FILE", help="the model's predicted table on the run's system (CSV)")
     p.add_argument("--dtype", help="the run's dtype (default: meta.json's)")
     p.add_argument("--target-dtype", help="dtype on the target (default: the run's)")
-    p.add_argument("--rank", type=int, default=0, help="rank to predict (default 0)")
-    p.add_argument("--depth", type=int, default=None, help="deepest module level shown in the table")
+    p.add_argument("--rank", type=nonneg_int, default=0, help="rank to predict (default 0)")
+    p.add_argument("--depth", type=nonneg_int, default=None, help="deepest module level shown in the table")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
     p.set_defaults(run=run)
@@ -36,6 +38,10 @@ def run(args) -> int:
     from perfcheck.errors import UserError
     from perfcheck.predict.whatif import whatif
 
+    check_input_dir(args.run_dir, "RUN_DIR")  # every argument checked before any work
+    check_system(args.system, "--system")
+    check_system(args.source, "--from")
+    check_output_file(args.output, "--output")
     frame = whatif(args.run_dir, args.system, source=args.source, predicted=args.predicted, dtype=args.dtype,
                    target_dtype=args.target_dtype, rank=args.rank)
     if args.format == "csv":

@@ -71,6 +71,18 @@ def rank_dir(run_dir, rank: int) -> Path:
     return Path(run_dir) / f"rank{int(rank)}"
 
 
+def check_run_dir(path, field: str = "out_dir") -> Path:
+    """``path`` as a run directory to write into, checked before anything runs: a ``UserError`` naming
+    ``field`` when it, or a directory above it, exists as something other than a directory."""
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)) or str(path) == "":
+        raise UserError(f"{field}: expected a directory path, got {path!r}")
+    p = Path(path)
+    for q in (p, *p.parents):
+        if q.exists() and not q.is_dir():
+            raise UserError(f"{field}: {q} exists and is not a directory")
+    return p
+
+
 def new_run_dir(base="runs", label: str = "run") -> Path:
     """A fresh, unique run directory name under ``base`` (not created)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or "run"
@@ -314,6 +326,10 @@ def _load_rank(d: Path, rank: int, notes: list[str]):
             raise UserError(f"{path}: missing file")
         else:
             frames[key] = pd.DataFrame(columns=list(cols))
+    measured = int((frames["steps"]["role"] == "measured").sum()) if "role" in frames["steps"] else 0
+    if frames["modules"] is not None and frames["modules"].empty and measured:
+        raise UserError(f"{d / TABLES['modules'][0]}: no module rows although {d / TABLES['steps'][0]} records "
+                        f"{measured} measured step(s); the file was emptied or truncated; re-run the measurement")
     if frames["modules"] is None:
         frames["modules"] = summarize_module_steps(frames["module_steps"], frames["steps"], rank)
         notes.append(f"rank {rank}: run did not finish; modules.csv rebuilt from module_steps.csv "

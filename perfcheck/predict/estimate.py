@@ -17,6 +17,7 @@ def estimate(model, example_inputs, *, system=None, dtype=None, parallel=None, c
              optimizer="sgd") -> pd.DataFrame:
     """Predict FLOPs, bytes, activation memory, communication and time per module for one training
     step (see ``perfcheck.predict.module_estimator.estimate`` for every argument and column)."""
+    module_estimator.check_model(model)  # a class name or a class: one line naming `model`
     if is_sharded(model):
         if parallel is not None:
             from perfcheck.errors import UserError

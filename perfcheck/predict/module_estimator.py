@@ -118,6 +118,14 @@ def _dominant_bound(members: pd.DataFrame, ops: pd.DataFrame, phase: str) -> pd.
     return by.sort_values("t", ascending=False).drop_duplicates("module").set_index("module")["bound"]
 
 
+def check_model(model) -> torch.nn.Module:
+    """``model`` if it is an nn.Module instance; anything else (a class name, a class) is a UserError."""
+    if not isinstance(model, torch.nn.Module):
+        hint = " (build it first, e.g. perfcheck.examples.models.Net())" if isinstance(model, (str, type)) else ""
+        raise UserError(f"model: expected a torch.nn.Module instance, got {type(model).__name__} {model!r:.60}{hint}")
+    return model
+
+
 def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None, parallel=None,
              causal: bool = False, kwargs=None) -> pd.DataFrame:
     """Predict FLOPs, bytes, activation memory and time per module for one training step.
@@ -134,6 +142,7 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     """
     from perfcheck.hardware.systems import load_system
 
+    check_model(model)
     spec = load_system(system if system is not None else default_system_name())
     dt = _dtype_of(model, dtype)
     elem_bytes = torch.tensor([], dtype=dt).element_size() if dtype is not None else None
