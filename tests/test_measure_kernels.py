@@ -131,3 +131,42 @@ def test_gpu_kernel_sum_equals_device_total():
     assert (k.device == "cuda").all() and (k.total_s == k.self_s).all()
     assert k["self_s"].sum() == pytest.approx(pc.meta()["profile"]["total_s"], rel=1e-9)
     assert {"h.0.attn.c_attn", "lm_head"} <= set(k[k.phase == "bwd"]["module"])
+
+
+def test_device_rows_take_the_launching_ops_context_and_conserve_the_device_total():
+    """CUDA path on fake events (torch's own Kernel records): kernels go to the op that launched them,
+    a runtime call (cudaLaunchKernel) that also lists them is not counted twice, a record_function
+    range's device-side copy is no kernel, and device events no op claims stay in the table as
+    unattributed, so the rows sum to the device total."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import Kernel
+
+    from perfcheck.measure.kernel_table import _device_rows, profiler_total_s
+
+    def dev(name, us):
+        return SimpleNamespace(device_type=DeviceType.CUDA, name=name,
+                               time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    mm = SimpleNamespace(device_type=DeviceType.CPU, name="aten::mm", is_legacy=False,
+                         kernels=[Kernel("gemm", 0, 30.0), Kernel("gemm", 0, 30.0)])
+    launch = SimpleNamespace(device_type=DeviceType.CPU, name="cudaLaunchKernel", is_legacy=False,
+                             kernels=[Kernel("gemm", 0, 30.0)])  # torch 2.11: a correlation-id collision
+    rng = SimpleNamespace(device_type=DeviceType.CPU, name="perfcheck/fwd/h.0", is_legacy=False, kernels=[])
+    events = [mm, launch, rng, dev("gemm", 30.0), dev("gemm", 30.0), dev("elementwise", 5.0), dev("Memcpy HtoD", 2.0),
+              dev("perfcheck/fwd/h.0", 70.0)]  # the range's device-side copy (gpu_user_annotation): not work
+    acc = {}
+
+    def add(key, total_us, self_us):
+        row = acc.setdefault(key, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += total_us
+        row[2] += self_us
+
+    _device_rows(events, {id(mm): ("h.0.mlp.c_fc", "fwd")}, add, acc)
+    assert acc[("h.0.mlp.c_fc", "fwd", "gemm")] == [2, 60.0, 60.0]
+    assert acc[(UNATTRIBUTED, UNATTRIBUTED, "elementwise")] == [1, 5.0, 5.0]
+    assert acc[(UNATTRIBUTED, UNATTRIBUTED, "Memcpy HtoD")] == [1, 2.0, 2.0]
+    assert sum(r[1] for r in acc.values()) == 30.0 + 30.0 + 5.0 + 2.0
+    assert profiler_total_s(events, "cuda") == pytest.approx((30.0 + 30.0 + 5.0 + 2.0) * 1e-6)

@@ -5,8 +5,8 @@ Attribution, so that nothing is counted twice and nothing is lost
 Every CPU event of the window gets a context (module path, phase), found by walking up the
 profiler's event tree (``FunctionEvent.cpu_parent``) to the innermost of:
 
-* a ``perfcheck/fwd/<path>`` or ``perfcheck/recompute/<path>`` range (opened by the module timer's
-  forward hooks, properly nested);
+* a ``perfcheck/fwd/<path>``, ``perfcheck/recompute/<path>`` or ``perfcheck/eval/<path>`` range (opened
+  by the module timer's forward hooks, properly nested; ``eval``: a forward made with grad disabled);
 * an autograd node, ``autograd::engine::evaluate_function: <Node>``: phase ``bwd``, module = the
   module whose forward created that node. Backward ranges cannot be opened by hooks without
   breaking the profiler's nesting (a module's backward starts inside one node's evaluation and
@@ -24,10 +24,12 @@ CPU (``device="cpu"``): one row per (module, phase, op name) with the ops' count
 and self time. Self times partition the profiler's total self CPU time exactly; time inside a
 perfcheck range but in no op (Python, hooks) is the row named ``(outside ops)``.
 CUDA: one row per (module, phase, kernel name) for device events (kernels, memcpy, memset); a
-kernel takes the context of the CPU op that launched it (``linked_correlation_id``); total = self
-= summed duration, and the rows sum to the profiler's total device time.
+kernel takes the context of the CPU op that launched it (the op's ``FunctionEvent.kernels``);
+total = self = summed duration, and the rows sum to the profiler's total device time.
 """
 from __future__ import annotations
+
+import re
 
 import pandas as pd
 from torch.autograd import DeviceType
@@ -38,7 +40,8 @@ OPTIMIZER = "(optimizer)"
 UNATTRIBUTED = "unattributed"
 OUTSIDE_OPS = "(outside ops)"
 _EVAL = "autograd::engine::evaluate_function: "
-_RANGE_PHASES = {"fwd", "recompute"}
+_RANGE_PHASES = {"fwd", "recompute", "eval"}  # eval: a grad-disabled forward (module_timer.EVAL)
+_RUNTIME_API = re.compile(r"cu[A-Z]|cuda[A-Z]")  # cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync, ...
 
 
 def _range_context(name: str):
@@ -118,14 +121,7 @@ def kernel_rows(events, device: str, rank: int = 0) -> pd.DataFrame:
             else:
                 add((module, phase, e.name), e.cpu_time_total, self_us)
     else:
-        launcher = {e.id: e for e in events if e.device_type == DeviceType.CPU and not e.linked_correlation_id}
-        for e in events:
-            if e.device_type == DeviceType.CPU:
-                continue
-            src = launcher.get(e.linked_correlation_id)
-            module, phase = ctx.get(id(src), (UNATTRIBUTED, UNATTRIBUTED)) if src is not None else (UNATTRIBUTED, UNATTRIBUTED)
-            dur = e.time_range.elapsed_us()
-            add((module, phase, e.name), dur, dur)
+        _device_rows(events, ctx, add, acc)
     rows = [
         {"module": m, "phase": p, "name": n, "device": device, "count": c, "total_s": t * 1e-6, "self_s": s * 1e-6, "rank": rank}
         for (m, p, n), (c, t, s) in acc.items()
@@ -134,11 +130,58 @@ def kernel_rows(events, device: str, rank: int = 0) -> pd.DataFrame:
     return frame.sort_values(["module", "phase", "self_s"], ascending=[True, True, False], ignore_index=True)
 
 
+def _device_rows(events, ctx: dict, add, acc: dict):
+    """Device events (kernels, memcpy, memset) per (module, phase, name). torch hands each one to
+    the CPU op that launched it (``FunctionEvent.kernels``, linked by correlation id when the
+    profiler builds its events; the same on torch 2.11 and 2.13, whereas the device event's own
+    ``linked_correlation_id`` attribute is newer than 2.11). A kernel takes its launcher's context;
+    device events no CPU op claims (per name: profiler count and time minus claimed) are
+    ``unattributed``, so the rows sum to the profiler's device total."""
+    claimed: dict[str, list] = {}
+    cpu_names = {e.name for e in events if e.device_type == DeviceType.CPU}
+    for e in events:
+        if e.device_type != DeviceType.CPU or getattr(e, "is_legacy", False) or not e.kernels:
+            continue
+        if getattr(e, "linked_correlation_id", 0) or _RUNTIME_API.match(e.name):
+            continue  # a CUDA runtime/driver call (cudaLaunchKernel), never the op that asked for the
+            # kernel; skipped defensively, should torch ever list the kernel under it too
+        module, phase = ctx.get(id(e), (UNATTRIBUTED, UNATTRIBUTED))
+        for k in e.kernels:
+            if k.name in cpu_names:
+                continue  # a range's device-side copy, not work (see device_work)
+            add((module, phase, k.name), k.duration, k.duration)
+            seen = claimed.setdefault(k.name, [0, 0.0])
+            seen[0] += 1
+            seen[1] += k.duration
+    totals: dict[str, list] = {}
+    for e in device_work(events):
+        row = totals.setdefault(e.name, [0, 0.0])
+        row[0] += 1
+        row[1] += e.time_range.elapsed_us()
+    for name, (n, us) in totals.items():
+        n_claimed, us_claimed = claimed.get(name, (0, 0.0))
+        if n > n_claimed:
+            row = acc.setdefault((UNATTRIBUTED, UNATTRIBUTED, name), [0, 0.0, 0.0])
+            row[0] += n - n_claimed
+            row[1] += us - us_claimed
+            row[2] += us - us_claimed
+
+
+def device_work(events) -> list:
+    """The device events that are work (kernels, memcpy, memset): not the device-side copies of
+    ``record_function`` ranges (``gpu_user_annotation`` in the trace, e.g. ``perfcheck/fwd/h.0``,
+    ``ProfilerStep#3``), which span the kernels inside them. Counting those too more than doubled
+    the device total on the first GPU run (2026-11-22, torch 2.11)."""
+    cpu_names = {e.name for e in events if e.device_type == DeviceType.CPU}
+    return [e for e in events if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)
+            and e.name not in cpu_names]
+
+
 def profiler_total_s(events, device: str) -> float:
     """The profiler's own total for the window: self CPU time (cpu) or device time (cuda), seconds."""
     if device == "cpu":
         return sum(e.self_cpu_time_total for e in events if e.device_type == DeviceType.CPU) * 1e-6
-    return sum(e.time_range.elapsed_us() for e in events if e.device_type != DeviceType.CPU) * 1e-6
+    return sum(e.time_range.elapsed_us() for e in device_work(events)) * 1e-6
 
 
 def empty_kernel_frame() -> pd.DataFrame:
@@ -175,12 +218,32 @@ class ProfilerWindow:
         # record_shapes: collective sizes (measure/collectives.py); the window is not measured
         self._prof = profile(activities=acts, on_trace_ready=self._on_trace_ready, record_shapes=True,
                              schedule=schedule(skip_first=skip, wait=wait, warmup=pwarm, active=active, repeat=1))
+        self._steps = 0
+        self._sync_at_boundary()
         self._prof.start()
         return self
 
     def step(self):
         if self._prof is not None:
+            self._steps += 1
+            self._sync_at_boundary()
             self._prof.step()
+
+    def _sync_at_boundary(self):
+        """On CUDA, synchronize at the boundaries of the active window (never inside a step, and
+        only around the profiled steps, which are not measured): a host that runs ahead has
+        launched kernels in the step before the window that run inside it, whose launches the
+        window did not record. On the first H100 run (2026-11-22) 44% of the window's device
+        time was such kernels, unattributable. Bracketed, the window holds exactly its own
+        steps' kernels."""
+        if self.device != "cuda":
+            return
+        skip, wait, pwarm, active = self._schedule
+        first = skip + wait + pwarm
+        if self._steps in (first, first + active):
+            import torch
+
+            torch.cuda.synchronize()
 
     def stop(self):
         prof, self._prof = self._prof, None

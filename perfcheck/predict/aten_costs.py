@@ -492,13 +492,18 @@ def cost_of(c: OpCall) -> Resolved:
     return Resolved(_memory_only(c), "unmodeled")
 
 
+_INPLACE_TAG = getattr(torch.Tag, "inplace", None)
+
+
 def _functional_twin(c: OpCall) -> Optional[OpCall]:
     """The out-of-place overload of an in-place op (``x.masked_fill_(m, v)`` -> ``masked_fill``),
     when it exists with the same arguments: in-place variants often lack the ``pointwise`` tag
     their functional twin carries, and otherwise fall through to 'unmodeled'."""
     name = c.name
-    if torch.Tag.inplace not in getattr(c.func, "tags", ()) or not name.endswith("_") or name.startswith("_"):
+    if not name.endswith("_") or name.startswith("_"):
         return None
+    if _INPLACE_TAG is not None and _INPLACE_TAG not in getattr(c.func, "tags", ()):
+        return None  # NB: torch < 2.12 has no Tag.inplace (seen on 2.11 on the GPU run): the name decides
     packet = getattr(aten, name[:-1], None)
     overload = getattr(packet, c.func._overloadname, None) if packet is not None else None
     if overload is None:
