@@ -15,11 +15,17 @@ SCHEMA_VERSION = 1
 #: Path used for the root module (``named_modules()`` names it ``""``, which CSV cannot round-trip).
 ROOT = "(root)"
 
-#: Phases of a training step.
-PHASES = ("fwd", "bwd", "optim", "recompute")
+#: Phases of a training step. ``eval``: a module call made with grad disabled (``torch.no_grad()``,
+#: ``torch.inference_mode()``) outside any grad-enabled call, e.g. a validation batch or an EMA/teacher
+#: forward inside the step. It is measured apart (``eval_s``) and never compared with the training
+#: forward's prediction. A step with no grad-enabled forward at all (an inference loop) has no
+#: training forward to keep apart: its grad-disabled calls are its forward. A grad-disabled call
+#: nested inside a training forward (a frozen sub-module under no_grad) stays forward.
+PHASES = ("fwd", "bwd", "optim", "recompute", "eval")
 
-#: What limits a predicted time.
-BOUNDS = ("compute", "memory", "comm", "overhead")
+#: What limits a predicted time. ``host``: the framework's CPU-side work (dispatch, autograd,
+#: module calls) exceeds the device work of the region (perfcheck.predict.host).
+BOUNDS = ("compute", "memory", "comm", "overhead", "host")
 
 #: Where a predicted row's numbers come from.
 SOURCES = ("modeled", "counted")
@@ -45,9 +51,10 @@ PREDICTED_COLUMNS: Mapping[str, str] = {
     "comm_fwd_bytes": "bytes moved by collectives in forward (per rank, payload size)",
     "comm_bwd_bytes": "bytes moved by collectives in backward (per rank, payload size)",
     "comm_kind": "collective kinds, '+'-joined (e.g. 'allreduce', 'allgather+reducescatter'), '' if none",
-    "pred_fwd_s": "predicted forward time: roofline + launch overhead + communication, seconds",
-    "pred_bwd_s": "predicted backward time, seconds",
-    "bound_fwd": "what limits the forward time: compute | memory | comm | overhead",
+    "pred_fwd_s": "predicted forward time: device (roofline + per-kernel) and host (dispatch, autograd, module "
+                  "calls) terms on two timelines (they add on a CPU), + communication, seconds",
+    "pred_bwd_s": "predicted backward time, seconds (same model)",
+    "bound_fwd": "what limits the forward time: compute | memory | comm | overhead | host",
     "bound_bwd": "what limits the backward time",
     "source": "modeled (perfcheck formulas) | counted (torch.utils.flop_counter fallback for an op without a formula)",
 }
@@ -61,6 +68,11 @@ PREDICTED_EXTRA_COLUMNS: Mapping[str, str] = {
                       "forward MACs of the module's checkpointed ops; 0 without checkpointing",
     "flops_recompute": "all FLOPs re-run in backward by activation checkpointing (2*macs_recompute + other)",
     "pred_recompute_s": "predicted time of that recompute, seconds (measured as recompute_s; not in pred_bwd_s)",
+    "host_fwd_s": "predicted host (CPU framework) seconds of the forward: aten dispatch, autograd nodes, module calls",
+    "host_bwd_s": "predicted host seconds of the backward: autograd engine per node, backward kernels' dispatch, "
+                  "AccumulateGrad per parameter tensor (the root adds loss.backward()'s fixed cost)",
+    "pred_optim_s": "predicted optimizer.step() + zero_grad() for the parameters of the module and its children, "
+                    "seconds (the root adds the step's fixed cost; estimate(optimizer=...) names the implementation)",
 }
 
 # --------------------------------------------------------------------------------------------
@@ -72,10 +84,13 @@ MEASURED_COLUMNS: Mapping[str, str] = {
     "module": "qualified module path (same keys as the predicted rows)",
     "type": "module class name",
     "depth": "0 for the root",
-    "calls": "forward calls per step (median over measured steps)",
+    "calls": "forward calls per step (median over measured steps); eval calls not included",
     **{f"fwd_s_{s}": f"forward time per step, {s} over measured steps, seconds" for s in _STATS},
     **{f"bwd_s_{s}": f"backward time per step, {s} over measured steps, seconds" for s in _STATS},
     **{f"recompute_s_{s}": f"activation-checkpoint recompute time per step, {s}, seconds" for s in _STATS},
+    "eval_calls": "eval (grad-disabled, see PHASES) forward calls per step, median over measured steps",
+    **{f"eval_s_{s}": f"eval (grad-disabled) forward time per step, {s} over measured steps, seconds; not in "
+                      "fwd_s and never compared with a prediction" for s in _STATS},
     "act_mem_bytes": "device memory allocated across the module's forward (activations kept), bytes; NaN where not measurable",
     "peak_mem_bytes": "peak device memory seen during the module's forward, bytes; NaN where not measurable",
     "flops_fwd_counted": "FLOPs counted by FlopCounterMode for one forward, NaN if counting was off",
@@ -92,12 +107,18 @@ STEP_COLUMNS: Mapping[str, str] = {
     "measured": "True for steps inside the measured window",
     "fwd_s": "forward time of the root module, seconds",
     "bwd_s": "backward time of the root module, seconds",
-    "optim_s": "time from the end of backward to the end of the step (optimizer, framework), less bwd_finalize_s, seconds",
+    "optim_s": "time from the end of backward to the end of the step (optimizer, framework), less bwd_finalize_s and "
+               "the eval_s that ran in it, seconds",
     "bwd_finalize_s": "time in end-of-backward callbacks frameworks queue after the backward pass: DDP's finalize_backward "
                       "waiting for its gradient all-reduces, FSDP2's post-backward waiting for its reduce-scatters "
                       "(communication waits, not optimizer); ~0 without them, seconds",
     "step_s": "wall time of the whole step, seconds",
     "recompute_s": "activation-checkpoint recompute time in the step (outermost recompute calls), seconds",
+    "eval_s": "eval forward time in the step: outermost module calls made with grad disabled (see PHASES), not in "
+              "fwd_s; when after the backward, also not in optim_s; seconds",
+    "micro_batches": "training forward calls of the root module in the step: the gradient-accumulation micro-batches "
+                     "between two step() calls (meta.json micro_batches: their median; reports scale the "
+                     "one-micro-batch prediction by it)",
     "peak_mem_bytes": "peak device memory allocated in the step, bytes; NaN where not measurable (CPU)",
     "role": "warmup | flops (FlopCounterMode on) | profile (torch.profiler warm-up/active) | measured | bare (no hooks, for the overhead A/B)",
     "failed": "True if the user's forward or a backward pass raised (or a hook failed) in this step; such steps are left out of the statistics",
@@ -107,7 +128,7 @@ STEP_COLUMNS: Mapping[str, str] = {
 #: Kernel (GPU) or aten-op (CPU) rows attributed to a module and phase: PerfCheck.kernels().
 KERNEL_COLUMNS: Mapping[str, str] = {
     "module": "innermost module whose range encloses the kernel; 'unattributed' if none",
-    "phase": "fwd | bwd | optim | recompute | unattributed",
+    "phase": "fwd | bwd | optim | recompute | eval | unattributed",
     "name": "kernel name (GPU) or aten op name (CPU)",
     "device": "cuda | cpu",
     "count": "number of launches in the profiled window",
@@ -130,6 +151,13 @@ SAMPLE_COLUMNS: Mapping[str, str] = {
     "rss_bytes": "process resident set size (psutil), bytes",
     "rank": "distributed rank",
 }
+
+
+#: Columns added to the run-directory tables after files of this schema version were written:
+#: a file (or a hand-built frame) without them reads, and writes, with them filled by the value
+#: here (NaN: not measured by the perfcheck that wrote it). ``measure.rundir`` applies it.
+ADDED_COLUMNS: Mapping[str, float] = {c: float("nan") for c in (
+    "eval_calls", *(f"eval_s_{s}" for s in _STATS), "eval_s", "micro_batches")}
 
 
 class SchemaError(ValueError):

@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.schema import (KERNEL_COLUMNS, MEASURED_COLUMNS, SAMPLE_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS,
-                              SchemaError, module_depth, validate_frame)
+from perfcheck.schema import (ADDED_COLUMNS, KERNEL_COLUMNS, MEASURED_COLUMNS, SAMPLE_COLUMNS, SCHEMA_VERSION,
+                              STEP_COLUMNS, SchemaError, module_depth, validate_frame)
 
 META = "meta.json"
 TRACE = "trace.json"
@@ -50,6 +50,8 @@ MODULE_STEP_COLUMNS = {
     "fwd_s": "forward time in the step (sum over calls), seconds",
     "bwd_s": "backward time in the step (recompute inside it excluded), seconds",
     "recompute_s": "activation-checkpoint recompute time in the step, seconds",
+    "eval_calls": "eval (grad-disabled, schema.PHASES) forward calls in the step; not in calls",
+    "eval_s": "eval forward time in the step (sum over eval calls), seconds; not in fwd_s",
     "act_mem_bytes": "allocated-memory delta over the module's forward calls (summed), bytes; NaN on CPU",
     "peak_mem_bytes": "peak allocated memory during the module's forward calls, bytes; NaN on CPU",
     "rank": "distributed rank",
@@ -128,8 +130,15 @@ def atomic_write_json(path, obj) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
+def with_added_columns(frame: pd.DataFrame, columns) -> pd.DataFrame:
+    """``frame`` with the ``schema.ADDED_COLUMNS`` among ``columns`` that it lacks, filled (a copy if any)."""
+    missing = [c for c in columns if c in ADDED_COLUMNS and c not in frame.columns]
+    return frame.assign(**{c: ADDED_COLUMNS[c] for c in missing}) if missing else frame
+
+
 def atomic_write_csv(path, frame: pd.DataFrame, columns) -> Path:
     columns = list(columns)
+    frame = with_added_columns(frame, columns)
     validate_frame(frame, columns, str(path))
     return atomic_write_text(path, frame[columns].to_csv(index=False))
 
@@ -229,10 +238,11 @@ def summarize_module_steps(module_steps: pd.DataFrame, steps: pd.DataFrame, rank
         pad = n - len(g)  # steps where the module did not run
         row = {"module": path, "type": g["type"].iloc[0], "depth": module_depth(path),
                "calls": float(np.median(np.r_[g["calls"].to_numpy(float), np.zeros(pad)])), "steps": n, "rank": rank}
-        for col in ("fwd", "bwd", "recompute"):
+        for col in ("fwd", "bwd", "recompute", "eval"):
             v = np.r_[g[f"{col}_s"].to_numpy(float), np.zeros(pad)]
             row.update({f"{col}_s_median": float(np.median(v)), f"{col}_s_mean": float(v.mean()),
                         f"{col}_s_min": float(v.min()), f"{col}_s_max": float(v.max())})
+        row["eval_calls"] = float(np.median(np.r_[g["eval_calls"].to_numpy(float), np.zeros(pad)]))
         act, peak = g["act_mem_bytes"].to_numpy(float), g["peak_mem_bytes"].to_numpy(float)
         row["act_mem_bytes"] = float(np.median(act)) if np.isfinite(act).any() else math.nan
         row["peak_mem_bytes"] = float(np.nanmax(peak)) if np.isfinite(peak).any() else math.nan
@@ -277,7 +287,7 @@ def read_table(path: Path, columns, what: str) -> pd.DataFrame:
     except (OSError, pd.errors.ParserError) as exc:
         raise UserError(f"{path}: cannot read {what} ({exc})") from None
     try:
-        return validate_frame(frame, columns, str(path))
+        return validate_frame(with_added_columns(frame, columns), columns, str(path))
     except SchemaError as exc:
         raise UserError(str(exc)) from None
 
@@ -330,10 +340,14 @@ def _load_rank(d: Path, rank: int, notes: list[str]):
     if frames["modules"] is not None and frames["modules"].empty and measured:
         raise UserError(f"{d / TABLES['modules'][0]}: no module rows although {d / TABLES['steps'][0]} records "
                         f"{measured} measured step(s); the file was emptied or truncated; re-run the measurement")
+    if not complete:
+        last = int(frames["steps"]["step"].max()) if len(frames["steps"]) else None
+        where = f"after step {last}" if last is not None else "before its first step ended"
+        rebuilt = "; modules.csv rebuilt from module_steps.csv" if frames["modules"] is None else ""
+        notes.append(f"rank {rank}: run cut short {where} (the last row of steps.csv; {measured} measured "
+                     f"step(s) recorded){rebuilt}")
     if frames["modules"] is None:
         frames["modules"] = summarize_module_steps(frames["module_steps"], frames["steps"], rank)
-        notes.append(f"rank {rank}: run did not finish; modules.csv rebuilt from module_steps.csv "
-                     f"({int((frames['steps']['role'] == 'measured').sum())} measured steps recorded)")
     return meta, frames, complete
 
 

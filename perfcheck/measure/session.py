@@ -27,6 +27,7 @@ import weakref
 from collections import deque
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from perfcheck.measure import rundir as runs
@@ -175,6 +176,7 @@ class PerfCheck:
         self._flops: dict = {}
         self._window: ProfilerWindow | None = None
         self._overhead: dict | str = "not measured"
+        self._boundary_s: dict = {}  # step index -> host seconds PerfCheck spent in step() after it
 
     def _warn(self, message: str):
         if message not in self._warnings:
@@ -234,7 +236,11 @@ class PerfCheck:
             return
         if self._role != "bare" and not self._timer.step_has_calls:
             return  # nothing ran since the last boundary
+        t0 = time.perf_counter()
         self._end_step()
+        # PerfCheck's own work at the boundary (replaying the backward log, resolving, rows): outside
+        # step_s, so the in-run overhead estimate adds it back (meta.json overhead)
+        self._boundary_s[self._index] = time.perf_counter() - t0
         self._index += 1
         self._begin_step()
 
@@ -355,6 +361,8 @@ class PerfCheck:
         self._step_rows.append(row)
         if "steps" in self._writers:
             self._writers["steps"].append(row)
+            if len(self._step_rows) == 1:  # inputs and dtype known now: a run killed later stays reportable
+                runs.atomic_write_json(self._rank_dir / runs.META, self.meta(complete=False))
         types, rank = self._view.types, self.rank
         evals, no_eval = res["eval_modules"], (0, 0.0)
         rows = [(index, path, types.get(path, ""), calls, fwd, bwd, rc, *evals.get(path, no_eval),
@@ -373,16 +381,26 @@ class PerfCheck:
             self._dropped_steps += 1
 
     def _compute_overhead(self):
-        rows = self._step_rows
-        pairs = [(a["step_s"], b["step_s"]) for a, b in zip(rows, rows[1:])
+        rows, bnd = self._step_rows, self._boundary_s
+        pairs = [(a["step_s"] + bnd.get(a["step"], 0.0), b["step_s"] + bnd.get(b["step"], 0.0))
+                 for a, b in zip(rows, rows[1:])
                  if b["role"] == "bare" and a["role"] == "measured" and not a["failed"] and b["step"] == a["step"] + 1]
         if not pairs:
             return
-        inst = pd.Series([p[0] for p in pairs]).median()
-        bare = pd.Series([p[1] for p in pairs]).median()
-        self._overhead = {"fraction": float(inst / bare - 1.0), "instrumented_step_s_median": float(inst),
-                          "bare_step_s_median": float(bare), "pairs": len(pairs),
-                          "method": "adjacent instrumented/bare steps of this run (hooks removed in bare steps), medians"}
+        inst, bare = np.array(pairs).T
+        fraction = float(np.median(inst) / np.median(bare) - 1.0)
+        # 95% bootstrap interval over the pairs (resampled together: a pair shares the machine's state)
+        rng = np.random.default_rng(0)
+        idx = rng.integers(0, len(pairs), size=(2000, len(pairs)))
+        boot = np.median(inst[idx], axis=1) / np.median(bare[idx], axis=1) - 1.0
+        self._overhead = {"fraction": fraction, "ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+                          "instrumented_step_s_median": float(np.median(inst)), "bare_step_s_median": float(np.median(bare)),
+                          "bookkeeping_s_median": float(np.median([bnd.get(a["step"], 0.0) for a in rows
+                                                                   if a["role"] == "measured"] or [0.0])),
+                          "pairs": len(pairs),
+                          "method": "adjacent instrumented/bare steps of this run (hooks removed in bare steps), each "
+                                    "step's time plus PerfCheck's host time at the step boundary after it; ratio of "
+                                    "medians, 95% bootstrap interval over the pairs"}
 
     # ------------------------------------------------------------------------------ frames
     def steps(self) -> pd.DataFrame:
