@@ -192,7 +192,7 @@ def render_text(rec: pd.DataFrame, *, depth: int | None = None, top: int = 3, ra
     t = totals.get(rank, {})
     if t.get("steps") == t.get("steps"):
         meta.append(f"measured steps: {t.get('steps')}")
-    out += [", ".join(meta), ""]
+    out += [", ".join(meta)] + [f"note: {n}" for n in rec.attrs.get("notes", [])] + [""]
     out += _summary(t, part)
     if len(ranks) > 1:
         out += ["", *_ranks(rec, top)]
