@@ -134,7 +134,7 @@ def test_crash_mid_run_loses_at_most_the_step_in_flight(tmp_path):
     assert run.complete is False
     assert run.steps["step"].tolist() == [0, 1, 2, 3, 4]  # every finished step survived
     assert (run.modules.set_index("module").loc[ROOT, "steps"]) == 4  # rebuilt from module_steps.csv
-    assert any("did not finish" in n for n in run.notes)
+    assert any("run cut short after step 4" in n and "rebuilt" in n for n in run.notes), run.notes
 
 
 def test_atomic_write_replaces_whole_files(tmp_path):
