@@ -488,3 +488,30 @@ def test_a_wrapper_put_over_ours_keeps_working_after_stop():
     second.stop()
     assert row(second, "a")["calls"] == 1  # timed once (by the new timer), not twice
     assert vars(model.a).get("forward") is ours
+
+
+def test_overhead_estimate_counts_the_step_boundary_and_has_an_interval(monkeypatch):
+    """A planted 15 ms in PerfCheck's own step-boundary work (outside step_s) must show in meta.json
+    overhead: the estimate adds the boundary back, and carries a 95% interval around its value."""
+    from perfcheck.measure import module_timer as mt
+
+    real_end = mt.ModuleTimer.end_step
+
+    def slow_end(self):
+        if self.attached:  # measured steps only: bare steps have the hooks off
+            time.sleep(0.015)
+        return real_end(self)
+
+    monkeypatch.setattr(mt.ModuleTimer, "end_step", slow_end)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    pc = PerfCheck(model, warmup=1, steps=4, overhead_pairs=4, profile=False, sample_interval=None)
+    with pc:
+        while not pc.done:
+            model(torch.randn(2, 4)).sum().backward()
+            pc.step()
+    ov = pc.meta()["overhead"]
+    assert ov["pairs"] == 4 and ov["bookkeeping_s_median"] >= 0.015
+    lo, hi = ov["ci95"]
+    assert lo <= ov["fraction"] <= hi
+    # each instrumented step carries >= 15 ms more than its bare neighbour: (bare + 0.015) / bare - 1
+    assert ov["fraction"] >= 0.015 / ov["bare_step_s_median"] * 0.9
