@@ -90,7 +90,8 @@ def _save_problems(rank_dir: Path, facts: dict) -> list:
     (meta.json missing or marked incomplete)."""
     out = [f"rank {facts.get('rank')}: {w}" for w in facts.get("warnings") or []
            if w.startswith(("PerfCheck.stop failed", "PerfCheck.step failed", "per-module measurement off"))]
-    if facts.get("complete") and (facts.get("perfcheck_block") or {}).get("modules", True):
+    wrote_tables = (rank_dir / runs.TABLES["steps"][0]).is_file()
+    if facts.get("complete") and wrote_tables:  # PerfCheck ran on this rank: its meta.json must be complete
         meta = _read_json(rank_dir / runs.META)
         if meta is None:
             out.append(f"{rank_dir / runs.META}: missing or unreadable (the rank's per-module tables were not saved)")
@@ -153,18 +154,54 @@ def _compute_times(predicted: pd.DataFrame):
     return float(root["pred_fwd_s"].iloc[0]), float(root["pred_bwd_s"].iloc[0])
 
 
+def _stage_system(facts: dict, system):
+    """The given system, else the run's block's, else this machine's cached calibration (a CPU
+    sweep run here), else the datasheet ``cpu`` entry."""
+    if system is not None:
+        return system
+    block = (facts.get("perfcheck_block") or {}).get("system")
+    if block:
+        return block
+    from perfcheck.hardware.cache import cached_spec
+
+    # the sweep's ranks run with one intra-op thread (OMP_NUM_THREADS=1, integrations/deepspeed/sweep.py)
+    return cached_spec("cpu", threads=int(facts.get("torch_threads") or 1)) or "cpu"
+
+
+def host_terms(facts: dict, predicted: pd.DataFrame, spec) -> dict:
+    """DeepSpeed's host seconds per phase beside the model's (perfcheck.predict.host): engine step,
+    ZeRO-1/2 gradient hooks per parameter tensor, ZeRO-3 fetch/release hooks per module call, and
+    the optimizer's per-tensor cost (stage 0: every parameter tensor; stages 1-3: one flat fp32
+    partition per rank)."""
+    from perfcheck.predict import host
+
+    sizes = [n for _, ts in facts.get("module_params", []) for n in ts]
+    calls = int(predicted["calls"].sum()) if not predicted.empty and "calls" in predicted else len(
+        facts.get("module_params", []))
+    stage = int(facts["zero_stage"])
+    out = host.deepspeed_host_s(stage=stage, module_calls=calls, param_tensors=len(sizes), spec=spec)
+    numels = sizes if stage == 0 else [sum(sizes) / max(int(facts["dp"]), 1)]
+    kind = {"adamw": "adamw", "sgd": "sgd"}.get(_optimizer_key(facts), "adam")
+    out["optim"] += host.optimizer_time(numels, kind, spec).host_s if numels else 0.0
+    return out
+
+
 def predict(facts: dict, predicted: pd.DataFrame, system=None) -> zero.ZeroEstimate:
-    """The ZeRO model for the configuration a rank recorded (stage, dp, settings, tensor sizes)."""
+    """The ZeRO model for the configuration a rank recorded (stage, dp, settings, tensor sizes),
+    with the model's compute (host terms included) from predicted.csv and DeepSpeed's host terms."""
+    from perfcheck.hardware.systems import load_system
+
     settings = zero.ZeroSettings(**facts.get("settings", {}))
     lay = zero.layout([sizes for _, sizes in facts.get("module_params", [])])
     fwd, bwd = _compute_times(predicted)
-    system = system or (facts.get("perfcheck_block") or {}).get("system") or "cpu"
+    spec = load_system(_stage_system(facts, system))
     return zero.estimate_zero(layout=lay, stage=facts["zero_stage"], dp=facts["dp"],
                               micro_steps=facts["gradient_accumulation_steps"], dtype=facts["dtype"],
-                              optimizer=_optimizer_key(facts), settings=settings, system=system,
+                              optimizer=_optimizer_key(facts), settings=settings, system=spec,
                               spans_nodes=facts.get("nodes", 1) > 1,
                               compute_fwd_s=0.0 if math.isnan(fwd) else fwd,
-                              compute_bwd_s=0.0 if math.isnan(bwd) else bwd)
+                              compute_bwd_s=0.0 if math.isnan(bwd) else bwd,
+                              host_s=host_terms(facts, predicted, spec))
 
 
 # -------------------------------------------------------------------------------- measured
@@ -241,6 +278,7 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
         row[f"pred_{name}_s"], row[f"meas_{name}_s"] = t[f"{name}_s"], mt[f"meas_{name}_s"]
         row[f"pred_{name}_comm_s"], row[f"meas_{name}_comm_s"] = t[f"{name}_comm_s"], exp[f"meas_{name}_comm_s"]
         row[f"pred_{name}_compute_s"] = t[f"{name}_compute_s"]
+        row[f"pred_{name}_host_s"] = t.get(f"{name}_host_s", 0.0)
         comm = row[f"meas_{name}_comm_s"]
         row[f"meas_{name}_compute_s"] = row[f"meas_{name}_s"] - (0 if math.isnan(comm) else comm)
     row["pred_step_s"], row["meas_step_s"] = t["step_s"], mt["meas_total_s"]

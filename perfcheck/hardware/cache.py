@@ -68,9 +68,10 @@ def save_to_cache(spec: SystemSpec, device=None, threads=None) -> Path:
         raise UserError(f"calibration cache: cannot write {path} ({exc.strerror}); set PERFCHECK_CACHE_DIR") from None
 
 
-def cached_spec(device=None) -> Optional[SystemSpec]:
-    """This machine's cached calibration, or None (no file, or one that no longer loads)."""
-    path = cache_path(device)
+def cached_spec(device=None, threads=None) -> Optional[SystemSpec]:
+    """This machine's cached calibration (for ``threads`` CPU threads, default torch's current
+    setting), or None (no file, or one that no longer loads)."""
+    path = cache_path(device, threads=threads)
     if not path.is_file():
         return None
     try:

@@ -154,8 +154,17 @@ def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, sys
     except SchemaError as exc:
         raise UserError(str(exc)) from None
     path = runs.atomic_write_text(base / PREDICTED_CSV, frame[cols].to_csv(index=False))  # floats round-trip exactly
-    name = load_system(system).name if system is not None else None
+    # the system's name, and how report headers say where its numbers came from (calibrated cache/file, datasheet)
+    spec = load_system(system) if system is not None and not (isinstance(system, str) and system ==
+                                                               frame.attrs.get("system")) else None
+    name = spec.name if spec is not None else frame.attrs.get("system")
+    label = frame.attrs.get("system_label") if spec is None else None
+    if spec is not None:
+        from perfcheck.hardware.cache import spec_label
+
+        label = spec_label(spec)
     runs.atomic_write_json(base / PREDICTED_JSON, {"schema_version": SCHEMA_VERSION, "system": name,
+                                                   "system_label": label,
                                                    "dtype": None if dtype is None else str(dtype).replace("torch.", "")})
     return path
 

@@ -19,6 +19,9 @@ from perfcheck.model_paths import module_paths, unwrap
 from perfcheck.predict import trace as tracing
 from perfcheck.predict.aten_costs import cost_of, sdpa_cost
 from perfcheck.predict.formulas import ZERO
+from perfcheck.hardware.systems import load_system
+from perfcheck.predict.host import add_host_columns
+from perfcheck.predict.roofline import gemm_min_dim
 from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, module_depth
 
 _BOUND_ORDER = ("compute", "memory", "overhead", "comm")
@@ -43,8 +46,15 @@ def _parse_dtype(name: str) -> torch.dtype:
         raise UserError(f"dtype: unknown {name!r}; use one of {sorted(aliases)}") from None
 
 
-def default_system_name() -> str:
-    """The spec for the device this process would run on: a GPU by name, else the CPU entry."""
+def default_system_name():
+    """The spec for the device this process would run on: this machine's cached calibration
+    (perfcheck.hardware.cache, written by ``perfcheck calibrate``), else a GPU's datasheet entry by
+    name, else the CPU entry."""
+    from perfcheck.hardware.cache import cached_spec
+
+    cached = cached_spec()
+    if cached is not None:
+        return cached
     if torch.cuda.is_available():
         from perfcheck.hardware.systems import match_device_name
 
@@ -76,9 +86,10 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
         if not op.backward:  # autograd never differentiates it (no_grad, .detach()'d, frozen)
             cost = replace(cost, bwd=ZERO)
         rows.append((i, op.call.name, source, cost.fwd.macs, cost.fwd.flops, cost.fwd.bytes, cost.fwd.kernels,
-                     cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels, op.recompute))
+                     cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels, gemm_min_dim(op.call),
+                     op.recompute))
     return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
-                                       "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "recompute"])
+                                       "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "min_dim", "recompute"])
 
 
 #: Fused attention ops the CPU dispatcher picks itself (args q, k, v, dropout_p, is_causal, ...).
@@ -92,15 +103,11 @@ def _is_causal(call) -> bool:
 
 
 def _time_ops(ops: pd.DataFrame, system, dtype) -> pd.DataFrame:
+    """Device time per op: roofline + the device-side per-kernel time (host work is perfcheck.predict.host's)."""
+    from perfcheck.hardware.systems import host_constants
     from perfcheck.predict import roofline
 
-    for phase in ("fwd", "bwd"):
-        t, bound = roofline.op_time_s(2 * ops[f"macs_{phase}"].to_numpy(float), ops[f"other_{phase}"].to_numpy(float),
-                                      ops[f"bytes_{phase}"].to_numpy(float), ops[f"kernels_{phase}"].to_numpy(float),
-                                      system, dtype)
-        ops[f"t_{phase}"] = np.where(ops[f"kernels_{phase}"].to_numpy() > 0, t, 0.0)
-        ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(bound, dtype=object), len(ops))
-    return ops
+    return roofline.op_device_times(ops, system, dtype, launch_s=host_constants(load_system(system))["device_kernel_s"])
 
 
 def _membership(trace, ops: pd.DataFrame) -> pd.DataFrame:
@@ -127,7 +134,7 @@ def check_model(model) -> torch.nn.Module:
 
 
 def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None, parallel=None,
-             causal: bool = False, kwargs=None) -> pd.DataFrame:
+             causal: bool = False, kwargs=None, optimizer="sgd") -> pd.DataFrame:
     """Predict FLOPs, bytes, activation memory and time per module for one training step.
 
     model: any nn.Module (real, or built on the meta device: nothing is computed or allocated).
@@ -136,12 +143,13 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     dtype: element type to assume for floating tensors and peak FLOP/s (default: the model's).
     parallel: a ParallelConfig; data parallel / ZeRO communication is added per module.
     causal: count causal SDPA calls at half their products (FlopCounterMode counts them in full).
+    optimizer: the optimizer whose step ``pred_optim_s`` predicts: a name (sgd, sgd_momentum,
+      adam, adamw; suffix -foreach/-fused/-for-loop) or a torch.optim instance (perfcheck.predict.host).
     Returns a DataFrame with the columns of ``perfcheck.schema.PREDICTED_COLUMNS`` plus
     ``PREDICTED_EXTRA_COLUMNS`` (``unmodeled_ops``, ``kernels_fwd``, ``kernels_bwd``); ``attrs``
     names the system, whether it was calibrated, and the dtype.
     """
     from perfcheck.hardware.systems import load_system
-
     check_model(model)
     spec = load_system(system if system is not None else default_system_name())
     dt = _dtype_of(model, dtype)
@@ -188,11 +196,15 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     frame["bound_bwd"] = frame["module"].map(_dominant_bound(members, ops, "bwd")).fillna("overhead")
     frame["source"] = np.where(frame["counted"].fillna(False).astype(bool), "counted", "modeled")
     frame["unmodeled_ops"] = frame["unmodeled_ops"].fillna("")
+    frame = add_host_columns(frame, trace, ops, spec, modules, optimizer)  # host terms, two timelines
     frame = _add_communication(frame, model, modules, parallel, spec, dt)
     cols = list(PREDICTED_COLUMNS) + list(PREDICTED_EXTRA_COLUMNS)
     frame = frame[cols].reset_index(drop=True)
     # Which ceilings produced the times: every report prints "NAME (calibrated|datasheet)".
-    frame.attrs.update(system=spec.name, calibrated=bool(spec.calibrated), dtype=str(dt).replace("torch.", ""))
+    from perfcheck.hardware.cache import spec_label
+
+    frame.attrs.update(system=spec.name, calibrated=bool(spec.calibrated), dtype=str(dt).replace("torch.", ""),
+                       system_label=spec_label(spec))
     return frame
 
 
