@@ -10,11 +10,17 @@
    model that meta.json names;
 3. the system: the caller's ``system``, else the one the prediction was made for, else the run's
    device; the dtype from the prediction, else meta.json;
-4. ``reconcile.reconcile`` with the kernel table, the steps and the profiled-step count per rank.
+4. gradient accumulation: the prediction is for one forward + backward (one micro-batch); a run
+   whose ``step()`` spans N root forwards (meta.json ``micro_batches``) has its per-micro-batch
+   predicted columns (``PER_MICRO_BATCH``) multiplied by N (``scale_by_micro_batches``), so the
+   summed micro-batches are compared with N predicted ones; the table's ``attrs["micro_batches"]``
+   and a note say so;
+5. ``reconcile.reconcile`` with the kernel table, the steps and the profiled-step count per rank.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -68,6 +74,57 @@ def _predicted_for(run: rundir.Run, system, live_predicted):
                         f"system {info['system']})"]
 
 
+#: Predicted columns that are per micro-batch (one forward + backward): times N when a step holds N
+#: micro-batches. Not scaled: ``params``; ``act_mem`` (each micro-batch's activations are freed by
+#: its backward, so the peak is one micro-batch's); ``pred_optim_s`` (one optimizer step per step()).
+#: Collective bytes are scaled as issued every micro-batch (DDP without ``no_sync``, DeepSpeed ZeRO-2/3);
+#: gradients reduced only at the accumulation boundary (DDP's ``no_sync``, ZeRO-0/1) move less (a note says so).
+PER_MICRO_BATCH = ("calls", "macs_fwd", "macs_bwd", "flops_fwd", "flops_bwd", "bytes_fwd", "bytes_bwd",
+                   "comm_fwd_bytes", "comm_bwd_bytes", "pred_fwd_s", "pred_bwd_s", "kernels_fwd", "kernels_bwd",
+                   "macs_recompute", "flops_recompute", "pred_recompute_s", "host_fwd_s", "host_bwd_s")
+
+
+def micro_batches(meta: dict):
+    """meta.json ``micro_batches`` (root training forwards per step, median over measured steps) as a
+    positive number, else None (a run recorded before it was measured, or no forward measured)."""
+    n = meta.get("micro_batches")
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0:
+        return None
+    return n
+
+
+def scale_by_micro_batches(pred: pd.DataFrame, n) -> pd.DataFrame:
+    """``pred`` (one micro-batch) with its ``PER_MICRO_BATCH`` columns times ``n``; a copy, attrs kept."""
+    out = pred.copy()
+    for c in PER_MICRO_BATCH:
+        if c in out:
+            out[c] = pd.to_numeric(out[c], errors="coerce") * n
+    out.attrs = dict(pred.attrs)
+    return out
+
+
+def _micro_batch_notes(run: rundir.Run, n, pred: pd.DataFrame) -> list:
+    """What the scaling assumed: steps or ranks with other counts, collectives scaled per micro-batch."""
+    notes = [f"prediction scaled by {n:g} micro-batches (root forward calls per step(), meta.json micro_batches): "
+             f"per-module time, FLOPs, bytes and calls x{n:g}; optimizer and memory not scaled"]
+    steps = run.steps
+    if "micro_batches" in steps and len(steps):
+        failed = steps["failed"].astype(str).str.lower().isin(("true", "1"))
+        seen = pd.to_numeric(steps.loc[(steps["role"] == "measured") & ~failed, "micro_batches"], errors="coerce")
+        seen = seen.dropna()
+        if len(seen) and seen.min() != seen.max():
+            notes.append(f"micro-batches per step varied from {seen.min():g} to {seen.max():g}; the prediction "
+                         f"uses the median, {n:g}")
+    others = {r: micro_batches(m) for r, m in run.meta.items() if micro_batches(m) not in (None, n)}
+    if others:
+        notes.append(f"ranks saw other micro-batch counts ({others}); the prediction uses rank {run.ranks[0]}'s, {n:g}")
+    comm = pred[[c for c in ("comm_fwd_bytes", "comm_bwd_bytes") if c in pred]].fillna(0).to_numpy(float)
+    if comm.size and comm.sum() > 0:
+        notes.append("collective bytes scaled as issued every micro-batch; gradients reduced only at the accumulation "
+                     "boundary (DDP under no_sync(), DeepSpeed ZeRO stages 0-1) move less")
+    return notes
+
+
 def reconcile_run(source, *, system=None) -> ReconciledRun:
     """Reconcile a run directory (path) or a live/stopped ``PerfCheck``.
 
@@ -93,7 +150,12 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
         notes.append(f"{sel.get('note', 'modules outside the selection are not timed')} (timed "
                      f"{sel.get('timed_count', len(timed))} of {sel.get('module_count', '?')} modules: "
                      + (f"depth={sel['depth']})" if sel.get("depth") is not None else f"modules={sel.get('modules')})"))
+    n = micro_batches(meta0)
+    if n is not None and n != 1:
+        notes += _micro_batch_notes(run, n, pred)
+        pred = scale_by_micro_batches(pred, n)
     table = reconcile(pred, run.modules, system=name, kernels=run.kernels, steps=run.steps, dtype=dtype,
                       profile_steps={r: profile_steps(m) for r, m in run.meta.items()}, timed=timed)
+    table.attrs["micro_batches"] = n if n is not None else 1
     table.attrs["notes"] = notes
     return ReconciledRun(table=table, run=run, system=name, notes=notes)

@@ -70,6 +70,10 @@ RECONCILED_COLUMNS = {
     "reason_recompute": "'recompute' or 'overestimated' when the recompute gap is large "
                         "(perfcheck.analysis.findings.diagnose_recompute); '' otherwise",
     "evidence_recompute": "the numbers behind reason_recompute, one sentence",
+    "meas_eval_s": "measured eval forward time per step (module calls made with grad disabled outside a training "
+                   "forward: a validation batch, an EMA/teacher call; schema.PHASES), median, seconds: kept out of "
+                   "meas_fwd_s and never compared with a prediction; NaN for runs recorded before it was measured",
+    "eval_calls": "eval forward calls per step, median over measured steps",
     "meas_act_mem_bytes": "measured activation memory of the forward (CUDA), bytes; NaN on CPU",
     "meas_peak_mem_bytes": "measured peak memory during the forward (CUDA), bytes; NaN on CPU",
     **{k.format(p=p): v.format(p=p, ph="forward" if p == "fwd" else "backward") for p in PHASES2 for k, v in _PER_PHASE.items()},
@@ -92,6 +96,7 @@ TOTALS_COLUMNS = {
     "meas_fwd_s": "measured forward time of the root, median per step, seconds",
     "meas_bwd_s": "measured backward time of the root, median per step, seconds",
     "meas_recompute_s": "measured recompute time, median per step, seconds",
+    "meas_eval_s": "measured eval (grad-disabled) forward time of the step (steps.csv eval_s), median, seconds",
     "meas_optim_s": "measured time from the end of backward to the end of the step (optimizer, framework), median, seconds",
     "meas_step_s": "measured wall time of the step, median, seconds",
     "meas_bwd_finalize_s": "measured end-of-backward framework callbacks (DDP's gradient all-reduce wait, FSDP2's "
@@ -101,7 +106,8 @@ TOTALS_COLUMNS = {
     "gap_fwd": "meas_fwd_s / pred_fwd_s",
     "gap_bwd": "meas_bwd_s / pred_bwd_s",
     "gap_fwd_bwd": "(meas_fwd_s + meas_bwd_s) / pred_step_s",
-    "unexplained_s": "meas_step_s - meas_fwd_s - meas_bwd_s - meas_recompute_s (medians): time no module explains, seconds",
+    "unexplained_s": "meas_step_s - meas_fwd_s - meas_bwd_s - meas_recompute_s - meas_eval_s (medians): time no module "
+                     "explains, seconds",
     "unexplained_share": "unexplained_s / meas_step_s",
     "optim_share": "meas_optim_s / meas_step_s (part of the unexplained share)",
     "other_s": "unexplained_s - meas_optim_s - meas_bwd_finalize_s: loss, data loading, framework and idle time "
@@ -167,6 +173,7 @@ _MEAS_REQUIRED = ("module", "fwd_s_median", "bwd_s_median")
 _MEAS_RENAME = {"calls": "calls_measured", "fwd_s_median": "meas_fwd_s", "bwd_s_median": "meas_bwd_s",
                 "fwd_s_min": "meas_fwd_s_min", "fwd_s_max": "meas_fwd_s_max", "bwd_s_min": "meas_bwd_s_min",
                 "bwd_s_max": "meas_bwd_s_max", "recompute_s_median": "meas_recompute_s",
+                "eval_s_median": "meas_eval_s", "eval_calls": "eval_calls",
                 "act_mem_bytes": "meas_act_mem_bytes", "peak_mem_bytes": "meas_peak_mem_bytes", "steps": "steps",
                 "type": "type_m"}
 
@@ -508,13 +515,16 @@ def _step_totals(steps: pd.DataFrame, rank: int) -> dict:
     if ok.empty:
         return out
     f = {c: ok[c].to_numpy(float) if c in ok else np.zeros(len(ok)) for c in ("fwd_s", "bwd_s", "recompute_s",
-                                                                            "optim_s", "step_s", "bwd_finalize_s")}
-    med = {c: float(np.median(np.nan_to_num(v) if c in ("recompute_s", "bwd_finalize_s") else v)) for c, v in f.items()}
+                                                                            "optim_s", "step_s", "bwd_finalize_s",
+                                                                            "eval_s")}
+    med = {c: float(np.median(np.nan_to_num(v) if c in ("recompute_s", "bwd_finalize_s", "eval_s") else v))
+           for c, v in f.items()}
     med["compute_s"] = float(np.median(f["step_s"] - np.nan_to_num(f["bwd_finalize_s"])))
-    # Medians of each part, so that the parts add up: step = fwd + bwd + recompute + unexplained,
+    # Medians of each part, so that the parts add up: step = fwd + bwd + recompute + eval + unexplained,
     # unexplained = optim (after backward) + other (before forward, between phases).
-    unexplained = med["step_s"] - med["fwd_s"] - med["bwd_s"] - med["recompute_s"]
+    unexplained = med["step_s"] - med["fwd_s"] - med["bwd_s"] - med["recompute_s"] - med["eval_s"]
     out.update(meas_fwd_s=med["fwd_s"], meas_bwd_s=med["bwd_s"], meas_recompute_s=med["recompute_s"],
+               meas_eval_s=med["eval_s"],
                meas_optim_s=med["optim_s"], meas_step_s=med["step_s"], unexplained_s=unexplained,
                unexplained_share=unexplained / med["step_s"] if med["step_s"] > 0 else np.nan,
                optim_share=med["optim_s"] / med["step_s"] if med["step_s"] > 0 else np.nan,

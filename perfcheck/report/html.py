@@ -79,6 +79,9 @@ def _summary(rec, t: dict) -> str:
             ["optimizer kernels / unattributed kernels per step", _e(f"{fmt_time(t.get('optimizer_kernel_s'))} / "
                                                                      f"{fmt_time(t.get('unattributed_kernel_s'))}")],
             ["hook overhead (instrumented vs bare steps)", _e(hook_text(t))]]
+    if t.get("meas_eval_s"):  # grad-disabled forwards inside the step: measured only, never against a prediction
+        rows.insert(-2, ["eval forwards (grad disabled; not compared with the prediction)",
+                         _e(f"{fmt_time(t.get('meas_eval_s'))} per step")])
     return _table(["", ""], rows, left=(0, 1))
 
 

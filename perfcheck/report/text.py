@@ -36,8 +36,14 @@ def _rate(row, p) -> str:
     return fmt_rate(row.get(f"achieved_flops_{p}_per_s"))
 
 
+def _has_eval(rec: pd.DataFrame) -> bool:
+    """True when the run measured eval (grad-disabled) forwards: the tree then shows them in a column."""
+    return "meas_eval_s" in rec and bool((rec["meas_eval_s"].fillna(0) > 0).any())
+
+
 def _tree_rows(rec: pd.DataFrame, depth) -> list:
     part = rec if depth is None else rec[rec["depth"] <= depth]
+    evals = _has_eval(rec)
     lines = []
     for r in part.to_dict("records"):
         name = "  " * int(r["depth"]) + _name(r)
@@ -47,6 +53,8 @@ def _tree_rows(rec: pd.DataFrame, depth) -> list:
         cells = [name, fmt_count(r["params"]), fmt_count(r["macs_fwd"])]
         for p in ("fwd", "bwd"):
             cells += [fmt_time(r[f"pred_{p}_s"]), fmt_time(r[f"meas_{p}_s"]), fmt_gap(r[f"gap_{p}"]), _rate(r, p)]
+        if evals:  # measured only: an eval forward has no prediction to be compared with
+            cells.append(fmt_time(r["meas_eval_s"]))
         cells += [r["bound"] or "-", r["reason"] or ""]
         lines.append(cells)
     return lines
@@ -90,6 +98,9 @@ def _summary(t: dict, rec: pd.DataFrame) -> list:
                + f" loss/data/idle {fmt_time(t.get('other_s'))})")
     if t.get("meas_recompute_s"):
         out.append(f"{'recompute (activation checkpointing):':<44}{fmt_time(t.get('meas_recompute_s'))}")
+    if t.get("meas_eval_s"):
+        out.append(f"{'eval forwards (grad disabled):':<44}{fmt_time(t.get('meas_eval_s'))} per step "
+                   "(validation/EMA/teacher calls; not in fwd latency, not compared with the prediction)")
     out.append(f"{'hook overhead (instrumented vs bare steps):':<44}{hook_text(t)}")
     return out
 
@@ -189,6 +200,9 @@ def render_text(rec: pd.DataFrame, *, depth: int | None = None, top: int = 3, ra
     if rec.attrs.get("dtype"):
         meta.append(f"dtype: {rec.attrs['dtype']}")
     meta.append(f"ranks: {len(ranks)}" + (f" (tree below: rank {rank})" if len(ranks) > 1 else ""))
+    n = rec.attrs.get("micro_batches", 1)
+    if n not in (None, 1):  # gradient accumulation: analysis.pipeline scaled the one-micro-batch prediction
+        meta.append(f"prediction scaled by {n:g} micro-batches")
     t = totals.get(rank, {})
     if t.get("steps") == t.get("steps"):
         meta.append(f"measured steps: {t.get('steps')}")
@@ -200,7 +214,10 @@ def render_text(rec: pd.DataFrame, *, depth: int | None = None, top: int = 3, ra
     out.append("Each module: params, forward MACs, then for forward and backward: predicted time, measured time "
                "(median per step), gap = measured/predicted, achieved FLOP/s (predicted FLOPs / measured time); "
                "then the predicted bound and the reason for a large gap.")
-    out += _table(_HEAD, _tree_rows(part, depth))
+    if _has_eval(part):
+        out.append("eval meas: forward calls made with grad disabled (validation, EMA/teacher) per step, measured "
+                   "only: never joined with the training-forward prediction.")
+    out += _table(_HEAD[:-2] + ["eval meas"] + _HEAD[-2:] if _has_eval(part) else _HEAD, _tree_rows(part, depth))
     untimed = int((part["reason"] == "not_instrumented").sum())
     if untimed:  # PerfCheck(depth=/modules=): say why those rows have no measurement
         out.append(f"{untimed} module(s) marked 'not timed' are outside PerfCheck's depth=/modules= selection: "
