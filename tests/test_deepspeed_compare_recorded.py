@@ -57,7 +57,7 @@ def test_cli_exit_codes(tmp_path, capsys):
     assert cli.main(["compare", *ok_runs, "--out", str(tmp_path), "--no-html"]) == 0
     assert cli.main(["compare", str(DATA), "--out", str(tmp_path), "--no-html"]) == 1  # the crashed run
     assert cli.main(["compare", str(tmp_path / "nope")]) == 2
-    assert "run directory not found" in capsys.readouterr().err
+    assert "no such directory" in capsys.readouterr().err
 
 
 def test_merge_refuses_incomplete_sets(tmp_path):
