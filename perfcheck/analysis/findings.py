@@ -55,7 +55,8 @@ from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_r
 #: Python dispatch of a pre- and post-hook. Default chosen by perfcheck from public figures for one
 #: timing-enabled CUDA event record: ~2.5 us (https://github.com/NVIDIA/NVTX/issues/3) to 5.2 us with
 #: a query (https://github.com/ICLDisco/parsec/pull/576); a floor, not a measurement: bench/RESULTS.md
-#: measured 19-70 us for the full forward+backward hook set per module call on a shared 2-core VM.
+#: (issue #15 section) measured 46-54 us of host CPU time per module call for the whole forward +
+#: backward timing on a loaded shared 2-core VM (109-120 us before #15).
 DEFAULT_HOOK_OVERHEAD_S = 5e-6
 
 
