@@ -144,16 +144,18 @@ class PerfCheckMode(Mode):
     name = "perfcheck timing (hooks)"
     warm_steps = 1
 
-    def __init__(self, sample_interval=None, memory=None):
-        self.sample_interval, self.memory = sample_interval, memory
+    def __init__(self, sample_interval=None, memory=None, depth=None):
+        self.sample_interval, self.memory, self.depth = sample_interval, memory, depth
         if sample_interval:
             self.name = f"perfcheck timing + sampler {sample_interval}s"
+        if depth is not None:
+            self.name = f"perfcheck timing, depth={depth}"
         if memory is False:
             self.name += ", per-module memory off"
 
     def attach(self, model):
         self.pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=self.sample_interval,
-                            memory=self.memory).start()
+                            memory=self.memory, depth=self.depth).start()
 
     def boundary(self):
         self.pc.step()
@@ -326,6 +328,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--no-compare", action="store_true", help="skip torch.profiler and DeepSpeed")
     ap.add_argument("--no-sampler", action="store_true", help="skip the perfcheck + sampler mode")
+    ap.add_argument("--depth", type=int, action="append", default=[],
+                    help="also time PerfCheck(depth=N) (repeatable): the cheap always-on mode of issue #15")
     ap.add_argument("--together", action="store_true",
                     help="one A/B with every mode (PerfCheck, torch.profiler, DeepSpeed's flops profiler) per model, "
                          "so their ratios come from the same rounds")
@@ -344,7 +348,8 @@ def main(argv=None):
         rounds = args.rounds or (12 if name.startswith("gpt") else 100)
         runs_ = [("PerfCheck timing mode", rounds,
                   [Mode(), PerfCheckMode()] + ([] if args.no_sampler else [PerfCheckMode(sample_interval=0.5)])
-                  + ([PerfCheckMode(memory=False)] if torch.cuda.is_available() else []))]
+                  + ([PerfCheckMode(memory=False)] if torch.cuda.is_available() else [])
+                  + [PerfCheckMode(depth=d) for d in args.depth])]
         if args.together and not args.no_compare:
             runs_ = [("PerfCheck timing mode and the other tools, same rounds", rounds,
                       runs_[0][2] + [TorchProfilerMode(), DeepSpeedFlopsMode()])]
