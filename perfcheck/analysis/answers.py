@@ -89,6 +89,80 @@ def notes(row: dict, facts: dict, est: zero.ZeroEstimate) -> list:
     return out
 
 
+# ------------------------------------------------------------------- differences with a confidence
+#: A difference is claimed only when the bootstrap interval of the ratio of medians excludes 1;
+#: "clear" when it also stays beyond +-CLEAR (default chosen by perfcheck: 10%, the step-to-step noise
+#: of a shared CPU machine is of that order).
+CONFIDENCE, CLEAR, BOOTSTRAP = 0.95, 0.10, 2000
+
+
+def stage_steps(run_dir) -> pd.DataFrame:
+    """Per optimizer step and rank of one stage's run: fwd_s, bwd_s, step_s, total_s summed over the
+    step's micro-steps, measured steps only; steps with DeepSpeed's comms logger on (it synchronizes
+    after every collective) are left out when others remain."""
+    from pathlib import Path
+
+    from perfcheck.integrations.deepspeed import run_files
+
+    parts = [run_files.read_engine_steps(d) for d in sorted(Path(run_dir).glob("rank*"))]
+    rows = pd.concat([p for p in parts if p is not None and not p.empty] or [pd.DataFrame()], ignore_index=True)
+    if rows.empty or "role" not in rows:
+        return pd.DataFrame(columns=["rank", "step", "fwd_s", "bwd_s", "step_s", "total_s"])
+    rows = rows[rows["role"] == "measured"]
+    logged = rows["comms_logged"].astype(str).str.lower() == "true"
+    if (~logged).any():
+        rows = rows[~logged]
+    return rows.groupby(["rank", "step"], as_index=False)[["fwd_s", "bwd_s", "step_s", "total_s"]].sum(min_count=1)
+
+
+def spread(values) -> str:
+    """'median (p25-p75, n=N)' of per-step seconds."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return "n/a"
+    lo, med, hi = np.percentile(v, [25, 50, 75])
+    return f"{fmt_s(med)} ({fmt_s(lo)}-{fmt_s(hi)}, n={len(v)})"
+
+
+def compare_samples(a, b) -> dict:
+    """Is ``a`` (per-step seconds) different from ``b``? Ratio of medians a/b with a bootstrap interval
+    (resampling steps, fixed seed: the same data gives the same words) and a verdict:
+    'higher' / 'lower' (interval excludes 1), 'within noise' (it does not), 'too few steps' (< 3 each).
+    ``confidence``: 'clear' when the interval also stays beyond +-CLEAR, else 'weak'."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    out = {"n_a": len(a), "n_b": len(b), "ratio": math.nan, "lo": math.nan, "hi": math.nan}
+    if len(a) < 3 or len(b) < 3 or np.median(b) <= 0:
+        return {**out, "verdict": "too few steps", "confidence": "none"}
+    rng = np.random.default_rng(0)
+    ra = np.median(rng.choice(a, (BOOTSTRAP, len(a))), axis=1)
+    rb = np.median(rng.choice(b, (BOOTSTRAP, len(b))), axis=1)
+    ratios = ra / np.where(rb > 0, rb, np.nan)
+    tail = (1 - CONFIDENCE) / 2 * 100
+    lo, hi = np.nanpercentile(ratios, [tail, 100 - tail])
+    out.update(ratio=float(np.median(a) / np.median(b)), lo=float(lo), hi=float(hi))
+    if lo > 1:
+        verdict, clear = "higher", lo > 1 + CLEAR
+    elif hi < 1:
+        verdict, clear = "lower", hi < 1 - CLEAR
+    else:
+        verdict, clear = "within noise", False
+    return {**out, "verdict": verdict, "confidence": "clear" if clear else ("weak" if verdict != "within noise"
+                                                                           else "none")}
+
+
+def describe(name_a: str, name_b: str, c: dict) -> str:
+    """One sentence for ``compare_samples``' result, with its numbers."""
+    n = f"n={c['n_a']} and {c['n_b']} steps"
+    if c["verdict"] == "too few steps":
+        return f"{name_a} vs {name_b}: too few measured steps to tell ({n}; run more steps)"
+    ci = f"{c['lo']:.2f}-{c['hi']:.2f}x at {CONFIDENCE:.0%}, {n}"
+    if c["verdict"] == "within noise":
+        return f"{name_a} vs {name_b}: {c['ratio']:.2f}x, within noise ({ci})"
+    return f"{name_a} is {c['ratio']:.2f}x {name_b} ({c['confidence']}: {ci})"
+
+
 # -------------------------------------------------------------------------------- answers
 def _per_stage(table: pd.DataFrame) -> pd.DataFrame:
     """Median over ranks of one run per stage: the run named ``stage<N>`` when there is one."""
@@ -111,9 +185,11 @@ def answers(table: pd.DataFrame) -> list:
     out = []
     if s.empty:
         return [("Results", "No stage completed; see the notes column for each stage's log tail.")]
-    out.append(("Why is stage 3 slower than the others? Is the config wrong?", _why_stage3(s) + _gathering_runs(table)))
+    steps = _stage_samples(table)
+    out.append(("Why is stage 3 slower than the others? Is the config wrong?",
+                _why_stage3(s, steps) + _gathering_runs(table)))
     out.append(("Why is 'model parallel size' 1 with ZeRO-3?", _why_mp(table)))
-    out.append(("Why does the forward latency grow with the stage?", _why_fwd(s)))
+    out.append(("Why does the forward latency grow with the stage?", _why_fwd(s, steps)))
     out.append(("Where is GPU utilization?", _where_util(s)))
     bad = table[table["status"] != "ok"].drop_duplicates("run" if "run" in table else "stage")
     if not bad.empty:
@@ -122,16 +198,39 @@ def answers(table: pd.DataFrame) -> list:
     return out
 
 
+def _stage_samples(table) -> dict:
+    """stage -> per-step frame (``stage_steps``) of the run ``_per_stage`` picked for it."""
+    ok = table[table["status"] == "ok"]
+    out = {}
+    if "run_dir" not in ok:
+        return out
+    for st, g in ok.groupby("stage"):
+        runs_ = list(dict.fromkeys(g["run"])) if "run" in g else []
+        pick = f"stage{int(st)}" if f"stage{int(st)}" in runs_ else (runs_[0] if runs_ else None)
+        d = g[g["run"] == pick]["run_dir"].iloc[0] if pick is not None else g["run_dir"].iloc[0]
+        try:
+            out[int(st)] = stage_steps(d)
+        except Exception:  # noqa: BLE001 - an unreadable stage has no per-step samples; its medians still show
+            continue
+    return out
+
+
 def _stage_list(s, col, f=fmt_s):
     return ", ".join(f"stage {int(st)} {f(v)}" for st, v in zip(s["stage"], s[col]))
 
 
-def _why_stage3(s) -> str:
-    text = [f"Measured step time (median): {_stage_list(s, 'meas_step_s')}."]
+def _why_stage3(s, steps=None) -> str:
+    steps = steps or {}
+    per = [f"stage {st} {spread(f['total_s'])}" for st, f in sorted(steps.items()) if len(f)]
+    text = [f"Measured step time, median (p25-p75, steps x ranks): {', '.join(per)}." if per else
+            f"Measured step time (median): {_stage_list(s, 'meas_step_s')}."]
     if 3 not in s.index:
         return text[0] + " Stage 3 did not run."
     r = s.loc[3]
-    if 0 in s.index and s.loc[0, "meas_step_s"] > 0:
+    if 0 in steps and 3 in steps:
+        text.append(describe("Stage 3's step", "stage 0's", compare_samples(steps[3]["total_s"], steps[0]["total_s"]))
+                    + ".")
+    elif 0 in s.index and s.loc[0, "meas_step_s"] > 0:
         text.append(f"Stage 3 takes {r['meas_step_s'] / s.loc[0, 'meas_step_s']:.2f}x stage 0.")
     text.append(f"Per step stage 3 issues {r['meas_allgather_count']:.0f} allgathers and "
                 f"{r['meas_reducescatter_count']:.0f} reduce-scatter; its collectives move "
@@ -190,17 +289,37 @@ def _why_mp(table) -> str:
     return " ".join(text)
 
 
-def _why_fwd(s) -> str:
-    text = [f"Measured forward per step: {_stage_list(s, 'meas_fwd_s')}; exposed communication in forward: "
-            f"{_stage_list(s, 'meas_fwd_comm_s')}; predicted forward: {_stage_list(s, 'pred_fwd_s')}."]
-    z = s[s["stage"] < 3]
-    if not z.empty:
-        spread = float(np.nanmax(s["meas_step_spread"])) if "meas_step_spread" in s else math.nan
-        text.append(f"Stages 0-2 move {fmt_bytes(float(z['meas_fwd_comm_bytes'].max()))} in forward: their forward "
-                    f"differences are noise (step times vary by {spread:.0%} from step to step here).")
-    if 3 in s.index:
-        text.append(f"Stage 3's forward moves {fmt_bytes(s.loc[3, 'meas_fwd_comm_bytes'])} and runs the ZeRO-3 "
-                    "hooks, so its forward is the one that grows.")
+def _why_fwd(s, steps=None) -> str:
+    """Which stage's forward differs from stage 0's, by the comparison rule (medians, bootstrap interval),
+    and what each moves in forward; no stage is said to grow unless its interval says so."""
+    steps = steps or {}
+    per = [f"stage {st} {spread(f['fwd_s'])}" for st, f in sorted(steps.items()) if len(f)]
+    text = [("Measured forward per step, median (p25-p75): " + ", ".join(per) if per else
+             f"Measured forward per step: {_stage_list(s, 'meas_fwd_s')}")
+            + f"; exposed communication in forward: {_stage_list(s, 'meas_fwd_comm_s')}; predicted forward: "
+            f"{_stage_list(s, 'pred_fwd_s')}."]
+    if 0 not in steps:
+        return text[0] + " Stage 0 did not run, so no stage can be compared with it."
+    grows, same, unsure = [], [], []
+    for st in sorted(k for k in steps if k != 0):
+        c = compare_samples(steps[st]["fwd_s"], steps[0]["fwd_s"])
+        sentence = describe(f"stage {st}'s forward", "stage 0's", c)
+        moved = s.loc[st, "meas_fwd_comm_bytes"] if st in s.index else math.nan
+        if c["verdict"] == "higher":
+            grows.append(f"{sentence}; it moves {fmt_bytes(moved)} in forward"
+                         + (" and runs ZeRO-3's fetch/release hooks on every module call" if st == 3 else ""))
+        elif c["verdict"] == "too few steps":
+            unsure.append(sentence)
+        else:
+            same.append(sentence)
+    if grows:
+        text.append("Grows: " + "; ".join(grows) + ".")
+    else:
+        text.append("No stage's forward is measurably longer than stage 0's in this run.")
+    if same:
+        text.append("Not different (or shorter): " + "; ".join(same) + ".")
+    if unsure:
+        text.append("; ".join(unsure) + ".")
     return " ".join(text)
 
 

@@ -34,7 +34,7 @@ def add_parser(subparsers):
     p.add_argument("--ranks", type=int, default=None,
                    help="processes on this machine (default: 2 CPU ranks, or every visible GPU)")
     p.add_argument("--hostfile", default=None, help="DeepSpeed hostfile for a multi-node sweep (instead of --ranks)")
-    p.add_argument("--steps", type=int, default=None, help="measured optimizer steps per stage (default: the config's, 4)")
+    p.add_argument("--steps", type=int, default=None, help="measured optimizer steps per stage (default: the config's, 12)")
     p.add_argument("--micro-batch", type=int, default=None, help="micro-batch per rank (default: the config's, 8)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"sweep directory (default: {DEFAULT_OUT})")
     p.add_argument("--extra-config", action="append", default=[], metavar="JSON",
