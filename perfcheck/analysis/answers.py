@@ -84,6 +84,9 @@ def notes(row: dict, facts: dict, est: zero.ZeroEstimate) -> list:
                    "(averaged_gradients), not the paper's full or 1/N share" if part == "grad" and est.stage in (1, 2)
                    else "different from the ZeRO paper's accounting")
             out.append(f"memory {label}: measured {fmt_bytes(m)} vs predicted {fmt_bytes(p)}: {why}")
+    if row.get("other_overlap_s", 0) > 0:
+        out.append(f"time outside fwd/bwd/step shown as 0: the phases' per-step medians overlap by "
+                   f"{fmt_s(row['other_overlap_s'])} (medians of separate distributions do not add up exactly)")
     if not row.get("compute_predicted"):
         out.append("no predicted.csv in the run directory: compute times not predicted (see save_prediction)")
     return out

@@ -529,7 +529,9 @@ def _step_totals(steps: pd.DataFrame, rank: int) -> dict:
                unexplained_share=unexplained / med["step_s"] if med["step_s"] > 0 else np.nan,
                optim_share=med["optim_s"] / med["step_s"] if med["step_s"] > 0 else np.nan,
                meas_bwd_finalize_s=med["bwd_finalize_s"], meas_compute_s=med["compute_s"],
-               other_s=unexplained - med["optim_s"] - med["bwd_finalize_s"])
+               # Medians of separate distributions need not add up: a negative remainder is the parts'
+               # medians overlapping, not time; it is 0 here and report/text.py says by how much they overlap.
+               other_s=max(unexplained - med["optim_s"] - med["bwd_finalize_s"], 0.0))
     if len(bare):
         out["hook_overhead_share"] = float(np.median(f["step_s"]) / np.median(bare["step_s"].to_numpy(float)) - 1.0)
     return out

@@ -95,7 +95,8 @@ def _summary(t: dict, rec: pd.DataFrame) -> list:
                f" (optimizer/framework after backward {fmt_time(t.get('meas_optim_s'))},"
                + (f" collective waits at the end of backward (DDP/FSDP2) {fmt_time(t.get('meas_bwd_finalize_s'))},"
                   if (t.get('meas_bwd_finalize_s') or 0) > 1e-4 else "")
-               + f" loss/data/idle {fmt_time(t.get('other_s'))})")
+               + f" loss/data/idle {fmt_time(t.get('other_s'))})"
+               + _overlap_note(t))
     if t.get("meas_recompute_s"):
         out.append(f"{'recompute (activation checkpointing):':<44}{fmt_time(t.get('meas_recompute_s'))}")
     if t.get("meas_eval_s"):
@@ -176,6 +177,16 @@ def _ranks(rec: pd.DataFrame, k: int) -> list:
     out.append(f"Modules over ranks (top {len(rows)} by slowest-rank time; min / median / max):")
     out += ["  " + s for s in _table(["module", "fwd", "slowest", "bwd", "slowest", ""], rows, left=(0,))]
     return out
+
+
+def _overlap_note(t: dict) -> str:
+    """Why loss/data/idle shows 0: the remainder of the per-part medians was negative (they overlap)."""
+    parts = [t.get(k) for k in ("unexplained_s", "meas_optim_s", "meas_bwd_finalize_s")]
+    if any(p is None or p != p for p in parts[:2]):
+        return ""
+    raw = parts[0] - parts[1] - (parts[2] if parts[2] == parts[2] and parts[2] is not None else 0.0)
+    return (f"\n{'':<44}(loss/data/idle shown as 0: the medians of the parts overlap by {fmt_time(-raw)}; "
+            "they are medians of separate per-step distributions)") if raw < 0 else ""
 
 
 def render_text(rec: pd.DataFrame, *, depth: int | None = None, top: int = 3, rank: int | None = None) -> str:
