@@ -275,12 +275,17 @@ def test_cuda_events_time_a_known_gpu_delay():
 
     model = M().cuda()
     x = torch.randn(8, 64, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(50_000_000)
-    end.record()
-    torch.cuda.synchronize()
-    ref = start.elapsed_time(end) * 1e-3
+
+    def spin_s():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(50_000_000)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e-3
+
+    spin_s()  # a cold GPU spins the same cycles ~40% slower (H100: 35 ms first, 25.3 ms after)
+    ref = sorted(spin_s() for _ in range(3))[1]
     pc = run_steps(model, lambda: (x,))
     spin = row(pc, "spin")["fwd_s_median"]
     assert ref * 0.8 <= spin <= ref * 1.3
