@@ -29,11 +29,14 @@ def _measured(times: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_jsc_tiny_is_launch_bound_everywhere():
-    # Predicted on an A100: every module is a few 5 us launches. Measured in the tens of us per kernel
-    # (CUDA events, no syncs), with the kernels the profiler would see: 2 for BatchNorm, 1 per ReLU, 2 for Linear.
+def test_jsc_tiny_is_predicted_host_bound_everywhere():
+    # Predicted on an A100: every module is a few tiny kernels, each issued after its host work
+    # (dispatch, autograd node, module call: perfcheck.predict.host), so the host timeline sets the
+    # time. Measured in the tens of us per module (CUDA events, no syncs), with the kernels the
+    # profiler would see: 2 for BatchNorm, 1 per ReLU, 2 for Linear.
     pred = perfcheck.estimate(JSC_Tiny(), (torch.randn(8, 16),), system="a100-80gb-sxm")
-    assert set(pred["bound_fwd"]) == {"overhead"}
+    assert set(pred["bound_fwd"]) == {"host"}
+    assert (pred["host_fwd_s"] > 0.5 * pred["pred_fwd_s"]).all()  # host work, not device work, is the time
     meas = _measured({ROOT: ("JSC_Tiny", 160e-6, 150e-6), "seq_blocks": ("Sequential", 140e-6, 130e-6),
                       "seq_blocks.0": ("BatchNorm1d", 42e-6, 40e-6), "seq_blocks.1": ("ReLU", 18e-6, 16e-6),
                       "seq_blocks.2": ("Linear", 35e-6, 45e-6), "seq_blocks.3": ("ReLU", 15e-6, 14e-6)})
@@ -44,9 +47,9 @@ def test_jsc_tiny_is_launch_bound_everywhere():
         columns=["module", "phase", "name", "device", "count", "total_s", "self_s", "rank"])
     rec = perfcheck.reconcile(pred, meas, system="a100-80gb-sxm", kernels=kern)
     assert (rec["side"] == "both").all()
-    assert (rec["gap_fwd"] > 2).all()
-    assert set(rec["reason_fwd"]) == {"launch_overhead"}, rec[["module", "gap_fwd", "reason_fwd"]]
-    assert set(rec["reason"]) == {"launch_overhead"}
+    # A device-only model was 5-30x off here; with the host timeline every module is within 2.5x
+    # (the datasheet-free GPU host defaults are not this machine's: a calibration closes the rest).
+    assert ((rec["gap_fwd"] > 1) & (rec["gap_fwd"] < 2.5)).all(), rec[["module", "gap_fwd"]]
     root = rec[rec["module"] == ROOT].iloc[0]
     assert root["kernels_fwd"] == 6 and root["params"] == 117  # DeepSpeed printed "params of model: 0"
 
@@ -97,6 +100,8 @@ def test_predict_for_run_matches_estimate_and_round_trips(tmp_path):
     pd.testing.assert_frame_equal(got[list(PREDICTED_COLUMNS)], want[list(PREDICTED_COLUMNS)])
     save_predicted(tmp_path, got, system="cpu", dtype=torch.float32)
     back, info = load_predicted(tmp_path)
-    assert info == {"schema_version": 1, "system": "cpu", "dtype": "float32"}
+    assert {k: info[k] for k in ("schema_version", "system", "dtype")} == {"schema_version": 1, "system": "cpu",
+                                                                          "dtype": "float32"}
+    assert info["system_label"] == "cpu (datasheet)"  # the per-user calibration cache is empty in tests
     pd.testing.assert_frame_equal(back[list(PREDICTED_COLUMNS)], got[list(PREDICTED_COLUMNS)], check_dtype=False)
     assert model_from_meta({"model": {"type": "Net", "params": 1}}) is None  # a user's own Net
