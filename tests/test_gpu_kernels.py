@@ -46,7 +46,7 @@ def gpt_run(tmp_path_factory):
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=True)
     x = torch.randint(0, V, (B, T), device="cuda")
     y = torch.randint(0, V, (B, T), device="cuda")
-    pc = PerfCheck(model, warmup=2, steps=4, profile=True, profile_window=(0, 1, 1), sample_interval=0.1,
+    pc = PerfCheck(model, warmup=2, steps=4, profile=True, profile_window=(0, 1, 1), sample_interval=0.1, memory=True,
                    out_dir=out)
     with pc:
         while not pc.done:

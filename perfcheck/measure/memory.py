@@ -24,6 +24,10 @@ CPU_NOTE = ("memory: per-module activation and peak memory are measured from the
             "allocator; on CPU they are not measurable (act_mem_bytes and peak_mem_bytes are NaN). "
             "Process RSS is sampled in samples.csv (rss_bytes, and mem_used_bytes without NVML).")
 
+OFF_NOTE = ("memory: per-module and per-step CUDA memory off (PerfCheck(memory=True) turns it on; it reads the "
+            "allocator's stats at every module boundary, ~23 us of host time per call on an H100); GPU memory used "
+            "is sampled in samples.csv (NVML).")
+
 CUDA_NOTE = ("memory: act_mem_bytes = torch.cuda.memory_allocated() after minus before the module's "
              "forward; peak_mem_bytes = max_memory_allocated() over its forward, read with nested "
              "reset_peak_memory_stats() at module boundaries (so the user's own max_memory_allocated() "

@@ -108,7 +108,9 @@ class PerfCheck:
         count_flops: one step under ``FlopCounterMode`` (per module, forward and backward).
         sample_interval: sampler period in seconds (>= 0.1); ``None`` turns the sampler off.
         out_dir: run directory; rows are appended as steps end and the rest is written at ``stop()``.
-        memory: per-module CUDA memory (default: on for CUDA models; NaN on CPU).
+        memory: per-module and per-step peak CUDA memory (default off: reading the allocator's stats at
+            every module boundary costs ~23 us of host time per call on an H100, +5% on GPT-2 small at
+            batch 32, bench/RESULTS.md; NaN on CPU).
         overhead_pairs: instrumented/bare step pairs for the in-run overhead estimate (meta.json).
         parallel: what is known about the parallel layout, merged into meta.json's ``parallel``.
         system: the spec predictions use (a name from ``perfcheck systems``, a JSON file from
@@ -156,7 +158,7 @@ class PerfCheck:
         self._timed, self._selection = selection.select(self._view.modules, self._view.types, depth=self.depth,
                                                         entries=self.modules_selected)
         self.device = model_device(self._view.root)
-        self.track_memory = (self.device.type == "cuda") if memory is None else bool(memory)
+        self.track_memory = False if memory is None else bool(memory)
         if self.track_memory and self.device.type != "cuda":
             self.track_memory = False  # nothing to read on CPU; meta.json says so
         self._state = "new"
@@ -588,7 +590,7 @@ class PerfCheck:
             roles[r["role"]] = roles.get(r["role"], 0) + 1
         parallel = parallel_setup(view, self.world_size if started else 1)
         parallel.update(self.user_parallel)
-        notes = [memory_mod.CUDA_NOTE if self.track_memory else memory_mod.CPU_NOTE,
+        notes = [memory_mod.CUDA_NOTE if self.track_memory else (memory_mod.OFF_NOTE if self.device.type == "cuda" else memory_mod.CPU_NOTE),
                  "gpu_util (NVML) is a duty cycle: the share of a 1/6 s to 1 s window in which any kernel ran; "
                  "it is not SM occupancy or efficiency."]
         return {
