@@ -54,6 +54,17 @@ def profile_steps(meta: dict) -> int:
     return 1
 
 
+def _other_system(system, info: dict) -> bool:
+    """True when ``system`` (given by the user) is not the one the saved prediction was made for."""
+    if system is None:
+        return False
+    from perfcheck.hardware.systems import load_system
+
+    spec = load_system(system)
+    saved = info.get("spec")
+    return spec != saved if saved is not None else spec.name != info.get("system")
+
+
 def _predicted_for(run: rundir.Run, system, live_predicted):
     """``(frame, info, notes)``: the saved or live prediction, else a re-run on a built-in example."""
     meta0 = run.meta[run.ranks[0]]
@@ -61,9 +72,14 @@ def _predicted_for(run: rundir.Run, system, live_predicted):
         frame = for_run.normalize_predicted(live_predicted)
         return frame, {"system": live_predicted.attrs.get("system"), "dtype": live_predicted.attrs.get("dtype")}, []
     pred, info = for_run.load_predicted(run.run_dir, run.ranks)
-    if pred is not None:
+    if pred is not None and not _other_system(system, info):
         return pred, info, []
     model = for_run.model_from_meta(meta0)
+    if pred is not None and model is None:
+        raise UserError(f"--system {getattr(system, 'name', system)}: the saved prediction is for "
+                        f"{info.get('system')} and meta.json does not name a built-in example model to re-estimate; "
+                        "re-run perfcheck.estimate(model, inputs, system=...) and save it with "
+                        "perfcheck.predict.for_run.save_predicted, or report without --system")
     if model is None:
         raise UserError(f"{Path(run.run_dir) / for_run.PREDICTED_CSV}: missing file (no predicted rows in the run, and "
                         "meta.json does not name a built-in example model to re-run the estimator; save them with "
@@ -142,7 +158,8 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
     pred, info, notes = _predicted_for(run, system, live_predicted)
     notes = list(run.notes) + notes
     meta0 = run.meta[run.ranks[0]]
-    name = system if system is not None else (info.get("system") or for_run.system_from_meta(meta0))
+    name = system if system is not None else (info.get("spec") or info.get("system")
+                                              or for_run.system_from_meta(meta0))
     dtype = info.get("dtype") or meta0.get("dtype")
     sel = meta0.get("selection")  # PerfCheck(depth=/modules=): rows outside it are absent by design
     timed = sel.get("timed") if isinstance(sel, dict) else None

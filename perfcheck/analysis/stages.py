@@ -341,6 +341,8 @@ def reconcile_stages(run_dirs, system=None) -> pd.DataFrame:
     rows = []
     for run_dir in expand_run_dirs(run_dirs):
         stage = load_stage(run_dir)
+        if system is not None and stage["ranks"]:
+            stage["predicted"] = predicted_on(system, stage)
         if not stage["ranks"]:
             rows.append({"stage": stage["stage"], "run": run_dir.name, "rank": -1, "status": "failed",
                          "run_dir": str(run_dir),
@@ -361,6 +363,31 @@ def reconcile_stages(run_dirs, system=None) -> pd.DataFrame:
             rows.append(row)
     frame = pd.DataFrame(rows)
     return frame.sort_values(["stage", "run", "rank"], kind="stable", ignore_index=True) if not frame.empty else frame
+
+
+def predicted_on(system, stage: dict) -> pd.DataFrame:
+    """The stage's compute prediction on ``system`` (``--system``): the saved one when it was made for that
+    system, else re-estimated for a built-in example model named by a rank's meta.json, else a UserError
+    with the fix (never the old system's numbers under the new name)."""
+    from perfcheck.hardware.systems import load_system
+    from perfcheck.predict import for_run
+
+    spec = load_system(system)
+    try:
+        _, info = for_run.load_predicted(stage["run_dir"])
+    except UserError:
+        info = {}
+    saved = info.get("spec")
+    if not stage["predicted"].empty and (saved == spec if saved is not None else info.get("system") == spec.name):
+        return stage["predicted"]
+    meta = _read_json(Path(stage["run_dir"]) / f"rank{min(stage['ranks'])}" / runs.META) or {}
+    model = for_run.model_from_meta(meta) if meta.get("inputs") else None
+    if model is None:
+        raise UserError(f"--system {spec.name}: {stage['run_dir']} was predicted for {info.get('system')} and its "
+                        "meta.json does not name a built-in example model to re-estimate; save a prediction for "
+                        f"{spec.name} with perfcheck.predict.for_run.save_predicted, or compare without --system")
+    meta = {**meta, "parallel": None}  # compute only, one micro-batch on one rank, as train_ds saves it
+    return for_run.predict_for_run(model, meta, system=spec)
 
 
 def stage_complete(run_dir) -> bool:

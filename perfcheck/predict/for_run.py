@@ -163,8 +163,16 @@ def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, sys
         from perfcheck.hardware.cache import spec_label
 
         label = spec_label(spec)
+    if spec is None and name is not None:
+        try:  # the frame's own system: embed it too, so the run carries the spec it was predicted with
+            spec = load_system(name)
+        except UserError:
+            spec = None
     runs.atomic_write_json(base / PREDICTED_JSON, {"schema_version": SCHEMA_VERSION, "system": name,
                                                    "system_label": label,
+                                                   # the whole spec: a run predicted with a calibrated file
+                                                   # reports anywhere without that file (or --system)
+                                                   "system_spec": spec.to_json_dict() if spec is not None else None,
                                                    "dtype": None if dtype is None else str(dtype).replace("torch.", "")})
     return path
 
@@ -175,6 +183,10 @@ def _read_one(csv: Path) -> tuple:
         raise UserError(f"{side}: missing file ({csv.name} without its {PREDICTED_JSON} is from an older perfcheck or "
                         "another tool; re-run the prediction with perfcheck.predict.for_run.save_predicted)")
     info = runs.read_versioned_json(side, PREDICTED_JSON)
+    if info.get("system_spec") is not None:
+        from perfcheck.hardware.systems import SystemSpec
+
+        info["spec"] = SystemSpec.from_dict(info["system_spec"], where=f"{side}: system_spec")
     return _parse_predicted(csv, str(csv)), info
 
 
