@@ -132,3 +132,24 @@ def test_perfcheck_samples_are_labelled_with_steps():
     assert list(s.columns) == list(SAMPLE_COLUMNS) and len(s) >= 3
     assert s["step"].is_monotonic_increasing and s["step"].max() >= 2
     assert pc.meta()["sampler"]["backend"] == "psutil"
+
+
+def test_short_runs_get_a_dense_curve_to_their_end():
+    """Issue 11: a run's sampler panel had 2 points. With a 0.5 s interval a 1.2 s run gets samples every
+    0.1 s from its start (DENSE_SAMPLES of them) and one at stop()."""
+    import time as _time
+
+    from perfcheck.measure import sampler as S
+
+    s = Sampler(0.5)
+    s.start()
+    _time.sleep(1.2)
+    t_stop = _time.perf_counter() - s._t0
+    s.stop()
+    times = [r["time_s"] for r in s.rows]
+    assert len(times) >= 8, times  # ~11 at 0.1 s on a quiet machine; 0.5 s would give 2
+    assert times[0] < 0.35 and abs(times[-1] - t_stop) < 0.3
+    assert S.DENSE_SAMPLES * S.MIN_INTERVAL_S <= 2.0  # the dense phase is bounded: long runs keep the interval
+    s2 = Sampler(0.5)
+    s2.rows = [{}] * S.DENSE_SAMPLES
+    assert s2.next_wait() == 0.5

@@ -112,8 +112,16 @@ class _Nvml:
             self.warn(f"nvmlShutdown failed ({exc})")
 
 
+#: Samples taken at MIN_INTERVAL_S from the start before the requested interval applies, and one more at
+#: stop(): a run of a second or two still gets a curve of ~DENSE_SAMPLES points rather than two (default
+#: chosen by perfcheck; 20 x 0.1 s = the first 2 s).
+DENSE_SAMPLES = 20
+
+
 class Sampler:
-    """Samples every ``interval_s`` on a daemon thread; rows follow schema.SAMPLE_COLUMNS.
+    """Samples on a daemon thread from ``start()``; rows follow schema.SAMPLE_COLUMNS. The first
+    DENSE_SAMPLES samples come every MIN_INTERVAL_S (short runs get enough points), then every
+    ``interval_s``; ``stop()`` takes a last sample, so the curve reaches the end of the run.
 
     ``step_fn`` returns the training step in flight; ``on_row`` (optional) receives each row as it
     is taken (the run writer appends it to samples.csv and flushes).
@@ -172,16 +180,26 @@ class Sampler:
             row["mem_used_bytes"], row["mem_total_bytes"] = rss, self._mem_total
         return row
 
+    def next_wait(self) -> float:
+        """Seconds to the next sample: MIN_INTERVAL_S for the first DENSE_SAMPLES, then ``interval_s``."""
+        return min(self.interval_s, MIN_INTERVAL_S) if len(self.rows) < DENSE_SAMPLES else self.interval_s
+
+    def _take(self) -> bool:
+        try:
+            row = self.sample()
+            self.rows.append(row)
+            if self.on_row is not None:
+                self.on_row(row)
+            return True
+        except Exception as exc:  # a sampler must never take the training run down
+            self._warn(f"sampling failed ({type(exc).__name__}: {exc}); stopping the sampler")
+            return False
+
     def _run(self):
-        while not self._stop.wait(self.interval_s):
-            try:
-                row = self.sample()
-                self.rows.append(row)
-                if self.on_row is not None:
-                    self.on_row(row)
-            except Exception as exc:  # a sampler must never take the training run down
-                self._warn(f"sampling failed ({type(exc).__name__}: {exc}); stopping the sampler")
+        while not self._stop.wait(self.next_wait()):
+            if not self._take():
                 return
+        self._take()  # stop() asked: one last sample at the end of the run, on this thread like every read
 
     def stop(self):
         """Stop and join the thread, then shut NVML down (in that order)."""
