@@ -118,7 +118,7 @@ def test_html_is_self_contained_and_answers(sweep):
     start = page.index("data:image/png;base64,") + len("data:image/png;base64,")
     assert base64.b64decode(page[start:page.index('"', start)])[:4] == b"\x89PNG"
     text = sweep.proc.stdout
-    for phrase in ("model parallel", "ds_numel", "persistent", "allgathers", "samples.csv", "Stage 3 takes"):
+    for phrase in ("model parallel", "ds_numel", "persistent", "allgathers", "samples.csv", "Stage 3's step"):
         assert phrase in text, phrase
 
 

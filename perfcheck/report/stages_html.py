@@ -65,7 +65,9 @@ def figure_png(fig) -> str:
 
 
 def time_figure(table: pd.DataFrame) -> str:
-    """Stacked bars per stage, predicted and measured side by side: compute / exposed comm / other."""
+    """Two panels per stage (median over ranks). Left: predicted and measured step time side by side on a
+    log axis, each bar labelled with its value, so a prediction 100x below the measurement still shows.
+    Right: the measured step split into compute, exposed communication and other (linear axis)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,23 +75,41 @@ def time_figure(table: pd.DataFrame) -> str:
 
     ok = table[table["status"] == "ok"]
     per = ok.groupby("run", sort=False).median(numeric_only=True)
-    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.9))
+    x = list(range(len(per)))
+    for j, (who, color, label) in enumerate((("pred", "#4C72B0", "predicted"), ("meas", "#DD8452", "measured"))):
+        vals = per[f"{who}_step_s"].to_numpy(float) * 1e3
+        xs = [i + (j - 0.5) * 0.38 for i in x]
+        ax.bar(xs, vals, 0.36, color=color, label=label)
+        for xi, v in zip(xs, vals):
+            if v == v and v > 0:
+                ax.annotate(fmt_s(v / 1e3), (xi, v), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
+                            textcoords="offset points")
+    pos = per[["pred_step_s", "meas_step_s"]].to_numpy(float).ravel()
+    pos = pos[(pos > 0) & (pos == pos)] * 1e3
+    if len(pos):
+        ax.set_yscale("log")
+        ax.set_ylim(pos.min() / 3, pos.max() * 4)  # room for the labels: no bar is clipped
+    ax.set_xticks(x, list(per.index))
+    ax.set_ylabel("ms per optimizer step (log scale)")
+    ax.set_title("Step time: predicted vs measured")
+    ax.legend(frameon=False, fontsize=8)
     parts = (("compute", "#4C72B0"), ("exposed comm", "#DD8452"), ("other", "#8C8C8C"))
-    for j, (who, hatch) in enumerate((("pred", ""), ("meas", "//"))):
-        x = [i + (j - 0.5) * 0.38 for i in range(len(per))]
-        compute = sum(per[f"{who}_{p}_compute_s"].fillna(0) for p in ("fwd", "bwd", "optim"))
-        comm = sum(per[f"{who}_{p}_comm_s"].fillna(0) for p in ("fwd", "bwd", "optim"))
-        other = per["meas_other_s"].fillna(0).clip(lower=0) if who == "meas" else 0 * compute
-        bottom = 0 * compute
-        for (label, color), vals in zip(parts, (compute, comm, other)):
-            ax.bar(x, vals * 1e3, 0.36, bottom=bottom * 1e3, color=color, hatch=hatch, edgecolor="white",
-                   label=label if j == 1 else None)
-            bottom = bottom + vals
-    ax.set_xticks(range(len(per)), [f"{run}\n(pred | meas)" for run in per.index])
-    ax.margins(y=0.12)
-    ax.set_ylabel("ms per optimizer step (left bar predicted, hatched bar measured)")
-    ax.set_title("Step time: compute, exposed communication, other (median over ranks)")
-    ax.legend(frameon=False)
+    compute = sum(per[f"meas_{p}_compute_s"].fillna(0) for p in ("fwd", "bwd", "optim"))
+    comm = sum(per[f"meas_{p}_comm_s"].fillna(0) for p in ("fwd", "bwd", "optim"))
+    other = per["meas_other_s"].fillna(0).clip(lower=0)
+    bottom = 0 * compute
+    for (label, color), vals in zip(parts, (compute, comm, other)):
+        bx.bar(x, vals * 1e3, 0.6, bottom=bottom * 1e3, color=color, label=label)
+        bottom = bottom + vals
+    top = float(bottom.max()) * 1e3 if len(bottom) else 0.0
+    if top > 0:
+        bx.set_ylim(0, top * 1.15)
+    bx.set_xticks(x, list(per.index))
+    bx.set_ylabel("ms per optimizer step")
+    bx.set_title("Measured step: compute, exposed communication, other")
+    bx.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
     return figure_png(fig)
 
 
@@ -129,19 +149,58 @@ def write_html(table: pd.DataFrame, path, title: str = "perfcheck compare: ZeRO 
     bad = table[table["status"] != "ok"].drop_duplicates("run")
     failed = [(f"{r.get('run', r['stage'])} failed", str(r.get("notes", ""))) for _, r in bad.iterrows()]
     atomic_write_text(path, html_page(title, figs, answers(table), failed, table,
-                                      "Table (pred_* / meas_* pairs; bytes per optimizer step per rank)"))
+                                      "Summary (per optimizer step; bytes are full collective buffers per rank)"))
 
 
-def html_page(title: str, figures, qa, failed, table: pd.DataFrame, caption: str) -> str:
+#: The summary table's columns: (header, predicted column, measured column, formatter); a pair shows when
+#: the table has it. Every other column stays in the CSV the page links to.
+SUMMARY = (("step", "pred_step_s", "meas_step_s", fmt_s), ("fwd", "pred_fwd_s", "meas_fwd_s", fmt_s),
+           ("bwd", "pred_bwd_s", "meas_bwd_s", fmt_s), ("optimizer", "pred_optim_s", "meas_optim_s", fmt_s),
+           ("memory / rank", "pred_mem_bytes", "meas_mem_bytes", fmt_bytes),
+           ("allreduce", "pred_allreduce_bytes", "meas_allreduce_bytes", fmt_bytes),
+           ("allgather", "pred_allgather_bytes", "meas_allgather_bytes", fmt_bytes),
+           ("reduce-scatter", "pred_reducescatter_bytes", "meas_reducescatter_bytes", fmt_bytes))
+_KEYS = ("run", "stage", "layout", "rank", "status")
+
+
+def summary_html(table: pd.DataFrame) -> str:
+    """The designed table: one row per run and rank, predicted | measured | measured/predicted per
+    quantity (a pair only when some row has it), the bytes check; no notes, no raw columns."""
+    pairs = [t for t in SUMMARY if t[1] in table and t[2] in table and
+             (table[t[1]].fillna(0).ne(0).any() or table[t[2]].fillna(0).ne(0).any())]
+    keys = [k for k in _KEYS if k in table]
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
+    head += "".join(f"<th colspan=3>{html.escape(h)}</th>" for h, *_ in pairs)
+    sub = "<th></th>" * len(keys) + "<th>pred</th><th>meas</th><th>ratio</th>" * len(pairs)
+    rows = []
+    for _, r in table.iterrows():
+        cells = [f"<td class=k>{html.escape(str(r[k]))}</td>" for k in keys]
+        for _, pc, mc, f in pairs:
+            p, m = r.get(pc), r.get(mc)
+            ratio = m / p if isinstance(p, (int, float)) and isinstance(m, (int, float)) and p and p == p and m == m \
+                else math.nan
+            cells.append(f"<td>{_cell(p, f)}</td><td>{_cell(m, f)}</td>"
+                         f"<td class=r>{'-' if ratio != ratio else f'{ratio:.3g}x'}</td>")
+        bad = r.get("status") not in (None, "ok") or r.get("bytes_ok") is False
+        rows.append(f"<tr{' class=bad' if bad else ''}>{''.join(cells)}</tr>")
+    return f"<table><tr>{head}</tr><tr>{sub}</tr>{''.join(rows)}</table>"
+
+
+def html_page(title: str, figures, qa, failed, table: pd.DataFrame, caption: str,
+              csv_name: str = "comparison.csv") -> str:
     """A self-contained comparison page: ``figures`` [(alt, base64 PNG from figure_png)], ``qa``
-    [(question, answer)], ``failed`` [(heading, text)], then ``table`` under ``caption``."""
+    [(question, answer)], ``failed`` [(heading, text)], then the summary of ``table`` under ``caption``
+    and a link to the full CSV (``csv_name``, written beside the page) instead of every column."""
     figs = "".join(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">' for alt, png in figures)
     answers_html = "".join(f"<h3>{html.escape(q)}</h3><p>{html.escape(a)}</p>" for q, a in qa)
     failed_html = "".join(f"<h3>{html.escape(h)}</h3><pre>{html.escape(t)}</pre>" for h, t in failed)
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}} table{{border-collapse:collapse;font-size:12px}}
-td,th{{border:1px solid #ccc;padding:2px 5px;text-align:right}} img{{max-width:49%}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}} td.k{{text-align:left}} td.r{{color:#555}}
+tr.bad td{{background:#fde8e8}} th{{background:#f0f0f0}} img{{max-width:100%}}
 pre{{background:#f4f4f4;padding:1em}}</style>
 </head><body><h1>{html.escape(title)}</h1>{figs}<h2>Answers</h2>{answers_html}{failed_html}
-<h2>{html.escape(caption)}</h2>{table.to_html(index=False, na_rep="-")}
+<h2>{html.escape(caption)}</h2>{summary_html(table)}
+<p>Every column ({len(table.columns)}, with the notes): <a href="{html.escape(csv_name)}">{html.escape(csv_name)}</a>
+(beside this page).</p>
 </body></html>"""
