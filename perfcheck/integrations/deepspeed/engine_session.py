@@ -101,7 +101,7 @@ class EngineSession:
                 p = b.profiler
                 pc = PerfCheck(self._engine.module, warmup=b.warmup_steps, steps=b.steps, profile=p.enabled,
                                profile_window=(p.wait, p.warmup, p.active), sample_interval=b.sampler_interval_s,
-                               out_dir=self._run_dir)
+                               out_dir=self._run_dir, system=b.system)  # the block's system, as zero.json's
             if pc.state == "new":
                 pc.start()
             return pc
