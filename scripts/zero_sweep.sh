@@ -6,7 +6,7 @@
 #                         [--out DIR] [--timeout S] [--optimizer torch|fused] [--force] [--verbose]
 #
 # Every option is `perfcheck sweep`'s (see `perfcheck sweep --help`); --num_gpus is kept as another
-# name for --ranks. All the work (launching a DeepSpeed job per stage with the package's stage
+# name for --ranks, and $PERFCHECK_SWEEP_SCRIPT_ARGS becomes --script-args. All the work (launching a DeepSpeed job per stage with the package's stage
 # configs, the per-stage timeout, the comparison) lives in the perfcheck package.
 set -uo pipefail
 
@@ -19,4 +19,5 @@ while [ $# -gt 0 ]; do
     *) ARGS+=("$1"); shift ;;
   esac
 done
+if [ -n "${PERFCHECK_SWEEP_SCRIPT_ARGS:-}" ]; then ARGS+=(--script-args "$PERFCHECK_SWEEP_SCRIPT_ARGS"); fi
 exec "$PYTHON" -m perfcheck sweep ${ARGS[@]+"${ARGS[@]}"}

@@ -142,6 +142,7 @@ FLAG_CASES = [
     (["sweep", "--extra-config", "afile"], ["afile"]),
     (["sweep", "--out", "afile"], ["--out", "afile"]),
     (["sweep", "--resume", "--force"], ["--force"]),
+    (["sweep", "--script-args", "'unterminated"], ["--script-args"]),
 ]
 
 

@@ -41,6 +41,9 @@ def add_parser(subparsers):
                    help="DeepSpeed config merged over every stage's (repeatable)")
     p.add_argument("--script", default=None, help="your own training script instead of perfcheck.examples.train_ds "
                                                   "(it gets --config/--overlay/--model/--out)")
+    p.add_argument("--script-args", default="", metavar="ARGS",
+                   help="extra arguments for every rank's training script, one shell-quoted string "
+                        "(e.g. \"--fail-rank 1 --fail-step 1\" to try the failure path)")
     p.add_argument("--optimizer", choices=("torch", "fused"), default="torch",
                    help="torch: torch.optim Adam (default, nothing compiled); fused: DeepSpeed's FusedAdam (JIT-built)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
@@ -61,7 +64,15 @@ def options_from_args(args):
     return SweepOptions(stages=stages, model=args.model, ranks=args.ranks, steps=args.steps,
                         micro_batch=args.micro_batch, out=args.out, hostfile=args.hostfile, script=args.script,
                         extra_configs=tuple(args.extra_config), force=args.force, timeout_s=args.timeout,
-                        optimizer=args.optimizer, verbose=args.verbose).validate()
+                        optimizer=args.optimizer, verbose=args.verbose,
+                        script_args=tuple(_split(args.script_args))).validate()
+
+
+def _split(text: str) -> list:
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise UserError(f"--script-args: {exc}") from None
 
 
 def run(args) -> int:

@@ -251,7 +251,7 @@ def run_stage(opts: SweepOptions, stage: str, index: int, count: int, *, gpus: i
                               "killed")
                     with open(run_dir / LOG_NAME, "a") as tail:
                         tail.write(f"perfcheck sweep: stage {stage} {reason}\n")
-                    say(f"{tag}: FAILED, {reason}")
+                    say(f"{tag} FAILED: {reason}")
                     return StageResult(stage, run_dir, "timeout", elapsed, reason)
                 if live:
                     sys.stdout.write(f"\r{tag}: {elapsed:5.0f} s, {_progress_text(run_dir, None)}   ")
@@ -263,11 +263,11 @@ def run_stage(opts: SweepOptions, stage: str, index: int, count: int, *, gpus: i
         from perfcheck.analysis.stages import log_tail
 
         tail = log_tail(run_dir, lines=5)
-        say(f"{tag}: FAILED (exit {rc}) in {elapsed:.1f} s; log {run_dir / LOG_NAME}:\n"
+        say(f"{tag} FAILED (exit {rc}) in {elapsed:.1f} s; log {run_dir / LOG_NAME}:\n"
             + "\n".join("    " + t for t in tail.splitlines()))
         return StageResult(stage, run_dir, "failed", elapsed, f"launcher exit {rc}")
     if not stage_complete(run_dir):
-        say(f"{tag}: FAILED in {elapsed:.1f} s: the launcher exited 0 but not every rank wrote a complete run "
+        say(f"{tag} FAILED in {elapsed:.1f} s: the launcher exited 0 but not every rank wrote a complete run "
             f"directory (see {run_dir / LOG_NAME})")
         return StageResult(stage, run_dir, "failed", elapsed, "incomplete run directory")
     say(f"{tag}: ok in {elapsed:.1f} s")
