@@ -7,6 +7,10 @@ from perfcheck.predict.collectives import (COLLECTIVE_KINDS, bus_factor, bytes_f
                                             collective_time_s, link_bandwidth_bytes_per_s, normalize_kind)
 from perfcheck.hardware.systems import load_system
 
+#: A collective's latency term (alpha) on a GPU spec without its own measurement: the GPU default
+#: collective_latency_s in perfcheck/hardware/host_defaults.json.
+GPU_ALPHA = 2e-5
+
 # nccl-tests doc/PERFORMANCE.md factors, written out: 2(n-1)/n, (n-1)/n, 1.
 EXPECTED = {
     "allreduce": {2: 1.0, 8: 1.75, 64: 126 / 64},
@@ -71,18 +75,18 @@ def test_link_choice_nvlink_vs_network():
 
 def test_collective_times_by_hand():
     # 1 GB allreduce over 8 H100s on NVLink: 1e9 * 2*7/8 / (0.8 * 450e9) + 5 us.
-    assert collective_time_s("allreduce", 1e9, 8, "h100-sxm") == pytest.approx(1e9 * 1.75 / 360e9 + 5e-6)
+    assert collective_time_s("allreduce", 1e9, 8, "h100-sxm") == pytest.approx(1e9 * 1.75 / 360e9 + GPU_ALPHA)
     # ZeRO-3 allgather of 1 GB of parameters over 64 H100s (8 nodes): bottleneck is the 400 Gb/s NIC.
-    assert collective_time_s("all_gather_into_tensor", 1e9, 64, "h100-sxm") == pytest.approx(1e9 * 63 / 64 / 40e9 + 5e-6)
+    assert collective_time_s("all_gather_into_tensor", 1e9, 64, "h100-sxm") == pytest.approx(1e9 * 63 / 64 / 40e9 + GPU_ALPHA)
     # Pipeline send of 100 MB between nodes on A100 (200 Gb/s HDR).
-    assert collective_time_s("send", 1e8, 2, "a100-80gb-sxm", spans_nodes=True) == pytest.approx(1e8 / 20e9 + 5e-6)
+    assert collective_time_s("send", 1e8, 2, "a100-80gb-sxm", spans_nodes=True) == pytest.approx(1e8 / 20e9 + GPU_ALPHA)
 
 
 def test_collective_time_matches_nccl_tests_definition():
     # busbw = algbw * factor = (S / t) * factor must equal the link bandwidth (latency removed).
     for kind in COLLECTIVE_KINDS:
         for n in (2, 8):
-            t = collective_time_s(kind, 4e9, n, "h200") - 5e-6
+            t = collective_time_s(kind, 4e9, n, "h200") - GPU_ALPHA
             assert (4e9 / t) * bus_factor(kind, n) == pytest.approx(0.8 * 450e9)
 
 
@@ -91,10 +95,10 @@ def test_collective_time_zero_cases_and_arrays():
     assert collective_time_s("allreduce", 0, 8, "h100-sxm") == 0.0
     t = collective_time_s(np.array(["allreduce", "reduce_scatter_tensor", "allreduce"]),
                           np.array([1e9, 1e9, 1e9]), np.array([8, 16, 1]), "h100-sxm")
-    assert t.tolist() == pytest.approx([1e9 * 1.75 / 360e9 + 5e-6, 1e9 * 15 / 16 / 40e9 + 5e-6, 0.0])
+    assert t.tolist() == pytest.approx([1e9 * 1.75 / 360e9 + GPU_ALPHA, 1e9 * 15 / 16 / 40e9 + GPU_ALPHA, 0.0])
     # An empty kind marks rows without a collective.
     t = collective_time_s(np.array(["", "allreduce", None], dtype=object), np.array([1e9, 1e9, 1e9]), 8, "h100-sxm")
-    assert t.tolist() == pytest.approx([0.0, 1e9 * 1.75 / 360e9 + 5e-6, 0.0])
+    assert t.tolist() == pytest.approx([0.0, 1e9 * 1.75 / 360e9 + GPU_ALPHA, 0.0])
     with pytest.raises(UserError, match="bytes"):
         collective_time_s("allreduce", -1, 8, "h100-sxm")
 

@@ -109,7 +109,12 @@ def test_csv_pairs_every_prediction_with_its_measurement(sweep):
     cols = set(sweep.table.columns)
     preds = [c for c in cols if c.startswith("pred_")]
     assert "stage" in cols and len(preds) > 20
-    assert all("meas_" + c[len("pred_"):] in cols for c in preds)
+    # the host share of each phase is predicted only: the measured phase time includes it, and no
+    # clock separates host from device work on a CPU run
+    predicted_only = {f"pred_{p}_host_s" for p in ("fwd", "bwd", "optim")}
+    assert predicted_only <= set(preds)
+    missing = [c for c in preds if c not in predicted_only and "meas_" + c[len("pred_"):] not in cols]
+    assert not missing, missing
 
 
 def test_html_is_self_contained_and_answers(sweep):

@@ -257,6 +257,7 @@ def test_collective_alpha_per_call_in_the_zero_model():
     spec = _spec("cpu", collective_latency_s=500 * US)
     lines = [zero.Collective("bwd", "allreduce", 3 * 4096.0, 3, "grads")]
     t = zero.comm_time_s(lines, 2, spec)["bwd"]
-    # three calls of 4096 B: 3 x (bandwidth term + alpha 500 us); collective_time_s's own latency is replaced
-    bw = float(collective_time_s("allreduce", 4096.0, 2, spec)) - spec.launch_overhead_s
+    # three calls of 4096 B: 3 x (bandwidth term + alpha 500 us); the bandwidth term by hand:
+    # S * 2 (n - 1) / n / (link bandwidth * efficiency) with S = 4096 B, n = 2
+    bw = 4096.0 * 2 * 1 / 2 / (spec.intra_node_bandwidth_bytes_per_s * spec.efficiency["intra_node"])
     assert t == pytest.approx(3 * (bw + 500 * US))

@@ -208,7 +208,8 @@ def test_tp_allreduce_time_is_the_ring_formula():
     t = estimate_transformer("gpt3-175b", batch=1, parallel=dict(tp=8), system=spec).set_index("sublayer")
     size = 2048 * 12288 * 2
     ring = size * 2 * 7 / 8 / (spec.intra_node_bandwidth_bytes_per_s * spec.efficiency["intra_node"])
-    assert t.loc["fc2"].t_comm_fwd_s == pytest.approx(ring + spec.launch_overhead_s, rel=1e-12)
+    alpha = 2e-5  # GPU default collective latency (perfcheck/hardware/host_defaults.json)
+    assert t.loc["fc2"].t_comm_fwd_s == pytest.approx(ring + alpha, rel=1e-12)
     assert t.loc["fc2"].pred_fwd_s == pytest.approx(max(t.loc["fc2"].t_compute_fwd_s, t.loc["fc2"].t_memory_fwd_s)
                                                     + t.loc["fc2"].t_overhead_fwd_s + t.loc["fc2"].t_comm_fwd_s)
     half = estimate_transformer("gpt3-175b", batch=1, parallel=dict(tp=8), system=spec, tp_overlap=0.5).set_index("sublayer")

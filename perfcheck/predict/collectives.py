@@ -135,7 +135,9 @@ def link_bandwidth_bytes_per_s(system, group_size, spans_nodes=None):
 
 
 def collective_time_s(kind, bytes, group_size, system, spans_nodes=None):  # noqa: A002 - the contract's name
-    """Seconds for one collective: ``bytes * bus_factor / link bandwidth + launch_overhead_s``.
+    """Seconds for one collective: ``bytes * bus_factor / link bandwidth + alpha``, alpha the spec's
+    ``host.collective_latency_s`` (measured by ``perfcheck calibrate`` at a small message, else the
+    default for its kind: perfcheck/hardware/host_defaults.json).
 
     ``bytes`` is the full buffer size S (see the module docstring). Zero bytes or a group of one
     costs nothing. All of kind, bytes, group_size and spans_nodes may be arrays of one shape.
@@ -147,7 +149,9 @@ def collective_time_s(kind, bytes, group_size, system, spans_nodes=None):  # noq
     factor = np.asarray(bus_factor(kind, group_size))
     bw = np.asarray(link_bandwidth_bytes_per_s(system, group_size, spans_nodes))
     active = (factor > 0) & (size > 0)
-    t = np.where(active, size * factor / bw + system.launch_overhead_s, 0.0)
+    from perfcheck.hardware.systems import host_constants
+
+    t = np.where(active, size * factor / bw + host_constants(system)["collective_latency_s"], 0.0)
     scalar = all(np.ndim(x) == 0 for x in (kind, bytes, group_size, spans_nodes))
     return t.item() if scalar else t
 

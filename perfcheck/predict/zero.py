@@ -405,20 +405,18 @@ def memory_per_rank(params, stage, dp, *, dtype="bf16", optimizer: str = "adam",
 
 # ------------------------------------------------------------------------------------- time
 def comm_time_s(collectives, dp, system, spans_nodes=None) -> dict:
-    """Seconds per phase: sum over lines of count * t(kind, S / count) (``collectives.collective_time_s``),
-    with each call's latency the spec's ``host.collective_latency_s`` (alpha, measured by ``perfcheck
-    calibrate`` at a small message) in place of collective_time_s's launch_overhead_s."""
-    from perfcheck.hardware.systems import host_constants, load_system
+    """Seconds per phase: sum over lines of count * t(kind, S / count) (``collectives.collective_time_s``,
+    whose alpha is the spec's collective latency)."""
+    from perfcheck.hardware.systems import load_system
     from perfcheck.predict.collectives import collective_time_s
 
     spec = load_system(system)
-    alpha = host_constants(spec)["collective_latency_s"] - spec.launch_overhead_s
     out = {ph: 0.0 for ph in PHASES}
     for c in collectives:
         count = np.asarray(c.count, dtype=float)
         per_call = np.divide(np.asarray(c.bytes, dtype=float), count, out=np.zeros(np.broadcast(count, c.bytes).shape),
                              where=count > 0)
-        t = count * (np.asarray(collective_time_s(c.kind, per_call, dp, spec, spans_nodes=spans_nodes)) + alpha)
+        t = count * np.asarray(collective_time_s(c.kind, per_call, dp, spec, spans_nodes=spans_nodes))
         out[c.phase] = out[c.phase] + np.where(count > 0, t, 0.0)
     return out
 
