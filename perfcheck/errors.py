@@ -3,3 +3,15 @@
 
 class UserError(ValueError):
     """Bad user input (a config field, a file, a shape). The CLI prints it as one line and exits 2."""
+
+
+def check_keys(value, allowed, required, where: str, what: str) -> None:
+    """Raise UserError naming the first unknown or missing key of the JSON object ``value``
+    (``what``: how the message names the object, e.g. "efficiency")."""
+    unknown = [k for k in value if k not in allowed]
+    if unknown:
+        raise UserError(f"{where}: {what} has unknown key(s) {', '.join(map(repr, unknown))} "
+                        f"(allowed: {', '.join(allowed)})")
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise UserError(f"{where}: {what} is missing key(s) {', '.join(map(repr, missing))}")

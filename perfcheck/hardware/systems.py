@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Tuple
 
-from perfcheck.errors import UserError
+from perfcheck.errors import UserError, check_keys
 
 #: Canonical dtype names a system can list peaks for.
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
@@ -249,13 +249,7 @@ def _dtype_map(value, field, where) -> types.MappingProxyType:
 def _efficiency(value, where) -> types.MappingProxyType:
     if not isinstance(value, Mapping):
         raise UserError(f"{where}: efficiency must be an object")
-    unknown = [k for k in value if k not in EFFICIENCY_KEYS + OPTIONAL_EFFICIENCY_KEYS]
-    if unknown:
-        raise UserError(f"{where}: efficiency has unknown key(s) {', '.join(map(repr, unknown))} "
-                        f"(allowed: {', '.join(EFFICIENCY_KEYS)}, matrix_<dtype>)")
-    missing = [k for k in EFFICIENCY_KEYS if k not in value]
-    if missing:
-        raise UserError(f"{where}: efficiency is missing key(s) {', '.join(map(repr, missing))}")
+    check_keys(value, EFFICIENCY_KEYS + OPTIONAL_EFFICIENCY_KEYS, EFFICIENCY_KEYS, where, "efficiency")
     return types.MappingProxyType({k: _fraction(v, f"efficiency.{k}", where) for k, v in value.items()})
 
 

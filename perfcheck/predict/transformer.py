@@ -26,7 +26,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from perfcheck.errors import UserError
+from perfcheck.errors import UserError, check_keys
 from perfcheck.predict import sharding, step as steps
 from perfcheck.parallel import ParallelConfig
 from perfcheck.hardware.systems import load_system
@@ -129,13 +129,7 @@ class TransformerModel:
     def from_dict(cls, data, where="model") -> "TransformerModel":
         if not isinstance(data, dict):
             raise UserError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        unknown = [k for k in data if k not in _REQUIRED + _OPTIONAL]
-        if unknown:
-            raise UserError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} "
-                            f"(allowed: {', '.join(_REQUIRED + _OPTIONAL)})")
-        missing = [k for k in _REQUIRED if k not in data]
-        if missing:
-            raise UserError(f"{where}: missing required key(s) {', '.join(map(repr, missing))}")
+        check_keys(data, _REQUIRED + _OPTIONAL, _REQUIRED, where, "the model")
         return cls(**data)
 
     def __hash__(self):
