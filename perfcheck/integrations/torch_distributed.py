@@ -191,25 +191,40 @@ def meta_twin(model) -> torch.nn.Module:
     from perfcheck.model_paths import unwrap
 
     model = unwrap(model)
-    memo: dict = {}
 
-    def twin(mod):
-        if id(mod) in memo:
-            return memo[id(mod)]
+    def plain_class(mod):
         cls = type(mod)
         if fsdp_modules_class(cls):
             cls = next(b for b in cls.__mro__[1:] if b.__name__ != "FSDPModule" and not fsdp_modules_class(b))
-        new = cls.__new__(cls)
-        state = dict(mod.__dict__)
+        return cls
+
+    def drop_hooks(state):
         for key in list(state):
             if key.endswith("hooks") and isinstance(state[key], dict):
                 state[key] = type(state[key])()
             if key.startswith("_fsdp") or key in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
                                                     "_forward_hooks_always_called"):
                 state[key] = type(state[key])() if isinstance(state[key], (dict, set, list)) else None
-        state["_parameters"] = {k: None if p is None else torch.nn.Parameter(_meta_like(p), requires_grad=p.requires_grad)
-                                for k, p in mod._parameters.items()}
-        state["_buffers"] = {k: None if b is None else _meta_like(b) for k, b in mod._buffers.items()}
+
+    return _copy_module_tree(model, plain_class, drop_hooks,
+                             lambda p: torch.nn.Parameter(_meta_like(p), requires_grad=p.requires_grad), _meta_like)
+
+
+def _copy_module_tree(model, class_of, edit_state, new_param, new_buffer) -> torch.nn.Module:
+    """A copy of ``model``'s module tree: each module shallow-copied into ``class_of(module)`` with its
+    ``__dict__`` passed through ``edit_state`` (in place), parameters and buffers made by
+    ``new_param`` / ``new_buffer``, fresh child dicts; a module reached twice is copied once."""
+    memo: dict = {}
+
+    def twin(mod):
+        if id(mod) in memo:
+            return memo[id(mod)]
+        cls = class_of(mod)
+        new = cls.__new__(cls)
+        state = dict(mod.__dict__)
+        edit_state(state)
+        state["_parameters"] = {k: None if p is None else new_param(p) for k, p in mod._parameters.items()}
+        state["_buffers"] = {k: None if b is None else new_buffer(b) for k, b in mod._buffers.items()}
         state["_modules"] = {}
         new.__dict__.update(state)
         memo[id(mod)] = new
@@ -240,8 +255,6 @@ def dtensor_twin(model, fake) -> torch.nn.Module:
     The live model (parameters, gradients, hooks) is not touched."""
     from torch.distributed.tensor import DTensor
 
-    memo: dict = {}
-
     def param(p):
         if not _is_dtensor(p):
             return torch.nn.Parameter(torch.empty(tuple(p.shape), dtype=p.dtype), requires_grad=p.requires_grad)
@@ -251,11 +264,7 @@ def dtensor_twin(model, fake) -> torch.nn.Module:
         d = DTensor.from_local(shard, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
         return torch.nn.Parameter(d, requires_grad=p.requires_grad)
 
-    def twin(mod):
-        if id(mod) in memo:
-            return memo[id(mod)]
-        new = type(mod).__new__(type(mod))
-        state = dict(mod.__dict__)
+    def keep_style_hooks(state):
         for key in ("_forward_pre_hooks", "_forward_hooks"):
             kept = type(state[key])()
             for k, h in state[key].items():
@@ -265,18 +274,12 @@ def dtensor_twin(model, fake) -> torch.nn.Module:
         for key in ("_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks"):
             if isinstance(state.get(key), dict):
                 state[key] = type(state[key])()
-        state["_parameters"] = {k: None if p is None else param(p) for k, p in mod._parameters.items()}
-        with fake:
-            state["_buffers"] = {k: None if b is None else torch.empty(tuple(b.shape), dtype=b.dtype)
-                                 for k, b in mod._buffers.items()}
-        state["_modules"] = {}
-        new.__dict__.update(state)
-        memo[id(mod)] = new
-        for k, child in mod._modules.items():
-            new._modules[k] = None if child is None else twin(child)
-        return new
 
-    return twin(model)
+    def buffer(b):
+        with fake:
+            return torch.empty(tuple(b.shape), dtype=b.dtype)
+
+    return _copy_module_tree(model, type, keep_style_hooks, param, buffer)
 
 
 # ----------------------------------------------------------------------- live collectives
