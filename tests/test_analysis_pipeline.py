@@ -120,3 +120,18 @@ def test_stage_comparison_reads_module_tables_through_the_same_pipeline(lenet_se
     gap = body["meas_fwd_s"] + body["meas_bwd_s"] - body["pred_fwd_s"] - body["pred_bwd_s"]
     expected = body.loc[gap.idxmax(), "module"]
     assert table.loc[table["rank"] == 0, "module_top_gap"].iloc[0].startswith(f"{expected} (")
+
+
+def test_the_optimizer_prediction_reaches_the_totals_and_the_report(lenet_session):
+    """The estimator's pred_optim_s (root row) is carried into the totals and named in the report;
+    a prediction without it leaves NaN and the report says the optimizer is not predicted."""
+    from perfcheck.analysis.reconcile import reconcile, totals_frame
+
+    pc, _ = lenet_session
+    pred = pc.predicted()
+    assert pred.loc[pred["module"] == "(root)", "pred_optim_s"].item() > 0
+    totals = totals_frame(pc.reconciled())
+    assert totals["pred_optim_s"].item() == pred.loc[pred["module"] == "(root)", "pred_optim_s"].item()
+    assert "optimizer" in pc.report() and "predicted, " in pc.report()
+    bare = reconcile(pred.drop(columns=["pred_optim_s"]), pc.measured())
+    assert totals_frame(bare)["pred_optim_s"].isna().all()

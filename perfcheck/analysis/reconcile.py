@@ -92,7 +92,8 @@ TOTALS_COLUMNS = {
     "steps": "measured, non-failed steps behind the medians",
     "pred_fwd_s": "predicted forward time of the whole model (root row), seconds",
     "pred_bwd_s": "predicted backward time of the whole model, seconds",
-    "pred_step_s": "pred_fwd_s + pred_bwd_s (the optimizer step is not predicted), seconds",
+    "pred_step_s": "pred_fwd_s + pred_bwd_s, seconds",
+    "pred_optim_s": "the optimizer step predicted by the estimator (perfcheck.predict.host; its ``optimizer`` argument), seconds; NaN when the prediction has none",
     "meas_fwd_s": "measured forward time of the root, median per step, seconds",
     "meas_bwd_s": "measured backward time of the root, median per step, seconds",
     "meas_recompute_s": "measured recompute time, median per step, seconds",
@@ -449,7 +450,11 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
     rec["_o"] = rec["module"].map(order)
     rec = rec.sort_values(["rank", "_o"], kind="stable", ignore_index=True).drop(columns="_o")
     rec = rec[list(RECONCILED_COLUMNS)]
-    rec.attrs = {"totals": _totals(rec, steps, kernels, profile_steps, ctx.thresholds),
+    totals = _totals(rec, steps, kernels, profile_steps, ctx.thresholds)
+    optim = _root_value(predicted, "pred_optim_s") if "module" in predicted else np.nan
+    for row in totals:
+        row["pred_optim_s"] = optim
+    rec.attrs = {"totals": totals,
                  "system": spec.name if spec is not None else None, "dtype": dtype,
                  "system_label": _spec_label(spec),
                  "hook_overhead_s": ctx.hook_overhead_s, "thresholds": dict(vars(ctx.thresholds)),

@@ -89,7 +89,10 @@ def _summary(t: dict, rec: pd.DataFrame) -> list:
         out.append(f"{label + ' (predicted | measured | gap):':<44}{fmt_time(pred)} | {fmt_time(meas)} | "
                    f"{fmt_gap(t.get(f'gap_{p}'))}   achieved {fmt_rate(rate)}")
     out.append(f"{'step latency (measured, median):':<44}{fmt_time(t.get('meas_step_s'))}   "
-               f"(predicted fwd+bwd {fmt_time(t.get('pred_step_s'))}; the optimizer is not predicted)")
+               f"(predicted fwd+bwd {fmt_time(t.get('pred_step_s'))}; "
+               + (f"optimizer {fmt_time(t.get('pred_optim_s'))} predicted, {fmt_time(t.get('meas_optim_s'))} measured with "
+                  "the framework after backward)" if t.get("pred_optim_s") == t.get("pred_optim_s") and
+                  t.get("pred_optim_s") is not None else "the optimizer is not predicted)"))
     share = t.get("unexplained_share")
     out.append(f"{'time no module explains:':<44}{fmt_time(t.get('unexplained_s'))} = {fmt_pct(share)} of the step"
                f" (optimizer/framework after backward {fmt_time(t.get('meas_optim_s'))},"
