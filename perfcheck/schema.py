@@ -130,9 +130,12 @@ KERNEL_COLUMNS: Mapping[str, str] = {
     "module": "innermost module whose range encloses the kernel; 'unattributed' if none",
     "phase": "fwd | bwd | optim | recompute | eval | unattributed",
     "name": "kernel name (GPU) or aten op name (CPU)",
+    "step": "profiled step (the N of torch.profiler's ProfilerStep#N, = steps.csv step) the op ran in, or the "
+            "kernel's launching op ran in; -1: device work no op claims (not tied to a step); NaN: a kernels.csv "
+            "written before this column (rows summed over the window)",
     "device": "cuda | cpu",
-    "count": "number of launches in the profiled window",
-    "total_s": "summed kernel duration in the window, seconds",
+    "count": "number of launches in the profiled window's step",
+    "total_s": "summed kernel duration in the step, seconds",
     "self_s": "summed self time (device kernels: equal to total_s), seconds",
     "rank": "distributed rank",
 }
@@ -158,6 +161,21 @@ SAMPLE_COLUMNS: Mapping[str, str] = {
 #: here (NaN: not measured by the perfcheck that wrote it). ``measure.rundir`` applies it.
 ADDED_COLUMNS: Mapping[str, float] = {c: float("nan") for c in (
     "eval_calls", *(f"eval_s_{s}" for s in _STATS), "eval_s", "micro_batches")}
+
+#: Columns added to ONE table after files of this schema version were written (a name such as
+#: ``step`` that other tables require must not be filled in for them): table columns -> {column: fill}.
+ADDED_TABLE_COLUMNS: Mapping[tuple, Mapping[str, float]] = {
+    tuple(KERNEL_COLUMNS): {"step": float("nan")},
+}
+
+
+def added_columns(columns: Iterable[str]) -> dict:
+    """The columns among ``columns`` a file may lack, with their fill values (ADDED_COLUMNS, plus
+    ADDED_TABLE_COLUMNS when ``columns`` are exactly that table's)."""
+    columns = tuple(columns)
+    out = {c: ADDED_COLUMNS[c] for c in columns if c in ADDED_COLUMNS}
+    out.update(ADDED_TABLE_COLUMNS.get(columns, {}))
+    return out
 
 
 class SchemaError(ValueError):

@@ -164,9 +164,9 @@ def test_device_rows_take_the_launching_ops_context_and_conserve_the_device_tota
         row[1] += total_us
         row[2] += self_us
 
-    _device_rows(events, {id(mm): ("h.0.mlp.c_fc", "fwd")}, add, acc)
-    assert acc[("h.0.mlp.c_fc", "fwd", "gemm")] == [2, 60.0, 60.0]
-    assert acc[(UNATTRIBUTED, UNATTRIBUTED, "elementwise")] == [1, 5.0, 5.0]
-    assert acc[(UNATTRIBUTED, UNATTRIBUTED, "Memcpy HtoD")] == [1, 2.0, 2.0]
+    _device_rows(events, {id(mm): ("h.0.mlp.c_fc", "fwd")}, add, acc, {id(mm): 7})
+    assert acc[("h.0.mlp.c_fc", "fwd", "gemm", 7)] == [2, 60.0, 60.0]  # the launching op's step
+    assert acc[(UNATTRIBUTED, UNATTRIBUTED, "elementwise", -1)] == [1, 5.0, 5.0]  # unclaimed: no step
+    assert acc[(UNATTRIBUTED, UNATTRIBUTED, "Memcpy HtoD", -1)] == [1, 2.0, 2.0]
     assert sum(r[1] for r in acc.values()) == 30.0 + 30.0 + 5.0 + 2.0
     assert profiler_total_s(events, "cuda") == pytest.approx((30.0 + 30.0 + 5.0 + 2.0) * 1e-6)

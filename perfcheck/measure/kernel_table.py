@@ -20,15 +20,24 @@ profiler's event tree (``FunctionEvent.cpu_parent``) to the innermost of:
 * otherwise module ``unattributed``, phase ``unattributed`` (loss, data movement, user code
   outside the model).
 
-CPU (``device="cpu"``): one row per (module, phase, op name) with the ops' count, total (inclusive)
+Step: every row also carries the profiled step it ran in, the ``N`` of the ``ProfilerStep#N`` range
+torch.profiler opens on the host at each ``prof.step()`` (PerfCheck calls it at every step
+boundary, so ``N`` is the step index of steps.csv). A CPU event belongs to the step whose host range
+contains its start (by time, not by nesting: the autograd engine's device threads run backward ops
+outside the main thread's range); a device kernel belongs to the step of the CPU op that launched
+it. Device events no CPU op claims (see below) have step -1: not tied to a step. Summed over
+steps, the rows are the window's totals as before; per step, they give medians and spreads.
+
+CPU (``device="cpu"``): one row per (module, phase, op name, step) with the ops' count, total (inclusive)
 and self time. Self times partition the profiler's total self CPU time exactly; time inside a
 perfcheck range but in no op (Python, hooks) is the row named ``(outside ops)``.
-CUDA: one row per (module, phase, kernel name) for device events (kernels, memcpy, memset); a
+CUDA: one row per (module, phase, kernel name, step) for device events (kernels, memcpy, memset); a
 kernel takes the context of the CPU op that launched it (the op's ``FunctionEvent.kernels``);
 total = self = summed duration, and the rows sum to the profiler's total device time.
 """
 from __future__ import annotations
 
+import bisect
 import re
 
 import pandas as pd
@@ -42,6 +51,30 @@ OUTSIDE_OPS = "(outside ops)"
 _EVAL = "autograd::engine::evaluate_function: "
 _RANGE_PHASES = {"fwd", "recompute", "eval"}  # eval: a grad-disabled forward (module_timer.EVAL)
 _RUNTIME_API = re.compile(r"cu[A-Z]|cuda[A-Z]")  # cudaLaunchKernel, cuLaunchKernelEx, cudaMemcpyAsync, ...
+_PROFILER_STEP = re.compile(r"ProfilerStep[#*](\d*)$")
+NO_STEP = -1  # device work no CPU op claims: not tied to a step
+
+
+def step_of(events, first_step: int = 0) -> dict:
+    """The profiled step of every CPU event, keyed by id(event): the step of the host
+    ``ProfilerStep`` range that contains the event's start (before the first range: the first
+    step; between ranges: the one that started last). ``prof.events()`` names those ranges
+    ``ProfilerStep*`` (torch 2.13 drops the ``#N`` the Chrome trace keeps), so the k-th range in
+    time order is step ``first_step + k``, the window's k-th active step; a ``#N`` in the name, where
+    present, is used as is. Empty when the window has no such range (a profiler driven without
+    ``prof.step()``); callers then use ``NO_STEP``."""
+    ranges = sorted((e.time_range.start, m.group(1)) for e in events
+                    if e.device_type == DeviceType.CPU and (m := _PROFILER_STEP.match(e.name)))
+    if not ranges:
+        return {}
+    starts = [t for t, _ in ranges]
+    numbers = [int(n) if n else first_step + k for k, (_, n) in enumerate(ranges)]
+    out = {}
+    for e in events:
+        if e.device_type == DeviceType.CPU:
+            i = bisect.bisect_right(starts, e.time_range.start) - 1
+            out[id(e)] = numbers[max(i, 0)]
+    return out
 
 
 def _range_context(name: str):
@@ -99,9 +132,11 @@ def attribute(events) -> dict:
     return ctx
 
 
-def kernel_rows(events, device: str, rank: int = 0) -> pd.DataFrame:
-    """The kernel table (schema.KERNEL_COLUMNS) for one profiler window's ``prof.events()``."""
+def kernel_rows(events, device: str, rank: int = 0, first_step: int = 0) -> pd.DataFrame:
+    """The kernel table (schema.KERNEL_COLUMNS) for one profiler window's ``prof.events()``;
+    ``first_step``: the step index of the window's first active step (see step_of)."""
     ctx = attribute(events)
+    steps = step_of(events, first_step)
     acc: dict[tuple, list] = {}
 
     def add(key, total_us, self_us):
@@ -116,27 +151,32 @@ def kernel_rows(events, device: str, rank: int = 0) -> pd.DataFrame:
                 continue
             module, phase = ctx[id(e)]
             self_us = e.self_cpu_time_total
+            step = steps.get(id(e), NO_STEP)
             if e.name.startswith("perfcheck/"):
-                add((module, phase, OUTSIDE_OPS), self_us, self_us)
+                add((module, phase, OUTSIDE_OPS, step), self_us, self_us)
             else:
-                add((module, phase, e.name), e.cpu_time_total, self_us)
+                add((module, phase, e.name, step), e.cpu_time_total, self_us)
     else:
-        _device_rows(events, ctx, add, acc)
+        _device_rows(events, ctx, add, acc, steps)
     rows = [
-        {"module": m, "phase": p, "name": n, "device": device, "count": c, "total_s": t * 1e-6, "self_s": s * 1e-6, "rank": rank}
-        for (m, p, n), (c, t, s) in acc.items()
+        {"module": m, "phase": p, "name": n, "step": st, "device": device, "count": c, "total_s": t * 1e-6,
+         "self_s": s * 1e-6, "rank": rank}
+        for (m, p, n, st), (c, t, s) in acc.items()
     ]
-    frame = pd.DataFrame(rows, columns=list(KERNEL_COLUMNS))
-    return frame.sort_values(["module", "phase", "self_s"], ascending=[True, True, False], ignore_index=True)
+    frame = pd.DataFrame(rows, columns=list(KERNEL_COLUMNS)).astype({"step": "int64"})
+    return frame.sort_values(["module", "phase", "self_s", "step"], ascending=[True, True, False, True],
+                             ignore_index=True)
 
 
-def _device_rows(events, ctx: dict, add, acc: dict):
-    """Device events (kernels, memcpy, memset) per (module, phase, name). torch hands each one to
+def _device_rows(events, ctx: dict, add, acc: dict, steps: dict):
+    """Device events (kernels, memcpy, memset) per (module, phase, name, step); ``steps``: step_of().
+    torch hands each one to
     the CPU op that launched it (``FunctionEvent.kernels``, linked by correlation id when the
     profiler builds its events; the same on torch 2.11 and 2.13, whereas the device event's own
     ``linked_correlation_id`` attribute is newer than 2.11). A kernel takes its launcher's context;
     device events no CPU op claims (per name: profiler count and time minus claimed) are
-    ``unattributed``, so the rows sum to the profiler's device total."""
+    ``unattributed`` with step ``NO_STEP`` (a ``Kernel`` record carries no link back to its device
+    event, so which ones went unclaimed is unknown), so the rows sum to the profiler's device total."""
     claimed: dict[str, list] = {}
     cpu_names = {e.name for e in events if e.device_type == DeviceType.CPU}
     for e in events:
@@ -146,10 +186,11 @@ def _device_rows(events, ctx: dict, add, acc: dict):
             continue  # a CUDA runtime/driver call (cudaLaunchKernel), never the op that asked for the
             # kernel; skipped defensively, should torch ever list the kernel under it too
         module, phase = ctx.get(id(e), (UNATTRIBUTED, UNATTRIBUTED))
+        step = steps.get(id(e), NO_STEP)
         for k in e.kernels:
             if k.name in cpu_names:
                 continue  # a range's device-side copy, not work (see device_work)
-            add((module, phase, k.name), k.duration, k.duration)
+            add((module, phase, k.name, step), k.duration, k.duration)
             seen = claimed.setdefault(k.name, [0, 0.0])
             seen[0] += 1
             seen[1] += k.duration
@@ -161,7 +202,7 @@ def _device_rows(events, ctx: dict, add, acc: dict):
     for name, (n, us) in totals.items():
         n_claimed, us_claimed = claimed.get(name, (0, 0.0))
         if n > n_claimed:
-            row = acc.setdefault((UNATTRIBUTED, UNATTRIBUTED, name), [0, 0.0, 0.0])
+            row = acc.setdefault((UNATTRIBUTED, UNATTRIBUTED, name, NO_STEP), [0, 0.0, 0.0])
             row[0] += n - n_claimed
             row[1] += us - us_claimed
             row[2] += us - us_claimed
@@ -262,7 +303,7 @@ class ProfilerWindow:
 
         try:
             events = prof.events()
-            self.kernels = kernel_rows(events, self.device, self.rank)
+            self.kernels = kernel_rows(events, self.device, self.rank, self.info["steps"][0])
             from perfcheck.measure.collectives import collective_rows
 
             self.collectives = collective_rows(events, attribute(events), self.rank, self._schedule[3])
@@ -279,3 +320,5 @@ class ProfilerWindow:
             self.trace_path = target
         except Exception as exc:  # never crash the training run over a trace
             self.warn(f"profiler results could not be processed ({type(exc).__name__}: {exc})")
+
+

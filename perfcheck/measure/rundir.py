@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.schema import (ADDED_COLUMNS, KERNEL_COLUMNS, MEASURED_COLUMNS, SAMPLE_COLUMNS, SCHEMA_VERSION,
-                              STEP_COLUMNS, SchemaError, module_depth, validate_frame)
+from perfcheck.schema import (KERNEL_COLUMNS, MEASURED_COLUMNS, SAMPLE_COLUMNS, SCHEMA_VERSION,
+                              STEP_COLUMNS, SchemaError, added_columns, module_depth, validate_frame)
 
 META = "meta.json"
 TRACE = "trace.json"
@@ -131,9 +131,10 @@ def atomic_write_json(path, obj) -> Path:
 
 
 def with_added_columns(frame: pd.DataFrame, columns) -> pd.DataFrame:
-    """``frame`` with the ``schema.ADDED_COLUMNS`` among ``columns`` that it lacks, filled (a copy if any)."""
-    missing = [c for c in columns if c in ADDED_COLUMNS and c not in frame.columns]
-    return frame.assign(**{c: ADDED_COLUMNS[c] for c in missing}) if missing else frame
+    """``frame`` with the added columns (``schema.added_columns``) among ``columns`` that it lacks,
+    filled (a copy if any)."""
+    fill = {c: v for c, v in added_columns(columns).items() if c not in frame.columns}
+    return frame.assign(**fill) if fill else frame
 
 
 def atomic_write_csv(path, frame: pd.DataFrame, columns) -> Path:

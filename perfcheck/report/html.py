@@ -14,6 +14,7 @@ import pandas as pd
 
 from perfcheck.analysis.findings import REASONS, findings_table
 from perfcheck.analysis.reconcile import RECONCILED_COLUMNS, rank_summary, totals_frame
+from perfcheck.analysis.kernel_steps import kernel_step_stats
 from perfcheck.report import plots
 from perfcheck.report.text import hook_text
 from perfcheck.report.units import fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
@@ -136,11 +137,32 @@ def _modules(rec, depth, max_rows: int = 2000) -> str:
 def _kernel_table(kernels, profile_steps: float, n: int = 40) -> str:
     if kernels is None or kernels.empty:
         return "<p>No kernel table in this run (profiler off).</p>"
-    k = kernels[kernels["name"] != "(outside ops)"].assign(t=lambda d: d["self_s"].astype(float) / profile_steps,
-                                                          c=lambda d: d["count"].astype(float) / profile_steps)
-    k = k.nlargest(n, "t")
-    rows = [[_e(r.module), _e(r.phase), _e(r.name), _e(fmt_count(r.c)), _e(fmt_time(r.t))] for r in k.itertuples(index=False)]
-    return _table(["module", "phase", "kernel / op", "count per step", "time per step"], rows, left=(0, 1, 2))
+    stats, steps, per_step = kernel_step_stats(kernels[kernels["name"] != "(outside ops)"], profile_steps)
+    rows = [[_e(r.module), _e(r.phase), _e(r.name), _e(fmt_count(r.count)), _e(fmt_time(r.median_s)),
+             _e(f"{fmt_time(r.min_s)} - {fmt_time(r.max_s)}" if r.min_s == r.min_s else "-")]
+            for r in stats.head(n).itertuples(index=False)]
+    return (f"<p class='meta'>{_e(_kernel_note(steps, per_step))}</p>"
+            + _table(["module", "phase", "kernel / op", "count per step", "time per step", "min - max over steps"],
+                     rows, left=(0, 1, 2)))
+
+
+def _kernel_note(steps: int, per_step: bool) -> str:
+    if per_step:
+        return (f"Per kernel: median over {steps} profiled steps, with the smallest and largest step (a step "
+                "without the kernel counts 0); '-': device work not tied to a step, spread evenly.")
+    return (f"Mean over {steps} profiled steps: this kernels.csv has no per-step column (written by an older "
+            "perfcheck); re-run the measurement for medians and spreads.")
+
+
+def _kernel_figure(kernels, profile_steps: float) -> str:
+    out = plots.kernel_breakdown_figure(kernels, profile_steps=profile_steps)
+    if out is None:
+        return _figure("plot-kernels", None, "", "No kernel table in this run (profiler off)."
+                       if kernels is None or kernels.empty else "No kernel time in a module's forward, backward or optimizer.")
+    fig, steps, per_step = out
+    return _figure("plot-kernels", plots.to_png_base64(fig),
+                   f"Kernels attributed to the innermost module whose range encloses them. {_kernel_note(steps, per_step)} "
+                   "Whiskers: the smallest and largest per-step total of the module and phase.", "")
 
 
 def render_html(rec: pd.DataFrame, *, kernels=None, samples=None, system=None, depth: int | None = None,
@@ -168,10 +190,8 @@ def render_html(rec: pd.DataFrame, *, kernels=None, samples=None, system=None, d
                 "Rates above the datasheet peak are measurement artifacts and are left out.",
                 "No achieved rates (no module has FLOPs, bytes and a measured time)."),
         _figure("plot-timeline", plots.timeline(samples), "GPU utilization is NVML's duty cycle (share of time any "
-                "kernel ran), not efficiency.", "No utilization samples in this run (sampler off)."),
-        _figure("plot-kernels", plots.kernel_breakdown(k_rank, profile_steps=profile_steps),
-                "Kernels attributed to the innermost module whose range encloses them.",
-                "No kernel table in this run (profiler off)."),
+                "kernel ran), not efficiency; process CPU is % of one core. The time axis spans the whole run.", "No utilization samples in this run (sampler off)."),
+        _kernel_figure(k_rank, profile_steps),
     ]
     meta = [f"system: {_e(spec_label(spec)) if spec is not None else '(none)'}", f"dtype: {_e(dtype or '-')}",
             f"ranks: {len(ranks)}" + (f" (details: slowest rank {rank})" if len(ranks) > 1 else ""),

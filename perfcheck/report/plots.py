@@ -147,61 +147,113 @@ def roofline(rec: pd.DataFrame, system=None, dtype=None):
     return to_png_base64(fig)
 
 
-def timeline(samples: pd.DataFrame | None):
-    """Utilization (GPU duty cycle, process CPU) and memory over time, from the sampler."""
+def timeline_figure(samples: pd.DataFrame | None):
+    """The sampler panel as a Figure (None: nothing to draw). Utilization on a fixed 0-100% axis (GPU
+    duty cycle x 100; process CPU as % of one core, like top, so the axis grows past 100% only for a
+    multi-threaded process); memory from 0 to the device's total (NVML: GPU memory; psutil: machine
+    RAM) with the total marked, or to 1.15 x the largest value seen when that is under 10% of the
+    total (the total then named in the axis label, so a small run's curve is not a flat line); the
+    time axis from the sampler's start (0) to its last sample."""
     if samples is None or samples.empty or "time_s" not in samples:
         return None
     fig = _figure(7.2, 4.4)
     ax1, ax2 = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
-    drew = False
-    for rank, s in samples.groupby(samples["rank"] if "rank" in samples else np.zeros(len(samples)), sort=True):
+    drew, util_max, mem_max, t_max = False, 100.0, 0.0, 0.0
+    ranks = samples["rank"] if "rank" in samples else pd.Series(np.zeros(len(samples)), index=samples.index)
+    for rank, s in samples.groupby(ranks, sort=True):
         s = s.sort_values("time_s")
         t = s["time_s"].to_numpy(float)
-        tag = f" r{rank}" if samples.get("rank", pd.Series([0])).nunique() > 1 else ""
-        for col, label, ax in (("gpu_util", "GPU util (duty cycle)", ax1), ("cpu_util", "process CPU (cores)", ax1),
-                               ("mem_used_bytes", "memory used", ax2), ("rss_bytes", "process RSS", ax2)):
+        tag = f" r{rank}" if ranks.nunique() > 1 else ""
+        for col, label, ax, scale in (("gpu_util", "GPU util (duty cycle)", ax1, 100.0),
+                                      ("cpu_util", "process CPU (% of one core)", ax1, 100.0),
+                                      ("mem_used_bytes", "memory used", ax2, 1e-9), ("rss_bytes", "process RSS", ax2, 1e-9)):
             if col in s and s[col].notna().any():
-                v = s[col].to_numpy(float) / (1e9 if "bytes" in col else 1)
+                v = s[col].to_numpy(float) * scale
                 ax.plot(t, v, lw=1.2, label=label + tag, drawstyle="steps-post", marker="." if len(t) < 50 else None)
                 drew = True
+                t_max = max(t_max, float(np.nanmax(t)))
+                if ax is ax2:
+                    mem_max = max(mem_max, float(np.nanmax(v)))
+                elif float(np.nanmax(v)) > 100:  # a process busy on more than one core
+                    util_max = max(util_max, float(np.nanmax(v)) * 1.05)
     if not drew:
         return None
-    ax1.set(ylabel="utilization", title="Utilization and memory (sampler)")
-    ax2.set(ylabel="GB", xlabel="time since the sampler started (s)")
+    total = samples["mem_total_bytes"].astype(float).max() * 1e-9 if "mem_total_bytes" in samples else float("nan")
+    kind = "device memory" if "gpu_util" in samples and samples["gpu_util"].notna().any() else "machine RAM"
+    mem_label = "GB"
+    if total == total and total > 0 and mem_max >= 0.1 * total:
+        ax2.axhline(total, color="black", lw=1, ls="--", label=f"{kind} total {total:.3g} GB")
+        mem_top = max(total, mem_max) * 1.05
+    else:
+        mem_top = max(mem_max * 1.15, 1e-6)
+        if total == total and total > 0:
+            mem_label = f"GB ({kind} total {total:.3g} GB, off scale)"
+    ax1.set(ylabel="utilization (%)", ylim=(0, util_max), xlim=(0, max(t_max, 1e-3)),
+            title="Utilization and memory (sampler)")
+    ax2.set(ylabel=mem_label, ylim=(0, mem_top), xlim=(0, max(t_max, 1e-3)), xlabel="time since the sampler started (s)")
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
     fig.subplots_adjust(left=0.1, right=0.97, bottom=0.11, top=0.93, hspace=0.3)
-    return to_png_base64(fig)
+    return fig
 
 
-def kernel_breakdown(kernels: pd.DataFrame | None, k: int = 10, names: int = 8, profile_steps: float = 1.0):
-    """Stacked bars: the k (module, phase) pairs with the most kernel time, split by kernel name."""
+def timeline(samples: pd.DataFrame | None):
+    """The sampler panel (timeline_figure) as a base64 PNG, or None."""
+    fig = timeline_figure(samples)
+    return None if fig is None else to_png_base64(fig)
+
+
+def kernel_breakdown_figure(kernels: pd.DataFrame | None, k: int = 10, names: int = 8, profile_steps: float = 1.0):
+    """Stacked bars: the k (module, phase) pairs with the largest median kernel time per profiled step,
+    each split by kernel name (per-name medians over the steps, analysis.kernel_steps.kernel_step_stats),
+    with a whisker from the pair's smallest to its largest per-step total: one noisy step shows as a
+    long whisker instead of moving the bar. Returns (Figure, n_steps, per_step) or None."""
+    from perfcheck.analysis.kernel_steps import kernel_step_stats
+
     if kernels is None or kernels.empty:
         return None
     d = kernels[(kernels["name"] != "(outside ops)") & kernels["phase"].isin(("fwd", "bwd", "optim"))]
     if d.empty:
         return None
-    d = d.assign(key=d["module"].astype(str) + " " + d["phase"].astype(str), t=d["self_s"].astype(float) / profile_steps)
-    per_key = d.groupby("key")["t"].sum().nlargest(k)
-    d = d[d["key"].isin(per_key.index)]
-    top_names = d.groupby("name")["t"].sum().nlargest(names).index
-    d = d.assign(name=d["name"].where(d["name"].isin(top_names), "other"))
-    table = d.pivot_table(index="key", columns="name", values="t", aggfunc="sum", fill_value=0.0)
-    table = table.loc[per_key.index[::-1]]
+    per_name, n, per_step = kernel_step_stats(d, profile_steps)
+    per_key, _, _ = kernel_step_stats(d, profile_steps, keys=("module", "phase"))
+    key = lambda f: f["module"].astype(str) + " " + f["phase"].astype(str)  # noqa: E731
+    per_key = per_key.assign(key=key(per_key)).set_index("key").head(k)
+    per_name = per_name.assign(key=key(per_name))
+    per_name = per_name[per_name["key"].isin(per_key.index)]
+    top_names = per_name.groupby("name")["median_s"].sum().nlargest(names).index
+    per_name = per_name.assign(name=per_name["name"].where(per_name["name"].isin(top_names), "other"))
+    table = per_name.pivot_table(index="key", columns="name", values="median_s", aggfunc="sum", fill_value=0.0)
+    order = per_key.index[::-1]
+    table = table.reindex(index=order, fill_value=0.0)
+    table = table[[c for c in table.sum().sort_values(ascending=False).index if c != "other"]
+                  + (["other"] if "other" in table.columns else [])]
     fig = _figure(8.4, 1.6 + 0.38 * len(table))
     ax = fig.add_subplot()
     left = np.zeros(len(table))
+    y = np.arange(len(table))
     cmap = __import__("matplotlib").colormaps["tab10"]
     for i, name in enumerate(table.columns):
-        ax.barh(np.arange(len(table)), table[name], left=left, height=0.7, color=cmap(i % 10),
-                label=_short(str(name), 40))
+        ax.barh(y, table[name], left=left, height=0.7, color=cmap(i % 10), label=_short(str(name), 40))
         left += table[name].to_numpy()
-    ax.set_yticks(np.arange(len(table)), [_short(str(x), 34) for x in table.index], fontsize=8)
-    ax.set(xlabel="kernel (GPU) / op self (CPU) time per profiled step", title="Kernel breakdown per module and phase")
+    lo, hi = per_key.loc[order, "min_s"].to_numpy(float), per_key.loc[order, "max_s"].to_numpy(float)
+    if per_step and np.isfinite(lo).any():
+        ax.hlines(y, lo, hi, color="black", lw=1.2, label="min-max of the per-step total")
+    ax.set_yticks(y, [_short(str(x), 34) for x in table.index], fontsize=8)
+    what = f"median over {n} profiled steps" if per_step else f"mean over {n} profiled steps (no per-step column)"
+    ax.set(xlabel="kernel (GPU) / op self (CPU) time per step",
+           title=f"Kernel breakdown per module and phase ({what})")
+    ax.set_xlim(left=0)
     from matplotlib.ticker import FuncFormatter
 
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_time(v)))
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.subplots_adjust(left=0.25, right=0.68, bottom=0.9 / (1.6 + 0.38 * len(table)) + 0.03, top=0.93)
-    return to_png_base64(fig)
+    return fig, n, per_step
+
+
+def kernel_breakdown(kernels: pd.DataFrame | None, k: int = 10, names: int = 8, profile_steps: float = 1.0):
+    """The kernel breakdown (kernel_breakdown_figure) as a base64 PNG, or None."""
+    out = kernel_breakdown_figure(kernels, k, names, profile_steps)
+    return None if out is None else to_png_base64(out[0])
