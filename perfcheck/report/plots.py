@@ -180,20 +180,20 @@ def timeline_figure(samples: pd.DataFrame | None):
         return None
     total = samples["mem_total_bytes"].astype(float).max() * 1e-9 if "mem_total_bytes" in samples else float("nan")
     kind = "device memory" if "gpu_util" in samples and samples["gpu_util"].notna().any() else "machine RAM"
-    mem_label = "GB"
     if total == total and total > 0 and mem_max >= 0.1 * total:
         ax2.axhline(total, color="black", lw=1, ls="--", label=f"{kind} total {total:.3g} GB")
         mem_top = max(total, mem_max) * 1.05
     else:
         mem_top = max(mem_max * 1.15, 1e-6)
         if total == total and total > 0:
-            mem_label = f"GB ({kind} total {total:.3g} GB, off scale)"
+            ax2.text(0.01, 0.06, f"{kind} total {total:.3g} GB (off scale)", transform=ax2.transAxes, fontsize=7,
+                     color="#555", gid="mem-total")
     ax1.set(ylabel="utilization (%)", ylim=(0, util_max), xlim=(0, max(t_max, 1e-3)),
             title="Utilization and memory (sampler)")
-    ax2.set(ylabel=mem_label, ylim=(0, mem_top), xlim=(0, max(t_max, 1e-3)), xlabel="time since the sampler started (s)")
+    ax2.set(ylabel="memory (GB)", ylim=(0, mem_top), xlim=(0, max(t_max, 1e-3)), xlabel="time since the sampler started (s)")
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
+        ax.legend(fontsize=7, loc="best")  # the fixed axes leave room somewhere; do not cover the curve
     fig.subplots_adjust(left=0.1, right=0.97, bottom=0.11, top=0.93, hspace=0.3)
     return fig
 
