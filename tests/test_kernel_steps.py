@@ -72,6 +72,9 @@ def test_html_panel_and_table_say_median_over_n_steps():
     assert "median over 3 profiled steps" in table_html
     assert ">1.2 ms<" in table_html and "3.73 ms" not in table_html  # median shown, not the mean
     assert "1 ms - 9 ms" in table_html  # the spread: smallest and largest step
+    assert "a median needs 3 or more" not in table_html
+    one = _outlier_table().query("step == 2")
+    assert "median over 1 profiled step," in _kernel_table(one, 1) and "a median needs 3 or more" in _kernel_table(one, 1)
 
 
 def test_stats_fill_absent_steps_with_zero_and_spread_unclaimed_work_evenly():

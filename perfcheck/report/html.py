@@ -147,11 +147,14 @@ def _kernel_table(kernels, profile_steps: float, n: int = 40) -> str:
 
 
 def _kernel_note(steps: int, per_step: bool) -> str:
+    few = (f" Only {steps} profiled step{'s' if steps != 1 else ''}: a median needs 3 or more "
+           "(profile_window=(0, 1, 3), perfcheck run --profile-window 0,1,3).") if steps < 3 else ""
     if per_step:
-        return (f"Per kernel: median over {steps} profiled steps, with the smallest and largest step (a step "
-                "without the kernel counts 0); '-': device work not tied to a step, spread evenly.")
+        return (f"Per kernel: median over {steps} profiled step{'s' if steps != 1 else ''}, with the smallest and "
+                "largest step (a step without the kernel counts 0); '-': device work not tied to a step, spread "
+                "evenly." + few)
     return (f"Mean over {steps} profiled steps: this kernels.csv has no per-step column (written by an older "
-            "perfcheck); re-run the measurement for medians and spreads.")
+            "perfcheck); re-run the measurement for medians and spreads." + few)
 
 
 def _kernel_figure(kernels, profile_steps: float) -> str:

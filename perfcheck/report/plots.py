@@ -241,7 +241,8 @@ def kernel_breakdown_figure(kernels: pd.DataFrame | None, k: int = 10, names: in
     if per_step and np.isfinite(lo).any():
         ax.hlines(y, lo, hi, color="black", lw=1.2, label="min-max of the per-step total")
     ax.set_yticks(y, [_short(str(x), 34) for x in table.index], fontsize=8)
-    what = f"median over {n} profiled steps" if per_step else f"mean over {n} profiled steps (no per-step column)"
+    what = (f"median over {n} profiled step{'s' if n != 1 else ''}" if per_step
+            else f"mean over {n} profiled step{'s' if n != 1 else ''} (no per-step column)")
     ax.set(xlabel="kernel (GPU) / op self (CPU) time per step",
            title=f"Kernel breakdown per module and phase ({what})")
     ax.set_xlim(left=0)
