@@ -15,3 +15,13 @@ def check_keys(value, allowed, required, where: str, what: str) -> None:
     missing = [k for k in required if k not in value]
     if missing:
         raise UserError(f"{where}: {what} is missing key(s) {', '.join(map(repr, missing))}")
+
+
+def parse_json(text: str, where: str):
+    """``json.loads(text)``; malformed JSON is a UserError naming ``where`` and the line and column."""
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None

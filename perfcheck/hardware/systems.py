@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Tuple
 
-from perfcheck.errors import UserError, check_keys
+from perfcheck.errors import UserError, check_keys, parse_json
 
 #: Canonical dtype names a system can list peaks for.
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
@@ -205,13 +205,7 @@ class SystemSpec:
         """Validate a parsed JSON object (unknown/missing keys, types, ranges) and build a spec."""
         if not isinstance(data, dict):
             raise UserError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        unknown = [k for k in data if k not in _FIELDS]
-        if unknown:
-            raise UserError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} "
-                            f"(allowed: {', '.join(_FIELDS)})")
-        missing = [k for k in _REQUIRED if k not in data]
-        if missing:
-            raise UserError(f"{where}: missing required key(s) {', '.join(map(repr, missing))}")
+        check_keys(data, _FIELDS, _REQUIRED, where, "the system")
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
         _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, "op_fixed_s": {},
                                                    "op_efficiency": {}, **data}), where)
@@ -311,7 +305,7 @@ def _per_op(value, field, where, *, fraction: bool) -> types.MappingProxyType:
 @lru_cache(maxsize=None)
 def _host_defaults() -> dict:
     where = "host_defaults.json"
-    data = _parse_json((resources.files("perfcheck.hardware") / where).read_text(), where)
+    data = parse_json((resources.files("perfcheck.hardware") / where).read_text(), where)
     out = {}
     for kind in SYSTEM_KINDS:
         block = data.get(kind)
@@ -386,17 +380,12 @@ def list_systems() -> list:
     return sorted(p.name[:-5] for p in _data_dir().iterdir() if p.name.endswith(".json"))
 
 
-def _parse_json(text: str, where: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
 @lru_cache(maxsize=None)
 def _load_builtin(name: str) -> SystemSpec:
     resource = _data_dir() / f"{name}.json"
-    spec = SystemSpec.from_dict(_parse_json(resource.read_text(), f"{name}.json"), f"{name}.json")
+    spec = SystemSpec.from_dict(parse_json(resource.read_text(), f"{name}.json"), f"{name}.json")
     object.__setattr__(spec, "origin", f"built-in {name}")
     return spec
 
@@ -425,7 +414,7 @@ def load_system(name_or_path) -> SystemSpec:
         content = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read system file {text!r}: {exc}") from None
-    spec = SystemSpec.from_dict(_parse_json(content, str(path)), str(path))
+    spec = SystemSpec.from_dict(parse_json(content, str(path)), str(path))
     object.__setattr__(spec, "origin", f"file {path}")  # for report headers (perfcheck.hardware.cache.spec_label)
     return spec
 

@@ -26,7 +26,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from perfcheck.errors import UserError, check_keys
+from perfcheck.errors import UserError, check_keys, parse_json
 from perfcheck.predict import sharding, step as steps
 from perfcheck.parallel import ParallelConfig
 from perfcheck.hardware.systems import load_system
@@ -156,16 +156,11 @@ def list_models() -> list:
     return list(_builtin_names())
 
 
-def _parse(text: str, where: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
 @lru_cache(maxsize=None)
 def _builtin(name: str) -> TransformerModel:
-    return TransformerModel.from_dict(_parse((_models_dir() / f"{name}.json").read_text(), f"{name}.json"),
+    return TransformerModel.from_dict(parse_json((_models_dir() / f"{name}.json").read_text(), f"{name}.json"),
                                       f"{name}.json")
 
 
@@ -187,7 +182,7 @@ def load_model(model) -> TransformerModel:
         content = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read model file {text!r}: {exc}") from None
-    return TransformerModel.from_dict(_parse(content, str(path)), str(path))
+    return TransformerModel.from_dict(parse_json(content, str(path)), str(path))
 
 
 # ---- parallel layouts --------------------------------------------------------------------------
