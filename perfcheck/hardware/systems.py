@@ -247,41 +247,38 @@ def _efficiency(value, where) -> types.MappingProxyType:
     return types.MappingProxyType({k: _fraction(v, f"efficiency.{k}", where) for k, v in value.items()})
 
 
-def _curve(value, where) -> tuple:
-    field = "matrix_efficiency_curve"
+def _points(value, where, field: str, x_name: str, y_name: str, y_check) -> tuple:
+    """A list of [x, y] pairs with strictly increasing x (``y_check(y, name, where)`` validates y)."""
     if value is None:
         return ()
     if not isinstance(value, (list, tuple)):
-        raise UserError(f"{where}: {field} must be a list of [flops_per_kernel, efficiency] pairs")
+        raise UserError(f"{where}: {field} must be a list of [{x_name}, {y_name}] pairs")
     points = []
     for i, pair in enumerate(value):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise UserError(f"{where}: {field}[{i}] must be a [flops_per_kernel, efficiency] pair, got {pair!r}")
-        points.append((_number(pair[0], f"{field}[{i}][0]", where), _fraction(pair[1], f"{field}[{i}][1]", where)))
+            raise UserError(f"{where}: {field}[{i}] must be a [{x_name}, {y_name}] pair, got {pair!r}")
+        points.append((_number(pair[0], f"{field}[{i}][0]", where), y_check(pair[1], f"{field}[{i}][1]", where)))
     for i in range(1, len(points)):
         if points[i][0] <= points[i - 1][0]:
-            raise UserError(f"{where}: {field} is not sorted by strictly increasing flops_per_kernel at index {i}")
+            raise UserError(f"{where}: {field} is not sorted by strictly increasing {x_name} at index {i}")
     return tuple(points)
+
+
+def _curve(value, where) -> tuple:
+    """[[flops per kernel, efficiency], ...]: the matrix efficiency curve."""
+    return _points(value, where, "matrix_efficiency_curve", "flops_per_kernel", "efficiency", _fraction)
+
+
+def _shape_factor(value, name, where) -> float:
+    factor = _number(value, name, where)
+    if factor > 4:
+        raise UserError(f"{where}: {name} = {factor!r} is outside (0, 4]")
+    return factor
 
 
 def _shape_curve(value, where) -> tuple:
     """[[smallest GEMM dimension, factor], ...]: efficiency multiplier for skinny GEMMs, strictly increasing dims."""
-    field = "matrix_shape_curve"
-    if value is None:
-        return ()
-    if not isinstance(value, (list, tuple)):
-        raise UserError(f"{where}: {field} must be a list of [smallest_dim, factor] pairs")
-    points = []
-    for i, pair in enumerate(value):
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise UserError(f"{where}: {field}[{i}] must be a [smallest_dim, factor] pair, got {pair!r}")
-        points.append((_number(pair[0], f"{field}[{i}][0]", where), _number(pair[1], f"{field}[{i}][1]", where)))
-        if points[-1][1] > 4:
-            raise UserError(f"{where}: {field}[{i}][1] = {points[-1][1]!r} is outside (0, 4]")
-    for i in range(1, len(points)):
-        if points[i][0] <= points[i - 1][0]:
-            raise UserError(f"{where}: {field} is not sorted by strictly increasing smallest_dim at index {i}")
-    return tuple(points)
+    return _points(value, where, "matrix_shape_curve", "smallest_dim", "factor", _shape_factor)
 
 
 def _host(value, where) -> types.MappingProxyType:

@@ -446,19 +446,18 @@ class ZeroEstimate:
     memory: dict
     times: dict
 
-    def bytes_by_kind(self, phase: Optional[str] = None) -> dict:
+    def _sum_by_kind(self, field: str, phase: Optional[str]) -> dict:
         out = {k: 0.0 for k in KINDS}
         for c in self.collectives:
             if phase is None or c.phase == phase:
-                out[c.kind] += float(c.bytes)
+                out[c.kind] += float(getattr(c, field))
         return out
 
+    def bytes_by_kind(self, phase: Optional[str] = None) -> dict:
+        return self._sum_by_kind("bytes", phase)
+
     def count_by_kind(self, phase: Optional[str] = None) -> dict:
-        out = {k: 0.0 for k in KINDS}
-        for c in self.collectives:
-            if phase is None or c.phase == phase:
-                out[c.kind] += float(c.count)
-        return out
+        return self._sum_by_kind("count", phase)
 
     def comm_frame(self):
         import pandas as pd
