@@ -103,6 +103,15 @@ def normalize_dtype(dtype) -> str:
         raise UserError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)} and torch float dtypes)") from None
 
 
+#: Bytes per element of each canonical dtype (TF32 tensors are stored as FP32).
+_ELEMENT_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def element_bytes(dtype) -> int:
+    """Bytes per element of ``dtype`` (a torch dtype or a name ``normalize_dtype`` accepts)."""
+    return _ELEMENT_BYTES[normalize_dtype(dtype)]
+
+
 @dataclasses.dataclass(frozen=True)
 class SystemSpec:
     """One accelerator (or CPU) and its node: peaks, bandwidths, achievable efficiencies, sources.

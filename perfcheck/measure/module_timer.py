@@ -510,7 +510,7 @@ class ModuleTimer:
         def post_hook(mod, args, output):
             if mod is not module or not self._on or _is_compiling() or (self._check_capture and self._capturing()):
                 return None
-            t1 = self.clock.now()  # first: the interval ends as early as possible
+            t1 = self._now()  # first: the interval ends as early as possible
             try:
                 stack, mid = self._stack, id(mod)
                 call = next((stack[i] for i in range(len(stack) - 1, -1, -1) if stack[i].mid == mid), None)

@@ -33,7 +33,6 @@ Adam's two fp32 states unless ``optimizer_states`` says otherwise; activations a
 from __future__ import annotations
 
 import contextlib
-import math
 import re
 
 import pandas as pd
@@ -74,15 +73,6 @@ def op_kind(name: str) -> str | None:
         return normalize_kind(base)
     except UserError:
         return None
-
-
-def buffer_bytes(kind: str, tensors: list, elem_size: list, scale_by_group: int = 1, which: str = "max") -> float:
-    """S from the byte sizes of an op's tensor arguments: the largest (all-gather output,
-    reduce-scatter input, all-reduce tensor) or their sum (coalesced / tensor-list ops)."""
-    sizes = [math.prod(s) * e for s, e in zip(tensors, elem_size)]
-    if not sizes:
-        return math.nan
-    return float((max(sizes) if which == "max" else sum(sizes)) * scale_by_group)
 
 
 def _group_size(arg) -> int | None:

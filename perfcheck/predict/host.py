@@ -38,7 +38,6 @@ the loss function, data loading and instrumentation hooks are outside the model 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import numpy as np
@@ -46,6 +45,7 @@ import pandas as pd
 
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import host_constants, load_system
+from perfcheck.predict.roofline import memory_time_s
 
 #: torch.optim implementations with a calibrated per-tensor host cost, and the parameter-sized
 #: streams (arrays read + written per element) each update moves on the device:
@@ -287,7 +287,7 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     per = hc[f"optim_{base}_per_tensor_s" if impl == "for-loop" else f"optim_{base}_foreach_per_tensor_s"]
     host = hc["optim_step_s"] + tensors * per
     kernels = tensors * OPTIMIZER_KERNELS[kind] if impl == "for-loop" else OPTIMIZER_KERNELS[kind]
-    mem = OPTIMIZER_STREAMS[kind] * elems * elem_bytes / (spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"])
+    mem = memory_time_s(OPTIMIZER_STREAMS[kind] * elems * elem_bytes, spec)
     device = mem + kernels * hc["device_kernel_s"] * (tensors > 0)
     total = host + device if spec.kind == "cpu" else max(host, device)
     return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total))
@@ -311,10 +311,6 @@ def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec)
     grad_hooks = param_tensors * hc["zero_grad_hook_s"] if stage >= 1 else 0.0
     return {"fwd": module_calls * hc["zero3_fwd_hook_s"] * three,
             "bwd": module_calls * hc["zero3_bwd_hook_s"] * three + grad_hooks, "optim": hc["ds_engine_step_s"]}
-
-
-def fmt_us(seconds: float) -> str:
-    return "nan" if not math.isfinite(seconds) else f"{seconds * 1e6:.1f} us"
 
 
 # ------------------------------------------------------------------------------ estimator columns

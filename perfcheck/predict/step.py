@@ -25,10 +25,9 @@ import pandas as pd
 
 from perfcheck.errors import UserError
 from perfcheck.predict import collectives, roofline, sharding
-from perfcheck.hardware.systems import load_system, normalize_dtype
+from perfcheck.hardware.systems import element_bytes as elem_bytes, load_system
 
 RECOMPUTE = ("none", "selective", "full")
-_ELEM_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,10 +176,6 @@ def _row_text(o, i):
 
 
 # ---- evaluation ------------------------------------------------------------------------------------
-def elem_bytes(dtype) -> int:
-    return _ELEM_BYTES[normalize_dtype(dtype)]
-
-
 def _stack(values, n):
     """(rows, n) float array from per-row scalars or length-n arrays (assignment broadcasts)."""
     out = np.empty((len(values), n))

@@ -51,7 +51,6 @@ from perfcheck.errors import UserError
 #: Collective kinds this model emits (a subset of collectives.COLLECTIVE_KINDS).
 KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
 PHASES = ("fwd", "bwd", "step")
-_ELEM_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 #: fp32 optimizer-state bytes per parameter (besides the master copy).
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "lamb": 8, "sgd": 0, "sgd_momentum": 4, "adagrad": 4, "lion": 4}
 
@@ -81,12 +80,6 @@ def _nonneg(value, name: str) -> np.ndarray:
     return arr
 
 
-def elem_bytes(dtype) -> int:
-    from perfcheck.hardware.systems import normalize_dtype
-
-    return _ELEM_BYTES[normalize_dtype(dtype)]
-
-
 @dataclasses.dataclass(frozen=True)
 class Precision:
     """Bytes per parameter of each model state (the ZeRO paper's 2 + 2 + K with K = 12 for Adam)."""
@@ -113,7 +106,9 @@ def precision(dtype="bf16", optimizer: str = "adam", master_weights: Optional[bo
     fp32 weights under ZeRO >= 1 (the optimizer updates its own fp32 partition,
     ``single_partition_of_fp32_groups``); none for fp32 under stage 0 (FusedAdam updates in place).
     """
-    b = elem_bytes(dtype)
+    from perfcheck.hardware.systems import element_bytes
+
+    b = element_bytes(dtype)
     key = str(optimizer).lower().replace("-", "_")
     if key not in OPTIMIZER_STATE_BYTES:
         raise UserError(f"optimizer: unknown {optimizer!r} (known: {', '.join(OPTIMIZER_STATE_BYTES)})")
