@@ -15,7 +15,6 @@ plus ``layout`` (meta.json ``parallel.kind``), ``dp``, ``tp``, ``fsdp``, ``mesh_
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -23,7 +22,9 @@ import pandas as pd
 
 from perfcheck.analysis.findings import Thresholds
 from perfcheck.analysis.stages import KINDS, bytes_within
-from perfcheck.measure.collectives import FINALIZE_OP
+from perfcheck.measure import rundir as runs
+from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV, FINALIZE_OP
+from perfcheck.predict.for_run import load_predicted
 
 
 def is_layout_run(run_dir) -> bool:
@@ -32,31 +33,31 @@ def is_layout_run(run_dir) -> bool:
     return any(d.glob("rank*/meta.json")) and not any(d.glob("rank*/zero.json"))
 
 
-def _csv(path: Path) -> pd.DataFrame:
-    try:
-        return pd.read_csv(path) if path.is_file() else pd.DataFrame()
-    except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError):
-        return pd.DataFrame()
+def _table(path: Path, columns, what: str) -> pd.DataFrame:
+    """A run-directory CSV through ``rundir.read_table`` (columns checked); empty when absent."""
+    return runs.read_table(path, columns, what) if path.is_file() else pd.DataFrame()
 
 
 def _row(run_dir: Path, rank_dir: Path) -> dict:
-    meta = json.loads((rank_dir / "meta.json").read_text())
+    meta = runs.read_versioned_json(rank_dir / runs.META)
     par = meta.get("parallel") or {}
     row = {"run": run_dir.name, "rank": int(meta.get("rank", 0)), "layout": par.get("kind", "none"),
            "world_size": meta.get("world_size", 1), "dp": par.get("dp", 1), "tp": par.get("tp", 1),
            "fsdp": par.get("fsdp", 1), "mesh_shape": str(par.get("mesh_shape", "")),
            "status": "ok" if meta.get("complete") else "failed"}
-    pred, meas = _csv(rank_dir / "predicted_collectives.csv"), _csv(rank_dir / "collectives.csv")
+    pred = _table(rank_dir / "predicted_collectives.csv", ("kind", "bytes"), "predicted collectives")
+    meas = _table(rank_dir / COLLECTIVES_CSV, COLLECTIVE_COLUMNS, "collectives")
     active = max(1, int(((meta.get("profile") or {}).get("window") or {}).get("active", 1))
                  if isinstance(meta.get("profile"), dict) else 1)
     for k in KINDS:
         row[f"pred_{k}_bytes"] = float(pred.loc[pred["kind"] == k, "bytes"].sum()) if not pred.empty else 0.0
         issued = meas[(meas.get("what") == "issued") & (meas.get("kind") == k)] if not meas.empty else meas
         row[f"meas_{k}_bytes"] = float(issued["bytes"].sum()) / active if not meas.empty else math.nan
-    predicted = _csv(rank_dir / "predicted.csv")
+    predicted, _ = load_predicted(run_dir, ranks=(int(meta.get("rank", 0)),))
+    predicted = predicted if predicted is not None else pd.DataFrame()
     root = predicted[predicted["module"] == "(root)"] if not predicted.empty else predicted
     row["pred_step_s"] = float(root["pred_fwd_s"].iloc[0] + root["pred_bwd_s"].iloc[0]) if not root.empty else math.nan
-    steps = _csv(rank_dir / "steps.csv")
+    steps = _table(rank_dir / runs.TABLES["steps"][0], runs.TABLES["steps"][1], "steps")
     ok = steps[(steps["role"] == "measured") & (~steps["failed"].astype(bool))] if not steps.empty else steps
     row["meas_step_s"] = float(ok["step_s"].median()) if not ok.empty else math.nan
     row["meas_peak_mem_bytes"] = float(ok["peak_mem_bytes"].max()) if not ok.empty else math.nan
