@@ -11,16 +11,21 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 @pytest.fixture(scope="session", autouse=True)
 def _empty_calibration_cache(tmp_path_factory):
     """An empty per-user calibration cache for the whole session (perfcheck.hardware.cache): a
-    developer's `perfcheck calibrate` result must not change what the tests predict."""
+    developer's `perfcheck calibrate` result must not change what the tests predict. Also puts this
+    checkout first on subprocesses' PYTHONPATH."""
     import os
 
-    old = os.environ.get("PERFCHECK_CACHE_DIR")
+    saved = {name: os.environ.get(name) for name in ("PERFCHECK_CACHE_DIR", "PYTHONPATH")}
     os.environ["PERFCHECK_CACHE_DIR"] = str(tmp_path_factory.mktemp("perfcheck-cache"))
+    # Subprocesses (training scripts, deepspeed ranks, CLI calls) import this checkout, whatever
+    # perfcheck an editable install elsewhere on the machine points at.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), saved["PYTHONPATH"]) if p)
     yield
-    if old is None:
-        os.environ.pop("PERFCHECK_CACHE_DIR", None)
-    else:
-        os.environ["PERFCHECK_CACHE_DIR"] = old
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")
