@@ -81,6 +81,7 @@ def test_cycle_detector_finds_a_planted_cycle(monkeypatch):
         test_no_import_cycles()
 
 
+@pytest.mark.slow  # > 5 s on the 2-core VM: full suite only, not the fast lane
 def test_every_module_imports_in_a_fresh_interpreter():
     names = [n for n in MODULES if not n.endswith("__main__")]
     code = ("import importlib, sys\nbad = []\nfor n in %r:\n    try:\n        importlib.import_module(n)\n"

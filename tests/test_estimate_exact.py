@@ -142,6 +142,7 @@ def _conv_macs(n, c_in, c_out, groups, kernel, out_spatial):
 @given(n=st.integers(1, 3), c_mult=st.integers(1, 3), groups=st.sampled_from([1, 2, 4]), k=st.integers(1, 4),
        stride=st.integers(1, 3), padding=st.integers(0, 2), dilation=st.integers(1, 2), size=st.integers(8, 14),
        dims=st.sampled_from([1, 2, 3]), first=st.booleans())
+@pytest.mark.slow  # > 5 s on the 2-core VM: full suite only, not the fast lane
 def test_conv_any_shape_matches_hand_derivation(n, c_mult, groups, k, stride, padding, dilation, size, dims, first):
     conv_cls = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
     c_in, c_out = 4 * c_mult, 4 * groups
@@ -185,6 +186,7 @@ def test_identity_has_no_work_even_where_flop_counter_credits_it():
 @settings(max_examples=25, deadline=None)
 @given(rows=st.integers(1, 64), d_in=st.integers(1, 96), d_out=st.integers(1, 96), bias=st.booleans(),
        input_grad=st.booleans(), lead=st.integers(1, 3))
+@pytest.mark.slow  # > 5 s on the 2-core VM: full suite only, not the fast lane
 def test_linear_any_shape(rows, d_in, d_out, bias, input_grad, lead):
     model = nn.Sequential(nn.Linear(d_in, d_out, bias=bias), nn.Tanh(), nn.Linear(d_out, d_out, bias=bias))
     x = torch.randn(lead, rows, d_in, requires_grad=input_grad)

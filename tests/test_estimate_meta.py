@@ -1,5 +1,6 @@
 """A 20-billion-parameter GPT built on the meta device estimates on a CPU-only machine with no
 memory for its weights, and its counts equal the hand derivation (Narayanan et al. 2021, eq. 3 style)."""
+import pytest
 import resource
 
 import torch
@@ -9,6 +10,7 @@ from perfcheck.examples.models import GPT
 from perfcheck.schema import ROOT
 
 
+@pytest.mark.slow  # > 5 s on the 2-core VM: full suite only, not the fast lane
 def test_20b_gpt_on_meta_device():
     layers, heads, d, vocab, seq, batch = 44, 48, 6144, 50257, 2048, 1
     with torch.device("meta"):

@@ -1,8 +1,10 @@
 """The facade's names resolve to what the docs promise, whatever was imported before."""
+import pytest
 import subprocess
 import sys
 
 
+@pytest.mark.slow  # > 5 s on the 2-core VM: full suite only, not the fast lane
 def test_estimate_is_the_function_even_after_importing_the_estimate_package():
     code = ("import perfcheck.predict.formulas, perfcheck.predict.roofline\n"
             "import perfcheck\n"
@@ -20,6 +22,7 @@ def test_unknown_attribute_raises_attribute_error():
         perfcheck.no_such_thing
 
 
+@pytest.mark.slow  # > 5 s on the 2-core VM: full suite only, not the fast lane
 def test_estimator_modules_import_with_dotted_alias():
     code = ("import perfcheck\n"
             "import torch\n"
