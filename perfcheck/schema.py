@@ -101,6 +101,27 @@ MEASURED_COLUMNS: Mapping[str, str] = {
     "rank": "distributed rank (0 when not distributed)",
 }
 
+#: Collectives per module and phase in the reconciled table (``{p}`` = fwd | bwd), measured from
+#: collectives.csv (perfcheck.measure.collectives) by perfcheck.analysis.comm, per profiled step.
+#: "Issued" is the module whose forward/backward context ran the collective op; "waited" the module
+#: whose time holds the wait (FSDP2's prefetch and DDP's overlap make them different modules). Own:
+#: the module's own context; the others also sum every module inside it (like the time columns), so
+#: the root holds the rank's total. NaN where the rank recorded no collectives.csv (no collective in
+#: its profiled window, or no window).
+MODULE_COMM_COLUMNS: Mapping[str, str] = {
+    "meas_comm_{p}_bytes": "bytes of the collectives issued in the {p} phase by the module or a module inside it, per "
+                           "profiled step (the predicted comm_{p}_bytes' measured twin: all-gather output, "
+                           "reduce-scatter input, all-reduce tensor), bytes",
+    "meas_comm_own_{p}_bytes": "bytes of the collectives the module itself issued in {p} (issued by), per profiled step, bytes",
+    "meas_comm_own_{p}_count": "collectives the module itself issued in {p}, per profiled step",
+    "meas_comm_wait_{p}_s": "time waited on collectives in {p} inside the module or a module inside it (part of meas_{p}_s; "
+                            "the root's end-of-backward wait is outside meas_bwd_s, in bwd_finalize_s), per profiled "
+                            "step, seconds",
+    "meas_comm_wait_own_{p}_s": "time the module itself waited on collectives in {p} (waited on), per profiled step, seconds",
+    "comm_waits_{p}": "the module's own largest waits in {p} in words: collective kind, bytes, the module and phase that "
+                      "issued it and the one that waited, seconds per step; '; '-joined, '' when none",
+}
+
 #: Per-step rows: PerfCheck.steps().
 STEP_COLUMNS: Mapping[str, str] = {
     "step": "step index (0-based, counted from start(), warm-up steps included)",

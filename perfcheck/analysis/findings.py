@@ -18,8 +18,9 @@ Rules for slow modules (gap > gap_high), first match wins:
                       per call without a kernel table, under ``tiny_s``; predicted per kernel under
                       ``tiny_pred_s`` or bound 'overhead'), so fixed per-kernel costs (launches,
                       dispatch, Python) are the time, not FLOPs or bytes.
-3. exposed_comm       communication kernels take ``comm_share`` of the measured time, or the module
-                      has predicted collectives and no kernel table says otherwise.
+3. exposed_comm       communication kernels, or waits on collectives (``meas_comm_wait_<p>_s``, from
+                      collectives.csv), take ``comm_share`` of the measured time, or the module has
+                      predicted collectives and no kernel table says otherwise.
 4. unmodeled_work     the estimate costed some ops by bytes only (``unmodeled_ops``), or irregular
                       kernels (scatter/gather/index/sort...) take ``irregular_share`` of the kernel time.
 5. host_bound         device kernels (CPU: aten ops) cover less than ``host_share`` of the measured
@@ -37,6 +38,9 @@ Fast modules (gap < gap_low): ``measurement_artifact`` when the achieved FLOP/s 
 datasheet matrix peak (a timer that missed work), else ``overestimated`` (the model is
 pessimistic: too much launch overhead, or an efficiency below what this device reaches).
 One-sided rows: ``not_measured`` (predicted only) and ``not_predicted`` (measured only).
+Whatever the gap, a module that itself waited on collectives for ``comm_wait_share`` of its rank's
+step or more gets a ``comm_wait`` finding (``comm_wait_findings``) naming the collective kind,
+bytes, and the module and phase that issued it against the one that waited.
 Recompute (activation checkpointing, timed and predicted apart from backward) is a third phase with
 one rule, ``recompute`` (``diagnose_recompute``).
 """
@@ -89,6 +93,9 @@ class Thresholds:
     roof_fraction: float = 0.5
     #: a rank whose step time exceeds the median over ranks by more than this fraction is a straggler.
     straggler_tolerance: float = 0.05
+    #: a module's own wait on collectives at or above this share of its rank's step is a finding (the
+    #: straggler tolerance's 5%: a wait that moves the step by less is within step-to-step noise here).
+    comm_wait_share: float = 0.05
 
     def __post_init__(self):
         from perfcheck.errors import UserError
@@ -193,7 +200,9 @@ def _comm_match(rows, phase, ctx):
     comm_k = _c(rows, "comm_kernel_{p}_s", phase)
     no_table = ~np.isfinite(_c(rows, "kernel_{p}_s", phase))
     comm_bytes = _c(rows, "comm_{p}_bytes", phase)
-    return (comm_k >= ctx.thresholds.comm_share * meas) | (no_table & (comm_bytes > 0))
+    waited = _c(rows, "meas_comm_wait_{p}_s", phase)
+    return ((comm_k >= ctx.thresholds.comm_share * meas) | (waited >= ctx.thresholds.comm_share * meas)
+            | (no_table & (comm_bytes > 0)))
 
 
 def _comm_evidence(r, phase, ctx):
@@ -202,9 +211,16 @@ def _comm_evidence(r, phase, ctx):
     if ck == ck and ck is not None and ck > 0:
         parts.append(f"communication kernels {fmt_time(ck)} of {fmt_time(r[f'meas_{phase}_s'])} measured "
                      f"({fmt_pct(ck / r[f'meas_{phase}_s'])})")
+    w = r.get(f"meas_comm_wait_{phase}_s")
+    if w is not None and w == w and w > 0:
+        parts.append(f"waits on collectives {fmt_time(w)} of {fmt_time(r[f'meas_{phase}_s'])} measured "
+                     f"({fmt_pct(w / r[f'meas_{phase}_s'])})")
     b = r.get(f"comm_{phase}_bytes")
     if b == b and b:
         parts.append(f"{fmt_bytes(b)} {r.get('comm_kind') or 'collective'} predicted")
+    own = r.get(f"comm_waits_{phase}")
+    if own:
+        parts.append(own)
     return "; ".join(parts) + "; communication not overlapped with compute"
 
 
@@ -304,6 +320,8 @@ REASONS.update({
     "not_instrumented": "predicted only, by design: outside PerfCheck's depth=/modules= selection; its time is "
                         "inside its nearest timed ancestor's",
     "not_predicted": "measured only: the estimate has no row for this module",
+    "comm_wait": "the module itself waited on collectives for a large share of the step (whatever its gap): the "
+                 "collective, its bytes, who issued it and who waited (FSDP2 prefetch, DDP overlap make them differ)",
     "recompute": "activation-checkpoint recompute (the forward re-run in backward, timed apart from it) far from "
                  "its prediction, run without being predicted, or predicted but never run",
 })
@@ -453,10 +471,44 @@ def findings_table(rec: pd.DataFrame) -> pd.DataFrame:
             "lost_s": sel[f"meas_{phase}_s"].fillna(0) - sel[f"pred_{phase}_s"].fillna(0),
             "evidence": sel[f"evidence_{phase}"]}))
     cols = ["module", "type", "rank", "phase", "reason", "gap", "pred_s", "meas_s", "lost_s", "evidence"]
+    comm = comm_wait_findings(rec)
+    if not comm.empty:
+        parts.append(comm[cols])
     if not parts:
         return pd.DataFrame(columns=cols)
     out = pd.concat(parts, ignore_index=True)
     return out.sort_values("lost_s", ascending=False, kind="stable", ignore_index=True)[cols]
+
+
+def comm_wait_findings(rec: pd.DataFrame) -> pd.DataFrame:
+    """``comm_wait`` rows (findings_table's columns): each (module, rank, phase) whose own wait on
+    collectives (``meas_comm_wait_own_<p>_s``) is at least ``Thresholds.comm_wait_share`` of the rank's
+    measured step (``rec.attrs["totals"]``; without totals, ``comm_share`` of the module's phase time).
+    ``lost_s`` is the wait; the evidence is ``comm_waits_<p>`` (kind, bytes, issuer vs waiter). The
+    root is included: DDP's and FSDP2's end-of-backward waits are the root's."""
+    th = {**vars(Thresholds()), **(rec.attrs.get("thresholds") or {})}
+    step = {int(t["rank"]): t.get("meas_step_s") for t in rec.attrs.get("totals", []) if "rank" in t}
+    parts = []
+    for phase in ("fwd", "bwd"):
+        col = f"meas_comm_wait_own_{phase}_s"
+        if col not in rec:
+            continue
+        wait = rec[col].to_numpy(dtype=float, na_value=np.nan)
+        ranks = rec["rank"].to_numpy() if "rank" in rec else np.zeros(len(rec), int)
+        s = np.array([step.get(int(r), np.nan) for r in ranks], dtype=float)
+        meas = rec[f"meas_{phase}_s"].to_numpy(dtype=float, na_value=np.nan)
+        base = np.where(np.isfinite(s) & (s > 0), th["comm_wait_share"] * s, th["comm_share"] * meas)
+        sel = rec[np.isfinite(wait) & (wait > 0) & (wait >= base)]
+        if sel.empty:
+            continue
+        parts.append(pd.DataFrame({
+            "module": sel["module"], "type": sel["type"], "rank": sel["rank"] if "rank" in sel else 0,
+            "phase": phase, "reason": "comm_wait", "gap": sel[f"gap_{phase}"], "pred_s": sel[f"pred_{phase}_s"],
+            "meas_s": sel[f"meas_{phase}_s"], "lost_s": sel[col],
+            "evidence": sel[f"comm_waits_{phase}"].where(sel[f"comm_waits_{phase}"] != "",
+                                                         [f"waited {fmt_time(w)} on collectives" for w in sel[col]])}))
+    cols = ["module", "type", "rank", "phase", "reason", "gap", "pred_s", "meas_s", "lost_s", "evidence"]
+    return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
 
 
 # ------------------------------------------------------------------------------ before the run

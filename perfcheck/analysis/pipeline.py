@@ -15,7 +15,12 @@
    predicted columns (``PER_MICRO_BATCH``) multiplied by N (``scale_by_micro_batches``), so the
    summed micro-batches are compared with N predicted ones; the table's ``attrs["micro_batches"]``
    and a note say so;
-5. ``reconcile.reconcile`` with the kernel table, the steps and the profiled-step count per rank.
+5. the collectives of each rank's profiler window (``collectives.csv``, or the live
+   ``PerfCheck.collectives()``): the bytes each module issued and the time each module waited, per
+   phase (``analysis.comm``; schema.MODULE_COMM_COLUMNS), with the layout (meta.json ``parallel``)
+   naming the framework in the waits' words; collectives outside every module's forward/backward
+   get a note;
+6. ``reconcile.reconcile`` with the kernel table, the steps and the profiled-step count per rank.
 """
 from __future__ import annotations
 
@@ -25,9 +30,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfcheck.analysis.comm import outside_bytes, read_collectives
 from perfcheck.analysis.reconcile import reconcile
 from perfcheck.errors import UserError
 from perfcheck.measure import rundir
+from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
 from perfcheck.predict import for_run
 
 
@@ -141,16 +148,35 @@ def _micro_batch_notes(run: rundir.Run, n, pred: pd.DataFrame) -> list:
     return notes
 
 
+def collectives_of(run: rundir.Run, source=None) -> pd.DataFrame:
+    """The collectives of every rank's profiler window: the live ``PerfCheck.collectives()`` when
+    ``source`` is one, else each ``rank<R>/collectives.csv`` (columns checked); empty when none."""
+    if source is not None and hasattr(source, "collectives"):
+        return read_collectives(source.collectives())
+    parts = []
+    for r in run.ranks:
+        path = rundir.rank_dir(run.run_dir, r) / COLLECTIVES_CSV
+        if path.is_file():
+            parts.append(rundir.read_table(path, COLLECTIVE_COLUMNS, "collectives").assign(rank=r))
+    return read_collectives(pd.concat(parts, ignore_index=True) if parts else None)
+
+
+def _layouts(run: rundir.Run) -> dict:
+    """{rank: meta.json parallel kind} ('' when the rank recorded none)."""
+    return {r: str((m.get("parallel") or {}).get("kind", "")) if isinstance(m.get("parallel"), dict) else ""
+            for r, m in run.meta.items()}
+
+
 def reconcile_run(source, *, system=None) -> ReconciledRun:
     """Reconcile a run directory (path) or a live/stopped ``PerfCheck``.
 
     ``system`` overrides the system the run was predicted for (a name, a JSON path or a SystemSpec).
     """
-    live_predicted = None
+    live_predicted, live = None, None
     if isinstance(source, (str, Path)):
         run = rundir.load_run(source)
     elif hasattr(source, "as_run") and hasattr(source, "predicted"):
-        run = source.as_run()
+        run, live = source.as_run(), source
         live_predicted = source.predicted(system=system)
         system = source.system_spec(system)  # the spec itself: a calibrated file's name is not a built-in
     else:
@@ -171,8 +197,14 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
     if n is not None and n != 1:
         notes += _micro_batch_notes(run, n, pred)
         pred = scale_by_micro_batches(pred, n)
+    windows = {r: profile_steps(m) for r, m in run.meta.items()}
+    coll = collectives_of(run, live)
+    outside = {r: b for r, b in outside_bytes(coll, windows).items() if b > 0}
+    if outside:
+        notes.append("collectives issued outside every module's forward/backward (optimizer step, unattributed) are in "
+                     "no module's comm columns: " + ", ".join(f"rank {r} {b:.0f} B per step" for r, b in outside.items()))
     table = reconcile(pred, run.modules, system=name, kernels=run.kernels, steps=run.steps, dtype=dtype,
-                      profile_steps={r: profile_steps(m) for r, m in run.meta.items()}, timed=timed)
+                      profile_steps=windows, timed=timed, collectives=coll, layouts=_layouts(run))
     table.attrs["micro_batches"] = n if n is not None else 1
     table.attrs["notes"] = notes
     return ReconciledRun(table=table, run=run, system=name, notes=notes)

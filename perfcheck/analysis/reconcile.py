@@ -24,7 +24,8 @@ import pandas as pd
 
 from perfcheck.errors import UserError
 from perfcheck.analysis.findings import DEFAULT_HOOK_OVERHEAD_S, Context, Thresholds, diagnose, diagnose_recompute
-from perfcheck.schema import PREDICTED_COLUMNS, ROOT, module_depth, parent_path, strip_wrapper_prefix
+from perfcheck.analysis.comm import module_comm
+from perfcheck.schema import MODULE_COMM_COLUMNS, PREDICTED_COLUMNS, ROOT, module_depth, parent_path, strip_wrapper_prefix
 
 PHASES2 = ("fwd", "bwd")
 
@@ -77,6 +78,7 @@ RECONCILED_COLUMNS = {
     "meas_act_mem_bytes": "measured activation memory of the forward (CUDA), bytes; NaN on CPU",
     "meas_peak_mem_bytes": "measured peak memory during the forward (CUDA), bytes; NaN on CPU",
     **{k.format(p=p): v.format(p=p, ph="forward" if p == "fwd" else "backward") for p in PHASES2 for k, v in _PER_PHASE.items()},
+    **{k.format(p=p): v.format(p=p) for p in PHASES2 for k, v in MODULE_COMM_COLUMNS.items()},
     "efficiency": "(pred_fwd_s + pred_bwd_s) / (meas_fwd_s + meas_bwd_s)",
     "reason": "reason of the phase (fwd, bwd, recompute) with the largest gap (in log scale); not_measured / not_predicted for one-sided rows",
     "flags": "'+'-joined: fwd_rate_above_peak / bwd_rate_above_peak (FLOP/s above the datasheet matrix peak: a "
@@ -382,7 +384,7 @@ def _tree_order(modules_in_order) -> dict:
 # -------------------------------------------------------------------------------------- main
 def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, kernels=None, steps=None,
               dtype=None, profile_steps=None, hook_overhead_s=None, thresholds: Thresholds | None = None,
-              timed=None) -> pd.DataFrame:
+              timed=None, collectives=None, layouts=None) -> pd.DataFrame:
     """Join predicted and measured rows on module path; one row per (module, rank).
 
     predicted: ``perfcheck.estimate(...)`` (schema.PREDICTED_COLUMNS; a ``rank`` column is optional).
@@ -398,6 +400,10 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
     hook_overhead_s: cost of the hooks per module call (default ``findings.DEFAULT_HOOK_OVERHEAD_S``).
     timed: module paths a ``PerfCheck(depth=/modules=)`` run timed (meta.json ``selection.timed``);
       predicted-only rows outside it get reason ``not_instrumented`` instead of ``not_measured``.
+    collectives: ``PerfCheck.collectives()`` / collectives.csv rows of all ranks (measure.collectives) for
+      the per-module communication columns (schema.MODULE_COMM_COLUMNS, analysis.comm; same
+      ``profile_steps``); ranks without rows get NaN there. layouts: {rank: meta.json parallel kind},
+      for the words of the waits ("DDP bucket all-reduce", "DTensor all-gather").
     Returns RECONCILED_COLUMNS in tree order per rank; ``attrs["totals"]`` holds TOTALS_COLUMNS records.
     """
     from perfcheck.hardware.systems import load_system
@@ -438,6 +444,7 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
             if c not in rec:
                 rec[c] = np.nan
         rec[f"irregular_kernels_{p}"] = rec.get(f"irregular_kernels_{p}", pd.Series("", index=rec.index)).fillna("")
+    rec = _with_comm(rec, collectives, profile_steps, layouts)
     flags = _derive(rec, ctx)
     _stragglers(rec, flags, ctx.thresholds.straggler_tolerance)
     rec["flags"] = ["+".join(f) for f in flags]
@@ -459,6 +466,29 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
                  "system_label": _spec_label(spec),
                  "hook_overhead_s": ctx.hook_overhead_s, "thresholds": dict(vars(ctx.thresholds)),
                  "kernel_table": kern is not None}
+    return rec
+
+
+def _with_comm(rec: pd.DataFrame, collectives, profile_steps, layouts) -> pd.DataFrame:
+    """``rec`` with schema.MODULE_COMM_COLUMNS: 0 / '' for a module of a rank whose collectives were
+    recorded but that issued or waited on none; NaN / '' for ranks without collectives."""
+    cols = [c.format(p=p) for p in PHASES2 for c in MODULE_COMM_COLUMNS]
+    have: set = set()
+    if collectives is not None and len(collectives):
+        if "rank" not in collectives:
+            collectives = collectives.assign(rank=0)
+        comm = module_comm(collectives, 1 if profile_steps is None else profile_steps, layouts)
+        have = set(pd.to_numeric(collectives["rank"], errors="coerce").fillna(0).astype(int).tolist())
+        rec = rec.merge(comm, on=["rank", "module"], how="left")
+    recorded = rec["rank"].isin(have)
+    for c in cols:
+        text = c.startswith("comm_waits_")
+        if c not in rec:
+            rec[c] = "" if text else np.nan
+        if text:
+            rec[c] = rec[c].fillna("").astype(object)
+        else:
+            rec[c] = rec[c].astype(float).where(rec[c].notna() | ~recorded, 0.0)
     return rec
 
 
