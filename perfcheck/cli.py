@@ -6,6 +6,7 @@ raises ``perfcheck.errors.UserError``; it is printed as one line and the exit co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -43,22 +44,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def quiet_third_party():
-    """Keep other libraries' chatter out of the user's terminal (``perfcheck --verbose`` keeps it):
-    libkineto, torch.profiler's backend, prints ``USDT:``/``STAGE:`` lines to stderr at every profiler
-    start and stop (its log level is read when the profiler starts; 6 is above all of its levels), and
-    torch/DeepSpeed raise FutureWarnings about their own internals. Only the CLI does this; the library
-    leaves the user's logging and warning filters alone."""
+@contextlib.contextmanager
+def quiet_third_party(enabled: bool = True):
+    """Keep other libraries' chatter out of the user's terminal while a command runs (``perfcheck
+    --verbose`` keeps it): libkineto, torch.profiler's backend, prints ``USDT:``/``STAGE:`` lines to
+    stderr at every profiler start and stop (its log level is read when the profiler starts; 6 is above
+    all of its levels, and processes the command starts inherit it), and torch/DeepSpeed raise
+    FutureWarnings about their own internals. The environment and warning filters are restored when the
+    command returns, so an in-process ``main()`` call leaves the caller's process as it found it."""
+    if not enabled:
+        yield
+        return
+    before = os.environ.get("KINETO_LOG_LEVEL")
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("KINETO_LOG_LEVEL", None)
+        else:
+            os.environ["KINETO_LOG_LEVEL"] = before
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.show_third_party:
-        quiet_third_party()
     try:
-        return int(args.run(args) or 0)
+        with quiet_third_party(enabled=not args.show_third_party):
+            return int(args.run(args) or 0)
     except UserError as exc:
         print(f"perfcheck {args.command}: error: {exc}", file=sys.stderr)
         return 2
