@@ -64,3 +64,80 @@ def batch(layout, step, rank):
         n = shape[1] // torch.distributed.get_world_size()
         x = x[:, rank * n:(rank + 1) * n].contiguous()
     return x
+
+
+# ---- added by helper-14A (per-rank TP FLOPs, FSDP2+TP, accumulation) -------------------------------
+class FFN(nn.Module):
+    """Linear(d, 4d) -> ReLU -> Linear(4d, d): Megatron's TP MLP (up column-wise, down row-wise)."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+TP_PLAN = {"up": "colwise", "down": "rowwise"}
+
+
+def _styles(plan, sp=False):
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    make = {"colwise": lambda: ColwiseParallel(input_layouts=Shard(1)) if sp else ColwiseParallel(),
+            "rowwise": lambda: RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel(),
+            "sp": SequenceParallel}
+    return {k: make[v]() for k, v in plan.items()}
+
+
+def tp_ffn(d=16):
+    """FFN on a 1-D tp mesh of the whole world (no SP)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    m = FFN(d)
+    parallelize_module(m, init_device_mesh("cpu", (torch.distributed.get_world_size(),)), _styles(TP_PLAN))
+    return m
+
+
+def fsdp2_tp(dp=2, tp=2, d=16):
+    """2-D FSDP2 + TP: the FFN tensor-parallel over mesh['tp'], fully_shard over mesh['dp']."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    m = FFN(d)
+    parallelize_module(m, mesh["tp"], _styles(TP_PLAN))
+    fully_shard(m.up, mesh=mesh["dp"])
+    fully_shard(m.down, mesh=mesh["dp"])
+    fully_shard(m, mesh=mesh["dp"])
+    return m
+
+
+def local_reference(model):
+    """A plain nn.Module of one rank's local shards (DTensor ``to_local()``; FSDP2's all-gathered
+    shapes): FlopCounterMode on it gives the rank's FLOPs, independently of perfcheck."""
+    import copy
+
+    ref = copy.deepcopy(FFN(model.up.in_features))
+    for name in ("up", "down"):
+        for pname in ("weight", "bias"):
+            p = getattr(getattr(model, name), pname)
+            spec = None
+            state = getattr(getattr(model, name), "_get_fsdp_state", None)
+            if state is not None:
+                fp = next(f for f in state()._fsdp_param_group.fsdp_params if f._module_info.param_name == pname)
+                spec = fp._unsharded_dtensor_spec
+            if spec is not None:
+                from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+                shape = compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements)[0]
+            else:
+                shape = p.to_local().shape if hasattr(p, "to_local") else p.shape
+            setattr(getattr(ref, name), pname, nn.Parameter(torch.zeros(tuple(shape))))
+    return ref

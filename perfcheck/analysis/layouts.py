@@ -4,7 +4,8 @@ measured bytes per collective kind, memory and step time, one row per (run, rank
 The torch-native counterpart of ``stages.py`` (ZeRO stages), with the same column rule
 ``pred_<what>`` / ``meas_<what>`` and the same bytes check (``stages.bytes_within``, 5%):
 
-    <kind>_bytes     S bytes per step per collective kind (predicted: rank<R>/predicted_collectives.csv
+    <kind>_bytes     S bytes per optimizer step per collective kind (predicted: rank<R>/predicted_collectives.csv,
+                     S x calls_per_step,
                      written by PerfCheck from the live layout; measured: rank<R>/collectives.csv
                      from the profiler window, per profiled step)
     step_s           predicted root forward + backward; measured median step time
@@ -24,6 +25,7 @@ from perfcheck.analysis.findings import Thresholds
 from perfcheck.analysis.stages import KINDS, bytes_within
 from perfcheck.measure import rundir as runs
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV, FINALIZE_OP
+from perfcheck.integrations.torch_distributed import bytes_per_step
 from perfcheck.predict.for_run import load_predicted
 
 
@@ -46,11 +48,12 @@ def _row(run_dir: Path, rank_dir: Path) -> dict:
            "fsdp": par.get("fsdp", 1), "mesh_shape": str(par.get("mesh_shape", "")),
            "status": "ok" if meta.get("complete") else "failed"}
     pred = _table(rank_dir / "predicted_collectives.csv", ("kind", "bytes"), "predicted collectives")
+    pred_bytes = bytes_per_step(pred)  # per optimizer step: S x calls_per_step (micro-batches, synced ones)
     meas = _table(rank_dir / COLLECTIVES_CSV, COLLECTIVE_COLUMNS, "collectives")
     active = max(1, int(((meta.get("profile") or {}).get("window") or {}).get("active", 1))
                  if isinstance(meta.get("profile"), dict) else 1)
     for k in KINDS:
-        row[f"pred_{k}_bytes"] = float(pred.loc[pred["kind"] == k, "bytes"].sum()) if not pred.empty else 0.0
+        row[f"pred_{k}_bytes"] = pred_bytes.get(k, 0.0)
         issued = meas[(meas.get("what") == "issued") & (meas.get("kind") == k)] if not meas.empty else meas
         row[f"meas_{k}_bytes"] = float(issued["bytes"].sum()) / active if not meas.empty else math.nan
     predicted, _ = load_predicted(run_dir, ranks=(int(meta.get("rank", 0)),))

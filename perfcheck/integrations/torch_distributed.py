@@ -247,21 +247,77 @@ def _is_style_hook(hook) -> bool:
     return _mentions(hook, "DeviceMesh", depth=0)
 
 
-def dtensor_twin(model, fake) -> torch.nn.Module:
-    """A copy of a DTensor tensor/sequence-parallel ``model`` whose parameters are DTensors on the
-    live mesh with the live placements but *fake* local shards (made under the FakeTensorMode
-    ``fake``), carrying the parallel styles' input/output hooks: its forward issues the layout's
-    redistributes as funcol ops on fake tensors, which run their fake kernels and move nothing.
-    The live model (parameters, gradients, hooks) is not touched."""
+def _plain_class(mod):
+    """The user's class of ``mod`` (FSDP2's generated ``FSDP<Name>`` back to ``<Name>``)."""
+    cls = type(mod)
+    if fsdp_modules_class(cls):
+        cls = next(b for b in cls.__mro__[1:] if b.__name__ != "FSDPModule" and not fsdp_modules_class(b))
+    return cls
+
+
+def _fsdp_params(model) -> dict:
+    """{id(parameter tensor): FSDPParam} for every parameter FSDP2 manages in ``model``: its sharded
+    DTensor and, while unsharded, the unsharded one."""
+    out = {}
+    for mod in fsdp_modules(model):
+        group = mod._get_fsdp_state()._fsdp_param_group
+        for fp in (group.fsdp_params if group is not None else ()):
+            for attr in ("sharded_param", "_unsharded_param"):
+                t = getattr(fp, attr, None)
+                if t is not None:
+                    out[id(t)] = fp
+    return out
+
+
+def _unsharded_layout(p, fsdp: dict):
+    """(global shape, mesh, placements) of parameter ``p`` as the forward computes with it: FSDP2's
+    all-gathered tensor (its tensor-parallel DTensor spec, FSDP's dimension gone; no mesh for a
+    plain parameter) or ``p``'s own DTensor layout; mesh None for a plain tensor."""
+    fp = fsdp.get(id(p))
+    if fp is not None:
+        spec = getattr(fp, "_unsharded_dtensor_spec", None)
+        if spec is None:
+            return tuple(fp._orig_size), None, None
+        return tuple(spec.shape), spec.mesh, tuple(spec.placements)
+    if _is_dtensor(p):
+        return tuple(p.shape), p.device_mesh, tuple(p.placements)
+    return tuple(p.shape), None, None
+
+
+def local_shape(shape, mesh, placements) -> tuple:
+    """This rank's shard shape of a tensor of global ``shape`` laid out by ``placements`` on ``mesh``
+    (DTensor's own rule, torch.distributed.tensor._utils: uneven shards included)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    return tuple(compute_local_shape_and_global_offset(torch.Size(shape), mesh, placements)[0])
+
+
+def tp_twin(model, make_local) -> torch.nn.Module:
+    """A copy of ``model`` as one rank computes its forward: FSDP2 stripped (its parameters at their
+    all-gathered shapes: FSDP2 all-gathers before computing), tensor-parallel parameters kept as
+    DTensors on their TP mesh with their TP placements (under FSDP2+TP the FSDP dimension is
+    dropped from the 2-D layout: FSDP2's own record of the TP spec), the parallel styles'
+    input/output hooks kept, every other hook dropped; the user's classes.
+
+    ``make_local(shape, dtype, device)`` makes each local tensor (meta tensors for the estimator's
+    trace; fake ones for ``predict.distributed.live_dtensor_collectives``). ``model`` (parameters,
+    gradients, hooks, FSDP state) is not touched.
+    """
     from torch.distributed.tensor import DTensor
 
+    from perfcheck.model_paths import unwrap
+
+    model = unwrap(model)
+    fsdp = _fsdp_params(model)
+
     def param(p):
-        if not _is_dtensor(p):
-            return torch.nn.Parameter(torch.empty(tuple(p.shape), dtype=p.dtype), requires_grad=p.requires_grad)
-        local = p.to_local()
-        with fake:
-            shard = torch.empty(tuple(local.shape), dtype=local.dtype, device=local.device)
-        d = DTensor.from_local(shard, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+        shape, mesh, placements = _unsharded_layout(p, fsdp)
+        device = _local(p).device
+        if mesh is None:
+            return torch.nn.Parameter(make_local(shape, p.dtype, device), requires_grad=p.requires_grad)
+        local = make_local(local_shape(shape, mesh, placements), p.dtype, device)
+        stride = torch.empty(shape, device="meta").stride()
+        d = DTensor.from_local(local, mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride)
         return torch.nn.Parameter(d, requires_grad=p.requires_grad)
 
     def keep_style_hooks(state):
@@ -274,12 +330,46 @@ def dtensor_twin(model, fake) -> torch.nn.Module:
         for key in ("_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks"):
             if isinstance(state.get(key), dict):
                 state[key] = type(state[key])()
+        for key in list(state):
+            if key.startswith("_fsdp"):
+                state[key] = type(state[key])() if isinstance(state[key], (dict, set, list)) else None
 
     def buffer(b):
-        with fake:
-            return torch.empty(tuple(b.shape), dtype=b.dtype)
+        return make_local(tuple(b.shape), b.dtype, b.device)
 
-    return _copy_module_tree(model, type, keep_style_hooks, param, buffer)
+    return _copy_module_tree(model, _plain_class, keep_style_hooks, param, buffer)
+
+
+def _local(t):
+    return t._local_tensor if _is_dtensor(t) and hasattr(t, "_local_tensor") else t
+
+
+def has_tensor_parallel(model) -> bool:
+    """True when some parameter computes as a DTensor (tensor/sequence parallel, alone or under
+    FSDP2): its compute per rank is its shard's, not the global shape's."""
+    from perfcheck.model_paths import unwrap
+
+    inner = unwrap(model)
+    fsdp = _fsdp_params(inner)
+    return any(_unsharded_layout(p, fsdp)[1] is not None for p in inner.parameters())
+
+
+def dtensor_twin(model, fake) -> torch.nn.Module:
+    """``tp_twin`` with *fake* local shards made under the FakeTensorMode ``fake``: its forward
+    issues the layout's tensor-parallel redistributes as funcol ops on fake tensors, which run
+    their fake kernels and move nothing. The live model is not touched."""
+
+    def make_local(shape, dtype, device):
+        with fake:
+            return torch.empty(shape, dtype=dtype, device=device)
+
+    return tp_twin(model, make_local)
+
+
+def meta_tp_twin(model) -> torch.nn.Module:
+    """``tp_twin`` with meta local shards: what the estimator traces for a TP/SP or FSDP2+TP model
+    (its per-rank compute: every DTensor op costed at its local shapes)."""
+    return tp_twin(model, lambda shape, dtype, device: torch.empty(shape, dtype=dtype, device="meta"))
 
 
 # ----------------------------------------------------------------------- live collectives
@@ -326,16 +416,22 @@ def has_buckets(model) -> bool:
 
 
 def add_live_collectives(frame, model, system, extra=()):
-    """Fill the predicted frame's communication columns from ``live_collectives(model)`` and the
-    ``extra`` Collectives (the traced TP/SP redistributes): each
-    collective counts in the module that issues it and in its ancestors (like FLOPs); its time on
-    ``system``'s links is added to pred_<phase>_s (optimizer-time reductions count with backward)."""
+    """``add_collectives`` with ``live_collectives(model)`` and the ``extra`` Collectives (the traced
+    TP/SP redistributes)."""
+    return add_collectives(frame, live_collectives(model) + list(extra), system)
+
+
+def add_collectives(frame, rows, system):
+    """Fill the predicted frame's communication columns from the Collectives ``rows``: each counts
+    in the module that issues it and in its ancestors (like FLOPs); its time on ``system``'s links
+    is added to pred_<phase>_s (optimizer-time reductions count with backward). A copy;
+    ``attrs['collectives']`` lists the rows (predicted_collectives.csv)."""
     import numpy as np
 
     from perfcheck.predict import collectives as coll_model
     from perfcheck.schema import parent_path
 
-    rows = live_collectives(model) + list(extra)
+    rows = list(rows)
     frame = frame.copy()
     frame["comm_fwd_bytes"], frame["comm_bwd_bytes"] = 0.0, 0.0
     kinds = {p: set() for p in frame["module"]}
@@ -352,5 +448,110 @@ def add_live_collectives(frame, model, system, extra=()):
                 kinds[path].add(r.kind)
             path = parent_path(path)
     frame["comm_kind"] = [",".join(sorted(kinds.get(p, ()))) for p in frame["module"]]
-    frame.attrs["collectives"] = [r.__dict__ for r in rows]
+    frame.attrs["collectives"] = [dict(r.__dict__) for r in rows]
     return frame
+
+
+# ------------------------------------------------------------------- per optimizer step
+#: How often a predicted collective is issued per optimizer step (``issue_rate``):
+#: every micro-batch (forward/backward all-gathers, TP/SP redistributes), every micro-batch whose
+#: backward reduces gradients (DDP's bucket all-reduces, FSDP2's reduce-scatters: not under DDP's
+#: ``no_sync()`` or FSDP2's ``set_requires_gradient_sync(False)``), or once per step (DTensor
+#: gradients left Partial, all-reduced when the optimizer first reads them).
+RATES = ("micro_batch", "synced_micro_batch", "step")
+#: predicted_collectives.csv: the Collective fields plus the rate and the calls per optimizer step.
+PREDICTED_COLLECTIVE_FIELDS = COLLECTIVE_FIELDS + ("rate", "calls_per_step")
+
+
+def issue_rate(c) -> str:
+    """``RATES`` entry of a Collective (or a dict with its fields): gradient reductions are DDP's
+    bucket all-reduces (op ``ddp_bucket``), FSDP2's reduce-scatters (``fsdp2_reduce_scatter`` from
+    the live layout; a c10d reduce-scatter/all-reduce issued in backward in a fake-group trace:
+    TP/SP redistributes are functional collectives, never c10d ones); ``optim``-phase rows once
+    per step; everything else every micro-batch."""
+    get = c.get if isinstance(c, dict) else (lambda k: getattr(c, k))
+    op, phase, kind = str(get("op")), str(get("phase")), str(get("kind"))
+    if phase == "optim":
+        return "step"
+    if op in ("ddp_bucket", "fsdp2_reduce_scatter"):
+        return "synced_micro_batch"
+    if phase == "bwd" and op.startswith("c10d.") and kind in ("reducescatter", "allreduce"):
+        return "synced_micro_batch"
+    return "micro_batch"
+
+
+def per_step_collectives(rows, micro_batches=None, synced=None):
+    """predicted_collectives.csv rows (``PREDICTED_COLLECTIVE_FIELDS``): each predicted collective of
+    one micro-batch with its ``rate`` and ``calls_per_step``: ``micro_batches`` (root forwards per
+    optimizer step; None: 1) for per-micro-batch ones, ``synced`` (micro-batches whose backward
+    reduced gradients; None: all of them) for gradient reductions, 1 for per-step ones. ``bytes``
+    stays S per call; bytes per step = bytes x calls_per_step."""
+    import pandas as pd
+
+    n = 1.0 if micro_batches is None else float(micro_batches)
+    s = n if synced is None else float(synced)
+    out = []
+    for r in rows:
+        d = dict(r) if isinstance(r, dict) else dict(r.__dict__)
+        d["rate"] = issue_rate(d)
+        d["calls_per_step"] = {"micro_batch": n, "synced_micro_batch": s, "step": 1.0}[d["rate"]]
+        out.append(d)
+    return pd.DataFrame(out, columns=list(PREDICTED_COLLECTIVE_FIELDS))
+
+
+def bytes_per_step(frame) -> dict:
+    """{kind: S bytes per optimizer step} of a predicted_collectives frame (bytes x calls_per_step;
+    a file written before calls_per_step existed counts each row once)."""
+    if frame is None or frame.empty:
+        return {}
+    calls = frame["calls_per_step"].astype(float) if "calls_per_step" in frame else 1.0
+    per = frame.assign(_b=frame["bytes"].astype(float) * calls)
+    return {k: float(v) for k, v in per.groupby("kind")["_b"].sum().items()}
+
+
+def grad_sync(model):
+    """Whether the backward of the forward about to run reduces gradients: DDP's
+    ``require_backward_grad_sync`` (False inside ``no_sync()``), FSDP2's ``reduce_grads`` of its
+    parameter groups (False after ``set_requires_gradient_sync(False)``; any unit that reduces
+    counts); None for a model with neither."""
+    if type(model).__name__ == "DistributedDataParallel":
+        return bool(getattr(model, "require_backward_grad_sync", True))
+    from perfcheck.model_paths import unwrap
+
+    units = fsdp_modules(unwrap(model))
+    if not units:
+        return None
+    flags = []
+    for mod in units:
+        state = mod._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None) or [state._fsdp_param_group]
+        flags += [bool(g.reduce_grads) for g in groups if g is not None]
+    return any(flags) if flags else None
+
+
+class GradSyncCounter:
+    """Counts, per training step, the micro-batches (root forwards with grad enabled) whose backward
+    reduces gradients (``grad_sync`` read when the forward starts, as DDP itself reads its flag
+    there). ``attach(model)`` returns None for a model that neither DDP nor FSDP2 wraps."""
+
+    def __init__(self, model):
+        self.model, self.synced, self.total = model, 0, 0
+        self.handle = model.register_forward_pre_hook(self._hook)
+
+    @classmethod
+    def attach(cls, model):
+        return cls(model) if grad_sync(model) is not None else None
+
+    def _hook(self, mod, args):
+        if torch.is_grad_enabled():
+            self.total += 1
+            self.synced += int(bool(grad_sync(self.model)))
+
+    def take(self) -> tuple:
+        """(synced, total) micro-batches since the last take()."""
+        out = (self.synced, self.total)
+        self.synced, self.total = 0, 0
+        return out
+
+    def detach(self):
+        self.handle.remove()

@@ -84,37 +84,36 @@ _ELEM = {"float": 4, "float32": 4, "c10::Half": 2, "c10::BFloat16": 2, "double":
 
 
 def _is_collective(name: str) -> str | None:
-    from perfcheck.predict.distributed import op_kind
+    from perfcheck.predict import collective_bytes
 
-    if not name.startswith(("c10d::", "_c10d_functional::", "c10d_functional::")):
+    if not name.startswith(tuple(ns + "::" for ns in collective_bytes.NAMESPACES)):
         return None
-    return op_kind(name)
+    return collective_bytes.op_kind(name)
 
 
-def _sizes(e) -> list:
+def _arg_sizes(e) -> list:
+    """Byte sizes per tensor argument from the recorded shapes: ``[[x]]`` per tensor, one size per
+    tensor for a tensor list (``[[a, b]]``); arguments without a recorded shape are left out."""
     shapes = e.input_shapes or []
     dtypes = list(getattr(e, "input_dtypes", None) or [])
     out = []
     for i, s in enumerate(shapes):
-        if not s or not all(isinstance(d, int) for d in s):
-            continue
-        dt = dtypes[i] if i < len(dtypes) else "float"
-        out.append(math.prod(s) * _ELEM.get(str(dt), 4))
+        elem = _ELEM.get(str(dtypes[i] if i < len(dtypes) else "float"), 4)
+        if s and all(isinstance(d, int) for d in s):
+            out.append([math.prod(s) * elem])
+        elif s and all(isinstance(t, (list, tuple)) and t and all(isinstance(d, int) for d in t) for t in s):
+            out.append([math.prod(t) * elem for t in s])  # a tensor list whose shapes were recorded
     return out
 
 
 def _bytes(name: str, kind: str, e) -> float:
-    """S from the recorded shapes (same rule as perfcheck.predict.distributed), NaN if none."""
-    sizes = _sizes(e)
-    if not sizes:
-        return math.nan
-    if name.startswith(("_c10d_functional", "c10d_functional")):
-        first = sizes[0]
-        if kind == "allgather":
-            group = next((v for v in (e.concrete_inputs or [])[1:] if isinstance(v, int)), None)
-            return float(first * (group or 1)) if group else math.nan
-        return float(first)
-    return float(max(sizes))
+    """S from the recorded shapes by the one rule (``predict.collective_bytes.buffer_bytes``), NaN if none."""
+    from perfcheck.predict import collective_bytes
+
+    group = None
+    if collective_bytes.namespace(name) in collective_bytes.FUNCTIONAL_NAMESPACES:
+        group = collective_bytes.functional_group_size(list(e.concrete_inputs or []))
+    return collective_bytes.buffer_bytes(name, kind, _arg_sizes(e), group)
 
 
 def collective_rows(events, ctx: dict, rank: int = 0, steps: int = 1) -> pd.DataFrame:
@@ -141,7 +140,7 @@ def collective_rows(events, ctx: dict, rank: int = 0, steps: int = 1) -> pd.Data
                 match = next((b for b in backend if id(b) not in used and b.time_range.start >= e.time_range.start), None)
                 if match is not None:
                     used.add(id(match))
-                    sz = _sizes(match)
+                    sz = [b for g in _arg_sizes(match) for b in g]
                     size = float(max(sz)) if sz else math.nan
             module, phase = ctx.get(id(e), ("unattributed", "unattributed"))
             target = _fsdp_unit(e)

@@ -78,6 +78,17 @@ def _micro_batches(step_rows) -> float | int | None:
     return int(value) if float(value).is_integer() else float(value)
 
 
+def _synced_micro_batches(step_rows, synced: dict):
+    """Median over measured steps of the micro-batches whose backward reduced gradients (DDP/FSDP2;
+    ``integrations.torch_distributed.GradSyncCounter``), None for other models or before a step."""
+    counts = sorted(synced[r["step"]] for r in step_rows
+                    if r["role"] == "measured" and not r["failed"] and r["step"] in synced)
+    if not counts:
+        return None
+    mid = len(counts) // 2
+    return counts[mid] if len(counts) % 2 else (counts[mid - 1] + counts[mid]) / 2
+
+
 def _check_system(system):
     """``system`` as given, once it loads (a name from ``perfcheck systems``, a JSON file, a SystemSpec):
     a bad one fails when PerfCheck is built, not after the run."""
@@ -206,6 +217,10 @@ class PerfCheck:
         self._index, self._measured_n, self._bare_n, self._last_plain = 0, 0, 0, None
         self._flop_step, self._done, self._sampler = None, False, None
         self._writers: dict = {}
+        from perfcheck.integrations.torch_distributed import GradSyncCounter
+
+        # DDP / FSDP2: micro-batches per step whose backward reduces gradients (no_sync() ones don't)
+        self._grad_sync, self._synced = GradSyncCounter.attach(self._view.outer), {}
         if self.out_dir is not None:
             self._open_writers()
         for _, mod in self._view.modules:
@@ -276,6 +291,8 @@ class PerfCheck:
 
     def _teardown(self):
         self._timer.detach()
+        if getattr(self, "_grad_sync", None) is not None:
+            self._grad_sync.detach()
         if self._flop_step is not None:
             self._flop_step.end()
             self._flop_step = None
@@ -329,6 +346,8 @@ class PerfCheck:
 
     def _end_step(self):
         pending = self._timer.end_step()
+        if self._grad_sync is not None:
+            self._synced[self._index] = self._grad_sync.take()[0]
         if self._flop_step is not None:
             self._flops = self._flop_step.end()
             self._flop_step = None
@@ -536,10 +555,14 @@ class PerfCheck:
             return []
         extra = []
         if frame.attrs.get("collectives"):  # torch-native layouts: the collectives predicted per module
-            from perfcheck.integrations.torch_distributed import COLLECTIVE_FIELDS, PREDICTED_COLLECTIVES_CSV
+            from perfcheck.integrations.torch_distributed import (PREDICTED_COLLECTIVE_FIELDS,
+                                                                  PREDICTED_COLLECTIVES_CSV, per_step_collectives)
 
-            runs.atomic_write_csv(runs.rank_dir(run_dir, self.rank) / PREDICTED_COLLECTIVES_CSV,
-                                  pd.DataFrame(frame.attrs["collectives"]), COLLECTIVE_FIELDS)
+            meta = self.meta()  # per optimizer step: x micro-batches, gradient reductions x synced ones
+            rows = per_step_collectives(frame.attrs["collectives"], meta.get("micro_batches"),
+                                        meta.get("grad_sync_micro_batches"))
+            runs.atomic_write_csv(runs.rank_dir(run_dir, self.rank) / PREDICTED_COLLECTIVES_CSV, rows,
+                                  PREDICTED_COLLECTIVE_FIELDS)
             extra.append(PREDICTED_COLLECTIVES_CSV)
         return [PREDICTED_CSV, PREDICTED_JSON] + extra
 
@@ -618,6 +641,7 @@ class PerfCheck:
             "failed_steps": sum(1 for r in rows if r["failed"]),
             "module_steps_dropped": self._dropped_steps,
             "micro_batches": _micro_batches(rows),
+            "grad_sync_micro_batches": _synced_micro_batches(rows, getattr(self, "_synced", {})),
             "timing": {"clock": "cuda events (pooled, resolved after the step)" if self.device.type == "cuda"
                        else "time.perf_counter_ns", "backward": BACKWARD_RULE},
             "overhead": self._overhead,

@@ -71,12 +71,20 @@ class Trace:
     opaque: list = field(default_factory=list)  # (path, reason) of work the trace could not see into
 
 
+def _local_of(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what this rank computes on and holds), any other tensor itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) and hasattr(t, "placements") else t
+
+
 def _meta_of(t: torch.Tensor, elem_bytes_override, grad=None) -> TensorMeta:
-    """``grad``: a function tensor -> bool for ``requires_grad`` (default: the tensor's own flag)."""
+    """``grad``: a function tensor -> bool for ``requires_grad`` (default: the tensor's own flag).
+    A DTensor (tensor parallel) is costed at its local shard's shape: one rank's work."""
+    rg = bool(t.requires_grad) if grad is None else grad(t)
+    t = _local_of(t)
     is_float = t.is_floating_point() or t.is_complex()
     eb = elem_bytes_override if (is_float and elem_bytes_override) else t.element_size()
     distinct = math.prod(n for n, st in zip(t.shape, t.stride()) if st != 0) if t.layout == torch.strided else -1
-    rg = bool(t.requires_grad) if grad is None else grad(t)
     return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct)
 
 
@@ -141,6 +149,10 @@ def _no_grad(t):
     return False
 
 
+#: Collective ops (a tensor-parallel model's redistributes): not compute; predict.distributed records them.
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+
+
 class _Recorder(TorchDispatchMode):
     """Records every aten op below the autograd layer with the current module stack."""
 
@@ -152,6 +164,8 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func.namespace in _COLLECTIVE_NAMESPACES:
+            return out  # a DTensor redistribute's collective: communication, costed by the comm model
         if self.hidden[0] == 0 and torch._C._current_graph_task_id() == -1:
             # requires_grad of the inputs is visible here; outputs get it after autograd returns.
             region, grad = self.grad_rule()
@@ -194,6 +208,7 @@ class _Saved:
         self.alive_storages: dict = {}  # key -> storage (or tensor), held until the trace ends
 
     def key(self, t: torch.Tensor):
+        t = _local_of(t)
         try:
             st = t.untyped_storage()
             key = st._cdata
@@ -207,6 +222,7 @@ class _Saved:
             self.entries.append((key, nbytes, tuple(dict.fromkeys(self.stack)), alive))
 
     def add_tensor(self, t: torch.Tensor, alive):
+        t = _local_of(t)  # a DTensor saved for backward holds its local shard on this rank
         key = self.key(t)
         if key in self.state_storages or not self.stack:
             return
@@ -431,7 +447,17 @@ def _quiet_torch_logs():
 
 def _twin(t: torch.Tensor, device) -> torch.Tensor:
     """An empty tensor like ``t`` (shape, strides, dtype, requires_grad) on ``device``; inside
-    FakeTensorMode it is a fake tensor: no data is read or allocated."""
+    FakeTensorMode it is a fake tensor: no data is read or allocated. A DTensor (a tensor-parallel
+    parameter) stays a DTensor on its mesh and placements, over a twin of its local shard, so the
+    trace runs (and costs) what one rank computes."""
+    local = _local_of(t)
+    if local is not t:
+        from torch.distributed.tensor import DTensor
+
+        shard = torch.empty_strided(local.shape, local.stride(), dtype=local.dtype,
+                                    device=_trace_device(local.device))
+        return DTensor.from_local(shard, t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                                  stride=t.stride()).requires_grad_(t.requires_grad)
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).requires_grad_(t.requires_grad)
 
 
