@@ -238,16 +238,7 @@ def test_predicted_host_bound_finding_before_the_run():
     assert predicted_host_bound(big) == []  # a large GEMM is device-bound
 
 
-def test_deepspeed_host_terms_by_hand():
-    spec = _spec("cpu", zero3_fwd_hook_s=100 * US, zero3_bwd_hook_s=150 * US, zero_grad_hook_s=7 * US,
-                 ds_engine_step_s=400 * US)
-    # stage 3, 8 module calls, 10 parameter tensors: fwd 8 x 100 = 800 us; bwd 8 x 150 + 10 x 7 = 1270 us
-    t = host.deepspeed_host_s(stage=3, module_calls=8, param_tensors=10, spec=spec)
-    assert t == {"fwd": pytest.approx(800 * US), "bwd": pytest.approx(1270 * US), "optim": pytest.approx(400 * US)}
-    t0 = host.deepspeed_host_s(stage=0, module_calls=8, param_tensors=10, spec=spec)
-    assert t0 == {"fwd": 0.0, "bwd": 0.0, "optim": pytest.approx(400 * US)}  # no ZeRO hooks at stage 0
-    with pytest.raises(UserError, match="stage"):
-        host.deepspeed_host_s(stage=4, module_calls=1, param_tensors=1, spec=spec)
+# DeepSpeed's host terms (host.deepspeed_host_s): tests/test_deepspeed_host_costs.py
 
 
 def test_collective_alpha_per_call_in_the_zero_model():

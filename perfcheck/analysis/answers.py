@@ -252,10 +252,35 @@ def _why_stage3(s, steps=None) -> str:
         d = r["meas_fwd_compute_s"] - s.loc[0, "meas_fwd_compute_s"]
         text.append(f"Forward time outside communication is {fmt_s(d)} longer than at stage 0: ZeRO-3's per-module "
                     "fetch/release hooks run on every module call.")
+    text.append(_hooks_and_gathers(r, s.loc[0] if 0 in s.index else None))
+    if 0 in s.index:
         text.append(f"Model states per rank fall from {fmt_bytes(s.loc[0, 'meas_mem_bytes'])} (stage 0) to "
                     f"{fmt_bytes(r['meas_mem_bytes'])} (stage 3): nothing in the config is wrong; ZeRO-3 buys memory "
                     "with communication and hook overhead, which only pays off when the model does not fit.")
     return " ".join(text)
+
+
+def _hooks_and_gathers(r, r0=None) -> str:
+    """The predicted ZeRO-3 hook and gather costs beside the measured ones (one stage-3 row ``r``,
+    stage 0's ``r0`` for the like-for-like difference), per optimizer step."""
+    if "pred_zero3_hooks_s" not in r or not r["pred_zero3_hooks_s"] == r["pred_zero3_hooks_s"]:
+        return ""
+    calls, n = r.get("zero3_module_calls", math.nan), r.get("zero3_gathered_tensors", math.nan)
+    text = (f"Predicted ZeRO-3 hooks {fmt_s(r['pred_zero3_hooks_s'])} per step ({calls:.0f} module calls, forward "
+            f"and backward)" + (f" and {fmt_s(r['pred_zero3_gather_host_s'])} of host work fetching and releasing "
+                                f"{n:.0f} partitioned tensors" if n > 0 else ", no partitioned tensor to fetch"))
+    if r0 is not None:
+        meas = (r["meas_fwd_compute_s"] + r["meas_bwd_compute_s"]) - (r0["meas_fwd_compute_s"] + r0["meas_bwd_compute_s"])
+        pred = (r["pred_fwd_s"] - r["pred_fwd_comm_s"] + r["pred_bwd_s"] - r["pred_bwd_comm_s"]) - (
+            r0["pred_fwd_s"] - r0["pred_fwd_comm_s"] + r0["pred_bwd_s"] - r0["pred_bwd_comm_s"])
+        text += (f"; forward + backward outside communication, stage 3 less stage 0: measured {fmt_s(meas)}, "
+                 f"predicted {fmt_s(pred)}")
+    exposed = [r.get(f"meas_{p}_comm_s", math.nan) for p in ("fwd", "bwd", "optim")]
+    meas_comm = sum(exposed) if all(e == e for e in exposed) else math.nan
+    text += (f". Its all-gathers ({r['meas_allgather_count']:.0f} per step measured, "
+             f"{r['pred_allgather_count']:.0f} predicted): predicted {fmt_s(r.get('pred_allgather_s', math.nan))}; "
+             f"measured exposed communication in forward, backward and step {fmt_s(meas_comm)} (all collectives).")
+    return text
 
 
 def _gathering_runs(table) -> str:
@@ -273,7 +298,7 @@ def _gathering_runs(table) -> str:
                     f"{fmt_bytes(r['pred_fwd_comm_bytes'])} and {fmt_bytes(r['pred_bwd_comm_bytes'])}): the extra "
                     f"allgathers before each module's forward and again in backward, exposing "
                     f"{fmt_s(r['meas_fwd_comm_s'])} and {fmt_s(r['meas_bwd_comm_s'])}; its step takes "
-                    f"{fmt_s(r['meas_step_s'])}.")
+                    f"{fmt_s(r['meas_step_s'])} (predicted {fmt_s(r['pred_step_s'])}). {_hooks_and_gathers(r)}")
     return "".join(text)
 
 

@@ -13,7 +13,9 @@ rule, ``pred_<what>`` / ``meas_<what>``:
     <phase>_compute_s, <phase>_comm_s   split into compute and EXPOSED communication
                                    (measured: torch.profiler window with the comms logger off)
 
-plus ``meas_other_s`` (step wall time outside the engine calls), ``meas_peak_mem_bytes``,
+plus ``meas_<phase>_cpu_s`` / ``meas_step_cpu_s`` (process CPU time in the engine calls: the elapsed time
+less waiting for a core or for the peer ranks' collectives), ``meas_other_s`` (step wall time outside
+the engine calls), ``meas_peak_mem_bytes``,
 ``meas_gpu_util`` / ``meas_cpu_util`` (the sampler) and ``notes`` explaining every remainder.
 A stage whose run failed keeps its row with ``status`` = failed and the tail of its log.
 """
@@ -169,21 +171,45 @@ def _stage_system(facts: dict, system):
 
 
 def host_terms(facts: dict, predicted: pd.DataFrame, spec) -> dict:
-    """DeepSpeed's host seconds per phase beside the model's (perfcheck.predict.host): engine step,
-    ZeRO-1/2 gradient hooks per parameter tensor, ZeRO-3 fetch/release hooks per module call, and
-    the optimizer's per-tensor cost (stage 0: every parameter tensor; stages 1-3: one flat fp32
-    partition per rank)."""
+    """DeepSpeed's host seconds per phase beside the model's (``perfcheck.predict.host.deepspeed_host_s``):
+    the engine's fixed and per-parameter-tensor work at this stage, ZeRO-3's hooks per module call
+    and, for tensors ZeRO-3 partitions (not persistent), the host side of fetching them. ``optim``
+    is the whole engine.step() host time (the optimizer's loop included)."""
     from perfcheck.predict import host
 
-    sizes = [n for _, ts in facts.get("module_params", []) for n in ts]
-    calls = int(predicted["calls"].sum()) if not predicted.empty and "calls" in predicted else len(
-        facts.get("module_params", []))
+    mods = [sizes for _, sizes in facts.get("module_params", [])]
+    tensors = sum(len(m) for m in mods)
+    calls = int(predicted["calls"].sum()) if not predicted.empty and "calls" in predicted else len(mods)
     stage = int(facts["zero_stage"])
-    out = host.deepspeed_host_s(stage=stage, module_calls=calls, param_tensors=len(sizes), spec=spec)
-    numels = sizes if stage == 0 else [sum(sizes) / max(int(facts["dp"]), 1)]
-    kind = {"adamw": "adamw", "sgd": "sgd"}.get(_optimizer_key(facts), "adam")
-    out["optim"] += host.optimizer_time(numels, kind, spec).host_s if numels else 0.0
-    return out
+    gathered = 0
+    if stage == 3:
+        settings = zero.ZeroSettings(**facts.get("settings", {}))
+        flags = zero.persistent_flags(zero.layout(mods), settings, max(int(facts.get("dp", 1)), 1))
+        gathered = sum(not k for row in flags for k in row)
+    return host.deepspeed_host_s(stage=stage, module_calls=calls, param_tensors=tensors, spec=spec,
+                                 gathered_tensors={"fwd": gathered, "bwd": gathered, "step": gathered})
+
+
+def zero3_parts(facts: dict, predicted: pd.DataFrame, spec) -> dict:
+    """The predicted ZeRO-3 hook and gather costs per optimizer step, for the comparison's answer:
+    ``hooks_s`` (module calls x the fwd + bwd per-module hook constants, per micro-step x G),
+    ``gather_host_s`` (the host side of fetching the partitioned tensors, fwd + bwd + step),
+    ``module_calls`` and ``gathered_tensors``. Zeros below stage 3."""
+    from perfcheck.hardware.systems import host_constants
+
+    if int(facts["zero_stage"]) != 3:
+        return {"hooks_s": 0.0, "gather_host_s": 0.0, "module_calls": 0, "gathered_tensors": 0}
+    hc = host_constants(spec)
+    mods = [sizes for _, sizes in facts.get("module_params", [])]
+    calls = int(predicted["calls"].sum()) if not predicted.empty and "calls" in predicted else len(mods)
+    flags = zero.persistent_flags(zero.layout(mods), zero.ZeroSettings(**facts.get("settings", {})),
+                                  max(int(facts.get("dp", 1)), 1))
+    gathered = sum(not k for row in flags for k in row)
+    g = int(facts.get("gradient_accumulation_steps", 1))
+    return {"hooks_s": g * calls * (hc["zero3_fwd_module_s"] + hc["zero3_bwd_module_s"]),
+            "gather_host_s": gathered * (g * (hc["zero3_fwd_gather_s"] + hc["zero3_bwd_gather_s"])
+                                         + hc["zero3_step_gather_s"]),
+            "module_calls": calls, "gathered_tensors": gathered}
 
 
 def predict(facts: dict, predicted: pd.DataFrame, system=None) -> zero.ZeroEstimate:
@@ -224,20 +250,32 @@ def measured_comm(comms: pd.DataFrame) -> dict:
 
 
 def measured_times(steps: pd.DataFrame, facts: dict) -> dict:
-    """Per optimizer step (sum over micro-steps), median over measured steps run without the logger."""
-    nan = {k: math.nan for k in ("meas_fwd_s", "meas_bwd_s", "meas_optim_s", "meas_total_s", "meas_step_spread")}
+    """Per optimizer step (sum over micro-steps), median over the measured steps run without the logger,
+    or over the bare steps (no module hooks) when the run has them; ``meas_steps_role`` says which."""
+    cpu_cols = ("fwd_cpu_s", "bwd_cpu_s", "step_cpu_s", "total_cpu_s")
+    cpu_keys = ("meas_fwd_cpu_s", "meas_bwd_cpu_s", "meas_optim_cpu_s", "meas_step_cpu_s")
+    nan = {k: math.nan for k in ("meas_fwd_s", "meas_bwd_s", "meas_optim_s", "meas_total_s", "meas_step_spread")
+           + cpu_keys}
     if steps.empty:
         return nan
-    m = steps[steps["role"] == "measured"]
+    # bare steps (PerfCheck's module hooks off, the block's overhead_pairs) measure DeepSpeed as the model
+    # predicts it, uninstrumented; without them, the measured steps (their hooks' cost included)
+    role = "bare" if (steps["role"] == "bare").any() else "measured"
+    m = steps[steps["role"] == role]
     quiet = m[~m["comms_logged"].astype(bool)]
     m = quiet if not quiet.empty else m
     if m.empty:
         return nan
-    per = m.groupby("step")[["fwd_s", "bwd_s", "step_s", "total_s"]].sum()
-    total = steps[steps["role"] == "measured"].groupby("step")["total_s"].sum()  # spread over every measured step
-    return {"meas_fwd_s": float(per["fwd_s"].median()), "meas_bwd_s": float(per["bwd_s"].median()),
-            "meas_optim_s": float(per["step_s"].median()), "meas_total_s": float(per["total_s"].median()),
-            "meas_step_spread": float((total.max() - total.min()) / total.median()) if total.median() > 0 else math.nan}
+    cpu = [c for c in cpu_cols if c in m]
+    per = m.groupby("step")[["fwd_s", "bwd_s", "step_s", "total_s", *cpu]].sum(min_count=1)
+    total = steps[steps["role"] == role].groupby("step")["total_s"].sum()  # spread over every such step
+    out = {"meas_fwd_s": float(per["fwd_s"].median()), "meas_bwd_s": float(per["bwd_s"].median()),
+           "meas_optim_s": float(per["step_s"].median()), "meas_total_s": float(per["total_s"].median()),
+           "meas_step_spread": float((total.max() - total.min()) / total.median()) if total.median() > 0 else math.nan}
+    for col, key in zip(cpu_cols, cpu_keys):  # process CPU time (files from before the column: NaN)
+        out[key] = float(per[col].median()) if col in per else math.nan
+    out["meas_steps_role"] = role
+    return out
 
 
 def measured_exposed(facts: dict) -> dict:
@@ -282,6 +320,9 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
         comm = row[f"meas_{name}_comm_s"]
         row[f"meas_{name}_compute_s"] = row[f"meas_{name}_s"] - (0 if math.isnan(comm) else comm)
     row["pred_step_s"], row["meas_step_s"] = t["step_s"], mt["meas_total_s"]
+    for key in ("meas_fwd_cpu_s", "meas_bwd_cpu_s", "meas_optim_cpu_s", "meas_step_cpu_s"):
+        row[key] = mt[key]
+    row["meas_steps_role"] = mt.get("meas_steps_role", "")
     other = mt["meas_total_s"] - sum(mt[f"meas_{n}_s"] for n in PHASES.values())
     # Medians of separate distributions need not add up: a negative remainder is no time, it is the
     # phases' medians overlapping; shown as 0 with the overlap in the notes.
@@ -291,6 +332,14 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
     samples = data["samples"]
     for col in ("gpu_util", "cpu_util"):
         row[f"meas_{col}"] = float(samples[col].mean()) if not samples.empty and col in samples else math.nan
+    from perfcheck.hardware.systems import load_system
+
+    parts = zero3_parts(facts, stage["predicted"], load_system(_stage_system(facts, system)))
+    row["pred_zero3_hooks_s"], row["pred_zero3_gather_host_s"] = parts["hooks_s"], parts["gather_host_s"]
+    row["zero3_module_calls"], row["zero3_gathered_tensors"] = parts["module_calls"], parts["gathered_tensors"]
+    row["pred_allgather_s"] = float(sum(
+        zero.comm_time_s([c for c in est.collectives if c.kind == "allgather"], facts["dp"],
+                         load_system(_stage_system(facts, system)), spans_nodes=facts.get("nodes", 1) > 1).values()))
     row["compute_predicted"] = not stage["predicted"].empty
     row["bytes_ok"] = bytes_within(row)
     row["notes"] = "; ".join(notes_for(row, facts, est))

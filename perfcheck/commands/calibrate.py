@@ -33,7 +33,10 @@ def add_parser(subparsers):
     p.add_argument("--peaks", choices=PEAK_CONVENTIONS,
                    help="base: keep datasheet peaks, efficiency = measured/peak (GPU default); "
                         "measured: peaks = best measured (CPU default)")
-    p.add_argument("--no-comm", action="store_true", help="skip the multi-process collective benchmark")
+    p.add_argument("--no-comm", action="store_true", help="skip the multi-process collective benchmark (and the "
+                                                          "DeepSpeed engine case)")
+    p.add_argument("--no-deepspeed", action="store_true",
+                   help="skip the DeepSpeed engine case (ZeRO stages' own host cost; run when DeepSpeed is installed)")
     p.add_argument("--world-size", type=positive_int, default=2, help="ranks for the CPU collective benchmark (default 2)")
     p.add_argument("--threads", type=positive_int, metavar="N",
                    help="CPU intra-op threads (default: torch's setting, as runs use)")
@@ -59,7 +62,7 @@ def run(args) -> int:
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None
     result = calibrate(args.base, mode=args.mode, device=args.device, dtypes=dtypes, peaks=args.peaks,
                        comm=not args.no_comm, world_size=args.world_size, name=args.name,
-                       threads=args.threads, progress=_progress)
+                       threads=args.threads, progress=_progress, deepspeed=False if args.no_deepspeed else None)
     out = args.output or f"{result.spec.name}.json"
     try:
         result.spec.save(out)

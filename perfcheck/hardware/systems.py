@@ -66,10 +66,17 @@ HOST_KEYS = {
     "device_kernel_s": "device-side fixed time per kernel beyond the roofline (GPU launch gap; 0 on a CPU: "
                        "the same thread, counted in op_dispatch_s)",
     "collective_latency_s": "alpha: fixed time of one collective call (small-message all-reduce)",
-    "ds_engine_step_s": "DeepSpeed engine work per step (backward/step wrappers, bookkeeping)",
-    "zero_grad_hook_s": "ZeRO-1/2 per-parameter-tensor gradient hook and bucketing, per step",
-    "zero3_fwd_hook_s": "ZeRO-3 pre/post-forward hooks (fetch, release, prefetch bookkeeping) per module call",
-    "zero3_bwd_hook_s": "ZeRO-3 pre/post-backward hooks (fetch, release, gradient partitioning) per module call",
+    # DeepSpeed's own host work per ZeRO stage S (0-3) and phase (fwd/bwd beyond the plain model's; step:
+    # the whole engine.step(), optimizer included), measured by perfcheck/hardware/calibrate/deepspeed_cases.py
+    **{f"zero{s}_{ph}_s": f"ZeRO-{s} engine {ph}: fixed host seconds per {'step' if ph == 'step' else 'micro-step'}"
+       for s in range(4) for ph in ("fwd", "bwd", "step")},
+    **{f"zero{s}_{ph}_tensor_s": f"ZeRO-{s} engine {ph}: host seconds per parameter tensor"
+       for s in range(4) for ph in ("fwd", "bwd", "step")},
+    "zero3_fwd_module_s": "ZeRO-3 pre/post-forward hooks (fetch, release, autograd wrappers) per module call",
+    "zero3_bwd_module_s": "ZeRO-3 pre/post-backward hooks per module call",
+    **{f"zero3_{ph}_gather_s": f"ZeRO-3 {ph}: host side of fetching and releasing one partitioned (non-persistent) "
+                               f"tensor, beyond a persistent one's (the all-gather itself is the collective model's)"
+       for ph in ("fwd", "bwd", "step")},
 }
 _FIELDS = _REQUIRED + _OPTIONAL
 
@@ -331,7 +338,12 @@ def host_source(spec: "SystemSpec", key: str) -> str:
     """Where ``spec``'s value of host constant ``key`` comes from (its source, or the default's)."""
     if key in spec.host:
         return spec.sources.get(f"host.{key}", spec.sources.get("host", "given in the spec's host block"))
-    return _host_defaults()["sources"].get(f"{spec.kind}.{key}", _host_defaults()["sources"].get(spec.kind, ""))
+    sources, name = _host_defaults()["sources"], f"{spec.kind}.{key}"
+    if name not in sources:  # a family's source ("cpu.zero*": the DeepSpeed constants)
+        import fnmatch
+
+        name = next((k for k in sources if "*" in k and fnmatch.fnmatchcase(f"{spec.kind}.{key}", k)), spec.kind)
+    return sources.get(name, "")
 
 
 def _sources(value, where) -> types.MappingProxyType:

@@ -299,18 +299,38 @@ def collective_latency_s(calls, spec) -> float:
     return float(calls) * host_constants(load_system(spec))["collective_latency_s"]
 
 
-def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec) -> dict:
-    """DeepSpeed's per-step host work beside the model's: the engine's backward/step wrappers
-    (``ds_engine_step_s``), ZeRO-1/2's per-parameter gradient hooks (``zero_grad_hook_s``) and,
-    at stage 3, the per-module fetch/release hooks (``zero3_fwd_hook_s`` and ``zero3_bwd_hook_s``
-    per module call). Returns seconds by phase: fwd, bwd, optim (one micro-step for fwd/bwd)."""
-    hc = host_constants(load_system(spec))
-    if stage not in (0, 1, 2, 3):
+def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec, gathered_tensors=None) -> dict:
+    """DeepSpeed's own host seconds per phase at ZeRO ``stage``, beside the model's.
+
+    From the spec's ``zero<S>_*`` host constants (``perfcheck calibrate``'s DeepSpeed engine case,
+    perfcheck/hardware/calibrate/deepspeed_cases.py, else host_defaults.json), T parameter tensors,
+    C module calls per forward, and per phase the tensors ZeRO-3 gathers (``gathered_tensors``:
+    {"fwd", "bwd", "step"}, partitioned tensors fetched there; default none, all persistent):
+
+        fwd   = zero<S>_fwd_s  + T * zero<S>_fwd_tensor_s  [+ C * zero3_fwd_module_s + G_fwd * zero3_fwd_gather_s]
+        bwd   = zero<S>_bwd_s  + T * zero<S>_bwd_tensor_s  [+ C * zero3_bwd_module_s + G_bwd * zero3_bwd_gather_s]
+        optim = zero<S>_step_s + T * zero<S>_step_tensor_s [+ G_step * zero3_step_gather_s]
+
+    fwd and bwd are per micro-step and come on top of the model's own forward and backward; optim is
+    the whole engine.step() host time per optimizer step (the optimizer's loop included: ZeRO-1-3
+    step one flat partition, stage 0 each tensor), so the optimizer's own host model is not added to it.
+    Collectives are not in these terms (perfcheck.predict.zero times them). Returns {"fwd", "bwd", "optim"}.
+    """
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         raise UserError(f"stage: ZeRO stage must be 0-3, got {stage!r}")
-    three = stage == 3
-    grad_hooks = param_tensors * hc["zero_grad_hook_s"] if stage >= 1 else 0.0
-    return {"fwd": module_calls * hc["zero3_fwd_hook_s"] * three,
-            "bwd": module_calls * hc["zero3_bwd_hook_s"] * three + grad_hooks, "optim": hc["ds_engine_step_s"]}
+    for name, value in (("module_calls", module_calls), ("param_tensors", param_tensors)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise UserError(f"{name}: must be an integer >= 0, got {value!r}")
+    hc = host_constants(load_system(spec))
+    gathered = {"fwd": 0, "bwd": 0, "step": 0, **(gathered_tensors or {})}
+    out = {}
+    for ph, key in (("fwd", "fwd"), ("bwd", "bwd"), ("step", "optim")):
+        t = hc[f"zero{stage}_{ph}_s"] + param_tensors * hc[f"zero{stage}_{ph}_tensor_s"]
+        if stage == 3:
+            t += (module_calls * hc[f"zero3_{ph}_module_s"] if ph != "step" else 0.0)
+            t += gathered[ph] * hc[f"zero3_{ph}_gather_s"]
+        out[key] = float(t)
+    return out
 
 
 # ------------------------------------------------------------------------------ estimator columns

@@ -200,7 +200,7 @@ def _shard_padded(n, dp):
     return dp * np.ceil(np.asarray(n, dtype=float) / dp)
 
 
-def _persistent(lay: Layout, settings: ZeroSettings, dp: float):
+def persistent_flags(lay: Layout, settings: ZeroSettings, dp: float) -> list:
     """Per tensor: kept whole on every rank (``ds_persist``), in creation order, as Init decides:
     ``ds_numel <= param_persistence_threshold`` while the persisted total stays within
     ``model_persistence_threshold // N``."""
@@ -238,7 +238,7 @@ def _stage3_module_bytes(lay: Layout, dp: float, settings: ZeroSettings, b_p: fl
     use while the params are still available and marks them, ``fetch_sub_module``).
     NB(perfcheck): the prefetch lookahead is between 1 and 2 buckets; we take 1.
     """
-    persist = _persistent(lay, settings, dp)
+    persist = persistent_flags(lay, settings, dp)
     full = np.array([float(sum(m)) for m in lay.modules])
     nonp = np.array([float(sum(n for n, k in zip(m, f) if not k)) for m, f in zip(lay.modules, persist)])
     gathered = np.array([float(sum(_shard_padded(n, dp) for n, k in zip(m, f) if not k))
@@ -494,7 +494,7 @@ def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimi
     colls = tuple(step_comm(P, st, n, micro_steps=g, dtype=dtype, settings=settings, layout=layout, precision_=prec))
     persist = 0
     if layout is not None and st == 3:
-        flags = _persistent(layout, settings, n)
+        flags = persistent_flags(layout, settings, n)
         persist = sum(t for m, f in zip(layout.modules, flags) for t, k in zip(m, f) if k)
     memory = memory_per_rank(P, st, n, precision_=prec, persistent_params=persist)
     from perfcheck.hardware.systems import load_system

@@ -18,7 +18,10 @@ every other attribute is the engine's. Optimizer steps are the engine's gradient
 boundaries. Steps: ``warmup_steps``, then the profiler window (its ``wait`` steps are measured,
 ``warmup`` and ``active`` are not), then ``steps`` measured steps; the first ``comms_steps``
 measured steps run with DeepSpeed's comms logger on (it synchronizes each collective), the others
-without. After the last step the run directory is written and the engine runs bare:
+without. ``overhead_pairs`` (default 0; with ``modules``): the first that many measured steps are each
+followed by a ``bare`` step with PerfCheck's module hooks off, which the ZeRO comparison's times
+use (what DeepSpeed costs uninstrumented, as the model predicts it) and which give meta.json's
+in-run hook overhead. After the last step the run directory is written and the engine runs bare:
 
     <output_dir>/rank<R>/zero.json          ZeRO stage, dp/tp/pp, ds_numel counts, settings, bytes
                         comms.csv           every collective: phase, kind, bytes, count, logger time
@@ -61,6 +64,7 @@ class PerfcheckBlock:
     profiler: ProfilerWindow = ProfilerWindow()
     modules: bool = True
     comms_steps: int = 1
+    overhead_pairs: int = 0
     label: Optional[str] = None
 
     def to_dict(self) -> dict:
@@ -70,7 +74,7 @@ class PerfcheckBlock:
     def total_steps(self) -> int:
         """Optimizer steps until the run directory is complete."""
         window = self.profiler.warmup + self.profiler.active if self.profiler.enabled else 0
-        return self.warmup_steps + window + self.steps
+        return self.warmup_steps + window + self.steps + (self.overhead_pairs if self.modules else 0)
 
 
 def _int(value, key, minimum=0):
@@ -119,7 +123,7 @@ def parse_block(config) -> Optional[PerfcheckBlock]:
     for key, value in block.items():
         if key in ("enabled", "modules"):
             kw[key] = _bool(value, key)
-        elif key in ("warmup_steps", "comms_steps"):
+        elif key in ("warmup_steps", "comms_steps", "overhead_pairs"):
             kw[key] = _int(value, key)
         elif key == "steps":
             kw[key] = _int(value, key, 1)

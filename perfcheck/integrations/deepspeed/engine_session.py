@@ -2,12 +2,16 @@
 
 Nothing in torch or DeepSpeed is patched: the wrapper calls the engine's own ``forward``,
 ``backward`` and ``step`` between two clock readings, inside ``record_function`` ranges, and
-cuts the comms logger's records at those boundaries. Attribute access falls through to the
+cuts the comms logger's records at those boundaries. Beside each phase's elapsed time it records
+the process CPU time spent in it (``<phase>_cpu_s``): on a machine shared with other jobs the
+elapsed time also holds waiting for a core, and waiting for the peer ranks' collectives, which
+the CPU time does not. Attribute access falls through to the
 engine, so ``session.module``, ``session.save_checkpoint(...)`` and friends behave as before.
 """
 from __future__ import annotations
 
 import atexit
+import time
 import warnings
 from pathlib import Path
 
@@ -55,9 +59,11 @@ class EngineSession:
         d["_comms"] = ds_comms.CommsCapture(facts["rank"], facts["dp"])
         p = block.profiler
         d["_schedule"] = StepSchedule(warmup=block.warmup_steps, steps=block.steps,
-                                      profile_window=(p.wait, p.warmup, p.active) if p.enabled else None)
+                                      profile_window=(p.wait, p.warmup, p.active) if p.enabled else None,
+                                      overhead_pairs=block.overhead_pairs if block.modules else 0)
         d["_step"], d["_micro"], d["_comm_steps_done"], d["_measured_done"] = 0, 0, 0, 0
-        d["_rows"], d["_pending"], d["_marks"] = [], [], {}
+        d["_bare_done"], d["_last_plain"] = 0, None
+        d["_rows"], d["_pending"], d["_marks"], d["_cpu"] = [], [], {}, {}
         d["_memory"], d["_warnings"] = None, []
         d["_pc"] = self._start_perfcheck(perfcheck)
         if self._device.type == "cuda":
@@ -101,7 +107,8 @@ class EngineSession:
                 p = b.profiler
                 pc = PerfCheck(self._engine.module, warmup=b.warmup_steps, steps=b.steps, profile=p.enabled,
                                profile_window=(p.wait, p.warmup, p.active), sample_interval=b.sampler_interval_s,
-                               out_dir=self._run_dir, system=b.system)  # the block's system, as zero.json's
+                               out_dir=self._run_dir, system=b.system,  # the block's system, as zero.json's
+                               overhead_pairs=b.overhead_pairs)  # its bare steps are the engine's (one schedule)
             if pc.state == "new":
                 pc.start()
             return pc
@@ -110,8 +117,11 @@ class EngineSession:
             return None
 
     # ----------------------------------------------------------------------------- roles
+    def _role(self, index: int) -> str:
+        return self._schedule.role(index, self._measured_done, self._bare_done, self._last_plain)
+
     def _begin_step(self):
-        role = self._schedule.role(self._step, self._measured_done)
+        role = self._role(self._step)
         self.__dict__["_role_now"] = role
         log = role == "measured" and self._comm_steps_done < self._block.comms_steps
         if log and not self._comms.active:
@@ -127,10 +137,12 @@ class EngineSession:
         if self._done:
             return fn(*args, **kwargs)
         self._comms.cut(self._step, self._micro, "other")
+        c0 = time.process_time()
         t0 = self._clock.now()
         with torch.profiler.record_function(f"perfcheck::engine::{phase}"):
             out = fn(*args, **kwargs)
         t1 = self._clock.now()
+        self._cpu[phase] = time.process_time() - c0
         self._comms.cut(self._step, self._micro, phase)
         self._marks[phase] = (t0, t1)
         return out
@@ -158,10 +170,13 @@ class EngineSession:
 
     # ----------------------------------------------------------------------------- steps
     def _record(self, boundary: bool):
+        cpu = {f"{ph}_cpu_s": self._cpu.get(ph, float("nan")) for ph in ("fwd", "bwd", "step")}
+        cpu["total_cpu_s"] = sum(self._cpu.values()) if self._cpu else float("nan")
         self._pending.append(({"rank": self._facts["rank"], "step": self._step, "micro_step": self._micro,
-                               "role": self._role_now, "comms_logged": self._comms.active, "boundary": boundary},
-                              dict(self._marks)))
+                               "role": self._role_now, "comms_logged": self._comms.active, "boundary": boundary,
+                               **cpu}, dict(self._marks)))
         self._marks.clear()
+        self._cpu.clear()
         self._clock.take_step_tokens()  # the marks above keep the tokens until they are resolved
         self._flush(wait=False)
 
@@ -187,6 +202,10 @@ class EngineSession:
             self.__dict__["_measured_done"] += 1
             if self._comms.active:
                 self.__dict__["_comm_steps_done"] += 1
+        elif self._role_now == "bare":
+            self.__dict__["_bare_done"] += 1
+        if self._role_now in ("measured", "bare"):
+            self.__dict__["_last_plain"] = self._role_now
         if self._pc is not None:
             try:
                 self._pc.step()
@@ -195,7 +214,7 @@ class EngineSession:
                 self.__dict__["_pc"] = None
         self.__dict__["_step"] += 1
         self.__dict__["_micro"] = 0
-        if self._schedule.role(self._step, self._measured_done) == "done":
+        if self._role(self._step) == "done":
             self.finish()
         else:
             self._begin_step()

@@ -31,7 +31,11 @@ ENGINE_STEP_COLUMNS = {
     "boundary": "True on the gradient-accumulation boundary (the optimizer stepped)",
     "fwd_s": "engine forward, s", "bwd_s": "engine.backward, s", "step_s": "engine.step, s",
     "total_s": "from the forward's start to the step's end, s",
+    "fwd_cpu_s": "process CPU time in the engine forward, s", "bwd_cpu_s": "process CPU time in engine.backward, s",
+    "step_cpu_s": "process CPU time in engine.step, s", "total_cpu_s": "sum of the three, s",
 }
+#: Columns added after files of this schema version were written: a file without them reads with NaN.
+ADDED_ENGINE_STEP_COLUMNS = ("fwd_cpu_s", "bwd_cpu_s", "step_cpu_s", "total_cpu_s")
 
 
 def write_zero_json(rank_dir, facts: dict) -> Path:
@@ -67,4 +71,11 @@ def engine_steps_appender(rank_dir) -> "rundir.CsvAppender":
 
 def read_engine_steps(rank_dir) -> Optional[pd.DataFrame]:
     path = Path(rank_dir) / ENGINE_STEPS_CSV
-    return rundir.read_table(path, ENGINE_STEP_COLUMNS, "engine steps") if path.is_file() else None
+    if not path.is_file():
+        return None
+    required = [c for c in ENGINE_STEP_COLUMNS if c not in ADDED_ENGINE_STEP_COLUMNS]
+    frame = rundir.read_table(path, required, "engine steps")
+    for col in ADDED_ENGINE_STEP_COLUMNS:
+        if col not in frame:
+            frame[col] = float("nan")
+    return frame

@@ -1,0 +1,265 @@
+"""DeepSpeed's own host cost per ZeRO stage, for ``perfcheck calibrate``: a tiny in-process engine.
+
+What it measures. A DeepSpeed engine adds work of its own around the model's forward, backward and
+optimizer step: the engine's wrappers, ZeRO-1/2's gradient hooks, bucketing, flat fp32 partitions
+and their copy-back, ZeRO-3's per-module fetch/release hooks and the autograd functions it wraps
+around every module's inputs and outputs, the partitioning of gradients. None of it is on a
+datasheet; it is Python, so it is measured here, on this machine.
+
+How. A child process (``python -m perfcheck.hardware.calibrate.deepspeed_cases``: DeepSpeed patches
+process-wide state, e.g. ZeRO-3 replaces ``F.linear``) joins a one-rank gloo (NCCL on a GPU) group and
+builds, for each of three chain models (``MODELS``: 2 and 8 ``Linear(16, 16)``, and 8 without bias, so
+module calls and parameter tensors vary independently), a plain torch run (torch.optim.Adam, the
+sweep's optimizer) and one engine per ZeRO configuration (``CONFIGS``: stages 0-3, and stage 3 with
+every parameter gathered, ``3g``). Rounds are interleaved (a round of steps of every run, then the
+next) and each phase is timed in process CPU time (``time.process_time``: what the work costs with a
+core to itself; a shared machine's waiting for a core is not in it), median over steps.
+
+The fit (``fit``), per stage S and phase (fwd, bwd, step), least squares over the three models:
+
+    fwd, bwd:  engine phase - plain torch phase  =  a_S + b_S * module calls + c_S * parameter tensors
+    step:      engine.step() (whole)              =  a_S + c_S * parameter tensors
+
+with b_S = 0 for stages 0-2 (DeepSpeed hooks modules only at stage 3), and for the gathered stage-3
+run the extra per gathered tensor over stage 3: g = slope of (3g - 3) over parameter tensors. The
+step is the whole engine.step() (torch Adam's per-tensor loop at stage 0, the flat partition's
+update at stages 1-3) because ZeRO replaces the optimizer's loop; the optimizer's memory-bound
+update of large partitions is the device side (``perfcheck.predict.zero.optimizer_time_s``).
+
+Not measured here (NB, perfcheck): the collectives themselves (one rank moves nothing; the ZeRO
+model times them with the collective model and its measured latency), the Python of a real
+all-gather at world size >= 2 (allocation of the gathered buffer, copying partitions back), and
+optimizers other than torch's Adam.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfcheck.errors import UserError
+
+#: (label, Linear layers, bias) of the chain models: 16 -> 16 features, batch BATCH.
+MODELS = (("chain2", 2, True), ("chain8", 8, True), ("chain8-nobias", 8, False))
+WIDTH, BATCH = 16, 8
+#: ZeRO configurations: label -> zero_optimization block. ``3g``: every tensor gathered in forward and
+#: again in backward (no persistence, no reuse, no prefetch), as the sweep's stage3-gather config.
+CONFIGS = {"0": {"stage": 0}, "1": {"stage": 1}, "2": {"stage": 2}, "3": {"stage": 3},
+           "3g": {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0,
+                  "stage3_prefetch_bucket_size": 0}}
+PHASES = ("fwd", "bwd", "step")
+STAGES = (0, 1, 2, 3)
+#: Host-constant keys this case sets (``perfcheck.hardware.systems.HOST_KEYS``).
+KEYS = tuple([f"zero{s}_{ph}{part}_s" for s in STAGES for ph in PHASES for part in ("", "_tensor")]
+             + [f"zero3_{ph}_module_s" for ph in ("fwd", "bwd")] + [f"zero3_{ph}_gather_s" for ph in PHASES])
+#: Steps per mode: warm-up steps, rounds, steps per round.
+MODES = {"quick": (3, 3, 4), "default": (4, 5, 6), "full": (5, 9, 8)}
+COLUMNS = ("model", "config", "calls", "tensors", "fwd_s", "bwd_s", "step_s", "steps")
+
+
+def available() -> bool:
+    """True when DeepSpeed can be imported (the case is skipped with a note otherwise)."""
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+# ------------------------------------------------------------------------------ the child process
+def _chain(n: int, bias: bool):
+    import torch
+
+    return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=bias) for _ in range(n)])
+
+
+def _child(out_path: str, mode: str, device: str) -> None:  # pragma: no cover - runs in the child process
+    import logging
+
+    import torch
+    import torch.nn.functional as F
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    deepspeed.utils.logger.setLevel(logging.ERROR)
+    if get_accelerator().device_name() == "cpu":  # never JIT-build the shared-memory op (train_ds does the same)
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    warm, rounds, per_round = MODES[mode]
+    clock = time.process_time if device == "cpu" else time.perf_counter
+    sync = (lambda: torch.cuda.synchronize(dev)) if device == "cuda" else (lambda: None)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(BATCH, WIDTH, generator=gen).to(dev), torch.randint(0, WIDTH, (BATCH,), generator=gen).to(dev)
+
+    def build(label, n, bias, config):
+        torch.manual_seed(0)
+        model = _chain(n, bias).to(dev)
+        if config == "torch":
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+            def step():
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            return model, model, (lambda loss: loss.backward()), step
+        cfg = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1,
+               "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+               "zero_optimization": CONFIGS[config], "steps_per_print": 10 ** 9}
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        return model, engine, engine.backward, engine.step
+
+    def one(run, times):
+        _, call, backward, step = run
+        sync()
+        t0 = clock()
+        out = call(x)
+        sync()
+        t1 = clock()
+        backward(F.cross_entropy(out.float(), y))
+        sync()
+        t2 = clock()
+        step()
+        sync()
+        t3 = clock()
+        if times is not None:
+            for ph, a, b in (("fwd", t0, t1), ("bwd", t1, t2), ("step", t2, t3)):
+                times[ph].append(b - a)
+
+    rows = []
+    # torch and stages 0-2 first: a stage-3 engine replaces F.linear for the whole process
+    for group in (("torch", "0", "1", "2"), ("3", "3g")):
+        runs = {(m, c): build(m, n, b, c) for m, n, b in MODELS for c in group}
+        times = {k: {ph: [] for ph in PHASES} for k in runs}
+        for k, run in runs.items():
+            for _ in range(warm):
+                one(run, None)
+        for _ in range(rounds):
+            for k, run in runs.items():
+                for _ in range(per_round):
+                    one(run, times[k])
+        for (m, c), t in times.items():
+            n, bias = next((n, b) for lab, n, b in MODELS if lab == m)
+            rows.append({"model": m, "config": c, "calls": n + 1, "tensors": n * (2 if bias else 1),
+                         **{f"{ph}_s": statistics.median(t[ph]) for ph in PHASES}, "steps": len(t["fwd"])})
+        del runs
+    Path(out_path).write_text(json.dumps({"rows": rows, "deepspeed": deepspeed.__version__,
+                                          "torch": torch.__version__, "clock": clock.__name__}))
+
+
+# ------------------------------------------------------------------------------ the parent side
+def bench_deepspeed(mode: str = "quick", *, device: str = "cpu", threads: int = 1, timeout_s: float = 300.0) -> dict:
+    """Run the child and return ``{"table": DataFrame(COLUMNS), "deepspeed": version, "clock": name}``.
+
+    Raises ``RuntimeError`` with the child's last lines when it fails or passes ``timeout_s``."""
+    if mode not in MODES:
+        raise UserError(f"mode: unknown {mode!r} (known: {', '.join(MODES)})")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MASTER_PORT": str(port),
+           "PYTHONWARNINGS": "ignore"}
+    if device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ds.json"
+        cmd = [sys.executable, "-m", "perfcheck.hardware.calibrate.deepspeed_cases", str(out), mode, device, str(threads)]
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"DeepSpeed engine case passed its {timeout_s:.0f} s limit") from None
+        if proc.returncode != 0 or not out.is_file():
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+            raise RuntimeError(f"DeepSpeed engine case failed (exit {proc.returncode}): {tail}")
+        data = json.loads(out.read_text())
+    return {"table": pd.DataFrame(data["rows"], columns=list(COLUMNS)), "deepspeed": data["deepspeed"],
+            "clock": data["clock"]}
+
+
+def _lstsq(cols, y) -> np.ndarray:
+    a = np.column_stack(cols)
+    return np.linalg.lstsq(a, np.asarray(y, float), rcond=None)[0]
+
+
+def fit(table: pd.DataFrame) -> dict:
+    """``{host key: (seconds, how)}`` from ``bench_deepspeed``'s table (see the module docstring).
+
+    Coefficients are clipped at 0 (a cost cannot be negative; a slightly negative slope is noise)."""
+    t = table.set_index(["config", "model"])
+    models = [m for m, _, _ in MODELS]
+    calls = np.array([t.loc[("torch" if ("torch", m) in t.index else "3", m), "calls"] for m in models], float)
+    tensors = np.array([t.loc[("torch" if ("torch", m) in t.index else "3", m), "tensors"] for m in models], float)
+    ones = np.ones(len(models))
+    out = {}
+    shape = "chains of " + ", ".join(f"{n} Linear({WIDTH}, {WIDTH}{'' if b else ', bias=False'})" for _, n, b in MODELS)
+
+    def put(key, value, how):
+        out[key] = (float(max(value, 0.0)), how)
+
+    for stage in STAGES:
+        cfg = str(stage)
+        for ph in PHASES:
+            y = np.array([t.loc[(cfg, m), f"{ph}_s"] for m in models], float)
+            if ph == "step":
+                what = "engine.step() (optimizer included)"
+            else:
+                y = y - np.array([t.loc[("torch", m), f"{ph}_s"] for m in models], float)
+                what = f"engine {'forward' if ph == 'fwd' else 'backward'} less the plain model's"
+            if stage == 3 and ph != "step":
+                a, b, c = _lstsq([ones, calls, tensors], y)
+                put(f"zero3_{ph}_module_s", b, f"ZeRO-3 {what}: per module call, least squares over {shape}")
+            else:
+                a, c = _lstsq([ones, tensors], y)
+            put(f"zero{stage}_{ph}_s", a, f"ZeRO-{stage} {what}: fixed part, least squares over {shape}")
+            put(f"zero{stage}_{ph}_tensor_s", c, f"ZeRO-{stage} {what}: per parameter tensor, same fit")
+    for ph in PHASES:
+        d = np.array([t.loc[("3g", m), f"{ph}_s"] - t.loc[("3", m), f"{ph}_s"] for m in models], float)
+        _, g = _lstsq([ones, tensors], d)
+        put(f"zero3_{ph}_gather_s", g, f"ZeRO-3 {ph} with every tensor gathered (persistence 0, reuse 0) less "
+                                       f"with every tensor persistent, per tensor (one rank: the host side of a "
+                                       f"fetch/release, not the all-gather itself)")
+    return out
+
+
+def apply(spec, result: dict, stamp: str):
+    """``spec`` with the fitted constants in its host block and their sources."""
+    import dataclasses
+
+    fitted = fit(result["table"])
+    where = f"{stamp}, DeepSpeed {result['deepspeed']}, one rank, {result['clock']}"
+    host = {**dict(spec.host), **{k: v for k, (v, _) in fitted.items()}}
+    sources = {**dict(spec.sources), **{f"host.{k}": f"{where}: {how}" for k, (_, how) in fitted.items()}}
+    return dataclasses.replace(spec, host=host, sources=sources)
+
+
+def rows_for_table(result: dict) -> pd.DataFrame:
+    """The case's measurements in the calibration's measurement table (kind ``deepspeed``)."""
+    from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
+
+    rows = []
+    for r in result["table"].itertuples(index=False):
+        for ph in PHASES:
+            s = float(getattr(r, f"{ph}_s"))
+            rows.append({"kind": "deepspeed", "label": f"{r.config} {r.model} {ph}", "dtype": "fp32", "m": r.calls,
+                         "k": r.tensors, "n": BATCH, "flops": np.nan, "bytes": np.nan, "world_size": 1,
+                         "seconds": s, "seconds_min": np.nan, "seconds_max": np.nan, "repeats": r.steps,
+                         "iters": 1, "flops_per_s": np.nan, "bytes_per_s": np.nan, "busbw_bytes_per_s": np.nan})
+    return pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS))
+
+
+if __name__ == "__main__":  # pragma: no cover - the child process
+    import torch
+
+    torch.set_num_threads(int(sys.argv[4]))
+    _child(sys.argv[1], sys.argv[2], sys.argv[3])
