@@ -13,7 +13,9 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
             and backward, per kernel the estimator counts (1 forward + 1 backward each): what one
             more small op costs in a training step. ``launch_overhead_s`` is the latter;
 * collectives  all-reduce / all-gather / reduce-scatter bus bandwidth by message size across
-            ranks (``perfcheck.hardware.calibrate.collectives``: gloo on CPU, NCCL on GPU).
+            ranks (``perfcheck.hardware.calibrate.collectives``: gloo on CPU, NCCL on GPU);
+* deepspeed  DeepSpeed's own host cost per ZeRO stage and phase, per module call and per parameter
+            tensor (``perfcheck.hardware.calibrate.deepspeed_cases``: a one-rank engine in a child process).
 
 Timing: cases of one group are *interleaved* (repeat r of every case, then repeat r+1, ...), so
 a burst of noise on a shared machine hits every case alike; each repeat is a timed loop long
@@ -152,7 +154,7 @@ def _progress(progress, message):
 
 def calibrate(base=None, *, mode: str = "default", device=None, dtypes=None, peaks: Optional[str] = None,
               comm: bool = True, world_size: int = 2, name: Optional[str] = None, threads: Optional[int] = None,
-              progress: Optional[Callable[[str], None]] = None) -> Calibration:
+              progress: Optional[Callable[[str], None]] = None, deepspeed: Optional[bool] = None) -> Calibration:
     """Run the micro-benchmarks on this machine and return a calibrated ``SystemSpec`` with its measurements.
 
     base: system to start from (name, path or spec; default: ``cpu``, or the GPU's spec).
@@ -165,6 +167,8 @@ def calibrate(base=None, *, mode: str = "default", device=None, dtypes=None, pea
     threads: CPU intra-op threads for the benchmarks (default: torch's current setting, which
       the measured runs use too; restored afterwards).
     progress: called with one-line messages while it runs (the CLI prints them to stderr).
+    deepspeed: run the DeepSpeed engine case (``deepspeed_cases``: ZeRO stages' own host cost, one rank,
+      a child process); default: when ``comm`` is on and DeepSpeed is installed.
     """
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise UserError(f"threads: must be a positive integer, got {threads!r}")
@@ -172,13 +176,13 @@ def calibrate(base=None, *, mode: str = "default", device=None, dtypes=None, pea
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress)
+        return _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed)
     finally:
         torch.set_num_threads(saved[0])
         torch.backends.cuda.matmul.allow_tf32 = saved[1]
 
 
-def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress) -> Calibration:
+def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed=None) -> Calibration:
     if mode not in MODES:
         raise UserError(f"mode: unknown {mode!r} (known: {', '.join(MODES)})")
     dev = torch.device(device or default_device())
@@ -230,10 +234,23 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
                                 f"{len(cfg['comm_kib'])} sizes")
             frames.append(bench_collectives([k * 1024 for k in cfg["comm_kib"]], kinds=cfg["comm_kinds"], world_size=n,
                                             device=dev.type, repeats=cfg["repeats"], target_s=cfg["target_s"]))
+    from perfcheck.hardware.calibrate import deepspeed_cases
+
+    ds = None
+    if deepspeed or (deepspeed is None and comm and deepspeed_cases.available()):
+        _progress(progress, f"[{time.perf_counter() - start:5.1f} s] DeepSpeed engine per ZeRO stage (one rank, "
+                            f"{len(deepspeed_cases.MODELS)} chain models x {len(deepspeed_cases.CONFIGS) + 1} runs)")
+        try:
+            ds = deepspeed_cases.bench_deepspeed(mode, device=dev.type, threads=torch.get_num_threads())
+            frames.append(deepspeed_cases.rows_for_table(ds))
+        except RuntimeError as exc:
+            notes.append(f"DeepSpeed engine case not measured ({exc}); the ZeRO host constants stay the defaults")
     table = pd.concat(frames, ignore_index=True)
     stamp = provenance(dev)
     spec = build_spec(base_spec, table, peaks=peaks, stamp=stamp, name=name, kind=_device_kind(dev),
                       mem_capacity_bytes=_capacity(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None)
+    if ds is not None:
+        spec = deepspeed_cases.apply(spec, ds, stamp)
     elapsed = time.perf_counter() - start
     _progress(progress, f"[{elapsed:5.1f} s] done")
     return Calibration(spec, table, tuple(notes), elapsed)
