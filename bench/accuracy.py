@@ -100,8 +100,59 @@ def build(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, gp
     return Workload(name, desc, model, inputs, target, loss)
 
 
-def measure(w: Workload, steps: int, warmup: int):
-    """Median per-module times (PerfCheck, no profiler/sampler/FLOP counting) and the step frame."""
+#: Leaf module classes timed on the process clock (``--clock process``): the matmul modules the "large
+#: matmul" rows are about. Full backward hooks on an in-place module (JSC's ReLU) would break its
+#: autograd, so only these get them.
+_PROCESS_TIMED = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+
+
+def _clock(name: str):
+    return time.process_time if name == "process" else time.perf_counter
+
+
+def leaf_times(w: Workload, opt, steps: int, clock: str) -> pd.DataFrame:
+    """Median forward and backward seconds of every Linear/Conv module over ``steps`` steps on
+    ``clock`` (forward pre/post hooks; full backward pre/post hooks), columns module, fwd_s_median,
+    bwd_s_median. Empty when the hooks cannot be placed (an in-place op on a hooked output)."""
+    now = _clock(clock)
+    mods = [(path, m) for path, m in w.model.named_modules() if isinstance(m, _PROCESS_TIMED)]
+    rec, handles = {}, []
+    for path, m in mods:
+        def pre(mod, args, path=path):
+            rec.setdefault(path, {})["f0"] = now()
+
+        def post(mod, args, out, path=path):
+            rec[path].setdefault("fwd", []).append(now() - rec[path]["f0"])
+
+        def bpre(mod, grad_out, path=path):
+            rec.setdefault(path, {})["b0"] = now()
+
+        def bpost(mod, grad_in, grad_out, path=path):
+            if "b0" in rec.get(path, {}):
+                rec[path].setdefault("bwd", []).append(now() - rec[path].pop("b0"))
+
+        handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post),
+                    m.register_full_backward_pre_hook(bpre), m.register_full_backward_hook(bpost)]
+    try:
+        for _ in range(steps + 1):  # the first is a warm-up of the hooked graph
+            if _ == 1:
+                rec.clear()
+            w.loss(w.model(*w.inputs), w.target).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    except RuntimeError:
+        return pd.DataFrame(columns=["module", "fwd_s_median", "bwd_s_median"])
+    finally:
+        for h in handles:
+            h.remove()
+    return pd.DataFrame([(p, float(np.median(r.get("fwd", [np.nan]))), float(np.median(r.get("bwd", [np.nan]))))
+                         for p, r in rec.items()], columns=["module", "fwd_s_median", "bwd_s_median"])
+
+
+def measure(w: Workload, steps: int, warmup: int, clock: str = "wall"):
+    """Median per-module times (PerfCheck, no profiler/sampler/FLOP counting), the step frame and,
+    with ``clock="process"``, the Linear/Conv modules' times on the process clock (``leaf_times``;
+    else None). Uninstrumented steps are timed on ``clock``."""
     from perfcheck.measure.session import PerfCheck
 
     opt = torch.optim.SGD(w.model.parameters(), lr=1e-4)
@@ -118,16 +169,17 @@ def measure(w: Workload, steps: int, warmup: int):
             pc.step()
     # the step row compares the prediction of the user's step with steps that carry no
     # instrumentation at all (no hooks, no PerfCheck.step), timed here with perf_counter
-    bare = []
+    bare, now = [], _clock(clock)
     for _ in range(max(steps, 5)):
-        t0 = time.perf_counter()
+        t0 = now()
         w.loss(w.model(*w.inputs), w.target).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if w.inputs[0].device.type == "cuda":
             torch.cuda.synchronize()
-        bare.append(time.perf_counter() - t0)
-    return pc.measured(), pd.DataFrame({"step_s": bare})
+        bare.append(now() - t0)
+    leaves = leaf_times(w, opt, steps, clock) if clock == "process" else None
+    return pc.measured(), pd.DataFrame({"step_s": bare}), leaves
 
 
 class _Loss(torch.nn.Module):
@@ -159,8 +211,11 @@ def _leaves(paths) -> set:
 
 
 def compare(w: Workload, measured: pd.DataFrame, steps: pd.DataFrame, systems: dict, *, rnd: int,
-            large_flops: float) -> pd.DataFrame:
-    """One row per (system label, module): measured and predicted fwd/bwd and the ratio."""
+            large_flops: float, leaves: pd.DataFrame = None) -> pd.DataFrame:
+    """One row per (system label, module): measured and predicted fwd/bwd and the ratio. ``leaves``
+    (process-clock Linear/Conv times, ``leaf_times``) replace PerfCheck's wall times of those modules."""
+    if leaves is not None and len(leaves):
+        measured = pd.concat([measured[~measured["module"].isin(leaves["module"])], leaves], ignore_index=True)
     rows = []
     for label, spec in systems.items():
         pred = perfcheck.estimate(w.model, w.inputs, system=spec, optimizer="sgd")
@@ -274,19 +329,21 @@ def _machine(device) -> str:
 
 
 def run(models, *, rounds=3, steps=5, warmup=1, device="cpu", dtype="fp32", base=None, calibrated=None,
-        large_flops=None, threads=None, progress=print, gpt_batch=8):
+        large_flops=None, threads=None, progress=print, gpt_batch=8, clock="wall"):
     """All rounds: (rows, labels, workloads, base spec). ``calibrated``: a fixed system file instead of
     calibrating before each model in each round; ``threads``: torch CPU threads for the run (restored after)."""
     saved = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress, gpt_batch)
+        return _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress, gpt_batch,
+                    clock)
     finally:
         torch.set_num_threads(saved)
 
 
-def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress, gpt_batch):
+def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress, gpt_batch,
+         clock="wall"):
     from perfcheck.hardware.calibrate.run import calibrate, default_base, provenance
     from perfcheck.hardware.calibrate.fit import build_spec, merge_measurements
     from perfcheck.hardware.systems import load_system
@@ -300,9 +357,9 @@ def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_f
     for rnd in range(rounds):
         for w in workloads:
             t0 = time.perf_counter()
-            quick = dict(mode="quick", device=dev.type, dtypes=[dtype], comm=False)
+            quick = dict(mode="quick", device=dev.type, dtypes=[dtype], comm=False, clock=clock)
             before = None if calibrated else calibrate(base_spec, **quick)
-            measured, st = measure(w, steps, warmup)
+            measured, st, leaves = measure(w, steps, warmup, clock)
             if calibrated:
                 cal = load_system(calibrated)
             else:  # bracket the measurement: calibrate before and after, per case the median time
@@ -311,7 +368,8 @@ def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_f
                                  peaks="base" if dev.type == "cuda" else "measured", stamp=provenance(dev),
                                  kind="gpu" if dev.type == "cuda" else "cpu")
             load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-            f = compare(w, measured, st, {"datasheet": base_spec, "calibrated": cal}, rnd=rnd, large_flops=large_flops)
+            f = compare(w, measured, st, {"datasheet": base_spec, "calibrated": cal}, rnd=rnd, large_flops=large_flops,
+                        leaves=leaves)
             frames.append(f.assign(loadavg=load))
             root = f[(f["system"] == "calibrated") & (f["module"] == ROOT)]["ratio"]
             progress(f"round {rnd + 1}/{rounds} {w.name}: {time.perf_counter() - t0:.1f} s, load {load:.1f}, "
@@ -352,6 +410,9 @@ def main(argv=None):
     ap.add_argument("--csv", default=None, help="write every row (model x round x system x module)")
     ap.add_argument("--gpt-batch", type=int, default=8, help="GPT-2 small's batch on GPU (seq 1024)")
     ap.add_argument("--write", default=None, help="RESULTS.md to update (this script's section only)")
+    ap.add_argument("--clock", choices=("wall", "process"), default=None,
+                    help="CPU clock of the calibrations, the step rows and the Linear/Conv rows: process (CPU time of "
+                         "this process: a shared host's other load drops out; default on CPU with --threads 1) or wall")
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if "graph" in models:
@@ -362,12 +423,15 @@ def main(argv=None):
             models.remove("graph")
     dev = torch.device(args.device)
     dtype = args.dtype or ("bf16" if dev.type == "cuda" else "fp32")
+    clock = args.clock or ("process" if dev.type == "cpu" and args.threads == 1 else "wall")
+    if clock == "process" and (dev.type != "cpu" or args.threads != 1):
+        raise SystemExit("--clock process: CPU runs with --threads 1 only (process time sums every thread's)")
     target = TARGET_GPU if dev.type == "cuda" else TARGET_CPU
     ceilings = [] if args.no_ceilings else ceiling_lines(args.base, dev.type, args.threads)
     rows, labels, workloads, base_spec = run(models, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
                                              device=args.device, dtype=dtype, base=args.base,
                                              calibrated=args.calibrated, large_flops=args.large_flops,
-                                             threads=args.threads, gpt_batch=args.gpt_batch,
+                                             threads=args.threads, gpt_batch=args.gpt_batch, clock=clock,
                                              progress=lambda m: print(m, file=sys.stderr, flush=True))
     if args.csv:
         rows.to_csv(args.csv, index=False)
@@ -381,7 +445,9 @@ def main(argv=None):
                  if args.calibrated else
                  f"`perfcheck calibrate --quick` (matmul {dtype}, copy, tiny op) run before and after each model's "
                  "measurement in each round, merged (median per case). ")
-              + f"{args.rounds} rounds x {args.steps} measured steps, "
+              + f"{args.rounds} rounds x {args.steps} measured steps, clock {clock}"
+              + (" (process CPU time for the calibrations, the step rows and the Linear/Conv rows; other rows: "
+                 "PerfCheck's wall-clock module timer)" if clock == "process" else "") + ", "
               f"load average {rows['loadavg'].min():.1f}-{rows['loadavg'].max():.1f}.",
               "Ratio = measured / predicted (fwd + bwd per step; > 1: slower than predicted); median and "
               "[min-max] over module instances x rounds.", "",

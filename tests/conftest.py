@@ -11,12 +11,15 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 @pytest.fixture(scope="session", autouse=True)
 def _empty_calibration_cache(tmp_path_factory):
     """An empty per-user calibration cache for the whole session (perfcheck.hardware.cache): a
-    developer's `perfcheck calibrate` result must not change what the tests predict. Also puts this
+    developer's `perfcheck calibrate` result must not change what the tests predict, nor may an
+    automatic quick calibration (PERFCHECK_AUTO_CALIBRATE=0). Also puts this
     checkout first on subprocesses' PYTHONPATH."""
     import os
 
-    saved = {name: os.environ.get(name) for name in ("PERFCHECK_CACHE_DIR", "PYTHONPATH")}
+    saved = {name: os.environ.get(name) for name in ("PERFCHECK_CACHE_DIR", "PYTHONPATH", "PERFCHECK_AUTO_CALIBRATE")}
     os.environ["PERFCHECK_CACHE_DIR"] = str(tmp_path_factory.mktemp("perfcheck-cache"))
+    # ...and it stays empty: no automatic quick calibration (a test that wants one turns it on)
+    os.environ["PERFCHECK_AUTO_CALIBRATE"] = "0"
     # Subprocesses (training scripts, deepspeed ranks, CLI calls) import this checkout, whatever
     # perfcheck an editable install elsewhere on the machine points at.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), saved["PYTHONPATH"]) if p)

@@ -111,6 +111,17 @@ def test_cases_time_and_interleave():
     assert table.loc[table["label"] == "linear 64x32x16", "flops"].item() == 2 * 64 * 32 * 16
 
 
+def test_process_clock_leaves_out_sleep():
+    """The process clock counts this process's CPU time only: a sleeping call costs ~nothing on it
+    and its full length on the wall clock (what a shared host's other load does to a wall timer)."""
+    import time
+
+    dev = torch.device("cpu")
+    nap = lambda: time.sleep(0.01)  # noqa: E731
+    assert Timer(dev, "wall").loop(nap, 2) >= 0.009
+    assert Timer(dev, "process").loop(nap, 2) < 0.005
+
+
 def test_quick_calibration_through_the_cli(tmp_path, capsys):
     out, csv = tmp_path / "mine.json", tmp_path / "m.csv"
     rc = main(["calibrate", "--quick", "--no-comm", "--dtypes", "fp32", "--threads", "1", "--output", str(out),
@@ -133,7 +144,7 @@ def test_quick_calibration_through_the_cli(tmp_path, capsys):
 @pytest.mark.parametrize("kwargs, field", [
     (dict(mode="fast"), "mode"), (dict(peaks="datasheet"), "peaks"), (dict(world_size=1), "world_size"),
     (dict(threads=0), "threads"), (dict(dtypes=["int8"]), "dtype"), (dict(dtypes=["fp16"]), "fp16"),
-    (dict(device="meta"), "device"), (dict(base="no-such-system"), "no-such-system"),
+    (dict(device="meta"), "device"), (dict(base="no-such-system"), "no-such-system"), (dict(clock="cpu"), "clock"),
 ])
 def test_bad_input_names_the_field(kwargs, field):
     with pytest.raises(UserError, match=field):

@@ -75,12 +75,32 @@ def _split(text: str) -> list:
         raise UserError(f"--script-args: {exc}") from None
 
 
+def _calibrate_first():
+    """On a CPU, measure this machine's quick calibration for the ranks' thread count before they start,
+    when the cache has none (perfcheck.hardware.cache; ranks never calibrate themselves, and
+    PERFCHECK_AUTO_CALIBRATE=0 skips it): the ranks' predictions and the comparison then use it."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    from perfcheck.hardware.cache import cached_spec
+
+    try:
+        threads = max(int(os.environ.get("OMP_NUM_THREADS") or 1), 1)  # what integrations.deepspeed.sweep.stage_env gives ranks
+    except ValueError:
+        threads = 1
+    cached_spec("cpu", threads=threads)
+
+
 def run(args) -> int:
     from pathlib import Path
 
     from perfcheck.integrations.deepspeed.sweep import run_sweep
 
     opts = options_from_args(args)
+    _calibrate_first()
     results = run_sweep(opts)
     failed = [r for r in results if r.status in ("failed", "timeout")]
     rc = 0

@@ -10,6 +10,19 @@ fingerprint is also stored in the spec's description for a reader.
 ``default_system(device)`` is what ``perfcheck.estimate``, ``PerfCheck`` and the ZeRO sweep call
 when no system is given; ``spec_label(spec)`` is the header every report prints ("cpu-calibrated
 (calibrated: per-user cache ~/.cache/perfcheck/...json)" or "h100-sxm (datasheet)").
+
+Automatic quick calibration (CPU): when the cache has no entry for this CPU and thread count,
+``cached_spec`` measures one first (``perfcheck calibrate --quick`` without collectives: host
+constants, per-op fixed costs, copy, elementwise and fp32 GEMM curves, a bf16 peak; 2-4 s on the
+project's 2-core VM) and keeps it, so a fresh machine predicts with its own ceilings instead of
+the generic ``cpu`` datasheet (measured/predicted step 2.5-35x off on that VM, bench/RESULTS.md).
+It is announced on stderr once and named in every report header ("cpu-auto-calibrated
+(calibrated: automatic quick calibration, per-user cache ...)"). Off with
+``PERFCHECK_AUTO_CALIBRATE=0`` (the tests set it), in a rank of a multi-process job (``WORLD_SIZE``
+> 1 or torch.distributed initialised: ranks would calibrate at once on shared cores; ``perfcheck
+sweep`` calibrates before it starts them), on a GPU (``perfcheck calibrate`` there: its cases need
+the device to itself), and while another process is calibrating (never waited on: that prediction
+uses the datasheet).
 """
 from __future__ import annotations
 
@@ -18,6 +31,8 @@ import json
 import os
 import re
 import socket
+import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -68,18 +83,98 @@ def save_to_cache(spec: SystemSpec, device=None, threads=None) -> Path:
         raise UserError(f"calibration cache: cannot write {path} ({exc.strerror}); set PERFCHECK_CACHE_DIR") from None
 
 
-def cached_spec(device=None, threads=None) -> Optional[SystemSpec]:
+def cached_spec(device=None, threads=None, *, auto: bool = True) -> Optional[SystemSpec]:
     """This machine's cached calibration (for ``threads`` CPU threads, default torch's current
-    setting), or None (no file, or one that no longer loads)."""
+    setting), or None (no file, or one that no longer loads). ``auto``: when there is no file and
+    ``auto_calibration_allowed`` says so, measure a quick one first (``auto_calibrate``)."""
     path = cache_path(device, threads=threads)
     if not path.is_file():
-        return None
+        return auto_calibrate(device, threads) if auto and auto_calibration_allowed(device) else None
     try:
         spec = load_system(str(path))
     except UserError:
         return None  # a stale or broken cache never blocks a prediction: the datasheet is used
-    object.__setattr__(spec, "origin", f"per-user cache {path}")
+    object.__setattr__(spec, "origin", _origin(spec, path))
     return spec
+
+
+# ------------------------------------------------------------------------------ automatic quick calibration
+#: Environment variable that turns the automatic quick calibration off: 0, false, no or off.
+AUTO_ENV = "PERFCHECK_AUTO_CALIBRATE"
+#: Name of an automatically calibrated spec (report headers say so).
+AUTO_NAME = "cpu-auto-calibrated"
+#: A lock older than this is a crashed calibration's, and is taken over.
+_STALE_LOCK_S = 300.0
+
+
+def _origin(spec: SystemSpec, path) -> str:
+    if spec.name == AUTO_NAME:
+        return f"automatic quick calibration, per-user cache {path}; `perfcheck calibrate` measures more"
+    return f"per-user cache {path}"
+
+
+def auto_calibration_enabled() -> bool:
+    """False when ``$PERFCHECK_AUTO_CALIBRATE`` is 0, false, no or off (anything else, or unset: on)."""
+    return os.environ.get(AUTO_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def auto_calibration_allowed(device=None) -> bool:
+    """Enabled, a CPU, and not a rank of a multi-process job (see the module docstring)."""
+    import torch
+
+    if not auto_calibration_enabled():
+        return False
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type != "cpu":
+        return False
+    try:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return False
+    except ValueError:
+        pass  # a malformed WORLD_SIZE is the launcher's problem; one process here
+    dist = getattr(torch, "distributed", None)
+    return not (dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemSpec]:
+    """Measure a quick calibration of this CPU (no collectives) for ``threads`` threads, keep it in the
+    cache and return it (origin set); None, with one line on stderr, when another process is
+    calibrating (no waiting) or the calibration fails (the prediction then uses the datasheet).
+    ``progress``: called with one-line messages (default: the announcement goes to stderr)."""
+    from perfcheck.hardware.calibrate.run import calibrate
+
+    say = progress or (lambda m: print(m, file=sys.stderr, flush=True))
+    path = cache_path(device, threads=threads)
+    lock = path.with_name(path.name + ".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        say(f"perfcheck: another process is calibrating this CPU ({lock}); this prediction uses the datasheet")
+        return None
+    except OSError as exc:
+        say(f"perfcheck: cannot write the calibration cache {path.parent} ({exc.strerror}); this prediction uses "
+            f"the datasheet (set PERFCHECK_CACHE_DIR, or {AUTO_ENV}=0 to skip)")
+        return None
+    try:
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        say(f"perfcheck: no calibration of this CPU in the cache: measuring a quick one (a few seconds, once; "
+            f"{AUTO_ENV}=0 skips it, `perfcheck calibrate` measures more)")
+        t0 = time.perf_counter()
+        result = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=threads, name=AUTO_NAME)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        result.spec.save(tmp)
+        os.replace(tmp, path)  # atomic: a reader sees no file or a whole one
+        say(f"perfcheck: calibrated in {time.perf_counter() - t0:.1f} s, kept in {path}")
+    except (OSError, RuntimeError, UserError) as exc:
+        say(f"perfcheck: automatic calibration failed ({exc}); this prediction uses the datasheet")
+        return None
+    finally:
+        lock.unlink(missing_ok=True)
+    return cached_spec(device, threads, auto=False)
 
 
 def default_system(device=None):

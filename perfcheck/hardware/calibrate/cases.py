@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import pandas as pd
 import torch
 
+from perfcheck.errors import UserError
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.hardware.systems import normalize_dtype
 
@@ -36,12 +37,25 @@ class Case:
 
 
 # ------------------------------------------------------------------------------ timing
-class Timer:
-    """Seconds per call of a loop: perf_counter on CPU; CUDA events on GPU, synchronized only around the loop."""
+#: CPU clocks of the timer: ``wall`` (perf_counter, what a run's module timer uses) or ``process``
+#: (this process's CPU time: on a shared host it leaves out the time other processes held the core,
+#: so calibration and a measurement taken with the same clock agree under load; one intra-op thread only,
+#: as it sums every thread's time).
+CLOCKS = ("wall", "process")
 
-    def __init__(self, device: torch.device):
+
+class Timer:
+    """Seconds per call of a loop: perf_counter (``clock="wall"``) or process CPU time (``"process"``) on
+    CPU; CUDA events on GPU, synchronized only around the loop."""
+
+    def __init__(self, device: torch.device, clock: str = "wall"):
+        if clock not in CLOCKS:
+            raise UserError(f"clock: unknown {clock!r} (known: {', '.join(CLOCKS)})")
         self.cuda = device.type == "cuda"
+        if self.cuda and clock != "wall":
+            raise UserError("clock: a GPU is timed with CUDA events; 'process' is for CPU runs")
         self.device = device
+        self._now = time.process_time if clock == "process" else time.perf_counter
 
     def loop(self, fn, iters: int) -> float:
         if self.cuda:
@@ -53,10 +67,10 @@ class Timer:
             end.record()
             end.synchronize()
             return start.elapsed_time(end) / 1e3 / iters
-        t0 = time.perf_counter()
+        t0 = self._now()
         for _ in range(iters):
             fn()
-        return (time.perf_counter() - t0) / iters
+        return (self._now() - t0) / iters
 
 
 def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: int = 20000) -> pd.DataFrame:

@@ -62,20 +62,24 @@ from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
 #: Run-length presets. ``target_s``: minimum duration of one timed loop; shapes as (m, k, n).
 MODES = {
     "quick": dict(repeats=3, target_s=0.01, squares=(64, 128, 256, 512, 1024),
-                  linear=((1024, 512, 2048), (96, 1024, 1024), (24, 1024, 1024)), copy_mb=(1, 64),
-                  comm_kib=(4, 64, 4096),
+                  linear=((1024, 512, 2048), (96, 1024, 1024), (24, 1024, 1024)), other_squares=(128, 512),
+                  copy_mb=(1, 64), comm_kib=(4, 64, 4096),
                   comm_kinds=("allreduce",)),
     "default": dict(repeats=5, target_s=0.02, squares=(32, 64, 128, 256, 512, 1024, 2048),
                     linear=((2048, 512, 512), (2048, 512, 2048), (2048, 2048, 512), (256, 512, 1536),
-                            (96, 1024, 1024), (24, 1024, 1024), (8, 1024, 1024)),
+                            (96, 1024, 1024), (24, 1024, 1024), (8, 1024, 1024)), other_squares=(128, 512, 1024),
                     copy_mb=(1, 8, 256), comm_kib=(4, 64, 1024, 16384),
                     comm_kinds=("allreduce", "allgather", "reducescatter")),
     "full": dict(repeats=9, target_s=0.05, squares=(16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096),
                  linear=((2048, 512, 512), (2048, 512, 2048), (2048, 2048, 512), (256, 512, 1536),
-                         (8192, 768, 3072), (8192, 3072, 768), (512, 4096, 4096)),
+                         (8192, 768, 3072), (8192, 3072, 768), (512, 4096, 4096)), other_squares=None,
                  copy_mb=(1, 8, 64, 256, 1024), comm_kib=(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536),
                  comm_kinds=("allreduce", "allgather", "reducescatter")),
 }
+#: ``other_squares``: on a CPU, the matmul shapes of the dtypes other than the reference (fp32): they
+#: set only that dtype's peak (the curve and shape factors are the reference dtype's), and a CPU
+#: without bf16 units runs bf16 GEMMs ~10x slower than fp32 (2.4 vs 30 GFLOP/s on the project's AVX2
+#: VM: the quick mode's 1024^3 bf16 squares took 52 of its 62 s). None: the reference's shapes.
 #: Larger shapes and buffers for GPUs (a CPU-sized GEMM is launch-bound on an H100).
 GPU_MODES = {
     "quick": dict(squares=(256, 1024, 4096), linear=((8192, 4096, 4096), (512, 4096, 4096), (64, 4096, 4096)),
@@ -154,7 +158,8 @@ def _progress(progress, message):
 
 def calibrate(base=None, *, mode: str = "default", device=None, dtypes=None, peaks: Optional[str] = None,
               comm: bool = True, world_size: int = 2, name: Optional[str] = None, threads: Optional[int] = None,
-              progress: Optional[Callable[[str], None]] = None, deepspeed: Optional[bool] = None) -> Calibration:
+              progress: Optional[Callable[[str], None]] = None, deepspeed: Optional[bool] = None,
+              clock: str = "wall") -> Calibration:
     """Run the micro-benchmarks on this machine and return a calibrated ``SystemSpec`` with its measurements.
 
     base: system to start from (name, path or spec; default: ``cpu``, or the GPU's spec).
@@ -167,6 +172,8 @@ def calibrate(base=None, *, mode: str = "default", device=None, dtypes=None, pea
     threads: CPU intra-op threads for the benchmarks (default: torch's current setting, which
       the measured runs use too; restored afterwards).
     progress: called with one-line messages while it runs (the CLI prints them to stderr).
+    clock: ``wall`` or ``process`` (CPU time of this process, one thread; cases.CLOCKS): bench/accuracy.py
+      calibrates and measures with process time on a shared host.
     deepspeed: run the DeepSpeed engine case (``deepspeed_cases``: ZeRO stages' own host cost, one rank,
       a child process); default: when ``comm`` is on and DeepSpeed is installed.
     """
@@ -176,13 +183,14 @@ def calibrate(base=None, *, mode: str = "default", device=None, dtypes=None, pea
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed)
+        return _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed, clock)
     finally:
         torch.set_num_threads(saved[0])
         torch.backends.cuda.matmul.allow_tf32 = saved[1]
 
 
-def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed=None) -> Calibration:
+def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed=None,
+               clock="wall") -> Calibration:
     if mode not in MODES:
         raise UserError(f"mode: unknown {mode!r} (known: {', '.join(MODES)})")
     dev = torch.device(device or default_device())
@@ -197,7 +205,7 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise UserError(f"world_size: must be an integer >= 2, got {world_size!r}")
     cfg = {**MODES[mode], **(GPU_MODES[mode] if dev.type == "cuda" else {})}
-    timer, start, frames, notes = Timer(dev), time.perf_counter(), [], []
+    timer, start, frames, notes = Timer(dev, clock), time.perf_counter(), [], []
     measured = _dtypes_to_measure(base_spec, dev, dtypes)
     busy = _busy_note(dev)
     if busy:
@@ -221,7 +229,9 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
         vec = [d for d in ("fp32", "bf16") if d in base_spec.vector_flops_per_s]
         group("vector (elementwise add)", vector_cases(vec, dev))
     for d in measured:
-        group(f"matmul {d}", matmul_cases(d, cfg["squares"], cfg["linear"], dev))
+        other = dev.type == "cpu" and d != _cpu_reference(measured) and cfg.get("other_squares")
+        group(f"matmul {d}", matmul_cases(d, cfg["other_squares"], (), dev) if other
+              else matmul_cases(d, cfg["squares"], cfg["linear"], dev))
     if comm:
         from perfcheck.hardware.calibrate.collectives import bench_collectives
 
@@ -254,6 +264,13 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     elapsed = time.perf_counter() - start
     _progress(progress, f"[{elapsed:5.1f} s] done")
     return Calibration(spec, table, tuple(notes), elapsed)
+
+
+def _cpu_reference(measured) -> str:
+    """The dtype whose matmuls set a CPU spec's curves (fit._REFERENCE_ORDER["cpu"]: fp32 first)."""
+    from perfcheck.hardware.calibrate.fit import _REFERENCE_ORDER
+
+    return next((d for d in _REFERENCE_ORDER["cpu"] if d in measured), measured[0] if measured else "fp32")
 
 
 def _busy_note(device) -> Optional[str]:
