@@ -126,7 +126,7 @@ def scale_by_micro_batches(pred: pd.DataFrame, n) -> pd.DataFrame:
     return out
 
 
-def _micro_batch_notes(run: rundir.Run, n, pred: pd.DataFrame) -> list:
+def _micro_batch_notes(run: rundir.Run, n, pred: pd.DataFrame, comm_note=None) -> list:
     """What the scaling assumed: steps or ranks with other counts, collectives scaled per micro-batch."""
     notes = [f"prediction scaled by {n:g} micro-batches (root forward calls per step(), meta.json micro_batches): "
              f"per-module time, FLOPs, bytes and calls x{n:g}; optimizer and memory not scaled"]
@@ -142,7 +142,9 @@ def _micro_batch_notes(run: rundir.Run, n, pred: pd.DataFrame) -> list:
     if others:
         notes.append(f"ranks saw other micro-batch counts ({others}); the prediction uses rank {run.ranks[0]}'s, {n:g}")
     comm = pred[[c for c in ("comm_fwd_bytes", "comm_bwd_bytes") if c in pred]].fillna(0).to_numpy(float)
-    if comm.size and comm.sum() > 0:
+    if comm_note:
+        notes.append(comm_note)
+    elif comm.size and comm.sum() > 0:
         notes.append("collective bytes scaled as issued every micro-batch; gradients reduced only at the accumulation "
                      "boundary (DDP under no_sync(), DeepSpeed ZeRO stages 0-1) move less")
     return notes
@@ -195,8 +197,12 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
                      + (f"depth={sel['depth']})" if sel.get("depth") is not None else f"modules={sel.get('modules')})"))
     n = micro_batches(meta0)
     if n is not None and n != 1:
-        notes += _micro_batch_notes(run, n, pred)
-        pred = scale_by_micro_batches(pred, n)
+        from perfcheck.integrations.torch_distributed import per_step_comm
+
+        # torch-native layouts: collectives issued fewer than n times per step (no_sync) taken back out
+        scaled, comm_note = per_step_comm(scale_by_micro_batches(pred, n), run, n, name, live_predicted)
+        notes += _micro_batch_notes(run, n, pred, comm_note)
+        pred = scaled
     windows = {r: profile_steps(m) for r, m in run.meta.items()}
     coll = collectives_of(run, live)
     outside = {r: b for r, b in outside_bytes(coll, windows).items() if b > 0}
