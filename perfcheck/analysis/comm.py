@@ -10,6 +10,8 @@ backward all-gather for ``layers.2`` is issued in ``layers.3``'s backward and wa
 and waited on at the end of backward (``finalize_backward``, on the root). ``wait_pairs`` ties each
 wait to the collectives it waited for, by the rule of the op that waits:
 
+* a synchronous call's wait (op ``<name> (synchronous)``, right after its issued row: FSDP2's default
+  unshard on gloo blocks in the issuing module): the collective just issued;
 * ``FSDP::all_gather_copy_out`` (its ``target`` unit U): the last all-gather issued for U before it;
 * the end-of-backward callbacks (``FINALIZE_OP``): every c10d all-reduce / reduce-scatter issued
   since the previous end of backward (DDP's buckets, FSDP2's gradient reduce-scatters);
@@ -30,7 +32,7 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
-from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, FINALIZE_OP
+from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, FINALIZE_OP, SYNC_SUFFIX
 from perfcheck.report.units import fmt_bytes, fmt_time
 from perfcheck.schema import MODULE_COMM_COLUMNS, ROOT, parent_path, strip_wrapper_prefix
 
@@ -80,8 +82,10 @@ def _per_step(profile_steps, rank) -> float:
     return value if value > 0 else 1.0
 
 
-def _issuers_for(wait, pending_funcol: deque, since_finalize: list, last_gather: dict) -> list:
+def _issuers_for(wait, pending_funcol: deque, since_finalize: list, last_gather: dict, last) -> list:
     """The issued rows a waited row waited for (the rules in the module docstring); consumes them."""
+    if wait.op.endswith(SYNC_SUFFIX):
+        return [last] if last is not None else []
     if wait.op == FINALIZE_OP:
         out = list(since_finalize)
         since_finalize.clear()
@@ -100,9 +104,10 @@ def wait_pairs(collectives: pd.DataFrame, profile_steps=1) -> pd.DataFrame:
     coll = read_collectives(collectives)
     rows = []
     for rank, g in coll.groupby("rank", sort=True):
-        pending, since_finalize, last_gather = deque(), [], {}
+        pending, since_finalize, last_gather, last = deque(), [], {}, None
         for r in g.itertuples(index=False):
             if r.what == "issued":
+                last = r
                 if r.op.startswith(_FUNCOL):
                     pending.append(r)
                 elif r.kind in ("allreduce", "reducescatter"):
@@ -112,7 +117,7 @@ def wait_pairs(collectives: pd.DataFrame, profile_steps=1) -> pd.DataFrame:
                 continue
             if r.what != "waited":
                 continue
-            issued = _issuers_for(r, pending, since_finalize, last_gather)
+            issued = _issuers_for(r, pending, since_finalize, last_gather, last)
             kinds = "+".join(dict.fromkeys(i.kind for i in issued)) or r.kind
             rows.append({"rank": int(rank), "module": r.module, "phase": r.phase,
                          "wait_op": r.op, "kind": kinds, "target": r.target or next((i.target for i in issued if i.target), ""),
@@ -162,7 +167,10 @@ def sentence(p, layout: str = "") -> str:
     for_unit = f" for {p.target}" if p.target else ""
     im, ip = issuers[0]
     if len(issuers) == 1 and (im, ip) == (p.module, p.phase):
-        return f"{label}{for_unit} ({size}) issued and waited on in {_where(p.module, p.phase)}: {fmt_time(p.wait_s)}"
+        prefetch = " (prefetch)" if p.target and p.target != p.module else ""
+        sync = " (a synchronous call: the issuer blocked until it ended)" if p.wait_op.endswith(SYNC_SUFFIX) else ""
+        return (f"{label}{for_unit}{prefetch} ({size}) issued and waited on in {_where(p.module, p.phase)}{sync}: "
+                f"{fmt_time(p.wait_s)}")
     prefetch = " (prefetch)" if p.target and im != p.target else ""
     by = " and ".join(_where(m, ph) for m, ph in issuers[:2]) + (" ..." if len(issuers) > 2 else "")
     return (f"{label}{for_unit} ({size}) issued in {by}{prefetch}, waited on in {_where(p.module, p.phase)}: "

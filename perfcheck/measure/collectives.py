@@ -14,6 +14,9 @@ measured statistics, so the shapes cost nothing there):
   Module and phase are the event's context (``kernel_table.attribute``: the ``perfcheck/fwd``
   range or the autograd node it ran in): **issued by**.
 * **waited**: the module and phase whose time contains a wait (**waited on**) and its duration:
+  a synchronous c10d call (``async_op=False``: FSDP2's default unshard on gloo) blocks its issuer in
+  ``work.wait()`` right after the op: from the op's end to the end of the backend event that ran it,
+  when the thread started nothing in between (op ``<name> (synchronous)``, on the issuer);
   ``_c10d_functional::wait_tensor`` / ``c10d::wait`` events (DTensor redistributes); FSDP2's
   ``FSDP::all_gather_copy_out (<unit>)`` range (it waits on the unit's all-gather ``Work``, then
   copies the gathered shards out: an upper bound of the wait); and the module timer's
@@ -31,6 +34,7 @@ Columns: COLLECTIVE_COLUMNS (``rank``, ``module``, ``phase``, ``kind``, ``op``, 
 """
 from __future__ import annotations
 
+import bisect
 import math
 import re
 
@@ -116,12 +120,40 @@ def _bytes(name: str, kind: str, e) -> float:
     return collective_bytes.buffer_bytes(name, kind, _arg_sizes(e), group)
 
 
+#: Suffix of the ``op`` of a synchronous collective's waited row (the issuing call blocked until it ended).
+SYNC_SUFFIX = " (synchronous)"
+
+
+def _blocked_after(e, backend, starts: dict) -> float:
+    """Seconds the thread that issued c10d op ``e`` sat blocked after it returned, until the backend
+    event that ran it (``backend``, on the process group's thread) ended: a synchronous call
+    (``async_op=False``, FSDP2's default unshard on gloo) waits in ``work.wait()``, which is no
+    profiler event. Blocked means: the thread started no event between the op's end and the
+    collective's end, and the op's enclosing range (if any) lasted until then. 0 otherwise (an
+    asynchronous op whose thread went on working). An upper bound, like the copy-out range."""
+    if backend is None:
+        return 0.0
+    end, done = e.time_range.end, backend.time_range.end
+    if done <= end:
+        return 0.0
+    ts = starts.get(e.thread, [])
+    i = bisect.bisect_right(ts, end)
+    if i < len(ts) and ts[i] < done:
+        return 0.0
+    if e.cpu_parent is not None and e.cpu_parent.time_range.end < done:
+        return 0.0
+    return (done - end) * 1e-6
+
+
 def collective_rows(events, ctx: dict, rank: int = 0, steps: int = 1) -> pd.DataFrame:
     """The collective table of one profiler window (``events`` = ``prof.events()``, ``ctx`` =
     ``kernel_table.attribute(events)``); ``bytes`` and ``wait_s`` are per window (divide by
     ``steps`` for per-step numbers; the frame's ``attrs['steps']`` keeps it)."""
     cpu = sorted((e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.time_range.start)
     backend = [e for e in cpu if e.name.startswith(_BACKENDS)]
+    starts: dict = {}
+    for e in cpu:
+        starts.setdefault(e.thread, []).append(e.time_range.start)
     used: set = set()
     rows = []
     for e in cpu:
@@ -136,10 +168,13 @@ def collective_rows(events, ctx: dict, rank: int = 0, steps: int = 1) -> pd.Data
             if nested:
                 continue
             size = _bytes(e.name, kind, e)
-            if math.isnan(size):  # tensor-list op: the backend event it started holds the size
+            match = None
+            if e.name.startswith("c10d::"):  # the backend event it started (in order): sizes, synchronous waits
                 match = next((b for b in backend if id(b) not in used and b.time_range.start >= e.time_range.start), None)
                 if match is not None:
                     used.add(id(match))
+            if math.isnan(size):  # tensor-list op: the backend event it started holds the size
+                if match is not None:
                     sz = [b for g in _arg_sizes(match) for b in g]
                     size = float(max(sz)) if sz else math.nan
             module, phase = ctx.get(id(e), ("unattributed", "unattributed"))
@@ -149,6 +184,11 @@ def collective_rows(events, ctx: dict, rank: int = 0, steps: int = 1) -> pd.Data
             rows.append({"rank": rank, "what": "issued", "module": module, "phase": phase, "kind": kind,
                          "op": e.name, "bytes": size, "dtype": "", "issue_s": e.cpu_time_total * 1e-6, "wait_s": 0.0,
                          "target": target})
+            blocked = _blocked_after(e, match, starts)
+            if blocked > 0:  # a synchronous call (async_op=False): work.wait() right after the op, in the issuer
+                rows.append({"rank": rank, "what": "waited", "module": module, "phase": phase, "kind": kind,
+                             "op": e.name + SYNC_SUFFIX, "bytes": 0.0, "dtype": "", "issue_s": 0.0, "wait_s": blocked,
+                             "target": target})
         elif _wait_kind(e.name) is not None:
             parent = e.cpu_parent
             while parent is not None and _wait_kind(parent.name) is None:

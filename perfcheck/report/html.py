@@ -2,8 +2,9 @@
 
 Sections: summary (whole step predicted vs measured, unexplained share, hook overhead), per-rank
 totals (multi-rank runs), findings, plots (measured vs predicted per module, top modules,
-roofline, utilization and memory timeline, kernel breakdown), the module table and the column
-glossary. Each plot sits in ``<figure class="plot" id="plot-...">``; a missing input gives a
+roofline, utilization and memory timeline, kernel breakdown), the module table, collectives per
+module (bytes predicted and measured, issued by and waited on, the waits in words; runs with
+collectives only) and the column glossary. Each plot sits in ``<figure class="plot" id="plot-...">``; a missing input gives a
 figure with a one-line explanation instead of an image.
 """
 from __future__ import annotations
@@ -16,8 +17,8 @@ from perfcheck.analysis.findings import REASONS, findings_table
 from perfcheck.analysis.reconcile import RECONCILED_COLUMNS, rank_summary, totals_frame
 from perfcheck.analysis.kernel_steps import kernel_step_stats
 from perfcheck.report import plots
-from perfcheck.report.text import hook_text
-from perfcheck.report.units import fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
+from perfcheck.report.text import comm_rows, hook_text
+from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 from perfcheck.schema import ROOT
 
 _CSS = """
@@ -134,6 +135,25 @@ def _modules(rec, depth, max_rows: int = 2000) -> str:
                          rows, left=(0, 1, 2, 13, 14, 15))
 
 
+def _comm(part, depth) -> str:
+    """Collectives per module of one rank: predicted and measured subtree bytes, what the module itself
+    issued and waited, and its waits in words ('' when the rank has none)."""
+    rows = comm_rows(part, depth)
+    if not rows:
+        return ""
+    rank = int(part["rank"].iloc[0]) if len(part) else 0
+    body = [[_e(m), _e(p), _e(fmt_bytes(r[f"comm_{p}_bytes"])), _e(fmt_bytes(r[f"meas_comm_{p}_bytes"])),
+             _e(fmt_bytes(r[f"meas_comm_own_{p}_bytes"])), _e(fmt_count(r[f"meas_comm_own_{p}_count"])),
+             _e(fmt_time(r[f"meas_comm_wait_own_{p}_s"])), ("ev", _e(r.get(f"comm_waits_{p}") or ""))]
+            for m, p, r in rows]
+    return ("<h2 id='collectives'>Collectives per module</h2><p class='meta'>Rank " + str(rank) + ", per step. "
+            "pred/meas bytes: the module and everything inside it; issued here: the collectives whose op ran in this "
+            "module's forward/backward (issued by); waited here: the time this module itself waited on collectives "
+            "(waited on). FSDP2's prefetch and DDP's overlap make them different modules.</p>"
+            + _table(["module", "phase", "pred bytes", "meas bytes", "issued here", "count", "waited here",
+                      "waits (who issued, who waited)"], body, left=(0, 1, 7)))
+
+
 def _kernel_table(kernels, profile_steps: float, n: int = 40) -> str:
     if kernels is None or kernels.empty:
         return "<p>No kernel table in this run (profiler off).</p>"
@@ -207,6 +227,7 @@ def render_html(rec: pd.DataFrame, *, kernels=None, samples=None, system=None, d
             "<h2>Findings</h2>", _findings(part, max(top, 15)),
             "<h2>Plots</h2><div class='grid'>", *figs, "</div>",
             f"<h2>Modules{' (depth &le; ' + str(depth) + ')' if depth is not None else ''}</h2>", _modules(part, depth),
+            _comm(part, depth),
             "<h2>Top kernels</h2>", _kernel_table(k_rank, profile_steps),
             f"<h2>Columns</h2><details><summary>column glossary (CSV/JSON)</summary><ul>{glossary}</ul></details>"]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"

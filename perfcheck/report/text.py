@@ -18,7 +18,7 @@ import pandas as pd
 
 from perfcheck.analysis.findings import REASONS, findings_table
 from perfcheck.analysis.reconcile import rank_summary, totals_frame
-from perfcheck.report.units import fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
+from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 from perfcheck.schema import ROOT
 
 _BAR = "-" * 100
@@ -182,6 +182,50 @@ def _ranks(rec: pd.DataFrame, k: int) -> list:
     return out
 
 
+def comm_rows(part: pd.DataFrame, depth=None) -> list:
+    """(module, phase, row) of one rank's modules with predicted or measured collectives, tree order:
+    the rows of the collectives-per-module section (text and HTML)."""
+    if not any(f"meas_comm_{p}_bytes" in part for p in ("fwd", "bwd")):
+        return []
+    sel = part if depth is None else part[part["depth"] <= depth]
+    out = []
+    for r in sel.to_dict("records"):
+        for p in ("fwd", "bwd"):
+            vals = [r.get(c) for c in (f"comm_{p}_bytes", f"meas_comm_{p}_bytes", f"meas_comm_wait_{p}_s")]
+            if any(v is not None and v == v and v > 0 for v in vals):
+                out.append((r["module"], p, r))
+    return out
+
+
+def has_comm(part: pd.DataFrame) -> bool:
+    """True when the rank measured collectives (collectives.csv) or the prediction has some."""
+    return bool(comm_rows(part))
+
+
+def _comm(part: pd.DataFrame, depth, k: int) -> list:
+    rows = comm_rows(part, depth)
+    if not rows:
+        return []
+    rank = int(part["rank"].iloc[0]) if len(part) else 0
+    measured = part["meas_comm_fwd_bytes"].notna().any()
+    out = [f"Collectives per module (rank {rank}, per step): bytes the module's subtree moves, predicted and measured; "
+           "bytes and collectives the module itself issued (issued by); time it itself waited on collectives "
+           "(waited on)." + ("" if measured else " Not measured: the run has no collectives.csv (profiler off or "
+                                                 "no collective in its window).")]
+    table = [[r["module"], p, fmt_bytes(r[f"comm_{p}_bytes"]), fmt_bytes(r[f"meas_comm_{p}_bytes"]),
+              fmt_bytes(r[f"meas_comm_own_{p}_bytes"]), fmt_count(r[f"meas_comm_own_{p}_count"]),
+              fmt_time(r[f"meas_comm_wait_own_{p}_s"])] for m, p, r in rows]
+    out += ["  " + ln for ln in _table(["module", "phase", "pred bytes", "meas bytes", "issued here", "count",
+                                        "waited here"], table, left=(0, 1))]
+    waits = sorted(((r[f"meas_comm_wait_own_{p}_s"], m, p, r[f"comm_waits_{p}"]) for m, p, r in rows
+                    if r.get(f"comm_waits_{p}")), key=lambda w: -w[0])
+    if waits:
+        n = max(k, 10)
+        out.append(f"Waits, largest first ({min(n, len(waits))} of {len(waits)}; who issued the collective, who waited):")
+        out += [f"  {m} {p}: {text}" for _, m, p, text in waits[:n]]
+    return out
+
+
 def _overlap_note(t: dict) -> str:
     """Why loss/data/idle shows 0: the remainder of the per-part medians was negative (they overlap)."""
     parts = [t.get(k) for k in ("unexplained_s", "meas_optim_s", "meas_bwd_finalize_s")]
@@ -236,5 +280,8 @@ def render_text(rec: pd.DataFrame, *, depth: int | None = None, top: int = 3, ra
     if untimed:  # PerfCheck(depth=/modules=): say why those rows have no measurement
         out.append(f"{untimed} module(s) marked 'not timed' are outside PerfCheck's depth=/modules= selection: "
                    "their time is inside their nearest timed ancestor's row.")
+    comm = _comm(part, depth, top)
+    if comm:
+        out += ["", _BAR, *comm]
     out += ["", _BAR, *_findings(part if len(ranks) == 1 else rec, top), _BAR]
     return "\n".join(out) + "\n"
