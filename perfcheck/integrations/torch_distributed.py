@@ -13,10 +13,17 @@ tensor/sequence parallelism on a DeviceMesh, alone or combined.
   DDP one all-reduce per bucket; FSDP2 per ``fully_shard`` unit one all-gather in forward, one in
   backward (unless ``reshard_after_forward=False``), one reduce-scatter in backward, each of the
   unit's padded unsharded bytes.
-* ``dtensor_twin(model, fake)``: DTensor parameters on the live mesh with fake local shards, the
-  parallel styles' hooks kept: ``perfcheck.predict.distributed.live_dtensor_collectives`` traces the
-  TP/SP redistributes on it under FakeTensorMode (funcol ops on fake tensors move nothing, so
-  this runs on one rank of a real group).
+* ``tp_twin(model, make_local)``: the model as one rank computes it: FSDP2 stripped (its
+  all-gathered shapes), TP parameters DTensors on their TP mesh (under FSDP2+TP FSDP's mesh
+  dimension dropped, from FSDP2's own record of the TP spec), the parallel styles' hooks kept.
+  ``meta_tp_twin`` (meta local shards) is what the estimator traces for per-rank compute;
+  ``dtensor_twin(model, fake)`` (fake local shards) is what
+  ``perfcheck.predict.distributed.live_dtensor_collectives`` traces the TP/SP redistributes on under
+  FakeTensorMode (funcol ops on fake tensors move nothing, so this runs on one rank of a real group).
+* per optimizer step: ``issue_rate`` / ``per_step_collectives`` (predicted_collectives.csv's
+  ``rate`` and ``calls_per_step``), ``GradSyncCounter`` (micro-batches whose backward reduces
+  gradients: DDP ``no_sync()``, FSDP2 ``set_requires_gradient_sync``), ``per_step_comm`` (the
+  report's per-module comm columns per optimizer step).
 """
 from __future__ import annotations
 

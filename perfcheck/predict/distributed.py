@@ -28,7 +28,12 @@ and hang the others).
 
 Memory per rank: the local shards of parameters (DTensor ``to_local()``), their gradients, and
 Adam's two fp32 states unless ``optimizer_states`` says otherwise; activations are not included
-(``perfcheck.estimate`` reports them for the unsharded model).
+(``perfcheck.estimate`` reports them per rank: ``estimate_sharded``).
+
+Bytes S of every collective follow one rule, ``predict.collective_bytes`` (the measurement reads
+profiler shapes with it too). One row per collective of one micro-batch;
+``integrations.torch_distributed.per_step_collectives`` says how often each is issued per
+optimizer step (gradient reductions only on synced micro-batches, Partial gradients once).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """``perfcheck.estimate``: the per-module prediction of one training step, for any model.
 
 A model whose layout declares its sharding (FSDP2 ``fully_shard``, DTensor tensor/sequence
-parallel) goes to ``distributed.estimate_sharded`` (compute from an unsharded meta twin, the
-collectives its layout issues); every other model, DDP/DeepSpeed/compiled wrappers included, to
+parallel, both) goes to ``distributed.estimate_sharded`` (per rank: compute on a twin as one rank
+computes it, DTensor ops at their local shards; the collectives its layout issues); every other model, DDP/DeepSpeed/compiled wrappers included, to
 ``module_estimator.estimate``. Arguments and columns are ``module_estimator.estimate``'s.
 """
 from __future__ import annotations
