@@ -176,3 +176,17 @@ def test_one_bytes_rule_for_functional_all_gather_on_both_sides():
     assert _bytes("_c10d_functional::reduce_scatter_tensor", "reducescatter", event) == 256.0
     # an unknown group size is NaN, never a silently halved number
     assert buffer_bytes("_c10d_functional.all_gather_into_tensor.default", "allgather", [[128]], None) != 256.0
+
+
+def test_optimizer_time_is_for_the_local_shards(fake2):
+    """pred_optim_s: a rank's optimizer updates its shards only (FSDP2 dim-0 halves, TP halves)."""
+    from perfcheck.predict.host import optimizer_time
+
+    root = _est(M.fsdp2(), torch.randn(4, 16)).loc["(root)"]
+    # Linear(16, 32): weight 32x16 -> 16x16 = 256, bias 32 -> 16; Linear(32, 8): 8x32 -> 4x32 = 128, bias 8 -> 4
+    assert root["pred_optim_s"] == pytest.approx(optimizer_time([256, 16, 128, 4], "sgd", "cpu").time_s)
+    plain = _est(M.plain(), torch.randn(4, 16)).loc["(root)"]
+    assert plain["pred_optim_s"] == pytest.approx(optimizer_time([512, 32, 256, 8], "sgd", "cpu").time_s)
+    tp = _est(M.tp_ffn(d=16), torch.randn(8, 16)).loc["(root)"]
+    # colwise up: weight 64x16 -> 32x16 = 512, bias 64 -> 32; rowwise down: 16x64 -> 16x32 = 512, bias 16 replicated
+    assert tp["pred_optim_s"] == pytest.approx(optimizer_time([512, 32, 512, 16], "sgd", "cpu").time_s)

@@ -230,7 +230,8 @@ def _copy_module_tree(model, class_of, edit_state, new_param, new_buffer) -> tor
         new = cls.__new__(cls)
         state = dict(mod.__dict__)
         edit_state(state)
-        state["_parameters"] = {k: None if p is None else new_param(p) for k, p in mod._parameters.items()}
+        state["_parameters"] = {k: None if p is None else _with_optim_numel(new_param(p), p)
+                                for k, p in mod._parameters.items()}
         state["_buffers"] = {k: None if b is None else new_buffer(b) for k, b in mod._buffers.items()}
         state["_modules"] = {}
         new.__dict__.update(state)
@@ -240,6 +241,14 @@ def _copy_module_tree(model, class_of, edit_state, new_param, new_buffer) -> tor
         return new
 
     return twin(model)
+
+
+def _with_optim_numel(twin, live):
+    """``twin`` marked with the elements of ``live`` this rank's optimizer updates (its local shard:
+    FSDP2's dim-0 shard, a DTensor's ``to_local()``), which ``predict.host`` reads for pred_optim_s
+    (the twin's own shapes are the all-gathered ones the forward computes with)."""
+    twin.perfcheck_optim_numel = int(_local(live).numel())
+    return twin
 
 
 def _meta_like(t):
