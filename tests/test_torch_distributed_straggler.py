@@ -184,6 +184,7 @@ def test_ddp_bucket_bytes_on_the_issuers_and_the_wait_on_the_root(run_dir):
 def test_fsdp2_prefetched_all_gather_bytes_on_the_issuer_wait_on_the_waiter(runs_dir, variant):
     from perfcheck.analysis.findings import findings_table
     from perfcheck.analysis.pipeline import reconcile_run
+    from perfcheck.analysis.reconcile import totals_frame
     from perfcheck.report.text import render_text
 
     run = os.path.join(runs_dir, variant)
@@ -218,3 +219,8 @@ def test_fsdp2_prefetched_all_gather_bytes_on_the_issuer_wait_on_the_waiter(runs
     f = f[(f["reason"] == "comm_wait") & (f["rank"] == 0) & (f["phase"] == "fwd")]
     assert waiter in set(f["module"]) and other not in set(f["module"]), f
     assert expect in render_text(rec, rank=0)
+    # FSDP2 equalises the steps as DDP does: the straggler is rank 1 by compute, once the waits inside
+    # forward (not only the end-of-backward ones) are taken out of rank 0's step
+    t = totals_frame(rec).set_index("rank")
+    assert t.loc[0, "meas_comm_wait_s"] > 0.6 * DELAY, t["meas_comm_wait_s"]
+    assert bool(t.loc[1, "straggler"]) and not bool(t.loc[0, "slowest"]), t[["meas_step_s", "meas_compute_s"]]

@@ -264,3 +264,13 @@ def outside_bytes(collectives: pd.DataFrame, profile_steps=1) -> dict:
     coll = read_collectives(collectives)
     out = coll[(coll["what"] == "issued") & (~coll["phase"].isin(PHASES2) | coll["module"].isin(_NOT_MODULES))]
     return {int(r): float(g["bytes"].sum()) / _per_step(profile_steps, r) for r, g in out.groupby("rank")}
+
+
+def step_waits(collectives: pd.DataFrame, profile_steps=1) -> dict:
+    """{rank: seconds per profiled step} waited on collectives inside the step, the end-of-backward
+    callbacks left out (steps.csv ``bwd_finalize_s`` times those in every measured step): FSDP2's
+    all-gather waits, synchronous calls, DTensor ``wait_tensor``\ s. With ``bwd_finalize_s`` it is
+    the time a rank spent waiting for the others: step less both is its compute."""
+    coll = read_collectives(collectives)
+    w = coll[(coll["what"] == "waited") & (coll["op"] != FINALIZE_OP)]
+    return {int(r): float(g["wait_s"].sum()) / _per_step(profile_steps, r) for r, g in w.groupby("rank")}

@@ -24,7 +24,7 @@ import pandas as pd
 
 from perfcheck.errors import UserError
 from perfcheck.analysis.findings import DEFAULT_HOOK_OVERHEAD_S, Context, Thresholds, diagnose, diagnose_recompute
-from perfcheck.analysis.comm import module_comm
+from perfcheck.analysis.comm import module_comm, step_waits
 from perfcheck.schema import MODULE_COMM_COLUMNS, PREDICTED_COLUMNS, ROOT, module_depth, parent_path, strip_wrapper_prefix
 
 PHASES2 = ("fwd", "bwd")
@@ -104,7 +104,11 @@ TOTALS_COLUMNS = {
     "meas_step_s": "measured wall time of the step, median, seconds",
     "meas_bwd_finalize_s": "measured end-of-backward framework callbacks (DDP's gradient all-reduce wait, FSDP2's "
                            "reduce-scatter wait; steps.csv bwd_finalize_s), median, seconds: communication, not optimizer",
-    "meas_compute_s": "measured step_s - bwd_finalize_s (time outside collective waits), median, seconds: DDP/FSDP make "
+    "meas_comm_wait_s": "time waited on collectives per step: bwd_finalize_s (median over measured steps) + the waits "
+                        "inside forward/backward (FSDP2 all-gathers, synchronous calls, DTensor waits; collectives.csv, "
+                        "per profiled step; analysis.comm.step_waits), seconds",
+    "meas_compute_s": "measured step_s - bwd_finalize_s - the waits inside the step (meas_comm_wait_s: time outside "
+                      "collective waits), median, seconds: DDP/FSDP make "
                       "step times equal over ranks, so the straggler is the rank with the most compute",
     "gap_fwd": "meas_fwd_s / pred_fwd_s",
     "gap_bwd": "meas_bwd_s / pred_bwd_s",
@@ -457,7 +461,8 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
     rec["_o"] = rec["module"].map(order)
     rec = rec.sort_values(["rank", "_o"], kind="stable", ignore_index=True).drop(columns="_o")
     rec = rec[list(RECONCILED_COLUMNS)]
-    totals = _totals(rec, steps, kernels, profile_steps, ctx.thresholds)
+    in_step = step_waits(collectives, 1 if profile_steps is None else profile_steps) if collectives is not None else {}
+    totals = _totals(rec, steps, kernels, profile_steps, ctx.thresholds, in_step)
     optim = _root_value(predicted, "pred_optim_s") if "module" in predicted else np.nan
     for row in totals:
         row["pred_optim_s"] = optim
@@ -503,7 +508,7 @@ def _root_value(frame: pd.DataFrame, col: str) -> float:
     return float(top[col].sum(min_count=1))
 
 
-def _totals(rec: pd.DataFrame, steps, kernels, profile_steps, thresholds: Thresholds) -> list:
+def _totals(rec: pd.DataFrame, steps, kernels, profile_steps, thresholds: Thresholds, in_step=None) -> list:
     rows = []
     for rank, part in rec.groupby("rank", sort=True):
         row = {c: np.nan for c in TOTALS_COLUMNS}
@@ -515,6 +520,9 @@ def _totals(rec: pd.DataFrame, steps, kernels, profile_steps, thresholds: Thresh
                    bare_steps=0, slowest=False, straggler=False)
         if steps is not None and len(steps):
             row.update(_step_totals(steps, rank))
+            wait = float((in_step or {}).get(int(rank), 0.0))  # waits inside forward/backward (profiled window)
+            row["meas_comm_wait_s"] = np.nan_to_num(row["meas_bwd_finalize_s"]) + wait
+            row["meas_compute_s"] = row["meas_compute_s"] - wait
         if kernels is not None and len(kernels):
             k = kernels[(kernels["rank"].fillna(0).astype(int) == rank) if "rank" in kernels else slice(None)]
             n = _profile_steps(profile_steps, kernels, rank)

@@ -90,6 +90,7 @@ def _summary(rec, t: dict) -> str:
 def _ranks(rec, top: int) -> str:
     t = totals_frame(rec)
     rows = [[str(int(r.rank)), _e(fmt_time(r.meas_fwd_s)), _e(fmt_time(r.meas_bwd_s)), _e(fmt_time(r.meas_step_s)),
+             _e(fmt_time(r.meas_comm_wait_s)), _e(fmt_time(r.meas_compute_s)),
              _e(fmt_pct(r.unexplained_share)), ("flag", "STRAGGLER") if r.straggler else ("", "slowest" if r.slowest else "")]
             for r in t.itertuples(index=False)]
     s = rank_summary(rec)
@@ -97,7 +98,9 @@ def _ranks(rec, top: int) -> str:
     mods = [[_e(r.module)] + [_e(fmt_time(getattr(r, f"meas_{p}_s_{x}"))) for p in ("fwd", "bwd") for x in ("min", "median", "max")]
             + [str(r.slowest_rank_fwd), str(r.slowest_rank_bwd), ("flag", "straggler") if r.straggler else ""]
             for r in s.itertuples(index=False)]
-    return ("<h2>Ranks</h2>" + _table(["rank", "fwd", "bwd", "step", "unexplained", ""], rows, left=())
+    return ("<h2>Ranks</h2><p class='meta'>waits: collective waits per step (end of backward + inside forward/backward); "
+            "compute: step less waits, which DDP/FSDP do not equalise (the slowest rank by compute is marked).</p>"
+            + _table(["rank", "fwd", "bwd", "step", "waits", "compute", "unexplained", ""], rows, left=())
             + _table(["module", "fwd min", "fwd median", "fwd max", "bwd min", "bwd median", "bwd max", "slowest fwd",
                       "slowest bwd", ""], mods))
 

@@ -164,9 +164,10 @@ def _ranks(rec: pd.DataFrame, k: int) -> list:
            "equalise; straggler when its compute exceeds the median over ranks by more than "
            f"{100 * rec.attrs.get('thresholds', {}).get('straggler_tolerance', 0.05):g}%):"]
     rows = [[int(r.rank), fmt_time(r.meas_fwd_s), fmt_time(r.meas_bwd_s), fmt_time(r.meas_step_s),
-             fmt_time(r.meas_compute_s), fmt_pct(r.unexplained_share),
+             fmt_time(r.meas_comm_wait_s), fmt_time(r.meas_compute_s), fmt_pct(r.unexplained_share),
              ("STRAGGLER" if r.straggler else "slowest") if r.slowest else ""] for r in t.itertuples(index=False)]
-    out += ["  " + s for s in _table(["rank", "fwd", "bwd", "step", "compute", "unexplained", ""], rows, left=())]
+    out += ["  " + s for s in _table(["rank", "fwd", "bwd", "step", "waits", "compute", "unexplained", ""], rows,
+                                     left=())]
     steps = t["meas_step_s"].astype(float)
     if steps.notna().any():
         out.append(f"  step over ranks: min {fmt_time(steps.min())} | median {fmt_time(steps.median())} | "
