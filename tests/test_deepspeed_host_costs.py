@@ -177,3 +177,56 @@ def test_stage3_answer_names_predicted_hooks_and_gathers():
     # measured (8 + 9) - (2 + 4) = 11 ms; predicted (9 - 1 + 12 - 2) - (2 - 0 + 5 - 1) = 12 ms
     assert "measured 11 ms, predicted 12 ms" in text
     assert "predicted 6 ms; measured exposed communication in forward, backward and step 3.5 ms" in text
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_real_engine_case_measures_zero3_hooks_per_module_call():
+    """The child process on this machine (quick mode, one rank): every run measured, and the fit sees what
+    DeepSpeed's source says must be there: ZeRO-3 hooks every module (stage 3's forward costs more per
+    module call than nothing, and more than stage 0's whole forward extra on the 9-call chain), ZeRO-1/2
+    add gradient bookkeeping to backward that stage 0 has not."""
+    pytest.importorskip("deepspeed")
+    result = dc.bench_deepspeed("quick", threads=1, timeout_s=280)
+    table = result["table"]
+    assert len(table) == len(dc.MODELS) * (len(dc.CONFIGS) + 1)
+    assert (table[["fwd_s", "bwd_s", "step_s"]] > 0).all().all()
+    fit = {k: v for k, (v, _) in dc.fit(table).items()}
+    chain = table.set_index(["config", "model"])
+    stage0_fwd_extra = chain.loc[("0", "chain8"), "fwd_s"] - chain.loc[("torch", "chain8"), "fwd_s"]
+    assert fit["zero3_fwd_module_s"] > 0 and 9 * fit["zero3_fwd_module_s"] > stage0_fwd_extra
+    assert chain.loc[("2", "chain8"), "bwd_s"] > chain.loc[("0", "chain8"), "bwd_s"]
+
+
+def test_overhead_pairs_in_the_block_and_bare_steps_preferred():
+    from perfcheck.analysis.stages import measured_times
+    from perfcheck.integrations.deepspeed.api import parse_block
+
+    b = parse_block({"perfcheck": {"warmup_steps": 1, "steps": 4, "overhead_pairs": 3, "profiler": False}})
+    assert b.overhead_pairs == 3 and b.total_steps == 1 + 4 + 3
+    assert parse_block({"perfcheck": {"steps": 4, "overhead_pairs": 3, "modules": False,
+                                      "profiler": False}}).total_steps == 2 + 4  # no hooks, no bare steps
+    with pytest.raises(UserError, match="overhead_pairs"):
+        parse_block({"perfcheck": {"overhead_pairs": -1}})
+    rows = [{"rank": 0, "step": i, "micro_step": 0, "role": role, "comms_logged": False, "boundary": True,
+             "fwd_s": f, "bwd_s": 0.01, "step_s": 0.01, "total_s": f + 0.02}
+            for i, (role, f) in enumerate([("measured", 0.009), ("bare", 0.004), ("measured", 0.009), ("bare", 0.006),
+                                           ("measured", 0.009), ("bare", 0.005)])]
+    t = measured_times(pd.DataFrame(rows), {})
+    # bare steps' forwards 4, 6, 5 ms -> 5 ms (the instrumented 9 ms ones are left out)
+    assert t["meas_fwd_s"] == pytest.approx(0.005) and t["meas_steps_role"] == "bare"
+    t = measured_times(pd.DataFrame([r for r in rows if r["role"] == "measured"]), {})
+    assert t["meas_fwd_s"] == pytest.approx(0.009) and t["meas_steps_role"] == "measured"
+
+
+def test_waiting_answer_from_elapsed_and_cpu_time():
+    from perfcheck.analysis import answers as A
+
+    s = pd.DataFrame({"meas_step_s": [0.024, 0.18], "meas_step_cpu_s": [0.012, 0.036], "pred_step_s": [0.012, 0.033],
+                      "pred_fwd_comm_s": 0.0, "pred_bwd_comm_s": [0.001, 0.002], "pred_optim_comm_s": [0.001, 0.01]},
+                     index=[0, 3])
+    text = A._waiting(s)
+    # 1 - 12/24 = 50 %, 1 - 36/180 = 80 %: more than half waiting -> the shared-machine sentence
+    assert "stage 0 24 ms elapsed, 12 ms CPU (50% waiting; predicted 12 ms, of it collectives 2 ms)" in text
+    assert "stage 3 180 ms elapsed, 36 ms CPU (80% waiting" in text and "shared with other jobs" in text
+    assert A._waiting(s.drop(columns="meas_step_cpu_s")) == ""

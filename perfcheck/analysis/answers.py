@@ -194,6 +194,9 @@ def answers(table: pd.DataFrame) -> list:
     out.append(("Why is 'model parallel size' 1 with ZeRO-3?", _why_mp(table)))
     out.append(("Why does the forward latency grow with the stage?", _why_fwd(s, steps)))
     out.append(("Where is GPU utilization?", _where_util(s)))
+    waiting = _waiting(s)
+    if waiting:
+        out.append(("How much of each measured step is waiting rather than work?", waiting))
     bad = table[table["status"] != "ok"].drop_duplicates("run" if "run" in table else "stage")
     if not bad.empty:
         names = [f"{r.get('run', 'stage' + str(r['stage']))} (ZeRO stage {r['stage']})" for _, r in bad.iterrows()]
@@ -349,6 +352,31 @@ def _why_fwd(s, steps=None) -> str:
     if unsure:
         text.append("; ".join(unsure) + ".")
     return " ".join(text)
+
+
+def _waiting(s) -> str:
+    """Elapsed vs process CPU time per stage: what the ranks waited (for a core, for their peers'
+    collectives) beside the prediction, which counts work and each collective's time but no waiting
+    for a core. Empty when the run has no CPU-time columns (files from before them)."""
+    if "meas_step_cpu_s" not in s or not s["meas_step_cpu_s"].notna().any():
+        return ""
+    parts = []
+    for st, r in s.iterrows():
+        wall, cpu = r["meas_step_s"], r["meas_step_cpu_s"]
+        if not (wall == wall and cpu == cpu and wall > 0):
+            continue
+        parts.append(f"stage {int(st)} {fmt_s(wall)} elapsed, {fmt_s(cpu)} CPU ({1 - cpu / wall:.0%} waiting; "
+                     f"predicted {fmt_s(r['pred_step_s'])}, of it collectives "
+                     f"{fmt_s(r['pred_fwd_comm_s'] + r['pred_bwd_comm_s'] + r['pred_optim_comm_s'])})")
+    if not parts:
+        return ""
+    worst = (1 - s["meas_step_cpu_s"] / s["meas_step_s"]).max()
+    text = "Per optimizer step, median over ranks: " + "; ".join(parts) + "."
+    if worst > 0.5:
+        text += (" More than half of a step is waiting: on a machine whose cores are shared with other jobs the "
+                 "ranks wait for a core and for each other at every collective, which no per-op model predicts; "
+                 "compare the prediction with the CPU time, or measure on a quiet machine.")
+    return text
 
 
 def _where_util(s) -> str:

@@ -19,7 +19,8 @@ _TERMINAL = (("allreduce", "pred_allreduce_bytes", "meas_allreduce_bytes", fmt_b
              ("mem/rank", "pred_mem_bytes", "meas_mem_bytes", fmt_bytes),
              ("fwd", "pred_fwd_s", "meas_fwd_s", fmt_s), ("fwd comm", "pred_fwd_comm_s", "meas_fwd_comm_s", fmt_s),
              ("bwd", "pred_bwd_s", "meas_bwd_s", fmt_s), ("bwd comm", "pred_bwd_comm_s", "meas_bwd_comm_s", fmt_s),
-             ("optim", "pred_optim_s", "meas_optim_s", fmt_s), ("step", "pred_step_s", "meas_step_s", fmt_s))
+             ("optim", "pred_optim_s", "meas_optim_s", fmt_s), ("step", "pred_step_s", "meas_step_s", fmt_s),
+             ("step CPU", "pred_step_s", "meas_step_cpu_s", fmt_s))
 
 
 def _cell(v, f):
@@ -154,7 +155,9 @@ def write_html(table: pd.DataFrame, path, title: str = "perfcheck compare: ZeRO 
 
 #: The summary table's columns: (header, predicted column, measured column, formatter); a pair shows when
 #: the table has it. Every other column stays in the CSV the page links to.
-SUMMARY = (("step", "pred_step_s", "meas_step_s", fmt_s), ("fwd", "pred_fwd_s", "meas_fwd_s", fmt_s),
+SUMMARY = (("step", "pred_step_s", "meas_step_s", fmt_s),
+           ("step, process CPU time", "pred_step_s", "meas_step_cpu_s", fmt_s),
+           ("fwd", "pred_fwd_s", "meas_fwd_s", fmt_s),
            ("bwd", "pred_bwd_s", "meas_bwd_s", fmt_s), ("optimizer", "pred_optim_s", "meas_optim_s", fmt_s),
            ("memory / rank", "pred_mem_bytes", "meas_mem_bytes", fmt_bytes),
            ("allreduce", "pred_allreduce_bytes", "meas_allreduce_bytes", fmt_bytes),
