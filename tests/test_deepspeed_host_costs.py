@@ -204,6 +204,8 @@ def test_overhead_pairs_in_the_block_and_bare_steps_preferred():
 
     b = parse_block({"perfcheck": {"warmup_steps": 1, "steps": 4, "overhead_pairs": 3, "profiler": False}})
     assert b.overhead_pairs == 3 and b.total_steps == 1 + 4 + 3
+    assert parse_block({"perfcheck": {"warmup_steps": 1, "steps": 2, "overhead_pairs": 12,
+                                      "profiler": False}}).total_steps == 1 + 2 + 2  # a bare step per measured one
     assert parse_block({"perfcheck": {"steps": 4, "overhead_pairs": 3, "modules": False,
                                       "profiler": False}}).total_steps == 2 + 4  # no hooks, no bare steps
     with pytest.raises(UserError, match="overhead_pairs"):

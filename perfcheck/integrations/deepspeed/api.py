@@ -18,7 +18,7 @@ every other attribute is the engine's. Optimizer steps are the engine's gradient
 boundaries. Steps: ``warmup_steps``, then the profiler window (its ``wait`` steps are measured,
 ``warmup`` and ``active`` are not), then ``steps`` measured steps; the first ``comms_steps``
 measured steps run with DeepSpeed's comms logger on (it synchronizes each collective), the others
-without. ``overhead_pairs`` (default 0; with ``modules``): the first that many measured steps are each
+without. ``overhead_pairs`` (default 0; with ``modules``; at most ``steps``): the first that many measured steps are each
 followed by a ``bare`` step with PerfCheck's module hooks off, which the ZeRO comparison's times
 use (what DeepSpeed costs uninstrumented, as the model predicts it) and which give meta.json's
 in-run hook overhead. After the last step the run directory is written and the engine runs bare:
@@ -74,7 +74,13 @@ class PerfcheckBlock:
     def total_steps(self) -> int:
         """Optimizer steps until the run directory is complete."""
         window = self.profiler.warmup + self.profiler.active if self.profiler.enabled else 0
-        return self.warmup_steps + window + self.steps + (self.overhead_pairs if self.modules else 0)
+        return self.warmup_steps + window + self.steps + self.bare_steps
+
+    @property
+    def bare_steps(self) -> int:
+        """Bare steps the run makes: one after each of the first ``overhead_pairs`` measured steps, so
+        at most ``steps`` (and none without module hooks to take off)."""
+        return min(self.overhead_pairs, self.steps) if self.modules else 0
 
 
 def _int(value, key, minimum=0):

@@ -60,7 +60,7 @@ class EngineSession:
         p = block.profiler
         d["_schedule"] = StepSchedule(warmup=block.warmup_steps, steps=block.steps,
                                       profile_window=(p.wait, p.warmup, p.active) if p.enabled else None,
-                                      overhead_pairs=block.overhead_pairs if block.modules else 0)
+                                      overhead_pairs=block.bare_steps)
         d["_step"], d["_micro"], d["_comm_steps_done"], d["_measured_done"] = 0, 0, 0, 0
         d["_bare_done"], d["_last_plain"] = 0, None
         d["_rows"], d["_pending"], d["_marks"], d["_cpu"] = [], [], {}, {}
@@ -108,7 +108,7 @@ class EngineSession:
                 pc = PerfCheck(self._engine.module, warmup=b.warmup_steps, steps=b.steps, profile=p.enabled,
                                profile_window=(p.wait, p.warmup, p.active), sample_interval=b.sampler_interval_s,
                                out_dir=self._run_dir, system=b.system,  # the block's system, as zero.json's
-                               overhead_pairs=b.overhead_pairs)  # its bare steps are the engine's (one schedule)
+                               overhead_pairs=b.bare_steps)  # its bare steps are the engine's (one schedule)
             if pc.state == "new":
                 pc.start()
             return pc
