@@ -71,6 +71,8 @@ def _train(model, out, rank):
             opt.step()
             opt.zero_grad()
             pc.step()
+    # the live table (PerfCheck.collectives(), not collectives.csv) for the one-assembly-path check
+    pc.reconciled().to_pickle(os.path.join(out, f"live{rank}.pkl"))
 
 
 def _worker(rank, port, out):
@@ -224,3 +226,22 @@ def test_fsdp2_prefetched_all_gather_bytes_on_the_issuer_wait_on_the_waiter(runs
     t = totals_frame(rec).set_index("rank")
     assert t.loc[0, "meas_comm_wait_s"] > 0.6 * DELAY, t["meas_comm_wait_s"]
     assert bool(t.loc[1, "straggler"]) and not bool(t.loc[0, "slowest"]), t[["meas_step_s", "meas_compute_s"]]
+
+
+@pytest.mark.parametrize("variant", ["ddp", "fsdp2"])
+def test_live_and_saved_collective_columns_are_the_same(runs_dir, variant):
+    """PerfCheck.reconciled() reads the live window's collectives, reconcile_run the saved collectives.csv:
+    one assembly path, the same per-module communication columns."""
+    import pandas as pd
+
+    from perfcheck.analysis.pipeline import reconcile_run
+    from perfcheck.schema import MODULE_COMM_COLUMNS
+
+    run = os.path.join(runs_dir, variant)
+    saved = reconcile_run(run).table
+    cols = ["module"] + [c.format(p=p) for p in ("fwd", "bwd") for c in MODULE_COMM_COLUMNS]
+    for rank in (0, 1):
+        live = pd.read_pickle(os.path.join(run, f"live{rank}.pkl"))
+        pd.testing.assert_frame_equal(live[cols].reset_index(drop=True),
+                                      saved.loc[saved["rank"] == rank, cols].reset_index(drop=True))
+        assert (live["meas_comm_bwd_bytes"] > 0).any()
