@@ -127,3 +127,22 @@ def test_reconciled_module_comm_columns_are_per_optimizer_step(runs):
     root = rec.table[(rec.table["module"] == "(root)") & (rec.table["rank"] == 0)].iloc[0]
     # per micro-batch 1024 B gathered + 1024 B reduce-scattered each way; LayerNorm's Partial grads once
     assert root["comm_fwd_bytes"] == 2 * 2048 and root["comm_bwd_bytes"] == 2 * 2048 + 128
+
+
+def test_layout_comparison_step_time_is_per_optimizer_step(runs):
+    """compare's pred_step_s: 2 micro-batches of forward + backward, less the one DDP bucket
+    all-reduce that no_sync() skipped (its time on the run's system, from the collective formula)."""
+    import numpy as np
+
+    from perfcheck.analysis.layouts import reconcile_layouts
+    from perfcheck.hardware.systems import load_system
+    from perfcheck.predict.collectives import collective_time_s
+    from perfcheck.predict.for_run import load_predicted
+
+    out, _ = runs
+    table = reconcile_layouts([os.path.join(out, "ddp")]).set_index("rank")
+    pred, info = load_predicted(os.path.join(out, "ddp"), ranks=(0,))
+    root = pred[pred["module"] == "(root)"].iloc[0]
+    skipped = float(np.asarray(collective_time_s("allreduce", 808 * 4, 2, load_system(info["spec"] or info["system"]))))
+    assert skipped > 0
+    assert table.loc[0, "pred_step_s"] == pytest.approx(2 * (root["pred_fwd_s"] + root["pred_bwd_s"]) - skipped)

@@ -8,7 +8,8 @@ The torch-native counterpart of ``stages.py`` (ZeRO stages), with the same colum
                      S x calls_per_step,
                      written by PerfCheck from the live layout; measured: rank<R>/collectives.csv
                      from the profiler window, per profiled step)
-    step_s           predicted root forward + backward; measured median step time
+    step_s           predicted root forward + backward per optimizer step (x meta.json micro_batches,
+                     less the gradient reductions no_sync() skipped); measured median step time
     peak_mem_bytes   measured peak (CUDA only; NaN on CPU)
 
 plus ``layout`` (meta.json ``parallel.kind``), ``dp``, ``tp``, ``fsdp``, ``mesh_shape`` and
@@ -57,8 +58,22 @@ def _row(run_dir: Path, rank_dir: Path) -> dict:
         row[f"pred_{k}_bytes"] = pred_bytes.get(k, 0.0)
         issued = meas[(meas.get("what") == "issued") & (meas.get("kind") == k)] if not meas.empty else meas
         row[f"meas_{k}_bytes"] = float(issued["bytes"].sum()) / active if not meas.empty else math.nan
-    predicted, _ = load_predicted(run_dir, ranks=(int(meta.get("rank", 0)),))
+    predicted, info = load_predicted(run_dir, ranks=(int(meta.get("rank", 0)),))
     predicted = predicted if predicted is not None else pd.DataFrame()
+    n = meta.get("micro_batches")
+    if not predicted.empty and isinstance(n, (int, float)) and not isinstance(n, bool) and n > 1:
+        # per optimizer step, as the reconciled report (analysis.pipeline): x micro-batches, less the
+        # gradient reductions no_sync() skipped (integrations.torch_distributed.per_step_comm)
+        from types import SimpleNamespace
+
+        from perfcheck.analysis.pipeline import scale_by_micro_batches
+        from perfcheck.integrations.torch_distributed import per_step_comm
+        from perfcheck.predict.for_run import system_from_meta
+
+        rank = int(meta.get("rank", 0))
+        predicted, _ = per_step_comm(scale_by_micro_batches(predicted, n),
+                                     SimpleNamespace(ranks=[rank], run_dir=run_dir, meta={rank: meta}), n,
+                                     info.get("spec") or info.get("system") or system_from_meta(meta))
     root = predicted[predicted["module"] == "(root)"] if not predicted.empty else predicted
     row["pred_step_s"] = float(root["pred_fwd_s"].iloc[0] + root["pred_bwd_s"].iloc[0]) if not root.empty else math.nan
     steps = _table(rank_dir / runs.TABLES["steps"][0], runs.TABLES["steps"][1], "steps")
