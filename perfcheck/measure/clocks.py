@@ -28,6 +28,11 @@ class CpuClock:
     def seconds(start, token) -> float:
         return (token - start) * 1e-9
 
+    @staticmethod
+    def intervals(starts, ends) -> list:
+        """``seconds`` of each (start, end) pair, in one pass (a step's hundreds of intervals)."""
+        return [(b - a) * 1e-9 for a, b in zip(starts, ends)]
+
     def release(self, tokens):
         """Integers need no pooling."""
         return None
@@ -64,6 +69,11 @@ class CudaClock:
         except RuntimeError:  # recorded on another stream that has not reached it yet
             token.synchronize()
             return start.elapsed_time(token) * 1e-3
+
+    def intervals(self, starts, ends) -> list:
+        """``seconds`` of each (start, end) pair."""
+        seconds = self.seconds
+        return [seconds(a, b) for a, b in zip(starts, ends)]
 
     def release(self, tokens):
         if tokens:

@@ -100,14 +100,14 @@ class _Call:
 
 
 class _Bwd:
-    """One backward interval of one call."""
+    """One backward interval of one call (``anc``: the module's ancestor paths)."""
 
-    __slots__ = ("path", "call", "task", "b0", "b1", "rc")
+    __slots__ = ("path", "anc", "call", "task", "b0", "b1", "rc")
 
-    def __init__(self, path, call, task, b0):
-        self.path, self.call, self.task, self.b0 = path, call, task, b0
+    def __init__(self, path, anc, call, task, b0):
+        self.path, self.anc, self.call, self.task, self.b0 = path, anc, call, task, b0
         self.b1 = None
-        self.rc: list[_Call] = []
+        self.rc: list[_Call] | None = None  # top-level recompute calls inside the interval
 
 
 class _EndAll:
@@ -138,12 +138,14 @@ def _grad_tensors(obj, out: list):
 
 
 class PendingStep:
-    """A finished step whose tokens may still be in flight on the device."""
+    """A finished step whose tokens may still be in flight on the device.
 
-    def __init__(self, clock, start, end, calls, bwds, tokens, failed, peak_mem):
+    ``finals``: ``[t_a, t_b, range]`` per end-of-backward callback interval (``bwd_finalize_s``)."""
+
+    def __init__(self, clock, start, end, calls, bwds, tokens, failed, peak_mem, finals=()):
         self.clock, self.start, self.end = clock, start, end
         self.calls, self.bwds, self.tokens = calls, bwds, tokens
-        self.failed, self.peak_mem = failed, peak_mem
+        self.failed, self.peak_mem, self.finals = failed, peak_mem, finals
 
     def ready(self) -> bool:
         return self.clock.ready(self.end)
@@ -151,64 +153,64 @@ class PendingStep:
     def resolve(self) -> dict:
         """Seconds per module and phase. Returns {'modules': {path: [calls, fwd, bwd, rc, act, peak]},
         'eval_modules': {path: [eval calls, eval seconds]}, 'micro_batches': root forward calls, ...}."""
-        if not self.clock.ready(self.end):
+        clock = self.clock
+        if not clock.ready(self.end):
             self.end.synchronize()  # only reached at stop() or when the CPU runs far ahead
-        sec, s0 = self.clock.seconds, self.start
+        sec = clock.seconds
         mods: dict[str, list] = {}
         evals: dict[str, list] = {}  # path -> [eval calls, eval seconds]
         top_evals = []  # (call, seconds) of the outermost eval calls
         root_fwd_end = root_bwd_end = None
+        recompute = 0.0
         # a step without any grad-enabled forward (inference, a loop under no_grad): its eval calls are the forward
         as_fwd = not any(c.phase == FWD for c in self.calls)
-        for c in self.calls:
-            if c.t1 is None:
-                continue
-            dt = sec(c.t0, c.t1)
-            if c.phase == EVAL and not as_fwd:
-                e = evals.get(c.path)
+        calls = [c for c in self.calls if c.t1 is not None]
+        for c, dt in zip(calls, clock.intervals([c.t0 for c in calls], [c.t1 for c in calls])):
+            phase, path = c.phase, c.path
+            if phase == EVAL and not as_fwd:
+                e = evals.get(path)
                 if e is None:
-                    e = evals[c.path] = [0, 0.0]
+                    e = evals[path] = [0, 0.0]
                 e[0] += 1
                 e[1] += dt
                 if c.top:
                     top_evals.append((c, dt))
                 continue
-            row = mods.get(c.path)
+            row = mods.get(path)
             if row is None:
-                row = mods[c.path] = [0, 0.0, 0.0, 0.0, None, None]
-            if c.phase == FWD or c.phase == EVAL:
+                row = mods[path] = [0, 0.0, 0.0, 0.0, None, None]
+            if phase == FWD or phase == EVAL:
                 row[0] += 1
                 row[1] += dt
                 if c.act is not None:
                     row[4] = (row[4] or 0) + c.act
                     row[5] = c.peak if row[5] is None else max(row[5], c.peak)
-                if c.path == ROOT:
+                if path == ROOT:
                     root_fwd_end = c.t1
             else:
                 row[3] += dt
-        for b in self.bwds:
-            if b.b1 is None:
-                continue
-            dt = sec(b.b0, b.b1)
+                if c.top:
+                    recompute += dt
+        bwds = [b for b in self.bwds if b.b1 is not None]
+        for b, dt in zip(bwds, clock.intervals([b.b0 for b in bwds], [b.b1 for b in bwds])):
             if b.rc:
                 dt -= sum(sec(r.t0, r.t1) for r in b.rc if r.t1 is not None)
             row = mods.get(b.path)
             if row is None:
                 row = mods[b.path] = [0, 0.0, 0.0, 0.0, None, None]
-            row[2] += max(dt, 0.0)
+            if dt > 0.0:
+                row[2] += dt
             if b.path == ROOT:
                 root_bwd_end = b.b1
         last = root_bwd_end if root_bwd_end is not None else root_fwd_end
         root = mods.get(ROOT, [0, 0.0, 0.0, 0.0, None, None])
-        finalize = sum(sec(f[0], f[1]) for f in getattr(self, "finals", ()) if f[1] is not None)
-        recompute = sum(sec(c.t0, c.t1) for c in self.calls
-                        if c.phase == RECOMPUTE and c.t1 is not None and c.top)
+        finalize = sum(sec(f[0], f[1]) for f in self.finals if f[1] is not None)
         # eval calls after the last backward (or forward) ran inside the optim_s interval: not optimizer time
         eval_after = sum(dt for c, dt in top_evals if sec(last, c.t0) >= 0) if last is not None else 0.0
         out = {
             "modules": mods,
             "eval_modules": evals,
-            "step_s": sec(s0, self.end),
+            "step_s": sec(self.start, self.end),
             "fwd_s": root[1],
             "bwd_s": root[2],
             "recompute_s": recompute,
@@ -219,7 +221,7 @@ class PendingStep:
             "failed": self.failed,
             "peak_mem_bytes": self.peak_mem,
         }
-        self.clock.release(self.tokens)
+        clock.release(self.tokens)
         self.calls = self.bwds = self.tokens = None
         return out
 
@@ -250,19 +252,24 @@ class _TimedForward:
 
     def __call__(self, *args, **kwargs):
         timer = self.timer
-        if not (self.live and timer._on) or _is_compiling() or (timer._check_capture and timer._capturing()):
-            return self.inner(*args, **kwargs)
-        if (timer._lean and not kwargs and len(args) == 1 and type(args[0]) is _Tensor and _graph_task_id() == -1
-                and not (timer.ranges and _profiler._is_profiler_enabled)):
-            # The common call, in fewer steps than _pre/_finish (same records): a forward (not
-            # recompute) with one tensor argument, no memory readings, no profiler ranges.
+        # The common call, in fewer steps than _pre/_finish (same records): a live wrapper (live implies
+        # attached), a forward (not recompute) with one tensor argument, no memory readings, no profiler
+        # ranges, no CUDA graph capture. Each test here is paid on every module call (bench/RESULTS.md).
+        if (self.live and timer._lean and len(args) == 1 and not kwargs and type(args[0]) is _Tensor
+                and _graph_task_id() == -1 and not _is_compiling()
+                and not (timer.ranges and _profiler._is_profiler_enabled)
+                and not (timer._check_capture and timer._capturing())):
             x = args[0]
             grad = _grad_enabled()
             stack = timer._stack
             # a nested call has its enclosing call's phase (a no_grad block inside a training forward
             # stays forward); an outermost call made with grad disabled is an eval forward
-            call = _Call(self.path, stack[-1].phase if stack else (FWD if grad else EVAL), self.mid)
-            if not stack and not grad:
+            if stack:
+                call = _Call(self.path, stack[-1].phase, self.mid)
+            elif grad:
+                call = _Call(self.path, FWD, self.mid)
+            else:
+                call = _Call(self.path, EVAL, self.mid)
                 call.top = True
             if grad and x.requires_grad:
                 node = x.grad_fn  # the node as it is now: an in-place op on x later does not move it
@@ -298,6 +305,8 @@ class _TimedForward:
             except Exception as exc:
                 timer._internal_error(exc)
             return out
+        if not (self.live and timer._on) or _is_compiling() or (timer._check_capture and timer._capturing()):
+            return self.inner(*args, **kwargs)
         try:
             call = timer._pre(self.path, self.mid, args, kwargs)
         except Exception as exc:  # never break the user's forward
@@ -480,8 +489,7 @@ class ModuleTimer:
                 f[1] = end
                 self._close_final_range(f)
         pending = PendingStep(self.clock, self._start, end, self._calls, self._bwds,
-                              self.clock.take_step_tokens(), failed, peak)
-        pending.finals = self._finals
+                              self.clock.take_step_tokens(), failed, peak, self._finals)
         self._reset_step_state()
         return pending
 
@@ -624,32 +632,40 @@ class ModuleTimer:
         if not pending:
             return
         self._pending = []
-        gen, groups = self._gen, {}
+        hook, groups, leaf_handles = self._node_hook(), {}, self._leaf_handles
+        put_hook = _node_prehook_setter()
+        last_key = last_actions = None
         try:
             for key, kind, obj in pending:  # (pending holds every key: ids are not reused meanwhile)
+                if key is last_key:  # a module's input is usually the node its predecessor's output noted last
+                    last_actions.append((kind, obj))
+                    continue
                 actions = groups.get(id(key))
                 if actions is None:
                     actions = groups[id(key)] = [(kind, obj)]
                     if isinstance(key, _Tensor):
-                        self._leaf_handles.append(key.register_hook(self._node_hook(actions, gen)))
+                        leaf_handles.append(key.register_hook(functools.partial(hook, actions)))
                     else:
-                        key.register_prehook(self._node_hook(actions, gen))
+                        put_hook(key, functools.partial(hook, actions))
                 else:
                     actions.append((kind, obj))
+                last_key, last_actions = key, actions
         except Exception as exc:  # never break the user's forward
             self._internal_error(exc)
 
-    def _node_hook(self, actions, gen):
+    def _node_hook(self):
+        """The hook body the nodes of this step share (each through a ``partial`` with its actions)."""
         # Everything the hook touches is bound here: it runs between autograd's own work, where
         # each attribute lookup costs several times what it costs in a loop (bench/RESULTS.md).
-        now, log, cb_tasks, ranges, timer = self._now, self._log, self._cb_tasks, self.ranges, self
+        now, log, cb_tasks, ranges, timer, gen = self._now, self._log, self._cb_tasks, self.ranges, self, self._gen
+        task_id, fire = _graph_task_id, _FIRE
 
-        def on_node(_grads):
+        def on_node(actions, _grads):
             if timer._gen == gen:  # (a later step, or detached: inert)
                 try:
                     t = now()
-                    task = _graph_task_id()
-                    log.append((_FIRE, task, t, actions))
+                    task = task_id()
+                    log.append((fire, task, t, actions))
                     if task not in cb_tasks:  # rule (d): once per backward pass
                         timer._queue_task_end(task, gen)
                     if ranges and _profiler._is_profiler_enabled:
@@ -669,63 +685,81 @@ class ModuleTimer:
         log = self._log.copy()
         self._log.clear()
         bstack = self._bstack
+        markers = self.ranges and _profiler._is_profiler_enabled  # trace markers, only while the profiler records
+        start, end = self._bwd_start, self._bwd_end
         for event, task, now, obj in log:
             if event == _FIRE:
                 for kind, x in obj:
                     if kind == _START:
-                        self._bwd_start(x, task, now)
+                        start(x, task, now, markers)
                     elif kind == _END:
-                        self._bwd_end(x, task, now)
+                        end(x, task, now, markers)
                     else:
                         if x.task != task:
                             x.task, x.left = task, x.n
                         x.left -= 1
                         if x.left == 0:
-                            self._bwd_end(x.call, task, now)
+                            end(x.call, task, now, markers)
             elif event == _TASK_END:
-                while bstack and bstack[-1].task == task:  # rule (d)
-                    self._close(bstack.pop(), now)
+                n = len(bstack)
+                while n and bstack[n - 1].task == task:  # rule (d)
+                    n -= 1
+                self._close_above(n, now, markers)
             else:  # _RC: a top-level recompute call returned inside the intervals open now
                 for b in bstack:
-                    b.rc.append(obj)
+                    if b.rc is None:
+                        b.rc = [obj]
+                    else:
+                        b.rc.append(obj)
 
-    def _bwd_start(self, call, task, now):
+    def _bwd_start(self, call, task, now, markers):
         if call.bwd_task == task or call.ended_task == task:
             return  # already started (another output), or inputs done first (module returned its input)
         call.bwd_task = task
-        path, bstack, ancestors = call.path, self._bstack, self._ancestors
-        mine = ancestors[path]
+        path, bstack = call.path, self._bstack
+        mine = self._ancestors[path]
         # Descendants already open on top of the stack: a module returning its child's output
         # shares that tensor, whose hooks fire child first. This call encloses them, so it
         # starts where the outermost of them started.
-        k = len(bstack)
-        while k and path in ancestors[bstack[k - 1].path]:
+        k = n = len(bstack)
+        while k and path in bstack[k - 1].anc:
             k -= 1
         if k and bstack[k - 1].path not in mine:
-            # below them sits another call of this module (or unrelated work): rule (b)
-            while bstack and bstack[-1].path not in mine:
-                self._close(bstack.pop(), now)
-            k = len(bstack)
-        b = _Bwd(path, call, task, bstack[k].b0 if k < len(bstack) else now)
-        bstack.insert(k, b)
+            # below them sits another call of this module (or unrelated work): rule (b) closes
+            # everything above this call's innermost open ancestor
+            while k and bstack[k - 1].path not in mine:
+                k -= 1
+            self._close_above(k, now, markers)
+            n = k
+        if k == n:
+            b = _Bwd(path, mine, call, task, now)
+            bstack.append(b)
+        else:
+            b = _Bwd(path, mine, call, task, bstack[k].b0)
+            bstack.insert(k, b)
         self._bwds.append(b)
-        if self.ranges and _profiler._is_profiler_enabled:
+        if markers:
             self._marker(path, "begin")
 
-    def _bwd_end(self, call, task, now):
+    def _bwd_end(self, call, task, now, markers):
         bstack = self._bstack
-        if bstack and bstack[-1].call is call:
-            idx = len(bstack) - 1
-        else:
-            idx = len(bstack) - 2
-            while idx >= 0 and bstack[idx].call is not call:
-                idx -= 1
-            if idx < 0:
-                if call.bwd_task != task:
-                    call.ended_task = task
-                return
-        while len(bstack) > idx:  # rule (c): descendants close with it
-            self._close(bstack.pop(), now)
+        idx = len(bstack) - 1
+        while idx >= 0 and bstack[idx].call is not call:
+            idx -= 1
+        if idx < 0:
+            if call.bwd_task != task:
+                call.ended_task = task
+            return
+        self._close_above(idx, now, markers)  # rule (c): descendants close with it
+
+    def _close_above(self, n, now, markers=False):
+        """End the open backward intervals above the first ``n`` at ``now``."""
+        bstack = self._bstack
+        while len(bstack) > n:
+            b = bstack.pop()
+            b.b1 = now
+            if markers:
+                self._marker(b.path, "end")
 
     def _task_end(self, task, gen):
         if gen != self._gen:
@@ -764,11 +798,6 @@ class ModuleTimer:
             final[2].__exit__(None, None, None)
             final[2] = None
 
-    def _close(self, b, now):
-        b.b1 = now
-        if self.ranges and _profiler._is_profiler_enabled:
-            self._marker(b.path, "end")
-
     @staticmethod
     def _marker(path, what):
         marker = _profiler.record_function(f"perfcheck/bwd/{path}/{what}")
@@ -779,6 +808,47 @@ class ModuleTimer:
         self._failed = True
         if len(self.internal_errors) < 10:
             self.internal_errors.append(f"{type(exc).__name__}: {exc}")
+
+
+_PREHOOK_SETTER = None
+
+
+def _node_prehook_setter():
+    """``put(node, hook)``: ``hook(grad)`` runs just before autograd runs ``node``; no handle.
+
+    ``Node.register_prehook`` builds an OrderedDict and a ``RemovableHandle`` in Python for every
+    node (~5 us of host time each on the benchmark VM, about a tenth of the timer's cost per module
+    call: bench/RESULTS.md). torch's own tensor-hook route (``Tensor.register_hook`` ends in
+    ``grad_fn._register_hook_dict(tensor)``, which puts the tensor's ``_backward_hooks`` dict on
+    the node as a tensor pre-hook, run just before the node) costs ~1 us; the dict is handed over
+    through a private 0-element carrier tensor, so no user tensor is touched. The route is checked
+    once per process on a two-op graph (it must fire exactly once, before the node runs); where it
+    is missing or behaves otherwise (another torch version) ``register_prehook`` is used."""
+    global _PREHOOK_SETTER
+    if _PREHOOK_SETTER is None:
+        _PREHOOK_SETTER = _probe_tensor_prehook_route() or (lambda node, hook: node.register_prehook(hook))
+    return _PREHOOK_SETTER
+
+
+def _probe_tensor_prehook_route():
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            carrier = torch.empty(0)
+            x = torch.ones(2, requires_grad=True)
+            y = x * 2
+            fired = []
+            carrier._backward_hooks = {0: lambda grad: fired.append(("hook", grad is not None))}
+            y.grad_fn._register_hook_dict(carrier)
+            (grad,) = torch.autograd.grad(y.sum() * 3, x)
+            if fired != [("hook", True)] or not torch.equal(grad, torch.full((2,), 6.0)):
+                return None
+
+        def put(node, hook):
+            carrier._backward_hooks = {0: hook}
+            node._register_hook_dict(carrier)
+        return put
+    except Exception:  # noqa: BLE001 - any failure: the public route
+        return None
 
 
 def _ancestors(path: str):
