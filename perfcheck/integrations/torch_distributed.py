@@ -291,7 +291,12 @@ def _unsharded_layout(p, fsdp: dict):
     plain parameter) or ``p``'s own DTensor layout; mesh None for a plain tensor."""
     fp = fsdp.get(id(p))
     if fp is not None:
-        spec = getattr(fp, "_unsharded_dtensor_spec", None)
+        # FSDP2's record of the parameter's own DTensor layout (torch 2.13: _unsharded_dtensor_spec; older: _tp_spec)
+        spec = getattr(fp, "_unsharded_dtensor_spec", None) or getattr(fp, "_tp_spec", None)
+        if spec is None and getattr(fp, "is_dtensor", False):
+            raise NotImplementedError(f"FSDP2+TP: this torch's FSDPParam keeps the tensor-parallel layout of "
+                                      f"{fp._module_info.param_name!r} under neither _unsharded_dtensor_spec nor "
+                                      "_tp_spec; perfcheck cannot strip FSDP's mesh dimension to cost one rank")
         if spec is None:
             return tuple(fp._orig_size), None, None
         return tuple(spec.shape), spec.mesh, tuple(spec.placements)

@@ -224,7 +224,9 @@ def _add_communication(frame, model, modules, parallel, spec, dtype) -> pd.DataF
     if parallel.tp > 1 or parallel.pp > 1:
         raise NotImplementedError(
             "estimate(): tensor/pipeline parallelism needs the model's sharding plan, which an arbitrary "
-            "nn.Module does not declare; use perfcheck.estimate_transformer for TP/SP/PP layouts")
+            "nn.Module does not declare; use perfcheck.estimate_transformer for TP/SP/PP layouts, or parallelise "
+            "the model with DTensor (parallelize_module; a fake process group will do: perfcheck.predict."
+            "distributed.fake_process_group) and estimate that model with parallel=None: it is costed per rank")
     if parallel.dp == 1:
         return frame
     from perfcheck.predict import zero
