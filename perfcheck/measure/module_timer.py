@@ -271,9 +271,12 @@ class _TimedForward:
             else:
                 call = _Call(self.path, EVAL, self.mid)
                 call.top = True
-            if grad and x.requires_grad:
+            if grad:
                 node = x.grad_fn  # the node as it is now: an in-place op on x later does not move it
-                timer._pending.append((x if node is None else node, _END, call))
+                if node is not None:
+                    timer._pending.append((node, _END, call))
+                elif x.requires_grad:  # a leaf
+                    timer._pending.append((x, _END, call))
             stack.append(call)
             timer._calls.append(call)
             call.t0 = timer._now()  # last: the interval starts as late as possible
@@ -295,9 +298,11 @@ class _TimedForward:
                 call.t1 = t1
                 if grad:
                     if type(out) is _Tensor:
-                        if out.requires_grad:
-                            node = out.grad_fn
-                            timer._pending.append((out if node is None else node, _START, call))
+                        node = out.grad_fn
+                        if node is not None:
+                            timer._pending.append((node, _START, call))
+                        elif out.requires_grad:  # a leaf (the module returned its leaf input)
+                            timer._pending.append((out, _START, call))
                     else:
                         timer._note_outputs(out, call)
                 if not stack:

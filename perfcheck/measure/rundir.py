@@ -214,6 +214,13 @@ class CsvAppender:
         self._writer.writerow([_csv_value(row.get(c)) for c in self.columns])
         self._fh.flush()
 
+    def append_rows(self, rows):
+        """Rows given as sequences in ``columns`` order (a step's module rows), one flush for all."""
+        if self._fh is None:
+            return
+        self._writer.writerows([[_csv_value(v) for v in r] for r in rows])
+        self._fh.flush()
+
     def close(self):
         if self._fh is not None:
             self._fh.close()

@@ -384,16 +384,18 @@ class PerfCheck:
             self._writers["steps"].append(row)
             if len(self._step_rows) == 1:  # inputs and dtype known now: a run killed later stays reportable
                 runs.atomic_write_json(self._rank_dir / runs.META, self.meta(complete=False))
-        types, rank = self._view.types, self.rank
+        type_of, rank = self._view.types.get, self.rank
         evals, no_eval = res["eval_modules"], (0, 0.0)
-        rows = [(index, path, types.get(path, ""), calls, fwd, bwd, rc, *evals.get(path, no_eval),
-                 nan if act is None else float(act), nan if peak is None else float(peak), rank)
-                for path, (calls, fwd, bwd, rc, act, peak) in res["modules"].items()]
-        rows += [(index, path, types.get(path, ""), 0, 0.0, 0.0, 0.0, n, t, nan, nan, rank)  # ran only in eval
+        eval_of = evals.get
+        rows = []  # runs.MODULE_STEP_COLUMNS order
+        for path, (calls, fwd, bwd, rc, act, peak) in res["modules"].items():
+            n_eval, t_eval = eval_of(path, no_eval)
+            rows.append((index, path, type_of(path, ""), calls, fwd, bwd, rc, n_eval, t_eval,
+                         nan if act is None else float(act), nan if peak is None else float(peak), rank))
+        rows += [(index, path, type_of(path, ""), 0, 0.0, 0.0, 0.0, n, t, nan, nan, rank)  # ran only in eval
                  for path, (n, t) in evals.items() if path not in res["modules"]]
         if "module_steps" in self._writers:
-            for r in rows:
-                self._writers["module_steps"].append(dict(zip(runs.MODULE_STEP_COLUMNS, r)))
+            self._writers["module_steps"].append_rows(rows)  # one flush per step: a killed run keeps every ended step
         self._module_rows.append((index, rows))
         self._module_row_count += len(rows)
         while self._module_row_count > MAX_MODULE_ROWS and len(self._module_rows) > 1:
