@@ -193,3 +193,20 @@ def test_module_comm_frame_has_the_documented_columns():
     frame = module_comm(pd.DataFrame(fsdp_backward_step()), 1)
     assert list(frame.columns) == ["rank", "module"] + [c.format(p=p) for p in ("fwd", "bwd") for c in MODULE_COMM_COLUMNS]
     assert set(frame["module"]) == {ROOT, "layers", "layers.0", "layers.1", "head"}
+
+
+def test_window_waits_are_scaled_to_the_measured_steps():
+    """The profiled step took 200 ms (the profiler slows it) and rank 0 waited 80 ms in it: 40% of the
+    step. The measured steps take 100 ms, so 40 ms of each is waiting, not 80 ms (which would leave
+    100 - 80 - 1 = 19 ms of compute instead of 59 ms)."""
+    from perfcheck.analysis.comm import in_step_waits
+
+    coll = pd.DataFrame([issued("layers.1", "fwd", "allgather", 4224, target="layers.1"),
+                         waited("layers.1", "fwd", COPY_OUT, 0.08, "allgather", "layers.1")])
+    steps = _steps(0, 0.1, 0.001)
+    steps = pd.concat([steps.assign(step=steps["step"] + 2),
+                       _steps(0, 0.5, n=1).assign(role="profile"),  # profiler warm-up step: not in the window
+                       _steps(0, 0.2, n=1).assign(step=1, role="profile")], ignore_index=True)
+    assert in_step_waits(coll, steps, 1) == pytest.approx({0: 0.04})
+    t = totals_frame(rec_of(coll, profile_steps=1, steps=steps)).iloc[0]
+    assert t["meas_comm_wait_s"] == pytest.approx(0.041) and t["meas_compute_s"] == pytest.approx(0.059)

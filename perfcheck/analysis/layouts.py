@@ -25,7 +25,7 @@ import pandas as pd
 from perfcheck.analysis.findings import Thresholds
 from perfcheck.analysis.stages import KINDS, bytes_within
 from perfcheck.measure import rundir as runs
-from perfcheck.analysis.comm import step_waits
+from perfcheck.analysis.comm import in_step_waits
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
 from perfcheck.integrations.torch_distributed import bytes_per_step
 from perfcheck.predict.for_run import load_predicted
@@ -84,7 +84,7 @@ def _row(run_dir: Path, rank_dir: Path) -> dict:
     # measured steps (steps.csv bwd_finalize_s); waits inside the step (FSDP2 all-gathers, DTensor
     # redistributes) from the profiler window's waited rows, per profiled step
     finalize = float(ok["bwd_finalize_s"].fillna(0).median()) if not ok.empty and "bwd_finalize_s" in ok else 0.0
-    row["meas_wait_s"] = finalize + sum(step_waits(meas, active).values())
+    row["meas_wait_s"] = finalize + sum(in_step_waits(meas, steps, active).values())
     row["meas_compute_s"] = row["meas_step_s"] - row["meas_wait_s"]
     row["bytes_ok"] = bytes_within(row)
     return row

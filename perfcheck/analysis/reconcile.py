@@ -24,7 +24,7 @@ import pandas as pd
 
 from perfcheck.errors import UserError
 from perfcheck.analysis.findings import DEFAULT_HOOK_OVERHEAD_S, Context, Thresholds, diagnose, diagnose_recompute
-from perfcheck.analysis.comm import module_comm, step_waits
+from perfcheck.analysis.comm import in_step_waits, module_comm
 from perfcheck.schema import MODULE_COMM_COLUMNS, PREDICTED_COLUMNS, ROOT, module_depth, parent_path, strip_wrapper_prefix
 
 PHASES2 = ("fwd", "bwd")
@@ -105,8 +105,9 @@ TOTALS_COLUMNS = {
     "meas_bwd_finalize_s": "measured end-of-backward framework callbacks (DDP's gradient all-reduce wait, FSDP2's "
                            "reduce-scatter wait; steps.csv bwd_finalize_s), median, seconds: communication, not optimizer",
     "meas_comm_wait_s": "time waited on collectives per step: bwd_finalize_s (median over measured steps) + the waits "
-                        "inside forward/backward (FSDP2 all-gathers, synchronous calls, DTensor waits; collectives.csv, "
-                        "per profiled step; analysis.comm.step_waits), seconds",
+                        "inside forward/backward (FSDP2 all-gathers, synchronous calls, DTensor waits; collectives.csv: "
+                        "their share of the profiled steps' time applied to the measured median step, since the "
+                        "profiler slows its steps; analysis.comm.in_step_waits), seconds",
     "meas_compute_s": "measured step_s - bwd_finalize_s - the waits inside the step (meas_comm_wait_s: time outside "
                       "collective waits), median, seconds: DDP/FSDP make "
                       "step times equal over ranks, so the straggler is the rank with the most compute",
@@ -461,7 +462,8 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
     rec["_o"] = rec["module"].map(order)
     rec = rec.sort_values(["rank", "_o"], kind="stable", ignore_index=True).drop(columns="_o")
     rec = rec[list(RECONCILED_COLUMNS)]
-    in_step = step_waits(collectives, 1 if profile_steps is None else profile_steps) if collectives is not None else {}
+    in_step = (in_step_waits(collectives, steps, 1 if profile_steps is None else profile_steps)
+               if collectives is not None else {})
     totals = _totals(rec, steps, kernels, profile_steps, ctx.thresholds, in_step)
     optim = _root_value(predicted, "pred_optim_s") if "module" in predicted else np.nan
     for row in totals:
@@ -522,7 +524,8 @@ def _totals(rec: pd.DataFrame, steps, kernels, profile_steps, thresholds: Thresh
             row.update(_step_totals(steps, rank))
             wait = float((in_step or {}).get(int(rank), 0.0))  # waits inside forward/backward (profiled window)
             row["meas_comm_wait_s"] = np.nan_to_num(row["meas_bwd_finalize_s"]) + wait
-            row["meas_compute_s"] = row["meas_compute_s"] - wait
+            row["meas_compute_s"] = max(row["meas_compute_s"] - wait, 0.0) if np.isfinite(row["meas_compute_s"]) \
+                else row["meas_compute_s"]
         if kernels is not None and len(kernels):
             k = kernels[(kernels["rank"].fillna(0).astype(int) == rank) if "rank" in kernels else slice(None)]
             n = _profile_steps(profile_steps, kernels, rank)
