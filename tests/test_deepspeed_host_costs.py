@@ -37,18 +37,18 @@ def test_deepspeed_host_terms_by_hand():
                  zero3_step_tensor_s=50 * US, zero3_step_gather_s=7 * US,
                  zero0_fwd_s=150 * US, zero0_bwd_s=900 * US, zero0_bwd_tensor_s=30 * US, zero0_step_s=1200 * US,
                  zero0_step_tensor_s=140 * US, zero0_fwd_tensor_s=1 * US)
-    # stage 3, 8 module calls, 10 tensors, 4 of them gathered:
-    #   fwd  100 + 10 x 10 + 8 x 500 + 4 x 200 = 5000 us
-    #   bwd 1000 + 10 x 20 + 8 x 300 + 4 x 100 = 4000 us
-    #   step 2000 + 10 x 50 + 4 x 7            = 2528 us
-    t = host.deepspeed_host_s(stage=3, module_calls=8, param_tensors=10, spec=spec,
-                              gathered_tensors={"fwd": 4, "bwd": 4, "step": 4})
-    assert t == {"fwd": pytest.approx(5000 * US), "bwd": pytest.approx(4000 * US), "optim": pytest.approx(2528 * US)}
-    # stage 0: no module hooks, no gathers even when asked: fwd 150 + 10 x 1 = 160, bwd 900 + 300 = 1200,
+    # stage 3, 8 module calls, 10 tensors, 4 of them partitioned (6 persistent):
+    #   fwd  100 + 6 x 10 + 8 x 500 + 4 x 200 = 4960 us
+    #   bwd 1000 + 6 x 20 + 8 x 300 + 4 x 100 = 3920 us
+    #   step 2000 + 6 x 50 + 4 x 7            = 2328 us
+    t = host.deepspeed_host_s(stage=3, module_calls=8, param_tensors=10, spec=spec, partitioned_tensors=4)
+    assert t == {"fwd": pytest.approx(4960 * US), "bwd": pytest.approx(3920 * US), "optim": pytest.approx(2328 * US)}
+    # stage 0: no module hooks, nothing partitioned even when asked: fwd 150 + 10 x 1 = 160, bwd 900 + 300 = 1200,
     # step 1200 + 1400 = 2600 us
-    t0 = host.deepspeed_host_s(stage=0, module_calls=8, param_tensors=10, spec=spec,
-                               gathered_tensors={"fwd": 4, "bwd": 4, "step": 4})
+    t0 = host.deepspeed_host_s(stage=0, module_calls=8, param_tensors=10, spec=spec, partitioned_tensors=4)
     assert t0 == {"fwd": pytest.approx(160 * US), "bwd": pytest.approx(1200 * US), "optim": pytest.approx(2600 * US)}
+    with pytest.raises(UserError, match="partitioned_tensors"):
+        host.deepspeed_host_s(stage=3, module_calls=8, param_tensors=10, spec=spec, partitioned_tensors=11)
     for bad in ({"stage": 4}, {"stage": True}, {"module_calls": -1}, {"param_tensors": 1.5}):
         kw = {"stage": 1, "module_calls": 1, "param_tensors": 1, **bad}
         with pytest.raises(UserError, match=next(iter(bad))):
@@ -76,16 +76,17 @@ def _planted_table(coef, noise=0.0, seed=0):
 
 
 def test_fit_recovers_planted_coefficients():
+    """Planted: stages 0-2 a + c * tensors per phase; stage 3 a + b * calls + c * persistent tensors, and
+    its partitioned run the same a, b with g per partitioned tensor instead of c."""
     coef = {}
-    for i, cfg in enumerate(dc.CONFIGS):
+    for i, cfg in enumerate(("0", "1", "2", "3")):
         for j, ph in enumerate(dc.PHASES):
-            stage3 = cfg in ("3", "3g")
-            module = (400 + 100 * j) * US if stage3 and ph != "step" else 0.0
+            module = (400 + 100 * j) * US if cfg == "3" and ph != "step" else 0.0
             coef[(cfg, ph)] = ((200 + 300 * i + 50 * j) * US, module, (20 + 10 * i + j) * US)
-    # 3g = 3 plus a per-tensor gather cost of 150/120/0 us in fwd/bwd/step
-    for ph, g in zip(dc.PHASES, (150 * US, 120 * US, 0.0)):
-        a, b, c = coef[("3", ph)]
-        coef[("3g", ph)] = (a, b, c + g)
+    gather = dict(zip(dc.PHASES, (150 * US, 120 * US, 70 * US)))
+    for ph in dc.PHASES:
+        a, b, _ = coef[("3", ph)]
+        coef[("3g", ph)] = (a, b, gather[ph])
     fitted = dc.fit(_planted_table(coef))
     assert set(fitted) == set(dc.KEYS)
     for s in dc.STAGES:
@@ -95,10 +96,10 @@ def test_fit_recovers_planted_coefficients():
             assert fitted[f"zero{s}_{ph}_tensor_s"][0] == pytest.approx(c, rel=1e-6)
     assert fitted["zero3_fwd_module_s"][0] == pytest.approx(400 * US, rel=1e-6)
     assert fitted["zero3_bwd_module_s"][0] == pytest.approx(500 * US, rel=1e-6)
-    assert fitted["zero3_fwd_gather_s"][0] == pytest.approx(150 * US, rel=1e-6)
-    assert fitted["zero3_bwd_gather_s"][0] == pytest.approx(120 * US, rel=1e-6)
-    assert fitted["zero3_step_gather_s"][0] == pytest.approx(0.0, abs=1e-12)
+    for ph in dc.PHASES:
+        assert fitted[f"zero3_{ph}_gather_s"][0] == pytest.approx(gather[ph], rel=1e-6)
     assert "per module call" in fitted["zero3_fwd_module_s"][1]
+    assert "per partitioned parameter tensor" in fitted["zero3_fwd_gather_s"][1]
 
 
 def test_fit_clips_a_negative_slope_to_zero_and_apply_makes_a_valid_spec():

@@ -187,7 +187,7 @@ def host_terms(facts: dict, predicted: pd.DataFrame, spec) -> dict:
         flags = zero.persistent_flags(zero.layout(mods), settings, max(int(facts.get("dp", 1)), 1))
         gathered = sum(not k for row in flags for k in row)
     return host.deepspeed_host_s(stage=stage, module_calls=calls, param_tensors=tensors, spec=spec,
-                                 gathered_tensors={"fwd": gathered, "bwd": gathered, "step": gathered})
+                                 partitioned_tensors=gathered)
 
 
 def zero3_parts(facts: dict, predicted: pd.DataFrame, spec) -> dict:

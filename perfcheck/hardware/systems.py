@@ -71,11 +71,12 @@ HOST_KEYS = {
     **{f"zero{s}_{ph}_s": f"ZeRO-{s} engine {ph}: fixed host seconds per {'step' if ph == 'step' else 'micro-step'}"
        for s in range(4) for ph in ("fwd", "bwd", "step")},
     **{f"zero{s}_{ph}_tensor_s": f"ZeRO-{s} engine {ph}: host seconds per parameter tensor"
+                                 f"{' (ZeRO-3: per persistent one)' if s == 3 else ''}"
        for s in range(4) for ph in ("fwd", "bwd", "step")},
     "zero3_fwd_module_s": "ZeRO-3 pre/post-forward hooks (fetch, release, autograd wrappers) per module call",
     "zero3_bwd_module_s": "ZeRO-3 pre/post-backward hooks per module call",
-    **{f"zero3_{ph}_gather_s": f"ZeRO-3 {ph}: host side of fetching and releasing one partitioned (non-persistent) "
-                               f"tensor, beyond a persistent one's (the all-gather itself is the collective model's)"
+    **{f"zero3_{ph}_gather_s": f"ZeRO-3 {ph}: host seconds per partitioned (non-persistent) parameter tensor, its "
+                               f"fetch and release included (the all-gather itself is the collective model's)"
        for ph in ("fwd", "bwd", "step")},
 }
 _FIELDS = _REQUIRED + _OPTIONAL

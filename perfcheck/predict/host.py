@@ -299,17 +299,17 @@ def collective_latency_s(calls, spec) -> float:
     return float(calls) * host_constants(load_system(spec))["collective_latency_s"]
 
 
-def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec, gathered_tensors=None) -> dict:
+def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec, partitioned_tensors: int = 0) -> dict:
     """DeepSpeed's own host seconds per phase at ZeRO ``stage``, beside the model's.
 
     From the spec's ``zero<S>_*`` host constants (``perfcheck calibrate``'s DeepSpeed engine case,
     perfcheck/hardware/calibrate/deepspeed_cases.py, else host_defaults.json), T parameter tensors,
-    C module calls per forward, and per phase the tensors ZeRO-3 gathers (``gathered_tensors``:
-    {"fwd", "bwd", "step"}, partitioned tensors fetched there; default none, all persistent):
+    C module calls per forward and, at stage 3, G of the T tensors partitioned (not persistent:
+    fetched and released around their module; ``partitioned_tensors``, default 0):
 
-        fwd   = zero<S>_fwd_s  + T * zero<S>_fwd_tensor_s  [+ C * zero3_fwd_module_s + G_fwd * zero3_fwd_gather_s]
-        bwd   = zero<S>_bwd_s  + T * zero<S>_bwd_tensor_s  [+ C * zero3_bwd_module_s + G_bwd * zero3_bwd_gather_s]
-        optim = zero<S>_step_s + T * zero<S>_step_tensor_s [+ G_step * zero3_step_gather_s]
+        fwd   = zero<S>_fwd_s  + (T - G) * zero<S>_fwd_tensor_s  [+ C * zero3_fwd_module_s + G * zero3_fwd_gather_s]
+        bwd   = zero<S>_bwd_s  + (T - G) * zero<S>_bwd_tensor_s  [+ C * zero3_bwd_module_s + G * zero3_bwd_gather_s]
+        optim = zero<S>_step_s + (T - G) * zero<S>_step_tensor_s [+ G * zero3_step_gather_s]
 
     fwd and bwd are per micro-step and come on top of the model's own forward and backward; optim is
     the whole engine.step() host time per optimizer step (the optimizer's loop included: ZeRO-1-3
@@ -318,17 +318,20 @@ def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec,
     """
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         raise UserError(f"stage: ZeRO stage must be 0-3, got {stage!r}")
-    for name, value in (("module_calls", module_calls), ("param_tensors", param_tensors)):
+    for name, value in (("module_calls", module_calls), ("param_tensors", param_tensors),
+                        ("partitioned_tensors", partitioned_tensors)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise UserError(f"{name}: must be an integer >= 0, got {value!r}")
+    if partitioned_tensors > param_tensors:
+        raise UserError(f"partitioned_tensors: {partitioned_tensors} is more than the {param_tensors} parameter tensors")
     hc = host_constants(load_system(spec))
-    gathered = {"fwd": 0, "bwd": 0, "step": 0, **(gathered_tensors or {})}
+    part = partitioned_tensors if stage == 3 else 0
     out = {}
     for ph, key in (("fwd", "fwd"), ("bwd", "bwd"), ("step", "optim")):
-        t = hc[f"zero{stage}_{ph}_s"] + param_tensors * hc[f"zero{stage}_{ph}_tensor_s"]
+        t = hc[f"zero{stage}_{ph}_s"] + (param_tensors - part) * hc[f"zero{stage}_{ph}_tensor_s"]
         if stage == 3:
             t += (module_calls * hc[f"zero3_{ph}_module_s"] if ph != "step" else 0.0)
-            t += gathered[ph] * hc[f"zero3_{ph}_gather_s"]
+            t += part * hc[f"zero3_{ph}_gather_s"]
         out[key] = float(t)
     return out
 

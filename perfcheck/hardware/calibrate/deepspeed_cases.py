@@ -17,11 +17,12 @@ core to itself; a shared machine's waiting for a core is not in it), median over
 
 The fit (``fit``), per stage S and phase (fwd, bwd, step), least squares over the three models:
 
-    fwd, bwd:  engine phase - plain torch phase  =  a_S + b_S * module calls + c_S * parameter tensors
+    fwd, bwd:  engine phase - plain torch phase  =  a_S + c_S * parameter tensors
     step:      engine.step() (whole)              =  a_S + c_S * parameter tensors
 
-with b_S = 0 for stages 0-2 (DeepSpeed hooks modules only at stage 3), and for the gathered stage-3
-run the extra per gathered tensor over stage 3: g = slope of (3g - 3) over parameter tensors. The
+and at stage 3 one fit over both of its runs (every tensor persistent / every tensor partitioned):
+a + b * module calls (fwd, bwd: DeepSpeed hooks every module only at stage 3) + c * persistent
+tensors + g * partitioned tensors. The
 step is the whole engine.step() (torch Adam's per-tensor loop at stage 0, the flat partition's
 update at stages 1-3) because ZeRO replaces the optimizer's loop; the optimizer's memory-bound
 update of large partitions is the device side (``perfcheck.predict.zero.optimizer_time_s``).
@@ -195,40 +196,49 @@ def _lstsq(cols, y) -> np.ndarray:
 def fit(table: pd.DataFrame) -> dict:
     """``{host key: (seconds, how)}`` from ``bench_deepspeed``'s table (see the module docstring).
 
+    Stages 0-2, per phase, least squares over the three models: y = a + c * tensors. Stage 3, one least
+    squares over its two runs (every tensor persistent, every tensor partitioned; 6 observations):
+    y = a + b * module calls + c * persistent tensors + g * partitioned tensors (no b for the step).
     Coefficients are clipped at 0 (a cost cannot be negative; a slightly negative slope is noise)."""
+    meta = table.drop_duplicates("model").set_index("model")
     t = table.set_index(["config", "model"])
     models = [m for m, _, _ in MODELS]
-    calls = np.array([t.loc[("torch" if ("torch", m) in t.index else "3", m), "calls"] for m in models], float)
-    tensors = np.array([t.loc[("torch" if ("torch", m) in t.index else "3", m), "tensors"] for m in models], float)
-    ones = np.ones(len(models))
+    calls = meta.loc[models, "calls"].to_numpy(float)
+    tensors = meta.loc[models, "tensors"].to_numpy(float)
+    ones, zeros = np.ones(len(models)), np.zeros(len(models))
     out = {}
     shape = "chains of " + ", ".join(f"{n} Linear({WIDTH}, {WIDTH}{'' if b else ', bias=False'})" for _, n, b in MODELS)
 
     def put(key, value, how):
         out[key] = (float(max(value, 0.0)), how)
 
-    for stage in STAGES:
-        cfg = str(stage)
-        for ph in PHASES:
-            y = np.array([t.loc[(cfg, m), f"{ph}_s"] for m in models], float)
-            if ph == "step":
-                what = "engine.step() (optimizer included)"
-            else:
-                y = y - np.array([t.loc[("torch", m), f"{ph}_s"] for m in models], float)
-                what = f"engine {'forward' if ph == 'fwd' else 'backward'} less the plain model's"
-            if stage == 3 and ph != "step":
-                a, b, c = _lstsq([ones, calls, tensors], y)
-                put(f"zero3_{ph}_module_s", b, f"ZeRO-3 {what}: per module call, least squares over {shape}")
-            else:
-                a, c = _lstsq([ones, tensors], y)
+    def phase_y(cfg, ph):
+        y = np.array([t.loc[(cfg, m), f"{ph}_s"] for m in models], float)
+        if ph != "step":
+            y = y - np.array([t.loc[("torch", m), f"{ph}_s"] for m in models], float)
+        return y
+
+    for ph in PHASES:
+        what = ("engine.step() (optimizer included)" if ph == "step" else
+                f"engine {'forward' if ph == 'fwd' else 'backward'} less the plain model's")
+        for stage in (0, 1, 2):
+            a, c = _lstsq([ones, tensors], phase_y(str(stage), ph))
             put(f"zero{stage}_{ph}_s", a, f"ZeRO-{stage} {what}: fixed part, least squares over {shape}")
             put(f"zero{stage}_{ph}_tensor_s", c, f"ZeRO-{stage} {what}: per parameter tensor, same fit")
-    for ph in PHASES:
-        d = np.array([t.loc[("3g", m), f"{ph}_s"] - t.loc[("3", m), f"{ph}_s"] for m in models], float)
-        _, g = _lstsq([ones, tensors], d)
-        put(f"zero3_{ph}_gather_s", g, f"ZeRO-3 {ph} with every tensor gathered (persistence 0, reuse 0) less "
-                                       f"with every tensor persistent, per tensor (one rank: the host side of a "
-                                       f"fetch/release, not the all-gather itself)")
+        y = np.concatenate([phase_y("3", ph), phase_y("3g", ph)])
+        cols = [np.concatenate([ones, ones]), np.concatenate([tensors, zeros]), np.concatenate([zeros, tensors])]
+        if ph != "step":
+            cols.insert(1, np.concatenate([calls, calls]))
+        coef = _lstsq(cols, y)
+        a, (c, g) = coef[0], coef[-2:]
+        both = (f"least squares over {shape}, with every tensor persistent and with every tensor partitioned "
+                f"(persistence threshold 0, reuse 0, prefetch 0)")
+        put(f"zero3_{ph}_s", a, f"ZeRO-3 {what}: fixed part, {both}")
+        put(f"zero3_{ph}_tensor_s", c, f"ZeRO-3 {what}: per persistent parameter tensor, same fit")
+        put(f"zero3_{ph}_gather_s", g, f"ZeRO-3 {what}: per partitioned parameter tensor (one rank: the host side "
+                                       f"of its fetch and release, not the all-gather itself), same fit")
+        if ph != "step":
+            put(f"zero3_{ph}_module_s", coef[1], f"ZeRO-3 {what}: per module call, same fit")
     return out
 
 
