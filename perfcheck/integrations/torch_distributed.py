@@ -442,6 +442,23 @@ def add_live_collectives(frame, model, system, extra=()):
     return add_collectives(frame, live_collectives(model) + list(extra), system)
 
 
+def _frame_phase(phase: str) -> str:
+    """The predicted frame's column phase of a collective: optimizer-time reductions count with backward."""
+    return "fwd" if phase == "fwd" else "bwd"
+
+
+def _issuer_and_ancestors(module: str, index: dict):
+    """The module that issued a collective and its ancestors that are rows of the frame (``index``:
+    path -> row); the root for a module the frame lacks. A collective counts in each, like FLOPs."""
+    from perfcheck.schema import parent_path
+
+    path = module if module in index else ROOT
+    while path is not None:
+        if path in index:
+            yield path
+        path = parent_path(path)
+
+
 def add_collectives(frame, rows, system):
     """Fill the predicted frame's communication columns from the Collectives ``rows``: each counts
     in the module that issues it and in its ancestors (like FLOPs); its time on ``system``'s links
@@ -450,7 +467,6 @@ def add_collectives(frame, rows, system):
     import numpy as np
 
     from perfcheck.predict import collectives as coll_model
-    from perfcheck.schema import parent_path
 
     rows = list(rows)
     frame = frame.copy()
@@ -459,15 +475,11 @@ def add_collectives(frame, rows, system):
     index = {p: i for i, p in enumerate(frame["module"])}
     for r in rows:
         t = float(np.asarray(coll_model.collective_time_s(r.kind, r.bytes, r.group_size, system)))
-        path = r.module if r.module in index else ROOT
-        while path is not None:
-            if path in index:
-                i = index[path]
-                phase = "fwd" if r.phase == "fwd" else "bwd"
-                frame.loc[frame.index[i], f"comm_{phase}_bytes"] += r.bytes
-                frame.loc[frame.index[i], f"pred_{phase}_s"] += t
-                kinds[path].add(r.kind)
-            path = parent_path(path)
+        phase = _frame_phase(r.phase)
+        for path in _issuer_and_ancestors(str(r.module), index):
+            frame.loc[frame.index[index[path]], f"comm_{phase}_bytes"] += r.bytes
+            frame.loc[frame.index[index[path]], f"pred_{phase}_s"] += t
+            kinds[path].add(r.kind)
     frame["comm_kind"] = [",".join(sorted(kinds.get(p, ()))) for p in frame["module"]]
     frame.attrs["collectives"] = [dict(r.__dict__) for r in rows]
     return frame
@@ -605,7 +617,6 @@ def per_step_comm(pred, run, n, system, live=None):
     from perfcheck.hardware.systems import load_system
     from perfcheck.measure import rundir
     from perfcheck.predict import collectives as coll_model
-    from perfcheck.schema import parent_path
 
     spec = None
     out = pred.copy()
@@ -630,14 +641,11 @@ def per_step_comm(pred, run, n, system, live=None):
                 continue
             spec = spec or load_system(system)
             t = float(np.asarray(coll_model.collective_time_s(r.kind, float(r.bytes), int(r.group_size), spec)))
-            phase = "fwd" if r.phase == "fwd" else "bwd"
+            phase = _frame_phase(r.phase)
             removed += extra * float(r.bytes)
-            path = str(r.module) if str(r.module) in index else ROOT
-            while path is not None:
-                if path in index:
-                    out.loc[index[path], f"comm_{phase}_bytes"] -= extra * float(r.bytes)
-                    out.loc[index[path], f"pred_{phase}_s"] -= extra * t
-                path = parent_path(path)
+            for path in _issuer_and_ancestors(str(r.module), index):
+                out.loc[index[path], f"comm_{phase}_bytes"] -= extra * float(r.bytes)
+                out.loc[index[path], f"pred_{phase}_s"] -= extra * t
     if not changed:
         return pred, None
     return out, (f"collectives per optimizer step: all-gathers and TP/SP redistributes x{n:g} micro-batches, gradient "

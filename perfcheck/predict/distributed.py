@@ -1,5 +1,5 @@
 """Predict a torch-native parallel layout (DDP, FSDP2 ``fully_shard``, DTensor TP/SP, 2-D meshes)
-from ONE process: the collectives every module issues, per rank, with FLOPs and memory per rank (see the NB on TP FLOPs).
+from ONE process: the collectives every module issues, per rank, with FLOPs and memory per rank.
 
 How: the model is built and parallelised inside a *fake* process group (PyTorch's own, the
 ``"fake"`` backend of ``torch.testing._internal.distributed.fake_pg``: collectives complete at
