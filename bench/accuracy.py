@@ -113,13 +113,18 @@ def _clock(name: str):
 def leaf_times(w: Workload, opt, steps: int, clock: str) -> pd.DataFrame:
     """Median forward and backward seconds of every Linear/Conv module over ``steps`` steps on
     ``clock`` (forward pre/post hooks; full backward pre/post hooks), columns module, fwd_s_median,
-    bwd_s_median. Empty when the hooks cannot be placed (an in-place op on a hooked output)."""
+    bwd_s_median; first layers (no input needs a gradient) are left out. Empty when the hooks cannot
+    be placed (an in-place op on a hooked output)."""
     now = _clock(clock)
     mods = [(path, m) for path, m in w.model.named_modules() if isinstance(m, _PROCESS_TIMED)]
     rec, handles = {}, []
     for path, m in mods:
         def pre(mod, args, path=path):
-            rec.setdefault(path, {})["f0"] = now()
+            r = rec.setdefault(path, {})
+            # a first layer (no input needs a gradient): the full backward hook fires when its output's
+            # gradient arrives, before its weight gradient is computed; its backward is left to PerfCheck
+            r["first"] = not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+            r["f0"] = now()
 
         def post(mod, args, out, path=path):
             rec[path].setdefault("fwd", []).append(now() - rec[path]["f0"])
@@ -133,20 +138,25 @@ def leaf_times(w: Workload, opt, steps: int, clock: str) -> pd.DataFrame:
 
         handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post),
                     m.register_full_backward_pre_hook(bpre), m.register_full_backward_hook(bpost)]
+    import warnings
+
     try:
-        for _ in range(steps + 1):  # the first is a warm-up of the hooked graph
-            if _ == 1:
-                rec.clear()
-            w.loss(w.model(*w.inputs), w.target).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")  # first layers: see above
+            for i in range(steps + 1):  # the first is a warm-up of the hooked graph
+                if i == 1:
+                    rec.clear()
+                w.loss(w.model(*w.inputs), w.target).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
     except RuntimeError:
         return pd.DataFrame(columns=["module", "fwd_s_median", "bwd_s_median"])
     finally:
         for h in handles:
             h.remove()
     return pd.DataFrame([(p, float(np.median(r.get("fwd", [np.nan]))), float(np.median(r.get("bwd", [np.nan]))))
-                         for p, r in rec.items()], columns=["module", "fwd_s_median", "bwd_s_median"])
+                         for p, r in rec.items() if not r.get("first")],
+                        columns=["module", "fwd_s_median", "bwd_s_median"])
 
 
 def measure(w: Workload, steps: int, warmup: int, clock: str = "wall"):
@@ -329,7 +339,7 @@ def _machine(device) -> str:
 
 
 def run(models, *, rounds=3, steps=5, warmup=1, device="cpu", dtype="fp32", base=None, calibrated=None,
-        large_flops=None, threads=None, progress=print, gpt_batch=8, clock="wall"):
+        large_flops=None, threads=None, progress=print, gpt_batch=8, clock="wall", auto=False):
     """All rounds: (rows, labels, workloads, base spec). ``calibrated``: a fixed system file instead of
     calibrating before each model in each round; ``threads``: torch CPU threads for the run (restored after)."""
     saved = torch.get_num_threads()
@@ -337,13 +347,13 @@ def run(models, *, rounds=3, steps=5, warmup=1, device="cpu", dtype="fp32", base
         torch.set_num_threads(threads)
     try:
         return _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress, gpt_batch,
-                    clock)
+                    clock, auto)
     finally:
         torch.set_num_threads(saved)
 
 
 def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress, gpt_batch,
-         clock="wall"):
+         clock="wall", auto=False):
     from perfcheck.hardware.calibrate.run import calibrate, default_base, provenance
     from perfcheck.hardware.calibrate.fit import build_spec, merge_measurements
     from perfcheck.hardware.systems import load_system
@@ -353,6 +363,13 @@ def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_f
     base_spec = load_system(base or default_base(dev))
     large_flops = large_flops or (1e8 if dev.type == "cpu" else 1e10)
     workloads = [build(m, dev, tdt, gpt_batch=gpt_batch) for m in models]
+    extra = {}
+    if auto:  # what a fresh machine predicts with: one quick calibration at the start (perfcheck.hardware.cache)
+        from perfcheck.hardware.cache import AUTO_NAME
+
+        t0 = time.perf_counter()
+        extra["auto"] = calibrate(base_spec, mode="quick", device=dev.type, comm=False, clock=clock, name=AUTO_NAME).spec
+        progress(f"one-shot quick calibration (the automatic one): {time.perf_counter() - t0:.1f} s")
     frames = []
     for rnd in range(rounds):
         for w in workloads:
@@ -368,13 +385,14 @@ def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_f
                                  peaks="base" if dev.type == "cuda" else "measured", stamp=provenance(dev),
                                  kind="gpu" if dev.type == "cuda" else "cpu")
             load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-            f = compare(w, measured, st, {"datasheet": base_spec, "calibrated": cal}, rnd=rnd, large_flops=large_flops,
+            f = compare(w, measured, st, {"datasheet": base_spec, "calibrated": cal, **extra}, rnd=rnd,
+                        large_flops=large_flops,
                         leaves=leaves)
             frames.append(f.assign(loadavg=load))
             root = f[(f["system"] == "calibrated") & (f["module"] == ROOT)]["ratio"]
             progress(f"round {rnd + 1}/{rounds} {w.name}: {time.perf_counter() - t0:.1f} s, load {load:.1f}, "
                      f"model fwd+bwd measured/predicted(calibrated) {root.iloc[0]:.2f}")
-    return pd.concat(frames, ignore_index=True), ["datasheet", "calibrated"], workloads, base_spec
+    return pd.concat(frames, ignore_index=True), ["datasheet", "calibrated", *extra], workloads, base_spec
 
 
 def ceiling_lines(base, device: str, threads) -> list:
@@ -410,6 +428,9 @@ def main(argv=None):
     ap.add_argument("--csv", default=None, help="write every row (model x round x system x module)")
     ap.add_argument("--gpt-batch", type=int, default=8, help="GPT-2 small's batch on GPU (seq 1024)")
     ap.add_argument("--write", default=None, help="RESULTS.md to update (this script's section only)")
+    ap.add_argument("--auto", action="store_true",
+                    help="add a column predicted with one quick calibration taken at the start (what the automatic "
+                         "calibration of a fresh machine gives; the 'calibrated' column brackets every measurement)")
     ap.add_argument("--clock", choices=("wall", "process"), default=None,
                     help="CPU clock of the calibrations, the step rows and the Linear/Conv rows: process (CPU time of "
                          "this process: a shared host's other load drops out; default on CPU with --threads 1) or wall")
@@ -432,6 +453,7 @@ def main(argv=None):
                                              device=args.device, dtype=dtype, base=args.base,
                                              calibrated=args.calibrated, large_flops=args.large_flops,
                                              threads=args.threads, gpt_batch=args.gpt_batch, clock=clock,
+                                             auto=args.auto,
                                              progress=lambda m: print(m, file=sys.stderr, flush=True))
     if args.csv:
         rows.to_csv(args.csv, index=False)

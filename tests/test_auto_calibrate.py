@@ -86,7 +86,13 @@ def test_measured_once_kept_and_named_in_the_header(auto_on, capsys):
     again = estimate(JSC_Tiny(), (torch.randn(4, 16),))
     assert len(auto_on) == 1 and again.attrs["system_label"] == label
     # and the ceilings are the measured ones (40 GFLOP/s), not the datasheet's 1 TFLOP/s
-    assert cache.cached_spec("cpu").matrix_flops_per_s["fp32"] == pytest.approx(40e9, rel=1e-3)
+    spec = cache.cached_spec("cpu")
+    assert spec.matrix_flops_per_s["fp32"] == pytest.approx(40e9, rel=1e-3)
+    # a run directory embeds the spec (predicted.json): read back without the cache file, the header still says so
+    from perfcheck.hardware.systems import SystemSpec
+
+    embedded = SystemSpec.from_dict(spec.to_json_dict())
+    assert cache.spec_label(embedded) == "cpu-auto-calibrated (calibrated: automatic quick calibration)"
 
 
 def test_an_explicit_system_never_calibrates(auto_on):

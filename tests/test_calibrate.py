@@ -227,3 +227,22 @@ def test_building_the_cli_parser_imports_no_torch():
 
     code = "import sys, perfcheck.cli as c; c.build_parser(); assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bandwidth_curve_by_hand():
+    """Copies of 1 MiB (80 GB/s) and 256 MiB (20 GB/s) with the 2 us tiny-op time taken out first:
+    2 MiB moved in 2097152 / 80e9 s = 26.2144 us, less 2 us -> 2097152 / 24.2144e-6 = 86.608 GB/s;
+    512 MiB moved in 26.8435 ms, less 2 us -> 20.0015 GB/s; factor 86.608 / 20.0015 = 4.3301."""
+    spec = build_spec("cpu", _table(), peaks="measured", stamp=STAMP)
+    small = 2 * 2 ** 20 / (2 * 2 ** 20 / 80e9 - 2e-6)
+    big = 2 * 2 ** 28 / (2 * 2 ** 28 / 20e9 - 2e-6)
+    assert spec.mem_bandwidth_curve[0][0] == 2 * 2 ** 20 and spec.mem_bandwidth_curve[1] == (2 * 2 ** 28, 1.0)
+    assert spec.mem_bandwidth_curve[0][1] == pytest.approx(small / big, abs=1e-4)
+    assert spec.mem_bandwidth_curve[0][1] == pytest.approx(4.3301, abs=1e-3)
+    assert "copies of 1 MiB, 256 MiB" in spec.sources["mem_bandwidth_curve"]
+    # a GPU calibration keeps no curve (its copy loop is timed on the device: see fit._memory)
+    gpu = build_spec("h100-sxm", _table(), peaks="base", stamp=STAMP)
+    assert gpu.mem_bandwidth_curve == ()
+    # one copy size: no curve
+    one = _table()[lambda t: t["label"] != "copy 1 MiB"]
+    assert build_spec("cpu", one, peaks="measured", stamp=STAMP).mem_bandwidth_curve == ()

@@ -127,3 +127,44 @@ def test_op_time_never_beats_ideal(system_dtype, mf, of, nb, k):
     ideal = ideal_time_s(mf, of, nb, k, system, dtype)
     assert np.all(t >= ideal)
     assert set(bound.tolist()) <= {"compute", "memory", "overhead"}
+
+
+# A CPU whose copies run 4x faster when they move 1 MB per kernel than at 100 MB (cache-resident).
+CACHED = dataclasses.replace(load_system("cpu"), name="cpu-cached", calibrated=True, mem_bandwidth_bytes_per_s=1e10,
+                             efficiency={**load_system("cpu").efficiency, "memory": 1.0},
+                             mem_bandwidth_curve=((1e6, 4.0), (1e8, 1.0)))
+
+
+def test_bandwidth_curve_by_working_set_by_hand():
+    # 1 MB in one kernel: 1e6 / (1e10 * 4) = 25 us
+    assert memory_time_s(1e6, CACHED, kernels=1) == pytest.approx(25e-6)
+    # 10 MB in one kernel: halfway in log(bytes) between the points -> factor 4 + (1 - 4) * 0.5 = 2.5
+    assert memory_time_s(1e7, CACHED, kernels=1) == pytest.approx(1e7 / 2.5e10)
+    # the same 10 MB as 10 kernels of 1 MB: factor 4
+    assert memory_time_s(1e7, CACHED, kernels=10) == pytest.approx(1e7 / 4e10)
+    # clamped at the ends: 1 kB -> 4; 1 GB -> 1
+    assert memory_time_s(1e3, CACHED, kernels=1) == pytest.approx(1e3 / 4e10)
+    assert memory_time_s(1e9, CACHED, kernels=1) == pytest.approx(1e9 / 1e10)
+    # without kernels (the optimizer's and ZeRO's streams): the large-copy ceiling, whatever the size
+    assert memory_time_s(1e6, CACHED) == pytest.approx(1e6 / 1e10)
+    # vectorised like the rest
+    np.testing.assert_allclose(memory_time_s(np.array([1e6, 1e7]), CACHED, kernels=np.array([1, 1])),
+                               [25e-6, 1e7 / 2.5e10])
+    # a spec without a curve: factor 1 (every built-in datasheet)
+    assert memory_time_s(1e6, "cpu", kernels=1) == pytest.approx(memory_time_s(1e6, "cpu"))
+
+
+def test_op_time_uses_the_bandwidth_curve_per_kernel():
+    # an elementwise copy of 1 MB per kernel, 2 kernels, no FLOPs: memory-bound at 4x the ceiling
+    t, bound = op_time_s(0, 0, 2e6, 2, CACHED, "fp32", launch_s=0.0)
+    assert bound == "memory" and t == pytest.approx(2e6 / 4e10)
+
+
+def test_bandwidth_curve_validation_names_the_field():
+    data = CACHED.to_json_dict()
+    from perfcheck.hardware.systems import SystemSpec
+
+    assert SystemSpec.from_dict(data).mem_bandwidth_curve == ((1e6, 4.0), (1e8, 1.0))  # round trip
+    for bad in ([[1e8, 1.0], [1e6, 4.0]], [[1e6, 0.0]], [[1e6, 100.0]], "fast"):
+        with pytest.raises(UserError, match="mem_bandwidth_curve"):
+            SystemSpec.from_dict({**data, "mem_bandwidth_curve": bad})

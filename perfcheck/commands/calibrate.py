@@ -22,7 +22,8 @@ def add_parser(subparsers):
                               description=__doc__.split("\n\n")[1])
     speed = p.add_mutually_exclusive_group()
     speed.add_argument("--quick", action="store_const", dest="mode", const="quick",
-                       help="fewer shapes and repeats (~15 s on CPU)")
+                       help="fewer shapes and repeats (CPU: the local cases take 4-13 s on a 2-core VM; the "
+                            "collectives and the DeepSpeed engine case add 30-110 s; --no-comm skips both)")
     speed.add_argument("--full", action="store_const", dest="mode", const="full", help="more shapes, sizes and repeats")
     p.add_argument("--base", metavar="SYSTEM",
                    help="system to start from (name or JSON path; default: cpu, or this GPU's spec)")

@@ -13,8 +13,8 @@ when no system is given; ``spec_label(spec)`` is the header every report prints 
 
 Automatic quick calibration (CPU): when the cache has no entry for this CPU and thread count,
 ``cached_spec`` measures one first (``perfcheck calibrate --quick`` without collectives: host
-constants, per-op fixed costs, copy, elementwise and fp32 GEMM curves, a bf16 peak; 2-4 s on the
-project's 2-core VM) and keeps it, so a fresh machine predicts with its own ceilings instead of
+constants, per-op fixed costs, copy, elementwise and fp32 GEMM curves, a bf16 peak; 3-5 s with one
+thread on the project's 2-core VM, 22 s with two threads at load 7) and keeps it, so a fresh machine predicts with its own ceilings instead of
 the generic ``cpu`` datasheet (measured/predicted step 2.5-35x off on that VM, bench/RESULTS.md).
 It is announced on stderr once and named in every report header ("cpu-auto-calibrated
 (calibrated: automatic quick calibration, per-user cache ...)"). Off with
@@ -113,6 +113,13 @@ def _origin(spec: SystemSpec, path) -> str:
     return f"per-user cache {path}"
 
 
+def torch_threads(threads=None) -> str:
+    import torch
+
+    n = threads or torch.get_num_threads()
+    return f"{n} thread{'s' if n != 1 else ''}"
+
+
 def auto_calibration_enabled() -> bool:
     """False when ``$PERFCHECK_AUTO_CALIBRATE`` is 0, false, no or off (anything else, or unset: on)."""
     return os.environ.get(AUTO_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
@@ -161,13 +168,12 @@ def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemS
     try:
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
-        say(f"perfcheck: no calibration of this CPU in the cache: measuring a quick one (a few seconds, once; "
-            f"{AUTO_ENV}=0 skips it, `perfcheck calibrate` measures more)")
+        say(f"perfcheck: no calibration of this CPU ({torch_threads(threads)}) in the cache: measuring a quick one "
+            f"(once; 3-5 s on an idle CPU, up to ~25 s on busy cores; {AUTO_ENV}=0 skips it, `perfcheck calibrate` "
+            f"measures more)")
         t0 = time.perf_counter()
         result = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=threads, name=AUTO_NAME)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        result.spec.save(tmp)
-        os.replace(tmp, path)  # atomic: a reader sees no file or a whole one
+        result.spec.save(path)  # atomic (temp file + rename): a reader sees no file or a whole one
         say(f"perfcheck: calibrated in {time.perf_counter() - t0:.1f} s, kept in {path}")
     except (OSError, RuntimeError, UserError) as exc:
         say(f"perfcheck: automatic calibration failed ({exc}); this prediction uses the datasheet")
@@ -200,5 +206,6 @@ def spec_label(spec) -> str:
             return str(spec)
     origin = getattr(spec, "origin", None)
     if spec.calibrated:
-        return f"{spec.name} (calibrated: {origin or 'given as a spec'})"
+        where = origin or ("automatic quick calibration" if spec.name == AUTO_NAME else "given as a spec")
+        return f"{spec.name} (calibrated: {where})"
     return f"{spec.name} (datasheet{': ' + origin if origin and not origin.startswith('built-in') else ''})"

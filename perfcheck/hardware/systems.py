@@ -46,8 +46,8 @@ _REQUIRED = (
     "mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
-_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "host", "op_fixed_s", "op_efficiency", "calibrated",
-             "sources")
+_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
+             "op_efficiency", "calibrated", "sources")
 
 #: Host-side (framework) constants a spec may give in its ``host`` block, seconds; the estimator's
 #: host model (perfcheck.predict.host) uses them. Missing keys come from ``host_defaults.json``.
@@ -143,6 +143,9 @@ class SystemSpec:
     efficiency: Mapping[str, float]
     matrix_efficiency_curve: Tuple[Tuple[float, float], ...] = ()
     matrix_shape_curve: Tuple[Tuple[float, float], ...] = ()
+    #: ((bytes moved per kernel, bandwidth factor), ...): a working set that fits a cache moves faster
+    #: than the DRAM/HBM-sized copy ``mem_bandwidth_bytes_per_s`` is measured on (perfcheck.predict.roofline)
+    mem_bandwidth_curve: Tuple[Tuple[float, float], ...] = ()
     host: Mapping[str, float] = dataclasses.field(default_factory=dict)
     op_fixed_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
     op_efficiency: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -197,11 +200,11 @@ class SystemSpec:
         out = {}
         for f in _FIELDS:
             value = getattr(self, f)
-            if f in ("matrix_shape_curve", "host", "op_fixed_s", "op_efficiency") and not value:
+            if f in ("matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s", "op_efficiency") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if isinstance(value, types.MappingProxyType):
                 value = dict(value)
-            elif f in ("matrix_efficiency_curve", "matrix_shape_curve"):
+            elif f in ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_curve"):
                 value = [list(p) for p in value]
             out[f] = value
         return out
@@ -298,6 +301,18 @@ def _shape_curve(value, where) -> tuple:
     return _points(value, where, "matrix_shape_curve", "smallest_dim", "factor", _shape_factor)
 
 
+def _bandwidth_factor(value, name, where) -> float:
+    factor = _number(value, name, where)
+    if factor > 64:
+        raise UserError(f"{where}: {name} = {factor!r} is outside (0, 64]")
+    return factor
+
+
+def _bandwidth_curve(value, where) -> tuple:
+    """[[bytes moved per kernel, factor], ...]: memory bandwidth multiplier by working set, strictly increasing bytes."""
+    return _points(value, where, "mem_bandwidth_curve", "bytes_per_kernel", "factor", _bandwidth_factor)
+
+
 def _host(value, where) -> types.MappingProxyType:
     if not isinstance(value, Mapping):
         raise UserError(f"{where}: host must be an object of constant -> seconds")
@@ -378,6 +393,7 @@ def _validated_fields(spec, where: str) -> dict:
         "efficiency": _efficiency(spec.efficiency, where),
         "matrix_efficiency_curve": _curve(spec.matrix_efficiency_curve, where),
         "matrix_shape_curve": _shape_curve(getattr(spec, "matrix_shape_curve", ()), where),
+        "mem_bandwidth_curve": _bandwidth_curve(getattr(spec, "mem_bandwidth_curve", ()), where),
         "host": _host(getattr(spec, "host", {}) or {}, where),
         "op_fixed_s": _per_op(getattr(spec, "op_fixed_s", {}) or {}, "op_fixed_s", where, fraction=False),
         "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True),

@@ -7,7 +7,7 @@ Model (Williams et al., "Roofline", CACM 2009; a per-kernel launch floor of a fe
 costs ~3-4 us of host work, https://forums.developer.nvidia.com/t/too-much-time-for-kernel-launch-latency/233645/3):
 
     compute  = matrix_flops / (matrix_peak(dtype) * eff_matrix) + other_flops / (vector_peak * eff_vector)
-    memory   = bytes_moved / (mem_bandwidth * eff_memory)
+    memory   = bytes_moved / (mem_bandwidth * eff_memory * bandwidth_factor(bytes per kernel))
     time     = max(compute, memory) + kernels * launch_overhead_s
     bound    = "overhead" if the launch term exceeds max(compute, memory), else the larger of the two
 
@@ -101,10 +101,33 @@ def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, mi
     return _scalar_out(t, matrix_flops, other_flops, kernels)
 
 
-def memory_time_s(bytes_moved, system):
-    """Seconds to move ``bytes_moved`` through device memory at achievable bandwidth."""
+def bandwidth_factor(system, bytes_per_kernel):
+    """The ``mem_bandwidth_curve`` multiplier for kernels moving ``bytes_per_kernel`` (1 without a curve).
+
+    The curve (bytes moved per kernel -> achieved bandwidth / the large-copy bandwidth, measured by
+    ``perfcheck calibrate`` on copies of several sizes) is interpolated in log(bytes) and clamped at
+    its ends: a working set that stays in a cache moves faster than the DRAM-sized copy the
+    bandwidth ceiling is measured on (3.5x at 2 MiB on the project's EPYC VM, 1.0 from 8 MiB on).
+    """
     system = load_system(system)
-    t = _array(bytes_moved, "bytes_moved") / (system.mem_bandwidth_bytes_per_s * system.efficiency["memory"])
+    curve = system.mem_bandwidth_curve
+    if bytes_per_kernel is None or not curve:
+        return 1.0 if bytes_per_kernel is None else np.ones(np.shape(bytes_per_kernel))[()]
+    xs = np.log(np.array([p[0] for p in curve]))
+    ys = np.array([p[1] for p in curve])
+    return np.interp(np.log(np.maximum(np.asarray(bytes_per_kernel, dtype=float), 1.0)), xs, ys)[()]
+
+
+def memory_time_s(bytes_moved, system, *, kernels=None):
+    """Seconds to move ``bytes_moved`` through device memory at achievable bandwidth.
+
+    ``kernels`` (optional) splits the bytes into equal kernels for the ``mem_bandwidth_curve`` lookup
+    (bytes per kernel); without it the bandwidth is the large-copy ceiling, whatever the size.
+    """
+    system = load_system(system)
+    b = _array(bytes_moved, "bytes_moved")
+    factor = 1.0 if kernels is None else bandwidth_factor(system, b / np.maximum(_array(kernels, "kernels"), 1.0))
+    t = b / (system.mem_bandwidth_bytes_per_s * system.efficiency["memory"] * factor)
     return _scalar_out(t, bytes_moved)
 
 
@@ -120,7 +143,7 @@ def op_time_s(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *,
     system = load_system(system)
     k = _array(kernels, "kernels")
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=kernels, min_dim=min_dim))
-    memory = np.asarray(memory_time_s(bytes_moved, system))
+    memory = np.asarray(memory_time_s(bytes_moved, system, kernels=kernels))
     roof = np.maximum(compute, memory)
     launch = k * (system.launch_overhead_s if launch_s is None else _array(launch_s, "launch_s"))
     time = roof + launch

@@ -6,7 +6,9 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
             to large, so the estimator learns where efficiency falls off
             (``matrix_efficiency_curve``, FLOPs per kernel -> fraction of peak);
 * copy      ``dst.copy_(src)``, bytes = read + write (2 x size); the largest size is the ceiling
-            (a DRAM/HBM-sized buffer, past the last-level cache);
+            (a DRAM/HBM-sized buffer, past the last-level cache), the smaller ones the
+            ``mem_bandwidth_curve`` (a cache-resident working set moves faster: bytes per kernel ->
+            factor over the ceiling);
 * vector    ``torch.add(a, b, out=c)`` on a cache-resident buffer, 1 FLOP per element (the
             estimator's count for a pointwise op); CPU only (GPU elementwise work is memory-bound);
 * launch    ``op``: one tiny ``torch.add``; ``autograd``: a chain of tiny multiplies run forward
@@ -63,17 +65,17 @@ from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
 MODES = {
     "quick": dict(repeats=3, target_s=0.01, squares=(64, 128, 256, 512, 1024),
                   linear=((1024, 512, 2048), (96, 1024, 1024), (24, 1024, 1024)), other_squares=(128, 512),
-                  copy_mb=(1, 64), comm_kib=(4, 64, 4096),
+                  copy_mb=(0.25, 1, 2, 4, 16, 64), comm_kib=(4, 64, 4096),
                   comm_kinds=("allreduce",)),
     "default": dict(repeats=5, target_s=0.02, squares=(32, 64, 128, 256, 512, 1024, 2048),
                     linear=((2048, 512, 512), (2048, 512, 2048), (2048, 2048, 512), (256, 512, 1536),
                             (96, 1024, 1024), (24, 1024, 1024), (8, 1024, 1024)), other_squares=(128, 512, 1024),
-                    copy_mb=(1, 8, 256), comm_kib=(4, 64, 1024, 16384),
+                    copy_mb=(0.25, 1, 2, 4, 8, 16, 256), comm_kib=(4, 64, 1024, 16384),
                     comm_kinds=("allreduce", "allgather", "reducescatter")),
     "full": dict(repeats=9, target_s=0.05, squares=(16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096),
                  linear=((2048, 512, 512), (2048, 512, 2048), (2048, 2048, 512), (256, 512, 1536),
                          (8192, 768, 3072), (8192, 3072, 768), (512, 4096, 4096)), other_squares=None,
-                 copy_mb=(1, 8, 64, 256, 1024), comm_kib=(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536),
+                 copy_mb=(0.25, 0.5, 1, 2, 4, 8, 16, 64, 256, 1024), comm_kib=(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536),
                  comm_kinds=("allreduce", "allgather", "reducescatter")),
 }
 #: ``other_squares``: on a CPU, the matmul shapes of the dtypes other than the reference (fp32): they
