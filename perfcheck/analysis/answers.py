@@ -101,8 +101,9 @@ CONFIDENCE, CLEAR, BOOTSTRAP = 0.95, 0.10, 2000
 
 def stage_steps(run_dir) -> pd.DataFrame:
     """Per optimizer step and rank of one stage's run: fwd_s, bwd_s, step_s, total_s summed over the
-    step's micro-steps, measured steps only; steps with DeepSpeed's comms logger on (it synchronizes
-    after every collective) are left out when others remain."""
+    step's micro-steps, bare steps (no module hooks) when the run has them, else the measured ones;
+    steps with DeepSpeed's comms logger on (it synchronizes after every collective) are left out when
+    others remain."""
     from pathlib import Path
 
     from perfcheck.integrations.deepspeed import run_files
@@ -111,7 +112,7 @@ def stage_steps(run_dir) -> pd.DataFrame:
     rows = pd.concat([p for p in parts if p is not None and not p.empty] or [pd.DataFrame()], ignore_index=True)
     if rows.empty or "role" not in rows:
         return pd.DataFrame(columns=["rank", "step", "fwd_s", "bwd_s", "step_s", "total_s"])
-    rows = rows[rows["role"] == "measured"]
+    rows = rows[rows["role"] == ("bare" if (rows["role"] == "bare").any() else "measured")]  # as measured_times
     logged = rows["comms_logged"].astype(str).str.lower() == "true"
     if (~logged).any():
         rows = rows[~logged]
