@@ -141,3 +141,18 @@ def local_reference(model):
                 shape = p.to_local().shape if hasattr(p, "to_local") else p.shape
             setattr(getattr(ref, name), pname, nn.Parameter(torch.zeros(tuple(shape))))
     return ref
+
+
+def fsdp2_tp_sp(dp=2, tp=2):
+    """torchtitan's 2-D layout on the MLP block: norm SequenceParallel, up/down column/row-parallel
+    with the sequence sharded between blocks, over mesh['tp']; fully_shard over mesh['dp']."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    m = MLP()
+    parallelize_module(m, mesh["tp"], _styles({"norm": "sp", "up": "colwise", "down": "rowwise"}, sp=True))
+    fully_shard(m, mesh=mesh["dp"])
+    return m

@@ -190,3 +190,25 @@ def test_optimizer_time_is_for_the_local_shards(fake2):
     tp = _est(M.tp_ffn(d=16), torch.randn(8, 16)).loc["(root)"]
     # colwise up: weight 64x16 -> 32x16 = 512, bias 64 -> 32; rowwise down: 16x64 -> 16x32 = 512, bias 16 replicated
     assert tp["pred_optim_s"] == pytest.approx(optimizer_time([512, 32, 512, 16], "sgd", "cpu").time_s)
+
+
+def test_fsdp2_tp_sp_live_prediction_matches_the_fake_trace(fake4):
+    """torchtitan's 2-D layout (FSDP2 + TP with sequence parallel norms): the live prediction
+    (what PerfCheck uses in a real group) gives the fake-group trace's bytes per kind; the norm's
+    Partial gradients are all-reduced by FSDP2 in backward, on synced micro-batches only."""
+    from perfcheck.integrations.torch_distributed import issue_rate, live_collectives
+
+    model = M.fsdp2_tp_sp()
+    x = torch.randn(2, 4, 16)  # this rank's half of the 8-token sequence
+    traced = D.bytes_by_kind(D.predict_model(model, (x,))["collectives"])
+    live = live_collectives(model) + D.live_dtensor_collectives(model, (x,))
+    per_kind = {}
+    for r in live:
+        per_kind[r.kind] = per_kind.get(r.kind, 0) + r.bytes
+    # FSDP2 unit = the whole MLP, TP-local: norm 16+16, up 16x16+16, down 16x16+16 = 576 floats = 2304 B,
+    # gathered once (root: no backward re-gather) and reduce-scattered once; SP: (2, 8, 16) fp32 = 1024 B
+    # gathered and reduce-scattered once per direction; the norm's weight and bias grads 16 floats each
+    hand = {"allgather": 2304 + 2 * 1024, "reducescatter": 2304 + 2 * 1024, "allreduce": 2 * 64}
+    assert traced == hand and per_kind == hand
+    partial = [r for r in live if r.kind == "allreduce"]
+    assert {(r.phase, r.op, issue_rate(r)) for r in partial} == {("bwd", "fsdp2_partial_grad", "synced_micro_batch")}

@@ -500,13 +500,15 @@ def issue_rate(c) -> str:
     """``RATES`` entry of a Collective (or a dict with its fields): gradient reductions are DDP's
     bucket all-reduces (op ``ddp_bucket``), FSDP2's reduce-scatters (``fsdp2_reduce_scatter`` from
     the live layout; a c10d reduce-scatter/all-reduce issued in backward in a fake-group trace:
-    TP/SP redistributes are functional collectives, never c10d ones); ``optim``-phase rows once
-    per step; everything else every micro-batch."""
+    TP/SP redistributes are functional collectives, never c10d ones) and, under FSDP2+TP, the
+    Partial TP gradients FSDP2 all-reduces before them (``fsdp2_partial_grad``; a fake-group trace
+    sees these as functional all-reduces and counts them every micro-batch); ``optim``-phase rows
+    once per step; everything else every micro-batch."""
     get = c.get if isinstance(c, dict) else (lambda k: getattr(c, k))
     op, phase, kind = str(get("op")), str(get("phase")), str(get("kind"))
     if phase == "optim":
         return "step"
-    if op in ("ddp_bucket", "fsdp2_reduce_scatter"):
+    if op in ("ddp_bucket", "fsdp2_reduce_scatter", "fsdp2_partial_grad"):
         return "synced_micro_batch"
     if phase == "bwd" and op.startswith("c10d.") and kind in ("reducescatter", "allreduce"):
         return "synced_micro_batch"

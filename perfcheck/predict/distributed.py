@@ -38,6 +38,7 @@ optimizer step (gradient reductions only on synced micro-batches, Partial gradie
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pandas as pd
 import torch
@@ -312,7 +313,7 @@ def live_dtensor_collectives(model, example_inputs, kwargs=None) -> list:
     reduce-scatters are read from the live units (``live_collectives``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from perfcheck.integrations.torch_distributed import dtensor_twin
+    from perfcheck.integrations.torch_distributed import dtensor_twin, fsdp_modules
     from perfcheck.model_paths import unwrap
 
     inner = unwrap(model)
@@ -330,7 +331,13 @@ def live_dtensor_collectives(model, example_inputs, kwargs=None) -> list:
         example_inputs = (example_inputs,)
     frame, _ = trace_step(twin, [like(a) for a in example_inputs], fake,
                           kwargs={k: like(v) for k, v in (kwargs or {}).items()})
-    return [Collective(**r) for r in frame.to_dict("records")]
+    rows = [Collective(**r) for r in frame.to_dict("records")]
+    if fsdp_modules(inner):
+        # under FSDP2 a Partial TP gradient is all-reduced by FSDP2's post-backward (before its
+        # reduce-scatter, on the micro-batches that reduce gradients), not at the optimizer step
+        rows = [dataclasses.replace(r, phase="bwd", op="fsdp2_partial_grad") if r.op == "dtensor_partial_grad" else r
+                for r in rows]
+    return rows
 
 
 def _partial_grad_reductions(model, paths) -> list:
