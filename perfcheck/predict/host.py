@@ -16,6 +16,8 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
     backward, once (root)           backward_call_s (engine start for loss.backward())
     optimizer step                  optim_step_s + per tensor optim_<impl>_per_tensor_s (host)
                                     + streams x parameter bytes at the memory ceiling (device)
+    DeepSpeed, ZeRO stage S         zero<S>_* per phase: fixed + per parameter tensor, ZeRO-3 per
+                                    module call and per partitioned tensor (``deepspeed_host_s``)
 
 Two timelines (``timeline``): the host issues op i after its host cost h_i (issue time
 H_i = h_0 + ... + h_i); the device starts op i once it is issued and op i-1 is done, and runs it
