@@ -156,3 +156,39 @@ def fsdp2_tp_sp(dp=2, tp=2):
     parallelize_module(m, mesh["tp"], _styles({"norm": "sp", "up": "colwise", "down": "rowwise"}, sp=True))
     fully_shard(m, mesh=mesh["dp"])
     return m
+
+
+# ---- real multi-process gloo runs (shared by the run tests) -----------------------------------------
+def init_gloo(rank, port, world):
+    """The worker side: join a ``world``-rank gloo group on localhost:``port``, one intra-op thread."""
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+
+
+def save_result(out, rank, result):
+    """The worker's end: its result as ``out/result<rank>.json``, then leave the group."""
+    import json
+    import os
+
+    with open(os.path.join(out, f"result{rank}.json"), "w") as fh:
+        json.dump(result, fh)
+    torch.distributed.destroy_process_group()
+
+
+def run_ranks(worker, nprocs, out) -> list:
+    """Spawn ``worker(rank, port, out)`` on ``nprocs`` processes (a free localhost port) and return
+    each rank's saved result."""
+    import json
+    import os
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(port, out), nprocs=nprocs, join=True)
+    return [json.load(open(os.path.join(out, f"result{r}.json"))) for r in range(nprocs)]

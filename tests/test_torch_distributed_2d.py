@@ -4,9 +4,7 @@ model (FSDP2 units from the live layout, TP redistributes traced on a TP-only tw
 shards: no fake process group, no NotImplementedError) and the predicted bytes per collective
 kind equal the measured ones and hand arithmetic; per-rank FLOPs are the TP shard's; training
 with PerfCheck is bit-identical to training without."""
-import json
 import os
-import socket
 import sys
 
 import pytest
@@ -35,14 +33,10 @@ def _train(model, rank, pc=None):
 
 
 def _worker(rank, port, out):
-    import torch.distributed as dist
-
     from perfcheck import PerfCheck
     from perfcheck.measure.collectives import bytes_by_kind
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=4)
-    torch.set_num_threads(1)
+    M.init_gloo(rank, port, 4)
     bare = M.fsdp2_tp()
     _train(bare, rank)
     model = M.fsdp2_tp()
@@ -53,24 +47,13 @@ def _worker(rank, port, out):
     pred = pc.predicted().set_index("module")
     result = {"identical": same, "measured": bytes_by_kind(pc.collectives()), "parallel": pc.meta()["parallel"],
               "warnings": pc.meta()["warnings"], "up_macs_fwd": float(pred.loc["up", "macs_fwd"])}
-    with open(os.path.join(out, f"result{rank}.json"), "w") as fh:
-        json.dump(result, fh)
-    dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    M.save_result(out, rank, result)
 
 
 @pytest.fixture(scope="module")
 def run2d(tmp_path_factory):
-    import torch.multiprocessing as mp
-
     out = str(tmp_path_factory.mktemp("fsdp2tp"))
-    mp.spawn(_worker, args=(_free_port(), out), nprocs=4, join=True)
-    return out, [json.load(open(os.path.join(out, f"result{r}.json"))) for r in range(4)]
+    return out, M.run_ranks(_worker, 4, out)
 
 
 # FSDP2 over dp=2 of the TP-local shards: up 32x16+32 = 544, down 16x32+16 = 528 fp32 elements,

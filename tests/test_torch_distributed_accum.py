@@ -9,9 +9,8 @@ equal the measured bytes per kind (profiler window) and hand arithmetic:
   reduce-scatters only on the synced one (808 x 4 B);
 * TP+SP: every micro-batch gathers / reduce-scatters the 2x8x16 fp32 activation once per
   direction (2 x 2 x 1024 B each); the Partial LayerNorm gradients (32 floats) once per step."""
-import json
+import contextlib
 import os
-import socket
 import sys
 
 import pytest
@@ -26,25 +25,18 @@ MICRO = 2
 
 
 def _sync_switch(layout, model, on: bool):
-    if layout == "ddp":
-        import contextlib
-
-        return contextlib.nullcontext() if on else model.no_sync()
+    """A context for one micro-batch: DDP's no_sync() when ``on`` is False; FSDP2's switch is a setter."""
+    if layout == "ddp" and not on:
+        return model.no_sync()
     if layout == "fsdp2":
         model.set_requires_gradient_sync(on)
-    import contextlib
-
     return contextlib.nullcontext()
 
 
 def _worker(rank, port, out):
-    import torch.distributed as dist
-
     from perfcheck import PerfCheck
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
+    M.init_gloo(rank, port, 2)
     result = {}
     for layout, (build, _) in M.LAYOUTS.items():
         model = build()
@@ -60,24 +52,13 @@ def _worker(rank, port, out):
                 pc.step()
         meta = pc.meta()
         result[layout] = {"micro_batches": meta["micro_batches"], "synced": meta["grad_sync_micro_batches"]}
-    with open(os.path.join(out, f"result{rank}.json"), "w") as fh:
-        json.dump(result, fh)
-    dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    M.save_result(out, rank, result)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    import torch.multiprocessing as mp
-
     out = str(tmp_path_factory.mktemp("accum"))
-    mp.spawn(_worker, args=(_free_port(), out), nprocs=2, join=True)
-    return out, [json.load(open(os.path.join(out, f"result{r}.json"))) for r in range(2)]
+    return out, M.run_ranks(_worker, 2, out)
 
 
 HAND = {"ddp": {"allreduce": 808 * 4},

@@ -3,9 +3,7 @@ collective kind moved (measured from the profiler window) equal the bytes predic
 process on a fake process group; training with PerfCheck is bit-identical to training without;
 an FSDP2 model keeps training after PerfCheck wrote its run directory (its prediction used to
 touch the live sharded model: "mixed torch.Tensor and DTensor")."""
-import json
 import os
-import socket
 import sys
 
 import pytest
@@ -34,13 +32,10 @@ def _train(layout, model, rank, pc=None):
 
 
 def _worker(rank, port, out):
-    import torch.distributed as dist
     from perfcheck import PerfCheck
     from perfcheck.measure.collectives import bytes_by_kind
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
+    M.init_gloo(rank, port, 2)
     result = {}
     for layout, (build, _) in M.LAYOUTS.items():
         bare = build()
@@ -55,24 +50,13 @@ def _worker(rank, port, out):
         result[layout] = {"identical": same, "bytes": bytes_by_kind(pc.collectives()),
                           "parallel": pc.meta()["parallel"], "warnings": pc.meta()["warnings"],
                           "types": sorted(set(pc.measured()["type"]))}
-    with open(os.path.join(out, f"result{rank}.json"), "w") as fh:
-        json.dump(result, fh)
-    dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    M.save_result(out, rank, result)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    import torch.multiprocessing as mp
-
     out = str(tmp_path_factory.mktemp("native"))
-    mp.spawn(_worker, args=(_free_port(), out), nprocs=2, join=True)
-    return out, [json.load(open(os.path.join(out, f"result{r}.json"))) for r in range(2)]
+    return out, M.run_ranks(_worker, 2, out)
 
 
 def _predicted(layout):
