@@ -520,3 +520,38 @@ def test_overhead_estimate_counts_the_step_boundary_and_has_an_interval(monkeypa
     assert lo <= ov["fraction"] <= hi
     # each instrumented step carries >= 15 ms more than its bare neighbour: (bare + 0.015) / bare - 1
     assert ov["fraction"] >= 0.015 / ov["bare_step_s_median"] * 0.9
+
+
+@pytest.mark.parametrize("route", ["tensor-hook route", "register_prehook"])
+def test_both_node_hook_routes_give_the_planted_backward_times(route, monkeypatch):
+    """Node hooks go on through torch's tensor-hook route (``grad_fn._register_hook_dict`` with a
+    private carrier tensor) when a probe shows it works, else through ``Node.register_prehook``.
+    The probe must pick the fast route on the torch this suite runs (the benchmark's numbers are
+    that route's), and both routes must give the planted backward sleeps, including a two-input
+    module (rule (a) over two nodes), and leave the user's tensors and gradients untouched."""
+    from perfcheck.measure import module_timer as mt
+
+    fast = mt._probe_tensor_prehook_route()
+    assert fast is not None
+    public = lambda node, hook: node.register_prehook(hook)  # noqa: E731
+    monkeypatch.setattr(mt, "_PREHOOK_SETTER", fast if route == "tensor-hook route" else public)
+    pc = run_steps(Join(), lambda: (torch.randn(2, 4),))
+    assert_close(row(pc, "join")["bwd_s_median"], 0.010, "join backward")
+    assert_close(row(pc, "left")["bwd_s_median"], 0.020, "left backward")
+    assert_close(row(pc, "right")["bwd_s_median"], 0.015, "right backward")
+
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 4)), torch.randn(3, 4)
+    ref = model(x)
+    ref.sum().backward()
+    ref_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None).start()
+    hidden = model[0](x)
+    out = model[2](model[1](hidden))
+    out.sum().backward()
+    pc.step()
+    pc.stop()
+    assert out._backward_hooks is None and hidden._backward_hooks is None  # no hook dict on user tensors
+    assert torch.equal(out, ref) and all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), ref_grads))
+    assert set(row(pc, p)["bwd_s_median"] > 0 for p in ("0", "2")) == {True}

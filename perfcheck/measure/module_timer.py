@@ -22,8 +22,9 @@ How each interval is taken (nothing here changes inputs, outputs or grads)
   A call made while autograd runs a backward (``torch._C._current_graph_task_id() != -1``) is
   activation-checkpoint recompute and is reported as ``recompute``, not forward.
 * Backward start: the first gradient w.r.t. any output of the call is ready: a pre-hook on the
-  autograd node that produced the output (``grad_fn.register_prehook``; autograd runs it just
-  before the node). One hook per node serves every call that needs that node (a module's output
+  autograd node that produced the output (autograd runs it just before the node; put on through
+  torch's tensor-hook route, ``_node_prehook_setter``, else ``grad_fn.register_prehook``). One
+  hook per node serves every call that needs that node (a module's output
   is usually the next module's input and its parent's output), so a chain of N modules registers
   about N hooks. No ``register_full_backward_hook``: it wraps inputs/outputs in a custom Function
   and raises on in-place ops such as ``nn.ReLU(inplace=True)``. A node hook is taken on the node
@@ -827,8 +828,9 @@ def _node_prehook_setter():
     ``grad_fn._register_hook_dict(tensor)``, which puts the tensor's ``_backward_hooks`` dict on
     the node as a tensor pre-hook, run just before the node) costs ~1 us; the dict is handed over
     through a private 0-element carrier tensor, so no user tensor is touched. The route is checked
-    once per process on a two-op graph (it must fire exactly once, before the node runs); where it
-    is missing or behaves otherwise (another torch version) ``register_prehook`` is used."""
+    once per process on a two-op graph (the hook must run exactly once, with a gradient, and leave
+    the gradients as they were); where it is missing or behaves otherwise (another torch version)
+    ``register_prehook`` is used."""
     global _PREHOOK_SETTER
     if _PREHOOK_SETTER is None:
         _PREHOOK_SETTER = _probe_tensor_prehook_route() or (lambda node, hook: node.register_prehook(hook))
