@@ -100,10 +100,10 @@ def build(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, gp
     return Workload(name, desc, model, inputs, target, loss)
 
 
-#: Leaf module classes timed on the process clock (``--clock process``): the matmul modules the "large
-#: matmul" rows are about. Full backward hooks on an in-place module (JSC's ReLU) would break its
-#: autograd, so only these get them.
-_PROCESS_TIMED = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+#: Leaf module class names timed on the process clock (``--clock process``): the matmul modules the
+#: "large matmul" rows are about, by name so PyTorch Geometric's own ``Linear`` counts. Full backward
+#: hooks on an in-place module (JSC's ReLU) would break its autograd, so only these get them.
+_PROCESS_TIMED = ("Linear", "Conv1d", "Conv2d", "Conv3d")
 
 
 def _clock(name: str):
@@ -116,7 +116,8 @@ def leaf_times(w: Workload, opt, steps: int, clock: str) -> pd.DataFrame:
     bwd_s_median; first layers (no input needs a gradient) are left out. Empty when the hooks cannot
     be placed (an in-place op on a hooked output)."""
     now = _clock(clock)
-    mods = [(path, m) for path, m in w.model.named_modules() if isinstance(m, _PROCESS_TIMED)]
+    mods = [(path, m) for path, m in w.model.named_modules()
+            if type(m).__name__ in _PROCESS_TIMED and not any(True for _ in m.children())]
     rec, handles = {}, []
     for path, m in mods:
         def pre(mod, args, path=path):
@@ -392,7 +393,9 @@ def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_f
             root = f[(f["system"] == "calibrated") & (f["module"] == ROOT)]["ratio"]
             progress(f"round {rnd + 1}/{rounds} {w.name}: {time.perf_counter() - t0:.1f} s, load {load:.1f}, "
                      f"model fwd+bwd measured/predicted(calibrated) {root.iloc[0]:.2f}")
-    return pd.concat(frames, ignore_index=True), ["datasheet", "calibrated", *extra], workloads, base_spec
+    rows = pd.concat(frames, ignore_index=True)
+    rows.attrs["auto_spec"] = extra.get("auto")
+    return rows, ["datasheet", "calibrated", *extra], workloads, base_spec
 
 
 def ceiling_lines(base, device: str, threads) -> list:
@@ -457,6 +460,8 @@ def main(argv=None):
                                              progress=lambda m: print(m, file=sys.stderr, flush=True))
     if args.csv:
         rows.to_csv(args.csv, index=False)
+        if rows.attrs.get("auto_spec") is not None:  # the one-shot spec, for ablations of what it needs
+            rows.attrs["auto_spec"].save(args.csv + ".auto.json")
     summary = summarize(rows, target)
     cmd = "python bench/accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:])
     threads = args.threads or torch.get_num_threads()
