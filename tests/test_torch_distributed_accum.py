@@ -51,7 +51,10 @@ def _worker(rank, port, out):
                 opt.zero_grad()
                 pc.step()
         meta = pc.meta()
-        result[layout] = {"micro_batches": meta["micro_batches"], "synced": meta["grad_sync_micro_batches"]}
+        live = pc.reconciled().set_index("module")  # the live report: same per-step correction as the saved one
+        result[layout] = {"micro_batches": meta["micro_batches"], "synced": meta["grad_sync_micro_batches"],
+                          "live_root_comm": [float(live.loc["(root)", "comm_fwd_bytes"]),
+                                             float(live.loc["(root)", "comm_bwd_bytes"])]}
     M.save_result(out, rank, result)
 
 
@@ -66,12 +69,16 @@ HAND = {"ddp": {"allreduce": 808 * 4},
         "tp_sp": {"allgather": MICRO * 2 * 1024, "reducescatter": MICRO * 2 * 1024, "allreduce": 32 * 4}}
 
 
-def test_sync_counts_recorded(runs):
+def test_sync_counts_recorded_and_the_live_report_is_per_step(runs):
     _, results = runs
     for r in results:
-        assert r["ddp"] == {"micro_batches": 2, "synced": 1}
-        assert r["fsdp2"] == {"micro_batches": 2, "synced": 1}
-        assert r["tp_sp"] == {"micro_batches": 2, "synced": None}
+        assert {k: r["ddp"][k] for k in ("micro_batches", "synced")} == {"micro_batches": 2, "synced": 1}
+        assert {k: r["fsdp2"][k] for k in ("micro_batches", "synced")} == {"micro_batches": 2, "synced": 1}
+        assert {k: r["tp_sp"][k] for k in ("micro_batches", "synced")} == {"micro_batches": 2, "synced": None}
+        # root comm bytes per optimizer step (fwd, bwd), as the saved run's report gives them below
+        assert r["ddp"]["live_root_comm"] == [0.0, 808 * 4]
+        assert r["fsdp2"]["live_root_comm"] == [2 * 808 * 4, 2 * 808 * 4 + 808 * 4]
+        assert r["tp_sp"]["live_root_comm"] == [2 * 2048, 2 * 2048 + 128]
 
 
 @pytest.mark.parametrize("layout", list(M.LAYOUTS))
