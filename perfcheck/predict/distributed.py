@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 
 import pandas as pd
 import torch
@@ -269,6 +270,11 @@ def trace_step(model, example_inputs, fake, *, kwargs=None, loss_fn=None) -> tup
     recorder = _Recorder(tracker.where, tracker.mod_tracker)
     try:
         with contextlib.ExitStack() as es:
+            es.enter_context(warnings.catch_warnings())
+            # FSDP2 warns that a unit "returned a view tensor" for the fake trace's outputs of a 2-D
+            # FSDP2+TP layout (a warning about in-place use the trace never makes); the user's own
+            # training warns for itself if their model has the problem
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module", category=UserWarning)
             es.enter_context(fake)
             args = [fake.from_tensor(a) if isinstance(a, torch.Tensor) and not _is_fake(a) else a for a in example_inputs]
             kw = {k: fake.from_tensor(v) if isinstance(v, torch.Tensor) and not _is_fake(v) else v
