@@ -151,6 +151,11 @@ def test_a_large_own_wait_is_a_finding_naming_issuer_and_waiter():
     f = f[f["reason"] == "comm_wait"]
     assert list(f["module"]) == ["layers.1"] and list(f["phase"]) == ["bwd"] and f["lost_s"].iloc[0] == 0.008
     assert "issued in head's backward (prefetch), waited on in layers.1's backward: 8 ms" in f["evidence"].iloc[0]
+    # the wait columns are per profiled step: against a 200 ms profiled step the 8 ms is 4%, no finding
+    slow = pd.concat([_steps(0, 0.1, 0.002), _steps(0, 0.2, n=1).assign(step=9, role="profile")], ignore_index=True)
+    rec = rec_of(rows, profile_steps=1, steps=slow)
+    assert totals_frame(rec).iloc[0]["profiled_step_s"] == 0.2
+    assert (findings_table(rec)["reason"] != "comm_wait").all()
 
 
 def test_the_straggler_is_found_by_compute_after_every_wait():

@@ -284,19 +284,31 @@ def in_step_waits(collectives: pd.DataFrame, steps: pd.DataFrame, profile_steps=
     window's steps: on the 2-core VM a profiled FSDP2 step took 195 ms against 71 ms measured).
     Without profiled or measured step rows, the window's seconds per profiled step."""
     per = step_waits(collectives, profile_steps)
-    if not per or steps is None or len(steps) == 0 or "role" not in steps:
-        return per
-    failed = steps["failed"].astype(str).str.lower().isin(("true", "1")) if "failed" in steps else False
-    ok = steps[~failed]
-    ok = ok.sort_values("step", kind="stable") if "step" in ok else ok
-    rank_of = ok["rank"].fillna(0).astype(int) if "rank" in ok else pd.Series(0, index=ok.index)
     out = {}
     for rank, wait in per.items():
-        mine = ok[rank_of == rank]
-        window = mine.loc[mine["role"] == "profile", "step_s"].astype(float).tail(int(_per_step(profile_steps, rank)))
-        measured = mine.loc[mine["role"] == "measured", "step_s"].astype(float)
+        window, measured = _step_times(steps, rank, "profile", profile_steps), _step_times(steps, rank, "measured")
         if len(window) and window.mean() > 0 and len(measured):
             out[rank] = min(wait / float(window.mean()), 1.0) * float(measured.median())
         else:
             out[rank] = wait
     return out
+
+
+def _step_times(steps, rank: int, role: str, profile_steps=None) -> pd.Series:
+    """step_s of the rank's non-failed steps of ``role`` in step order; for "profile", the last
+    ``profile_steps`` (the window's active steps, after its warm-up)."""
+    if steps is None or len(steps) == 0 or "role" not in steps:
+        return pd.Series(dtype=float)
+    failed = steps["failed"].astype(str).str.lower().isin(("true", "1")) if "failed" in steps else False
+    ok = steps[~failed]
+    ok = ok.sort_values("step", kind="stable") if "step" in ok else ok
+    mine = ok[ok["rank"].fillna(0).astype(int) == rank] if "rank" in ok else ok
+    times = mine.loc[mine["role"] == role, "step_s"].astype(float)
+    return times.tail(int(_per_step(profile_steps, rank))) if role == "profile" else times
+
+
+def profiled_step_s(steps, rank: int, profile_steps=1) -> float:
+    """Mean step time of the rank's profiled (active window) steps, seconds; NaN without them: the
+    step the per-module wait columns (per profiled step) are a part of."""
+    times = _step_times(steps, rank, "profile", profile_steps)
+    return float(times.mean()) if len(times) else float("nan")

@@ -482,12 +482,14 @@ def findings_table(rec: pd.DataFrame) -> pd.DataFrame:
 
 def comm_wait_findings(rec: pd.DataFrame) -> pd.DataFrame:
     """``comm_wait`` rows (findings_table's columns): each (module, rank, phase) whose own wait on
-    collectives (``meas_comm_wait_own_<p>_s``) is at least ``Thresholds.comm_wait_share`` of the rank's
-    measured step (``rec.attrs["totals"]``; without totals, ``comm_share`` of the module's phase time).
+    collectives (``meas_comm_wait_own_<p>_s``, per profiled step) is at least ``Thresholds.comm_wait_share``
+    of the rank's profiled step (``rec.attrs["totals"]`` profiled_step_s, else its measured step; without
+    totals, ``comm_share`` of the module's phase time).
     ``lost_s`` is the wait; the evidence is ``comm_waits_<p>`` (kind, bytes, issuer vs waiter). The
     root is included: DDP's and FSDP2's end-of-backward waits are the root's."""
     th = {**vars(Thresholds()), **(rec.attrs.get("thresholds") or {})}
-    step = {int(t["rank"]): t.get("meas_step_s") for t in rec.attrs.get("totals", []) if "rank" in t}
+    step = {int(t["rank"]): (t.get("profiled_step_s") if (t.get("profiled_step_s") or 0) > 0 else t.get("meas_step_s"))
+            for t in rec.attrs.get("totals", []) if "rank" in t}
     parts = []
     for phase in ("fwd", "bwd"):
         col = f"meas_comm_wait_own_{phase}_s"

@@ -24,7 +24,7 @@ import pandas as pd
 
 from perfcheck.errors import UserError
 from perfcheck.analysis.findings import DEFAULT_HOOK_OVERHEAD_S, Context, Thresholds, diagnose, diagnose_recompute
-from perfcheck.analysis.comm import in_step_waits, module_comm
+from perfcheck.analysis.comm import in_step_waits, module_comm, profiled_step_s
 from perfcheck.schema import MODULE_COMM_COLUMNS, PREDICTED_COLUMNS, ROOT, module_depth, parent_path, strip_wrapper_prefix
 
 PHASES2 = ("fwd", "bwd")
@@ -108,6 +108,8 @@ TOTALS_COLUMNS = {
                         "inside forward/backward (FSDP2 all-gathers, synchronous calls, DTensor waits; collectives.csv: "
                         "their share of the profiled steps' time applied to the measured median step, since the "
                         "profiler slows its steps; analysis.comm.in_step_waits), seconds",
+    "profiled_step_s": "mean step time of the profiler window's active steps (steps.csv role 'profile'), seconds: the "
+                       "step the per-module comm columns (per profiled step) belong to; NaN without them",
     "meas_compute_s": "measured step_s - bwd_finalize_s - the waits inside the step (meas_comm_wait_s: time outside "
                       "collective waits), median, seconds: DDP/FSDP make "
                       "step times equal over ranks, so the straggler is the rank with the most compute",
@@ -523,6 +525,7 @@ def _totals(rec: pd.DataFrame, steps, kernels, profile_steps, thresholds: Thresh
         if steps is not None and len(steps):
             row.update(_step_totals(steps, rank))
             wait = float((in_step or {}).get(int(rank), 0.0))  # waits inside forward/backward (profiled window)
+            row["profiled_step_s"] = profiled_step_s(steps, int(rank), 1 if profile_steps is None else profile_steps)
             row["meas_comm_wait_s"] = np.nan_to_num(row["meas_bwd_finalize_s"]) + wait
             row["meas_compute_s"] = max(row["meas_compute_s"] - wait, 0.0) if np.isfinite(row["meas_compute_s"]) \
                 else row["meas_compute_s"]
