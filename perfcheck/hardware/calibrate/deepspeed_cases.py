@@ -169,8 +169,11 @@ def bench_deepspeed(mode: str = "quick", *, device: str = "cpu", threads: int = 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MASTER_PORT": str(port),
-           "PYTHONWARNINGS": "ignore"}
+    import perfcheck
+
+    root = str(Path(perfcheck.__file__).resolve().parents[1])  # the child imports this perfcheck, installed or not
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MASTER_PORT": str(port), "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     if device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
     with tempfile.TemporaryDirectory() as tmp:
