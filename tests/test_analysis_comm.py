@@ -215,3 +215,11 @@ def test_window_waits_are_scaled_to_the_measured_steps():
     assert in_step_waits(coll, steps, 1) == pytest.approx({0: 0.04})
     t = totals_frame(rec_of(coll, profile_steps=1, steps=steps)).iloc[0]
     assert t["meas_comm_wait_s"] == pytest.approx(0.041) and t["meas_compute_s"] == pytest.approx(0.059)
+
+
+def test_an_end_of_backward_with_nothing_pending_says_so():
+    coll = [issued("layers.0", "fwd", "allgather", 64, op="_c10d_functional::all_gather_into_tensor"),
+            waited("layers.0", "fwd", "_c10d_functional::wait_tensor", 1e-4), waited(ROOT, "bwd", FINALIZE_OP, 4e-5)]
+    text = one(rec_of(coll, profile_steps=1), ROOT)["comm_waits_bwd"]
+    assert text == ("end-of-backward callbacks in (root)'s backward: 40 us; no c10d all-reduce or reduce-scatter was "
+                    "pending (none issued since the previous end of backward)")

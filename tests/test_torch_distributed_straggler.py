@@ -248,3 +248,16 @@ def test_live_and_saved_collective_columns_are_the_same(runs_dir, variant):
         pd.testing.assert_frame_equal(live[cols].reset_index(drop=True),
                                       saved.loc[saved["rank"] == rank, cols].reset_index(drop=True))
         assert (live["meas_comm_bwd_bytes"] > 0).any()
+
+
+def test_layout_comparison_says_where_each_run_waits(runs_dir):
+    from perfcheck.analysis.layouts import answers, reconcile_layouts
+
+    table = reconcile_layouts([os.path.join(runs_dir, v) for v in ("ddp", "fsdp2_async")])
+    said = dict(answers(table))
+    ddp = said["Where does ddp wait longest on a collective?"]
+    assert ddp.startswith("rank 0: DDP bucket all-reduce (1 per step, 4.75 KB)") and "end of backward" in ddp, ddp
+    fsdp = said["Where does fsdp2_async wait longest on a collective?"]
+    assert fsdp.startswith("rank 0: FSDP2 all-gather for layers.2 (4.22 KB) issued in layers.1's forward (prefetch), "
+                           "waited on in layers.2's forward"), fsdp
+    assert (table.loc[table["rank"] == 0, "top_wait_s"] > 0.6 * DELAY).all()

@@ -163,6 +163,9 @@ def sentence(p, layout: str = "") -> str:
     label = _label(p.kind, p.target, p.wait_op, layout)
     size = fmt_bytes(p.bytes)
     issuers = [i.rsplit("/", 1) for i in p.issuers.split(",")] if p.issuers else []
+    if not issuers and p.wait_op == FINALIZE_OP:
+        return (f"end-of-backward callbacks in {_where(p.module, p.phase)}: {fmt_time(p.wait_s)}; no c10d all-reduce "
+                "or reduce-scatter was pending (none issued since the previous end of backward)")
     if not issuers:
         return (f"{label} wait ({p.wait_op}) in {_where(p.module, p.phase)}: {fmt_time(p.wait_s)}; the collective it "
                 "waited for was issued before the profiled window")

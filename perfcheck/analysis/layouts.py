@@ -12,8 +12,10 @@ The torch-native counterpart of ``stages.py`` (ZeRO stages), with the same colum
                      less the gradient reductions no_sync() skipped); measured median step time
     peak_mem_bytes   measured peak (CUDA only; NaN on CPU)
 
-plus ``layout`` (meta.json ``parallel.kind``), ``dp``, ``tp``, ``fsdp``, ``mesh_shape`` and
-``notes`` (answers drawn from the rows: which layout moves the most bytes, which is fastest).
+plus ``layout`` (meta.json ``parallel.kind``), ``dp``, ``tp``, ``fsdp``, ``mesh_shape``, ``top_wait`` /
+``top_wait_s`` (the rank's largest wait on collectives per profiled step in words: kind, bytes, the
+module that issued it and the one that waited; ``analysis.comm``) and ``notes`` (answers drawn from
+the rows: which layout moves the most bytes, which is fastest).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import pandas as pd
 from perfcheck.analysis.findings import Thresholds
 from perfcheck.analysis.stages import KINDS, bytes_within
 from perfcheck.measure import rundir as runs
-from perfcheck.analysis.comm import in_step_waits
+from perfcheck.analysis.comm import in_step_waits, sentence, wait_pairs
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
 from perfcheck.integrations.torch_distributed import bytes_per_step
 from perfcheck.predict.for_run import load_predicted
@@ -86,6 +88,10 @@ def _row(run_dir: Path, rank_dir: Path) -> dict:
     finalize = float(ok["bwd_finalize_s"].fillna(0).median()) if not ok.empty and "bwd_finalize_s" in ok else 0.0
     row["meas_wait_s"] = finalize + sum(in_step_waits(meas, steps, active).values())
     row["meas_compute_s"] = row["meas_step_s"] - row["meas_wait_s"]
+    pairs = wait_pairs(meas, active)
+    top = next(pairs.itertuples(index=False), None)  # wait_pairs sorts the largest wait first
+    row["top_wait_s"] = float(top.wait_s) if top is not None else 0.0
+    row["top_wait"] = sentence(top, row["layout"]) if top is not None else ""
     row["bytes_ok"] = bytes_within(row)
     return row
 
@@ -155,6 +161,11 @@ def answers(frame: pd.DataFrame) -> list:
                     f"{fast} ({layout[fast]}): {speed[fast] * 1e3:.2f} ms median over ranks; the longest: {slow} "
                     f"({layout[slow]}), {speed[slow] * 1e3:.2f} ms"))
     for run, same in per_run:
+        waits = same[same["top_wait_s"] > 0] if "top_wait_s" in same else same.iloc[0:0]
+        if len(waits):
+            r = waits.loc[waits["top_wait_s"].idxmax()]
+            out.append((f"Where does {run} wait longest on a collective?",
+                        f"rank {int(r['rank'])}: {r['top_wait']} (per profiled step)"))
         if len(same) < 2 or not same["meas_compute_s"].notna().all():
             continue
         r = same.loc[same["meas_compute_s"].idxmax()]
