@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import re
@@ -394,7 +395,8 @@ def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_f
             progress(f"round {rnd + 1}/{rounds} {w.name}: {time.perf_counter() - t0:.1f} s, load {load:.1f}, "
                      f"model fwd+bwd measured/predicted(calibrated) {root.iloc[0]:.2f}")
     rows = pd.concat(frames, ignore_index=True)
-    rows.attrs["auto_spec"] = extra.get("auto")
+    # plain JSON (pandas deep-copies attrs on every operation; a SystemSpec's mapping proxies do not copy)
+    rows.attrs["auto_spec"] = json.loads(extra["auto"].to_json()) if "auto" in extra else None
     return rows, ["datasheet", "calibrated", *extra], workloads, base_spec
 
 
@@ -461,7 +463,7 @@ def main(argv=None):
     if args.csv:
         rows.to_csv(args.csv, index=False)
         if rows.attrs.get("auto_spec") is not None:  # the one-shot spec, for ablations of what it needs
-            rows.attrs["auto_spec"].save(args.csv + ".auto.json")
+            Path(args.csv + ".auto.json").write_text(json.dumps(rows.attrs["auto_spec"], indent=2) + "\n")
     summary = summarize(rows, target)
     cmd = "python bench/accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:])
     threads = args.threads or torch.get_num_threads()
