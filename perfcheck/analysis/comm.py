@@ -187,18 +187,20 @@ def sentence(p, layout: str = "") -> str:
             f"{fmt_time(p.wait_s)}")
 
 
-def _ancestors(path: str) -> list:
+def ancestors(path: str) -> list:
+    """``path`` and every module above it, the root last."""
     out = [path]
     while (path := parent_path(path)) is not None:
         out.append(path)
     return out
 
 
-def _subtree(own: pd.DataFrame, cols: list) -> pd.DataFrame:
-    """``own`` (rank, module, phase, cols) summed over each module's ancestors too."""
+def subtree_sums(own: pd.DataFrame, cols: list) -> pd.DataFrame:
+    """``own`` (rank, module, phase, cols: each module's own values) -> the same rows per module holding
+    the sums over the module and every module inside it (each value counted in its module's ancestors)."""
     if own.empty:
         return own
-    anc = {m: _ancestors(m) for m in own["module"].unique()}
+    anc = {m: ancestors(m) for m in own["module"].unique()}
     lens = own["module"].map(lambda m: len(anc[m])).to_numpy()
     rep = own.loc[own.index.repeat(lens)].reset_index(drop=True)
     rep["module"] = [a for m in own["module"] for a in anc[m]]
@@ -233,9 +235,9 @@ def module_comm(collectives: pd.DataFrame, profile_steps=1, layouts: dict | None
         own_i["bytes"], own_i["count"] = own_i["bytes"].to_numpy(float) / n, own_i["count"].to_numpy(float) / n
     parts = [
         _wide(own_i, {"bytes": "meas_comm_own_{p}_bytes", "count": "meas_comm_own_{p}_count"}),
-        _wide(_subtree(own_i, ["bytes"]), {"bytes": "meas_comm_{p}_bytes"}),
+        _wide(subtree_sums(own_i, ["bytes"]), {"bytes": "meas_comm_{p}_bytes"}),
         _wide(own_w, {"wait_s": "meas_comm_wait_own_{p}_s"}),
-        _wide(_subtree(own_w, ["wait_s"]), {"wait_s": "meas_comm_wait_{p}_s"}),
+        _wide(subtree_sums(own_w, ["wait_s"]), {"wait_s": "meas_comm_wait_{p}_s"}),
         _wide(_sentences(waits, layouts or {}, top), {"text": "comm_waits_{p}"}),
     ]
     out = pd.DataFrame(columns=["rank", "module"])

@@ -24,7 +24,7 @@ import pandas as pd
 
 from perfcheck.errors import UserError
 from perfcheck.analysis.findings import DEFAULT_HOOK_OVERHEAD_S, Context, Thresholds, diagnose, diagnose_recompute
-from perfcheck.analysis.comm import in_step_waits, module_comm, profiled_step_s
+from perfcheck.analysis.comm import ancestors, in_step_waits, module_comm, profiled_step_s, subtree_sums
 from perfcheck.schema import MODULE_COMM_COLUMNS, PREDICTED_COLUMNS, ROOT, module_depth, parent_path, strip_wrapper_prefix
 
 PHASES2 = ("fwd", "bwd")
@@ -207,13 +207,6 @@ def _prepare_measured(measured: pd.DataFrame) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------- kernel table
-def _ancestors(path: str) -> list:
-    out = [path]
-    while (path := parent_path(path)) is not None:
-        out.append(path)
-    return out
-
-
 def _profile_steps(profile_steps, kernels, rank) -> float:
     value = profile_steps if profile_steps is not None else kernels.attrs.get("profile_steps", 1)
     if isinstance(value, dict):
@@ -250,11 +243,8 @@ def kernel_summary(kernels: pd.DataFrame, profile_steps=None) -> pd.DataFrame:
                          "name": names.to_numpy()})
     own = base.groupby(["rank", "module", "phase"], sort=False)[["kernels", "kernel_s", "comm_kernel_s",
                                                                  "irregular_kernel_s"]].sum().reset_index()
-    anc = {m: _ancestors(m) for m in own["module"].unique()}
-    lens = own["module"].map(lambda m: len(anc[m])).to_numpy()
-    rep = own.loc[own.index.repeat(lens)].reset_index(drop=True)
-    rep["module"] = [a for m in own["module"] for a in anc[m]]
-    agg = rep.groupby(["rank", "module", "phase"], sort=False).sum().reset_index()
+    anc = {m: ancestors(m) for m in own["module"].unique()}
+    agg = subtree_sums(own, ["kernels", "kernel_s", "comm_kernel_s", "irregular_kernel_s"])
     wide = agg.set_index(["rank", "module", "phase"])[["kernels", "kernel_s", "comm_kernel_s",
                                                        "irregular_kernel_s"]].unstack("phase")
     wide.columns = [f"{c}_{p}" if not c.endswith("_s") else f"{c[:-2]}_{p}_s" for c, p in wide.columns]
