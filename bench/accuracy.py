@@ -111,22 +111,36 @@ def _clock(name: str):
     return time.process_time if name == "process" else time.perf_counter
 
 
-def leaf_times(w: Workload, opt, steps: int, clock: str) -> pd.DataFrame:
-    """Median forward and backward seconds of every Linear/Conv module over ``steps`` steps on
+def leaf_times(w: Workload, opt, steps: int, clock: str, progress=None) -> pd.DataFrame:
+    """Median forward and backward seconds of every Linear/Conv leaf module over ``steps`` steps on
     ``clock`` (forward pre/post hooks; full backward pre/post hooks), columns module, fwd_s_median,
-    bwd_s_median; first layers (no input needs a gradient) are left out. Empty when the hooks cannot
-    be placed (an in-place op on a hooked output)."""
+    bwd_s_median. First layers (no input needs a gradient: a full backward hook would fire before
+    their weight gradient, and their output is often changed in place) are found by one forward
+    first and left out. Empty, with a ``progress`` line, when the hooks cannot run (an in-place op
+    on a hooked module's output): those rows then keep PerfCheck's wall-clock times."""
+    import warnings
+
     now = _clock(clock)
     mods = [(path, m) for path, m in w.model.named_modules()
             if type(m).__name__ in _PROCESS_TIMED and not any(True for _ in m.children())]
+    first, probes = set(), []
+    for path, m in mods:
+        def probe(mod, args, path=path):
+            if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                first.add(path)
+        probes.append(m.register_forward_pre_hook(probe))
+    try:
+        w.model(*w.inputs)
+    finally:
+        for h in probes:
+            h.remove()
     rec, handles = {}, []
     for path, m in mods:
+        if path in first:
+            continue
+
         def pre(mod, args, path=path):
-            r = rec.setdefault(path, {})
-            # a first layer (no input needs a gradient): the full backward hook fires when its output's
-            # gradient arrives, before its weight gradient is computed; its backward is left to PerfCheck
-            r["first"] = not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-            r["f0"] = now()
+            rec.setdefault(path, {})["f0"] = now()
 
         def post(mod, args, out, path=path):
             rec[path].setdefault("fwd", []).append(now() - rec[path]["f0"])
@@ -140,25 +154,24 @@ def leaf_times(w: Workload, opt, steps: int, clock: str) -> pd.DataFrame:
 
         handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post),
                     m.register_full_backward_pre_hook(bpre), m.register_full_backward_hook(bpost)]
-    import warnings
-
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")  # first layers: see above
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
             for i in range(steps + 1):  # the first is a warm-up of the hooked graph
                 if i == 1:
                     rec.clear()
                 w.loss(w.model(*w.inputs), w.target).backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-    except RuntimeError:
+    except RuntimeError as exc:
+        if progress:
+            progress(f"{w.name}: Linear/Conv rows stay on PerfCheck's wall clock (backward hooks: {str(exc)[:80]})")
         return pd.DataFrame(columns=["module", "fwd_s_median", "bwd_s_median"])
     finally:
         for h in handles:
             h.remove()
     return pd.DataFrame([(p, float(np.median(r.get("fwd", [np.nan]))), float(np.median(r.get("bwd", [np.nan]))))
-                         for p, r in rec.items() if not r.get("first")],
-                        columns=["module", "fwd_s_median", "bwd_s_median"])
+                         for p, r in rec.items()], columns=["module", "fwd_s_median", "bwd_s_median"])
 
 
 def measure(w: Workload, steps: int, warmup: int, clock: str = "wall"):
@@ -190,7 +203,8 @@ def measure(w: Workload, steps: int, warmup: int, clock: str = "wall"):
         if w.inputs[0].device.type == "cuda":
             torch.cuda.synchronize()
         bare.append(now() - t0)
-    leaves = leaf_times(w, opt, steps, clock) if clock == "process" else None
+    leaves = leaf_times(w, opt, steps, clock, progress=lambda m: print(m, file=sys.stderr)) \
+        if clock == "process" else None
     return pc.measured(), pd.DataFrame({"step_s": bare}), leaves
 
 

@@ -71,3 +71,30 @@ def test_calibrated_large_matmul_rows_are_measured_and_predicted():
     big = rows[(rows["system"] == "calibrated") & rows["large_matmul"]]
     assert len(big) >= 12
     assert np.isfinite(big["ratio"]).all() and (big["ratio"] > 0).all()
+
+
+def test_leaf_times_on_the_process_clock():
+    """--clock process: Linear/Conv leaves by class name (a PyTorch Geometric-style ``Linear`` that is not
+    torch.nn.Linear counts), forward and backward each timed; a first layer (no input needs a gradient,
+    so its full backward hook fires before its weight gradient) is left out."""
+    import torch
+
+    acc = _bench()
+
+    class Linear(torch.nn.Module):  # like torch_geometric.nn.Linear: same name, another class
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x):
+            return x @ self.weight
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(inplace=True), Linear(), torch.nn.Linear(8, 1))
+    w = acc.Workload("toy", "toy", model, (torch.randn(16, 4),), torch.randn(16, 1), torch.nn.functional.mse_loss)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    leaves = acc.leaf_times(w, opt, 2, "process")
+    assert set(leaves["module"]) == {"2", "3"}  # "0" is the first layer; "1" (in-place ReLU) is never hooked
+    assert (leaves["fwd_s_median"] > 0).all() and (leaves["bwd_s_median"] > 0).all()
+    # the hooks are gone afterwards: a plain step runs, and the in-place ReLU after a Linear still works
+    model(torch.randn(16, 4)).sum().backward()
+    assert not model[0]._forward_hooks and not model[3]._backward_hooks
