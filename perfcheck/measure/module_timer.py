@@ -154,19 +154,28 @@ class PendingStep:
     def resolve(self) -> dict:
         """Seconds per module and phase. Returns {'modules': {path: [calls, fwd, bwd, rc, act, peak]},
         'eval_modules': {path: [eval calls, eval seconds]}, 'micro_batches': root forward calls, ...}."""
+        # Plain loops, no comprehensions or generators: this runs once per step with cold caches,
+        # where each extra frame costs microseconds (bench/RESULTS.md).
         clock = self.clock
         if not clock.ready(self.end):
             self.end.synchronize()  # only reached at stop() or when the CPU runs far ahead
         sec = clock.seconds
+        ns = getattr(clock, "NS", None)  # host clock: integer nanoseconds, an interval is (end - start) * NS
         mods: dict[str, list] = {}
         evals: dict[str, list] = {}  # path -> [eval calls, eval seconds]
         top_evals = []  # (call, seconds) of the outermost eval calls
         root_fwd_end = root_bwd_end = None
         recompute = 0.0
         # a step without any grad-enabled forward (inference, a loop under no_grad): its eval calls are the forward
-        as_fwd = not any(c.phase == FWD for c in self.calls)
-        calls = [c for c in self.calls if c.t1 is not None]
-        for c, dt in zip(calls, clock.intervals([c.t0 for c in calls], [c.t1 for c in calls])):
+        as_fwd = True
+        for c in self.calls:
+            if c.phase == FWD:
+                as_fwd = False
+                break
+        for c in self.calls:
+            if c.t1 is None:
+                continue
+            dt = (c.t1 - c.t0) * ns if ns else sec(c.t0, c.t1)
             phase, path = c.phase, c.path
             if phase == EVAL and not as_fwd:
                 e = evals.get(path)
@@ -192,8 +201,10 @@ class PendingStep:
                 row[3] += dt
                 if c.top:
                     recompute += dt
-        bwds = [b for b in self.bwds if b.b1 is not None]
-        for b, dt in zip(bwds, clock.intervals([b.b0 for b in bwds], [b.b1 for b in bwds])):
+        for b in self.bwds:
+            if b.b1 is None:
+                continue
+            dt = (b.b1 - b.b0) * ns if ns else sec(b.b0, b.b1)
             if b.rc:
                 dt -= sum(sec(r.t0, r.t1) for r in b.rc if r.t1 is not None)
             row = mods.get(b.path)
@@ -205,9 +216,16 @@ class PendingStep:
                 root_bwd_end = b.b1
         last = root_bwd_end if root_bwd_end is not None else root_fwd_end
         root = mods.get(ROOT, [0, 0.0, 0.0, 0.0, None, None])
-        finalize = sum(sec(f[0], f[1]) for f in self.finals if f[1] is not None)
+        finalize = 0.0
+        for f in self.finals:
+            if f[1] is not None:
+                finalize += sec(f[0], f[1])
         # eval calls after the last backward (or forward) ran inside the optim_s interval: not optimizer time
-        eval_after = sum(dt for c, dt in top_evals if sec(last, c.t0) >= 0) if last is not None else 0.0
+        eval_s = eval_after = 0.0
+        for c, dt in top_evals:
+            eval_s += dt
+            if last is not None and sec(last, c.t0) >= 0:
+                eval_after += dt
         out = {
             "modules": mods,
             "eval_modules": evals,
@@ -215,7 +233,7 @@ class PendingStep:
             "fwd_s": root[1],
             "bwd_s": root[2],
             "recompute_s": recompute,
-            "eval_s": sum(dt for _, dt in top_evals),
+            "eval_s": eval_s,
             "micro_batches": root[0],
             "optim_s": sec(last, self.end) - finalize - eval_after if last is not None else float("nan"),
             "bwd_finalize_s": finalize,
@@ -489,7 +507,7 @@ class ModuleTimer:
             b.b1 = end
         peak = self.memory.end_step() if self.memory is not None else None
         # a backward pass whose end-of-backward callback never ran raised inside backward
-        failed = self._failed or any(c.t1 is None for c in self._stack) or bool(self._cb_tasks)
+        failed = self._failed or bool(self._cb_tasks) or bool(self._stack and any(c.t1 is None for c in self._stack))
         for f in self._finals:  # a callback after an exception in backward: close at the step's end
             if f[1] is None:
                 f[1] = end

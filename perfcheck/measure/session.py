@@ -392,8 +392,9 @@ class PerfCheck:
             n_eval, t_eval = eval_of(path, no_eval)
             rows.append((index, path, type_of(path, ""), calls, fwd, bwd, rc, n_eval, t_eval,
                          nan if act is None else float(act), nan if peak is None else float(peak), rank))
-        rows += [(index, path, type_of(path, ""), 0, 0.0, 0.0, 0.0, n, t, nan, nan, rank)  # ran only in eval
-                 for path, (n, t) in evals.items() if path not in res["modules"]]
+        for path, (n, t) in evals.items():
+            if path not in res["modules"]:  # ran only in eval
+                rows.append((index, path, type_of(path, ""), 0, 0.0, 0.0, 0.0, n, t, nan, nan, rank))
         if "module_steps" in self._writers:
             self._writers["module_steps"].append_rows(rows)  # one flush per step: a killed run keeps every ended step
         self._module_rows.append((index, rows))
