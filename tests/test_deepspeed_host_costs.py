@@ -176,7 +176,10 @@ def test_stage3_answer_names_predicted_hooks_and_gathers():
     assert "Predicted ZeRO-3 hooks 7.2 ms per step (8 module calls" in text
     assert "3 ms of host work fetching and releasing 10 partitioned tensors" in text
     # measured (8 + 9) - (2 + 4) = 11 ms; predicted (9 - 1 + 12 - 2) - (2 - 0 + 5 - 1) = 12 ms
-    assert "measured 11 ms, predicted 12 ms" in text
+    assert "measured 11 ms, predicted 12 ms" in text and "CPU time" not in text  # no CPU columns: not said
+    r0 = pd.concat([r0, pd.Series({"meas_fwd_cpu_s": 2e-3, "meas_bwd_cpu_s": 3e-3})])
+    r = pd.concat([r, pd.Series({"meas_fwd_cpu_s": 6e-3, "meas_bwd_cpu_s": 8.5e-3})])
+    assert "(in process CPU time 9.5 ms)" in A._hooks_and_gathers(r, r0)  # (6 + 8.5) - (2 + 3)
     assert "predicted 6 ms; measured exposed communication in forward, backward and step 3.5 ms" in text
 
 

@@ -279,6 +279,9 @@ def _hooks_and_gathers(r, r0=None) -> str:
             r0["pred_fwd_s"] - r0["pred_fwd_comm_s"] + r0["pred_bwd_s"] - r0["pred_bwd_comm_s"])
         text += (f"; forward + backward outside communication, stage 3 less stage 0: measured {fmt_s(meas)}, "
                  f"predicted {fmt_s(pred)}")
+        cpu = [x.get(f"meas_{p}_cpu_s", math.nan) for x in (r, r0) for p in ("fwd", "bwd")]
+        if all(c == c for c in cpu):  # runs with the CPU-time columns: the same difference without waiting
+            text += f" (in process CPU time {fmt_s(cpu[0] + cpu[1] - cpu[2] - cpu[3])})"
     exposed = [r.get(f"meas_{p}_comm_s", math.nan) for p in ("fwd", "bwd", "optim")]
     meas_comm = sum(exposed) if all(e == e for e in exposed) else math.nan
     text += (f". Its all-gathers ({r['meas_allgather_count']:.0f} per step measured, "
