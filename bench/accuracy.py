@@ -316,7 +316,8 @@ LIMITS = {
            "speed drifts between rounds; the calibration brackets each measurement to follow it. Use --threads 1 "
            "on a shared host: with 2 threads on 2 busy cores each parallel op can wait a scheduler tick, which hits "
            "the calibration's short kernels harder than the model's long ones (a 2-thread run of gpt and graph gave "
-           "calibrated ratios of 0.04-0.5).",
+           "calibrated ratios of 0.04-0.5); with one thread the process clock (the default) leaves the other "
+           "processes' share of the core out of both the calibration and the measurement.",
     "cuda": "GPU targets: large GEMM modules within +/-10% (median), the GPT-2 small step within +/-15%.",
 }
 
