@@ -246,3 +246,22 @@ def test_bandwidth_curve_by_hand():
     # one copy size: no curve
     one = _table()[lambda t: t["label"] != "copy 1 MiB"]
     assert build_spec("cpu", one, peaks="measured", stamp=STAMP).mem_bandwidth_curve == ()
+
+
+def test_optimizer_cases_time_step_and_zero_grad():
+    """The host model predicts step() + zero_grad(set_to_none=True) (host.optimizer_time): the optimizer
+    cases run both, with the gradients put back before each call, so every call really steps."""
+    from perfcheck.hardware.calibrate.cases import host_cases
+
+    cases = {c.label: c for c in host_cases(torch.device("cpu"))}
+    case = cases["optim sgd x2"]
+    opt = case.fn.__closure__  # the case's closure holds the optimizer and its parameters
+    params = next(c.cell_contents for c in opt if isinstance(c.cell_contents, list)
+                  and all(isinstance(p, torch.nn.Parameter) for p in c.cell_contents))
+    calls = []
+    optimizer = next(c.cell_contents for c in opt if isinstance(c.cell_contents, torch.optim.Optimizer))
+    optimizer.register_step_post_hook(lambda o, a, k: calls.append([p.grad is not None for p in params]))
+    case.fn()
+    case.fn()
+    assert calls == [[True, True], [True, True]]  # gradients present at each step
+    assert all(p.grad is None for p in params)  # and zero_grad(set_to_none=True) ran after it

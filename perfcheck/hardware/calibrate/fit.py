@@ -279,9 +279,11 @@ def _host(d: _Draft, table, threads):
         n, t = rows["m"].to_numpy(float), rows["seconds"].to_numpy(float)
         per = (t[-1] - t[0]) / (n[-1] - n[0])
         put(f"optim_{label}_per_tensor_s", per, f"torch.optim.{'SGD' if 'sgd' in label else 'Adam'}"
-            f"(foreach={'foreach' in label}).step() on {int(n[0])} and {int(n[-1])} 1-element tensors: slope")
+            f"(foreach={'foreach' in label}).step() + zero_grad(set_to_none=True) on {int(n[0])} and "
+            f"{int(n[-1])} 1-element tensors: slope")
         if label == "sgd":
-            put("optim_step_s", t[0] - n[0] * per, "intercept of the SGD for-loop line: step()'s fixed cost")
+            put("optim_step_s", t[0] - n[0] * per, "intercept of the SGD for-loop line: step() + zero_grad()'s "
+                                                   "fixed cost")
     if "device kernel" in sec:
         put("device_kernel_s", sec["device kernel"], "GPU time per tiny add queued behind torch.cuda._sleep "
                                                      "(device alone, CUDA events)")
