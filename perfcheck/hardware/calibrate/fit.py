@@ -458,6 +458,8 @@ def summary_rows(spec: SystemSpec, table: pd.DataFrame) -> list:
                                    f"{spec.efficiency['intra_node']:.3f}"))
     for f, e in spec.matrix_efficiency_curve:
         out.append(("curve", f"{f:.3g} FLOP/kernel -> {e:.3f}"))
+    for b, f in spec.mem_bandwidth_curve:
+        out.append(("memory curve", f"{_size(b)} moved per kernel -> {f:.2f} x the memory rate"))
     comm = table[table["kind"].isin(COLLECTIVE_KINDS)] if "kind" in table else table.iloc[0:0]
     for r in comm.itertuples(index=False):
         out.append((f"{r.kind} {_size(r.bytes)}",
