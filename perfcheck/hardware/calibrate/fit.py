@@ -36,8 +36,18 @@ MEASUREMENT_COLUMNS = ("kind", "label", "dtype", "m", "k", "n", "flops", "bytes"
                        "seconds_min", "seconds_max", "repeats", "iters", "flops_per_s", "bytes_per_s",
                        "busbw_bytes_per_s")
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter")
-_REFERENCE_ORDER = {"gpu": ("bf16", "fp16", "tf32", "fp32"), "cpu": ("fp32", "bf16", "fp16", "tf32")}
+#: Which measured dtype's matmuls set a spec's efficiency curves, in order of preference per device kind
+#: (a GPU's tensor-core dtypes first; a CPU's fp32, the dtype CPU training runs in).
+REFERENCE_ORDER = {"gpu": ("bf16", "fp16", "tf32", "fp32"), "cpu": ("fp32", "bf16", "fp16", "tf32")}
 _LARGEST = 3  # shapes that set efficiency.matrix (median of the largest by FLOPs)
+
+
+def reference_dtype(kind: str, measured) -> str:
+    """The dtype among ``measured`` whose matmuls set a ``kind`` ("cpu"/"gpu") spec's curves
+    (REFERENCE_ORDER; the first measured one when none is listed; fp32 when nothing was measured)."""
+    measured = tuple(measured)
+    order = REFERENCE_ORDER.get(kind, REFERENCE_ORDER["gpu"])
+    return next((x for x in order + measured if x in measured), "fp32")
 
 
 def _cap(x: float) -> float:
@@ -341,7 +351,7 @@ def _matrix(d: _Draft, table):
                                                  f"largest shape {label}")
     if not measured:
         return
-    ref = next(x for x in _REFERENCE_ORDER.get(d.kind, _REFERENCE_ORDER["gpu"]) + tuple(measured) if x in measured)
+    ref = reference_dtype(d.kind, measured)
     d.eff["matrix"] = _cap(large[ref]) or d.eff["matrix"]
     for dt in measured:
         d.eff[f"matrix_{dt}"] = _cap(large[dt]) or d.eff["matrix"]

@@ -57,7 +57,7 @@ import torch
 from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
                                                 launch_cases, matmul_cases, op_efficiency_cases, op_fixed_cases,
                                                 run_cases, vector_cases)
-from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec  # noqa: F401
+from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
 
@@ -231,7 +231,7 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
         vec = [d for d in ("fp32", "bf16") if d in base_spec.vector_flops_per_s]
         group("vector (elementwise add)", vector_cases(vec, dev))
     for d in measured:
-        other = dev.type == "cpu" and d != _cpu_reference(measured) and cfg.get("other_squares")
+        other = dev.type == "cpu" and d != reference_dtype("cpu", measured) and cfg.get("other_squares")
         group(f"matmul {d}", matmul_cases(d, cfg["other_squares"], (), dev) if other
               else matmul_cases(d, cfg["squares"], cfg["linear"], dev))
     if comm:
@@ -266,13 +266,6 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     elapsed = time.perf_counter() - start
     _progress(progress, f"[{elapsed:5.1f} s] done")
     return Calibration(spec, table, tuple(notes), elapsed)
-
-
-def _cpu_reference(measured) -> str:
-    """The dtype whose matmuls set a CPU spec's curves (fit._REFERENCE_ORDER["cpu"]: fp32 first)."""
-    from perfcheck.hardware.calibrate.fit import _REFERENCE_ORDER
-
-    return next((d for d in _REFERENCE_ORDER["cpu"] if d in measured), measured[0] if measured else "fp32")
 
 
 def _busy_note(device) -> Optional[str]:
