@@ -289,28 +289,24 @@ def _curve(value, where) -> tuple:
     return _points(value, where, "matrix_efficiency_curve", "flops_per_kernel", "efficiency", _fraction)
 
 
-def _shape_factor(value, name, where) -> float:
-    factor = _number(value, name, where)
-    if factor > 4:
-        raise UserError(f"{where}: {name} = {factor!r} is outside (0, 4]")
-    return factor
+def _factor_at_most(limit: float):
+    """A validator for a curve's multiplier: a positive number at most ``limit``."""
+    def check(value, name, where) -> float:
+        factor = _number(value, name, where)
+        if factor > limit:
+            raise UserError(f"{where}: {name} = {factor!r} is outside (0, {limit:g}]")
+        return factor
+    return check
 
 
 def _shape_curve(value, where) -> tuple:
     """[[smallest GEMM dimension, factor], ...]: efficiency multiplier for skinny GEMMs, strictly increasing dims."""
-    return _points(value, where, "matrix_shape_curve", "smallest_dim", "factor", _shape_factor)
-
-
-def _bandwidth_factor(value, name, where) -> float:
-    factor = _number(value, name, where)
-    if factor > 64:
-        raise UserError(f"{where}: {name} = {factor!r} is outside (0, 64]")
-    return factor
+    return _points(value, where, "matrix_shape_curve", "smallest_dim", "factor", _factor_at_most(4))
 
 
 def _bandwidth_curve(value, where) -> tuple:
     """[[bytes moved per kernel, factor], ...]: memory bandwidth multiplier by working set, strictly increasing bytes."""
-    return _points(value, where, "mem_bandwidth_curve", "bytes_per_kernel", "factor", _bandwidth_factor)
+    return _points(value, where, "mem_bandwidth_curve", "bytes_per_kernel", "factor", _factor_at_most(64))
 
 
 def _host(value, where) -> types.MappingProxyType:
