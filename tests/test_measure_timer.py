@@ -531,10 +531,10 @@ def test_both_node_hook_routes_give_the_planted_backward_times(route, monkeypatc
     module (rule (a) over two nodes), and leave the user's tensors and gradients untouched."""
     from perfcheck.measure import module_timer as mt
 
-    fast = mt._probe_tensor_prehook_route()
-    assert fast is not None
-    public = lambda node, hook: node.register_prehook(hook)  # noqa: E731
-    monkeypatch.setattr(mt, "_PREHOOK_SETTER", fast if route == "tensor-hook route" else public)
+    carrier = mt._probe_tensor_prehook_route()
+    assert carrier is not None
+    monkeypatch.setattr(mt, "_CARRIER", carrier if route == "tensor-hook route" else False)  # False: public route
+    assert mt._hook_carrier() is (carrier if route == "tensor-hook route" else None)
     pc = run_steps(Join(), lambda: (torch.randn(2, 4),))
     assert_close(row(pc, "join")["bwd_s_median"], 0.010, "join backward")
     assert_close(row(pc, "left")["bwd_s_median"], 0.020, "left backward")

@@ -23,7 +23,7 @@ How each interval is taken (nothing here changes inputs, outputs or grads)
   activation-checkpoint recompute and is reported as ``recompute``, not forward.
 * Backward start: the first gradient w.r.t. any output of the call is ready: a pre-hook on the
   autograd node that produced the output (autograd runs it just before the node; put on through
-  torch's tensor-hook route, ``_node_prehook_setter``, else ``grad_fn.register_prehook``). One
+  torch's tensor-hook route, ``_hook_carrier``, else ``grad_fn.register_prehook``). One
   hook per node serves every call that needs that node (a module's output
   is usually the next module's input and its parent's output), so a chain of N modules registers
   about N hooks. No ``register_full_backward_hook``: it wraps inputs/outputs in a custom Function
@@ -656,8 +656,8 @@ class ModuleTimer:
         if not pending:
             return
         self._pending = []
-        hook, groups, leaf_handles = self._node_hook(), {}, self._leaf_handles
-        put_hook = _node_prehook_setter()
+        hook, groups, leaf_handles, partial = self._node_hook(), {}, self._leaf_handles, functools.partial
+        carrier = _hook_carrier()  # None: the public route
         last_key = last_actions = None
         try:
             for key, kind, obj in pending:  # (pending holds every key: ids are not reused meanwhile)
@@ -668,9 +668,12 @@ class ModuleTimer:
                 if actions is None:
                     actions = groups[id(key)] = [(kind, obj)]
                     if isinstance(key, _Tensor):
-                        leaf_handles.append(key.register_hook(functools.partial(hook, actions)))
+                        leaf_handles.append(key.register_hook(partial(hook, actions)))
+                    elif carrier is not None:  # (inline: one frame fewer per node)
+                        carrier._backward_hooks = {0: partial(hook, actions)}
+                        key._register_hook_dict(carrier)
                     else:
-                        put_hook(key, functools.partial(hook, actions))
+                        key.register_prehook(partial(hook, actions))
                 else:
                     actions.append((kind, obj))
                 last_key, last_actions = key, actions
@@ -834,25 +837,27 @@ class ModuleTimer:
             self.internal_errors.append(f"{type(exc).__name__}: {exc}")
 
 
-_PREHOOK_SETTER = None
+_CARRIER = None  # not probed yet; then the carrier tensor, or False (the public route)
 
 
-def _node_prehook_setter():
-    """``put(node, hook)``: ``hook(grad)`` runs just before autograd runs ``node``; no handle.
+def _hook_carrier():
+    """The carrier tensor of torch's tensor-hook route for node pre-hooks, or None.
 
     ``Node.register_prehook`` builds an OrderedDict and a ``RemovableHandle`` in Python for every
     node (~5 us of host time each on the benchmark VM, about a tenth of the timer's cost per module
     call: bench/RESULTS.md). torch's own tensor-hook route (``Tensor.register_hook`` ends in
     ``grad_fn._register_hook_dict(tensor)``, which puts the tensor's ``_backward_hooks`` dict on
-    the node as a tensor pre-hook, run just before the node) costs ~1 us; the dict is handed over
-    through a private 0-element carrier tensor, so no user tensor is touched. The route is checked
-    once per process on a two-op graph (the hook must run exactly once, with a gradient, and leave
-    the gradients as they were); where it is missing or behaves otherwise (another torch version)
+    the node as a tensor pre-hook, run just before the node) costs ~1 us: ``_flush`` sets
+    ``carrier._backward_hooks = {0: hook}`` and calls ``node._register_hook_dict(carrier)``. The
+    carrier is a private 0-element tensor, so no user tensor is touched. The route is checked once
+    per process on a two-op graph (the hook must run exactly once, with a gradient, and leave the
+    gradients as they were); where it is missing or behaves otherwise (another torch version)
     ``register_prehook`` is used."""
-    global _PREHOOK_SETTER
-    if _PREHOOK_SETTER is None:
-        _PREHOOK_SETTER = _probe_tensor_prehook_route() or (lambda node, hook: node.register_prehook(hook))
-    return _PREHOOK_SETTER
+    global _CARRIER
+    if _CARRIER is None:
+        carrier = _probe_tensor_prehook_route()
+        _CARRIER = False if carrier is None else carrier
+    return None if _CARRIER is False else _CARRIER  # (no truth test: a 0-element tensor has none)
 
 
 def _probe_tensor_prehook_route():
@@ -867,11 +872,7 @@ def _probe_tensor_prehook_route():
             (grad,) = torch.autograd.grad(y.sum() * 3, x)
             if fired != [("hook", True)] or not torch.equal(grad, torch.full((2,), 6.0)):
                 return None
-
-        def put(node, hook):
-            carrier._backward_hooks = {0: hook}
-            node._register_hook_dict(carrier)
-        return put
+        return carrier
     except Exception:  # noqa: BLE001 - any failure: the public route
         return None
 
