@@ -135,7 +135,7 @@ def test_quick_calibration_through_the_cli(tmp_path, capsys):
     assert spec.matrix_flops_per_s["bf16"] == load_system("cpu").matrix_flops_per_s["bf16"]  # not measured
     captured = capsys.readouterr()
     assert "matrix fp32" in captured.out and "calibrate [" in captured.err
-    assert set(pd.read_csv(csv)["kind"]) == {"launch", "host", "opfixed", "opeff", "copy", "vector", "matmul"}
+    assert set(pd.read_csv(csv)["kind"]) == {"launch", "host", "opfixed", "modfixed", "opeff", "copy", "vector", "matmul"}
     # usable wherever a system is
     assert main(["systems", str(out)]) == 0
     assert "testbox (cpu, calibrated)" in capsys.readouterr().out
@@ -265,3 +265,33 @@ def test_optimizer_cases_time_step_and_zero_grad():
     case.fn()
     assert calls == [[True, True], [True, True]]  # gradients present at each step
     assert all(p.grad is None for p in params)  # and zero_grad(set_to_none=True) ran after it
+
+
+def test_a_filler_between_calls_is_not_timed():
+    """Case.between runs before each timed call and outside the timing: a planted 5 ms spin between
+    ~free calls leaves the per-call time far under it (process clock: the spin is CPU time)."""
+    import time
+
+    def spin():
+        t0 = time.process_time()
+        while time.process_time() - t0 < 5e-3:
+            pass
+    dev = torch.device("cpu")
+    timer = Timer(dev, "process")
+    assert timer.loop(lambda: None, 3, between=spin) < 1e-3
+    assert timer.loop(spin, 3) >= 4.5e-3  # the same spin, timed, shows up
+
+
+def test_once_per_step_host_cases_run_cold_and_as_a_cpu_user_gets_the_optimizer():
+    """The optimizer and loss.backward() chains run a filler before each call (a step runs them after
+    other code); per-op cases do not. The CPU for-loop optimizer case is torch's default (foreach=None)."""
+    from perfcheck.hardware.calibrate.cases import host_cases
+
+    cases = {c.label: c for c in host_cases(torch.device("cpu"))}
+    assert cases["optim sgd x2"].between is not None and cases["forward+backward x8"].between is not None
+    assert cases["autograd forward x32"].between is None and cases["module call"].between is None
+
+    def optimizer(case):
+        return next(c.cell_contents for c in case.fn.__closure__ if isinstance(c.cell_contents, torch.optim.Optimizer))
+    assert optimizer(cases["optim sgd x2"]).defaults["foreach"] is None
+    assert optimizer(cases["optim sgd_foreach x2"]).defaults["foreach"] is True

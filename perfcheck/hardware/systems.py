@@ -47,7 +47,7 @@ _REQUIRED = (
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
 _OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
-             "op_efficiency", "calibrated", "sources")
+             "op_efficiency", "module_fixed_s", "calibrated", "sources")
 
 #: Host-side (framework) constants a spec may give in its ``host`` block, seconds; the estimator's
 #: host model (perfcheck.predict.host) uses them. Missing keys come from ``host_defaults.json``.
@@ -149,6 +149,9 @@ class SystemSpec:
     host: Mapping[str, float] = dataclasses.field(default_factory=dict)
     op_fixed_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
     op_efficiency: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: torch.nn class name -> host seconds per call beyond its aten ops' predicted host terms (a
+    #: standard module's Python: BatchNorm's running-stat bookkeeping, F.* wrappers; perfcheck.predict.host)
+    module_fixed_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
     calibrated: bool = False
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -200,7 +203,8 @@ class SystemSpec:
         out = {}
         for f in _FIELDS:
             value = getattr(self, f)
-            if f in ("matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s", "op_efficiency") and not value:
+            if f in ("matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s", "op_efficiency",
+                     "module_fixed_s") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if isinstance(value, types.MappingProxyType):
                 value = dict(value)
@@ -228,7 +232,7 @@ class SystemSpec:
         check_keys(data, _FIELDS, _REQUIRED, where, "the system")
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
         _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, "op_fixed_s": {},
-                                                   "op_efficiency": {}, **data}), where)
+                                                   "op_efficiency": {}, "module_fixed_s": {}, **data}), where)
         return cls(**data)
 
 
@@ -393,6 +397,7 @@ def _validated_fields(spec, where: str) -> dict:
         "host": _host(getattr(spec, "host", {}) or {}, where),
         "op_fixed_s": _per_op(getattr(spec, "op_fixed_s", {}) or {}, "op_fixed_s", where, fraction=False),
         "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True),
+        "module_fixed_s": _per_op(getattr(spec, "module_fixed_s", {}) or {}, "module_fixed_s", where, fraction=False),
         "sources": _sources(spec.sources, where),
     }
     for f in ("mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",

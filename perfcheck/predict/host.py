@@ -10,6 +10,9 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
     forward, per traced aten op     op_dispatch_s (view_dispatch_s for a view/metadata op)
                                     + autograd_node_s when an input needs a gradient (grad_fn node)
     forward, per module call        module_call_s (nn.Module.__call__ and the forward frame)
+                                    + module_fixed_s[class] for a standard nn layer (its Python
+                                    beyond its aten ops: BatchNorm's bookkeeping, F.* wrappers;
+                                    measured per class by calibration, 0 for other classes)
     backward, per autograd node     backward_node_s + op_dispatch_s per backward kernel
                                     (view_dispatch_s for a view's node)
     backward, per parameter tensor  backward_node_s + view_dispatch_s (AccumulateGrad: a node and a detach)
@@ -184,6 +187,7 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     hc = host_constants(spec)
     seq, op_stacks = op_sequence(trace, ops)
     h_op, hb_op = _host_arrays(seq, hc, dict(spec.op_fixed_s))
+    mod_fixed = dict(getattr(spec, "module_fixed_s", {}) or {})  # class name -> s per call (a layer's Python)
     param_tensors = param_tensors or {}
     h_fwd, h_bwd, d_fwd, d_bwd, stacks, seen, prev = [], [], [], [], [], set(), ()
     op_runs = _runs(op_stacks)
@@ -195,7 +199,7 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
             first = path not in seen
             seen.add(path)
             calls = 1 + (max(trace.calls.get(path, 1) - len(op_runs[path]), 0) if first else 0)
-            h_fwd.append(hc["module_call_s"] * calls)
+            h_fwd.append((hc["module_call_s"] + mod_fixed.get(trace.types.get(path), 0.0)) * calls)
             h_bwd.append(param_tensors.get(path, 0) * (hc["backward_node_s"] + hc["view_dispatch_s"]) if first else 0.0)
             d_fwd.append(0.0)
             d_bwd.append(0.0)

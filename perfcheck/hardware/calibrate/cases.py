@@ -15,6 +15,7 @@ import torch
 
 from perfcheck.errors import UserError
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
+from perfcheck.hardware.calibrate.layers import cold_filler, tiny_modules
 from perfcheck.hardware.systems import normalize_dtype
 
 _TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -34,6 +35,9 @@ class Case:
     shape: tuple = (0, 0, 0)
     per_call: int = 1  # kernels (or ops) per fn() call; times are reported per kernel
     setup: Optional[Callable[[], None]] = None  # run before each timed loop (e.g. allow TF32)
+    #: run untimed before each timed call (CPU): other code, so the call is timed with its code and data
+    #: as cold as a training step leaves them, not as hot as a tight loop of it keeps them (``cold_filler``)
+    between: Optional[Callable[[], None]] = None
 
 
 # ------------------------------------------------------------------------------ timing
@@ -57,7 +61,15 @@ class Timer:
         self.device = device
         self._now = time.process_time if clock == "process" else time.perf_counter
 
-    def loop(self, fn, iters: int) -> float:
+    def loop(self, fn, iters: int, between=None) -> float:
+        if between is not None and not self.cuda:  # each call timed alone, ``between`` untimed
+            total = 0.0
+            for _ in range(iters):
+                between()
+                t0 = self._now()
+                fn()
+                total += self._now() - t0
+            return max(total / iters - self._read_s(), 0.0)
         if self.cuda:
             torch.cuda.synchronize(self.device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -72,6 +84,17 @@ class Timer:
             fn()
         return (self._now() - t0) / iters
 
+    def _read_s(self) -> float:
+        """Seconds one reading of the clock adds to a call timed alone (median of 200 back-to-back reads)."""
+        if not hasattr(self, "_read"):
+            now = self._now
+            self._read = statistics.median(-(now() - now()) for _ in range(200))
+        return self._read
+
+
+#: Most calls per timed loop of a case run after a filler (``Case.between``).
+_COLD_MAX_ITERS = 50
+
 
 def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: int = 20000) -> pd.DataFrame:
     """Time every case ``repeats`` times, interleaved; one row per case with the median per-call time."""
@@ -80,16 +103,18 @@ def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: 
         if c.setup:  # fastest of three single calls (one call can hit a scheduler stall)
             c.setup()
         c.fn()
-        t = timer.loop(c.fn, 1)
+        t = timer.loop(c.fn, 1, c.between)
         if t < target_s:
-            t = min(t, timer.loop(c.fn, 1), timer.loop(c.fn, 1))
-        iters.append(int(min(max_iters, max(1, math.ceil(target_s / max(t, 1e-9))))))
+            t = min(t, timer.loop(c.fn, 1, c.between), timer.loop(c.fn, 1, c.between))
+        # a case with a filler is timed call by call, the filler's time outside: fewer calls bound its cost
+        cap = max_iters if c.between is None else _COLD_MAX_ITERS
+        iters.append(int(min(cap, max(1, math.ceil(target_s / max(t, 1e-9))))))
     samples = [[] for _ in cases]
     for _ in range(repeats):
         for i, c in enumerate(cases):
             if c.setup:
                 c.setup()
-            samples[i].append(timer.loop(c.fn, iters[i]) / c.per_call)
+            samples[i].append(timer.loop(c.fn, iters[i], c.between) / c.per_call)
     rows = []
     for c, s, it in zip(cases, samples, iters):
         sec = statistics.median(s)
@@ -197,6 +222,12 @@ def host_cases(device, chain: int = 32) -> list:
             y = y * b  # one op + one grad_fn node each; the graph is freed when y goes
         return y
 
+    def fwd_plain():
+        y = b
+        for _ in range(chain):
+            y = y * b  # the same ops without autograd: fwd_grad less this is the grad_fn nodes alone
+        return y
+
     def fwd_bwd(n):
         def fn():
             y = x
@@ -213,14 +244,23 @@ def host_cases(device, chain: int = 32) -> list:
 
     cases = [Case("host", "view", lambda: m2.t(), "fp32"),
              Case("host", f"autograd forward x{chain}", fwd_grad, "fp32", per_call=chain),
+             Case("host", f"plain forward x{chain}", fwd_plain, "fp32", per_call=chain),
              Case("host", "module call", calls, "fp32", per_call=16)]
-    cases += [Case("host", f"forward+backward x{n}", fwd_bwd(n), "fp32", shape=(n, 0, 0)) for n in BACKWARD_CHAINS]
+    # once-per-step costs (loss.backward()'s start: the chains' intercept; the optimizer step) are timed
+    # after other code, as a step runs them (``cold_filler``); per-op costs stay tight loops: a step's
+    # ops follow one another
+    cold = cold_filler(dev) if dev.type == "cpu" else None
+    cases += [Case("host", f"forward+backward x{n}", fwd_bwd(n), "fp32", shape=(n, 0, 0), between=cold)
+              for n in BACKWARD_CHAINS]
     for label, cls, foreach in OPTIM_CASES:
         for n in OPTIM_TENSORS:
             params = [torch.nn.Parameter(torch.ones(1, device=dev)) for _ in range(n)]
-            opt = getattr(torch.optim, cls)(params, lr=1e-9, foreach=foreach)
+            # the for-loop as a CPU user gets it: torch's default (foreach=None resolves to the for-loop on
+            # CPU tensors, through ~20 us of checks that foreach=False skips; the host model's default)
+            impl = None if (foreach is False and dev.type == "cpu") else foreach
+            opt = getattr(torch.optim, cls)(params, lr=1e-9, foreach=impl)
             cases.append(Case("host", f"optim {label} x{n}", _step_and_zero_grad(opt, params, dev), "fp32",
-                              shape=(n, 0, 0)))
+                              shape=(n, 0, 0), between=cold))
     return cases
 
 
@@ -289,6 +329,11 @@ def op_fixed_cases(device) -> list:
     is that family's fixed cost (``op_fixed_s``): on a CPU the kernel's set-up, on a GPU the host's
     (cuDNN/cuBLAS heuristics and descriptors: a loop of tiny calls is host-bound there)."""
     return [Case("opfixed", name, fn, "fp32") for name, fn in _tiny_ops(torch.device(device)).items()]
+
+
+def module_fixed_cases(device) -> list:
+    """One call per standard nn module class (label = the class name, see perfcheck.hardware.calibrate.layers)."""
+    return [Case("modfixed", name, (lambda m=m, x=x: m(*x)), "fp32") for name, (m, x) in tiny_modules(device).items()]
 
 
 class _One(torch.nn.Module):

@@ -208,7 +208,7 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
         base, name=name or f"{base.name}-calibrated", description=description, kind=d.kind,
         matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
         sources=sources, **d.fields)
-    return _per_op_costs(spec, table, d)
+    return _module_costs(_per_op_costs(spec, table, d), table, d)
 
 
 def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
@@ -235,6 +235,32 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
                                     f"less dispatch and fixed cost, at a LeNet-like size (conv 3->6 ch 5x5 on "
                                     f"8x3x32x32; 2x2 max-pool of 8x6x28x28)")
     return dataclasses.replace(spec, op_fixed_s=fixed, op_efficiency=eff, sources=sources)
+
+
+def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
+    """module_fixed_s: per standard nn module class, its measured call (``layers.tiny_modules``) less the
+    estimator's forward for it on ``spec`` (whose host constants and per-op costs are already fitted),
+    floored at 0: the Python and autograd work of that layer the per-op host model does not see."""
+    rows = _rows(table, "modfixed")
+    if not len(rows):
+        return spec
+    import perfcheck
+    from perfcheck.hardware.calibrate.layers import tiny_modules
+    from perfcheck.schema import ROOT
+
+    mods = tiny_modules("cpu")  # the estimator traces on fake tensors: the device does not matter
+    fixed = {}
+    for r in rows.itertuples(index=False):
+        if r.label not in mods:
+            continue  # a table from another perfcheck version
+        m, x = mods[r.label]
+        pred = perfcheck.estimate(m, x, system=spec)
+        fixed[r.label] = max(float(r.seconds) - float(pred.loc[pred["module"] == ROOT, "pred_fwd_s"].iloc[0]), 0.0)
+    sources = dict(spec.sources)
+    sources["module_fixed_s"] = (f"{d.stamp}: per nn module class, one training-mode call on tiny tensors "
+                                 f"(8x16, 1x1x6x6; parameters needing gradients) less the estimator's forward "
+                                 f"for it on this spec (dispatch, autograd nodes, per-op fixed costs, module call)")
+    return dataclasses.replace(spec, module_fixed_s=fixed, sources=sources)
 
 
 def _launch(d: _Draft, table, threads):
@@ -267,7 +293,14 @@ def _host(d: _Draft, table, threads):
     if "view" in sec:
         put("view_dispatch_s", sec["view"], "Tensor.t() of a 1x1 tensor")
     chain = next((lab for lab in sec if lab.startswith("autograd forward x")), None)
-    if chain and op:
+    plain = sec.get(chain.replace("autograd", "plain")) if chain else None
+    if chain and plain:
+        # the same ``y * b`` chain without autograd: subtracting torch.add's dispatch instead (a Python
+        # function call, ~1-2 us dearer than the ``*`` operator's slot) read 1.0 us where a node costs 2.9
+        put("autograd_node_s", sec[chain] - plain, f"per op of a chain of 1-element multiplies under autograd "
+                                                   f"({sec[chain] * 1e6:.2f} us), minus the same chain without "
+                                                   f"autograd ({plain * 1e6:.2f} us)")
+    elif chain and op:
         put("autograd_node_s", sec[chain] - op, f"per op of a chain of 1-element multiplies under autograd "
                                                 f"({sec[chain] * 1e6:.2f} us), minus the plain op")
     fb = _rows(host, "host")[host["label"].str.startswith("forward+backward x")].sort_values("m")

@@ -55,7 +55,8 @@ import pandas as pd
 import torch
 
 from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
-                                                launch_cases, matmul_cases, op_efficiency_cases, op_fixed_cases,
+                                                launch_cases, matmul_cases, module_fixed_cases, op_efficiency_cases,
+                                                op_fixed_cases,
                                                 run_cases, vector_cases)
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
 from perfcheck.errors import UserError
@@ -222,6 +223,7 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     group("launch overhead", launch_cases(dev))
     group("host (dispatch, autograd, module call, optimizer)", host_cases(dev))
     group("per-op fixed costs", op_fixed_cases(dev))
+    group("per-module fixed costs", module_fixed_cases(dev))
     group("per-op kernel efficiency", op_efficiency_cases(dev, "fp32" if dev.type == "cpu" else (
         "bf16" if "bf16" in measured else measured[0] if measured else "fp32")))
     if dev.type == "cuda":

@@ -1,0 +1,49 @@
+"""The standard nn layers whose per-call host cost calibration measures (``module_fixed_s``).
+
+Shared by the cases (which time them) and the fit (which estimates them with the host model and keeps
+the measured excess); a module of its own so neither imports the other.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def tiny_modules(dev):
+    """torch.nn class name -> (module, inputs): the standard layers whose Python ``forward`` does work
+    beyond its aten ops (argument checks, F.* wrappers, BatchNorm's running-stat bookkeeping, a
+    Linear's autograd node saving two tensors), on tiny tensors in training mode with parameters
+    needing gradients, as a training step calls them. perfcheck.hardware.calibrate.fit estimates
+    each with the host model and keeps the measured excess per call (``module_fixed_s``)."""
+    nn = torch.nn
+    dev = torch.device(dev)
+    # the op_fixed cases' shapes (``_tiny_ops``): a convolution's batch of 2 takes another CPU path
+    # (123 us, not 15 us, for a 1->1 channel 3x3 on 6x6 on the project's VM), whose fixed cost the
+    # op_efficiency fit at a LeNet size already holds
+    y, img = torch.randn(8, 16, device=dev), torch.randn(1, 1, 6, 6, device=dev)
+    mods = {
+        "Linear": (nn.Linear(16, 5), y), "Conv1d": (nn.Conv1d(1, 1, 3), torch.randn(1, 1, 16, device=dev)),
+        "Conv2d": (nn.Conv2d(1, 1, 3), img), "BatchNorm1d": (nn.BatchNorm1d(16), y),
+        "BatchNorm2d": (nn.BatchNorm2d(1), img), "LayerNorm": (nn.LayerNorm(16), y),
+        "Embedding": (nn.Embedding(16, 4), torch.arange(8, device=dev)), "Dropout": (nn.Dropout(0.1), y),
+        "ReLU": (nn.ReLU(), y), "GELU": (nn.GELU(), y), "MaxPool2d": (nn.MaxPool2d(2), img),
+    }
+    return {name: (m.to(dev).train(), (x,)) for name, (m, x) in mods.items()}
+
+
+def cold_filler(dev):
+    """A call that runs other framework code (a forward and backward through Linear, LayerNorm, GELU,
+    Dropout; ~0.1-0.2 ms on a CPU): the cases that a training step runs once per step (the optimizer
+    step, loss.backward()'s start) run it untimed before each timed call, so the caches and branch
+    predictors hold what a step leaves in them. A tight loop keeps the optimizer's Python hot: SGD
+    step + zero_grad on 4 tiny tensors took 122 us in a loop and 178 us right after a forward and
+    backward on the project's VM (1 thread, process time)."""
+    nn = torch.nn
+    dev = torch.device(dev)
+    net = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU(), nn.Dropout(0.1)).to(dev).train()
+    x = torch.randn(4, 8, device=dev)
+
+    def fill():
+        net(x).sum().backward()
+        for p in net.parameters():
+            p.grad = None
+    return fill
