@@ -175,3 +175,20 @@ def test_unwritable_cache_says_so(auto_on, monkeypatch, tmp_path, capsys):
     assert "cannot write the calibration cache" in capsys.readouterr().err
     with pytest.raises(UserError, match="PERFCHECK_CACHE_DIR"):
         cache.save_to_cache(load_system("cpu"), "cpu")
+
+
+def test_the_users_random_stream_and_threads_are_left_as_they_were(auto_on, monkeypatch):
+    """The automatic calibration runs inside the user's process (at a PerfCheck's stop): its cases draw
+    random inputs, which must not move the user's generator."""
+    inner = calrun.calibrate
+
+    def drawing(base=None, **kw):
+        torch.randn(1000)  # what the real cases do (cases.py draws its operands with torch.randn)
+        return inner(base, **kw)
+
+    monkeypatch.setattr(calrun, "calibrate", drawing)
+    torch.manual_seed(1234)
+    expected = torch.randn(8)
+    torch.manual_seed(1234)
+    assert cache.auto_calibrate("cpu") is not None and len(auto_on) == 1
+    assert torch.equal(torch.randn(8), expected)

@@ -148,6 +148,8 @@ def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemS
     cache and return it (origin set); None, with one line on stderr, when another process is
     calibrating (no waiting) or the calibration fails (the prediction then uses the datasheet).
     ``progress``: called with one-line messages (default: the announcement goes to stderr)."""
+    import torch
+
     from perfcheck.hardware.calibrate.run import calibrate
 
     say = progress or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -172,7 +174,10 @@ def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemS
             f"(once; 3-5 s on an idle CPU, up to ~25 s on busy cores; {AUTO_ENV}=0 skips it, `perfcheck calibrate` "
             f"measures more)")
         t0 = time.perf_counter()
-        result = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=threads, name=AUTO_NAME)
+        # it runs inside the user's process (at a PerfCheck's stop, say): the random inputs of its cases
+        # come from a forked CPU generator, so the user's random stream after it is what it would have been
+        with torch.random.fork_rng(devices=[]):
+            result = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=threads, name=AUTO_NAME)
         result.spec.save(path)  # atomic (temp file + rename): a reader sees no file or a whole one
         say(f"perfcheck: calibrated in {time.perf_counter() - t0:.1f} s, kept in {path}")
     except (OSError, RuntimeError, UserError) as exc:
