@@ -309,3 +309,35 @@ def test_multi_device_data_parallel_is_refused_clearly():
         PerfCheck(dp)
     single = nn.DataParallel(Net())  # no GPU: DataParallel just calls the module
     assert PerfCheck(single, profile=False, sample_interval=None)._view.wrappers == ["DataParallel"]
+
+
+def test_the_global_random_stream_is_untouched_through_stop_and_its_prediction(tmp_path):
+    """Dropout draws from the global generator at every step, and a run directory makes stop() predict
+    (the estimator traces a twin of the model): the losses while measured and the first draws after stop()
+    equal a run without PerfCheck, so nothing PerfCheck does consumes the user's random numbers."""
+    def run(pc_args):
+        torch.manual_seed(0)
+        model = GPT(n_layer=2, n_head=2, d_model=32, vocab=64, seq_len=16, dropout=0.2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        pc = PerfCheck(model, **pc_args) if pc_args is not None else None
+        if pc is not None:
+            pc.start()
+        losses = []
+        for _ in range(5):
+            loss = model(torch.randint(0, 64, (2, 16))).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+            if pc is not None:
+                pc.step()
+        if pc is not None:
+            pc.stop()
+        return losses, torch.rand(4)
+
+    ref_losses, ref_after = run(None)
+    losses, after = run(dict(warmup=1, steps=2, count_flops=True, profile=True, profile_window=(0, 1, 1),
+                             sample_interval=None, out_dir=tmp_path / "run"))
+    assert (tmp_path / "run" / "rank0" / "predicted.csv").is_file()  # stop() did predict
+    assert all(torch.equal(a, b) for a, b in zip(ref_losses, losses))
+    assert torch.equal(ref_after, after)
