@@ -135,7 +135,8 @@ def test_quick_calibration_through_the_cli(tmp_path, capsys):
     assert spec.matrix_flops_per_s["bf16"] == load_system("cpu").matrix_flops_per_s["bf16"]  # not measured
     captured = capsys.readouterr()
     assert "matrix fp32" in captured.out and "calibrate [" in captured.err
-    assert set(pd.read_csv(csv)["kind"]) == {"launch", "host", "opfixed", "modfixed", "opeff", "copy", "vector", "matmul"}
+    assert set(pd.read_csv(csv)["kind"]) == {"launch", "host", "opfixed", "modfixed", "opeff", "copy", "vector",
+                                             "matmul"}
     # usable wherever a system is
     assert main(["systems", str(out)]) == 0
     assert "testbox (cpu, calibrated)" in capsys.readouterr().out

@@ -333,7 +333,8 @@ def op_fixed_cases(device) -> list:
 
 def module_fixed_cases(device) -> list:
     """One call per standard nn module class (label = the class name, see perfcheck.hardware.calibrate.layers)."""
-    return [Case("modfixed", name, (lambda m=m, x=x: m(*x)), "fp32") for name, (m, x) in tiny_modules(device).items()]
+    return [Case("modfixed", name, (lambda m=m, x=x: m(*x)), "fp32")
+            for name, (m, x) in tiny_modules(device).items()]
 
 
 class _One(torch.nn.Module):

@@ -258,8 +258,8 @@ def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
         fixed[r.label] = max(float(r.seconds) - float(pred.loc[pred["module"] == ROOT, "pred_fwd_s"].iloc[0]), 0.0)
     sources = dict(spec.sources)
     sources["module_fixed_s"] = (f"{d.stamp}: per nn module class, one training-mode call on tiny tensors "
-                                 f"(8x16, 1x1x6x6; parameters needing gradients) less the estimator's forward "
-                                 f"for it on this spec (dispatch, autograd nodes, per-op fixed costs, module call)")
+                                 f"(8x16, 1x1x6x6; parameters and inputs needing gradients) less the estimator's "
+                                 f"forward for it on this spec (dispatch, autograd nodes, per-op fixed costs, module call)")
     return dataclasses.replace(spec, module_fixed_s=fixed, sources=sources)
 
 

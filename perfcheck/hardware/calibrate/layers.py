@@ -11,9 +11,9 @@ import torch
 def tiny_modules(dev):
     """torch.nn class name -> (module, inputs): the standard layers whose Python ``forward`` does work
     beyond its aten ops (argument checks, F.* wrappers, BatchNorm's running-stat bookkeeping, a
-    Linear's autograd node saving two tensors), on tiny tensors in training mode with parameters
-    needing gradients, as a training step calls them. perfcheck.hardware.calibrate.fit estimates
-    each with the host model and keeps the measured excess per call (``module_fixed_s``)."""
+    Linear's autograd node saving two tensors), on tiny tensors in training mode with parameters and
+    inputs needing gradients, as a training step calls them. perfcheck.hardware.calibrate.fit
+    estimates each with the host model and keeps the measured excess per call (``module_fixed_s``)."""
     nn = torch.nn
     dev = torch.device(dev)
     # the op_fixed cases' shapes (``_tiny_ops``): a convolution's batch of 2 takes another CPU path
@@ -27,7 +27,11 @@ def tiny_modules(dev):
         "Embedding": (nn.Embedding(16, 4), torch.arange(8, device=dev)), "Dropout": (nn.Dropout(0.1), y),
         "ReLU": (nn.ReLU(), y), "GELU": (nn.GELU(), y), "MaxPool2d": (nn.MaxPool2d(2), img),
     }
-    return {name: (m.to(dev).train(), (x,)) for name, (m, x) in mods.items()}
+    # a layer's input needs a gradient (it comes out of the layer before), as for every layer of a step but
+    # the first: autograd then records more (a ReLU on 8x16 took 17.4 us so, 9.8 us on a plain input, on the
+    # project's VM, where the estimator says 9.3 and 7.9)
+    return {name: (m.to(dev).train(), (x.requires_grad_(True) if x.is_floating_point() else x,))
+            for name, (m, x) in mods.items()}
 
 
 def cold_filler(dev):
