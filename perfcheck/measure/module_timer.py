@@ -656,7 +656,7 @@ class ModuleTimer:
         if not pending:
             return
         self._pending = []
-        hook, groups, leaf_handles, partial = self._node_hook(), {}, self._leaf_handles, functools.partial
+        hook, groups, leaf_handles, bind = self._node_hook(), {}, self._leaf_handles, types.MethodType
         carrier = _hook_carrier()  # None: the public route
         last_key = last_actions = None
         try:
@@ -668,12 +668,12 @@ class ModuleTimer:
                 if actions is None:
                     actions = groups[id(key)] = [(kind, obj)]
                     if isinstance(key, _Tensor):
-                        leaf_handles.append(key.register_hook(partial(hook, actions)))
+                        leaf_handles.append(key.register_hook(bind(hook, actions)))
                     elif carrier is not None:  # (inline: one frame fewer per node)
-                        carrier._backward_hooks = {0: partial(hook, actions)}
+                        carrier._backward_hooks = {0: bind(hook, actions)}
                         key._register_hook_dict(carrier)
                     else:
-                        key.register_prehook(partial(hook, actions))
+                        key.register_prehook(bind(hook, actions))
                 else:
                     actions.append((kind, obj))
                 last_key, last_actions = key, actions
@@ -681,21 +681,23 @@ class ModuleTimer:
             self._internal_error(exc)
 
     def _node_hook(self):
-        """The hook body the nodes of this step share (each through a ``partial`` with its actions)."""
+        """The hook body the nodes of this step share, each node's hook a bound method of it with the
+        node's actions as ``self`` (``types.MethodType``: cheaper to make and to call than a
+        ``functools.partial``; A/B in bench/RESULTS.md)."""
         # Everything the hook touches is bound here: it runs between autograd's own work, where
         # each attribute lookup costs several times what it costs in a loop (bench/RESULTS.md).
-        now, log, cb_tasks, ranges, timer, gen = self._now, self._log, self._cb_tasks, self.ranges, self, self._gen
-        task_id, fire = _graph_task_id, _FIRE
+        now, append, cb_tasks, ranges, timer, gen = self._now, self._log.append, self._cb_tasks, self.ranges, self, self._gen
+        task_id, fire, profiler = _graph_task_id, _FIRE, _profiler
 
         def on_node(actions, _grads):
             if timer._gen == gen:  # (a later step, or detached: inert)
                 try:
                     t = now()
                     task = task_id()
-                    log.append((fire, task, t, actions))
+                    append((fire, task, t, actions))
                     if task not in cb_tasks:  # rule (d): once per backward pass
                         timer._queue_task_end(task, gen)
-                    if ranges and _profiler._is_profiler_enabled:
+                    if ranges and profiler._is_profiler_enabled:
                         timer._replay()
                 except Exception as exc:  # never break the user's backward
                     timer._internal_error(exc)
