@@ -86,3 +86,14 @@ def test_compiled_and_wrapped_models_estimate_as_their_inner_module():
     compiled = perfcheck.estimate(torch.compile(inner), (x,), system="cpu")
     assert compiled["module"].tolist() == plain["module"].tolist() == ["(root)", "0", "1", "2"]
     assert compiled["macs_fwd"].tolist() == plain["macs_fwd"].tolist()
+
+
+@pytest.mark.parametrize("model", [nn.Identity(), nn.Sequential(nn.Identity(), nn.Dropout(0.0))],
+                         ids=["identity", "sequential-of-no-ops"])
+def test_a_model_that_runs_no_aten_op_estimates_as_zero_work(model):
+    """A model whose forward runs no aten op (it returns its input) has nothing to predict on the device:
+    every row is zero FLOPs, bytes and device time, not an exception from an empty op table."""
+    pred = perfcheck.estimate(model, (torch.randn(2, 3),), system="cpu")
+    assert pred.loc[pred["module"] == ROOT, "calls"].item() == 1
+    for col in ("flops_fwd", "flops_bwd", "bytes_fwd", "bytes_bwd", "act_mem", "pred_fwd_s", "pred_bwd_s"):
+        assert (pred[col] == 0).all(), col

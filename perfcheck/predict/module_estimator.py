@@ -118,8 +118,9 @@ def _membership(trace, ops: pd.DataFrame) -> pd.DataFrame:
 
 
 def _dominant_bound(members: pd.DataFrame, ops: pd.DataFrame, phase: str) -> pd.Series:
-    t = ops[f"t_{phase}"].to_numpy()[members["row"].to_numpy()]
-    b = ops[f"bound_{phase}"].to_numpy()[members["row"].to_numpy()]
+    rows = members["row"].to_numpy(dtype="int64")  # int even when empty (a model that runs no aten op)
+    t = ops[f"t_{phase}"].to_numpy()[rows]
+    b = ops[f"bound_{phase}"].to_numpy()[rows]
     by = pd.DataFrame({"module": members["module"].to_numpy(), "bound": b, "t": t})
     by = by[by["t"] > 0].groupby(["module", "bound"])["t"].sum().reset_index()
     return by.sort_values("t", ascending=False).drop_duplicates("module").set_index("module")["bound"]
