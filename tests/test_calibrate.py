@@ -122,6 +122,7 @@ def test_process_clock_leaves_out_sleep():
     assert Timer(dev, "process").loop(nap, 2) < 0.005
 
 
+@pytest.mark.slow  # a subprocess or a browser: > 3 s, full suite only
 def test_quick_calibration_through_the_cli(tmp_path, capsys):
     out, csv = tmp_path / "mine.json", tmp_path / "m.csv"
     rc = main(["calibrate", "--quick", "--no-comm", "--dtypes", "fp32", "--threads", "1", "--output", str(out),

@@ -120,6 +120,7 @@ CRASH_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess or a browser: > 3 s, full suite only
 def test_crash_mid_run_loses_at_most_the_step_in_flight(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text(CRASH_SCRIPT)

@@ -157,6 +157,7 @@ def test_system_option_changes_the_roofs(capsys):
     assert code == 0 and json.loads(out)["system"] == "h100-sxm"
 
 
+@pytest.mark.slow  # a subprocess or a browser: > 3 s, full suite only
 def test_console_entry_point(tmp_path):
     out = subprocess.run([sys.executable, "-m", "perfcheck", "report", str(JSC2), "--format", "csv"],
                          capture_output=True, text=True, timeout=120)

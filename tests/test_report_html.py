@@ -64,6 +64,7 @@ def _ink(img: np.ndarray, box) -> tuple:
     return non_white, colours
 
 
+@pytest.mark.slow  # a subprocess or a browser: > 3 s, full suite only
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
 def test_plots_render_in_chromium(tmp_path):
