@@ -159,6 +159,17 @@ def fsdp2_tp_sp(dp=2, tp=2):
 
 
 # ---- real multi-process gloo runs (shared by the run tests) -----------------------------------------
+def train(model, batch_of_step, steps: int, pc=None):
+    """``steps`` SGD steps of ``model`` on ``batch_of_step(step)``, calling ``pc.step()`` after each when given."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        model(batch_of_step(step)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if pc is not None:
+            pc.step()
+
+
 def init_gloo(rank, port, world):
     """The worker side: join a ``world``-rank gloo group on localhost:``port``, one intra-op thread."""
     import os

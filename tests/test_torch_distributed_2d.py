@@ -22,27 +22,17 @@ def _batch(step, rank):
     return torch.randn(8, 16, generator=g)
 
 
-def _train(model, rank, pc=None):
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(STEPS):
-        model(_batch(step, rank)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        if pc is not None:
-            pc.step()
-
-
 def _worker(rank, port, out):
     from perfcheck import PerfCheck
     from perfcheck.measure.collectives import bytes_by_kind
 
     M.init_gloo(rank, port, 4)
     bare = M.fsdp2_tp()
-    _train(bare, rank)
+    M.train(bare, lambda step: _batch(step, rank), STEPS)
     model = M.fsdp2_tp()
     pc = PerfCheck(model, warmup=1, steps=2, out_dir=os.path.join(out, "run"), sample_interval=None)
     with pc:
-        _train(model, rank, pc)
+        M.train(model, lambda step: _batch(step, rank), STEPS, pc)
     same = all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(bare.parameters(), model.parameters()))
     pred = pc.predicted().set_index("module")
     result = {"identical": same, "measured": bytes_by_kind(pc.collectives()), "parallel": pc.meta()["parallel"],

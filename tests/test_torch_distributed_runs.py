@@ -21,16 +21,6 @@ def _params(model):
             for p in model.parameters()]
 
 
-def _train(layout, model, rank, pc=None):
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(STEPS):
-        model(M.batch(layout, step, rank)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        if pc is not None:
-            pc.step()
-
-
 def _worker(rank, port, out):
     from perfcheck import PerfCheck
     from perfcheck.measure.collectives import bytes_by_kind
@@ -39,12 +29,12 @@ def _worker(rank, port, out):
     result = {}
     for layout, (build, _) in M.LAYOUTS.items():
         bare = build()
-        _train(layout, bare, rank)
+        M.train(bare, lambda step: M.batch(layout, step, rank), STEPS)
         model = build()
         run = os.path.join(out, layout)
         pc = PerfCheck(model, warmup=1, steps=2, out_dir=run, sample_interval=None)
         with pc:
-            _train(layout, model, rank, pc)
+            M.train(model, lambda step: M.batch(layout, step, rank), STEPS, pc)
         same = all(torch.equal(a, b) for a, b in zip(_params(bare), _params(model)))
         model(M.batch(layout, 99, rank)).sum().backward()  # still trains after save()
         result[layout] = {"identical": same, "bytes": bytes_by_kind(pc.collectives()),
