@@ -126,6 +126,12 @@ def test_not_in_a_rank_nor_when_turned_off(auto_on, monkeypatch, env):
     assert cache.cached_spec("cpu") is None and auto_on == []
 
 
+@pytest.mark.parametrize("world", ["1", "", "two", " 1 "])
+def test_one_process_or_a_malformed_world_size_still_calibrates(auto_on, monkeypatch, world):
+    monkeypatch.setenv("WORLD_SIZE", world)
+    assert cache.auto_calibration_allowed("cpu")
+
+
 def test_never_on_a_gpu(auto_on):
     assert not cache.auto_calibration_allowed("cuda")
     assert not cache.auto_calibration_allowed(torch.device("cuda", 0))

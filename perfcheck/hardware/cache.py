@@ -134,11 +134,9 @@ def auto_calibration_allowed(device=None) -> bool:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type != "cpu":
         return False
-    try:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            return False
-    except ValueError:
-        pass  # a malformed WORLD_SIZE is the launcher's problem; one process here
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if world.isdigit() and int(world) > 1:  # a malformed WORLD_SIZE is the launcher's problem: one process here
+        return False
     dist = getattr(torch, "distributed", None)
     return not (dist is not None and dist.is_available() and dist.is_initialized())
 
