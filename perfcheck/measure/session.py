@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import statistics
 import time
 import uuid
 import warnings
@@ -68,25 +69,20 @@ def _micro_batches(step_rows) -> float | int | None:
     """Root forward calls per step (gradient-accumulation micro-batches between ``step()`` calls), the
     median over measured, non-failed steps (else over every instrumented step); None before any step.
     Reports scale the one-micro-batch prediction by it (analysis.pipeline)."""
-    counts = sorted(r["micro_batches"] for r in step_rows if r["role"] == "measured" and not r["failed"])
+    counts = [r["micro_batches"] for r in step_rows if r["role"] == "measured" and not r["failed"]]
     if not counts:
-        counts = sorted(r["micro_batches"] for r in step_rows if r["role"] != "bare" and r["micro_batches"] > 0)
+        counts = [r["micro_batches"] for r in step_rows if r["role"] != "bare" and r["micro_batches"] > 0]
     if not counts:
         return None
-    mid = len(counts) // 2
-    value = counts[mid] if len(counts) % 2 else (counts[mid - 1] + counts[mid]) / 2
+    value = statistics.median(counts)
     return int(value) if float(value).is_integer() else float(value)
 
 
 def _synced_micro_batches(step_rows, synced: dict):
     """Median over measured steps of the micro-batches whose backward reduced gradients (DDP/FSDP2;
     ``integrations.torch_distributed.GradSyncCounter``), None for other models or before a step."""
-    counts = sorted(synced[r["step"]] for r in step_rows
-                    if r["role"] == "measured" and not r["failed"] and r["step"] in synced)
-    if not counts:
-        return None
-    mid = len(counts) // 2
-    return counts[mid] if len(counts) % 2 else (counts[mid - 1] + counts[mid]) / 2
+    counts = [synced[r["step"]] for r in step_rows if r["role"] == "measured" and not r["failed"] and r["step"] in synced]
+    return statistics.median(counts) if counts else None
 
 
 def _check_system(system):
