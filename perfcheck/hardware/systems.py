@@ -47,7 +47,9 @@ _REQUIRED = (
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
 _OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
-             "op_efficiency", "module_fixed_s", "calibrated", "sources")
+             "op_efficiency", "op_row_s", "module_fixed_s", "calibrated", "sources")
+#: Phases an ``op_row_s`` entry prices: the op's forward kernel and its backward kernel.
+ROW_PHASES = ("fwd", "bwd")
 
 #: Host-side (framework) constants a spec may give in its ``host`` block, seconds; the estimator's
 #: host model (perfcheck.predict.host) uses them. Missing keys come from ``host_defaults.json``.
@@ -152,6 +154,9 @@ class SystemSpec:
     #: torch.nn class name -> host seconds per call beyond its aten ops' predicted host terms (a
     #: standard module's Python: BatchNorm's running-stat bookkeeping, F.* wrappers; perfcheck.predict.host)
     module_fixed_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: row-wise aten op name -> {"fwd": s, "bwd": s} per row its forward / backward kernel walks (a CPU
+    #: kernel's per-row cost on short rows: softmax, log_softmax, layer norm, nll_loss; perfcheck.predict.roofline)
+    op_row_s: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     calibrated: bool = False
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -204,10 +209,10 @@ class SystemSpec:
         for f in _FIELDS:
             value = getattr(self, f)
             if f in ("matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s", "op_efficiency",
-                     "module_fixed_s") and not value:
+                     "module_fixed_s", "op_row_s") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if isinstance(value, types.MappingProxyType):
-                value = dict(value)
+                value = {k: dict(v) if isinstance(v, types.MappingProxyType) else v for k, v in value.items()}
             elif f in ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_curve"):
                 value = [list(p) for p in value]
             out[f] = value
@@ -232,7 +237,8 @@ class SystemSpec:
         check_keys(data, _FIELDS, _REQUIRED, where, "the system")
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
         _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, "op_fixed_s": {},
-                                                   "op_efficiency": {}, "module_fixed_s": {}, **data}), where)
+                                                   "op_efficiency": {}, "module_fixed_s": {}, "op_row_s": {},
+                                                   **data}), where)
         return cls(**data)
 
 
@@ -331,6 +337,22 @@ def _per_op(value, field, where, *, fraction: bool) -> types.MappingProxyType:
     return types.MappingProxyType({str(k): check(v, f"{field}.{k}", where) for k, v in value.items()})
 
 
+def _per_row(value, where) -> types.MappingProxyType:
+    """op_row_s: aten op name -> {"fwd": seconds, "bwd": seconds} per row (each >= 0; a phase may be left out)."""
+    if not isinstance(value, Mapping):
+        raise UserError(f"{where}: op_row_s must be an object of aten op name -> {{fwd, bwd}} seconds per row")
+    out = {}
+    for name, phases in value.items():
+        if not isinstance(phases, Mapping):
+            raise UserError(f"{where}: op_row_s.{name} must be an object with keys {', '.join(ROW_PHASES)}")
+        for ph in phases:
+            if ph not in ROW_PHASES:
+                raise UserError(f"{where}: op_row_s.{name} has unknown phase {ph!r} (allowed: {', '.join(ROW_PHASES)})")
+        out[str(name)] = types.MappingProxyType({ph: _number(v, f"op_row_s.{name}.{ph}", where, allow_zero=True)
+                                                 for ph, v in phases.items()})
+    return types.MappingProxyType(out)
+
+
 @lru_cache(maxsize=None)
 def _host_defaults() -> dict:
     where = "host_defaults.json"
@@ -398,6 +420,7 @@ def _validated_fields(spec, where: str) -> dict:
         "op_fixed_s": _per_op(getattr(spec, "op_fixed_s", {}) or {}, "op_fixed_s", where, fraction=False),
         "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True),
         "module_fixed_s": _per_op(getattr(spec, "module_fixed_s", {}) or {}, "module_fixed_s", where, fraction=False),
+        "op_row_s": _per_row(getattr(spec, "op_row_s", {}) or {}, where),
         "sources": _sources(spec.sources, where),
     }
     for f in ("mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",

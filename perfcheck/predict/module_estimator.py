@@ -87,9 +87,10 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
             cost = replace(cost, bwd=ZERO)
         rows.append((i, op.call.name, source, cost.fwd.macs, cost.fwd.flops, cost.fwd.bytes, cost.fwd.kernels,
                      cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels, gemm_min_dim(op.call),
-                     op.recompute))
+                     op.recompute, cost.fwd.rows, cost.bwd.rows))
     return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
-                                       "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "min_dim", "recompute"])
+                                       "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "min_dim", "recompute",
+                                       "rows_fwd", "rows_bwd"])
 
 
 #: Fused attention ops the CPU dispatcher picks itself (args q, k, v, dropout_p, is_causal, ...).

@@ -220,8 +220,9 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
 
     Per op: ``op_time_s`` with ``launch_s`` per kernel, the roofline part divided by the spec's
     ``op_efficiency[name]`` (a kernel measured slower than the roofline on this machine: a CPU
-    convolution with few channels, a max-pool). An op family's fixed cost (``op_fixed_s``) is host
-    time: perfcheck.predict.host adds it.
+    convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
+    that op (``row_prices``: a row-wise kernel's fixed cost per row) when the table has those columns.
+    An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it.
     """
     system = load_system(system)
     names = ops["name"].to_numpy(object)
@@ -235,6 +236,26 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         t = np.asarray(t, dtype=float)
         roof = t - k * launch
         t = roof / eff + k * launch
+        if f"rows_{phase}" in ops:
+            t = t + ops[f"rows_{phase}"].to_numpy(float) * row_prices(system, names, phase)
         ops[f"t_{phase}"] = np.where(k > 0, t, 0.0)
         ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(bound, dtype=object), len(ops))
     return ops
+
+
+#: Row-wise ops priced with another op's per-row cost (the same CPU kernel behind another name).
+ROW_PRICE_ALIASES = {"_safe_softmax": "_softmax", "nll_loss2d_forward": "nll_loss_forward"}
+
+
+def row_prices(system, names, phase: str) -> np.ndarray:
+    """Seconds per row of each op in ``names`` in ``phase`` ("fwd"/"bwd"): the spec's ``op_row_s``
+    (measured by ``perfcheck calibrate``'s row-wise cases; 0 for an op it does not list, and on a spec
+    without the table: a GPU kernel spreads rows over its threads, so no per-row term is modelled there).
+
+    Why: a CPU row-wise kernel (softmax, log_softmax, layer norm, nll_loss) pays a fixed cost per row
+    beyond its elements: a 256x5 log_softmax took 34 us and a 4096x5 one 472 us on the project's VM
+    (~115 ns per 5-element row), where the vector roofline gives ~2 us.
+    """
+    system = load_system(system)
+    table = system.op_row_s
+    return np.array([table.get(ROW_PRICE_ALIASES.get(n, n), {}).get(phase, 0.0) for n in names], dtype=float)
