@@ -379,3 +379,94 @@ def op_efficiency_cases(device, dtype: str = "fp32") -> list:
         out.append(Case("opeff", name, (lambda fn=fn, inputs=inputs: fn(*inputs)), normalize_dtype(dtype), mf, nb,
                         (0, 0, int(of))))
     return out
+
+
+# ------------------------------------------------------------------------------ per-row costs of row-wise ops (CPU)
+#: Row counts of the row-wise cases: the per-row cost is the slope between them.
+ROW_COUNTS = (64, 512)
+#: Row lengths of the row-wise cases: short rows below, across and at an AVX2 register's 8 floats (a CPU kernel
+#: walks a row's full vectors, then its tail; the per-row cost varies ~2x with the length: the fit keeps the
+#: median over these lengths, not one length's value). nll_loss reads one element per row: one length.
+ROW_LENGTHS = (4, 10, 16)
+
+
+def _row_ops(dev):
+    """Forward aten op name -> (forward kernel, backward kernel) builders: ``make(rows, cols)`` returns a call of
+    that kernel on fresh tensors, with the kernel's arguments as autograd passes them."""
+    aten = torch.ops.aten
+    f32 = torch.float32
+
+    def lsm(r, c):
+        x = torch.randn(r, c, device=dev)
+        return lambda: torch._log_softmax(x, 1, False)
+
+    def lsm_b(r, c):
+        g, y = torch.randn(r, c, device=dev), torch.log_softmax(torch.randn(r, c, device=dev), 1)
+        return lambda: torch._log_softmax_backward_data(g, y, 1, f32)
+
+    def sm(r, c):
+        x = torch.randn(r, c, device=dev)
+        return lambda: torch._softmax(x, 1, False)
+
+    def sm_b(r, c):
+        g, y = torch.randn(r, c, device=dev), torch.softmax(torch.randn(r, c, device=dev), 1)
+        return lambda: torch._softmax_backward_data(g, y, 1, f32)
+
+    def ln(r, c):
+        x, w, b = torch.randn(r, c, device=dev), torch.ones(c, device=dev), torch.zeros(c, device=dev)
+        return lambda: torch.native_layer_norm(x, (c,), w, b, 1e-5)
+
+    def ln_b(r, c):
+        x, g, w, b = (torch.randn(r, c, device=dev), torch.randn(r, c, device=dev), torch.ones(c, device=dev),
+                      torch.zeros(c, device=dev))
+        _, mean, rstd = torch.native_layer_norm(x, (c,), w, b, 1e-5)
+        return lambda: aten.native_layer_norm_backward(g, x, (c,), mean, rstd, w, b, [True, True, True])
+
+    def nll(r, c):
+        y, t = torch.log_softmax(torch.randn(r, c, device=dev), 1), torch.randint(0, c, (r,), device=dev)
+        return lambda: aten.nll_loss_forward(y, t, None, 1, -100)
+
+    def nll_b(r, c):
+        y, t = torch.log_softmax(torch.randn(r, c, device=dev), 1), torch.randint(0, c, (r,), device=dev)
+        g, total = torch.ones((), device=dev), torch.tensor(float(r), device=dev)
+        return lambda: aten.nll_loss_backward(g, y, t, None, 1, -100, total)
+
+    return {"_log_softmax": (lsm, lsm_b), "_softmax": (sm, sm_b), "native_layer_norm": (ln, ln_b),
+            "nll_loss_forward": (nll, nll_b)}
+
+
+def row_op_cost(name: str, rows: int, cols: int, elem_bytes: int = 4):
+    """The estimator's cost (formulas.OpCost, through aten_costs.cost_of: the one op-cost path) of the row-wise
+    op ``name`` on a (rows, cols) input that needs a gradient."""
+    from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of
+
+    aten = torch.ops.aten
+    x = TensorMeta((rows, cols), elem_bytes, True, True)
+    stat = TensorMeta((rows, 1), 4, False, True)
+    vec = TensorMeta((cols,), elem_bytes, True, True)
+    target = TensorMeta((rows,), 8, False, False)
+    scalar = TensorMeta((), elem_bytes, True, True)
+    calls = {"_log_softmax": (aten._log_softmax.default, (x, 1, False), (x,)),
+             "_softmax": (aten._softmax.default, (x, 1, False), (x,)),
+             "native_layer_norm": (aten.native_layer_norm.default, (x, [cols], vec, vec, 1e-5), (x, stat, stat)),
+             "nll_loss_forward": (aten.nll_loss_forward.default, (x, target, None, 1, -100), (scalar, scalar))}
+    func, args, outs = calls[name]
+    return cost_of(OpCall(func, args, {}, outs)).cost
+
+
+def row_cases(device) -> list:
+    """Row-wise kernels (label ``"<forward op> fwd|bwd"``) on ``ROW_COUNTS`` rows of ``ROW_LENGTHS`` elements
+    (nll_loss: one length), fp32; ``m`` = rows, ``k`` = row length, ``flops``/``bytes`` = the estimator's
+    other FLOPs and bytes of that phase (``row_op_cost``), so the fit can take the roofline's share out of the
+    slope over rows (perfcheck.hardware.calibrate.fit: ``op_row_s``)."""
+    dev = torch.device(device)
+    cases = []
+    for name, builders in _row_ops(dev).items():
+        lengths = ROW_LENGTHS[1:2] if name.startswith("nll") else ROW_LENGTHS
+        for phase, make in zip(("fwd", "bwd"), builders):
+            for cols in lengths:
+                for rows in ROW_COUNTS:
+                    cost = getattr(row_op_cost(name, rows, cols), phase)
+                    cases.append(Case("oprows", f"{name} {phase}", make(rows, cols), "fp32", float(cost.flops),
+                                      float(cost.bytes), (rows, cols, int(cost.kernels))))
+    return cases

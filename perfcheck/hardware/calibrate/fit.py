@@ -208,7 +208,7 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
         base, name=name or f"{base.name}-calibrated", description=description, kind=d.kind,
         matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
         sources=sources, **d.fields)
-    return _module_costs(_per_op_costs(spec, table, d), table, d)
+    return _module_costs(_row_costs(_per_op_costs(spec, table, d), table, d), table, d)
 
 
 def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
@@ -235,6 +235,43 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
                                     f"less dispatch and fixed cost, at a LeNet-like size (conv 3->6 ch 5x5 on "
                                     f"8x3x32x32; 2x2 max-pool of 8x6x28x28)")
     return dataclasses.replace(spec, op_fixed_s=fixed, op_efficiency=eff, sources=sources)
+
+
+def _row_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
+    """op_row_s: per row-wise op and phase (``cases.row_cases``, label "<op> fwd|bwd", m = rows, k = row length),
+    the slope of the measured time over the row count less the slope of the estimator's roofline time for the
+    same calls on ``spec`` (its elements' share: the model adds that itself), floored at 0; the median over the
+    row lengths measured. Slopes leave out every fixed cost (dispatch, op_fixed_s), which the model prices apart."""
+    rows = _rows(table, "oprows")
+    if not len(rows):
+        return spec
+    from perfcheck.predict import roofline
+
+    table_out, shown = {}, []
+    for label, group in rows.groupby("label", sort=False):
+        name, phase = str(label).rsplit(" ", 1)
+        eff = spec.op_efficiency.get(name, 1.0)
+        slopes = []
+        for cols, g in group.groupby("k", sort=True):
+            g = g.sort_values("m")
+            if len(g) < 2 or g["m"].iloc[-1] <= g["m"].iloc[0]:
+                continue
+            roof = [roofline.op_time_s(0.0, float(r["flops"]), float(r["bytes"]), float(max(r["n"], 1)), spec,
+                                       r["dtype"] or "fp32", launch_s=0.0)[0] / eff for r in (g.iloc[0], g.iloc[-1])]
+            span = float(g["m"].iloc[-1] - g["m"].iloc[0])
+            slopes.append((float(g["seconds"].iloc[-1] - g["seconds"].iloc[0]) - (roof[1] - roof[0])) / span)
+        if slopes:
+            table_out.setdefault(name, {})[phase] = float(max(np.median(slopes), 0.0))
+            shown.append(f"{name} {phase} {table_out[name][phase] * 1e9:.0f} ns")
+    if not table_out:
+        return spec
+    counts = sorted(set(rows["m"].astype(int)))
+    lengths = sorted(set(rows["k"].astype(int)))
+    sources = dict(spec.sources)
+    sources["op_row_s"] = (f"{d.stamp}: per row-wise kernel, the slope of its time over {counts[0]} -> {counts[-1]} rows "
+                           f"less the slope of the estimator's roofline time for the same calls, median over row "
+                           f"lengths {', '.join(map(str, lengths))} (fp32): " + "; ".join(shown))
+    return dataclasses.replace(spec, op_row_s=table_out, sources=sources)
 
 
 def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
@@ -503,6 +540,8 @@ def summary_rows(spec: SystemSpec, table: pd.DataFrame) -> list:
         out.append(("curve", f"{f:.3g} FLOP/kernel -> {e:.3f}"))
     for b, f in spec.mem_bandwidth_curve:
         out.append(("memory curve", f"{_size(b)} moved per kernel -> {f:.2f} x the memory rate"))
+    for name, phases in spec.op_row_s.items():
+        out.append((f"per row {name}", ", ".join(f"{ph} {v * 1e9:.0f} ns" for ph, v in phases.items())))
     comm = table[table["kind"].isin(COLLECTIVE_KINDS)] if "kind" in table else table.iloc[0:0]
     for r in comm.itertuples(index=False):
         out.append((f"{r.kind} {_size(r.bytes)}",

@@ -14,6 +14,8 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
 * launch    ``op``: one tiny ``torch.add``; ``autograd``: a chain of tiny multiplies run forward
             and backward, per kernel the estimator counts (1 forward + 1 backward each): what one
             more small op costs in a training step. ``launch_overhead_s`` is the latter;
+* rows      (CPU) row-wise kernels (softmax, log_softmax, layer norm, nll_loss; forward and backward) on
+            64 and 512 short rows of a few lengths: the per-row cost beyond the roofline (``op_row_s``);
 * collectives  all-reduce / all-gather / reduce-scatter bus bandwidth by message size across
             ranks (``perfcheck.hardware.calibrate.collectives``: gloo on CPU, NCCL on GPU);
 * deepspeed  DeepSpeed's own host cost per ZeRO stage and phase, per module call and per parameter
@@ -56,7 +58,7 @@ import torch
 
 from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
                                                 launch_cases, matmul_cases, module_fixed_cases, op_efficiency_cases,
-                                                op_fixed_cases,
+                                                op_fixed_cases, row_cases,
                                                 run_cases, vector_cases)
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
 from perfcheck.errors import UserError
@@ -224,6 +226,8 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     group("host (dispatch, autograd, module call, optimizer)", host_cases(dev))
     group("per-op fixed costs", op_fixed_cases(dev))
     group("per-module fixed costs", module_fixed_cases(dev))
+    if dev.type == "cpu":  # a GPU kernel spreads rows over its threads: no per-row term is modelled there
+        group("per-row costs of row-wise ops", row_cases(dev))
     group("per-op kernel efficiency", op_efficiency_cases(dev, "fp32" if dev.type == "cpu" else (
         "bf16" if "bf16" in measured else measured[0] if measured else "fp32")))
     if dev.type == "cuda":
