@@ -150,8 +150,8 @@ class PerfCheckMode(Mode):
             self.name = f"perfcheck timing + sampler {sample_interval}s"
         if depth is not None:
             self.name = f"perfcheck timing, depth={depth}"
-        if memory is False:
-            self.name += ", per-module memory off"
+        if memory is not None:
+            self.name += f", per-module memory {'on' if memory else 'off'}"
 
     def attach(self, model):
         self.pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=self.sample_interval,
@@ -348,7 +348,8 @@ def main(argv=None):
         rounds = args.rounds or (12 if name.startswith("gpt") else 100)
         runs_ = [("PerfCheck timing mode", rounds,
                   [Mode(), PerfCheckMode()] + ([] if args.no_sampler else [PerfCheckMode(sample_interval=0.5)])
-                  + ([PerfCheckMode(memory=False)] if torch.cuda.is_available() else [])
+                  # per-module CUDA memory is opt-in (PerfCheck(memory=True)): its cost, beside the default
+                  + ([PerfCheckMode(memory=True)] if torch.cuda.is_available() else [])
                   + [PerfCheckMode(depth=d) for d in args.depth])]
         if args.together and not args.no_compare:
             runs_ = [("PerfCheck timing mode and the other tools, same rounds", rounds,

@@ -3,6 +3,7 @@
 their parent); in-place ops, shared modules, shared inputs, first layers, checkpointing, FLOPs."""
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -286,11 +287,13 @@ def test_cuda_events_time_a_known_gpu_delay():
 
     spin_s()  # a cold GPU spins the same cycles ~40% slower (H100: 35 ms first, 25.3 ms after)
     ref = sorted(spin_s() for _ in range(3))[1]
-    pc = run_steps(model, lambda: (x,))
+    pc = run_steps(model, lambda: (x,), memory=True)  # per-module memory is opt-in (7b3199f)
     spin = row(pc, "spin")["fwd_s_median"]
     assert ref * 0.8 <= spin <= ref * 1.3
     assert row(pc, ROOT)["peak_mem_bytes"] > 0 and row(pc, "lin")["act_mem_bytes"] >= 8 * 64 * 4
     assert (pc.steps()["peak_mem_bytes"] > 0).all()
+    off = run_steps(model, lambda: (x,))  # the default reads no allocator statistics: NaN, not 0
+    assert math.isnan(row(off, ROOT)["peak_mem_bytes"]) and math.isnan(row(off, "lin")["act_mem_bytes"])
 
 
 @pytest.mark.gpu
