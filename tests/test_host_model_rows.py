@@ -66,8 +66,9 @@ def test_cross_entropy_prices_log_softmax_and_nll_loss_rows():
     prices = {"_log_softmax": {"fwd": 100 * NS, "bwd": 60 * NS}, "nll_loss_forward": {"fwd": 10 * NS, "bwd": 20 * NS}}
     x, y = torch.randn(256, 5, requires_grad=True), torch.randint(0, 5, (256,))
     model = _Fn(lambda a, b: torch.nn.functional.cross_entropy(a, b))
+    zero = {n: {"fwd": 0.0, "bwd": 0.0} for n in prices}  # the spec's own entries replace the defaults
     with_rows = _root(perfcheck.estimate(model, (x, y), system=_spec(prices, op_dispatch_s=1 * US)))
-    without = _root(perfcheck.estimate(model, (x, y), system=_spec(None, op_dispatch_s=1 * US)))
+    without = _root(perfcheck.estimate(model, (x, y), system=_spec(zero, op_dispatch_s=1 * US)))
     assert with_rows["pred_fwd_s"] - without["pred_fwd_s"] == pytest.approx(28.16 * US, rel=1e-6)
     assert with_rows["pred_bwd_s"] - without["pred_bwd_s"] == pytest.approx(20.48 * US, rel=1e-6)
 
@@ -96,6 +97,20 @@ def test_ops_that_are_not_row_wise_get_no_row_term():
     spec = _spec({"_softmax": {"fwd": 7 * NS}})
     assert list(roofline.row_prices(spec, ["_safe_softmax", "_softmax", "relu"], "fwd")) == [7 * NS, 7 * NS, 0.0]
     assert list(roofline.row_prices(spec, ["_softmax"], "bwd")) == [0.0]
+
+
+def test_defaults_price_rows_on_a_cpu_spec_without_its_own_table_and_none_on_a_gpu():
+    from perfcheck.hardware.systems import row_costs
+
+    cpu = row_costs(load_system("cpu"))
+    assert set(cpu) == {"_log_softmax", "_softmax", "native_layer_norm", "nll_loss_forward"}
+    assert all(0 < v < 1 * US for phases in cpu.values() for v in phases.values())  # tens of ns, not us
+    assert row_costs(load_system("h100-sxm")) == {}
+    own = _spec({"_softmax": {"fwd": 1 * NS}})
+    assert row_costs(own)["_softmax"] == {"fwd": 1 * NS} and row_costs(own)["_log_softmax"] == cpu["_log_softmax"]
+    from perfcheck.hardware.systems import _host_defaults
+
+    assert "row_cases" in _host_defaults()["sources"]["cpu.op_row_s"]
 
 
 def test_op_row_s_is_validated_and_round_trips():

@@ -363,8 +363,16 @@ def _host_defaults() -> dict:
         if not isinstance(block, Mapping) or set(block) != set(HOST_KEYS):
             raise UserError(f"{where}: {kind} must give exactly the keys {', '.join(HOST_KEYS)}")
         out[kind] = dict(_host(block, where))
+    rows = data.get("op_row_s", {})
+    out["op_row_s"] = {kind: dict(_per_row(rows.get(kind, {}), f"{where} op_row_s.{kind}")) for kind in SYSTEM_KINDS}
     out["sources"] = dict(data.get("sources", {}))
     return out
+
+
+def row_costs(spec: "SystemSpec") -> dict:
+    """op name -> {"fwd", "bwd"} seconds per row for ``spec``: its own ``op_row_s`` over the defaults for its
+    kind (host_defaults.json's ``op_row_s``, each op's entry replaced whole)."""
+    return {**_host_defaults()["op_row_s"][spec.kind], **dict(spec.op_row_s)}
 
 
 def host_constants(spec: "SystemSpec") -> dict:

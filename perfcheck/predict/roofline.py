@@ -27,7 +27,7 @@ import os
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
+from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype, row_costs
 
 
 def _array(x, name: str) -> np.ndarray:
@@ -249,13 +249,13 @@ ROW_PRICE_ALIASES = {"_safe_softmax": "_softmax", "nll_loss2d_forward": "nll_los
 
 def row_prices(system, names, phase: str) -> np.ndarray:
     """Seconds per row of each op in ``names`` in ``phase`` ("fwd"/"bwd"): the spec's ``op_row_s``
-    (measured by ``perfcheck calibrate``'s row-wise cases; 0 for an op it does not list, and on a spec
-    without the table: a GPU kernel spreads rows over its threads, so no per-row term is modelled there).
+    (measured by ``perfcheck calibrate``'s row-wise cases) over the defaults for its kind
+    (``systems.row_costs``: host_defaults.json; none on a GPU, whose kernels spread rows over their
+    threads); 0 for an op neither lists.
 
     Why: a CPU row-wise kernel (softmax, log_softmax, layer norm, nll_loss) pays a fixed cost per row
     beyond its elements: a 256x5 log_softmax took 34 us and a 4096x5 one 472 us on the project's VM
     (~115 ns per 5-element row), where the vector roofline gives ~2 us.
     """
-    system = load_system(system)
-    table = system.op_row_s
+    table = row_costs(load_system(system))
     return np.array([table.get(ROW_PRICE_ALIASES.get(n, n), {}).get(phase, 0.0) for n in names], dtype=float)
