@@ -20,6 +20,8 @@ WORK=${WORK:-/tmp/perfcheck_gpu_check}
 rm -rf "$WORK"; mkdir -p "$WORK"
 PY=${PYTHON:-python3}
 STEPS=${STEPS:-"env pytest overhead calibrate accuracy"}
+# the calibration cache of this visit stays in $WORK (and comes back in results.tar.gz)
+export PERFCHECK_CACHE_DIR=${PERFCHECK_CACHE_DIR:-$WORK/cache}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PIP_NO_INDEX=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 DS_BUILD_OPS=0
 : > "$WORK/summary.txt"
 FAILED=0
@@ -64,7 +66,9 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 
 if want pytest; then
-  step pytest_gpu "${PYTEST_LIMIT:-420}" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider -o addopts="" \
+  TO=()  # a hung test fails alone instead of eating the step's whole limit (pytest-timeout, where installed)
+  "$PY" -c "import pytest_timeout" 2> /dev/null && TO=(--timeout "${PYTEST_TIMEOUT:-150}")
+  step pytest_gpu "${PYTEST_LIMIT:-420}" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider -o addopts="" "${TO[@]}" \
     --basetemp "$WORK/pytest_tmp" --junitxml "$WORK/pytest_gpu.xml" ${PYTEST_ARGS:-tests}
 fi
 if want overhead; then
@@ -75,6 +79,9 @@ if want overhead; then
   # batch 8 is host-bound on a slow host (the hooks' host time is then step time); batch 32 is device-bound
   step overhead_gpt2_b32 150 "$PY" bench/bench_overhead.py --model gpt2-small --dtype bf16 --batch 32 --rounds 15 \
     --compare-rounds 5 --write "$WORK/overhead_gpt2_b32.md"
+  # 101 tiny Linear modules: the per-module-call cost, host-bound by construction
+  step overhead_chain 90 "$PY" bench/bench_overhead.py --model chain --rounds 100 --compare-rounds 20 \
+    --write "$WORK/overhead_chain.md"
 fi
 if want calibrate; then
   step calibrate "${CALIBRATE_LIMIT:-150}" "$PY" -m perfcheck calibrate ${CALIBRATE_MODE:---full} \

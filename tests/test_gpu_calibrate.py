@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -17,8 +18,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _cli(*args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+def _cli(*args, timeout=600, env=None):
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(env or {}))
     res = subprocess.run([sys.executable, "-m", "perfcheck", *args], env=env, capture_output=True, text=True,
                          timeout=timeout, cwd=REPO)
     assert res.returncode == 0, f"perfcheck {' '.join(args)}:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
@@ -40,8 +41,10 @@ def _event_seconds(fn, iters=20):
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     d = tmp_path_factory.mktemp("cal")
+    # the CLI keeps its result in the per-user cache: a folder of this fixture's, so the session's
+    # (empty, conftest) cache and the other tests' predictions are untouched
     out = _cli("calibrate", "--quick", "--dtypes", "bf16,fp16,tf32,fp32", "--no-comm", "--output",
-               str(d / "gpu.json"), "--csv", str(d / "gpu.csv"))
+               str(d / "gpu.json"), "--csv", str(d / "gpu.csv"), env={"PERFCHECK_CACHE_DIR": str(d / "cache")})
     return d / "gpu.json", pd.read_csv(d / "gpu.csv"), out
 
 
@@ -81,3 +84,65 @@ def test_written_system_file_loads_with_system_file(calibrated):
     est = _cli("estimate", "--model", "gpt2-124m", "--batch", "8", "--seq", "1024", "--system", str(path),
                "--format", "json")
     assert json.loads(est)
+
+
+#: host constants every GPU calibration measures (perfcheck.hardware.calibrate.cases.host_cases)
+MEASURED_HOST = ("op_dispatch_s", "view_dispatch_s", "autograd_node_s", "backward_node_s", "backward_call_s",
+                 "module_call_s", "optim_step_s", "optim_sgd_per_tensor_s", "optim_adam_per_tensor_s",
+                 "device_kernel_s")
+
+
+def _host_seconds_per_op(n=2000):
+    """Host (process CPU) seconds per 1-element torch.add on the GPU, timed here: the dispatch cost."""
+    a, b = torch.ones(1, device="cuda"), torch.ones(1, device="cuda")
+    for _ in range(200):
+        torch.add(a, b)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.process_time()
+        for _ in range(n):
+            torch.add(a, b)
+        best = min(best, (time.process_time() - t0) / n)
+        torch.cuda.synchronize()
+    return best
+
+
+def test_host_constants_are_measured_on_the_gpu_machine_and_reach_predictions(calibrated, monkeypatch):
+    """The written file carries the host constants measured on this (GPU) machine, with provenance;
+    a prediction made with --system FILE, and one made with no system at all (the per-user cache the
+    CLI wrote), use them: scaling the file's dispatch constant moves the predicted host time."""
+    from perfcheck.examples.models import Net
+    from perfcheck.hardware.cache import default_system
+    from perfcheck.hardware.systems import host_constants, load_system
+    import perfcheck
+
+    path, _, _ = calibrated
+    raw = json.loads(path.read_text())
+    gpu = torch.cuda.get_device_name()
+    for key in MEASURED_HOST:
+        src = raw["sources"][f"host.{key}"]
+        assert src.startswith("measured by perfcheck calibrate") and gpu in src, (key, src)
+    # an independent timing of the same thing (a 1-element add's host cost) agrees within 2x: a
+    # host constant left at the CPU defaults (or measured on another machine) would not be required to
+    ref = _host_seconds_per_op()
+    assert 0.5 * ref <= raw["host"]["op_dispatch_s"] <= 2.0 * ref, (raw["host"]["op_dispatch_s"], ref)
+
+    spec = load_system(str(path))
+    mine = lambda sp: {k: host_constants(sp)[k] for k in raw["host"]}  # noqa: E731 (keys the file has)
+    assert mine(spec) == pytest.approx(raw["host"])
+    monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(path.parent / "cache"))
+    cached = default_system("cuda")
+    assert cached.calibrated and mine(cached) == pytest.approx(raw["host"])
+
+    model, x = Net().cuda(), torch.randn(8, 3, 32, 32, device="cuda")
+    base = perfcheck.estimate(model, (x,), system=spec).set_index("module").loc["(root)"]
+    via_cache = perfcheck.estimate(model, (x,)).set_index("module").loc["(root)"]
+    assert via_cache["host_fwd_s"] == pytest.approx(base["host_fwd_s"])
+    slow = dict(raw, host={**raw["host"], "op_dispatch_s": 10 * raw["host"]["op_dispatch_s"]})
+    slow_path = path.parent / "slow_dispatch.json"
+    slow_path.write_text(json.dumps(slow))
+    scaled = perfcheck.estimate(model, (x,), system=str(slow_path)).set_index("module").loc["(root)"]
+    # LeNet's forward issues >= 10 computing aten ops (2 conv, 4 relu, 2 pool, 3 addmm): each costs
+    # 9 more dispatches' worth
+    assert scaled["host_fwd_s"] - base["host_fwd_s"] >= 10 * 9 * raw["host"]["op_dispatch_s"] * 0.99
