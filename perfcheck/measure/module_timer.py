@@ -76,6 +76,14 @@ _grad_enabled = torch.is_grad_enabled
 _profiler = torch.autograd.profiler
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
+# ``torch.compiler.is_compiling()`` is ``_is_compiling_flag`` (export/AOT tracing) behind a
+# ``torch.jit.is_scripting()`` call: two Python frames per module call. The lean path asks the same
+# question in one trivial frame: ``is_dynamo_compiling()`` (False in eager; dynamo folds it to True
+# while it traces, as it does ``is_compiling()``) or the flag itself.
+if hasattr(torch.compiler, "is_dynamo_compiling") and hasattr(torch.compiler, "_is_compiling_flag"):
+    _dynamo_compiling, _compiler = torch.compiler.is_dynamo_compiling, torch.compiler
+else:  # another torch: the public function, and a flag that is never set
+    _dynamo_compiling, _compiler = _is_compiling, types.SimpleNamespace(_is_compiling_flag=False)
 #: True while the current CUDA stream is being captured into a CUDA graph (events cannot time it).
 _cuda_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 _MISSING = object()
@@ -245,6 +253,18 @@ class PendingStep:
         return out
 
 
+def _output_keys(output):
+    """The distinct nodes of an output's grad-requiring tensors (a leaf: the tensor itself), in
+    order, or None when there are none."""
+    seen = []
+    for t in _grad_tensors(output, []):
+        node = t.grad_fn
+        key = t if node is None else node
+        if not any(k is key for k in seen):
+            seen.append(key)
+    return seen or None
+
+
 def _bound_class_forward(mod):
     """The module's own ``forward`` (what a copy or an unpickled module gets instead of a timed one)."""
     return types.MethodType(type(mod).forward, mod)
@@ -268,64 +288,59 @@ class _TimedForward:
         self.timer, self.path, self.mod, self.inner, self.prev = timer, path, mod, inner, prev
         self.mid = id(mod)
         self.live = True
+        # live, and the timer's lean path applies (ModuleTimer._set_lean): one test instead of two
+        self.lean = False
 
     def __call__(self, *args, **kwargs):
         timer = self.timer
-        # The common call, in fewer steps than _pre/_finish (same records): a live wrapper (live implies
-        # attached), a forward (not recompute) with one tensor argument, no memory readings, no profiler
-        # ranges, no CUDA graph capture. Each test here is paid on every module call (bench/RESULTS.md).
-        if (self.live and timer._lean and len(args) == 1 and not kwargs and type(args[0]) is _Tensor
-                and _graph_task_id() == -1 and not _is_compiling()
-                and not (timer.ranges and _profiler._is_profiler_enabled)
-                and not (timer._check_capture and timer._capturing())):
+        # The common call (a live wrapper, a forward, one tensor argument, no memory readings, no
+        # profiler ranges, no CUDA graph capture) only appends two tuples to the step's flat log: one
+        # when the call starts, one when it returns. The per-call records (nesting, phase, the
+        # (node, action) notes) are built from the log when the outermost call returns, in one loop
+        # (``_materialize``): each bytecode here runs between the model's own ops, where it costs
+        # several times what it costs in a loop (bench/RESULTS.md). Every test here is paid on every
+        # module call.
+        if (self.lean and len(args) == 1 and not kwargs and type(args[0]) is _Tensor
+                and _graph_task_id() == -1 and not (_dynamo_compiling() or _compiler._is_compiling_flag)
+                and not (timer._watch and timer._unusual())):
             x = args[0]
+            log = timer._flog
+            mgen = timer._mgen
             grad = _grad_enabled()
-            stack = timer._stack
-            # a nested call has its enclosing call's phase (a no_grad block inside a training forward
-            # stays forward); an outermost call made with grad disabled is an eval forward
-            if stack:
-                call = _Call(self.path, stack[-1].phase, self.mid)
-            elif grad:
-                call = _Call(self.path, FWD, self.mid)
-            else:
-                call = _Call(self.path, EVAL, self.mid)
-                call.top = True
             if grad:
                 node = x.grad_fn  # the node as it is now: an in-place op on x later does not move it
-                if node is not None:
-                    timer._pending.append((node, _END, call))
-                elif x.requires_grad:  # a leaf
-                    timer._pending.append((x, _END, call))
-            stack.append(call)
-            timer._calls.append(call)
-            call.t0 = timer._now()  # last: the interval starts as late as possible
+                if node is None and x.requires_grad:
+                    node = x  # a leaf
+                ent = (self, grad, node, timer._now())  # the clock last: the interval starts as late as possible
+            else:
+                ent = (self, grad, None, timer._now())
+            log.append(ent)
             try:
                 out = self.inner(x)
             except BaseException:
-                t1 = timer._now()
-                try:
-                    timer._finish(t1, call, None, True)
-                except Exception as exc:
-                    timer._internal_error(exc)
+                timer._raised(timer._now(), self.mid)
                 raise
             t1 = timer._now()  # first: the interval ends as early as possible
             try:
-                if not stack or stack[-1] is not call:
-                    timer._finish(t1, call, out, False)  # the general path knows how to unwind the stack
+                if timer._mgen != mgen:
+                    # the log was turned into records meanwhile (a call on the general path inside this
+                    # one, or a reader): this call is a record on the stack now
+                    timer._materialize()
+                    call = timer._open_call(self.mid)
+                    if call is not None:
+                        timer._finish(t1, call, out, False)
                     return out
-                stack.pop()
-                call.t1 = t1
-                if grad:
-                    if type(out) is _Tensor:
-                        node = out.grad_fn
-                        if node is not None:
-                            timer._pending.append((node, _START, call))
-                        elif out.requires_grad:  # a leaf (the module returned its leaf input)
-                            timer._pending.append((out, _START, call))
-                    else:
-                        timer._note_outputs(out, call)
-                if not stack:
-                    timer._flush()
+                if not grad:
+                    log.append((t1, None))
+                elif type(out) is _Tensor:
+                    node = out.grad_fn
+                    if node is None and out.requires_grad:
+                        node = out  # a leaf (the module returned its leaf input)
+                    log.append((t1, node))
+                else:
+                    log.append((t1, _output_keys(out)))
+                if log[0] is ent and not timer._stack:  # the outermost call returned
+                    timer._flush_log()
             except Exception as exc:
                 timer._internal_error(exc)
             return out
@@ -404,6 +419,8 @@ class ModuleTimer:
         self.saw_capture = False
         # _TimedForward's lean path applies (no per-call memory reading, root inputs already recorded)
         self._lean = False
+        # the lean path has to look at the profiler (ranges) or at CUDA graph capture on each call
+        self._watch = ranges or self._check_capture
         self._inputs_eval = False  # first_root_inputs came from an eval (grad-disabled) call
 
     # ------------------------------------------------------------------ attach / detach
@@ -427,6 +444,7 @@ class ModuleTimer:
                 if fwd is None or fwd.mod is not mod or fwd.prev is not prev:
                     fwd = _TimedForward(self, path, mod, mod.forward, prev)
                 fwd.live = True
+                fwd.lean = self._lean
                 mod.__dict__["forward"] = fwd
                 self._wrapped.append((mod, fwd))
             else:
@@ -440,7 +458,7 @@ class ModuleTimer:
         self._on = False
         self._attached = False
         for mod, fwd in self._wrapped:
-            fwd.live = False
+            fwd.live = fwd.lean = False
             if mod.__dict__.get("forward") is fwd:
                 if fwd.prev is _MISSING:
                     del mod.__dict__["forward"]
@@ -467,6 +485,15 @@ class ModuleTimer:
         self._stack: list[_Call] = []
         self._bstack: list[_Bwd] = []
         self._pending: list = []  # (node or leaf tensor, action kind, call or _EndAll) noted in forward
+        # the lean path's flat log (_TimedForward.__call__): (wrapper, grad enabled, input key, t0) when a
+        # call starts, (t1, output key(s)) when it returns; the same list for the timer's life, emptied
+        # by _materialize. _mgen counts the times it was emptied: a lean call whose start is no longer
+        # in the log finishes through the general path.
+        if not hasattr(self, "_flog"):
+            self._flog: list = []
+            self._mgen = 0
+        self._flog.clear()
+        self._mgen += 1
         # backward events not yet replayed, and the backward passes whose end callback is queued:
         # the same objects for the timer's life (the hooks hold them), emptied here
         if not hasattr(self, "_log"):
@@ -481,11 +508,12 @@ class ModuleTimer:
     @property
     def step_has_calls(self) -> bool:
         """True once any instrumented module was called since ``begin_step``."""
-        return bool(self._calls)
+        return bool(self._calls) or bool(self._flog)
 
     @property
     def root_forward_finished(self) -> bool:
         """True once a forward of the root module has returned in this step."""
+        self._materialize()
         return any(c.path == ROOT and c.t1 is not None for c in self._calls)
 
     def begin_step(self):
@@ -500,6 +528,7 @@ class ModuleTimer:
         self._gen += 1  # this step's backward hooks go inert
         self._drop_leaf_handles()
         try:
+            self._materialize()  # (a forward still in flight: its calls are open records)
             self._replay()
         except Exception as exc:
             self._internal_error(exc)
@@ -516,6 +545,17 @@ class ModuleTimer:
                               self.clock.take_step_tokens(), failed, peak, self._finals)
         self._reset_step_state()
         return pending
+
+    def _set_lean(self, lean: bool):
+        """Whether calls of wrapped modules may take the lean path (no per-call memory reading, the
+        root's inputs recorded); copied into each live wrapper's ``lean``."""
+        self._lean = lean
+        for _, fwd in self._wrapped:
+            fwd.lean = lean and fwd.live
+
+    def _unusual(self) -> bool:
+        """The profiler records with ranges on, or the current CUDA stream is being captured."""
+        return bool(self.ranges and _profiler._is_profiler_enabled) or (self._check_capture and self._capturing())
 
     def mark_failed(self):
         self._failed = True
@@ -544,6 +584,7 @@ class ModuleTimer:
                 return None
             t1 = self._now()  # first: the interval ends as early as possible
             try:
+                self._materialize()
                 stack, mid = self._stack, id(mod)
                 call = next((stack[i] for i in range(len(stack) - 1, -1, -1) if stack[i].mid == mid), None)
                 if call is not None:
@@ -555,6 +596,7 @@ class ModuleTimer:
 
     # ------------------------------------------------------------------ forward bookkeeping
     def _pre(self, path, mid, args, kwargs) -> _Call:
+        self._materialize()  # calls of the lean path still open enclose this one
         in_bw = _graph_task_id() != -1
         stack = self._stack
         # recompute inside a backward; else the enclosing call's phase; else eval when grad is disabled
@@ -569,7 +611,7 @@ class ModuleTimer:
             # a training forward's inputs replace an eval call's (a validation batch may differ in
             # shape); the lean path, which skips this, only once they are a training forward's
             self._inputs_eval = phase == EVAL
-            self._lean = self.memory is None and phase == FWD
+            self._set_lean(self.memory is None and phase == FWD)
         if _grad_enabled():
             if not kwargs and len(args) == 1 and type(args[0]) is _Tensor:  # the common case, fast
                 if args[0].requires_grad:
@@ -588,6 +630,7 @@ class ModuleTimer:
         return call
 
     def _finish(self, t1, call, output, raised: bool):
+        self._materialize()  # calls of the lean path inside this one
         stack = self._stack
         if stack and stack[-1] is call:
             stack.pop()
@@ -618,6 +661,66 @@ class ModuleTimer:
         if not stack:
             self._flush()
 
+    # ------------------------------------------------------------------ the lean path's flat log
+    def _materialize(self):
+        """Turn the flat log into records: a ``_Call`` per call (phase: the enclosing call's, else
+        forward, or eval when grad was disabled), the (node, action) notes in the order the general
+        path notes them (an input's when the call starts, an output's when it returns). Calls still
+        open go on the stack, on top of the general path's open calls, which enclose them."""
+        log = self._flog
+        if not log:
+            return
+        self._mgen += 1
+        stack, calls, pending = self._stack, self._calls, self._pending
+        for e in log:
+            if len(e) == 4:
+                fwd, grad, key, t0 = e
+                if stack:
+                    call = _Call(fwd.path, stack[-1].phase, fwd.mid)
+                elif grad:
+                    call = _Call(fwd.path, FWD, fwd.mid)
+                else:
+                    call = _Call(fwd.path, EVAL, fwd.mid)
+                    call.top = True  # an outermost eval call: the step's eval_s
+                call.t0 = t0
+                if key is not None:
+                    pending.append((key, _END, call))
+                stack.append(call)
+                calls.append(call)
+            elif stack:  # (empty: the step was reset while the call was in flight)
+                call = stack.pop()
+                call.t1, key = e
+                if key is not None:
+                    if type(key) is list:
+                        for k in key:
+                            pending.append((k, _START, call))
+                    else:
+                        pending.append((key, _START, call))
+        log.clear()
+
+    def _flush_log(self):
+        """The outermost call returned: its records, then its backward hooks."""
+        self._materialize()
+        self._flush()
+
+    def _open_call(self, mid):
+        """The innermost open call of the module ``mid`` (its calls above it have been finished)."""
+        stack = self._stack
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i].mid == mid:
+                return stack[i]
+        return None
+
+    def _raised(self, t1, mid):
+        """A lean-path call's forward raised: finish its record as the general path does."""
+        try:
+            self._materialize()
+            call = self._open_call(mid)
+            if call is not None:
+                self._finish(t1, call, None, True)
+        except Exception as exc:
+            self._internal_error(exc)
+
     # ------------------------------------------------------------------ backward hooks
     # The forward only notes (node, action) pairs; the hooks go on when the outermost instrumented
     # call returns, in one loop, one per distinct node (registering inside the forward, between
@@ -627,12 +730,9 @@ class ModuleTimer:
 
     def _note_outputs(self, output, call):
         """Backward start of ``call`` on the nodes of its grad-requiring outputs (tuples, dicts...)."""
-        seen = []
-        for t in _grad_tensors(output, []):
-            node = t.grad_fn
-            key = t if node is None else node
-            if not any(k is key for k in seen):
-                seen.append(key)
+        keys = _output_keys(output)
+        if keys is not None:
+            for key in keys:
                 self._pending.append((key, _START, call))
 
     def _note_inputs(self, tensors, call):
@@ -708,78 +808,72 @@ class ModuleTimer:
         torch.autograd.Variable._execution_engine.queue_callback(lambda: self._task_end(task, gen))
 
     def _replay(self):
-        """Backward intervals from the logged events, in the order they happened."""
+        """Backward intervals from the logged events, in the order they happened. One loop with the
+        rules written inline (no method call per action: this runs once per node hook that fired,
+        ~100 times a step on the chain, bench/RESULTS.md)."""
         if not self._log:
             return
         log = self._log.copy()
         self._log.clear()
-        bstack = self._bstack
+        bstack, bwds, ancestors, close = self._bstack, self._bwds, self._ancestors, self._close_above
         markers = self.ranges and _profiler._is_profiler_enabled  # trace markers, only while the profiler records
-        start, end = self._bwd_start, self._bwd_end
         for event, task, now, obj in log:
             if event == _FIRE:
-                for kind, x in obj:
+                for kind, call in obj:
+                    if kind == _END_ALL:  # rule (a) for several inputs: when the last of their nodes runs
+                        if call.task != task:
+                            call.task, call.left = task, call.n
+                        call.left -= 1
+                        if call.left:
+                            continue
+                        call, kind = call.call, _END
                     if kind == _START:
-                        start(x, task, now, markers)
-                    elif kind == _END:
-                        end(x, task, now, markers)
-                    else:
-                        if x.task != task:
-                            x.task, x.left = task, x.n
-                        x.left -= 1
-                        if x.left == 0:
-                            end(x.call, task, now, markers)
+                        if call.bwd_task == task or call.ended_task == task:
+                            continue  # already started (another output), or inputs done first (module returned its input)
+                        call.bwd_task = task
+                        path = call.path
+                        mine = ancestors[path]
+                        # Descendants already open on top of the stack: a module returning its child's
+                        # output shares that tensor, whose hooks fire child first. This call encloses
+                        # them, so it starts where the outermost of them started.
+                        k = n = len(bstack)
+                        while k and path in bstack[k - 1].anc:
+                            k -= 1
+                        if k and bstack[k - 1].path not in mine:
+                            # below them sits another call of this module (or unrelated work): rule (b)
+                            # closes everything above this call's innermost open ancestor
+                            while k and bstack[k - 1].path not in mine:
+                                k -= 1
+                            close(k, now, markers)
+                            n = k
+                        if k == n:
+                            b = _Bwd(path, mine, call, task, now)
+                            bstack.append(b)
+                        else:
+                            b = _Bwd(path, mine, call, task, bstack[k].b0)
+                            bstack.insert(k, b)
+                        bwds.append(b)
+                        if markers:
+                            self._marker(path, "begin")
+                    else:  # _END: rule (a); rule (c): its open descendants close with it
+                        k = len(bstack) - 1
+                        while k >= 0 and bstack[k].call is not call:
+                            k -= 1
+                        if k >= 0:
+                            close(k, now, markers)
+                        elif call.bwd_task != task:
+                            call.ended_task = task
             elif event == _TASK_END:
                 n = len(bstack)
                 while n and bstack[n - 1].task == task:  # rule (d)
                     n -= 1
-                self._close_above(n, now, markers)
+                close(n, now, markers)
             else:  # _RC: a top-level recompute call returned inside the intervals open now
                 for b in bstack:
                     if b.rc is None:
                         b.rc = [obj]
                     else:
                         b.rc.append(obj)
-
-    def _bwd_start(self, call, task, now, markers):
-        if call.bwd_task == task or call.ended_task == task:
-            return  # already started (another output), or inputs done first (module returned its input)
-        call.bwd_task = task
-        path, bstack = call.path, self._bstack
-        mine = self._ancestors[path]
-        # Descendants already open on top of the stack: a module returning its child's output
-        # shares that tensor, whose hooks fire child first. This call encloses them, so it
-        # starts where the outermost of them started.
-        k = n = len(bstack)
-        while k and path in bstack[k - 1].anc:
-            k -= 1
-        if k and bstack[k - 1].path not in mine:
-            # below them sits another call of this module (or unrelated work): rule (b) closes
-            # everything above this call's innermost open ancestor
-            while k and bstack[k - 1].path not in mine:
-                k -= 1
-            self._close_above(k, now, markers)
-            n = k
-        if k == n:
-            b = _Bwd(path, mine, call, task, now)
-            bstack.append(b)
-        else:
-            b = _Bwd(path, mine, call, task, bstack[k].b0)
-            bstack.insert(k, b)
-        self._bwds.append(b)
-        if markers:
-            self._marker(path, "begin")
-
-    def _bwd_end(self, call, task, now, markers):
-        bstack = self._bstack
-        idx = len(bstack) - 1
-        while idx >= 0 and bstack[idx].call is not call:
-            idx -= 1
-        if idx < 0:
-            if call.bwd_task != task:
-                call.ended_task = task
-            return
-        self._close_above(idx, now, markers)  # rule (c): descendants close with it
 
     def _close_above(self, n, now, markers=False):
         """End the open backward intervals above the first ``n`` at ``now``."""
