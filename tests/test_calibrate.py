@@ -297,3 +297,25 @@ def test_once_per_step_host_cases_run_cold_and_as_a_cpu_user_gets_the_optimizer(
         return next(c.cell_contents for c in case.fn.__closure__ if isinstance(c.cell_contents, torch.optim.Optimizer))
     assert optimizer(cases["optim sgd x2"]).defaults["foreach"] is None
     assert optimizer(cases["optim sgd_foreach x2"]).defaults["foreach"] is True
+
+
+def test_small_gemm_efficiency_takes_out_mm_fixed_cost_on_a_cpu():
+    """The curve's small squares are priced as the estimator prices them on a CPU: dispatch + op_fixed_s["mm"] +
+    FLOPs / (peak x eff). Squares of 32 and 64 run at 10 and 50 GFLOP/s after 2 us of dispatch and 3 us of mm
+    fixed cost (the opfixed "mm" case: 2 + 3 = 5 us), 1024 at 100 GFLOP/s: efficiencies 0.1, 0.5, 1."""
+    rows = [_row("launch", "op", 2e-6), _row("opfixed", "mm", 5e-6)]
+    for n, rate in ((32, 10e9), (64, 50e9), (1024, 100e9)):
+        flops = 2.0 * n ** 3
+        rows.append(_row("matmul", f"mm {n}", flops / rate + 5e-6, "fp32", n, n, n, flops, 3 * n * n * 4))
+    spec = build_spec("cpu", pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS)), peaks="measured", stamp=STAMP)
+    curve = dict(spec.matrix_efficiency_curve)
+    assert curve[2.0 * 32 ** 3] == pytest.approx(0.1, abs=1e-3) and curve[2.0 * 64 ** 3] == pytest.approx(0.5, abs=1e-3)
+    assert "mm's fixed cost (3.00 us" in spec.sources["matrix_efficiency_curve"]
+    # the estimator then gives a 32^3 mm back its measured time: 2 + 3 + 65536 / (1e11 x 0.1) us = 11.55 us
+    peak = spec.matrix_flops_per_s["fp32"]
+    t = roofline.compute_time_s(2.0 * 32 ** 3, 0, spec, "fp32") + 5e-6
+    assert t == pytest.approx(2.0 * 32 ** 3 / (peak * 0.1) + 5e-6, rel=1e-3)
+    assert t == pytest.approx(2.0 * 32 ** 3 / 10e9 + 5e-6, rel=2e-3)  # peak is the 1024 square's raw rate (~100 GFLOP/s)
+    # a GPU's loop is timed on the device: only the tiny-op time comes out there, as before
+    gpu = build_spec("h100-sxm", pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS)), peaks="measured", stamp=STAMP)
+    assert dict(gpu.matrix_efficiency_curve)[2.0 * 32 ** 3] < 0.1

@@ -399,6 +399,12 @@ def _matrix(d: _Draft, table):
     mm = _rows(table, "matmul")
     measured = [x for x in dict.fromkeys(mm["dtype"]) if x]
     large, curves, shapes = {}, {}, {}
+    # On a CPU the estimator prices a GEMM as dispatch + op_fixed_s["mm"] (host) + FLOPs / (peak x eff), one after
+    # the other on one thread: the curve takes out both fixed parts, so a small GEMM's efficiency is its compute
+    # alone (a 32^3 mm: ~9.6 us of which ~4.8 us fixed on the project's VM). On a GPU the loop is timed on the
+    # device, where the host's fixed cost overlaps; only the tiny-op time comes out, as before.
+    fixed_mm = _seconds(table, "opfixed", "mm")
+    mm_fixed = max(fixed_mm - d.op_s, 0.0) if (fixed_mm is not None and d.kind == "cpu") else 0.0
     for dt in measured:
         rows = mm[mm["dtype"] == dt].sort_values("flops", kind="stable")
         best = float((rows["flops"] / rows["seconds"]).max())
@@ -407,7 +413,7 @@ def _matrix(d: _Draft, table):
         elif dt not in d.base.matrix_flops_per_s:
             raise UserError(f"peaks: base spec {d.base.name!r} has no matrix peak for measured dtype {dt!r}; "
                             f"use peaks='measured'")
-        e = matrix_efficiencies(rows, d.matrix[dt], d.op_s)
+        e = matrix_efficiencies(rows, d.matrix[dt], d.op_s + mm_fixed)
         square = _is_square(rows)
         large[dt], curves[dt] = float(np.median(e[-_LARGEST:])), efficiency_curve(rows[square], e[square])
         if len(curves[dt]) < 2:  # too few squares: every shape (the curve by FLOPs alone, as before)
@@ -438,8 +444,9 @@ def _matrix(d: _Draft, table):
             f"the next non-skinny shape's smallest dimension on")
     d.sources["matrix_efficiency_curve"] = (
         f"{d.stamp}: {ref} matmuls (torch.mm squares and non-skinny F.linear shapes), FLOPs per kernel -> measured rate "
-        f"{d.relative} after subtracting the {d.op_s * 1e6:.2f} us tiny-op time; other dtypes scale it by "
-        f"efficiency.matrix_<dtype> / efficiency.matrix")
+        f"{d.relative} after subtracting the {d.op_s * 1e6:.2f} us tiny-op time"
+        + (f" and mm's fixed cost ({mm_fixed * 1e6:.2f} us, op_fixed_s)" if mm_fixed else "")
+        + "; other dtypes scale it by efficiency.matrix_<dtype> / efficiency.matrix")
     d.sources["efficiency.matrix"] = (f"{d.stamp}: {ref} matmul rate {d.relative}, median of the {_LARGEST} largest "
                                       f"shapes" + "".join(f"; {x}: {large[x]:.3f}" for x in measured if x != ref))
 

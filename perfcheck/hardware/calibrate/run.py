@@ -20,6 +20,8 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
             ranks (``perfcheck.hardware.calibrate.collectives``: gloo on CPU, NCCL on GPU);
 * deepspeed  DeepSpeed's own host cost per ZeRO stage and phase, per module call and per parameter
             tensor (``perfcheck.hardware.calibrate.deepspeed_cases``: a one-rank engine in a child process).
+* concurrency  the CPU-time slowdown of one process while N like it run on the host (N: the collectives'
+            ranks; ``perfcheck.hardware.calibrate.concurrency``), with the collectives.
 
 Timing: cases of one group are *interleaved* (repeat r of every case, then repeat r+1, ...), so
 a burst of noise on a shared machine hits every case alike; each repeat is a timed loop long
@@ -66,7 +68,7 @@ from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
 
 #: Run-length presets. ``target_s``: minimum duration of one timed loop; shapes as (m, k, n).
 MODES = {
-    "quick": dict(repeats=3, target_s=0.01, squares=(64, 128, 256, 512, 1024),
+    "quick": dict(repeats=3, target_s=0.01, squares=(32, 64, 128, 256, 512, 1024),
                   linear=((1024, 512, 2048), (96, 1024, 1024), (24, 1024, 1024)), other_squares=(128, 512),
                   copy_mb=(0.25, 1, 2, 4, 16, 64), comm_kib=(4, 64, 4096),
                   comm_kinds=("allreduce",)),
@@ -252,6 +254,17 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
                                 f"{len(cfg['comm_kib'])} sizes")
             frames.append(bench_collectives([k * 1024 for k in cfg["comm_kib"]], kinds=cfg["comm_kinds"], world_size=n,
                                             device=dev.type, repeats=cfg["repeats"], target_s=cfg["target_s"]))
+    conc = None
+    if comm and n >= 2:
+        from perfcheck.hardware.calibrate import concurrency
+
+        _progress(progress, f"[{time.perf_counter() - start:5.1f} s] process concurrency: {n} processes at once vs one "
+                            f"(CPU time)")
+        try:
+            conc = concurrency.bench_concurrency(n, mode, threads=torch.get_num_threads())
+            frames.append(concurrency.rows_for_table(conc))
+        except RuntimeError as exc:
+            notes.append(f"process-concurrency case not measured ({exc}); process_slowdown_per_peer stays the default")
     from perfcheck.hardware.calibrate import deepspeed_cases
 
     ds = None
@@ -269,6 +282,8 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
                       mem_capacity_bytes=_capacity(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None)
     if ds is not None:
         spec = deepspeed_cases.apply(spec, ds, stamp)
+    if conc is not None:
+        spec = concurrency.apply(spec, conc, stamp)
     elapsed = time.perf_counter() - start
     _progress(progress, f"[{elapsed:5.1f} s] done")
     return Calibration(spec, table, tuple(notes), elapsed)
