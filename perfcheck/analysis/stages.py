@@ -13,6 +13,8 @@ rule, ``pred_<what>`` / ``meas_<what>``:
     <phase>_compute_s, <phase>_comm_s   split into compute and EXPOSED communication
                                    (measured: torch.profiler window with the comms logger off)
 
+``local_processes`` (ranks on the rank's host) and ``pred_process_slowdown`` (the factor the host and
+CPU-compute terms were multiplied by for them: ``perfcheck.predict.host.process_slowdown``; 1 for one rank),
 plus ``meas_<phase>_cpu_s`` / ``meas_step_cpu_s`` (process CPU time in the engine calls: the elapsed time
 less waiting for a core or for the peer ranks' collectives), ``meas_other_s`` (step wall time outside
 the engine calls), ``meas_peak_mem_bytes``,
@@ -154,11 +156,36 @@ def _optimizer_key(facts) -> str:
     return "adam"
 
 
-def _compute_times(predicted: pd.DataFrame):
+def _compute_times(predicted: pd.DataFrame, factor: float = 1.0, kind: str = "cpu"):
+    """The model's forward and backward seconds on one rank (predicted.csv's root row), with its host share
+    ``factor`` times slower (``process_slowdown``: the other processes on this host). On a CPU the host and
+    the compute are one thread, so the whole time scales; on a GPU only the host timeline does: a
+    host-bound phase (root ``bound_*`` = host) grows by (factor - 1) x its host time, another phase is
+    max(its time, factor x its host time) (NB, perfcheck: an approximation of re-running the two timelines
+    with every host term scaled)."""
     if predicted.empty or "module" not in predicted:
         return math.nan, math.nan
     root = predicted[predicted["depth"] == 0] if "depth" in predicted else predicted.iloc[:1]
-    return float(root["pred_fwd_s"].iloc[0]), float(root["pred_bwd_s"].iloc[0])
+    out = []
+    for ph in ("fwd", "bwd"):
+        t = float(root[f"pred_{ph}_s"].iloc[0])
+        if kind == "cpu":
+            t *= factor
+        else:
+            host = float(root[f"host_{ph}_s"].iloc[0]) if f"host_{ph}_s" in root else 0.0
+            host = 0.0 if math.isnan(host) else host
+            bound = str(root[f"bound_{ph}"].iloc[0]) if f"bound_{ph}" in root else ""
+            t = t + (factor - 1.0) * host if bound == "host" else max(t, factor * host)
+        out.append(t)
+    return out[0], out[1]
+
+
+def local_processes(facts: dict) -> int:
+    """Ranks on this rank's host: the run's ranks_per_node, else world size / nodes (1 when unknown)."""
+    n = facts.get("ranks_per_node")
+    if not n:
+        n = int(facts.get("world_size", 1) or 1) // max(int(facts.get("nodes", 1) or 1), 1)
+    return max(int(n), 1)
 
 
 def _stage_system(facts: dict, system):
@@ -219,20 +246,27 @@ def zero3_parts(facts: dict, predicted: pd.DataFrame, spec) -> dict:
 
 def predict(facts: dict, predicted: pd.DataFrame, system=None) -> zero.ZeroEstimate:
     """The ZeRO model for the configuration a rank recorded (stage, dp, settings, tensor sizes),
-    with the model's compute (host terms included) from predicted.csv and DeepSpeed's host terms."""
+    with the model's compute (host terms included) from predicted.csv and DeepSpeed's host terms, both
+    times the host's process slowdown for the ranks sharing it (``perfcheck.predict.host.process_slowdown``;
+    on a GPU host only their host parts)."""
     from perfcheck.hardware.systems import load_system
+
+    from perfcheck.predict.host import process_slowdown
 
     settings = zero.ZeroSettings(**facts.get("settings", {}))
     lay = zero.layout([sizes for _, sizes in facts.get("module_params", [])])
-    fwd, bwd = _compute_times(predicted)
     spec = load_system(_stage_system(facts, system))
+    # one process's prediction, slowed by the rank's peers on its host (host.process_slowdown_per_peer)
+    factor = process_slowdown(spec, local_processes(facts))
+    fwd, bwd = _compute_times(predicted, factor, spec.kind)
+    host_s = {ph: factor * t for ph, t in host_terms(facts, predicted, spec).items()}
     return zero.estimate_zero(layout=lay, stage=facts["zero_stage"], dp=facts["dp"],
                               micro_steps=facts["gradient_accumulation_steps"], dtype=facts["dtype"],
                               optimizer=_optimizer_key(facts), settings=settings, system=spec,
                               spans_nodes=facts.get("nodes", 1) > 1,
                               compute_fwd_s=0.0 if math.isnan(fwd) else fwd,
                               compute_bwd_s=0.0 if math.isnan(bwd) else bwd,
-                              host_s=host_terms(facts, predicted, spec))
+                              host_s=host_s)
 
 
 # -------------------------------------------------------------------------------- measured
@@ -340,7 +374,12 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
     from perfcheck.hardware.systems import load_system
 
     parts = zero3_parts(facts, stage["predicted"], load_system(_stage_system(facts, system)))
-    row["pred_zero3_hooks_s"], row["pred_zero3_gather_host_s"] = parts["hooks_s"], parts["gather_host_s"]
+    from perfcheck.predict.host import process_slowdown
+
+    row["local_processes"] = local_processes(facts)
+    row["pred_process_slowdown"] = process_slowdown(load_system(_stage_system(facts, system)), row["local_processes"])
+    row["pred_zero3_hooks_s"] = row["pred_process_slowdown"] * parts["hooks_s"]
+    row["pred_zero3_gather_host_s"] = row["pred_process_slowdown"] * parts["gather_host_s"]
     row["zero3_module_calls"], row["zero3_gathered_tensors"] = parts["module_calls"], parts["gathered_tensors"]
     row["pred_allgather_s"] = float(sum(
         zero.comm_time_s([c for c in est.collectives if c.kind == "allgather"], facts["dp"],

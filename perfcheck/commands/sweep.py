@@ -75,23 +75,31 @@ def _split(text: str) -> list:
         raise UserError(f"--script-args: {exc}") from None
 
 
-def _calibrate_first():
+def _calibrate_first(opts):
     """On a CPU, measure this machine's quick calibration for the ranks' thread count before they start,
     when the cache has none (perfcheck.hardware.cache; ranks never calibrate themselves, and
-    PERFCHECK_AUTO_CALIBRATE=0 skips it): the ranks' predictions and the comparison then use it."""
+    PERFCHECK_AUTO_CALIBRATE=0 skips it), and once per machine the two multi-process families the
+    sweep's prediction needs and the quick calibration leaves at their defaults: DeepSpeed's own host
+    work per ZeRO stage and the slowdown of the ranks sharing the host
+    (``integrations.deepspeed.sweep.calibrate_sweep_terms``). The ranks' predictions and the comparison
+    then use them."""
     import os
 
     import torch
 
     if torch.cuda.is_available():
         return
-    from perfcheck.hardware.cache import cached_spec
+    from perfcheck.hardware.cache import auto_calibration_enabled, cached_spec
+    from perfcheck.integrations.deepspeed.sweep import calibrate_sweep_terms, local_ranks
 
     try:
         threads = max(int(os.environ.get("OMP_NUM_THREADS") or 1), 1)  # what integrations.deepspeed.sweep.stage_env gives ranks
     except ValueError:
         threads = 1
-    cached_spec("cpu", threads=threads)
+    spec = cached_spec("cpu", threads=threads)
+    if spec is not None and auto_calibration_enabled():
+        # a hostfile's slots per node are the launcher's: the concurrency case is left to `perfcheck calibrate`
+        calibrate_sweep_terms(spec, ranks=1 if opts.hostfile else local_ranks(opts, 0), threads=threads)
 
 
 def run(args) -> int:
@@ -100,7 +108,7 @@ def run(args) -> int:
     from perfcheck.integrations.deepspeed.sweep import run_sweep
 
     opts = options_from_args(args)
-    _calibrate_first()
+    _calibrate_first(opts)
     results = run_sweep(opts)
     failed = [r for r in results if r.status in ("failed", "timeout")]
     rc = 0

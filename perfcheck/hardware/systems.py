@@ -68,6 +68,8 @@ HOST_KEYS = {
     "device_kernel_s": "device-side fixed time per kernel beyond the roofline (GPU launch gap; 0 on a CPU: "
                        "the same thread, counted in op_dispatch_s)",
     "collective_latency_s": "alpha: fixed time of one collective call (small-message all-reduce)",
+    "process_slowdown_per_peer": "fraction by which one process's host/CPU work slows per other process like it "
+                                 "on the same host (dimensionless; perfcheck/hardware/calibrate/concurrency.py)",
     # DeepSpeed's own host work per ZeRO stage S (0-3) and phase (fwd/bwd beyond the plain model's; step:
     # the whole engine.step(), optimizer included), measured by perfcheck/hardware/calibrate/deepspeed_cases.py
     **{f"zero{s}_{ph}_s": f"ZeRO-{s} engine {ph}: fixed host seconds per {'step' if ph == 'step' else 'micro-step'}"

@@ -21,6 +21,9 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
                                     + streams x parameter bytes at the memory ceiling (device)
     DeepSpeed, ZeRO stage S         zero<S>_* per phase: fixed + per parameter tensor, ZeRO-3 per
                                     module call and per partitioned tensor (``deepspeed_host_s``)
+    N processes on one host         each one's host time (and CPU compute) x (1 + (N - 1) x
+                                    process_slowdown_per_peer) (``process_slowdown``; applied by
+                                    the ZeRO comparison, perfcheck.analysis.stages)
 
 Two timelines (``timeline``): the host issues op i after its host cost h_i (issue time
 H_i = h_0 + ... + h_i); the device starts op i once it is issued and op i-1 is done, and runs it
@@ -297,6 +300,21 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     device = mem + kernels * hc["device_kernel_s"] * (tensors > 0)
     total = host + device if spec.kind == "cpu" else max(host, device)
     return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total))
+
+
+# ------------------------------------------------------------------------------ processes sharing a host
+def process_slowdown(spec, processes: int) -> float:
+    """Factor by which one process's host (and, on a CPU, compute) time grows while ``processes``
+    processes like it share the host (the ranks of a data-parallel job on one node):
+
+        1 + (processes - 1) * process_slowdown_per_peer      (1 for one process)
+
+    ``process_slowdown_per_peer`` is the spec's host constant, measured by
+    perfcheck/hardware/calibrate/concurrency.py (one process alone vs N at once, CPU time), else
+    host_defaults.json's. Linear in the peers: an assumption, exact at the N the case ran with."""
+    if isinstance(processes, bool) or not isinstance(processes, (int, np.integer)) or processes < 1:
+        raise UserError(f"processes: must be an integer >= 1, got {processes!r}")
+    return 1.0 + (int(processes) - 1) * host_constants(load_system(spec))["process_slowdown_per_peer"]
 
 
 # ------------------------------------------------------------------------------ collectives, DeepSpeed

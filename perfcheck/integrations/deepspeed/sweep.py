@@ -274,6 +274,60 @@ def run_stage(opts: SweepOptions, stage: str, index: int, count: int, *, gpus: i
     return StageResult(stage, run_dir, "ok", elapsed)
 
 
+# ----------------------------------------------------------------------- the calibration the sweep needs
+#: Host constants a sweep's prediction takes from this machine's cache, each family with the source key that
+#: says it was measured here (``apply`` of each case writes it): DeepSpeed's own work per ZeRO stage, and
+#: the slowdown of processes sharing the host.
+SWEEP_TERMS = {"deepspeed": "host.zero0_fwd_s", "concurrency": "host.process_slowdown_per_peer"}
+
+
+def missing_terms(spec) -> list:
+    """The ``SWEEP_TERMS`` families ``spec`` (a cached calibration) has not measured: their constants are
+    host_defaults.json's, from another machine or another load."""
+    return [name for name, key in SWEEP_TERMS.items() if key not in dict(getattr(spec, "sources", {}) or {})]
+
+
+def calibrate_sweep_terms(spec, *, ranks: int, threads: int = 1, say: Callable[[str], None] = print):
+    """``spec`` (this CPU's cached calibration) with the families ``missing_terms`` names measured and kept in
+    the cache beside the rest: the DeepSpeed engine case (quick mode, one rank, ~15-25 s here) and the
+    process-concurrency case at ``ranks`` processes (~5-10 s). Once per machine; each failure is one
+    line and leaves that family at its defaults. Returns the spec to predict with (None passes through)."""
+    import time as _time
+
+    from perfcheck.hardware.cache import cache_path
+    from perfcheck.hardware.calibrate import concurrency, deepspeed_cases
+    from perfcheck.hardware.calibrate.run import provenance
+
+    todo = missing_terms(spec) if spec is not None else []
+    if ranks < 2:
+        todo = [t for t in todo if t != "concurrency"]
+    if not todo or not deepspeed_cases.available():
+        return spec
+    import torch
+
+    stamp = provenance(torch.device("cpu"))
+    for name in todo:
+        t0 = _time.perf_counter()
+        say(f"perfcheck sweep: measuring this CPU's {name} host terms once (kept in the calibration cache; "
+            f"PERFCHECK_AUTO_CALIBRATE=0 skips it)")
+        try:
+            if name == "deepspeed":
+                spec = deepspeed_cases.apply(spec, deepspeed_cases.bench_deepspeed("quick", threads=threads), stamp)
+            else:
+                spec = concurrency.apply(spec, concurrency.bench_concurrency(ranks, "quick", threads=threads), stamp)
+        except (RuntimeError, UserError) as exc:
+            say(f"perfcheck sweep: {name} case not measured ({exc}); its host terms stay the defaults")
+            continue
+        say(f"perfcheck sweep: {name} case measured in {_time.perf_counter() - t0:.1f} s")
+    origin = getattr(spec, "origin", None)
+    try:
+        spec.save(cache_path("cpu", threads=threads))
+    except OSError as exc:
+        say(f"perfcheck sweep: cannot keep the measured terms in the cache ({exc.strerror}); this sweep uses them")
+    object.__setattr__(spec, "origin", origin)
+    return spec
+
+
 def run_sweep(opts: SweepOptions, say: Callable[[str], None] = print) -> list:
     """Every stage of ``opts`` in order; returns their ``StageResult``s (the comparison is the caller's)."""
     opts.validate()
