@@ -165,3 +165,16 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     out = sweep.calibrate_sweep_terms(fresh, ranks=1, threads=1, say=said.append)
     assert calls == [] and any("engine case failed" in m for m in said)
     assert sweep.missing_terms(out) == ["deepspeed", "concurrency"]
+
+
+def test_comparison_row_names_the_factor_it_applied(monkeypatch):
+    """The recorded stage 0 (2 ranks on one host) on a spec with 0.25 per peer: the row carries the factor
+    (1 + 1 x 0.25) and the ranks, and the notes say what was multiplied."""
+    stages, st, facts = _stage0()
+    spec = _spec(process_slowdown_per_peer=0.25)
+    data = next(iter(st["ranks"].values()))
+    row = stages._row(st, facts["rank"], data, spec)
+    assert row["local_processes"] == 2 and row["pred_process_slowdown"] == pytest.approx(1.25)
+    assert "terms x1.250: 2 ranks share this host" in row["notes"]
+    one = stages._row(st, facts["rank"], {**data, "facts": {**facts, "ranks_per_node": 1}}, spec)
+    assert one["pred_process_slowdown"] == 1.0 and "share this host" not in one["notes"]

@@ -87,6 +87,11 @@ def notes(row: dict, facts: dict, est: zero.ZeroEstimate) -> list:
     if row.get("other_overlap_s", 0) > 0:
         out.append(f"time outside fwd/bwd/step shown as 0: the phases' per-step medians overlap by "
                    f"{fmt_s(row['other_overlap_s'])} (medians of separate distributions do not add up exactly)")
+    factor = row.get("pred_process_slowdown", 1.0)
+    if factor == factor and factor != 1.0:
+        out.append(f"predicted host{' and CPU-compute' if facts.get('device', 'cpu') == 'cpu' else ''} terms x{factor:.3f}: "
+                   f"{row.get('local_processes')} ranks share this host (host.process_slowdown_per_peer; one "
+                   "process's CPU work runs slower beside its peers: shared caches, memory, gloo threads)")
     if not row.get("compute_predicted"):
         out.append("no predicted.csv in the run directory: compute times not predicted (see save_prediction)")
     return out
