@@ -96,27 +96,32 @@ _FIRE, _TASK_END, _RC = 0, 1, 2
 
 
 # ------------------------------------------------------------------------------ records
+# The two records made once per module call have no ``__init__``: a class call that runs an
+# ``__init__`` costs ~570 ns on the benchmark VM, one without ~150 ns plus ~15 ns per field set
+# (bench/RESULTS.md). Each is made in one place (``_new_call``, ``_replay``).
 class _Call:
-    """One forward (or recompute) call of a module."""
+    """One forward (or recompute) call of a module. Set per call: ``path, phase, mid, t0, t1,
+    bwd_task, ended_task``; the rest are class-level defaults until a call needs them (a memory
+    reading, a profiler range, ``top``: an outermost eval call, or a recompute call not nested in
+    another recompute call)."""
 
-    __slots__ = ("path", "phase", "mid", "t0", "t1", "mem", "act", "peak", "rf", "bwd_task", "ended_task", "top")
+    __slots__ = ("path", "phase", "mid", "t0", "t1", "bwd_task", "ended_task", "__dict__")
+    mem = act = peak = rf = None
+    top = False
 
-    def __init__(self, path, phase, mid):
-        self.path, self.phase, self.mid = path, phase, mid
-        self.t0 = self.t1 = self.mem = self.act = self.peak = self.rf = None
-        self.bwd_task = self.ended_task = None
-        self.top = False  # a recompute call not nested in another recompute call
+
+def _new_call(path, phase, mid, t0=None) -> _Call:
+    call = _Call()
+    call.path, call.phase, call.mid, call.t0 = path, phase, mid, t0
+    call.t1 = call.bwd_task = call.ended_task = None
+    return call
 
 
 class _Bwd:
-    """One backward interval of one call (``anc``: the module's ancestor paths)."""
+    """One backward interval of one call (``anc``: the module's ancestor paths; ``rc``: the
+    top-level recompute calls inside the interval, or None). Made in ``_replay`` only."""
 
     __slots__ = ("path", "anc", "call", "task", "b0", "b1", "rc")
-
-    def __init__(self, path, anc, call, task, b0):
-        self.path, self.anc, self.call, self.task, self.b0 = path, anc, call, task, b0
-        self.b1 = None
-        self.rc: list[_Call] | None = None  # top-level recompute calls inside the interval
 
 
 class _EndAll:
@@ -407,6 +412,7 @@ class ModuleTimer:
         self._wrapped: list = []  # (module, _TimedForward) currently installed
         self._fwd_cache: dict = {}  # id(module) -> _TimedForward removed cleanly at detach, reused at attach
         self._leaf_handles: list = []  # tensor hooks on leaves, removed at the step's end
+        self._hooked: list = []  # the actions lists of this step's node hooks, emptied when it ends
         self._on = False
         self._attached = False
         self._gen = 0  # step generation: backward hooks of an ended step do nothing
@@ -470,8 +476,21 @@ class ModuleTimer:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._gen += 1
+        self._next_generation()
         self._drop_leaf_handles()
+
+    def _next_generation(self):
+        """The hooks put on so far go inert: their actions lists are emptied (a node hook outlives
+        its step on a graph kept with ``retain_graph``), and the end-of-backward callbacks they
+        queued carry the old generation."""
+        self._gen += 1
+        log = self._log
+        for i, event in enumerate(log):  # (events not replayed yet keep their actions)
+            if event[0] == _FIRE:
+                log[i] = (_FIRE, event[1], event[2], list(event[3]))
+        for actions in self._hooked:
+            actions.clear()
+        self._hooked.clear()
 
     def _drop_leaf_handles(self):
         for h in self._leaf_handles:
@@ -517,7 +536,7 @@ class ModuleTimer:
         return any(c.path == ROOT and c.t1 is not None for c in self._calls)
 
     def begin_step(self):
-        self._gen += 1
+        self._next_generation()
         self._reset_step_state()
         if self.memory is not None:
             self.memory.begin_step()
@@ -525,13 +544,13 @@ class ModuleTimer:
 
     def end_step(self) -> PendingStep:
         end = self.clock.now()
-        self._gen += 1  # this step's backward hooks go inert
         self._drop_leaf_handles()
         try:
             self._materialize()  # (a forward still in flight: its calls are open records)
             self._replay()
         except Exception as exc:
             self._internal_error(exc)
+        self._next_generation()  # this step's backward hooks go inert
         for b in self._bstack:  # a backward still open at the step's end (should not happen)
             b.b1 = end
         peak = self.memory.end_step() if self.memory is not None else None
@@ -601,7 +620,7 @@ class ModuleTimer:
         stack = self._stack
         # recompute inside a backward; else the enclosing call's phase; else eval when grad is disabled
         phase = RECOMPUTE if in_bw else stack[-1].phase if stack else FWD if _grad_enabled() else EVAL
-        call = _Call(path, phase, mid)
+        call = _new_call(path, phase, mid)
         if phase == EVAL and not stack:
             call.top = True  # an outermost eval call: the step's eval_s
         if path == ROOT and (self.first_root_inputs is None or (self._inputs_eval and phase == FWD)) and not in_bw:
@@ -676,13 +695,12 @@ class ModuleTimer:
             if len(e) == 4:
                 fwd, grad, key, t0 = e
                 if stack:
-                    call = _Call(fwd.path, stack[-1].phase, fwd.mid)
+                    call = _new_call(fwd.path, stack[-1].phase, fwd.mid, t0)
                 elif grad:
-                    call = _Call(fwd.path, FWD, fwd.mid)
+                    call = _new_call(fwd.path, FWD, fwd.mid, t0)
                 else:
-                    call = _Call(fwd.path, EVAL, fwd.mid)
+                    call = _new_call(fwd.path, EVAL, fwd.mid, t0)
                     call.top = True  # an outermost eval call: the step's eval_s
-                call.t0 = t0
                 if key is not None:
                     pending.append((key, _END, call))
                 stack.append(call)
@@ -756,7 +774,7 @@ class ModuleTimer:
         if not pending:
             return
         self._pending = []
-        hook, groups, leaf_handles, bind = self._node_hook(), {}, self._leaf_handles, types.MethodType
+        hook, groups, leaf_handles, bind, hooked = self._node_hook(), {}, self._leaf_handles, types.MethodType, self._hooked
         carrier = _hook_carrier()  # None: the public route
         last_key = last_actions = None
         try:
@@ -767,6 +785,7 @@ class ModuleTimer:
                 actions = groups.get(id(key))
                 if actions is None:
                     actions = groups[id(key)] = [(kind, obj)]
+                    hooked.append(actions)
                     if isinstance(key, _Tensor):
                         leaf_handles.append(key.register_hook(bind(hook, actions)))
                     elif carrier is not None:  # (inline: one frame fewer per node)
@@ -786,18 +805,21 @@ class ModuleTimer:
         ``functools.partial``; A/B in bench/RESULTS.md)."""
         # Everything the hook touches is bound here: it runs between autograd's own work, where
         # each attribute lookup costs several times what it costs in a loop (bench/RESULTS.md).
-        now, append, cb_tasks, ranges, timer, gen = self._now, self._log.append, self._cb_tasks, self.ranges, self, self._gen
-        task_id, fire, profiler = _graph_task_id, _FIRE, _profiler
+        now, append, cb_tasks, timer, gen = self._now, self._log.append, self._cb_tasks, self, self._gen
+        task_id, fire = _graph_task_id, _FIRE
+        # Inside the profiler window (it opens and closes at step boundaries: the same for the whole
+        # step) the log is replayed at once, so that the trace markers land in place.
+        replay_now = bool(self.ranges and _profiler._is_profiler_enabled)
 
         def on_node(actions, _grads):
-            if timer._gen == gen:  # (a later step, or detached: inert)
+            if actions:  # emptied when the step ended or the timer detached: inert (a retained graph)
                 try:
                     t = now()
                     task = task_id()
                     append((fire, task, t, actions))
                     if task not in cb_tasks:  # rule (d): once per backward pass
                         timer._queue_task_end(task, gen)
-                    if ranges and profiler._is_profiler_enabled:
+                    if replay_now:
                         timer._replay()
                 except Exception as exc:  # never break the user's backward
                     timer._internal_error(exc)
@@ -846,11 +868,13 @@ class ModuleTimer:
                                 k -= 1
                             close(k, now, markers)
                             n = k
+                        b = _Bwd()
+                        b.path, b.anc, b.call, b.task, b.b1, b.rc = path, mine, call, task, None, None
                         if k == n:
-                            b = _Bwd(path, mine, call, task, now)
+                            b.b0 = now
                             bstack.append(b)
                         else:
-                            b = _Bwd(path, mine, call, task, bstack[k].b0)
+                            b.b0 = bstack[k].b0
                             bstack.insert(k, b)
                         bwds.append(b)
                         if markers:
