@@ -305,7 +305,12 @@ def calibrate_sweep_terms(spec, *, ranks: int, threads: int = 1, say: Callable[[
         return spec
     import torch
 
-    stamp = provenance(torch.device("cpu"))
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the stamp names the ranks' thread count (cpu_name reads torch's setting)
+    try:
+        stamp = provenance(torch.device("cpu"))
+    finally:
+        torch.set_num_threads(saved)
     for name in todo:
         t0 = _time.perf_counter()
         say(f"perfcheck sweep: measuring this CPU's {name} host terms once (kept in the calibration cache; "
