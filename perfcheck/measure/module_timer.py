@@ -186,11 +186,23 @@ class PendingStep:
                 as_fwd = False
                 break
         for c in self.calls:
-            if c.t1 is None:
+            t1 = c.t1
+            if t1 is None:
                 continue
-            dt = (c.t1 - c.t0) * ns if ns else sec(c.t0, c.t1)
+            dt = (t1 - c.t0) * ns if ns else sec(c.t0, t1)
             phase, path = c.phase, c.path
-            if phase == EVAL and not as_fwd:
+            if phase == FWD or (phase == EVAL and as_fwd):  # (the common case first)
+                row = mods.get(path)
+                if row is None:
+                    row = mods[path] = [0, 0.0, 0.0, 0.0, None, None]
+                row[0] += 1
+                row[1] += dt
+                if c.act is not None:
+                    row[4] = (row[4] or 0) + c.act
+                    row[5] = c.peak if row[5] is None else max(row[5], c.peak)
+                if path == ROOT:
+                    root_fwd_end = t1
+            elif phase == EVAL:
                 e = evals.get(path)
                 if e is None:
                     e = evals[path] = [0, 0.0]
@@ -198,35 +210,28 @@ class PendingStep:
                 e[1] += dt
                 if c.top:
                     top_evals.append((c, dt))
-                continue
-            row = mods.get(path)
-            if row is None:
-                row = mods[path] = [0, 0.0, 0.0, 0.0, None, None]
-            if phase == FWD or phase == EVAL:
-                row[0] += 1
-                row[1] += dt
-                if c.act is not None:
-                    row[4] = (row[4] or 0) + c.act
-                    row[5] = c.peak if row[5] is None else max(row[5], c.peak)
-                if path == ROOT:
-                    root_fwd_end = c.t1
             else:
+                row = mods.get(path)
+                if row is None:
+                    row = mods[path] = [0, 0.0, 0.0, 0.0, None, None]
                 row[3] += dt
                 if c.top:
                     recompute += dt
         for b in self.bwds:
-            if b.b1 is None:
+            b1 = b.b1
+            if b1 is None:
                 continue
-            dt = (b.b1 - b.b0) * ns if ns else sec(b.b0, b.b1)
+            dt = (b1 - b.b0) * ns if ns else sec(b.b0, b1)
             if b.rc:
                 dt -= sum(sec(r.t0, r.t1) for r in b.rc if r.t1 is not None)
-            row = mods.get(b.path)
+            path = b.path
+            row = mods.get(path)
             if row is None:
-                row = mods[b.path] = [0, 0.0, 0.0, 0.0, None, None]
+                row = mods[path] = [0, 0.0, 0.0, 0.0, None, None]
             if dt > 0.0:
                 row[2] += dt
-            if b.path == ROOT:
-                root_bwd_end = b.b1
+            if path == ROOT:
+                root_bwd_end = b1
         last = root_bwd_end if root_bwd_end is not None else root_fwd_end
         root = mods.get(ROOT, [0, 0.0, 0.0, 0.0, None, None])
         finalize = 0.0
@@ -296,7 +301,8 @@ class _TimedForward:
         # live, and the timer's lean path applies (ModuleTimer._set_lean): one test instead of two
         self.lean = False
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, x=_MISSING, /, *args, **kwargs):
+        # (x apart: the common call's one tensor is tested without len() or indexing)
         timer = self.timer
         # The common call (a live wrapper, a forward, one tensor argument, no memory readings, no
         # profiler ranges, no CUDA graph capture) only appends two tuples to the step's flat log: one
@@ -305,10 +311,9 @@ class _TimedForward:
         # (``_materialize``): each bytecode here runs between the model's own ops, where it costs
         # several times what it costs in a loop (bench/RESULTS.md). Every test here is paid on every
         # module call.
-        if (self.lean and len(args) == 1 and not kwargs and type(args[0]) is _Tensor
+        if (self.lean and type(x) is _Tensor and not args and not kwargs
                 and _graph_task_id() == -1 and not (_dynamo_compiling() or _compiler._is_compiling_flag)
                 and not (timer._watch and timer._unusual())):
-            x = args[0]
             log = timer._flog
             mgen = timer._mgen
             grad = _grad_enabled()
@@ -349,6 +354,8 @@ class _TimedForward:
             except Exception as exc:
                 timer._internal_error(exc)
             return out
+        if x is not _MISSING:
+            args = (x, *args)
         if not (self.live and timer._on) or _is_compiling() or (timer._check_capture and timer._capturing()):
             return self.inner(*args, **kwargs)
         try:
@@ -485,9 +492,10 @@ class ModuleTimer:
         queued carry the old generation."""
         self._gen += 1
         log = self._log
-        for i, event in enumerate(log):  # (events not replayed yet keep their actions)
-            if event[0] == _FIRE:
-                log[i] = (_FIRE, event[1], event[2], list(event[3]))
+        if log:  # (events not replayed yet keep their actions)
+            for i, event in enumerate(log):
+                if event[0] == _FIRE:
+                    log[i] = (_FIRE, event[1], event[2], list(event[3]))
         for actions in self._hooked:
             actions.clear()
         self._hooked.clear()
@@ -866,7 +874,11 @@ class ModuleTimer:
                             # closes everything above this call's innermost open ancestor
                             while k and bstack[k - 1].path not in mine:
                                 k -= 1
-                            close(k, now, markers)
+                            if markers:
+                                close(k, now, markers)
+                            else:  # (close inline: the common case on a chain of siblings)
+                                while len(bstack) > k:
+                                    bstack.pop().b1 = now
                             n = k
                         b = _Bwd()
                         b.path, b.anc, b.call, b.task, b.b1, b.rc = path, mine, call, task, None, None
