@@ -382,10 +382,24 @@ def test_cuda_clock_path_defers_resolution_and_pools_events(monkeypatch):
 def _timed_forwards(model):
     from perfcheck.measure.module_timer import _TimedForward
 
-    return {n for n, m in model.named_modules() if isinstance(vars(m).get("forward"), _TimedForward)}
+    return {n for n, m in model.named_modules()
+            if isinstance(vars(m).get("forward"), _TimedForward) or isinstance(vars(m).get("_compiled_call_impl"), _TimedForward)}
 
 
-def test_timed_forward_keeps_signature_and_copies_run_their_own_forward():
+@pytest.fixture(params=["direct", "forward"])
+def route(request, monkeypatch):
+    """Both ways a module is timed without hooks: ``_compiled_call_impl`` (torch's Module.__call__
+    calls it instead of ``_call_impl``) and an instance ``forward``."""
+    from perfcheck.measure import module_timer
+
+    if request.param == "forward":
+        monkeypatch.setattr(module_timer, "_DIRECT_ROUTE", False)
+    else:
+        assert module_timer._DIRECT_ROUTE  # torch 2.13: Module.__call__ looks at _compiled_call_impl
+    return request.param
+
+
+def test_timed_forward_keeps_signature_and_copies_run_their_own_forward(route):
     import copy
     import inspect
     import io
@@ -416,7 +430,10 @@ def test_timed_forward_keeps_signature_and_copies_run_their_own_forward():
         assert len(pc._timer._calls) == calls_before  # the copy's calls are not recorded
     finally:
         pc.stop()
-    assert _timed_forwards(model) == set() and all("forward" not in vars(m) for m in model.modules())
+    assert _timed_forwards(model) == set()
+    assert all("forward" not in vars(m) and "_compiled_call_impl" not in vars(m) for m in model.modules())
+    direct = {n for n, m in model.named_modules() if "_compiled_call_impl" in vars(m)}
+    assert direct == set()
 
 
 def test_module_with_its_own_hooks_is_timed_through_hooks_with_their_work_inside():
@@ -478,8 +495,12 @@ def test_two_input_module_backward_ends_at_its_inputs():
     assert_close(row(pc, "right")["bwd_s_median"], 0.015, "right backward")
 
 
-def test_a_wrapper_put_over_ours_keeps_working_after_stop():
+def test_a_wrapper_put_over_ours_keeps_working_after_stop(monkeypatch):
     import functools
+
+    from perfcheck.measure import module_timer
+
+    monkeypatch.setattr(module_timer, "_DIRECT_ROUTE", False)  # the forward route: ours is model.a.forward
 
     model, x = TwoSleepy(), torch.randn(2, 4)
     pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None).start()

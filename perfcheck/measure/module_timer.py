@@ -5,14 +5,18 @@ How each interval is taken (nothing here changes inputs, outputs or grads)
 * Forward / recompute: from just before the module's ``forward`` runs to just after it returns (or
   raises). Two ways in, chosen per module at ``attach()``:
 
-  - a timed ``forward``: the instance attribute ``module.forward`` is set to a ``_TimedForward``
-    that takes the readings and calls the original. ``nn.Module.__call__`` then keeps its no-hook
-    fast path: measured on a chain of 101 ``Linear(8, 8)`` this costs ~1 us per call where a
-    forward pre-hook + forward hook pair costs ~12 us (bench/RESULTS.md). Used for modules with no
-    hooks of their own and no global module hooks. The attribute is removed at ``detach()``; a
-    ``deepcopy``/pickle of the module made meanwhile gets the plain bound ``forward`` (never one that
-    would run the original module), and ``inspect.signature`` sees the real signature
-    (``__wrapped__``).
+  - a ``_TimedForward`` instance attribute that takes the readings: ``module._compiled_call_impl``
+    (torch's ``Module.__call__`` calls it instead of ``_call_impl``; it makes ``_call_impl``'s own
+    no-hook test and calls ``forward``, so a timed call costs less than ``_call_impl``'s frame it
+    replaces), or, for classes with their own ``__call__``/``_call_impl``, ``module.forward``
+    (~1 us per call; a forward pre-hook + forward hook pair costs ~12 us: bench/RESULTS.md). Used
+    for modules with no hooks of their own and no global module hooks. The attribute is removed at
+    ``detach()``; a ``deepcopy``/pickle of the module made meanwhile runs its own plain forward
+    (never one that would run the original module), and ``inspect.signature`` sees the real
+    signature.
+  - the lean path of either (a forward call with one tensor argument, the common case) only
+    appends two tuples to a flat log per call; the per-call records are built from it when the
+    outermost call returns (``ModuleTimer._materialize``), in one loop.
   - forward hooks: a pre-hook with ``prepend=True`` (it runs before the module's other pre-hooks,
     so their work, e.g. DeepSpeed ZeRO-3's parameter gather or FSDP2's all-gather, is inside the
     interval) and a forward hook with ``always_call=True`` (last; also when forward raises). Used
@@ -87,6 +91,12 @@ else:  # another torch: the public function, and a flag that is never set
 #: True while the current CUDA stream is being captured into a CUDA graph (events cannot time it).
 _cuda_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 _MISSING = object()
+_tracing_state = torch._C._get_tracing_state
+_Module = torch.nn.Module
+# The direct route (see _TimedForward): torch's Module.__call__ calls an instance's
+# ``_compiled_call_impl`` when it is set (what ``Module.compile()`` uses), else ``_call_impl``.
+_DIRECT_ROUTE = (getattr(_Module, "_wrapped_call_impl", None) is _Module.__call__
+                 and getattr(_Module, "_compiled_call_impl", _MISSING) is None)
 # Backward actions a node hook carries, in the order they were noted (the order in which tensor
 # hooks on one tensor would fire).
 _START, _END, _END_ALL = 0, 1, 2
@@ -285,17 +295,33 @@ def _same(obj):
 
 
 class _TimedForward:
-    """``module.forward`` while attached: readings around a call of the original forward.
+    """Readings around a module's calls, installed as an instance attribute in one of two slots:
 
-    Inert (a plain call of the original) once ``live`` is False, so a wrapper someone else put on
+    * direct (``direct``, most modules): ``module._compiled_call_impl``, which torch's
+      ``Module.__call__`` calls instead of ``Module._call_impl``. When the module and the process
+      have no module hooks and no TorchScript tracing runs (``_call_impl``'s own fast-path test,
+      made here on every call, so hooks added later still run), it calls ``module.forward``
+      itself: the timer takes the place of ``_call_impl``'s frame instead of adding one (a chain
+      of 101 ``Linear(8, 8)``: -0.5 us per call against no timer at all, where a timed ``forward``
+      costs +1.2 us; bench/RESULTS.md). Otherwise it calls ``_call_impl`` (hooks inside the
+      interval). ``module.forward`` is untouched; ``Module.__getstate__`` leaves the slot out of
+      copies and pickles. Used when the class keeps torch's ``__call__`` and ``_call_impl`` and the
+      module is not compiled (``_compiled_call_impl`` unset).
+    * ``module.forward``: a call of the original forward (classes with their own ``__call__`` or
+      ``_call_impl``). ``deepcopy``/pickle give a copy the plain bound forward; ``inspect.signature``
+      sees the real one (``__wrapped__``).
+
+    Inert (a plain call of what it replaced) once ``live`` is False, so a wrapper someone else put on
     top of it (and restores later) never reaches a detached timer.
     """
 
-    def __init__(self, timer, path, mod, inner, prev):
+    def __init__(self, timer, path, mod, inner, prev, direct=False):
         # name, doc, __wrapped__ (inspect.signature sees the real one); not inner's __dict__, which
         # for an earlier _TimedForward would bring its timer and state along
         functools.update_wrapper(self, inner, updated=())
         self.timer, self.path, self.mod, self.inner, self.prev = timer, path, mod, inner, prev
+        self.direct = direct
+        self.slot = "_compiled_call_impl" if direct else "forward"
         self.mid = id(mod)
         self.live = True
         # live, and the timer's lean path applies (ModuleTimer._set_lean): one test instead of two
@@ -311,8 +337,15 @@ class _TimedForward:
         # (``_materialize``): each bytecode here runs between the model's own ops, where it costs
         # several times what it costs in a loop (bench/RESULTS.md). Every test here is paid on every
         # module call.
-        if (self.lean and type(x) is _Tensor and not args and not kwargs
-                and _graph_task_id() == -1 and not (_dynamo_compiling() or _compiler._is_compiling_flag)
+        # (the compile test first: while dynamo traces this, nothing after it is looked at)
+        mod = self.mod
+        if (self.lean and not (_dynamo_compiling() or _compiler._is_compiling_flag) and type(x) is _Tensor
+                and not args and not kwargs and _graph_task_id() == -1
+                and not (self.direct and (mod._forward_pre_hooks or mod._forward_hooks or mod._backward_pre_hooks
+                                          or mod._backward_hooks or _module_globals._global_forward_pre_hooks
+                                          or _module_globals._global_forward_hooks
+                                          or _module_globals._global_backward_pre_hooks
+                                          or _module_globals._global_backward_hooks or _tracing_state()))
                 and not (timer._watch and timer._unusual())):
             log = timer._flog
             mgen = timer._mgen
@@ -326,7 +359,7 @@ class _TimedForward:
                 ent = (self, grad, None, timer._now())
             log.append(ent)
             try:
-                out = self.inner(x)
+                out = mod.forward(x) if self.direct else self.inner(x)
             except BaseException:
                 timer._raised(timer._now(), self.mid)
                 raise
@@ -380,13 +413,19 @@ class _TimedForward:
         return out
 
     def __deepcopy__(self, memo):
-        # copy.deepcopy(model) while attached: the copy runs its own forward, untimed.
+        # copy.deepcopy(model) while attached: the copy runs its own forward, untimed. (The direct
+        # slot never reaches here through nn.Module, whose __getstate__ leaves it out; a copy made
+        # some other way gets torch's default, no compiled call.)
+        if self.direct:
+            return None
         new = memo.get(id(self.mod))
         if new is None:
             return self
         return _bound_class_forward(new) if self.prev is _MISSING else copy.deepcopy(self.prev, memo)
 
     def __reduce__(self):
+        if self.direct:
+            return (_same, (None,))
         return (_bound_class_forward, (self.mod,)) if self.prev is _MISSING else (_same, (self.prev,))
 
 
@@ -397,6 +436,13 @@ def _has_own_hooks(mod) -> bool:
 def _global_module_hooks() -> bool:
     return bool(_module_globals._global_forward_pre_hooks or _module_globals._global_forward_hooks
                 or _module_globals._global_backward_pre_hooks or _module_globals._global_backward_hooks)
+
+
+def _direct(mod) -> bool:
+    """Whether ``mod`` is timed through ``_compiled_call_impl`` (see ``_TimedForward``)."""
+    cls = type(mod)
+    return (_DIRECT_ROUTE and cls.__call__ is _Module.__call__ and cls._call_impl is _Module._call_impl
+            and mod.__dict__.get("_compiled_call_impl") is None)
 
 
 def _wrappable(mod) -> bool:
@@ -452,13 +498,14 @@ class ModuleTimer:
         use_wrappers = not _global_module_hooks()
         for path, mod in self.modules:
             if use_wrappers and _wrappable(mod):
-                prev = mod.__dict__.get("forward", _MISSING)
+                direct = _direct(mod)
+                prev = mod.__dict__.get("_compiled_call_impl" if direct else "forward", _MISSING)
                 fwd = self._fwd_cache.pop(id(mod), None)
-                if fwd is None or fwd.mod is not mod or fwd.prev is not prev:
-                    fwd = _TimedForward(self, path, mod, mod.forward, prev)
+                if fwd is None or fwd.mod is not mod or fwd.prev is not prev or fwd.direct != direct:
+                    fwd = _TimedForward(self, path, mod, mod._call_impl if direct else mod.forward, prev, direct)
                 fwd.live = True
                 fwd.lean = self._lean
-                mod.__dict__["forward"] = fwd
+                mod.__dict__[fwd.slot] = fwd
                 self._wrapped.append((mod, fwd))
             else:
                 self._handles.append(mod.register_forward_pre_hook(self._make_pre(path, mod), prepend=True,
@@ -472,13 +519,14 @@ class ModuleTimer:
         self._attached = False
         for mod, fwd in self._wrapped:
             fwd.live = fwd.lean = False
-            if mod.__dict__.get("forward") is fwd:
+            if mod.__dict__.get(fwd.slot) is fwd:
                 if fwd.prev is _MISSING:
-                    del mod.__dict__["forward"]
+                    del mod.__dict__[fwd.slot]
                 else:
-                    mod.__dict__["forward"] = fwd.prev
+                    mod.__dict__[fwd.slot] = fwd.prev
                 self._fwd_cache[id(mod)] = fwd
-            # else: someone wrapped forward over ours meanwhile; ours stays inside theirs, inert for good
+            # else: someone wrapped forward over ours meanwhile (or compiled the module); ours stays
+            # inside theirs, inert for good
         self._wrapped.clear()
         for h in self._handles:
             h.remove()
