@@ -12,11 +12,11 @@ so it is measured here and kept as data: ``host.process_slowdown_per_peer`` (HOS
 
 (linear in the number of peers: an assumption, exact at the N the case ran with).
 
-How. ``world_size`` worker processes (start method ``spawn``), each with ``threads`` intra-op threads,
-train the same host-bound workload: a chain of ``LAYERS`` ``Linear(WIDTH, WIDTH)`` (forward, cross
+How. ``world_size`` workers (this process and ``world_size - 1`` spawned ones), each with ``threads``
+intra-op threads, train the same host-bound workload: a chain of ``LAYERS`` ``Linear(WIDTH, WIDTH)`` (forward, cross
 entropy, backward, torch.optim.Adam step and zero_grad: dispatch, autograd, optimizer work, as a
-small model's step is). Rounds interleave "worker 0 alone" (the others wait on a pipe) and "all
-workers together"; each run times ``steps`` steps in process CPU time (``time.process_time``: the
+small model's step is). Rounds interleave "worker 0 (this process) alone" (the others wait on a pipe)
+and "all workers together"; each run times ``steps`` steps in process CPU time (``time.process_time``: the
 work, not the waiting for a core), keeps the median step, and a round's ratio is worker 0's median
 together over alone. The result is the median of the rounds' ratios. Checked to transfer: the same
 ratio for this chain and for LeNet's step, 1.029 vs 1.034 at 2 processes (bench/RESULTS.md).
@@ -36,11 +36,11 @@ MODES = {"quick": (20, 6, 60), "default": (30, 8, 80), "full": (40, 12, 120)}
 KEY = "process_slowdown_per_peer"
 
 
-def _worker(conn, seed: int, threads: int, warm: int) -> None:  # pragma: no cover - runs in a child process
+def _workload(seed: int):
+    """One training step of the case's chain (a fresh model, optimizer and batch seeded by ``seed``)."""
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(threads)
     torch.manual_seed(seed)
     model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -51,7 +51,24 @@ def _worker(conn, seed: int, threads: int, warm: int) -> None:  # pragma: no cov
         F.cross_entropy(model(x), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+    return step
 
+
+def _run(step, n: int) -> float:
+    """Median process CPU seconds of ``n`` steps."""
+    times = []
+    for _ in range(n):
+        t0 = time.process_time()
+        step()
+        times.append(time.process_time() - t0)
+    return statistics.median(times)
+
+
+def _worker(conn, seed: int, threads: int, warm: int) -> None:  # pragma: no cover - runs in a child process
+    import torch
+
+    torch.set_num_threads(threads)
+    step = _workload(seed)
     for _ in range(warm):
         step()
     conn.send("ready")
@@ -59,12 +76,7 @@ def _worker(conn, seed: int, threads: int, warm: int) -> None:  # pragma: no cov
         n = conn.recv()
         if n is None:
             return
-        times = []
-        for _ in range(n):
-            t0 = time.process_time()
-            step()
-            times.append(time.process_time() - t0)
-        conn.send(statistics.median(times))
+        conn.send(_run(step, n))
 
 
 def bench_concurrency(world_size: int = 2, mode: str = "quick", *, threads: int = 1, timeout_s: float = 120.0) -> dict:
@@ -76,6 +88,8 @@ def bench_concurrency(world_size: int = 2, mode: str = "quick", *, threads: int 
         raise UserError(f"mode: unknown {mode!r} (known: {', '.join(MODES)})")
     import multiprocessing as mp
 
+    import torch
+
     warm, rounds, steps = MODES[mode]
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
@@ -86,27 +100,37 @@ def bench_concurrency(world_size: int = 2, mode: str = "quick", *, threads: int 
             raise RuntimeError(f"process-concurrency case passed its {timeout_s:.0f} s limit")
         return conn.recv()
 
+    saved = torch.get_num_threads()
     try:
-        for rank in range(world_size):
+        # this process is worker 0 (one interpreter fewer to start); the others are spawned
+        for rank in range(1, world_size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker, args=(child, rank, threads, warm), daemon=True)
             proc.start()
             pipes.append(parent)
             procs.append(proc)
-        for conn in pipes:
-            recv(conn)
-        alone, together = [], []
-        for r in range(rounds):
-            for n in ((1, world_size) if r % 2 == 0 else (world_size, 1)):  # alternate the order
-                for conn in pipes[:n]:
-                    conn.send(steps)
-                out = [recv(conn) for conn in pipes[:n]]
-                (alone if n == 1 else together).append(out[0])
+        torch.set_num_threads(threads)
+        with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
+            step = _workload(0)
+            for _ in range(warm):
+                step()
+            for conn in pipes:
+                recv(conn)
+            alone, together = [], []
+            for r in range(rounds):
+                for n in ((1, world_size) if r % 2 == 0 else (world_size, 1)):  # alternate the order
+                    for conn in pipes[:n - 1]:
+                        conn.send(steps)
+                    mine = _run(step, steps)
+                    for conn in pipes[:n - 1]:
+                        recv(conn)
+                    (alone if n == 1 else together).append(mine)
         for conn in pipes:
             conn.send(None)
     except (EOFError, OSError) as exc:
         raise RuntimeError(f"process-concurrency case: a worker failed ({exc})") from None
     finally:
+        torch.set_num_threads(saved)
         for proc in procs:
             proc.join(timeout=5)
             if proc.is_alive():
