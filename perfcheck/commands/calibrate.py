@@ -23,7 +23,8 @@ def add_parser(subparsers):
     speed = p.add_mutually_exclusive_group()
     speed.add_argument("--quick", action="store_const", dest="mode", const="quick",
                        help="fewer shapes and repeats (CPU: the local cases take 4-13 s on a 2-core VM; the "
-                            "collectives and the DeepSpeed engine case add 30-110 s; --no-comm skips both)")
+                            "collectives, the process-concurrency and the DeepSpeed engine cases add 35-130 s; --no-comm "
+                            "skips them)")
     speed.add_argument("--full", action="store_const", dest="mode", const="full", help="more shapes, sizes and repeats")
     p.add_argument("--base", metavar="SYSTEM",
                    help="system to start from (name or JSON path; default: cpu, or this GPU's spec)")
@@ -35,7 +36,7 @@ def add_parser(subparsers):
                    help="base: keep datasheet peaks, efficiency = measured/peak (GPU default); "
                         "measured: peaks = best measured (CPU default)")
     p.add_argument("--no-comm", action="store_true", help="skip the multi-process collective benchmark (and the "
-                                                          "DeepSpeed engine case)")
+                                                          "process-concurrency and DeepSpeed engine cases)")
     p.add_argument("--no-deepspeed", action="store_true",
                    help="skip the DeepSpeed engine case (ZeRO stages' own host cost; run when DeepSpeed is installed)")
     p.add_argument("--world-size", type=positive_int, default=2, help="ranks for the CPU collective benchmark (default 2)")
