@@ -82,7 +82,7 @@ class TwoSleepy(nn.Module):
         return self.b(self.a(x))
 
 
-def test_forward_and_backward_match_known_sleeps():
+def test_forward_and_backward_match_known_sleeps(route):
     pc = run_steps(TwoSleepy(), lambda: (torch.randn(2, 4),))
     for path, fwd, bwd in (("a", 0.010, 0.030), ("b", 0.020, 0.010)):
         r = row(pc, path)
