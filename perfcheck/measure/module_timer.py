@@ -944,7 +944,11 @@ class ModuleTimer:
                         while k >= 0 and bstack[k].call is not call:
                             k -= 1
                         if k >= 0:
-                            close(k, now, markers)
+                            if markers:
+                                close(k, now, markers)
+                            else:
+                                while len(bstack) > k:
+                                    bstack.pop().b1 = now
                         elif call.bwd_task != task:
                             call.ended_task = task
             elif event == _TASK_END:
