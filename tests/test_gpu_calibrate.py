@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -146,3 +147,23 @@ def test_host_constants_are_measured_on_the_gpu_machine_and_reach_predictions(ca
     # LeNet's forward issues >= 10 computing aten ops (2 conv, 4 relu, 2 pool, 3 addmm): each costs
     # 9 more dispatches' worth
     assert scaled["host_fwd_s"] - base["host_fwd_s"] >= 10 * 9 * raw["host"]["op_dispatch_s"] * 0.99
+
+
+def test_unaligned_gemm_fraction_agrees_with_an_independent_timing(calibrated):
+    """efficiency.matrix_unaligned (alignment_cases: F.linear with n not a multiple of 16 bytes over
+    its aligned twin) against the same two shapes timed here with events: the median ratio within 20%."""
+    import torch.nn.functional as F
+    from perfcheck.hardware.calibrate.cases import ALIGN_SHAPES
+
+    path, _, _ = calibrated
+    got = json.loads(path.read_text())["efficiency"]["matrix_unaligned"]
+    ratios = []
+    for m, k, n in ALIGN_SHAPES:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        rates = []
+        for width in (n, -(-n // 8) * 8):
+            w = torch.randn(width, k, device="cuda", dtype=torch.bfloat16)
+            rates.append(2 * m * k * width / _event_seconds(lambda: F.linear(a, w), iters=10))
+        ratios.append(rates[0] / rates[1])
+    ref = min(1.0, statistics.median(ratios))
+    assert got == pytest.approx(ref, rel=0.2), (got, ratios)

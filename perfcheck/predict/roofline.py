@@ -48,7 +48,7 @@ def _scalar_out(value, *inputs):
     return value
 
 
-def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None):
+def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, unaligned=None):
     """Achievable fraction of the matrix peak; from the calibrated curves when the system has them.
 
     ``matrix_efficiency_curve`` gives efficiency by kernel size (FLOPs per kernel), interpolated
@@ -57,7 +57,9 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None):
     (``min_dim``: min(m, k, n); a 96-row Linear runs ~1.4x slower than a square GEMM of equal
     FLOPs on a CPU), interpolated in log(min_dim) and clamped; NaN or absent ``min_dim`` (a
     convolution, an unknown shape) uses factor 1. A per-dtype override (``efficiency.matrix_fp8``)
-    scales the curve by ``matrix_<dtype> / matrix``. Result is capped at 1.
+    scales the curve by ``matrix_<dtype> / matrix``. ``unaligned`` (1 for a GEMM whose row strides
+    are not 16-byte multiples, ``gemm_unaligned``; 0 or NaN otherwise) multiplies by the spec's
+    ``efficiency.matrix_unaligned`` (1 when the spec has none). Result is capped at 1.
     """
     system = load_system(system)
     flat = system.matrix_efficiency(dtype)
@@ -69,7 +71,16 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None):
         ys = np.array([p[1] for p in curve])
         x = np.log(np.maximum(np.asarray(flops_per_kernel, dtype=float), 1.0))
         eff = np.interp(x, xs, ys) * (flat / system.efficiency["matrix"])
-    return np.minimum(np.asarray(eff, dtype=float) * shape_factor(system, min_dim), 1.0)[()]
+    return np.minimum(np.asarray(eff, dtype=float) * shape_factor(system, min_dim)
+                      * alignment_factor(system, unaligned), 1.0)[()]
+
+
+def alignment_factor(system, unaligned):
+    """``efficiency.matrix_unaligned`` where ``unaligned`` is 1, else 1 (also without the key)."""
+    f = load_system(system).efficiency.get("matrix_unaligned", 1.0)
+    if unaligned is None:
+        return 1.0
+    return np.where(np.asarray(unaligned, dtype=float) == 1.0, f, 1.0)[()]
 
 
 def shape_factor(system, min_dim):
@@ -85,18 +96,19 @@ def shape_factor(system, min_dim):
     return np.where(np.isfinite(d) & (d > 0), f, 1.0)[()]
 
 
-def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, min_dim=None):
+def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, min_dim=None, unaligned=None):
     """Seconds to execute the FLOPs at achievable rates.
 
     ``kernels`` (optional) splits ``matrix_flops`` into equal kernels for the efficiency-curve
     lookup (FLOPs per kernel = matrix_flops / kernels); without it the whole is one kernel.
-    ``min_dim`` (optional): the GEMMs' smallest dimension, for the shape curve.
+    ``min_dim`` (optional): the GEMMs' smallest dimension, for the shape curve; ``unaligned``
+    (optional): 1 for GEMMs with a row stride that is not a 16-byte multiple (``gemm_unaligned``).
     """
     system = load_system(system)
     mf = _array(matrix_flops, "matrix_flops")
     of = _array(other_flops, "other_flops")
     per_kernel = mf if kernels is None else mf / np.maximum(_array(kernels, "kernels"), 1.0)
-    eff = matrix_efficiency(system, dtype, per_kernel, min_dim)
+    eff = matrix_efficiency(system, dtype, per_kernel, min_dim, unaligned)
     t = mf / (system.matrix_peak(dtype) * eff) + of / (system.vector_peak(dtype) * system.efficiency["vector"])
     return _scalar_out(t, matrix_flops, other_flops, kernels)
 
@@ -131,18 +143,20 @@ def memory_time_s(bytes_moved, system, *, kernels=None):
     return _scalar_out(t, bytes_moved)
 
 
-def op_time_s(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s=None, min_dim=None):
+def op_time_s(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s=None, min_dim=None,
+              unaligned=None):
     """``(time_s, bound)``: roofline time plus launch overhead, and what limits it.
 
     bound is "compute", "memory" or "overhead" (a str for scalar inputs, else a numpy str
     array). Ties between compute and memory go to "compute". ``launch_s`` replaces the spec's
     ``launch_overhead_s`` per kernel: the host model (perfcheck.predict.host) passes the
     device-side ``device_kernel_s`` because it costs dispatch on the host timeline itself.
-    ``min_dim``: GEMM smallest dimension per op (see ``matrix_efficiency``).
+    ``min_dim``, ``unaligned``: GEMM smallest dimension and stride alignment per op (see ``matrix_efficiency``).
     """
     system = load_system(system)
     k = _array(kernels, "kernels")
-    compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=kernels, min_dim=min_dim))
+    compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=kernels, min_dim=min_dim,
+                                        unaligned=unaligned))
     memory = np.asarray(memory_time_s(bytes_moved, system, kernels=kernels))
     roof = np.maximum(compute, memory)
     launch = k * (system.launch_overhead_s if launch_s is None else _array(launch_s, "launch_s"))
@@ -213,9 +227,33 @@ def gemm_min_dim(call) -> float:
     return float(min(m, k, n))
 
 
+#: Bytes a GEMM's row strides must be a multiple of for cuBLAS's fastest tensor-core kernels (16-byte
+#: vector loads): k and n multiples of 8 in bf16/fp16, of 4 in fp32/tf32. NVIDIA, "Matrix Multiplication
+#: Background User's Guide", Tensor Core Requirements (docs.nvidia.com/deeplearning/performance).
+GEMM_ALIGN_BYTES = 16
+
+
+def gemm_unaligned(call) -> float:
+    """1.0 when a matmul-family call (mm, addmm, bmm, baddbmm, matmul) has k or n (the row strides of
+    its operands and output, also of its backward GEMMs: dX = dY W^T, dW = X^T dY) that is not a
+    multiple of ``GEMM_ALIGN_BYTES`` bytes; 0.0 when both are; NaN for any other op or an unknown shape.
+    m (the rows) does not matter. GPT-2's lm_head (768 -> 50257, bf16) is unaligned."""
+    idx = {"mm": (0, 1), "bmm": (0, 1), "matmul": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2),
+           "addbmm": (1, 2)}.get(call.name)
+    if idx is None:
+        return float("nan")
+    try:
+        a, b = call.args[idx[0]], call.args[idx[1]]
+        k, n = int(a.shape[-1]), int(b.shape[-1])
+        size = int(a.elem_bytes) if hasattr(a, "elem_bytes") else int(a.element_size())  # TensorMeta | Tensor
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return float("nan")
+    return float((k * size) % GEMM_ALIGN_BYTES != 0 or (n * size) % GEMM_ALIGN_BYTES != 0)
+
+
 def op_device_times(ops, system, dtype, launch_s: float = None):
     """Device seconds and bound per op and phase for the estimator's op table (a DataFrame with
-    name, macs_*, other_*, bytes_*, kernels_*, min_dim): adds columns ``t_fwd``, ``t_bwd``,
+    name, macs_*, other_*, bytes_*, kernels_*, min_dim, optionally unaligned): adds columns ``t_fwd``, ``t_bwd``,
     ``bound_fwd``, ``bound_bwd`` and returns the frame.
 
     Per op: ``op_time_s`` with ``launch_s`` per kernel, the roofline part divided by the spec's
@@ -232,7 +270,8 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         launch = system.launch_overhead_s if launch_s is None else launch_s
         t, bound = op_time_s(2 * ops[f"macs_{phase}"].to_numpy(float), ops[f"other_{phase}"].to_numpy(float),
                              ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype, launch_s=launch,
-                             min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None)
+                             min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None,
+                             unaligned=ops["unaligned"].to_numpy(float) if "unaligned" in ops else None)
         t = np.asarray(t, dtype=float)
         roof = t - k * launch
         t = roof / eff + k * launch

@@ -153,6 +153,29 @@ def matmul_cases(dtype: str, squares, linear, device) -> list:
     return cases
 
 
+#: GEMMs timed with n not a multiple of 16 bytes and with their aligned twin (n rounded up to 8
+#: elements): (m, k, n). The first is GPT-2's lm_head at 8 x 1024 tokens (vocabulary 50257).
+ALIGN_SHAPES = ((8192, 768, 50257), (8192, 4096, 4097))
+
+
+def alignment_cases(dtype: str, device) -> list:
+    """``F.linear`` (m, k) -> n without bias, n unaligned (label ``unaligned MxKxN``) and the same
+    with n rounded up to a multiple of 8 (label ``aligned MxKxN``, the unaligned shape's name):
+    their rate ratio is ``efficiency.matrix_unaligned`` (perfcheck.predict.roofline.gemm_unaligned)."""
+    d = normalize_dtype(dtype)
+    tdt = _TORCH_DTYPES[d]
+    setup = _tf32(d == "tf32") if device.type == "cuda" else None
+    cases = []
+    for m, k, n in ALIGN_SHAPES:
+        for label, width in (("unaligned", n), ("aligned", -(-n // 8) * 8)):
+            a = torch.randn(m, k, device=device, dtype=tdt)
+            w = torch.randn(width, k, device=device, dtype=tdt)
+            cases.append(Case("gemm_align", f"{label} {m}x{k}x{n}",
+                              lambda a=a, w=w: torch.nn.functional.linear(a, w), d, 2.0 * m * k * width,
+                              (m * k + width * k + m * width) * a.element_size(), (m, k, width), setup=setup))
+    return cases
+
+
 def copy_cases(sizes_mb, device) -> list:
     cases = []
     for mb in sizes_mb:

@@ -193,6 +193,7 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
     _launch(d, table, threads)
     _host(d, table, threads)
     _matrix(d, table)
+    _alignment(d, table)
     _vector(d, table)
     _memory(d, table)
     _collectives(d, table)
@@ -209,6 +210,21 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
         matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
         sources=sources, **d.fields)
     return _module_costs(_row_costs(_per_op_costs(spec, table, d), table, d), table, d)
+
+
+def _alignment(d: _Draft, table) -> None:
+    """``efficiency.matrix_unaligned``: median over ``alignment_cases`` shapes of the unaligned GEMM's
+    rate over its aligned twin's (capped at 1); absent when not measured (CPU)."""
+    rows = table[table["kind"] == "gemm_align"]
+    rate = {r.label: r.flops / r.seconds for r in rows.itertuples() if r.seconds > 0}
+    ratios = sorted(rate[lab] / rate["aligned " + lab.split(" ", 1)[1]] for lab in rate
+                    if lab.startswith("unaligned ") and "aligned " + lab.split(" ", 1)[1] in rate)
+    if not ratios:
+        return
+    d.eff["matrix_unaligned"] = _cap(float(np.median(ratios)))
+    d.sources["efficiency.matrix_unaligned"] = (
+        f"{d.stamp}: F.linear rate with n not a multiple of 16 bytes over its aligned twin's (n rounded up to 8 "
+        f"elements), median of {len(ratios)} shapes ({', '.join(f'{x:.3f}' for x in ratios)})")
 
 
 def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:

@@ -60,7 +60,7 @@ import torch
 
 from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
                                                 launch_cases, matmul_cases, module_fixed_cases, op_efficiency_cases,
-                                                op_fixed_cases, row_cases,
+                                                op_fixed_cases, row_cases, alignment_cases,
                                                 run_cases, vector_cases)
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
 from perfcheck.errors import UserError
@@ -242,6 +242,8 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
         other = dev.type == "cpu" and d != reference_dtype("cpu", measured) and cfg.get("other_squares")
         group(f"matmul {d}", matmul_cases(d, cfg["other_squares"], (), dev) if other
               else matmul_cases(d, cfg["squares"], cfg["linear"], dev))
+    if dev.type == "cuda" and measured:  # row strides that are not 16-byte multiples (GPT-2's lm_head)
+        group("matmul alignment", alignment_cases("bf16" if "bf16" in measured else measured[0], dev))
     if comm:
         from perfcheck.hardware.calibrate.collectives import bench_collectives
 
