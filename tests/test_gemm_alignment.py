@@ -81,13 +81,17 @@ def test_matrix_unaligned_is_a_fraction(tmp_path):
 
 
 def test_calibration_fits_the_unaligned_fraction_by_hand():
-    """Two shapes, each timed unaligned and aligned (perfcheck.hardware.calibrate.cases.alignment_cases):
-    8192x768x50257 at 100 TFLOP/s against its twin (n = 50264) at 600 -> 1/6; 8192x4096x4097 at 300
-    against 4104 at 600 -> 1/2; the median of (1/6, 1/2) is 1/3. Without those rows the key is absent."""
+    """Two shapes, forward and backward each timed unaligned (perfcheck.hardware.calibrate.cases.
+    alignment_cases). The bf16 matmuls run at 0.8 of the 989.4 TFLOP/s peak at every size, so the model
+    times the aligned twin's F FLOPs at F / (0.8 x 989.4e12). Factor = model twin time / measured
+    unaligned time = rate_u / (0.8 x 989.4e12) x F_twin / F_u:
+    fwd 8192x768x50257 at 100 TFLOP/s: 0.12634 x 50264/50257; 8192x4096x4097 at 300: 0.37904 x 4104/4097;
+    median of two = their mean. bwd (both GEMMs) at 200 and 400 TFLOP/s likewise."""
     import pandas as pd
     from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
 
     stamp = "measured by perfcheck calibrate on testhost (test GPU), 2026-01-01 00:00 UTC, torch 2.13.0"
+    peak = 0.8 * 989.4e12
 
     def row(kind, label, seconds, dtype="fp32", m=0, k=0, n=0, flops=0.0, nbytes=0.0):
         return {"kind": kind, "label": label, "dtype": dtype, "m": m, "k": k, "n": n, "flops": flops,
@@ -95,22 +99,36 @@ def test_calibration_fits_the_unaligned_fraction_by_hand():
                 "repeats": 5, "iters": 1, "flops_per_s": flops / seconds if flops else math.nan,
                 "bytes_per_s": nbytes / seconds if nbytes else math.nan, "busbw_bytes_per_s": math.nan}
 
-    def case(label, m, k, n, rate):
-        flops = 2.0 * m * k * n
-        return row("gemm_align", f"{label} {m}x{k}x{n}", flops / rate, "bf16", m, k, n, flops)
+    def case(label, phase, m, k, n, rate):
+        width = n if label == "unaligned" else -(-n // 8) * 8
+        flops = (2.0 if phase == "fwd" else 4.0) * m * k * width
+        return row("gemm_align", f"{label} {phase} {m}x{k}x{n}", flops / rate, "bf16", m, k, width, flops,
+                   (m * k + width * k + m * width) * 2)
 
-    def mm(n, rate):
-        return row("matmul", f"mm {n}", 2.0 * n ** 3 / rate, "bf16", n, n, n, 2.0 * n ** 3, 3 * n * n * 2)
+    def mm(n):
+        return row("matmul", f"mm {n}", 2.0 * n ** 3 / peak, "bf16", n, n, n, 2.0 * n ** 3, 3 * n * n * 2)
 
     base = [row("launch", "op", 0.0), row("launch", "autograd", 6e-6),
-            row("copy", "copy 2 GiB", 2 * 2 ** 31 / 2.9e12, nbytes=2 * 2 ** 31),
-            mm(4096, 0.8 * 989.4e12), mm(8192, 0.8 * 989.4e12)]
-    align = [case("unaligned", 8192, 768, 50257, 100e12), case("aligned", 8192, 768, 50257, 600e12),
-             case("unaligned", 8192, 4096, 4097, 300e12), case("aligned", 8192, 4096, 4097, 600e12)]
+            row("copy", "copy 2 GiB", 2 * 2 ** 31 / 2.9e12, nbytes=2 * 2 ** 31), mm(4096), mm(8192)]
+    align = []
+    for phase, (r1, r2) in (("fwd", (100e12, 300e12)), ("bwd", (200e12, 400e12))):
+        align += [case("unaligned", phase, 8192, 768, 50257, r1), case("aligned", phase, 8192, 768, 50257, 600e12),
+                  case("unaligned", phase, 8192, 4096, 4097, r2), case("aligned", phase, 8192, 4096, 4097, 600e12)]
     spec = build_spec("h100-sxm", pd.DataFrame(base + align, columns=list(MEASUREMENT_COLUMNS)), peaks="base",
                       stamp=stamp, kind="gpu")
-    assert spec.efficiency["matrix_unaligned"] == pytest.approx(1 / 3)
-    assert spec.sources["efficiency.matrix_unaligned"].startswith(stamp)
+    want = {"matrix_unaligned": (100e12 / peak * 50264 / 50257 + 300e12 / peak * 4104 / 4097) / 2,
+            "matrix_unaligned_bwd": (200e12 / peak * 50264 / 50257 + 400e12 / peak * 4104 / 4097) / 2}
+    for key, value in want.items():
+        assert spec.efficiency[key] == pytest.approx(value, rel=1e-3), key
+        assert spec.sources[f"efficiency.{key}"].startswith(stamp)
     plain = build_spec("h100-sxm", pd.DataFrame(base, columns=list(MEASUREMENT_COLUMNS)), peaks="base",
                        stamp=stamp, kind="gpu")
     assert "matrix_unaligned" not in plain.efficiency
+
+
+def test_backward_uses_its_own_factor(tmp_path):
+    """matrix_unaligned_bwd = 0.5 with matrix_unaligned = 0.25: backward 2x, forward 4x the twin."""
+    spec = _spec_with(tmp_path, matrix_unaligned=0.25, matrix_unaligned_bwd=0.5)
+    slow, twin = _linear_fwd_s(50257, spec), _linear_fwd_s(50264, spec)
+    assert 3.7 < slow["pred_fwd_s"] / twin["pred_fwd_s"] < 4.0
+    assert 1.85 < slow["pred_bwd_s"] / twin["pred_bwd_s"] < 2.0

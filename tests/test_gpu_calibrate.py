@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -149,21 +148,27 @@ def test_host_constants_are_measured_on_the_gpu_machine_and_reach_predictions(ca
     assert scaled["host_fwd_s"] - base["host_fwd_s"] >= 10 * 9 * raw["host"]["op_dispatch_s"] * 0.99
 
 
-def test_unaligned_gemm_fraction_agrees_with_an_independent_timing(calibrated):
-    """efficiency.matrix_unaligned (alignment_cases: F.linear with n not a multiple of 16 bytes over
-    its aligned twin) against the same two shapes timed here with events: the median ratio within 20%."""
-    import torch.nn.functional as F
-    from perfcheck.hardware.calibrate.cases import ALIGN_SHAPES
+def test_unaligned_gemm_is_predicted_within_25_percent_of_an_event_timing(calibrated):
+    """GPT-2's lm_head shape (Linear(768, 50257), no bias, 8192 tokens, bf16: n is not a multiple of 16
+    bytes) predicted on the calibrated spec (efficiency.matrix_unaligned / _bwd) against its forward and
+    backward timed here with CUDA events. Before the alignment factor the model was 6.3x (fwd) and 3.9x
+    (bwd) too fast on an H100."""
+    import perfcheck
 
     path, _, _ = calibrated
-    got = json.loads(path.read_text())["efficiency"]["matrix_unaligned"]
-    ratios = []
-    for m, k, n in ALIGN_SHAPES:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        rates = []
-        for width in (n, -(-n // 8) * 8):
-            w = torch.randn(width, k, device="cuda", dtype=torch.bfloat16)
-            rates.append(2 * m * k * width / _event_seconds(lambda: F.linear(a, w), iters=10))
-        ratios.append(rates[0] / rates[1])
-    ref = min(1.0, statistics.median(ratios))
-    assert got == pytest.approx(ref, rel=0.2), (got, ratios)
+    eff = json.loads(path.read_text())["efficiency"]
+    assert 0 < eff["matrix_unaligned"] < 1 and 0 < eff["matrix_unaligned_bwd"] <= 1
+    lin = torch.nn.Linear(768, 50257, bias=False, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(8192, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    pred = perfcheck.estimate(lin, (x,), system=str(path)).set_index("module").loc["(root)"]
+    with torch.no_grad():
+        fwd = _event_seconds(lambda: lin(x), iters=10)
+    y = lin(x)
+    g = torch.randn_like(y)
+
+    def bwd():
+        y.backward(g, retain_graph=True)
+        x.grad = lin.weight.grad = None
+
+    assert pred["pred_fwd_s"] == pytest.approx(fwd, rel=0.25)
+    assert pred["pred_bwd_s"] == pytest.approx(_event_seconds(bwd, iters=10), rel=0.25)

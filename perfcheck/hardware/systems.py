@@ -41,7 +41,8 @@ EFFICIENCY_KEYS = ("matrix", "vector", "memory", "intra_node", "inter_node")
 #: or output (k or n elements) is not a multiple of 16 bytes (perfcheck.predict.roofline.gemm_unaligned):
 #: cuBLAS then cannot use its fastest (16-byte vector load) tensor-core kernels. Measured by ``perfcheck
 #: calibrate`` on a GPU (GPT-2's 50257-wide lm_head ran ~6x below the model on an H100, 2026-11-23).
-OPTIONAL_EFFICIENCY_KEYS = tuple(f"matrix_{d}" for d in DTYPES) + ("matrix_unaligned",)
+#: ``matrix_unaligned_bwd``: the same for the backward's two GEMMs (default: ``matrix_unaligned``).
+OPTIONAL_EFFICIENCY_KEYS = tuple(f"matrix_{d}" for d in DTYPES) + ("matrix_unaligned", "matrix_unaligned_bwd")
 
 SYSTEM_KINDS = ("gpu", "cpu")
 

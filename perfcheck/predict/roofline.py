@@ -48,7 +48,7 @@ def _scalar_out(value, *inputs):
     return value
 
 
-def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, unaligned=None):
+def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=None):
     """Achievable fraction of the matrix peak; from the calibrated curves when the system has them.
 
     ``matrix_efficiency_curve`` gives efficiency by kernel size (FLOPs per kernel), interpolated
@@ -57,9 +57,8 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, unalig
     (``min_dim``: min(m, k, n); a 96-row Linear runs ~1.4x slower than a square GEMM of equal
     FLOPs on a CPU), interpolated in log(min_dim) and clamped; NaN or absent ``min_dim`` (a
     convolution, an unknown shape) uses factor 1. A per-dtype override (``efficiency.matrix_fp8``)
-    scales the curve by ``matrix_<dtype> / matrix``. ``unaligned`` (1 for a GEMM whose row strides
-    are not 16-byte multiples, ``gemm_unaligned``; 0 or NaN otherwise) multiplies by the spec's
-    ``efficiency.matrix_unaligned`` (1 when the spec has none). Result is capped at 1.
+    scales the curve by ``matrix_<dtype> / matrix``. ``align`` (optional, per GEMM) multiplies it:
+    ``alignment_factor`` of GEMMs whose row strides are not 16-byte multiples. Result is capped at 1.
     """
     system = load_system(system)
     flat = system.matrix_efficiency(dtype)
@@ -72,12 +71,18 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, unalig
         x = np.log(np.maximum(np.asarray(flops_per_kernel, dtype=float), 1.0))
         eff = np.interp(x, xs, ys) * (flat / system.efficiency["matrix"])
     return np.minimum(np.asarray(eff, dtype=float) * shape_factor(system, min_dim)
-                      * alignment_factor(system, unaligned), 1.0)[()]
+                      * (1.0 if align is None else np.asarray(align, dtype=float)), 1.0)[()]
 
 
-def alignment_factor(system, unaligned):
-    """``efficiency.matrix_unaligned`` where ``unaligned`` is 1, else 1 (also without the key)."""
-    f = load_system(system).efficiency.get("matrix_unaligned", 1.0)
+def alignment_factor(system, unaligned, phase: str = "fwd"):
+    """Efficiency multiplier of GEMMs flagged ``unaligned`` (1: ``gemm_unaligned``), 1 for the others:
+    the spec's ``efficiency.matrix_unaligned`` in the forward, ``matrix_unaligned_bwd`` in the backward
+    (its two GEMMs lose less: GPT-2's lm_head ran 6.3x fwd, 3.9x bwd below the aligned model on an
+    H100), falling back to the forward's; 1 without either key."""
+    eff = load_system(system).efficiency
+    f = eff.get("matrix_unaligned", 1.0)
+    if phase == "bwd":
+        f = eff.get("matrix_unaligned_bwd", f)
     if unaligned is None:
         return 1.0
     return np.where(np.asarray(unaligned, dtype=float) == 1.0, f, 1.0)[()]
@@ -96,19 +101,19 @@ def shape_factor(system, min_dim):
     return np.where(np.isfinite(d) & (d > 0), f, 1.0)[()]
 
 
-def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, min_dim=None, unaligned=None):
+def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, min_dim=None, align=None):
     """Seconds to execute the FLOPs at achievable rates.
 
     ``kernels`` (optional) splits ``matrix_flops`` into equal kernels for the efficiency-curve
     lookup (FLOPs per kernel = matrix_flops / kernels); without it the whole is one kernel.
-    ``min_dim`` (optional): the GEMMs' smallest dimension, for the shape curve; ``unaligned``
-    (optional): 1 for GEMMs with a row stride that is not a 16-byte multiple (``gemm_unaligned``).
+    ``min_dim`` (optional): the GEMMs' smallest dimension, for the shape curve; ``align`` (optional):
+    the GEMMs' ``alignment_factor``.
     """
     system = load_system(system)
     mf = _array(matrix_flops, "matrix_flops")
     of = _array(other_flops, "other_flops")
     per_kernel = mf if kernels is None else mf / np.maximum(_array(kernels, "kernels"), 1.0)
-    eff = matrix_efficiency(system, dtype, per_kernel, min_dim, unaligned)
+    eff = matrix_efficiency(system, dtype, per_kernel, min_dim, align)
     t = mf / (system.matrix_peak(dtype) * eff) + of / (system.vector_peak(dtype) * system.efficiency["vector"])
     return _scalar_out(t, matrix_flops, other_flops, kernels)
 
@@ -144,19 +149,19 @@ def memory_time_s(bytes_moved, system, *, kernels=None):
 
 
 def op_time_s(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s=None, min_dim=None,
-              unaligned=None):
+              align=None):
     """``(time_s, bound)``: roofline time plus launch overhead, and what limits it.
 
     bound is "compute", "memory" or "overhead" (a str for scalar inputs, else a numpy str
     array). Ties between compute and memory go to "compute". ``launch_s`` replaces the spec's
     ``launch_overhead_s`` per kernel: the host model (perfcheck.predict.host) passes the
     device-side ``device_kernel_s`` because it costs dispatch on the host timeline itself.
-    ``min_dim``, ``unaligned``: GEMM smallest dimension and stride alignment per op (see ``matrix_efficiency``).
+    ``min_dim``, ``align``: GEMM smallest dimension and alignment factor per op (see ``matrix_efficiency``).
     """
     system = load_system(system)
     k = _array(kernels, "kernels")
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=kernels, min_dim=min_dim,
-                                        unaligned=unaligned))
+                                        align=align))
     memory = np.asarray(memory_time_s(bytes_moved, system, kernels=kernels))
     roof = np.maximum(compute, memory)
     launch = k * (system.launch_overhead_s if launch_s is None else _array(launch_s, "launch_s"))
@@ -271,7 +276,8 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         t, bound = op_time_s(2 * ops[f"macs_{phase}"].to_numpy(float), ops[f"other_{phase}"].to_numpy(float),
                              ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype, launch_s=launch,
                              min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None,
-                             unaligned=ops["unaligned"].to_numpy(float) if "unaligned" in ops else None)
+                             align=alignment_factor(system, ops["unaligned"].to_numpy(float), phase)
+                             if "unaligned" in ops else None)
         t = np.asarray(t, dtype=float)
         roof = t - k * launch
         t = roof / eff + k * launch

@@ -159,20 +159,35 @@ ALIGN_SHAPES = ((8192, 768, 50257), (8192, 4096, 4097))
 
 
 def alignment_cases(dtype: str, device) -> list:
-    """``F.linear`` (m, k) -> n without bias, n unaligned (label ``unaligned MxKxN``) and the same
-    with n rounded up to a multiple of 8 (label ``aligned MxKxN``, the unaligned shape's name):
-    their rate ratio is ``efficiency.matrix_unaligned`` (perfcheck.predict.roofline.gemm_unaligned)."""
+    """``F.linear`` (m, k) -> n without bias with n not a multiple of 16 bytes: its forward (label
+    ``unaligned fwd MxKxN``) and its backward's two GEMMs (``unaligned bwd MxKxN``: ``y.backward``
+    on a kept graph, both inputs needing gradients), and the same for the aligned twin (n rounded up
+    to 8 elements; ``aligned fwd MxKxN``, named by the unaligned shape). ``fit`` compares the
+    unaligned times with the estimator's time for the twin (``efficiency.matrix_unaligned``, ``_bwd``)."""
     d = normalize_dtype(dtype)
     tdt = _TORCH_DTYPES[d]
     setup = _tf32(d == "tf32") if device.type == "cuda" else None
     cases = []
     for m, k, n in ALIGN_SHAPES:
         for label, width in (("unaligned", n), ("aligned", -(-n // 8) * 8)):
-            a = torch.randn(m, k, device=device, dtype=tdt)
-            w = torch.randn(width, k, device=device, dtype=tdt)
-            cases.append(Case("gemm_align", f"{label} {m}x{k}x{n}",
-                              lambda a=a, w=w: torch.nn.functional.linear(a, w), d, 2.0 * m * k * width,
-                              (m * k + width * k + m * width) * a.element_size(), (m, k, width), setup=setup))
+            a = torch.randn(m, k, device=device, dtype=tdt, requires_grad=True)
+            w = torch.randn(width, k, device=device, dtype=tdt, requires_grad=True)
+            y = torch.nn.functional.linear(a, w)
+            g = torch.randn_like(y)
+            nbytes = (m * k + width * k + m * width) * a.element_size()
+
+            def fwd(a=a, w=w):
+                with torch.no_grad():
+                    return torch.nn.functional.linear(a, w)
+
+            def bwd(y=y, g=g, a=a, w=w):
+                y.backward(g, retain_graph=True)
+                a.grad = w.grad = None  # no accumulation kernels: the two GEMMs alone
+
+            cases += [Case("gemm_align", f"{label} fwd {m}x{k}x{n}", fwd, d, 2.0 * m * k * width, nbytes,
+                           (m, k, width), setup=setup),
+                      Case("gemm_align", f"{label} bwd {m}x{k}x{n}", bwd, d, 4.0 * m * k * width, 2 * nbytes,
+                           (m, k, width), setup=setup)]
     return cases
 
 

@@ -193,7 +193,6 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
     _launch(d, table, threads)
     _host(d, table, threads)
     _matrix(d, table)
-    _alignment(d, table)
     _vector(d, table)
     _memory(d, table)
     _collectives(d, table)
@@ -209,22 +208,39 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
         base, name=name or f"{base.name}-calibrated", description=description, kind=d.kind,
         matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
         sources=sources, **d.fields)
-    return _module_costs(_row_costs(_per_op_costs(spec, table, d), table, d), table, d)
+    return _alignment(_module_costs(_row_costs(_per_op_costs(spec, table, d), table, d), table, d), table, d)
 
 
-def _alignment(d: _Draft, table) -> None:
-    """``efficiency.matrix_unaligned``: median over ``alignment_cases`` shapes of the unaligned GEMM's
-    rate over its aligned twin's (capped at 1); absent when not measured (CPU)."""
+def _alignment(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
+    """``efficiency.matrix_unaligned`` (forward) and ``matrix_unaligned_bwd``: per ``alignment_cases``
+    shape, the estimator's time on this spec for the aligned twin's GEMMs (FLOPs at the calibrated
+    curve and shape factor) over the measured unaligned time; median over shapes, capped at 1. Relative
+    to the model's twin, not the twin's measured time, so the factor does not count the curve's own
+    error twice. Absent when not measured (CPU)."""
+    from perfcheck.predict import roofline
+
     rows = table[table["kind"] == "gemm_align"]
-    rate = {r.label: r.flops / r.seconds for r in rows.itertuples() if r.seconds > 0}
-    ratios = sorted(rate[lab] / rate["aligned " + lab.split(" ", 1)[1]] for lab in rate
-                    if lab.startswith("unaligned ") and "aligned " + lab.split(" ", 1)[1] in rate)
-    if not ratios:
-        return
-    d.eff["matrix_unaligned"] = _cap(float(np.median(ratios)))
-    d.sources["efficiency.matrix_unaligned"] = (
-        f"{d.stamp}: F.linear rate with n not a multiple of 16 bytes over its aligned twin's (n rounded up to 8 "
-        f"elements), median of {len(ratios)} shapes ({', '.join(f'{x:.3f}' for x in ratios)})")
+    if rows.empty:
+        return spec
+    meas = {r.label: r for r in rows.itertuples()}
+    eff, sources = dict(spec.efficiency), dict(spec.sources)
+    for phase, key in (("fwd", "matrix_unaligned"), ("bwd", "matrix_unaligned_bwd")):
+        ratios = []
+        for lab, r in meas.items():
+            twin = meas.get(lab.replace("unaligned ", "aligned ", 1))
+            if not lab.startswith(f"unaligned {phase} ") or twin is None or r.seconds <= 0:
+                continue
+            gemms = 1 if phase == "fwd" else 2  # dX = dY W, dW = dY^T X: each the forward's FLOPs
+            model, _ = roofline.op_time_s(float(twin.flops), 0.0, float(twin.bytes), float(gemms), spec, r.dtype,
+                                          launch_s=0.0, min_dim=float(min(twin.m, twin.k, twin.n)))
+            ratios.append(model / float(r.seconds))
+        if ratios:
+            eff[key] = _cap(float(np.median(ratios)))
+            sources[f"efficiency.{key}"] = (
+                f"{d.stamp}: F.linear {phase} with n not a multiple of 16 bytes, the estimator's time for its aligned "
+                f"twin (n rounded up to 8) over the measured time, median of {len(ratios)} shapes "
+                f"({', '.join(f'{x:.3f}' for x in sorted(ratios))})")
+    return dataclasses.replace(spec, efficiency=eff, sources=sources)
 
 
 def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
