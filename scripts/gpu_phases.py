@@ -9,8 +9,10 @@ For each workload of bench/accuracy.py (same models, batches, dtypes, loss, SGD)
 * ``synced``: the same phases each closed by ``torch.cuda.synchronize()``: max(host, device)
   per phase (plus one sync's latency).
 * ``step``: the whole step issued as bench/accuracy.py does, one synchronize at its end.
-* ``device``: one step under torch.profiler: kernel (+ memcpy/memset) seconds per phase
-  (record_function markers), and the top aten ops by count and host time.
+* ``device``: one step under torch.profiler: the top aten ops by count, host time and kernel time
+  (reliable), and kernel seconds per phase by the launching op's start inside the phase markers
+  (NOT reliable: on the H100, 2026-11-23, backward kernels were not attributed to ``bwd``; use the
+  op table, or perfcheck's own kernel table, for device time).
 
 and beside them the prediction (``perfcheck.estimate`` with ``--system``) of the same phases.
 Output: a markdown table per workload on stdout and a CSV (``--csv``).
