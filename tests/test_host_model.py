@@ -225,6 +225,20 @@ def test_calibration_cache_round_trip_and_labels(tmp_path, monkeypatch):
     assert other != path  # a calibration with other threads does not describe this run
 
 
+def test_cache_fingerprint_tells_machines_with_one_host_name_apart(monkeypatch):
+    """Lent cloud VMs are all named alike ("vm"): a calibration kept on one must not be found on another
+    (its host may be 1.6x faster, bench/RESULTS.md), so the machine id is part of the fingerprint."""
+    from perfcheck.hardware import cache
+
+    monkeypatch.setattr(cache.socket, "gethostname", lambda: "vm")
+    monkeypatch.setattr(cache, "machine_id", lambda: "a" * 32)
+    first = cache.cache_path("cpu", threads=1)
+    monkeypatch.setattr(cache, "machine_id", lambda: "b" * 32)
+    assert cache.cache_path("cpu", threads=1) != first
+    monkeypatch.setattr(cache, "machine_id", lambda: "a" * 32)
+    assert cache.cache_path("cpu", threads=1) == first  # the same machine finds its own entry
+
+
 # ---------------------------------------------------------------------------- findings, DeepSpeed, collectives
 def test_predicted_host_bound_finding_before_the_run():
     from perfcheck.analysis.findings import predicted_host_bound

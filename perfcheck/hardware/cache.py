@@ -2,8 +2,9 @@
 prediction made without an explicit system uses it when it matches the device, else the datasheet.
 
 Where: ``$PERFCHECK_CACHE_DIR``, else ``$XDG_CACHE_HOME/perfcheck``, else ``~/.cache/perfcheck``.
-One file per *fingerprint*: host name, device (CPU model or GPU name), torch version and, on a CPU,
-the intra-op thread count (a 1-thread calibration does not describe a 16-thread run). The file
+One file per *fingerprint*: host name and machine id (``/etc/machine-id``: cloud VMs are often all
+named alike, e.g. ``vm``, and a faster or slower host must not reuse another's host constants),
+device (CPU model or GPU name), torch version and, on a CPU, the intra-op thread count (a 1-thread calibration does not describe a 16-thread run). The file
 name is a readable slug plus a hash of the fingerprint, so a match is an exact match; the
 fingerprint is also stored in the spec's description for a reader.
 
@@ -60,8 +61,21 @@ def fingerprint(device=None, threads=None) -> dict:
         from perfcheck.hardware.calibrate.run import cpu_name
 
         name, threads = cpu_name().rsplit(",", 1)[0], threads or torch.get_num_threads()
-    return {"host": socket.gethostname(), "device_type": dev.type, "device": name, "torch": torch.__version__,
-            "threads": threads}
+    return {"host": socket.gethostname(), "machine": machine_id(), "device_type": dev.type, "device": name,
+            "torch": torch.__version__, "threads": threads}
+
+
+def machine_id() -> str:
+    """This machine's systemd/D-Bus machine id ("" where there is none: then the host name alone)."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path) as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value:
+            return value
+    return ""
 
 
 def cache_path(device=None, fp: Optional[dict] = None, threads=None) -> Path:
