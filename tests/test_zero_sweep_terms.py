@@ -178,3 +178,13 @@ def test_comparison_row_names_the_factor_it_applied(monkeypatch):
     assert "terms x1.250: 2 ranks share this host" in row["notes"]
     one = stages._row(st, facts["rank"], {**data, "facts": {**facts, "ranks_per_node": 1}}, spec)
     assert one["pred_process_slowdown"] == 1.0 and "share this host" not in one["notes"]
+
+
+def test_every_predicted_column_has_a_measured_twin_or_is_declared_predicted_only():
+    """The fast twin of the real sweep's CSV check: a new pred_ column of a stage row is either paired with
+    its meas_ column or listed in PREDICTED_ONLY (the process slowdown is an input of the prediction)."""
+    stages, st, facts = _stage0()
+    row = stages._row(st, facts["rank"], next(iter(st["ranks"].values())), _spec(process_slowdown_per_peer=0.1))
+    preds = [c for c in row if c.startswith("pred_")]
+    missing = [c for c in preds if c not in stages.PREDICTED_ONLY and "meas_" + c[len("pred_"):] not in row]
+    assert not missing, missing

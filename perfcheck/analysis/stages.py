@@ -38,8 +38,9 @@ PHASES = {"fwd": "fwd", "bwd": "bwd", "step": "optim"}
 #: Predicted parts with no measured twin: no clock separates them from the rest of their phase on a run
 #: (the host share of each phase; ZeRO-3's hooks and fetches; all-gather time, of which the profiler sees
 #: only the exposed part of every collective together). The stage-3 answer sets them beside the phases.
+#: ``pred_process_slowdown`` is the factor the prediction applied for the ranks sharing a host (an input).
 PREDICTED_ONLY = ("pred_fwd_host_s", "pred_bwd_host_s", "pred_optim_host_s", "pred_zero3_hooks_s",
-                  "pred_zero3_gather_host_s", "pred_allgather_s")
+                  "pred_zero3_gather_host_s", "pred_allgather_s", "pred_process_slowdown")
 BYTES_TOLERANCE = 0.05
 LOG_NAMES = ("launcher.log", "log.txt")
 
