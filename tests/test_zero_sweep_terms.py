@@ -1,6 +1,7 @@
 """The ZeRO sweep's multi-process terms (issue 12, session 4): the slowdown of ranks sharing a host applied
-to a constructed prediction by hand, the concurrency case's arithmetic and its real run, and the sweep
-measuring DeepSpeed's and the concurrency terms once into the calibration cache."""
+to a constructed prediction by hand, the concurrency case's arithmetic and its real run, the collectives'
+alpha and link from an all-reduce table by hand, and the sweep measuring DeepSpeed's, the collectives' and
+the concurrency terms once into the calibration cache."""
 import dataclasses
 import math
 from pathlib import Path
@@ -115,18 +116,61 @@ def test_real_concurrency_case_writes_a_sane_value():
     assert 0.8 < r["factor"] < 3.0 and 0.0 <= r["per_peer"] < 2.0
 
 
-def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch):
-    """A cached calibration without DeepSpeed's or the concurrency terms gets both measured (the cases are
-    replaced by planted results here), saved to the cache file, and a second sweep measures nothing."""
-    from perfcheck.hardware import cache
-    from perfcheck.hardware.calibrate import deepspeed_cases
+def _allreduce_table(rows):
+    """A measurement table of all-reduce rows (bytes S, seconds) across 2 ranks, busbw = S / t (factor 1)."""
+    from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
+
+    return pd.DataFrame([{"kind": "allreduce", "label": f"allreduce {b} B", "dtype": "fp32", "m": 0, "k": 0, "n": 0,
+                          "flops": 0.0, "bytes": float(b), "world_size": 2, "seconds": t, "seconds_min": t,
+                          "seconds_max": t, "repeats": 3, "iters": 1, "flops_per_s": math.nan,
+                          "bytes_per_s": b / t, "busbw_bytes_per_s": b / t} for b, t in rows],
+                        columns=list(MEASUREMENT_COLUMNS))
+
+
+def test_collectives_apply_by_hand():
+    """4 KiB 2 ms (a stall), 64 KiB 1.3 ms, 4 MiB 6 ms. Link: 4194304 B / 6 ms = 699 MB/s (bus factor 1 at 2
+    ranks), efficiency 1 (a CPU's measured convention). Alpha: the least of each smaller size less its bytes
+    at the 4 MiB rate: 4 KiB 2 ms - 6 ms / 1024 = 1.994 ms; 64 KiB 1.3 - 6 / 64 = 1.206 ms -> 1.206 ms.
+    A 248024 B all-reduce is then 1.206 ms + 248024 / 699 MB/s (0.355 ms) = 1.561 ms."""
+    from perfcheck.hardware.calibrate import collectives
     from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.predict.collectives import collective_time_s
+
+    base = dataclasses.replace(load_system("cpu"), name="cpu-auto-calibrated", calibrated=True,
+                               sources={**dict(load_system("cpu").sources),
+                                        "intra_node_bandwidth_bytes_per_s": "from base spec 'cpu' (not measured): x"})
+    assert not collectives.measured_here(base) and "collectives" in sweep.missing_terms(base)
+    table = _allreduce_table([(4096, 2 * MS), (65536, 1.3 * MS), (4194304, 6 * MS)])
+    out = collectives.apply(base, table, "vm, 2026-11-23")
+    assert out.intra_node_bandwidth_bytes_per_s == pytest.approx(4194304 / 6e-3)
+    assert out.efficiency["intra_node"] == 1.0
+    assert host_constants(out)["collective_latency_s"] == pytest.approx(1.3e-3 - 6e-3 / 64)
+    assert collective_time_s("allreduce", 248024, 2, out) == pytest.approx(1.20625e-3 + 248024 / (4194304 / 6e-3))
+    assert collectives.measured_here(out) and "collectives" not in sweep.missing_terms(out)
+    assert "64 KiB" in out.sources["host.collective_latency_s"] and "vm, 2026-11-23" in out.sources[
+        "intra_node_bandwidth_bytes_per_s"]
+    assert host_constants(out)["zero0_fwd_s"] == host_constants(base)["zero0_fwd_s"]  # nothing else moves
+    assert out.matrix_flops_per_s == base.matrix_flops_per_s and out.name == base.name
+    # one size: a link but no alpha -> still missing (the sweep reports the case as not measured)
+    one = collectives.apply(base, _allreduce_table([(4194304, 6 * MS)]), "s")
+    assert "collectives" in sweep.missing_terms(one)
+
+
+def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch):
+    """A cached calibration without DeepSpeed's, the collectives' or the concurrency terms gets all three
+    measured (the cases are replaced by planted results here), saved to the cache file, and a second sweep
+    measures nothing."""
+    from perfcheck.hardware import cache
+    from perfcheck.hardware.calibrate import collectives, deepspeed_cases
+    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.predict.collectives import collective_time_s
 
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path))
     base = dataclasses.replace(load_system("cpu"), name="cpu-auto-calibrated", calibrated=True)
     path = base.save(cache.cache_path("cpu", threads=1))
     spec = cache.cached_spec("cpu", threads=1, auto=False)
-    assert sweep.missing_terms(spec) == ["deepspeed", "concurrency"]
+    assert sweep.missing_terms(spec) == ["deepspeed", "collectives", "concurrency"]
+    default_ar = collective_time_s("allreduce", 248024, 2, spec)
     calls = []
 
     def fake_ds(mode, *, threads):
@@ -137,6 +181,11 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
         return dataclasses.replace(spec, host={**dict(spec.host), "zero0_fwd_s": 123 * US},
                                    sources={**dict(spec.sources), "host.zero0_fwd_s": "measured"})
 
+    def fake_comm(sizes, *, kinds, world_size, device, repeats, target_s, timeout_s):
+        calls.append(("collectives", tuple(sizes), tuple(kinds), world_size, device))
+        # 64 KiB 1.3 ms, 4 MiB 6 ms: alpha 1.206 ms, link 699 MB/s (test_collectives_apply_by_hand)
+        return _allreduce_table([(4096, 2 * MS), (65536, 1.3 * MS), (4194304, 6 * MS)])
+
     def fake_conc(n, mode, *, threads):
         calls.append(("concurrency", n, mode))
         return concurrency.summarize([1.1], n, MS, 1.1 * MS)
@@ -144,27 +193,80 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     monkeypatch.setattr(deepspeed_cases, "available", lambda: True)
     monkeypatch.setattr(deepspeed_cases, "bench_deepspeed", fake_ds)
     monkeypatch.setattr(deepspeed_cases, "apply", fake_ds_apply)
+    monkeypatch.setattr(collectives, "bench_collectives", fake_comm)
     monkeypatch.setattr(concurrency, "bench_concurrency", fake_conc)
     said = []
     out = sweep.calibrate_sweep_terms(spec, ranks=2, threads=1, say=said.append)
-    assert calls == [("deepspeed", "quick", 1), ("concurrency", 2, "quick")]
+    # the quick calibration's all-reduce sizes (4 KiB, 64 KiB, 4 MiB) at the sweep's 2 ranks
+    assert calls == [("deepspeed", "quick", 1), ("collectives", (4096, 65536, 4194304), ("allreduce",), 2, "cpu"),
+                     ("concurrency", 2, "quick")]
     assert host_constants(out)["zero0_fwd_s"] == pytest.approx(123 * US)
     assert host.process_slowdown(out, 2) == pytest.approx(1.1)
+    assert host_constants(out)["collective_latency_s"] == pytest.approx(1.20625e-3)
     kept = cache.cached_spec("cpu", threads=1, auto=False)
     assert sweep.missing_terms(kept) == [] and kept.name == "cpu-auto-calibrated" and path.is_file()
     assert host_constants(kept)["process_slowdown_per_peer"] == pytest.approx(0.1)
+    # the predicted 248 KB all-reduce moved from the defaults' to the measured alpha + bytes / link
+    assert collective_time_s("allreduce", 248024, 2, kept) == pytest.approx(1.20625e-3 + 248024 / (4194304 / 6e-3))
+    assert collective_time_s("allreduce", 248024, 2, kept) != pytest.approx(default_ar)
     calls.clear()
     sweep.calibrate_sweep_terms(kept, ranks=2, threads=1, say=said.append)
     assert calls == []
-    # one rank per host: nothing to measure for concurrency; a failing case leaves its defaults, one line
-    spec = cache.cached_spec("cpu", threads=1, auto=False)
+    # one rank per host: nothing to measure between ranks; a failing case leaves its defaults, one line
     monkeypatch.setattr(deepspeed_cases, "bench_deepspeed", lambda mode, *, threads: (_ for _ in ()).throw(
         RuntimeError("engine case failed")))
     fresh = dataclasses.replace(load_system("cpu"), name="x", calibrated=True)
     said.clear()
     out = sweep.calibrate_sweep_terms(fresh, ranks=1, threads=1, say=said.append)
-    assert calls == [] and any("engine case failed" in m for m in said)
-    assert sweep.missing_terms(out) == ["deepspeed", "concurrency"]
+    assert calls == [] and [m for m in said if "engine case failed" in m] == [
+        "perfcheck sweep: deepspeed case not measured (engine case failed); its host terms stay the defaults"]
+    assert sweep.missing_terms(out) == ["deepspeed", "collectives", "concurrency"]
+
+
+def test_sweep_collectives_failure_leaves_the_defaults_and_says_so_once(tmp_path, monkeypatch):
+    """The collectives' processes fail (CollectiveBenchError, a RuntimeError): one line names the case, alpha
+    and the link stay the defaults' (the 248 KB all-reduce's prediction is unchanged), the other families are
+    still measured, and the cache keeps them without the collectives (the next sweep tries again)."""
+    from perfcheck.hardware import cache
+    from perfcheck.hardware.calibrate import collectives, deepspeed_cases
+    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.predict.collectives import collective_time_s
+
+    monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path))
+    spec = dataclasses.replace(load_system("cpu"), name="cpu-auto-calibrated", calibrated=True,
+                               sources={**dict(load_system("cpu").sources), "host.zero0_fwd_s": "measured"})
+    before = collective_time_s("allreduce", 248024, 2, spec)
+
+    def broken(*a, **k):
+        raise collectives.CollectiveBenchError("collective benchmark failed: process 1 terminated with exit code 1")
+
+    monkeypatch.setattr(collectives, "bench_collectives", broken)
+    monkeypatch.setattr(deepspeed_cases, "available", lambda: True)
+    monkeypatch.setattr(concurrency, "bench_concurrency", lambda n, mode, *, threads: concurrency.summarize(
+        [1.2], n, MS, 1.2 * MS))
+    said = []
+    out = sweep.calibrate_sweep_terms(spec, ranks=2, threads=1, say=said.append)
+    failed = [m for m in said if "not measured" in m]
+    assert failed == ["perfcheck sweep: collectives case not measured (collective benchmark failed: process 1 "
+                      "terminated with exit code 1); its host terms stay the defaults"]
+    assert collective_time_s("allreduce", 248024, 2, out) == pytest.approx(before)
+    assert host.process_slowdown(out, 2) == pytest.approx(1.2)
+    kept = cache.cached_spec("cpu", threads=1, auto=False)
+    assert sweep.missing_terms(kept) == ["collectives"]
+
+
+@pytest.mark.slow
+def test_real_collectives_case_of_the_sweep(monkeypatch):
+    """The sweep's collectives case for real (2 gloo ranks, ~10 s here): both constants measured, alpha a
+    loopback round trip can give (1 us - 50 ms), a link a host's memory can carry (1 MB/s - 200 GB/s)."""
+    from perfcheck.hardware.calibrate import collectives
+    from perfcheck.integrations.deepspeed import sweep
+
+    spec = dataclasses.replace(load_system("cpu"), name="x", calibrated=True)
+    out = sweep._measure("collectives", spec, ranks=2, threads=1, stamp="test")
+    assert collectives.measured_here(out)
+    assert 1e-6 < host_constants(out)["collective_latency_s"] < 0.05
+    assert 1e6 < out.intra_node_bandwidth_bytes_per_s * out.efficiency["intra_node"] < 2e11
 
 
 def test_comparison_row_names_the_factor_it_applied(monkeypatch):

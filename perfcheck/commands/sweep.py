@@ -78,11 +78,11 @@ def _split(text: str) -> list:
 def _calibrate_first(opts):
     """On a CPU, measure this machine's quick calibration for the ranks' thread count before they start,
     when the cache has none (perfcheck.hardware.cache; ranks never calibrate themselves, and
-    PERFCHECK_AUTO_CALIBRATE=0 skips it), and once per machine the two multi-process families the
-    sweep's prediction needs and the quick calibration leaves at their defaults: DeepSpeed's own host
-    work per ZeRO stage and the slowdown of the ranks sharing the host
-    (``integrations.deepspeed.sweep.calibrate_sweep_terms``). The ranks' predictions and the comparison
-    then use them."""
+    PERFCHECK_AUTO_CALIBRATE=0 skips it), and once per machine the three families the sweep's prediction
+    needs and the quick calibration (one process) leaves at their defaults: DeepSpeed's own host work per
+    ZeRO stage, the collectives' alpha and link (gloo all-reduce between the sweep's ranks) and the slowdown
+    of the ranks sharing the host (``integrations.deepspeed.sweep.calibrate_sweep_terms``). The ranks'
+    predictions and the comparison then use them."""
     import os
 
     import torch
@@ -98,7 +98,7 @@ def _calibrate_first(opts):
         threads = 1
     spec = cached_spec("cpu", threads=threads)
     if spec is not None and auto_calibration_enabled():
-        # a hostfile's slots per node are the launcher's: the concurrency case is left to `perfcheck calibrate`
+        # a hostfile's slots per node are the launcher's: the multi-process cases are left to `perfcheck calibrate`
         calibrate_sweep_terms(spec, ranks=1 if opts.hostfile else local_ranks(opts, 0), threads=threads)
 
 

@@ -275,33 +275,65 @@ def run_stage(opts: SweepOptions, stage: str, index: int, count: int, *, gpus: i
 
 
 # ----------------------------------------------------------------------- the calibration the sweep needs
-#: Host constants a sweep's prediction takes from this machine's cache, each family with the source key that
-#: says it was measured here (``apply`` of each case writes it): DeepSpeed's own work per ZeRO stage, and
-#: the slowdown of processes sharing the host.
-SWEEP_TERMS = {"deepspeed": "host.zero0_fwd_s", "concurrency": "host.process_slowdown_per_peer"}
+#: Host constants a sweep's prediction takes from this machine's cache, each family with the source key(s)
+#: that say it was measured here (``apply`` of each case writes them): DeepSpeed's own work per ZeRO stage,
+#: the collectives' alpha and link bandwidth (gloo between the ranks), and the slowdown of processes
+#: sharing the host. Measured in this order.
+SWEEP_TERMS = {"deepspeed": ("host.zero0_fwd_s",),
+               "collectives": ("host.collective_latency_s", "intra_node_bandwidth_bytes_per_s"),
+               "concurrency": ("host.process_slowdown_per_peer",)}
+#: Families measured between the ranks of this host: nothing to measure with one rank here.
+MULTI_PROCESS = ("collectives", "concurrency")
 
 
 def missing_terms(spec) -> list:
-    """The ``SWEEP_TERMS`` families ``spec`` (a cached calibration) has not measured: their constants are
-    host_defaults.json's, from another machine or another load."""
-    return [name for name, key in SWEEP_TERMS.items() if key not in dict(getattr(spec, "sources", {}) or {})]
+    """The ``SWEEP_TERMS`` families ``spec`` (a cached calibration) has not measured: a key without a source,
+    or with one a base spec handed down ("from base spec ...": the built-in cpu spec's link is "a rough
+    default"), is host_defaults.json's or the base's, from another machine or another load."""
+    sources = dict(getattr(spec, "sources", {}) or {})
+    return [name for name, keys in SWEEP_TERMS.items()
+            if not all(k in sources and not str(sources[k]).startswith("from base spec") for k in keys)]
+
+
+def _measure(name: str, spec, *, ranks: int, threads: int, stamp: str):
+    """``spec`` with one family measured (quick mode); raises RuntimeError/UserError when its case fails."""
+    from perfcheck.hardware.calibrate import collectives, concurrency, deepspeed_cases
+
+    if name == "deepspeed":
+        return deepspeed_cases.apply(spec, deepspeed_cases.bench_deepspeed("quick", threads=threads), stamp)
+    if name == "collectives":
+        from perfcheck.hardware.calibrate.run import MODES
+
+        quick = MODES["quick"]  # what `perfcheck calibrate --quick` measures: all-reduce at 4 KiB, 64 KiB, 4 MiB
+        table = collectives.bench_collectives([k * 1024 for k in quick["comm_kib"]], kinds=quick["comm_kinds"],
+                                              world_size=ranks, device="cpu", repeats=quick["repeats"],
+                                              target_s=quick["target_s"], timeout_s=120.0)
+        out = collectives.apply(spec, table, stamp)
+        if "collectives" in missing_terms(out):
+            raise RuntimeError("the all-reduce timings gave no alpha (fewer than two sizes measured)")
+        return out
+    return concurrency.apply(spec, concurrency.bench_concurrency(ranks, "quick", threads=threads), stamp)
 
 
 def calibrate_sweep_terms(spec, *, ranks: int, threads: int = 1, say: Callable[[str], None] = print):
     """``spec`` (this CPU's cached calibration) with the families ``missing_terms`` names measured and kept in
-    the cache beside the rest: the DeepSpeed engine case (quick mode, one rank, ~15-25 s here) and the
+    the cache beside the rest: the DeepSpeed engine case (quick mode, one rank, ~15 s here), the gloo
+    all-reduce case at ``ranks`` processes (``perfcheck calibrate --quick``'s: 3 sizes, ~5 s) and the
     process-concurrency case at ``ranks`` processes (~5-10 s). Once per machine; each failure is one
-    line and leaves that family at its defaults. Returns the spec to predict with (None passes through)."""
+    line and leaves that family at its defaults (the next sweep tries again). Returns the spec to predict
+    with (None passes through)."""
     import time as _time
 
     from perfcheck.hardware.cache import cache_path
-    from perfcheck.hardware.calibrate import concurrency, deepspeed_cases
+    from perfcheck.hardware.calibrate import deepspeed_cases
     from perfcheck.hardware.calibrate.run import provenance
 
     todo = missing_terms(spec) if spec is not None else []
     if ranks < 2:
-        todo = [t for t in todo if t != "concurrency"]
-    if not todo or not deepspeed_cases.available():
+        todo = [t for t in todo if t not in MULTI_PROCESS]
+    if "deepspeed" in todo and not deepspeed_cases.available():
+        todo.remove("deepspeed")
+    if not todo:
         return spec
     import torch
 
@@ -316,10 +348,7 @@ def calibrate_sweep_terms(spec, *, ranks: int, threads: int = 1, say: Callable[[
         say(f"perfcheck sweep: measuring this CPU's {name} host terms once (kept in the calibration cache; "
             f"PERFCHECK_AUTO_CALIBRATE=0 skips it)")
         try:
-            if name == "deepspeed":
-                spec = deepspeed_cases.apply(spec, deepspeed_cases.bench_deepspeed("quick", threads=threads), stamp)
-            else:
-                spec = concurrency.apply(spec, concurrency.bench_concurrency(ranks, "quick", threads=threads), stamp)
+            spec = _measure(name, spec, ranks=ranks, threads=threads, stamp=stamp)
         except (RuntimeError, UserError) as exc:
             say(f"perfcheck sweep: {name} case not measured ({exc}); its host terms stay the defaults")
             continue
