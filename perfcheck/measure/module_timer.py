@@ -302,8 +302,8 @@ class _TimedForward:
       have no module hooks and no TorchScript tracing runs (``_call_impl``'s own fast-path test,
       made here on every call, so hooks added later still run), it calls ``module.forward``
       itself: the timer takes the place of ``_call_impl``'s frame instead of adding one (a chain
-      of 101 ``Linear(8, 8)``: -0.5 us per call against no timer at all, where a timed ``forward``
-      costs +1.2 us; bench/RESULTS.md). Otherwise it calls ``_call_impl`` (hooks inside the
+      of 101 ``Linear(8, 8)``, the wrapper alone: -0.3 to -0.5 us per call against no wrapper at
+      all, where a wrapper as ``forward`` costs +1.05 to +1.2 us; bench/RESULTS.md). Otherwise it calls ``_call_impl`` (hooks inside the
       interval). ``module.forward`` is untouched; ``Module.__getstate__`` leaves the slot out of
       copies and pickles. Used when the class keeps torch's ``__call__`` and ``_call_impl`` and the
       module is not compiled (``_compiled_call_impl`` unset).
