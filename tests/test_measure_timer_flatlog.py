@@ -229,3 +229,35 @@ def test_dynamo_traces_through_a_timed_module_without_timing_it_or_breaking_the_
     finally:
         pc.stop()
         torch._dynamo.reset()
+
+
+class OwnCall(Sleepy):
+    """A class with its own ``__call__``: torch's Module.__call__ (which looks at
+    ``_compiled_call_impl``) never runs for it, so it is timed through its ``forward``."""
+
+    def __call__(self, *args, **kwargs):
+        return super().__call__(*args, **kwargs)
+
+
+class WithOwnCall(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = OwnCall(0.010, 0.030), Sleepy(0.020, 0.010)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_a_class_with_its_own_call_is_timed_through_its_forward():
+    model = WithOwnCall()
+    pc = PerfCheck(model, warmup=1, steps=2, profile=False, sample_interval=None)
+    with pc:
+        assert isinstance(vars(model.a).get("forward"), module_timer._TimedForward)
+        assert "_compiled_call_impl" not in vars(model.a) and "_compiled_call_impl" in vars(model.b)
+        while not pc.done:
+            model(torch.randn(2, 4)).sum().backward()
+            pc.step()
+    for path, fwd, bwd in (("a", 0.010, 0.030), ("b", 0.020, 0.010)):
+        assert_close(row(pc, path)["fwd_s_median"], fwd, f"{path} forward")
+        assert_close(row(pc, path)["bwd_s_median"], bwd, f"{path} backward")
+    assert "forward" not in vars(model.a) and "_compiled_call_impl" not in vars(model.b)

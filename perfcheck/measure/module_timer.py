@@ -346,7 +346,8 @@ class _TimedForward:
                                           or _module_globals._global_forward_hooks
                                           or _module_globals._global_backward_pre_hooks
                                           or _module_globals._global_backward_hooks or _tracing_state()))
-                and not (timer._watch and timer._unusual())):
+                and not (timer._watch and ((timer.ranges and _profiler._is_profiler_enabled)
+                                           or (timer._check_capture and timer._capturing())))):
             log = timer._flog
             mgen = timer._mgen
             grad = _grad_enabled()
@@ -479,6 +480,7 @@ class ModuleTimer:
         # _TimedForward's lean path applies (no per-call memory reading, root inputs already recorded)
         self._lean = False
         # the lean path has to look at the profiler (ranges) or at CUDA graph capture on each call
+        # (inline there, behind this one flag: PerfCheck's default profile=True makes it True)
         self._watch = ranges or self._check_capture
         self._inputs_eval = False  # first_root_inputs came from an eval (grad-disabled) call
 
@@ -627,10 +629,6 @@ class ModuleTimer:
         self._lean = lean
         for _, fwd in self._wrapped:
             fwd.lean = lean and fwd.live
-
-    def _unusual(self) -> bool:
-        """The profiler records with ranges on, or the current CUDA stream is being captured."""
-        return bool(self.ranges and _profiler._is_profiler_enabled) or (self._check_capture and self._capturing())
 
     def mark_failed(self):
         self._failed = True
