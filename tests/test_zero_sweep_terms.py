@@ -132,7 +132,7 @@ def test_collectives_apply_by_hand():
     ranks), efficiency 1 (a CPU's measured convention). Alpha: the least of each smaller size less its bytes
     at the 4 MiB rate: 4 KiB 2 ms - 6 ms / 1024 = 1.994 ms; 64 KiB 1.3 - 6 / 64 = 1.206 ms -> 1.206 ms.
     A 248024 B all-reduce is then 1.206 ms + 248024 / 699 MB/s (0.355 ms) = 1.561 ms."""
-    from perfcheck.hardware.calibrate import collectives
+    from perfcheck.hardware.calibrate import collectives, fit
     from perfcheck.integrations.deepspeed import sweep
     from perfcheck.predict.collectives import collective_time_s
 
@@ -141,7 +141,7 @@ def test_collectives_apply_by_hand():
                                         "intra_node_bandwidth_bytes_per_s": "from base spec 'cpu' (not measured): x"})
     assert not collectives.measured_here(base) and "collectives" in sweep.missing_terms(base)
     table = _allreduce_table([(4096, 2 * MS), (65536, 1.3 * MS), (4194304, 6 * MS)])
-    out = collectives.apply(base, table, "vm, 2026-11-23")
+    out = fit.apply_collectives(base, table, "vm, 2026-11-23")
     assert out.intra_node_bandwidth_bytes_per_s == pytest.approx(4194304 / 6e-3)
     assert out.efficiency["intra_node"] == 1.0
     assert host_constants(out)["collective_latency_s"] == pytest.approx(1.3e-3 - 6e-3 / 64)
@@ -152,7 +152,7 @@ def test_collectives_apply_by_hand():
     assert host_constants(out)["zero0_fwd_s"] == host_constants(base)["zero0_fwd_s"]  # nothing else moves
     assert out.matrix_flops_per_s == base.matrix_flops_per_s and out.name == base.name
     # one size: a link but no alpha -> still missing (the sweep reports the case as not measured)
-    one = collectives.apply(base, _allreduce_table([(4194304, 6 * MS)]), "s")
+    one = fit.apply_collectives(base, _allreduce_table([(4194304, 6 * MS)]), "s")
     assert "collectives" in sweep.missing_terms(one)
 
 
@@ -259,7 +259,7 @@ def test_sweep_collectives_failure_leaves_the_defaults_and_says_so_once(tmp_path
 def test_real_collectives_case_of_the_sweep(monkeypatch):
     """The sweep's collectives case for real (2 gloo ranks, ~10 s here): both constants measured, alpha a
     loopback round trip can give (1 us - 50 ms), a link a host's memory can carry (1 MB/s - 200 GB/s)."""
-    from perfcheck.hardware.calibrate import collectives
+    from perfcheck.hardware.calibrate import collectives, fit
     from perfcheck.integrations.deepspeed import sweep
 
     spec = dataclasses.replace(load_system("cpu"), name="x", calibrated=True)

@@ -157,26 +157,6 @@ def bench_collectives(sizes, *, kinds=COLLECTIVE_KINDS, world_size: int = 2, dev
     return pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS))
 
 
-def apply(spec, table: pd.DataFrame, stamp: str, *, peaks: str = None):
-    """``spec`` with what a collectives table measures, by the same arithmetic as ``perfcheck calibrate``
-    (``fit._collectives``, ``fit._collective_latency``): the intra-node link (all-reduce bus bandwidth at the
-    largest size; ``peaks`` "measured", a CPU's default: it becomes the link with efficiency 1; "base": the
-    efficiency over the spec's link) and ``host.collective_latency_s`` (alpha: a small all-reduce less its
-    bandwidth term), each with its source. Used by ``perfcheck sweep`` to add the collectives to a cached
-    calibration that was made without them (the automatic quick calibration runs no second process)."""
-    import dataclasses
-
-    from perfcheck.hardware.calibrate import fit
-
-    peaks = peaks or ("measured" if spec.kind == "cpu" else "base")
-    draft = fit._Draft(spec, peaks, stamp, spec.kind, dict(spec.matrix_flops_per_s), dict(spec.vector_flops_per_s),
-                       dict(spec.efficiency), dict(spec.sources))
-    fit._collectives(draft, table)
-    host = dict(spec.host)
-    fit._collective_latency(host, draft.sources, table, stamp)
-    return dataclasses.replace(spec, efficiency=draft.eff, host=host, sources=draft.sources, **draft.fields)
-
-
 def measured_here(spec) -> bool:
     """Whether ``spec``'s collective constants were measured by a calibration of its own (both the link and
     alpha have a source that is not a base spec's or a default's)."""

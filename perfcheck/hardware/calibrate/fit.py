@@ -211,6 +211,22 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
     return _alignment(_module_costs(_row_costs(_per_op_costs(spec, table, d), table, d), table, d), table, d)
 
 
+def apply_collectives(spec: SystemSpec, table, stamp: str, *, peaks: str = None) -> SystemSpec:
+    """``spec`` with what a collectives table measures, by the same arithmetic as ``perfcheck calibrate``
+    (``_collectives``, ``_collective_latency``): the intra-node link (all-reduce bus bandwidth at the
+    largest size; ``peaks`` "measured", a CPU's default: it becomes the link with efficiency 1; "base": the
+    efficiency over the spec's link) and ``host.collective_latency_s`` (alpha: a small all-reduce less its
+    bandwidth term), each with its source. Used by ``perfcheck sweep`` to add the collectives to a cached
+    calibration that was made without them (the automatic quick calibration runs no second process)."""
+    peaks = peaks or ("measured" if spec.kind == "cpu" else "base")
+    draft = _Draft(spec, peaks, stamp, spec.kind, dict(spec.matrix_flops_per_s), dict(spec.vector_flops_per_s),
+                       dict(spec.efficiency), dict(spec.sources))
+    _collectives(draft, table)
+    host = dict(spec.host)
+    _collective_latency(host, draft.sources, table, stamp)
+    return dataclasses.replace(spec, efficiency=draft.eff, host=host, sources=draft.sources, **draft.fields)
+
+
 def _alignment(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     """``efficiency.matrix_unaligned`` (forward) and ``matrix_unaligned_bwd``: per ``alignment_cases``
     shape, the estimator's time on this spec for the aligned twin's GEMMs (FLOPs at the calibrated

@@ -297,7 +297,7 @@ def missing_terms(spec) -> list:
 
 def _measure(name: str, spec, *, ranks: int, threads: int, stamp: str):
     """``spec`` with one family measured (quick mode); raises RuntimeError/UserError when its case fails."""
-    from perfcheck.hardware.calibrate import collectives, concurrency, deepspeed_cases
+    from perfcheck.hardware.calibrate import collectives, concurrency, deepspeed_cases, fit
 
     if name == "deepspeed":
         return deepspeed_cases.apply(spec, deepspeed_cases.bench_deepspeed("quick", threads=threads), stamp)
@@ -308,7 +308,7 @@ def _measure(name: str, spec, *, ranks: int, threads: int, stamp: str):
         table = collectives.bench_collectives([k * 1024 for k in quick["comm_kib"]], kinds=quick["comm_kinds"],
                                               world_size=ranks, device="cpu", repeats=quick["repeats"],
                                               target_s=quick["target_s"], timeout_s=120.0)
-        out = collectives.apply(spec, table, stamp)
+        out = fit.apply_collectives(spec, table, stamp)
         if "collectives" in missing_terms(out):
             raise RuntimeError("the all-reduce timings gave no alpha (fewer than two sizes measured)")
         return out
