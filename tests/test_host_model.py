@@ -326,3 +326,37 @@ def test_fit_module_fixed_is_the_measured_call_less_the_estimate():
     assert spec.module_fixed_s["Linear"] == pytest.approx(100 * US - est)
     assert spec.module_fixed_s["ReLU"] == 0.0 and "NoSuchLayer" not in spec.module_fixed_s
     assert "estimator's forward" in spec.sources["module_fixed_s"]
+
+
+def test_op_efficiency_is_kept_and_applied_per_dtype():
+    """A kernel's efficiency depends on its dtype (an H100's 3->6 channel conv measured 0.029 of its roofline in
+    bf16, about twice that in fp32: bench/RESULTS.md, GPU visit 2): a bf16 measurement must not price an fp32
+    run. Keys: the op's name for fp32, ``op@bf16`` for bf16; a dtype with no entry of its own takes fp32's."""
+    from perfcheck.hardware.calibrate import fit
+    from perfcheck.predict import roofline
+
+    spec = dataclasses.replace(_spec("cpu"), op_efficiency={"addmm": 0.5, "addmm@bf16": 0.25})
+    assert roofline.op_efficiency(spec, "addmm", "fp32") == 0.5
+    assert roofline.op_efficiency(spec, "addmm", "tf32") == 0.5  # fp32 tensors
+    assert roofline.op_efficiency(spec, "addmm", "bf16") == 0.25
+    assert roofline.op_efficiency(spec, "addmm", "fp16") == 0.5  # none of its own: fp32's
+    assert roofline.op_efficiency(spec, "mm", "bf16") == 1.0
+    # in the device time: the roofline part / efficiency (no launch term: kernels' launch set to 0)
+    ops = pd.DataFrame({"name": ["addmm"], "macs_fwd": [1e9], "macs_bwd": [0.0], "other_fwd": [0.0], "other_bwd": [0.0],
+                        "bytes_fwd": [0.0], "bytes_bwd": [0.0], "kernels_fwd": [1.0], "kernels_bwd": [0.0]})
+    plain = dataclasses.replace(spec, op_efficiency={})
+    for dtype, eff in (("fp32", 0.5), ("bf16", 0.25)):
+        t = roofline.op_device_times(ops.copy(), spec, dtype, launch_s=0.0)["t_fwd"].iloc[0]
+        roof = roofline.op_device_times(ops.copy(), plain, dtype, launch_s=0.0)["t_fwd"].iloc[0]
+        assert t == pytest.approx(roof / eff)
+    # the fit keys each measured row by its dtype: the same case timed 2x slower in bf16 than its fp32 twin's
+    # roofline ratio gives a bf16 key of its own, and the fp32 key is the fp32 row's alone
+    base = _spec("cpu")
+    roof32, _ = roofline.op_time_s(2e6, 0.0, 1e5, 1.0, base, "fp32", launch_s=0.0)
+    roof16, _ = roofline.op_time_s(2e6, 0.0, 1e5, 1.0, base, "bf16", launch_s=0.0)
+    table = pd.DataFrame({"kind": ["opeff", "opeff"], "label": ["convolution", "convolution"], "dtype": ["fp32", "bf16"],
+                          "flops": [2e6, 2e6], "bytes": [1e5, 1e5], "n": [0.0, 0.0],
+                          "seconds": [4 * float(roof32), 8 * float(roof16)]})
+    out = fit.build_spec(base, table, peaks="base", stamp="test")  # no dispatch rows: nothing subtracted
+    assert out.op_efficiency["convolution"] == pytest.approx(0.25)
+    assert out.op_efficiency["convolution@bf16"] == pytest.approx(0.125)

@@ -262,14 +262,14 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     ``bound_fwd``, ``bound_bwd`` and returns the frame.
 
     Per op: ``op_time_s`` with ``launch_s`` per kernel, the roofline part divided by the spec's
-    ``op_efficiency[name]`` (a kernel measured slower than the roofline on this machine: a CPU
-    convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
+    ``op_efficiency`` of that op in ``dtype`` (``op_efficiency()``: a kernel measured slower than the
+    roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
     that op (``row_prices``: a row-wise kernel's fixed cost per row) when the table has those columns.
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it.
     """
     system = load_system(system)
     names = ops["name"].to_numpy(object)
-    eff = np.array([system.op_efficiency.get(n, 1.0) for n in names], dtype=float)
+    eff = np.array([op_efficiency(system, n, dtype) for n in names], dtype=float)
     for phase in ("fwd", "bwd"):
         k = ops[f"kernels_{phase}"].to_numpy(float)
         launch = system.launch_overhead_s if launch_s is None else launch_s
@@ -286,6 +286,21 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         ops[f"t_{phase}"] = np.where(k > 0, t, 0.0)
         ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(bound, dtype=object), len(ops))
     return ops
+
+
+def op_efficiency_key(name: str, dtype: str) -> str:
+    """The spec's ``op_efficiency`` key of op ``name`` measured in ``dtype``: the op's name for fp32 (and tf32,
+    which runs on fp32 tensors), ``name@dtype`` for the others (bf16, fp16): a cuDNN convolution's efficiency in
+    bf16 is not its efficiency in fp32 (an H100's 3->6 channel conv: 0.029 in bf16, about 2x that in fp32)."""
+    dtype = normalize_dtype(dtype)
+    return name if dtype in ("fp32", "tf32") else f"{name}@{dtype}"
+
+
+def op_efficiency(system, name: str, dtype) -> float:
+    """Measured / roofline rate of op ``name``'s kernel in ``dtype`` on ``system``: the value measured in that
+    dtype, else the fp32 one (a spec calibrated in fp32 only, e.g. a CPU's, for a bf16 run), else 1."""
+    eff = system.op_efficiency
+    return float(eff.get(op_efficiency_key(name, dtype), eff.get(name, 1.0)))
 
 
 #: Row-wise ops priced with another op's per-row cost (the same CPU kernel behind another name).

@@ -400,24 +400,27 @@ def _formula_cost(fn, inputs, name: str) -> tuple:
     return mf, of, nb
 
 
-def op_efficiency_cases(device, dtype: str = "fp32") -> list:
+def op_efficiency_cases(device, dtypes=("fp32",)) -> list:
     """Kernels that run far below the roofline at small channel counts, at a LeNet-like size (label =
     the op's name): a 3->6 channel 5x5 convolution on CIFAR images (8 on a CPU, 256 on a GPU, so
-    the GPU's kernel, not its host, is timed) and a 2x2 max-pool of its output, in ``dtype``.
-    ``flops`` holds the matrix FLOPs, ``bytes`` the bytes and ``n`` the other FLOPs of the formulas."""
+    the GPU's kernel, not its host, is timed) and a 2x2 max-pool of its output, in each of ``dtypes``
+    (a str or several; tf32 runs on fp32 tensors and is left to fp32: a kernel's efficiency depends on its
+    dtype, and the fit keeps one per dtype). ``flops`` holds the matrix FLOPs, ``bytes`` the bytes and ``n``
+    the other FLOPs of the formulas."""
     F = torch.nn.functional
     dev = torch.device(device)
-    tdt = _TORCH_DTYPES[normalize_dtype(dtype)]
     batch = 256 if dev.type == "cuda" else 8
-    x, w, b = (torch.randn(batch, 3, 32, 32, device=dev, dtype=tdt), torch.randn(6, 3, 5, 5, device=dev, dtype=tdt),
-               torch.randn(6, device=dev, dtype=tdt))
-    y = torch.randn(batch, 6, 28, 28, device=dev, dtype=tdt)
+    wanted = [normalize_dtype(d) for d in ((dtypes,) if isinstance(dtypes, str) else dtypes)]
     out = []
-    for name, fn, inputs in (("convolution", F.conv2d, (x, w, b)),
-                             ("max_pool2d_with_indices", lambda t: F.max_pool2d(t, 2, 2), (y,))):
-        mf, of, nb = _formula_cost(fn, inputs, name)
-        out.append(Case("opeff", name, (lambda fn=fn, inputs=inputs: fn(*inputs)), normalize_dtype(dtype), mf, nb,
-                        (0, 0, int(of))))
+    for dtype in dict.fromkeys("fp32" if d == "tf32" else d for d in wanted):
+        tdt = _TORCH_DTYPES[dtype]
+        x, w, b = (torch.randn(batch, 3, 32, 32, device=dev, dtype=tdt),
+                   torch.randn(6, 3, 5, 5, device=dev, dtype=tdt), torch.randn(6, device=dev, dtype=tdt))
+        y = torch.randn(batch, 6, 28, 28, device=dev, dtype=tdt)
+        for name, fn, inputs in (("convolution", F.conv2d, (x, w, b)),
+                                 ("max_pool2d_with_indices", lambda t: F.max_pool2d(t, 2, 2), (y,))):
+            mf, of, nb = _formula_cost(fn, inputs, name)
+            out.append(Case("opeff", name, (lambda fn=fn, inputs=inputs: fn(*inputs)), dtype, mf, nb, (0, 0, int(of))))
     return out
 
 

@@ -273,7 +273,7 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
         roof, _ = roofline.op_time_s(float(r.flops), float(r.n), float(r.bytes), 1.0, spec, r.dtype or "fp32",
                                      launch_s=0.0)
         kernel_s = max(float(r.seconds) - d.op_s - fixed.get(r.label, 0.0), 1e-9)
-        eff[r.label] = float(min(max(roof / kernel_s, 1e-4), 1.0))
+        eff[roofline.op_efficiency_key(r.label, r.dtype or "fp32")] = float(min(max(roof / kernel_s, 1e-4), 1.0))
     if fixed:
         sources["op_fixed_s"] = (f"{d.stamp}: per aten op, one call on tiny tensors (8x16, 1x1x6x6) less one "
                                  f"plain tiny op ({d.op_s * 1e6:.2f} us): the op family's fixed cost beyond a "
@@ -281,7 +281,7 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     if eff:
         sources["op_efficiency"] = (f"{d.stamp}: the estimator's roofline time on this spec / the measured time "
                                     f"less dispatch and fixed cost, at a LeNet-like size (conv 3->6 ch 5x5 on "
-                                    f"8x3x32x32; 2x2 max-pool of 8x6x28x28)")
+                                    f"8x3x32x32; 2x2 max-pool of 8x6x28x28), per dtype measured (op@bf16: bf16)")
     return dataclasses.replace(spec, op_fixed_s=fixed, op_efficiency=eff, sources=sources)
 
 
@@ -298,7 +298,7 @@ def _row_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     table_out, shown = {}, []
     for label, group in rows.groupby("label", sort=False):
         name, phase = str(label).rsplit(" ", 1)
-        eff = spec.op_efficiency.get(name, 1.0)
+        eff = roofline.op_efficiency(spec, name, "fp32")  # the row cases run in fp32
         slopes = []
         for cols, g in group.groupby("k", sort=True):
             g = g.sort_values("m")

@@ -230,8 +230,9 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     group("per-module fixed costs", module_fixed_cases(dev))
     if dev.type == "cpu":  # a GPU kernel spreads rows over its threads: no per-row term is modelled there
         group("per-row costs of row-wise ops", row_cases(dev))
-    group("per-op kernel efficiency", op_efficiency_cases(dev, "fp32" if dev.type == "cpu" else (
-        "bf16" if "bf16" in measured else measured[0] if measured else "fp32")))
+    # per dtype: a GPU's conv efficiency in bf16 is not its fp32 one (a CPU runs fp32 models: fp32 alone)
+    group("per-op kernel efficiency", op_efficiency_cases(dev, ["fp32"] if dev.type == "cpu" else
+                                                          ["fp32", *[d for d in measured if d in ("bf16", "fp16")]]))
     if dev.type == "cuda":
         frames.append(device_kernel_rows(dev, cfg["repeats"]))
     group("memory copy", copy_cases(cfg["copy_mb"], dev))
