@@ -34,6 +34,13 @@ def is_compiled(m) -> bool:
     return type(m).__name__ == "OptimizedModule" and hasattr(m, "_orig_mod")
 
 
+def compiled_call(m) -> bool:
+    """A module compiled in place by ``nn.Module.compile()`` (an instance ``_compiled_call_impl``,
+    which torch's ``Module.__call__`` runs instead of ``_call_impl``): its hooks and submodules run
+    inside the compiled region, so it is timed as a whole, like an ``OptimizedModule``."""
+    return m.__dict__.get("_compiled_call_impl") is not None and type(m).__name__ != "OptimizedModule"
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The model inside DDP / DataParallel / DeepSpeed engines and torch.compile (the estimator
     traces shapes; it never runs compiled code)."""

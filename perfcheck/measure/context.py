@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from perfcheck.model_paths import TRANSPARENT_WRAPPERS, clean_path, is_compiled, is_wrapper
+from perfcheck.model_paths import TRANSPARENT_WRAPPERS, clean_path, compiled_call, is_compiled, is_wrapper
 from perfcheck.schema import ROOT
 
 @dataclass
@@ -51,10 +51,10 @@ def model_view(model: torch.nn.Module) -> ModelView:
         if type(mod).__name__ in TRANSPARENT_WRAPPERS:
             continue
         path = ROOT if name == "" else clean_path(name)
-        if is_compiled(mod):
-            skip.append(name + ".")
+        if is_compiled(mod) or compiled_call(mod):
+            skip.append(name + "." if name else "")  # (the root: every submodule)
             compiled.append(path)
-            types[path] = type(mod._orig_mod).__name__
+            types[path] = type(getattr(mod, "_orig_mod", mod)).__name__
         else:
             types[path] = _class_name(mod)
         modules.append((path, mod))

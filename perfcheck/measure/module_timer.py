@@ -315,13 +315,14 @@ class _TimedForward:
     top of it (and restores later) never reaches a detached timer.
     """
 
-    def __init__(self, timer, path, mod, inner, prev, direct=False):
+    def __init__(self, timer, path, mod, inner, prev, direct=False, slot=None):
         # name, doc, __wrapped__ (inspect.signature sees the real one); not inner's __dict__, which
         # for an earlier _TimedForward would bring its timer and state along
         functools.update_wrapper(self, inner, updated=())
         self.timer, self.path, self.mod, self.inner, self.prev = timer, path, mod, inner, prev
         self.direct = direct
-        self.slot = "_compiled_call_impl" if direct else "forward"
+        # (slot given: a module compiled by ``Module.compile()``, timed as a whole around its compiled call)
+        self.slot = slot or ("_compiled_call_impl" if direct else "forward")
         self.mid = id(mod)
         self.live = True
         # live, and the timer's lean path applies (ModuleTimer._set_lean): one test instead of two
@@ -417,7 +418,7 @@ class _TimedForward:
         # copy.deepcopy(model) while attached: the copy runs its own forward, untimed. (The direct
         # slot never reaches here through nn.Module, whose __getstate__ leaves it out; a copy made
         # some other way gets torch's default, no compiled call.)
-        if self.direct:
+        if self.slot == "_compiled_call_impl":
             return None
         new = memo.get(id(self.mod))
         if new is None:
@@ -425,7 +426,7 @@ class _TimedForward:
         return _bound_class_forward(new) if self.prev is _MISSING else copy.deepcopy(self.prev, memo)
 
     def __reduce__(self):
-        if self.direct:
+        if self.slot == "_compiled_call_impl":
             return (_same, (None,))
         return (_bound_class_forward, (self.mod,)) if self.prev is _MISSING else (_same, (self.prev,))
 
@@ -444,6 +445,16 @@ def _direct(mod) -> bool:
     cls = type(mod)
     return (_DIRECT_ROUTE and cls.__call__ is _Module.__call__ and cls._call_impl is _Module._call_impl
             and mod.__dict__.get("_compiled_call_impl") is None)
+
+
+def _compiled_call(mod) -> bool:
+    """Whether ``mod`` was compiled by ``nn.Module.compile()`` (an instance ``_compiled_call_impl``,
+    a compiled ``_call_impl``: its hooks and ``forward`` run inside the compiled region, where
+    nothing is timed). Such a module is timed as a whole around that call (``_TimedForward`` in the
+    same slot, calling the compiled one); its submodules are not timed (``context.model_view``)."""
+    cls = type(mod)
+    return (_DIRECT_ROUTE and cls.__call__ is _Module.__call__
+            and mod.__dict__.get("_compiled_call_impl") is not None)
 
 
 def _wrappable(mod) -> bool:
@@ -499,12 +510,15 @@ class ModuleTimer:
             return
         use_wrappers = not _global_module_hooks()
         for path, mod in self.modules:
-            if use_wrappers and _wrappable(mod):
-                direct = _direct(mod)
-                prev = mod.__dict__.get("_compiled_call_impl" if direct else "forward", _MISSING)
+            compiled = _compiled_call(mod)  # (global hooks or its own: they run inside its compiled call)
+            if compiled or (use_wrappers and _wrappable(mod)):
+                direct = not compiled and _direct(mod)
+                slot = "_compiled_call_impl" if compiled or direct else "forward"
+                prev = mod.__dict__.get(slot, _MISSING)
                 fwd = self._fwd_cache.pop(id(mod), None)
-                if fwd is None or fwd.mod is not mod or fwd.prev is not prev or fwd.direct != direct:
-                    fwd = _TimedForward(self, path, mod, mod._call_impl if direct else mod.forward, prev, direct)
+                if fwd is None or fwd.mod is not mod or fwd.prev is not prev or fwd.direct != direct or fwd.slot != slot:
+                    inner = prev if compiled else mod._call_impl if direct else mod.forward
+                    fwd = _TimedForward(self, path, mod, inner, prev, direct, slot)
                 fwd.live = True
                 fwd.lean = self._lean
                 mod.__dict__[fwd.slot] = fwd
