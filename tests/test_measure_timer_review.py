@@ -94,3 +94,30 @@ def test_module_compile_before_attach_is_timed_as_a_whole_and_left_as_it_was(whe
                 assert "_compiled_call_impl" not in vars(m), n
     finally:
         torch._dynamo.reset()
+
+
+def test_module_compile_while_attached_warns_that_its_timing_stopped():
+    """``model.a.compile()`` between two steps replaces the timed ``_compiled_call_impl``: from then on
+    ``a`` runs untimed (its row shows fewer calls). Before the fix nothing said so; now ``stop()``
+    warns naming the module, and leaves the user's compiled call in place."""
+    torch._dynamo.reset()
+    try:
+        model = Pair()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None).start()
+            try:
+                model(torch.randn(2, 4)).sum().backward()
+                pc.step()
+                model.a.compile(backend="eager")
+                compiled_fn = vars(model.a)["_compiled_call_impl"]
+                model(torch.randn(2, 4)).sum().backward()
+                pc.step()
+            finally:
+                pc.stop()
+        msgs = [str(w.message) for w in caught if "compiled" in str(w.message) and "while" in str(w.message)]
+        assert len(msgs) == 1 and "'a'" in msgs[0] and "'b'" not in msgs[0], msgs
+        assert vars(model.a)["_compiled_call_impl"] is compiled_fn  # the user's, untouched
+        assert all("_compiled_call_impl" not in vars(m) for n, m in model.named_modules() if n != "a")
+    finally:
+        torch._dynamo.reset()

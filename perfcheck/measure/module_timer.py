@@ -494,6 +494,9 @@ class ModuleTimer:
         # (inline there, behind this one flag: PerfCheck's default profile=True makes it True)
         self._watch = ranges or self._check_capture
         self._inputs_eval = False  # first_root_inputs came from an eval (grad-disabled) call
+        # paths of modules compiled (``Module.compile()``) while attached: their later calls ran
+        # untimed (the compiled call replaced ours, or runs our forward inside the compiled region)
+        self.compiled_while_attached: list[str] = []
 
     # ------------------------------------------------------------------ attach / detach
     @property
@@ -535,6 +538,10 @@ class ModuleTimer:
         self._attached = False
         for mod, fwd in self._wrapped:
             fwd.live = fwd.lean = False
+            cc = mod.__dict__.get("_compiled_call_impl")
+            if cc is not fwd and (fwd.slot == "_compiled_call_impl" or (cc is not None and type(mod).__call__ is _Module.__call__)):
+                if fwd.path not in self.compiled_while_attached:
+                    self.compiled_while_attached.append(fwd.path)
             if mod.__dict__.get(fwd.slot) is fwd:
                 if fwd.prev is _MISSING:
                     del mod.__dict__[fwd.slot]

@@ -287,6 +287,10 @@ class PerfCheck:
 
     def _teardown(self):
         self._timer.detach()
+        if self._timer.compiled_while_attached:
+            self._warn(f"module(s) {self._timer.compiled_while_attached} were compiled (Module.compile()) while "
+                       "PerfCheck was attached: their calls after that ran untimed (fewer calls in their rows); "
+                       "compile before PerfCheck starts to have them timed as a whole")
         if getattr(self, "_grad_sync", None) is not None:
             self._grad_sync.detach()
         if self._flop_step is not None:
