@@ -22,6 +22,10 @@ How each interval is taken (nothing here changes inputs, outputs or grads)
     interval) and a forward hook with ``always_call=True`` (last; also when forward raises). Used
     for modules that have hooks of their own (ZeRO-3, FSDP2, user hooks), when global module hooks
     exist, for ScriptModules and for torch.compile'd modules.
+  - a module compiled in place by ``nn.Module.compile()`` (its ``_compiled_call_impl`` set before
+    attach: hooks and ``forward`` run inside the compiled region, untimed) is timed as a whole by a
+    ``_TimedForward`` in that slot around the compiled call; its submodules get no rows. One compiled
+    while attached runs untimed from then on, and ``stop()`` names it in a warning.
 
   A call made while autograd runs a backward (``torch._C._current_graph_task_id() != -1``) is
   activation-checkpoint recompute and is reported as ``recompute``, not forward.
