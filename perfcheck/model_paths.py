@@ -38,7 +38,9 @@ def compiled_call(m) -> bool:
     """A module compiled in place by ``nn.Module.compile()`` (an instance ``_compiled_call_impl``,
     which torch's ``Module.__call__`` runs instead of ``_call_impl``): its hooks and submodules run
     inside the compiled region, so it is timed as a whole, like an ``OptimizedModule``."""
-    return m.__dict__.get("_compiled_call_impl") is not None and type(m).__name__ != "OptimizedModule"
+    impl = m.__dict__.get("_compiled_call_impl")
+    return (impl is not None and not getattr(impl, "perfcheck_timer", False)  # (PerfCheck's own timed call)
+            and type(m).__name__ != "OptimizedModule" and type(m).__call__ is torch.nn.Module.__call__)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

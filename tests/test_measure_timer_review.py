@@ -121,3 +121,32 @@ def test_module_compile_while_attached_warns_that_its_timing_stopped():
         assert all("_compiled_call_impl" not in vars(m) for n, m in model.named_modules() if n != "a")
     finally:
         torch._dynamo.reset()
+
+
+def test_perfchecks_own_timed_call_is_not_taken_for_a_users_compile():
+    """PerfCheck's timer sits in the slot ``Module.compile()`` uses (``_compiled_call_impl``): a second
+    PerfCheck made while the first is attached must still see an uncompiled model (before: its view took
+    the root for compiled and timed only the root)."""
+    import warnings
+
+    from perfcheck import PerfCheck
+    from perfcheck.measure.context import model_view
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = PerfCheck(model, warmup=0, profile=False, sample_interval=None)
+        first.start()
+        assert model_view(model).compiled == []
+        second = PerfCheck(model, warmup=0, profile=False, sample_interval=None)  # made while the first is attached
+        first.stop()
+        second.start()
+        for _ in range(2):
+            model(x).sum().backward()
+            second.step()
+        second.stop()
+    rows = second.measured().set_index("module")
+    assert {"0", "1", "2"} <= set(rows.index)  # the submodules are timed, not only the root
+    assert (rows.loc[["0", "1", "2"], "calls"] == 1).all()

@@ -72,6 +72,7 @@ from torch.nn.modules import module as _module_globals
 
 from perfcheck.measure.clocks import CpuClock, CudaClock  # noqa: F401 (re-exported for callers)
 from perfcheck.measure.context import autocast_dtype, describe
+from perfcheck.model_paths import compiled_call
 from perfcheck.schema import ROOT
 
 FWD, BWD, RECOMPUTE = "fwd", "bwd", "recompute"
@@ -319,6 +320,9 @@ class _TimedForward:
     top of it (and restores later) never reaches a detached timer.
     """
 
+    #: model_paths.compiled_call tells this from a user's compiled call in the same slot
+    perfcheck_timer = True
+
     def __init__(self, timer, path, mod, inner, prev, direct=False, slot=None):
         # name, doc, __wrapped__ (inspect.signature sees the real one); not inner's __dict__, which
         # for an earlier _TimedForward would bring its timer and state along
@@ -451,16 +455,6 @@ def _direct(mod) -> bool:
             and mod.__dict__.get("_compiled_call_impl") is None)
 
 
-def _compiled_call(mod) -> bool:
-    """Whether ``mod`` was compiled by ``nn.Module.compile()`` (an instance ``_compiled_call_impl``,
-    a compiled ``_call_impl``: its hooks and ``forward`` run inside the compiled region, where
-    nothing is timed). Such a module is timed as a whole around that call (``_TimedForward`` in the
-    same slot, calling the compiled one); its submodules are not timed (``context.model_view``)."""
-    cls = type(mod)
-    return (_DIRECT_ROUTE and cls.__call__ is _Module.__call__
-            and mod.__dict__.get("_compiled_call_impl") is not None)
-
-
 def _wrappable(mod) -> bool:
     """A module whose ``forward`` can be timed by an instance attribute (see the module docstring)."""
     return not (isinstance(mod, torch.jit.ScriptModule) or hasattr(mod, "_orig_mod") or _has_own_hooks(mod))
@@ -517,7 +511,10 @@ class ModuleTimer:
             return
         use_wrappers = not _global_module_hooks()
         for path, mod in self.modules:
-            compiled = _compiled_call(mod)  # (global hooks or its own: they run inside its compiled call)
+            # compiled by nn.Module.compile(): its hooks and forward run inside the compiled region, where
+            # nothing is timed, so it is timed as a whole around that call (_TimedForward in the same slot,
+            # calling the compiled one); its submodules are not timed (context.model_view)
+            compiled = _DIRECT_ROUTE and compiled_call(mod)
             if compiled or (use_wrappers and _wrappable(mod)):
                 direct = not compiled and _direct(mod)
                 slot = "_compiled_call_impl" if compiled or direct else "forward"
