@@ -374,11 +374,12 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
         row[f"meas_{col}"] = float(samples[col].mean()) if not samples.empty and col in samples else math.nan
     from perfcheck.hardware.systems import load_system
 
-    parts = zero3_parts(facts, stage["predicted"], load_system(_stage_system(facts, system)))
     from perfcheck.predict.host import process_slowdown
 
+    spec = load_system(_stage_system(facts, system))
+    parts = zero3_parts(facts, stage["predicted"], spec)
     row["local_processes"] = local_processes(facts)
-    row["pred_process_slowdown"] = process_slowdown(load_system(_stage_system(facts, system)), row["local_processes"])
+    row["pred_process_slowdown"] = process_slowdown(spec, row["local_processes"])
     row["pred_zero3_hooks_s"] = row["pred_process_slowdown"] * parts["hooks_s"]
     row["pred_zero3_gather_host_s"] = row["pred_process_slowdown"] * parts["gather_host_s"]
     row["zero3_module_calls"], row["zero3_gathered_tensors"] = parts["module_calls"], parts["gathered_tensors"]

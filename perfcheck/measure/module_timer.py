@@ -540,7 +540,7 @@ class ModuleTimer:
         for mod, fwd in self._wrapped:
             fwd.live = fwd.lean = False
             cc = mod.__dict__.get("_compiled_call_impl")
-            if cc is not fwd and (fwd.slot == "_compiled_call_impl" or (cc is not None and type(mod).__call__ is _Module.__call__)):
+            if cc is not fwd and (fwd.slot == "_compiled_call_impl" or compiled_call(mod)):
                 if fwd.path not in self.compiled_while_attached:
                     self.compiled_while_attached.append(fwd.path)
             if mod.__dict__.get(fwd.slot) is fwd:

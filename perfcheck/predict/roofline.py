@@ -214,18 +214,32 @@ def flag_bandwidth_above_peak(achieved_bytes_per_s, system, tolerance: float = 1
     return _scalar_out(np.asarray(flags), achieved_bytes_per_s)
 
 
+#: Matmul-family aten ops -> the positions of their two matrix operands (a: m x k, b: k x n).
+_GEMM_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "matmul": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2)}
+
+
+def _gemm_operands(call):
+    """``(a, b)``, the two matrix operands of a matmul-family call; None for any other op."""
+    idx = _GEMM_OPERANDS.get(call.name)
+    if idx is None:
+        return None
+    try:
+        return call.args[idx[0]], call.args[idx[1]]
+    except (IndexError, TypeError):
+        return None
+
+
 def gemm_min_dim(call) -> float:
     """Smallest of (m, k, n) for a matmul-family aten call (mm, addmm, bmm, baddbmm, matmul); NaN otherwise.
 
     The backward GEMMs of a matmul use the same three dimensions (dX = dY W^T: m, n, k; dW =
     X^T dY: k, m, n), so one value serves both phases.
     """
-    name = call.name
-    idx = {"mm": (0, 1), "bmm": (0, 1), "matmul": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2)}.get(name)
-    if idx is None:
+    operands = _gemm_operands(call)
+    if operands is None:
         return float("nan")
+    a, b = operands
     try:
-        a, b = call.args[idx[0]], call.args[idx[1]]
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     except (AttributeError, IndexError, TypeError):
         return float("nan")
@@ -243,12 +257,11 @@ def gemm_unaligned(call) -> float:
     its operands and output, also of its backward GEMMs: dX = dY W^T, dW = X^T dY) that is not a
     multiple of ``GEMM_ALIGN_BYTES`` bytes; 0.0 when both are; NaN for any other op or an unknown shape.
     m (the rows) does not matter. GPT-2's lm_head (768 -> 50257, bf16) is unaligned."""
-    idx = {"mm": (0, 1), "bmm": (0, 1), "matmul": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2),
-           "addbmm": (1, 2)}.get(call.name)
-    if idx is None:
+    operands = _gemm_operands(call)
+    if operands is None:
         return float("nan")
+    a, b = operands
     try:
-        a, b = call.args[idx[0]], call.args[idx[1]]
         k, n = int(a.shape[-1]), int(b.shape[-1])
         size = int(a.elem_bytes) if hasattr(a, "elem_bytes") else int(a.element_size())  # TensorMeta | Tensor
     except (AttributeError, IndexError, TypeError, ValueError):

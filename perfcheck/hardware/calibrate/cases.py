@@ -439,21 +439,16 @@ def _row_ops(dev):
     aten = torch.ops.aten
     f32 = torch.float32
 
-    def lsm(r, c):
-        x = torch.randn(r, c, device=dev)
-        return lambda: torch._log_softmax(x, 1, False)
+    def softmax_family(kernel, backward_kernel, output):
+        """(forward, backward) builders of softmax or log-softmax over the last dimension."""
+        def fwd(r, c):
+            x = torch.randn(r, c, device=dev)
+            return lambda: kernel(x, 1, False)
 
-    def lsm_b(r, c):
-        g, y = torch.randn(r, c, device=dev), torch.log_softmax(torch.randn(r, c, device=dev), 1)
-        return lambda: torch._log_softmax_backward_data(g, y, 1, f32)
-
-    def sm(r, c):
-        x = torch.randn(r, c, device=dev)
-        return lambda: torch._softmax(x, 1, False)
-
-    def sm_b(r, c):
-        g, y = torch.randn(r, c, device=dev), torch.softmax(torch.randn(r, c, device=dev), 1)
-        return lambda: torch._softmax_backward_data(g, y, 1, f32)
+        def bwd(r, c):
+            g, y = torch.randn(r, c, device=dev), output(torch.randn(r, c, device=dev), 1)
+            return lambda: backward_kernel(g, y, 1, f32)
+        return fwd, bwd
 
     def ln(r, c):
         x, w, b = torch.randn(r, c, device=dev), torch.ones(c, device=dev), torch.zeros(c, device=dev)
@@ -474,7 +469,9 @@ def _row_ops(dev):
         g, total = torch.ones((), device=dev), torch.tensor(float(r), device=dev)
         return lambda: aten.nll_loss_backward(g, y, t, None, 1, -100, total)
 
-    return {"_log_softmax": (lsm, lsm_b), "_softmax": (sm, sm_b), "native_layer_norm": (ln, ln_b),
+    return {"_log_softmax": softmax_family(torch._log_softmax, torch._log_softmax_backward_data, torch.log_softmax),
+            "_softmax": softmax_family(torch._softmax, torch._softmax_backward_data, torch.softmax),
+            "native_layer_norm": (ln, ln_b),
             "nll_loss_forward": (nll, nll_b)}
 
 

@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from perfcheck.hardware.calibrate.cases import Timer
+from perfcheck.hardware.calibrate import fit
 from perfcheck.hardware.calibrate.fit import COLLECTIVE_KINDS, MEASUREMENT_COLUMNS
 from perfcheck.errors import UserError
 from perfcheck.predict.collectives import bus_factor
@@ -157,9 +158,11 @@ def bench_collectives(sizes, *, kinds=COLLECTIVE_KINDS, world_size: int = 2, dev
     return pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS))
 
 
+#: The spec source keys the collectives case measures: alpha and the intra-node link.
+SOURCE_KEYS = ("host.collective_latency_s", "intra_node_bandwidth_bytes_per_s")
+
+
 def measured_here(spec) -> bool:
     """Whether ``spec``'s collective constants were measured by a calibration of its own (both the link and
     alpha have a source that is not a base spec's or a default's)."""
-    sources = dict(getattr(spec, "sources", {}) or {})
-    return all(k in sources and not sources[k].startswith("from base spec")
-               for k in ("host.collective_latency_s", "intra_node_bandwidth_bytes_per_s"))
+    return fit.measured_here(spec, SOURCE_KEYS)

@@ -211,6 +211,14 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
     return _alignment(_module_costs(_row_costs(_per_op_costs(spec, table, d), table, d), table, d), table, d)
 
 
+def measured_here(spec, keys) -> bool:
+    """Whether each of ``keys`` (source keys, e.g. "host.collective_latency_s") of ``spec`` was measured by a
+    calibration of its own: it has a source, and not one ``build_spec`` hands down from the base spec ("from
+    base spec ...": a datasheet value or a rough default, from another machine)."""
+    sources = dict(getattr(spec, "sources", {}) or {})
+    return all(k in sources and not str(sources[k]).startswith("from base spec") for k in keys)
+
+
 def apply_collectives(spec: SystemSpec, table, stamp: str, *, peaks: str = None) -> SystemSpec:
     """``spec`` with what a collectives table measures, by the same arithmetic as ``perfcheck calibrate``
     (``_collectives``, ``_collective_latency``): the intra-node link (all-reduce bus bandwidth at the
@@ -220,7 +228,7 @@ def apply_collectives(spec: SystemSpec, table, stamp: str, *, peaks: str = None)
     calibration that was made without them (the automatic quick calibration runs no second process)."""
     peaks = peaks or ("measured" if spec.kind == "cpu" else "base")
     draft = _Draft(spec, peaks, stamp, spec.kind, dict(spec.matrix_flops_per_s), dict(spec.vector_flops_per_s),
-                       dict(spec.efficiency), dict(spec.sources))
+                   dict(spec.efficiency), dict(spec.sources))
     _collectives(draft, table)
     host = dict(spec.host)
     _collective_latency(host, draft.sources, table, stamp)

@@ -290,9 +290,9 @@ def missing_terms(spec) -> list:
     """The ``SWEEP_TERMS`` families ``spec`` (a cached calibration) has not measured: a key without a source,
     or with one a base spec handed down ("from base spec ...": the built-in cpu spec's link is "a rough
     default"), is host_defaults.json's or the base's, from another machine or another load."""
-    sources = dict(getattr(spec, "sources", {}) or {})
-    return [name for name, keys in SWEEP_TERMS.items()
-            if not all(k in sources and not str(sources[k]).startswith("from base spec") for k in keys)]
+    from perfcheck.hardware.calibrate.fit import measured_here
+
+    return [name for name, keys in SWEEP_TERMS.items() if not measured_here(spec, keys)]
 
 
 def _measure(name: str, spec, *, ranks: int, threads: int, stamp: str):
