@@ -169,7 +169,7 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     base = dataclasses.replace(load_system("cpu"), name="cpu-auto-calibrated", calibrated=True)
     path = base.save(cache.cache_path("cpu", threads=1))
     spec = cache.cached_spec("cpu", threads=1, auto=False)
-    assert sweep.missing_terms(spec) == ["deepspeed", "collectives", "concurrency"]
+    assert sweep.missing_terms(spec) == ["deepspeed", "collectives", "collective sync", "concurrency"]
     default_ar = collective_time_s("allreduce", 248024, 2, spec)
     calls = []
 
@@ -190,6 +190,12 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
         calls.append(("concurrency", n, mode))
         return concurrency.summarize([1.1], n, MS, 1.1 * MS)
 
+    def fake_sync(n, mode):
+        calls.append(("collective sync", n, mode))
+        # batch of 10 in 5.5 ms vs one in 1 ms: (5.5 - 1) / 9 = 0.5 ms per further call; waits 0.2, 0.4 -> 0.3 ms
+        return collectives.sync_terms([1 * MS], [5.5 * MS], [0.2 * MS, 0.4 * MS], n)
+
+    monkeypatch.setattr(collectives, "bench_sync_terms", fake_sync)
     monkeypatch.setattr(deepspeed_cases, "available", lambda: True)
     monkeypatch.setattr(deepspeed_cases, "bench_deepspeed", fake_ds)
     monkeypatch.setattr(deepspeed_cases, "apply", fake_ds_apply)
@@ -199,7 +205,10 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     out = sweep.calibrate_sweep_terms(spec, ranks=2, threads=1, say=said.append)
     # the quick calibration's all-reduce sizes (4 KiB, 64 KiB, 4 MiB) at the sweep's 2 ranks
     assert calls == [("deepspeed", "quick", 1), ("collectives", (4096, 65536, 4194304), ("allreduce",), 2, "cpu"),
-                     ("concurrency", 2, "quick")]
+                     ("collective sync", 2, "quick"), ("concurrency", 2, "quick")]
+    assert host_constants(out)["collective_async_call_s"] == pytest.approx(0.5 * MS)
+    assert host_constants(out)["collective_straggler_s"] == pytest.approx(0.3 * MS)
+    assert host_constants(out)["collective_straggler_ranks"] == 2
     assert host_constants(out)["zero0_fwd_s"] == pytest.approx(123 * US)
     assert host.process_slowdown(out, 2) == pytest.approx(1.1)
     assert host_constants(out)["collective_latency_s"] == pytest.approx(1.20625e-3)
@@ -220,7 +229,7 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     out = sweep.calibrate_sweep_terms(fresh, ranks=1, threads=1, say=said.append)
     assert calls == [] and [m for m in said if "engine case failed" in m] == [
         "perfcheck sweep: deepspeed case not measured (engine case failed); its host terms stay the defaults"]
-    assert sweep.missing_terms(out) == ["deepspeed", "collectives", "concurrency"]
+    assert sweep.missing_terms(out) == ["deepspeed", "collectives", "collective sync", "concurrency"]
 
 
 def test_sweep_collectives_failure_leaves_the_defaults_and_says_so_once(tmp_path, monkeypatch):
@@ -241,6 +250,8 @@ def test_sweep_collectives_failure_leaves_the_defaults_and_says_so_once(tmp_path
         raise collectives.CollectiveBenchError("collective benchmark failed: process 1 terminated with exit code 1")
 
     monkeypatch.setattr(collectives, "bench_collectives", broken)
+    monkeypatch.setattr(collectives, "bench_sync_terms", lambda n, mode: collectives.sync_terms(
+        [MS], [MS], [0.0], n))
     monkeypatch.setattr(deepspeed_cases, "available", lambda: True)
     monkeypatch.setattr(concurrency, "bench_concurrency", lambda n, mode, *, threads: concurrency.summarize(
         [1.2], n, MS, 1.2 * MS))

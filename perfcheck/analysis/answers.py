@@ -280,8 +280,9 @@ def _hooks_and_gathers(r, r0=None) -> str:
                                 f"{n:.0f} partitioned tensors" if n > 0 else ", no partitioned tensor to fetch"))
     if r0 is not None:
         meas = (r["meas_fwd_compute_s"] + r["meas_bwd_compute_s"]) - (r0["meas_fwd_compute_s"] + r0["meas_bwd_compute_s"])
-        pred = (r["pred_fwd_s"] - r["pred_fwd_comm_s"] + r["pred_bwd_s"] - r["pred_bwd_comm_s"]) - (
-            r0["pred_fwd_s"] - r0["pred_fwd_comm_s"] + r0["pred_bwd_s"] - r0["pred_bwd_comm_s"])
+        def outside(x):  # predicted fwd + bwd less their collectives and the waits for the later rank
+            return sum(x[f"pred_{p}_s"] - x[f"pred_{p}_comm_s"] - _num(x.get(f"pred_{p}_wait_s")) for p in ("fwd", "bwd"))
+        pred = outside(r) - outside(r0)
         text += (f"; forward + backward outside communication, stage 3 less stage 0: measured {fmt_s(meas)}, "
                  f"predicted {fmt_s(pred)}")
         cpu = [x.get(f"meas_{p}_cpu_s", math.nan) for x in (r, r0) for p in ("fwd", "bwd")]
@@ -290,9 +291,23 @@ def _hooks_and_gathers(r, r0=None) -> str:
     exposed = [r.get(f"meas_{p}_comm_s", math.nan) for p in ("fwd", "bwd", "optim")]
     meas_comm = sum(exposed) if all(e == e for e in exposed) else math.nan
     text += (f". Its all-gathers ({r['meas_allgather_count']:.0f} per step measured, "
-             f"{r['pred_allgather_count']:.0f} predicted): predicted {fmt_s(r.get('pred_allgather_s', math.nan))}; "
-             f"measured exposed communication in forward, backward and step {fmt_s(meas_comm)} (all collectives).")
+             f"{r['pred_allgather_count']:.0f} predicted): predicted {fmt_s(r.get('pred_allgather_s', math.nan))}"
+             + (" (the ones after the step issued with async_op=True and waited together: one latency, then "
+                "the measured cost of each further queued call)" if r.get("meas_step_comm_bytes", 0) > 0 else "")
+             + f"; measured exposed communication in forward, backward and step {fmt_s(meas_comm)} (all collectives).")
+    waits = [_num(r.get(f"pred_{p}_wait_s")) for p in ("fwd", "bwd", "optim")]
+    syncs = sum(_num(r.get(f"pred_{p}_syncs")) for p in ("fwd", "bwd", "optim"))
+    if sum(waits) > 0:
+        idle = r.get("meas_step_s", math.nan) - r.get("meas_step_cpu_s", math.nan)
+        text += (f" Predicted wait for the later rank at its {syncs:.0f} blocking collectives per step "
+                 f"{fmt_s(sum(waits))}" + (f"; measured elapsed less process CPU time per step {fmt_s(idle)} (that wait "
+                                           f"and the collectives' own time off the CPU)." if idle == idle else "."))
     return text
+
+
+def _num(x) -> float:
+    """A predicted-only column's value, 0 where a row from before the column has none (NaN or missing)."""
+    return 0.0 if x is None or x != x else float(x)
 
 
 def _gathering_runs(table) -> str:

@@ -13,6 +13,8 @@ rule, ``pred_<what>`` / ``meas_<what>``:
     <phase>_compute_s, <phase>_comm_s   split into compute and EXPOSED communication
                                    (measured: torch.profiler window with the comms logger off)
 
+``pred_<phase>_wait_s`` (the expected wait for the latest rank at the phase's ``pred_<phase>_syncs`` blocking
+collectives or waited batches: ``perfcheck.predict.collectives.straggler_wait_s``; part of ``pred_<phase>_s``),
 ``local_processes`` (ranks on the rank's host) and ``pred_process_slowdown`` (the factor the host and
 CPU-compute terms were multiplied by for them: ``perfcheck.predict.host.process_slowdown``; 1 for one rank),
 plus ``meas_<phase>_cpu_s`` / ``meas_step_cpu_s`` (process CPU time in the engine calls: the elapsed time
@@ -40,7 +42,9 @@ PHASES = {"fwd": "fwd", "bwd": "bwd", "step": "optim"}
 #: only the exposed part of every collective together). The stage-3 answer sets them beside the phases.
 #: ``pred_process_slowdown`` is the factor the prediction applied for the ranks sharing a host (an input).
 PREDICTED_ONLY = ("pred_fwd_host_s", "pred_bwd_host_s", "pred_optim_host_s", "pred_zero3_hooks_s",
-                  "pred_zero3_gather_host_s", "pred_allgather_s", "pred_process_slowdown")
+                  "pred_zero3_gather_host_s", "pred_allgather_s", "pred_process_slowdown",
+                  "pred_fwd_wait_s", "pred_bwd_wait_s", "pred_optim_wait_s",
+                  "pred_fwd_syncs", "pred_bwd_syncs", "pred_optim_syncs")
 BYTES_TOLERANCE = 0.05
 LOG_NAMES = ("launcher.log", "log.txt")
 
@@ -357,6 +361,8 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
         row[f"pred_{name}_comm_s"], row[f"meas_{name}_comm_s"] = t[f"{name}_comm_s"], exp[f"meas_{name}_comm_s"]
         row[f"pred_{name}_compute_s"] = t[f"{name}_compute_s"]
         row[f"pred_{name}_host_s"] = t.get(f"{name}_host_s", 0.0)
+        row[f"pred_{name}_wait_s"] = t.get(f"{name}_wait_s", 0.0)  # for the latest rank (straggler_wait_s)
+        row[f"pred_{name}_syncs"] = t.get(f"{name}_syncs", 0.0)
         comm = row[f"meas_{name}_comm_s"]
         row[f"meas_{name}_compute_s"] = row[f"meas_{name}_s"] - (0 if math.isnan(comm) else comm)
     row["pred_step_s"], row["meas_step_s"] = t["step_s"], mt["meas_total_s"]

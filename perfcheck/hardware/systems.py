@@ -73,6 +73,11 @@ HOST_KEYS = {
     "device_kernel_s": "device-side fixed time per kernel beyond the roofline (GPU launch gap; 0 on a CPU: "
                        "the same thread, counted in op_dispatch_s)",
     "collective_latency_s": "alpha: fixed time of one collective call (small-message all-reduce)",
+    "collective_async_call_s": "time one more collective adds to a batch issued with async_op=True and waited "
+                               "together (perfcheck/hardware/calibrate/collectives.py bench_sync_terms)",
+    "collective_straggler_s": "mean wait of a rank for the latest rank at one blocking collective after equal work, "
+                              "at collective_straggler_ranks ranks (perfcheck.predict.collectives.straggler_wait_s)",
+    "collective_straggler_ranks": "the rank count collective_straggler_s was measured at (dimensionless, >= 2)",
     "process_slowdown_per_peer": "fraction by which one process's host/CPU work slows per other process like it "
                                  "on the same host (dimensionless; perfcheck/hardware/calibrate/concurrency.py)",
     # DeepSpeed's own host work per ZeRO stage S (0-3) and phase (fwd/bwd beyond the plain model's; step:

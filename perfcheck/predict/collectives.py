@@ -19,6 +19,7 @@ model's 2(n-1)*alpha; it matters only for small messages, which nccl-tests shows
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -163,3 +164,84 @@ def bytes_from_deepspeed_log(op_name: str, msg_size, group_size):
     size = np.asarray(msg_size, dtype=float)
     out = size * _group(group_size) if kind in _PER_RANK_LOGGED else size
     return out.item() if np.ndim(out) == 0 else out
+
+
+def batch_time_s(kind, bytes_per_call, calls, group_size, system, spans_nodes=None):
+    """Seconds for ``calls`` collectives of ``bytes_per_call`` (S each) issued together and waited together.
+
+    DeepSpeed issues some collectives with ``async_op=True`` and waits for their handles only after the
+    last one is issued (ZeRO-3's gather of the persistent parameters after the step,
+    ``Init._allgather_params_coalesced``: one ``all_gather_into_tensor`` per tensor, then every
+    ``handle.wait()``). The calls queue behind each other on the process group's worker, so the batch pays
+    the latency once and then, per further call, only what it costs to issue and complete one more queued
+    call (``host.collective_async_call_s``, measured by ``perfcheck calibrate``'s collectives case as a
+    batch of async all-gathers less one), and every call's bytes on the link:
+
+        t(batch of k) = alpha + (k - 1) * async_call_s + k * S * bus_factor / B
+
+    k = 1 is ``collective_time_s``. ``calls`` may be fractional in vectorised use (a mean over steps); 0
+    calls, 0 bytes or a group of one cost nothing. Arrays broadcast like ``collective_time_s``'s.
+    """
+    from perfcheck.hardware.systems import host_constants
+
+    system = load_system(system)
+    k = np.asarray(calls, dtype=float)
+    if np.any(k < 0) or np.any(~np.isfinite(k)):
+        raise UserError(f"calls: the number of collectives in a batch must be a finite number >= 0, got {calls!r}")
+    one = np.asarray(collective_time_s(kind, bytes_per_call, group_size, system, spans_nodes))
+    hc = host_constants(system)
+    active = (one > 0) & (k > 0)
+    alpha = hc["collective_latency_s"]
+    t = np.where(active, alpha + np.maximum(k - 1.0, 0.0) * hc["collective_async_call_s"] + k * (one - alpha), 0.0)
+    return t.item() if np.ndim(t) == 0 else t
+
+
+@functools.lru_cache(maxsize=64)
+def expected_max_normal(n) -> float:
+    """E[max of n independent standard normal variables] - the mean: 0 for n = 1, 1/sqrt(pi) = 0.5642 for
+    n = 2, 0.8463 for 3, 1.0294 for 4, 1.4236 for 8 (Tippett 1925's table; computed here by integrating
+    x * n * phi(x) * Phi(x)^(n-1) on a grid, exact to 1e-6 against those values)."""
+    import math
+
+    if isinstance(n, bool) or int(n) != n or n < 1:
+        raise UserError(f"ranks must be a positive integer, got {n!r}")
+    n = int(n)
+    if n == 1:
+        return 0.0
+    x = np.linspace(-10.0, 10.0, 40001)
+    phi = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in x]))
+    f = x * n * phi * cdf ** (n - 1)
+    return float(np.sum((f[1:] + f[:-1]) * 0.5 * np.diff(x)))
+
+
+def straggler_wait_s(syncs, ranks, system):
+    """Expected seconds one rank waits, per step, for the latest of ``ranks`` ranks at ``syncs`` blocking
+    collectives (or waited batches of async ones).
+
+    Derivation. A blocking collective completes for nobody before every rank has entered it. Each rank
+    reaches it after the same code on same-sized data, but its elapsed time differs from the others':
+    on a shared host a rank is descheduled for a tick, its gloo thread waits for a core, and the previous
+    collective let the ranks go at different moments. Call A_i rank i's arrival; every rank leaves together
+    (when the latest has arrived), so a rank's expected wait is E[max_j A_j] - E[A_i]. That is measured, as a
+    mean over many rounds, by the collectives case (``host.collective_straggler_s`` at
+    ``host.collective_straggler_ranks`` ranks: equal work, then a blocking all-reduce; bench/RESULTS.md:
+    the mean wait did not grow with the work before the collective, 2.7 vs 8 ms of it, so it is a cost
+    per collective, not per second of work). For another rank count N the arrivals are taken as normal
+    with the measured spread, so the wait scales as E[max of N standard normals] (``expected_max_normal``):
+
+        wait = syncs * collective_straggler_s * e_N / e_N0       (N0 the measured rank count; 0 for N = 1)
+    """
+    from perfcheck.hardware.systems import host_constants
+
+    s = np.asarray(syncs, dtype=float)
+    if np.any(s < 0) or np.any(~np.isfinite(s)):
+        raise UserError(f"syncs: blocking collectives per step must be a finite number >= 0, got {syncs!r}")
+    hc = host_constants(load_system(system))
+    n0 = hc["collective_straggler_ranks"]
+    if hc["collective_straggler_s"] == 0:  # no wait measured (or a spec that sets every host term to 0)
+        return 0.0 if np.ndim(s) == 0 else np.zeros_like(s)
+    if int(n0) != n0 or n0 < 2:
+        raise UserError(f"host.collective_straggler_ranks must be an integer >= 2, got {n0!r}")
+    t = s * hc["collective_straggler_s"] * expected_max_normal(ranks) / expected_max_normal(int(n0))
+    return t.item() if np.ndim(t) == 0 else t

@@ -226,6 +226,17 @@ class Collective:
     bytes: object  # float or array: full buffer S summed over calls, per optimizer step
     count: object  # calls per optimizer step
     what: str  # what the collective moves (for notes)
+    #: calls issued together (``async_op=True``) and waited together: 1 = each call issued and waited
+    #: before the next (a blocking collective); ``count / batch`` batches per step, each one wait.
+    batch: object = 1.0
+
+    @property
+    def batches(self):
+        """Waits per optimizer step: ``count / batch`` (0 where there are no calls)."""
+        count, batch = np.asarray(self.count, dtype=float), np.asarray(self.batch, dtype=float)
+        out = np.divide(count, np.maximum(batch, 1.0), out=np.zeros(np.broadcast(count, batch).shape),
+                        where=count > 0)
+        return out.item() if np.ndim(out) == 0 else out
 
 
 def _stage3_module_bytes(lay: Layout, dp: float, settings: ZeroSettings, b_p: float):
@@ -306,24 +317,29 @@ def _stage3_comm(P, st, n, g, b_p, b_g, settings, lay):
         fwd_calls = (float(np.count_nonzero(fwd)) if settings.prefetch_bucket_size <= 0
                      else max(1.0, math.ceil(nonp.sum() / settings.prefetch_bucket_size)) if nonp.sum() > 0 else 0.0)
         bwd_calls = float(np.count_nonzero(bwd))
-        return [Collective("fwd", "allgather", g * fwd.sum(), g * fwd_calls, "ZeRO-3 parameters before forward"),
+        prefetch = settings.prefetch_bucket_size > 0
+        step_calls = float(np.count_nonzero(step))
+        return [Collective("fwd", "allgather", g * fwd.sum(), g * fwd_calls, "ZeRO-3 parameters before forward",
+                           batch=fwd_calls if prefetch and fwd_calls > 0 else 1.0),
                 Collective("bwd", "allgather", g * bwd.sum(), g * bwd_calls,
-                           "ZeRO-3 parameters re-gathered for backward"),
+                           "ZeRO-3 parameters re-gathered for backward",
+                           batch=bwd_calls if prefetch and bwd_calls > 0 else 1.0),
                 Collective("bwd", "reducescatter", g * rs,
                            g * max(1.0, math.ceil(rs / b_g / settings.reduce_bucket_size)),
                            "ZeRO-3 gradients (reduce_scatter_fn)"),
-                Collective("step", "allgather", float(step.sum()), float(np.count_nonzero(step)),
-                           "ZeRO-3 persistent parameters after the step")]
+                Collective("step", "allgather", float(step.sum()), step_calls,
+                           "ZeRO-3 persistent parameters after the step (async, waited together)",
+                           batch=max(step_calls, 1.0))]
     # Continuum: params spread evenly in forward order; those within the last W elements of
     # forward stay resident for backward, W = max(max_reuse_distance / 2, prefetch_bucket_size).
     window = max(settings.max_reuse_distance / 2, settings.prefetch_bucket_size)
     S = P * b_p * (n > 1)
     bwd_ag = np.maximum(0.0, P - window) * b_p * (n > 1)
     zero = np.zeros_like(np.asarray(P * st, dtype=float))
-    return [Collective("fwd", "allgather", np.where(is3, g * S, zero),
-                       np.where(is3 & (S > 0), g * np.maximum(1.0, np.ceil(P / max(settings.prefetch_bucket_size, 1))),
-                                zero),
-                       "ZeRO-3 parameters before forward"),
+    fwd_calls = np.maximum(1.0, np.ceil(P / max(settings.prefetch_bucket_size, 1)))
+    return [Collective("fwd", "allgather", np.where(is3, g * S, zero), np.where(is3 & (S > 0), g * fwd_calls, zero),
+                       "ZeRO-3 parameters before forward",
+                       batch=fwd_calls if settings.prefetch_bucket_size > 0 else 1.0),
             Collective("bwd", "allgather", np.where(is3, g * bwd_ag, zero), np.where(is3 & (bwd_ag > 0), g, zero),
                        "ZeRO-3 parameters re-gathered for backward"),
             Collective("bwd", "reducescatter", np.where(is3, g * P * b_g, zero),
@@ -400,10 +416,11 @@ def memory_per_rank(params, stage, dp, *, dtype="bf16", optimizer: str = "adam",
 
 # ------------------------------------------------------------------------------------- time
 def comm_time_s(collectives, dp, system, spans_nodes=None) -> dict:
-    """Seconds per phase: sum over lines of count * t(kind, S / count) (``collectives.collective_time_s``,
-    whose alpha is the spec's collective latency)."""
+    """Seconds per phase: per line, ``count / batch`` batches of ``batch`` calls of S / count each,
+    every batch timed by ``collectives.batch_time_s`` (alpha once per batch, ``collective_async_call_s`` per
+    further call issued with it, every call's bytes; a batch of 1 is ``collective_time_s``: alpha + bytes)."""
     from perfcheck.hardware.systems import load_system
-    from perfcheck.predict.collectives import collective_time_s
+    from perfcheck.predict.collectives import batch_time_s
 
     spec = load_system(system)
     out = {ph: 0.0 for ph in PHASES}
@@ -411,8 +428,21 @@ def comm_time_s(collectives, dp, system, spans_nodes=None) -> dict:
         count = np.asarray(c.count, dtype=float)
         per_call = np.divide(np.asarray(c.bytes, dtype=float), count, out=np.zeros(np.broadcast(count, c.bytes).shape),
                              where=count > 0)
-        t = count * np.asarray(collective_time_s(c.kind, per_call, dp, spec, spans_nodes=spans_nodes))
+        batch = np.minimum(np.maximum(np.asarray(c.batch, dtype=float), 1.0), np.maximum(count, 1.0))
+        t = np.asarray(c.batches) * np.asarray(batch_time_s(c.kind, per_call, batch, dp, spec, spans_nodes=spans_nodes))
         out[c.phase] = out[c.phase] + np.where(count > 0, t, 0.0)
+    return out
+
+
+def sync_points(collectives, dp) -> dict:
+    """Blocking waits per phase and optimizer step: each line's ``count / batch`` batches (a rank leaves a
+    blocking collective, or the wait for a batch, only when every rank has entered it). 0 for one rank."""
+    out = {ph: 0.0 for ph in PHASES}
+    if float(np.max(np.asarray(dp, dtype=float))) <= 1:
+        return out
+    for c in collectives:
+        b = np.asarray(c.batches, dtype=float)
+        out[c.phase] = out[c.phase] + np.where(np.asarray(c.bytes, dtype=float) > 0, b, 0.0)
     return out
 
 
@@ -475,10 +505,14 @@ def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimi
     host_s: DeepSpeed's and the optimizer's host seconds per phase ({"fwd", "bwd", "optim"}, per
       micro-step for fwd/bwd: perfcheck.analysis.stages builds it with perfcheck.predict.host).
     Times per optimizer step:
-        fwd  = G * (compute_fwd + host_fwd) + (1 - overlap) * t(fwd collectives)
-        bwd  = G * (compute_bwd + host_bwd) + (1 - overlap) * t(bwd collectives)
-        optim = optimizer_time_s + host_optim + t(step collectives)
+        fwd  = G * (compute_fwd + host_fwd) + (1 - overlap) * t(fwd collectives) + wait(fwd syncs)
+        bwd  = G * (compute_bwd + host_bwd) + (1 - overlap) * t(bwd collectives) + wait(bwd syncs)
+        optim = optimizer_time_s + host_optim + t(step collectives) + wait(step syncs)
         step = fwd + bwd + optim
+    t(collectives) prices each line's batches (``comm_time_s``: a blocking call alpha + bytes, an async batch
+    one alpha + ``collective_async_call_s`` per further call + bytes); wait(syncs) is the expected wait for
+    the latest rank at each blocking collective or waited batch (``sync_points``,
+    ``collectives.straggler_wait_s``); ``times`` also holds ``<phase>_syncs`` and ``<phase>_wait_s``.
     """
     if layout is None and hasattr(params, "parameters"):
         layout = layout_from_module(params)
@@ -507,8 +541,14 @@ def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimi
              "optim_compute_s": float(optimizer_time_s(P, st, n, spec, precision_=prec)),
              "optim_comm_s": float(comm["step"])}
     host_s = host_s or {}
-    for ph in ("fwd", "bwd", "optim"):
+    from perfcheck.predict.collectives import straggler_wait_s
+
+    syncs = sync_points(colls, n)
+    for ph, key in (("fwd", "fwd"), ("bwd", "bwd"), ("optim", "step")):
         times[f"{ph}_host_s"] = float(host_s.get(ph, 0.0)) * (g if ph != "optim" else 1)
-        times[f"{ph}_s"] = times[f"{ph}_compute_s"] + times[f"{ph}_comm_s"] + times[f"{ph}_host_s"]
+        times[f"{ph}_syncs"] = float(syncs[key])
+        times[f"{ph}_wait_s"] = float(straggler_wait_s(syncs[key], n, spec))
+        times[f"{ph}_s"] = (times[f"{ph}_compute_s"] + times[f"{ph}_comm_s"] + times[f"{ph}_host_s"]
+                            + times[f"{ph}_wait_s"])
     times["step_s"] = times["fwd_s"] + times["bwd_s"] + times["optim_s"]
     return ZeroEstimate(st, n, g, int(P), prec, colls, memory, times)

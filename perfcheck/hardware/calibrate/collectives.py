@@ -166,3 +166,135 @@ def measured_here(spec) -> bool:
     """Whether ``spec``'s collective constants were measured by a calibration of its own (both the link and
     alpha have a source that is not a base spec's or a default's)."""
     return fit.measured_here(spec, SOURCE_KEYS)
+
+
+# ------------------------------------------------------------------ how ranks meet at a collective
+#: Calls in the async batch; tensor size (bytes of the gathered output) of each call.
+BATCH_CALLS, BATCH_BYTES = 10, 4096
+#: mode -> (repeats of the batch and of the single call, work-then-all-reduce rounds)
+SYNC_MODES = {"quick": (25, 150), "default": (40, 250), "full": (60, 400)}
+#: The host constants ``bench_sync_terms`` measures (``apply_sync_terms`` writes them with their sources).
+SYNC_KEYS = ("collective_async_call_s", "collective_straggler_s")
+
+
+def _sync_worker(rank, world, port, repeats, rounds, out_path):  # pragma: no cover - child process
+    import torch.distributed as dist
+
+    from perfcheck.hardware.calibrate.concurrency import _workload
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        shard = max(1, BATCH_BYTES // 4 // world)
+        bufs = [(torch.ones(shard), torch.empty(shard * world)) for _ in range(BATCH_CALLS)]
+
+        def single():
+            dist.all_gather_into_tensor(bufs[0][1], bufs[0][0])
+
+        def batch():  # as ZeRO-3's Init._allgather_params_coalesced: issue every call, then wait every handle
+            handles = [dist.all_gather_into_tensor(o, i, async_op=True) for i, o in bufs]
+            for h in handles:
+                h.wait()
+
+        for fn in (single, batch, single, batch):
+            fn()
+        times = {"single": [], "batch": []}
+        for _ in range(repeats):
+            for name, fn in (("single", single), ("batch", batch)):
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(_max_over_ranks(time.perf_counter() - t0, torch.device("cpu")))
+        # the wait for the latest rank: equal work on every rank (the concurrency case's training step, one or
+        # two of them), then a blocking 4-byte all-reduce; a rank's wait = latest entry - its own entry
+        step, x = _workload(rank), torch.ones(1)
+        for _ in range(5):
+            step()
+        entries = []
+        dist.barrier()
+        for r in range(rounds):
+            for _ in range(1 + r % 2):
+                step()
+            entries.append(time.monotonic())  # CLOCK_MONOTONIC: one clock for every process of the host
+            dist.all_reduce(x)
+        mine = torch.tensor(entries, dtype=torch.float64)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        if rank == 0:
+            a = torch.stack(every)[:, 3:]  # the first rounds carry the barrier's own skew
+            waits = (a.max(0).values - a).mean(0)  # per round: the ranks' mean wait
+            with open(out_path, "w") as fh:
+                json.dump({"single": times["single"], "batch": times["batch"], "waits": waits.tolist()}, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+def bench_sync_terms(world_size: int = 2, mode: str = "quick", *, timeout_s: float = 120.0) -> dict:
+    """How ``world_size`` gloo ranks on this host meet at collectives (CPU only; ~2-4 s quick).
+
+    - ``async_call_s``: what one more call adds to a batch issued with ``async_op=True`` and waited together
+      (ZeRO-3's post-step gather of its persistent tensors): (median batch of ``BATCH_CALLS`` all-gathers
+      - median single all-gather) / (``BATCH_CALLS`` - 1), each the slowest rank's time, clipped at 0. On
+      NCCL queued calls overlap (small); on gloo here they queue behind each other on the group's worker.
+    - ``straggler_s``: the mean time a rank waits at a blocking collective for the latest rank when every
+      rank did the same work before it (one or two steps of the concurrency case's chain, alternating): per
+      round, latest entry - own entry, averaged over ranks, then over rounds (a mean: the waits are rare and
+      long, a scheduler tick, so the median is near 0 while the expected cost is not).
+
+    Returns ``{"async_call_s", "straggler_s", "single_s", "batch_s", "waits", "world_size", "calls"}``; raises
+    ``CollectiveBenchError`` when a rank fails or ``timeout_s`` passes."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+        raise UserError(f"world_size: must be an integer >= 2, got {world_size!r}")
+    if mode not in SYNC_MODES:
+        raise UserError(f"mode: unknown {mode!r} (known: {', '.join(SYNC_MODES)})")
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    repeats, rounds = SYNC_MODES[mode]
+    with tempfile.TemporaryDirectory(prefix="perfcheck-sync-") as tmp:
+        out = os.path.join(tmp, "sync.json")
+        ctx = mp.start_processes(_sync_worker, args=(world_size, _free_port(), repeats, rounds, out),
+                                 nprocs=world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=0.5):
+                if time.monotonic() > deadline:
+                    raise CollectiveBenchError(f"collective sync case exceeded {timeout_s:.0f} s")
+        except ProcessException as exc:
+            raise CollectiveBenchError(f"collective sync case failed: {str(exc).strip().splitlines()[-1]}") from None
+        finally:
+            for p in ctx.processes:  # only the processes this call started
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+        with open(out) as fh:
+            raw = json.load(fh)
+    return sync_terms(raw["single"], raw["batch"], raw["waits"], world_size)
+
+
+def sync_terms(single, batch, waits, world_size: int, calls: int = BATCH_CALLS) -> dict:
+    """The case's result from its raw timings (seconds): see ``bench_sync_terms``."""
+    single_s, batch_s = statistics.median(single), statistics.median(batch)
+    return {"async_call_s": max(batch_s - single_s, 0.0) / (calls - 1), "straggler_s": float(statistics.mean(waits)),
+            "single_s": single_s, "batch_s": batch_s, "waits": len(waits), "world_size": world_size, "calls": calls}
+
+
+def apply_sync_terms(spec, result: dict, stamp: str):
+    """``spec`` with ``host.collective_async_call_s`` and ``host.collective_straggler_s`` and their sources."""
+    import dataclasses
+
+    where = f"{stamp}: perfcheck/hardware/calibrate/collectives.py bench_sync_terms, {result['world_size']} gloo ranks"
+    how = {"collective_async_call_s":
+           f"{where}: {result['calls']} async all-gathers of {BATCH_BYTES} B waited together "
+           f"{result['batch_s'] * 1e3:.3f} ms vs one {result['single_s'] * 1e3:.3f} ms (medians of the slowest "
+           f"rank), (batch - one) / {result['calls'] - 1}",
+           "collective_straggler_s":
+           f"{where}: mean wait for the latest rank at a blocking all-reduce after equal work (1-2 steps of the "
+           f"concurrency case's chain), {result['waits']} rounds, at {result['world_size']} ranks"}
+    host = {**dict(spec.host), "collective_async_call_s": result["async_call_s"],
+            "collective_straggler_s": result["straggler_s"], "collective_straggler_ranks": float(result["world_size"])}
+    sources = {**dict(spec.sources), **{f"host.{k}": v for k, v in how.items()},
+               "host.collective_straggler_ranks": f"{where}: the rank count collective_straggler_s was measured at"}
+    return dataclasses.replace(spec, host=host, sources=sources)

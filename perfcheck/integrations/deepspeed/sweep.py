@@ -281,9 +281,10 @@ def run_stage(opts: SweepOptions, stage: str, index: int, count: int, *, gpus: i
 #: sharing the host. Measured in this order.
 SWEEP_TERMS = {"deepspeed": ("host.zero0_fwd_s",),
                "collectives": ("host.collective_latency_s", "intra_node_bandwidth_bytes_per_s"),
+               "collective sync": ("host.collective_async_call_s", "host.collective_straggler_s"),
                "concurrency": ("host.process_slowdown_per_peer",)}
 #: Families measured between the ranks of this host: nothing to measure with one rank here.
-MULTI_PROCESS = ("collectives", "concurrency")
+MULTI_PROCESS = ("collectives", "collective sync", "concurrency")
 
 
 def missing_terms(spec) -> list:
@@ -312,13 +313,16 @@ def _measure(name: str, spec, *, ranks: int, threads: int, stamp: str):
         if "collectives" in missing_terms(out):
             raise RuntimeError("the all-reduce timings gave no alpha (fewer than two sizes measured)")
         return out
+    if name == "collective sync":  # async batches and the wait for the latest rank (collectives.bench_sync_terms)
+        return collectives.apply_sync_terms(spec, collectives.bench_sync_terms(ranks, "quick"), stamp)
     return concurrency.apply(spec, concurrency.bench_concurrency(ranks, "quick", threads=threads), stamp)
 
 
 def calibrate_sweep_terms(spec, *, ranks: int, threads: int = 1, say: Callable[[str], None] = print):
     """``spec`` (this CPU's cached calibration) with the families ``missing_terms`` names measured and kept in
     the cache beside the rest: the DeepSpeed engine case (quick mode, one rank, ~15 s here), the gloo
-    all-reduce case at ``ranks`` processes (``perfcheck calibrate --quick``'s: 3 sizes, ~5 s) and the
+    all-reduce case at ``ranks`` processes (``perfcheck calibrate --quick``'s: 3 sizes, ~5 s), the ranks'
+    meeting at collectives (an async all-gather batch and the wait for the latest rank, ~4 s) and the
     process-concurrency case at ``ranks`` processes (~5-10 s). Once per machine; each failure is one
     line and leaves that family at its defaults (the next sweep tries again). Returns the spec to predict
     with (None passes through)."""
