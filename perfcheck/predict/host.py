@@ -7,13 +7,13 @@ trace records therefore also costs host time, from constants in the system spec'
 (``perfcheck.hardware.systems.HOST_KEYS``: measured by ``perfcheck calibrate``, else the
 datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with its source):
 
-    forward, per traced aten op     op_dispatch_s (view_dispatch_s for a view/metadata op)
+    forward, per traced aten op     op_dispatch_s + op_cold_s (view_dispatch_s for a view/metadata op)
                                     + autograd_node_s when an input needs a gradient (grad_fn node)
     forward, per module call        module_call_s (nn.Module.__call__ and the forward frame)
                                     + module_fixed_s[class] for a standard nn layer (its Python
                                     beyond its aten ops: BatchNorm's bookkeeping, F.* wrappers;
                                     measured per class by calibration, 0 for other classes)
-    backward, per autograd node     backward_node_s + op_dispatch_s per backward kernel
+    backward, per autograd node     backward_node_s + (op_dispatch_s + op_cold_s) per backward kernel
                                     (view_dispatch_s for a view's node)
     backward, per parameter tensor  backward_node_s + view_dispatch_s (AccumulateGrad: a node and a detach)
     backward, once (root)           backward_call_s (engine start for loss.backward())
@@ -24,6 +24,13 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
     N processes on one host         each one's host time (and CPU compute) x (1 + (N - 1) x
                                     process_slowdown_per_peer) (``process_slowdown``; applied by
                                     the ZeRO comparison, perfcheck.analysis.stages)
+
+``op_cold_s``: the per-op prices above and the kernels' efficiencies are measured by repeating one op in a
+tight loop, which keeps its code, branch history and tensors in the core; a step runs each op once, after
+other ops, and pays more (the 14 tiny ops of the op_fixed cases took 10.3 us more per op called one after
+another than each in its own loop on the project's VM; a LeNet forward inside a step 7-9% more than in a
+forward-only loop, JSC's 17%: bench/RESULTS.md, issue 12). Calibration measures it as that round-robin's
+excess (``cases.op_cold_cases``); it is added per computing op and backward kernel, never to a view.
 
 Two timelines (``timeline``): the host issues op i after its host cost h_i (issue time
 H_i = h_0 + ... + h_i); the device starts op i once it is issued and op i-1 is done, and runs it
@@ -167,9 +174,12 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
     k_fwd = seq["kernels_fwd"].to_numpy(float)
     k_bwd = seq["kernels_bwd"].to_numpy(float)
     fixed = np.array([(op_fixed or {}).get(n, 0.0) for n in seq["name"]], dtype=float)
-    fwd = np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + node * hc["autograd_node_s"]
+    # a step runs each op after other ops, not in the tight loop its prices were measured in: every computing
+    # op and backward kernel also pays op_cold_s (views: metadata only, priced by their own case)
+    cold = hc["op_cold_s"]
+    fwd = np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed + cold) + node * hc["autograd_node_s"]
     bwd_kernels = np.where(view, hc["view_dispatch_s"],
-                           np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed * k_bwd / np.maximum(k_fwd, 1.0))
+                           np.maximum(k_bwd, 1.0) * (hc["op_dispatch_s"] + cold) + fixed * k_bwd / np.maximum(k_fwd, 1.0))
     bwd = node * (hc["backward_node_s"] + bwd_kernels)
     return fwd, bwd
 

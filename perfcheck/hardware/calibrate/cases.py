@@ -371,6 +371,22 @@ def op_fixed_cases(device) -> list:
     return [Case("opfixed", name, fn, "fp32") for name, fn in _tiny_ops(torch.device(device)).items()]
 
 
+def op_cold_cases(device) -> list:
+    """The op_fixed cases' tiny ops called one after another (label ``round-robin xN``, time per op): each
+    call follows a different op, as a training step runs its ops, where the op_fixed cases repeat one op in
+    a tight loop that keeps its code, its branch history and its tensors in the core. Per op, this case less
+    the mean of the same ops' tight loops is the host time an op costs beyond its tight-loop price inside a
+    step (``op_cold_s``, fit.py). Why: on the project's VM the 14 ops took 268.6 us in a round-robin against
+    124.1 us summed over their tight loops (+10.3 us per op), and the same excess is what a LeNet or JSC
+    forward inside a training step costs beyond a warm per-op model (bench/RESULTS.md, issue 12, helper-A)."""
+    ops = list(_tiny_ops(torch.device(device)).values())
+
+    def round_robin():
+        for fn in ops:
+            fn()
+    return [Case("opcold", f"round-robin x{len(ops)}", round_robin, "fp32", per_call=len(ops))]
+
+
 def module_fixed_cases(device) -> list:
     """One call per standard nn module class (label = the class name, see perfcheck.hardware.calibrate.layers)."""
     return [Case("modfixed", name, (lambda m=m, x=x: m(*x)), "fp32")

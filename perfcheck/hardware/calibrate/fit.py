@@ -342,18 +342,36 @@ def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     from perfcheck.schema import ROOT
 
     mods = tiny_modules("cpu")  # the estimator traces on fake tensors: the device does not matter
+    # the cases repeat one module in a tight loop: estimate them as such, without the step's per-op cold cost
+    tight = dataclasses.replace(spec, host={**dict(spec.host), "op_cold_s": 0.0})
     fixed = {}
     for r in rows.itertuples(index=False):
         if r.label not in mods:
             continue  # a table from another perfcheck version
         m, x = mods[r.label]
-        pred = perfcheck.estimate(m, x, system=spec)
+        pred = perfcheck.estimate(m, x, system=tight)
         fixed[r.label] = max(float(r.seconds) - float(pred.loc[pred["module"] == ROOT, "pred_fwd_s"].iloc[0]), 0.0)
     sources = dict(spec.sources)
     sources["module_fixed_s"] = (f"{d.stamp}: per nn module class, one training-mode call on tiny tensors "
                                  f"(8x16, 1x1x6x6; parameters and inputs needing gradients) less the estimator's "
                                  f"forward for it on this spec (dispatch, autograd nodes, per-op fixed costs, module call)")
     return dataclasses.replace(spec, module_fixed_s=fixed, sources=sources)
+
+
+def op_cold_excess(table) -> Optional[tuple]:
+    """``(op_cold_s, ops, round-robin s per op, tight-loop s per op)`` from the ``opcold`` case (the tiny
+    ops called one after another, seconds per op) and the ``opfixed`` cases of the same ops (each in its own
+    tight loop): the round-robin's time per op less the tight loops' mean, floored at 0 (a negative excess
+    is noise: an op cannot run faster for following another). None without both."""
+    rr, fixed = _rows(table, "opcold"), _rows(table, "opfixed")
+    if not len(rr) or not len(fixed):
+        return None
+    r = rr.iloc[0]
+    n = int(str(r["label"]).rsplit("x", 1)[-1]) if str(r["label"]).rsplit("x", 1)[-1].isdigit() else 0
+    if n != len(fixed):  # not the same set of ops (a table from another version): no matched subtraction
+        return None
+    tight = float(fixed["seconds"].mean())
+    return max(float(r["seconds"]) - tight, 0.0), n, float(r["seconds"]), tight
 
 
 def _launch(d: _Draft, table, threads):
@@ -408,6 +426,11 @@ def _host(d: _Draft, table, threads):
         put("backward_call_s", bwd[0] - n[0] * slope, "intercept of the same line: loss.backward()'s fixed cost")
     if "module call" in sec:
         put("module_call_s", sec["module call"], "calling an nn.Module whose forward returns its input")
+    cold = op_cold_excess(table)
+    if cold is not None:
+        put("op_cold_s", cold[0], f"the {cold[1]} tiny ops of the op_fixed cases called one after another, "
+                                  f"{cold[2] * 1e6:.2f} us per op, less the same ops each in a tight loop, "
+                                  f"{cold[3] * 1e6:.2f} us per op (mean)")
     for label in ("sgd", "sgd_foreach", "adam", "adam_foreach"):
         rows = host[host["label"].str.fullmatch(f"optim {label} x\\d+")].sort_values("m")
         if len(rows) < 2:

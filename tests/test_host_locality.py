@@ -1,0 +1,135 @@
+"""Issue 12, an op inside a step costs more than in calibration's tight loops: the host model's per-op cold
+cost (``op_cold_s``), its calibration case (the op_fixed ops one after another), its fit (the round-robin's
+time per op less the same ops' tight loops), and where the estimator adds it (every computing forward op and
+backward kernel, never a view), by hand; and a planted case: ops whose switch costs a known busy-wait."""
+import dataclasses
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+import perfcheck
+from perfcheck.hardware.calibrate import cases, fit
+from perfcheck.hardware.calibrate.cases import Case, Timer, run_cases
+from perfcheck.hardware.systems import host_constants, host_source, load_system
+
+US = 1e-6
+
+
+def _spec(**host_values):
+    base = load_system("cpu")
+    values = {k: 0.0 for k in host_constants(base)}
+    values.update(host_values)
+    return dataclasses.replace(base, host=values)
+
+
+def _row(kind, label, seconds):
+    return {"kind": kind, "label": label, "dtype": "fp32", "m": 0, "k": 0, "n": 0, "flops": 0.0, "bytes": 0.0,
+            "world_size": 1, "seconds": seconds}
+
+
+# ---------------------------------------------------------------------------- the fit, by hand
+def test_cold_excess_is_round_robin_per_op_less_the_tight_loops_mean():
+    # tight loops of 3 ops: 4, 6 and 8 us (mean 6); the three one after another: 16 us per op -> 10 us each
+    table = pd.DataFrame([_row("opfixed", "a", 4 * US), _row("opfixed", "b", 6 * US), _row("opfixed", "c", 8 * US),
+                          _row("opcold", "round-robin x3", 16 * US)])
+    cold, n, rr, tight = fit.op_cold_excess(table)
+    assert (n, rr, tight) == (3, pytest.approx(16 * US), pytest.approx(6 * US))
+    assert cold == pytest.approx(10 * US)
+    # faster in a round-robin than in loops is noise, not a negative cost: floored at 0
+    faster = table.assign(seconds=[4 * US, 6 * US, 8 * US, 5 * US])
+    assert fit.op_cold_excess(faster)[0] == 0.0
+    # another set of ops than the tight loops (a table from another version): no matched subtraction
+    assert fit.op_cold_excess(table.iloc[1:]) is None
+    assert fit.op_cold_excess(table.iloc[:3]) is None
+
+
+def test_build_spec_keeps_the_measured_cold_cost_with_its_source():
+    rows = [_row("launch", "op", 4 * US), _row("host", "view", 2 * US), _row("host", "module call", 3 * US),
+            _row("opfixed", "a", 5 * US), _row("opfixed", "b", 7 * US), _row("opcold", "round-robin x2", 15 * US)]
+    spec = fit.build_spec("cpu", pd.DataFrame(rows), peaks="measured", stamp="test stamp")
+    assert spec.host["op_cold_s"] == pytest.approx(9 * US)  # 15 - (5 + 7) / 2
+    assert "test stamp" in host_source(spec, "op_cold_s") and "round-robin" not in spec.op_fixed_s
+    # an uncalibrated CPU spec takes the default, with its source (measured, not a constant fitted to a model)
+    cpu = load_system("cpu")
+    assert host_constants(cpu)["op_cold_s"] > 0 and "op_fixed cases" in host_source(cpu, "op_cold_s")
+
+
+def test_round_robin_case_calls_each_op_fixed_op_once_per_call():
+    (case,) = cases.op_cold_cases("cpu")
+    ops = cases._tiny_ops(torch.device("cpu"))
+    assert case.kind == "opcold" and case.per_call == len(ops) and case.label == f"round-robin x{len(ops)}"
+    seen = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        case.fn()
+    seen = {e.key for e in prof.key_averages()}
+    for name in ("aten::addmm", "aten::mm", "aten::bmm", "aten::relu", "aten::gelu", "aten::embedding"):
+        assert name in seen
+
+
+# ---------------------------------------------------------------------------- where the estimator adds it
+def test_cold_cost_per_computing_op_and_backward_kernel_not_per_view():
+    X = 7 * US
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.ReLU())
+    x = (torch.randn(2, 4),)
+    warm = perfcheck.estimate(model, x, system=_spec(op_dispatch_s=1 * US)).set_index("module")
+    cold = perfcheck.estimate(model, x, system=_spec(op_dispatch_s=1 * US, op_cold_s=X)).set_index("module")
+    d_fwd = (cold["host_fwd_s"] - warm["host_fwd_s"]) / X
+    d_bwd = (cold["host_bwd_s"] - warm["host_bwd_s"]) / X
+    # forward: Linear records t (a view: no cold cost) and addmm (1); each ReLU one relu (1): 3 in all
+    assert d_fwd["0"] == pytest.approx(1) and d_fwd["1"] == pytest.approx(1) and d_fwd["(root)"] == pytest.approx(3)
+    # backward: addmm's node runs 2 kernels (grad W, grad b; x needs no gradient), t's node is a view (0);
+    # each relu's node one threshold_backward: 2 + 1 + 1 = 4
+    assert d_bwd["0"] == pytest.approx(2) and d_bwd["2"] == pytest.approx(1) and d_bwd["(root)"] == pytest.approx(4)
+    # on a CPU host and device add: the predicted times grow by the same
+    assert (cold["pred_fwd_s"] - warm["pred_fwd_s"])["(root)"] == pytest.approx(3 * X)
+
+
+def test_module_fixed_fit_does_not_subtract_the_cold_cost():
+    """The module cases are tight loops: their fit estimates them without the step's cold cost, so a larger
+    op_cold_s does not eat a layer's measured Python (module_fixed_s)."""
+    rows = [_row("launch", "op", 4 * US), _row("host", "module call", 3 * US), _row("modfixed", "ReLU", 40 * US)]
+    base = [_row("opfixed", "a", 5 * US), _row("opfixed", "b", 5 * US)]
+    lo = fit.build_spec("cpu", pd.DataFrame(rows + base + [_row("opcold", "round-robin x2", 6 * US)]),
+                        peaks="measured", stamp="t")
+    hi = fit.build_spec("cpu", pd.DataFrame(rows + base + [_row("opcold", "round-robin x2", 30 * US)]),
+                        peaks="measured", stamp="t")
+    assert hi.host["op_cold_s"] == pytest.approx(25 * US) and lo.host["op_cold_s"] == pytest.approx(1 * US)
+    assert hi.module_fixed_s["ReLU"] == pytest.approx(lo.module_fixed_s["ReLU"]) and hi.module_fixed_s["ReLU"] > 0
+
+
+# ---------------------------------------------------------------------------- a planted switch cost
+def _busy(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_planted_switch_cost_is_measured_by_the_round_robin():
+    """Two "ops" of 60 us each that cost 100 us more whenever the op before was the other one (a planted cold
+    start): their tight loops read 60 us, the round-robin 160 us per op, so the fit gives 100 us."""
+    last = [None]
+
+    def op(name):
+        def fn():
+            _busy((60 + (100 if last[0] not in (None, name) else 0)) * US)
+            last[0] = name
+        return fn
+    a, b = op("a"), op("b")
+
+    def round_robin():
+        a()
+        b()
+    planted = [Case("opfixed", "a", a, "fp32"), Case("opfixed", "b", b, "fp32"),
+               Case("opcold", "round-robin x2", round_robin, "fp32", per_call=2)]
+
+    def reset():
+        last[0] = None
+    for c in planted[:2]:
+        c.setup = reset  # each tight loop starts without a planted switch from the case before
+    table = run_cases(planted, Timer(torch.device("cpu")), repeats=3, target_s=0.005)
+    cold, n, rr, tight = fit.op_cold_excess(table)
+    assert n == 2 and tight == pytest.approx(60 * US, rel=0.3)
+    assert cold == pytest.approx(100 * US, rel=0.3)
