@@ -169,17 +169,17 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     base = dataclasses.replace(load_system("cpu"), name="cpu-auto-calibrated", calibrated=True)
     path = base.save(cache.cache_path("cpu", threads=1))
     spec = cache.cached_spec("cpu", threads=1, auto=False)
-    assert sweep.missing_terms(spec) == ["deepspeed", "collectives", "collective sync", "concurrency"]
+    assert sweep.missing_terms(spec) == ["concurrency", "deepspeed", "collectives", "collective sync"]
     default_ar = collective_time_s("allreduce", 248024, 2, spec)
     calls = []
 
-    def fake_ds(mode, *, threads):
-        calls.append(("deepspeed", mode, threads))
+    def fake_ds(mode, *, threads, world_size):
+        calls.append(("deepspeed", mode, threads, world_size))
         return "ds-result"
 
     def fake_ds_apply(spec, result, stamp):
-        return dataclasses.replace(spec, host={**dict(spec.host), "zero0_fwd_s": 123 * US},
-                                   sources={**dict(spec.sources), "host.zero0_fwd_s": "measured"})
+        return dataclasses.replace(spec, host={**dict(spec.host), "zero0_fwd_s": 123 * US}, sources={
+            **dict(spec.sources), "host.zero0_fwd_s": "s, DeepSpeed 0.19.8, 2 ranks on this host, ..."})
 
     def fake_comm(sizes, *, kinds, world_size, device, repeats, target_s, timeout_s):
         calls.append(("collectives", tuple(sizes), tuple(kinds), world_size, device))
@@ -204,8 +204,8 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     said = []
     out = sweep.calibrate_sweep_terms(spec, ranks=2, threads=1, say=said.append)
     # the quick calibration's all-reduce sizes (4 KiB, 64 KiB, 4 MiB) at the sweep's 2 ranks
-    assert calls == [("deepspeed", "quick", 1), ("collectives", (4096, 65536, 4194304), ("allreduce",), 2, "cpu"),
-                     ("collective sync", 2, "quick"), ("concurrency", 2, "quick")]
+    assert calls == [("concurrency", 2, "quick"), ("deepspeed", "quick", 1, 2),
+                     ("collectives", (4096, 65536, 4194304), ("allreduce",), 2, "cpu"), ("collective sync", 2, "quick")]
     assert host_constants(out)["collective_async_call_s"] == pytest.approx(0.5 * MS)
     assert host_constants(out)["collective_straggler_s"] == pytest.approx(0.3 * MS)
     assert host_constants(out)["collective_straggler_ranks"] == 2
@@ -222,14 +222,14 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     sweep.calibrate_sweep_terms(kept, ranks=2, threads=1, say=said.append)
     assert calls == []
     # one rank per host: nothing to measure between ranks; a failing case leaves its defaults, one line
-    monkeypatch.setattr(deepspeed_cases, "bench_deepspeed", lambda mode, *, threads: (_ for _ in ()).throw(
+    monkeypatch.setattr(deepspeed_cases, "bench_deepspeed", lambda mode, *, threads, world_size: (_ for _ in ()).throw(
         RuntimeError("engine case failed")))
     fresh = dataclasses.replace(load_system("cpu"), name="x", calibrated=True)
     said.clear()
     out = sweep.calibrate_sweep_terms(fresh, ranks=1, threads=1, say=said.append)
     assert calls == [] and [m for m in said if "engine case failed" in m] == [
         "perfcheck sweep: deepspeed case not measured (engine case failed); its host terms stay the defaults"]
-    assert sweep.missing_terms(out) == ["deepspeed", "collectives", "collective sync", "concurrency"]
+    assert sweep.missing_terms(out) == ["concurrency", "deepspeed", "collectives", "collective sync"]
 
 
 def test_sweep_collectives_failure_leaves_the_defaults_and_says_so_once(tmp_path, monkeypatch):

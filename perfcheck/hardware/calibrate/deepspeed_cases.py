@@ -27,10 +27,15 @@ step is the whole engine.step() (torch Adam's per-tensor loop at stage 0, the fl
 update at stages 1-3) because ZeRO replaces the optimizer's loop; the optimizer's memory-bound
 update of large partitions is the device side (``perfcheck.predict.zero.optimizer_time_s``).
 
-Not measured here (NB, perfcheck): the collectives themselves (one rank moves nothing; the ZeRO
-model times them with the collective model and its measured latency), the Python of a real
-all-gather at world size >= 2 (allocation of the gathered buffer, copying partitions back), and
-optimizers other than torch's Adam.
+At N >= 2 ranks (``bench_deepspeed(world_size=N)``: what ``perfcheck sweep`` runs, at its ranks per host) the
+engines partition and communicate for real, so the case also sees the host work a one-rank engine skips
+(ZeRO-3's gathered buffers and their copy-back, the reduce-scatter's per-rank chunks and padding, ZeRO-1/2's
+1/N partitions); the time inside torch.distributed's collectives and their waits is left out (the ZeRO
+model prices it with the collective model). Measured on this machine, 2 ranks against one (bench/RESULTS.md,
+issue 12, helper-C): ZeRO-3 per partitioned tensor 457 vs 211 us in forward and 583 vs 354 us in backward,
+per persistent tensor in the step 270 vs 171 us.
+
+Not measured here (NB, perfcheck): optimizers other than torch's Adam.
 """
 from __future__ import annotations
 
@@ -80,14 +85,63 @@ def _chain(n: int, bias: bool):
     return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=bias) for _ in range(n)])
 
 
+#: torch.distributed calls whose time is the collective model's, not DeepSpeed's host work: ``_child``
+#: subtracts the process CPU time spent inside them (and inside waits on their async handles).
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "reduce_scatter",
+               "broadcast", "reduce", "all_to_all_single", "barrier")
+
+
+class _TimedWork:
+    """An async collective's handle whose ``wait()`` adds its time (on ``clock``) to the collectives' total."""
+
+    def __init__(self, work, spent: dict, clock):
+        self._work, self._spent, self._clock = work, spent, clock
+
+    def wait(self, *a, **k):
+        c0 = self._clock()
+        try:
+            return self._work.wait(*a, **k)
+        finally:
+            self._spent["cpu"] += self._clock() - c0
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _time_collectives(dist, spent: dict, clock) -> None:  # pragma: no cover - runs in the child process
+    """Wrap ``COLLECTIVES`` of torch.distributed (before DeepSpeed imports and binds them) so that ``spent["cpu"]``
+    accumulates the time inside them on the phases' ``clock``: at world size >= 2 that is gloo's copying and
+    sending, which the collective model prices; what remains of a phase is DeepSpeed's host work around them."""
+    def timed(fn):
+        def call(*a, **k):
+            c0 = clock()
+            try:
+                out = fn(*a, **k)
+            finally:
+                spent["cpu"] += clock() - c0
+            return _TimedWork(out, spent, clock) if k.get("async_op") and out is not None else out
+        return call
+
+    for name in COLLECTIVES:
+        if hasattr(dist, name):
+            setattr(dist, name, timed(getattr(dist, name)))
+
+
 def _child(out_path: str, mode: str, device: str) -> None:  # pragma: no cover - runs in the child process
     import logging
 
     import torch
+    import torch.distributed as dist
     import torch.nn.functional as F
 
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", "29511")):
+        os.environ.setdefault(key, value)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    clock = time.process_time if device == "cpu" else time.perf_counter
+    spent = {"cpu": 0.0}
+    if world > 1:
+        _time_collectives(dist, spent, clock)
     import deepspeed
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
@@ -96,9 +150,8 @@ def _child(out_path: str, mode: str, device: str) -> None:  # pragma: no cover -
     if get_accelerator().device_name() == "cpu":  # never JIT-build the shared-memory op (train_ds does the same)
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
-    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if device == "cuda" else torch.device("cpu")
     warm, rounds, per_round = MODES[mode]
-    clock = time.process_time if device == "cpu" else time.perf_counter
     sync = (lambda: torch.cuda.synchronize(dev)) if device == "cuda" else (lambda: None)
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(BATCH, WIDTH, generator=gen).to(dev), torch.randint(0, WIDTH, (BATCH,), generator=gen).to(dev)
@@ -119,19 +172,22 @@ def _child(out_path: str, mode: str, device: str) -> None:  # pragma: no cover -
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         return model, engine, engine.backward, engine.step
 
+    def now():  # the phase clock less what the collectives took (0 at world size 1: nothing to subtract)
+        return clock() - spent["cpu"]
+
     def one(run, times):
         _, call, backward, step = run
         sync()
-        t0 = clock()
+        t0 = now()
         out = call(x)
         sync()
-        t1 = clock()
+        t1 = now()
         backward(F.cross_entropy(out.float(), y))
         sync()
-        t2 = clock()
+        t2 = now()
         step()
         sync()
-        t3 = clock()
+        t3 = now()
         if times is not None:
             for ph, a, b in (("fwd", t0, t1), ("bwd", t1, t2), ("step", t2, t3)):
                 times[ph].append(b - a)
@@ -153,17 +209,31 @@ def _child(out_path: str, mode: str, device: str) -> None:  # pragma: no cover -
             rows.append({"model": m, "config": c, "calls": n + 1, "tensors": n * (2 if bias else 1),
                          **{f"{ph}_s": statistics.median(t[ph]) for ph in PHASES}, "steps": len(t["fwd"])})
         del runs
-    Path(out_path).write_text(json.dumps({"rows": rows, "deepspeed": deepspeed.__version__,
-                                          "torch": torch.__version__, "clock": clock.__name__}))
+    Path(f"{out_path}.rank{rank}" if world > 1 else out_path).write_text(json.dumps(
+        {"rows": rows, "deepspeed": deepspeed.__version__, "torch": torch.__version__, "clock": clock.__name__,
+         "world_size": world}))
 
 
 # ------------------------------------------------------------------------------ the parent side
-def bench_deepspeed(mode: str = "quick", *, device: str = "cpu", threads: int = 1, timeout_s: float = 300.0) -> dict:
-    """Run the child and return ``{"table": DataFrame(COLUMNS), "deepspeed": version, "clock": name}``.
+def bench_deepspeed(mode: str = "quick", *, device: str = "cpu", threads: int = 1, timeout_s: float = 300.0,
+                    world_size: int = 1) -> dict:
+    """Run the child (``world_size`` of them, one rank each, on this host) and return
+    ``{"table": DataFrame(COLUMNS), "deepspeed": version, "clock": name, "world_size": N}``.
 
-    Raises ``RuntimeError`` with the child's last lines when it fails or passes ``timeout_s``."""
+    At world size N >= 2 the engines really partition and communicate, so the case sees the host work a
+    one-rank engine skips (ZeRO-3's gathered buffers and their copy-back, reduce-scatter's per-rank chunks
+    and padding, ZeRO-1/2's partitions of 1/N); each rank subtracts the time inside torch.distributed's
+    collectives and their waits (``COLLECTIVES``: the collective model's part), and the table is the mean of
+    the ranks' medians. Raises ``RuntimeError`` with a child's last lines when one fails or passes ``timeout_s``."""
     if mode not in MODES:
         raise UserError(f"mode: unknown {mode!r} (known: {', '.join(MODES)})")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise UserError(f"world_size: must be an integer >= 1, got {world_size!r}")
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < world_size:
+            raise UserError(f"world_size: {world_size} ranks need {world_size} GPUs, {torch.cuda.device_count()} visible")
     import socket
 
     with socket.socket() as s:
@@ -173,22 +243,38 @@ def bench_deepspeed(mode: str = "quick", *, device: str = "cpu", threads: int = 
 
     root = str(Path(perfcheck.__file__).resolve().parents[1])  # the child imports this perfcheck, installed or not
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MASTER_PORT": str(port), "PYTHONWARNINGS": "ignore",
+           "MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
            "PYTHONPATH": os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     if device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ds.json"
         cmd = [sys.executable, "-m", "perfcheck.hardware.calibrate.deepspeed_cases", str(out), mode, device, str(threads)]
+        procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, cwd=tmp) for r in range(world_size)]
+        deadline, logs = time.monotonic() + timeout_s, []
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"DeepSpeed engine case passed its {timeout_s:.0f} s limit") from None
-        if proc.returncode != 0 or not out.is_file():
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-            raise RuntimeError(f"DeepSpeed engine case failed (exit {proc.returncode}): {tail}")
-        data = json.loads(out.read_text())
-    return {"table": pd.DataFrame(data["rows"], columns=list(COLUMNS)), "deepspeed": data["deepspeed"],
-            "clock": data["clock"]}
+            for proc in procs:
+                try:
+                    logs.append(proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))[0] or "")
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(f"DeepSpeed engine case passed its {timeout_s:.0f} s limit") from None
+        finally:
+            for proc in procs:  # only the processes this call started
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(5)
+        files = [out] if world_size == 1 else [Path(f"{out}.rank{r}") for r in range(world_size)]
+        bad = next((i for i, (proc, f) in enumerate(zip(procs, files)) if proc.returncode != 0 or not f.is_file()), None)
+        if bad is not None:
+            tail = "\n".join(logs[bad].strip().splitlines()[-5:]) if bad < len(logs) else ""
+            raise RuntimeError(f"DeepSpeed engine case failed (rank {bad}, exit {procs[bad].returncode}): {tail}")
+        data = [json.loads(f.read_text()) for f in files]
+    tables = [pd.DataFrame(d["rows"], columns=list(COLUMNS)) for d in data]
+    table = tables[0].copy()
+    for ph in PHASES:  # the mean of the ranks' medians (the ranks ran the same configurations in the same order)
+        table[f"{ph}_s"] = np.mean([t[f"{ph}_s"].to_numpy(float) for t in tables], axis=0)
+    return {"table": table, "deepspeed": data[0]["deepspeed"], "clock": data[0]["clock"], "world_size": world_size}
 
 
 def _lstsq(cols, y) -> np.ndarray:
@@ -245,12 +331,33 @@ def fit(table: pd.DataFrame) -> dict:
     return out
 
 
+def ranks_measured(spec) -> int:
+    """The rank count ``spec``'s DeepSpeed constants were measured at (its ``host.zero0_fwd_s`` source says "N ranks
+    on this host" from ``apply``), 1 for a one-rank case, a default's or a base spec's."""
+    import re
+
+    found = re.search(r"DeepSpeed [^,]*, (\d+) ranks on this host", spec.sources.get("host.zero0_fwd_s", ""))
+    return int(found.group(1)) if found else 1
+
+
 def apply(spec, result: dict, stamp: str):
-    """``spec`` with the fitted constants in its host block and their sources."""
+    """``spec`` with the fitted constants in its host block and their sources. Measured at N >= 2 ranks on one
+    host, each constant carries the N processes' slowdown, which the stage model applies itself
+    (``perfcheck.predict.host.process_slowdown``, from ``spec`` as it stands): divided out here, so it is
+    counted once."""
     import dataclasses
 
+    from perfcheck.predict.host import process_slowdown
+
     fitted = fit(result["table"])
-    where = f"{stamp}, DeepSpeed {result['deepspeed']}, one rank, {result['clock']}"
+    slow = process_slowdown(spec, int(result.get("world_size", 1)))
+    fitted = {k: (v / slow, how + (f"; / {slow:.3f}, the process slowdown of {result['world_size']} ranks on one "
+                                   "host that the stage model applies" if slow != 1 else ""))
+              for k, (v, how) in fitted.items()}
+    ranks = int(result.get("world_size", 1))
+    where = (f"{stamp}, DeepSpeed {result['deepspeed']}, "
+             + ("one rank" if ranks == 1 else f"{ranks} ranks on this host, the time inside collectives left out")
+             + f", {result['clock']}")
     host = {**dict(spec.host), **{k: v for k, (v, _) in fitted.items()}}
     sources = {**dict(spec.sources), **{f"host.{k}": f"{where}: {how}" for k, (_, how) in fitted.items()}}
     return dataclasses.replace(spec, host=host, sources=sources)

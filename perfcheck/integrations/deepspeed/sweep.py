@@ -279,21 +279,27 @@ def run_stage(opts: SweepOptions, stage: str, index: int, count: int, *, gpus: i
 #: that say it was measured here (``apply`` of each case writes them): DeepSpeed's own work per ZeRO stage,
 #: the collectives' alpha and link bandwidth (gloo between the ranks), and the slowdown of processes
 #: sharing the host. Measured in this order.
-SWEEP_TERMS = {"deepspeed": ("host.zero0_fwd_s",),
+SWEEP_TERMS = {"concurrency": ("host.process_slowdown_per_peer",),  # first: the DeepSpeed case divides it out
+               "deepspeed": ("host.zero0_fwd_s",),
                "collectives": ("host.collective_latency_s", "intra_node_bandwidth_bytes_per_s"),
-               "collective sync": ("host.collective_async_call_s", "host.collective_straggler_s"),
-               "concurrency": ("host.process_slowdown_per_peer",)}
+               "collective sync": ("host.collective_async_call_s", "host.collective_straggler_s")}
 #: Families measured between the ranks of this host: nothing to measure with one rank here.
 MULTI_PROCESS = ("collectives", "collective sync", "concurrency")
 
 
-def missing_terms(spec) -> list:
+def missing_terms(spec, ranks: int = None) -> list:
     """The ``SWEEP_TERMS`` families ``spec`` (a cached calibration) has not measured: a key without a source,
     or with one a base spec handed down ("from base spec ...": the built-in cpu spec's link is "a rough
-    default"), is host_defaults.json's or the base's, from another machine or another load."""
+    default"), is host_defaults.json's or the base's, from another machine or another load. Given ``ranks``
+    (the sweep's ranks per host, >= 2), DeepSpeed's terms measured at another rank count are missing too (a
+    one-rank engine moves nothing, so it does not see the host work of a real gather or reduce-scatter)."""
+    from perfcheck.hardware.calibrate.deepspeed_cases import ranks_measured
     from perfcheck.hardware.calibrate.fit import measured_here
 
-    return [name for name, keys in SWEEP_TERMS.items() if not measured_here(spec, keys)]
+    out = [name for name, keys in SWEEP_TERMS.items() if not measured_here(spec, keys)]
+    if ranks and ranks > 1 and "deepspeed" not in out and ranks_measured(spec) != ranks:
+        out.insert(list(SWEEP_TERMS).index("deepspeed"), "deepspeed")
+    return out
 
 
 def _measure(name: str, spec, *, ranks: int, threads: int, stamp: str):
@@ -301,7 +307,8 @@ def _measure(name: str, spec, *, ranks: int, threads: int, stamp: str):
     from perfcheck.hardware.calibrate import collectives, concurrency, deepspeed_cases, fit
 
     if name == "deepspeed":
-        return deepspeed_cases.apply(spec, deepspeed_cases.bench_deepspeed("quick", threads=threads), stamp)
+        return deepspeed_cases.apply(spec, deepspeed_cases.bench_deepspeed("quick", threads=threads, world_size=ranks),
+                                     stamp)
     if name == "collectives":
         from perfcheck.hardware.calibrate.run import MODES
 
@@ -320,7 +327,7 @@ def _measure(name: str, spec, *, ranks: int, threads: int, stamp: str):
 
 def calibrate_sweep_terms(spec, *, ranks: int, threads: int = 1, say: Callable[[str], None] = print):
     """``spec`` (this CPU's cached calibration) with the families ``missing_terms`` names measured and kept in
-    the cache beside the rest: the DeepSpeed engine case (quick mode, one rank, ~15 s here), the gloo
+    the cache beside the rest: the DeepSpeed engine case (quick mode, at ``ranks`` ranks, ~20 s here), the gloo
     all-reduce case at ``ranks`` processes (``perfcheck calibrate --quick``'s: 3 sizes, ~5 s), the ranks'
     meeting at collectives (an async all-gather batch and the wait for the latest rank, ~4 s) and the
     process-concurrency case at ``ranks`` processes (~5-10 s). Once per machine; each failure is one
@@ -332,7 +339,7 @@ def calibrate_sweep_terms(spec, *, ranks: int, threads: int = 1, say: Callable[[
     from perfcheck.hardware.calibrate import deepspeed_cases
     from perfcheck.hardware.calibrate.run import provenance
 
-    todo = missing_terms(spec) if spec is not None else []
+    todo = missing_terms(spec, ranks) if spec is not None else []
     if ranks < 2:
         todo = [t for t in todo if t not in MULTI_PROCESS]
     if "deepspeed" in todo and not deepspeed_cases.available():
