@@ -162,4 +162,8 @@ def test_stage3_answer_names_the_new_terms():
     assert s3["pred_optim_wait_s"] > 0 and s3["pred_optim_s"] > s3["pred_optim_wait_s"]
     text = " ".join(a for _, a in answers(table))
     assert "Predicted ZeRO-3 hooks" in text and "stage 3 less stage 0: measured" in text
-    assert "waited together" in text and "Predicted wait for the later rank at its 3 blocking collectives" in text
+    assert "(10 of them issued with async_op=True and waited together" in text
+    assert "Predicted wait for the later rank at its 3 blocking collectives" in text
+    gather = table[(table["run"] == "stage3-gather") & (table["status"] == "ok")].iloc[0]
+    assert gather["pred_batched_calls"] == 0  # no persistent tensor, no prefetch: every gather waited at once
+    assert text.count("waited together") == 1  # said of stage 3 only, not of the 3-gather run

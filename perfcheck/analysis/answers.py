@@ -292,8 +292,9 @@ def _hooks_and_gathers(r, r0=None) -> str:
     meas_comm = sum(exposed) if all(e == e for e in exposed) else math.nan
     text += (f". Its all-gathers ({r['meas_allgather_count']:.0f} per step measured, "
              f"{r['pred_allgather_count']:.0f} predicted): predicted {fmt_s(r.get('pred_allgather_s', math.nan))}"
-             + (" (the ones after the step issued with async_op=True and waited together: one latency, then "
-                "the measured cost of each further queued call)" if r.get("meas_step_comm_bytes", 0) > 0 else "")
+             + (f" ({_num(r.get('pred_batched_calls')):.0f} of them issued with async_op=True and waited together: "
+                "one latency per batch, then the measured cost of each further queued call)"
+                if _num(r.get("pred_batched_calls")) > 0 else "")
              + f"; measured exposed communication in forward, backward and step {fmt_s(meas_comm)} (all collectives).")
     waits = [_num(r.get(f"pred_{p}_wait_s")) for p in ("fwd", "bwd", "optim")]
     syncs = sum(_num(r.get(f"pred_{p}_syncs")) for p in ("fwd", "bwd", "optim"))

@@ -15,6 +15,7 @@ rule, ``pred_<what>`` / ``meas_<what>``:
 
 ``pred_<phase>_wait_s`` (the expected wait for the latest rank at the phase's ``pred_<phase>_syncs`` blocking
 collectives or waited batches: ``perfcheck.predict.collectives.straggler_wait_s``; part of ``pred_<phase>_s``),
+``pred_batched_calls`` (collectives per step issued with async_op=True and waited together, priced as batches),
 ``local_processes`` (ranks on the rank's host) and ``pred_process_slowdown`` (the factor the host and
 CPU-compute terms were multiplied by for them: ``perfcheck.predict.host.process_slowdown``; 1 for one rank),
 plus ``meas_<phase>_cpu_s`` / ``meas_step_cpu_s`` (process CPU time in the engine calls: the elapsed time
@@ -44,7 +45,7 @@ PHASES = {"fwd": "fwd", "bwd": "bwd", "step": "optim"}
 PREDICTED_ONLY = ("pred_fwd_host_s", "pred_bwd_host_s", "pred_optim_host_s", "pred_zero3_hooks_s",
                   "pred_zero3_gather_host_s", "pred_allgather_s", "pred_process_slowdown",
                   "pred_fwd_wait_s", "pred_bwd_wait_s", "pred_optim_wait_s",
-                  "pred_fwd_syncs", "pred_bwd_syncs", "pred_optim_syncs")
+                  "pred_fwd_syncs", "pred_bwd_syncs", "pred_optim_syncs", "pred_batched_calls")
 BYTES_TOLERANCE = 0.05
 LOG_NAMES = ("launcher.log", "log.txt")
 
@@ -389,6 +390,8 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
     row["pred_zero3_hooks_s"] = row["pred_process_slowdown"] * parts["hooks_s"]
     row["pred_zero3_gather_host_s"] = row["pred_process_slowdown"] * parts["gather_host_s"]
     row["zero3_module_calls"], row["zero3_gathered_tensors"] = parts["module_calls"], parts["gathered_tensors"]
+    # calls issued with async_op=True and waited together (ZeRO-3's post-step gathers): priced as batches
+    row["pred_batched_calls"] = float(sum(float(c.count) for c in est.collectives if float(c.batch) > 1))
     row["pred_allgather_s"] = float(sum(
         zero.comm_time_s([c for c in est.collectives if c.kind == "allgather"], facts["dp"],
                          load_system(_stage_system(facts, system)), spans_nodes=facts.get("nodes", 1) > 1).values()))

@@ -324,8 +324,8 @@ def fit(table: pd.DataFrame) -> dict:
                 f"(persistence threshold 0, reuse 0, prefetch 0)")
         put(f"zero3_{ph}_s", a, f"ZeRO-3 {what}: fixed part, {both}")
         put(f"zero3_{ph}_tensor_s", c, f"ZeRO-3 {what}: per persistent parameter tensor, same fit")
-        put(f"zero3_{ph}_gather_s", g, f"ZeRO-3 {what}: per partitioned parameter tensor (one rank: the host side "
-                                       f"of its fetch and release, not the all-gather itself), same fit")
+        put(f"zero3_{ph}_gather_s", g, f"ZeRO-3 {what}: per partitioned parameter tensor (the host side of its "
+                                       f"fetch and release, not the all-gather itself), same fit")
         if ph != "step":
             put(f"zero3_{ph}_module_s", coef[1], f"ZeRO-3 {what}: per module call, same fit")
     return out
