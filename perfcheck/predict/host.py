@@ -7,13 +7,15 @@ trace records therefore also costs host time, from constants in the system spec'
 (``perfcheck.hardware.systems.HOST_KEYS``: measured by ``perfcheck calibrate``, else the
 datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with its source):
 
-    forward, per traced aten op     op_dispatch_s + op_cold_s (view_dispatch_s for a view/metadata op)
+    forward, per traced aten op     op_dispatch_s (view_dispatch_s for a view/metadata op)
+                                    + op_cold_s when its family differs from the op before (``op_switches``)
                                     + autograd_node_s when an input needs a gradient (grad_fn node)
     forward, per module call        module_call_s (nn.Module.__call__ and the forward frame)
                                     + module_fixed_s[class] for a standard nn layer (its Python
                                     beyond its aten ops: BatchNorm's bookkeeping, F.* wrappers;
                                     measured per class by calibration, 0 for other classes)
-    backward, per autograd node     backward_node_s + (op_dispatch_s + op_cold_s) per backward kernel
+    backward, per autograd node     backward_node_s + op_dispatch_s per backward kernel
+                                    + op_cold_s once when its family differs from the node before
                                     (view_dispatch_s for a view's node)
     backward, per parameter tensor  backward_node_s + view_dispatch_s (AccumulateGrad: a node and a detach)
     backward, once (root)           backward_call_s (engine start for loss.backward())
@@ -30,7 +32,8 @@ tight loop, which keeps its code, branch history and tensors in the core; a step
 other ops, and pays more (the 14 tiny ops of the op_fixed cases took 10.3 us more per op called one after
 another than each in its own loop on the project's VM; a LeNet forward inside a step 7-9% more than in a
 forward-only loop, JSC's 17%: bench/RESULTS.md, issue 12). Calibration measures it as that round-robin's
-excess (``cases.op_cold_cases``); it is added per computing op and backward kernel, never to a view.
+excess (``cases.op_cold_cases``); it is added once per computing op in the forward and once per backward
+node, where the op's family differs from the one before it (a repeat finds its code hot), never to a view.
 
 Two timelines (``timeline``): the host issues op i after its host cost h_i (issue time
 H_i = h_0 + ... + h_i); the device starts op i once it is issued and op i-1 is done, and runs it
@@ -162,6 +165,22 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
     return seq, stacks
 
 
+def op_switches(names, view) -> tuple:
+    """``(forward, backward)`` 0/1 arrays: 1 where a computing (non-view) op's name differs from the computing
+    op run before it (forward: the previous one in trace order; backward: the next one, as backward runs the
+    nodes in reverse), 0 for views and for an op repeating its predecessor's family (its code is still hot).
+    The first computing op of each pass counts as a switch (the step's other phases ran before it)."""
+    names = np.asarray(names, dtype=object)
+    view = np.asarray(view, dtype=bool)
+    fwd, bwd = np.zeros(len(names)), np.zeros(len(names))
+    idx = np.flatnonzero(~view)
+    if len(idx):
+        run = names[idx]
+        fwd[idx] = np.r_[True, run[1:] != run[:-1]]
+        bwd[idx] = np.r_[run[:-1] != run[1:], True]
+    return fwd, bwd
+
+
 def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
     """Per-op forward and backward host seconds (before module-call and AccumulateGrad terms).
 
@@ -174,13 +193,16 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
     k_fwd = seq["kernels_fwd"].to_numpy(float)
     k_bwd = seq["kernels_bwd"].to_numpy(float)
     fixed = np.array([(op_fixed or {}).get(n, 0.0) for n in seq["name"]], dtype=float)
-    # a step runs each op after other ops, not in the tight loop its prices were measured in: every computing
-    # op and backward kernel also pays op_cold_s (views: metadata only, priced by their own case)
+    # a step runs each op after other ops, not in the tight loop its prices were measured in: a computing op
+    # whose family differs from the computing op before it pays op_cold_s once, in the forward and again for its
+    # backward node (whose kernels after the first run the same backward's code); views are metadata only
     cold = hc["op_cold_s"]
-    fwd = np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed + cold) + node * hc["autograd_node_s"]
+    fwd_switch, bwd_switch = op_switches(seq["name"].to_numpy(object), view)
+    fwd = (np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + fwd_switch * cold
+           + node * hc["autograd_node_s"])
     bwd_kernels = np.where(view, hc["view_dispatch_s"],
-                           np.maximum(k_bwd, 1.0) * (hc["op_dispatch_s"] + cold) + fixed * k_bwd / np.maximum(k_fwd, 1.0))
-    bwd = node * (hc["backward_node_s"] + bwd_kernels)
+                           np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed * k_bwd / np.maximum(k_fwd, 1.0))
+    bwd = node * (hc["backward_node_s"] + bwd_kernels + bwd_switch * cold)
     return fwd, bwd
 
 

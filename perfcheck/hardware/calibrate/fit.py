@@ -283,8 +283,8 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
         kernel_s = max(float(r.seconds) - d.op_s - fixed.get(r.label, 0.0), 1e-9)
         eff[roofline.op_efficiency_key(r.label, r.dtype or "fp32")] = float(min(max(roof / kernel_s, 1e-4), 1.0))
     if fixed:
-        sources["op_fixed_s"] = (f"{d.stamp}: per aten op, one call on tiny tensors (8x16, 1x1x6x6) less one "
-                                 f"plain tiny op ({d.op_s * 1e6:.2f} us): the op family's fixed cost beyond a "
+        sources["op_fixed_s"] = (f"{d.stamp}: per aten op, one call on tiny tensors (8x16, 1x1x6x6; a convolution "
+                                 f"on 2x1x6x6, the path of a batch >= 2) less one plain tiny op ({d.op_s * 1e6:.2f} us): the op family's fixed cost beyond a "
                                  f"tiny add's dispatch (host time in the estimator)")
     if eff:
         sources["op_efficiency"] = (f"{d.stamp}: the estimator's roofline time on this spec / the measured time "
@@ -353,7 +353,8 @@ def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
         fixed[r.label] = max(float(r.seconds) - float(pred.loc[pred["module"] == ROOT, "pred_fwd_s"].iloc[0]), 0.0)
     sources = dict(spec.sources)
     sources["module_fixed_s"] = (f"{d.stamp}: per nn module class, one training-mode call on tiny tensors "
-                                 f"(8x16, 1x1x6x6; parameters and inputs needing gradients) less the estimator's "
+                                 f"(8x16, 1x1x6x6, convolutions on a batch of 2; parameters and inputs needing "
+                                 f"gradients) less the estimator's "
                                  f"forward for it on this spec (dispatch, autograd nodes, per-op fixed costs, module call)")
     return dataclasses.replace(spec, module_fixed_s=fixed, sources=sources)
 

@@ -16,13 +16,13 @@ def tiny_modules(dev):
     estimates each with the host model and keeps the measured excess per call (``module_fixed_s``)."""
     nn = torch.nn
     dev = torch.device(dev)
-    # the op_fixed cases' shapes (``_tiny_ops``): a convolution's batch of 2 takes another CPU path
-    # (123 us, not 15 us, for a 1->1 channel 3x3 on 6x6 on the project's VM), whose fixed cost the
-    # op_efficiency fit at a LeNet size already holds
+    # the op_fixed cases' shapes (``_tiny_ops``); convolutions at a batch of 2, the CPU path of a training
+    # batch (119 us for a 1->1 channel 3x3 on 6x6 on the project's VM; batch 1 takes another, 10 us), whose
+    # fixed cost op_fixed_s["convolution"] holds, so the layer's excess here is its Python alone
     y, img = torch.randn(8, 16, device=dev), torch.randn(1, 1, 6, 6, device=dev)
     mods = {
-        "Linear": (nn.Linear(16, 5), y), "Conv1d": (nn.Conv1d(1, 1, 3), torch.randn(1, 1, 16, device=dev)),
-        "Conv2d": (nn.Conv2d(1, 1, 3), img), "BatchNorm1d": (nn.BatchNorm1d(16), y),
+        "Linear": (nn.Linear(16, 5), y), "Conv1d": (nn.Conv1d(1, 1, 3), torch.randn(2, 1, 16, device=dev)),
+        "Conv2d": (nn.Conv2d(1, 1, 3), torch.randn(2, 1, 6, 6, device=dev)), "BatchNorm1d": (nn.BatchNorm1d(16), y),
         "BatchNorm2d": (nn.BatchNorm2d(1), img), "LayerNorm": (nn.LayerNorm(16), y),
         "Embedding": (nn.Embedding(16, 4), torch.arange(8, device=dev)), "Dropout": (nn.Dropout(0.1), y),
         "ReLU": (nn.ReLU(), y), "GELU": (nn.GELU(), y), "MaxPool2d": (nn.MaxPool2d(2), img),
