@@ -167,3 +167,41 @@ def test_stage3_answer_names_the_new_terms():
     gather = table[(table["run"] == "stage3-gather") & (table["status"] == "ok")].iloc[0]
     assert gather["pred_batched_calls"] == 0  # no persistent tensor, no prefetch: every gather waited at once
     assert text.count("waited together") == 1  # said of stage 3 only, not of the 3-gather run
+
+
+def test_the_case_leaves_the_collectives_time_out():
+    """The N-rank DeepSpeed case subtracts the time inside torch.distributed's collectives and inside waits on
+    their async handles (``_time_collectives``), checked with a fake module whose calls take planted times on
+    a fake clock: a blocking all-reduce of 3 s, an async all-gather issued in 1 s whose wait takes 5 s."""
+    import types
+
+    now = {"t": 0.0}
+
+    def clock():
+        return now["t"]
+
+    class Work:
+        def wait(self):
+            now["t"] += 5.0
+            return True
+
+        def is_completed(self):
+            return "delegated"
+
+    def all_reduce(tensor, async_op=False):
+        now["t"] += 3.0
+
+    def all_gather_into_tensor(out, inp, async_op=False):
+        now["t"] += 1.0
+        return Work() if async_op else None
+
+    fake = types.SimpleNamespace(all_reduce=all_reduce, all_gather_into_tensor=all_gather_into_tensor)
+    spent = {"cpu": 0.0}
+    deepspeed_cases._time_collectives(fake, spent, clock)
+    fake.all_reduce(None)
+    handle = fake.all_gather_into_tensor(None, None, async_op=True)
+    now["t"] += 2.0  # DeepSpeed's own host work between issuing and waiting: not the collectives'
+    assert handle.wait() is True and handle.is_completed() == "delegated"
+    assert fake.all_gather_into_tensor(None, None) is None
+    # 3 (all-reduce) + 1 (issue) + 5 (wait) + 1 (blocking all-gather) = 10 s of the 12 s elapsed
+    assert spent["cpu"] == pytest.approx(10.0) and now["t"] == pytest.approx(12.0)
