@@ -381,7 +381,8 @@ def op_cold_cases(device) -> list:
     a tight loop that keeps its code, its branch history and its tensors in the core. Per op, this case less
     the mean of the same ops' tight loops is the host time an op costs beyond its tight-loop price inside a
     step (``op_cold_s``, fit.py). Why: on the project's VM the 14 ops took 268.6 us in a round-robin against
-    124.1 us summed over their tight loops (+10.3 us per op), and the same excess is what a LeNet or JSC
+    124.1 us summed over their tight loops (+10.3 us per op; 11.1-13.5 us once the convolution ran a batch of
+    2), and the same excess is what a LeNet or JSC
     forward inside a training step costs beyond a warm per-op model (bench/RESULTS.md, issue 12, helper-A)."""
     ops = list(_tiny_ops(torch.device(device)).values())
 
