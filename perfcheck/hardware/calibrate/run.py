@@ -22,6 +22,8 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
             tensor (``perfcheck.hardware.calibrate.deepspeed_cases``: a one-rank engine in a child process).
 * concurrency  the CPU-time slowdown of one process while N like it run on the host (N: the collectives'
             ranks; ``perfcheck.hardware.calibrate.concurrency``), with the collectives.
+* collective sync  (CPU, with the collectives) what one more async collective adds to a batch waited together,
+            and the mean wait for the latest rank at a blocking collective (``collectives.bench_sync_terms``).
 
 Timing: cases of one group are *interleaved* (repeat r of every case, then repeat r+1, ...), so
 a burst of noise on a shared machine hits every case alike; each repeat is a timed loop long
@@ -269,6 +271,17 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
             frames.append(concurrency.rows_for_table(conc))
         except RuntimeError as exc:
             notes.append(f"process-concurrency case not measured ({exc}); process_slowdown_per_peer stays the default")
+    sync = None
+    if comm and n >= 2 and dev.type == "cpu":  # gloo only: how the ranks meet at collectives (ZeRO's model)
+        from perfcheck.hardware.calibrate import collectives as coll
+
+        _progress(progress, f"[{time.perf_counter() - start:5.1f} s] collective sync: an async all-gather batch and "
+                            f"the wait for the latest of {n} ranks")
+        try:
+            sync = coll.bench_sync_terms(n, mode if mode in coll.SYNC_MODES else "quick")
+        except RuntimeError as exc:
+            notes.append(f"collective sync case not measured ({exc}); collective_async_call_s and "
+                         "collective_straggler_s stay the defaults")
     from perfcheck.hardware.calibrate import deepspeed_cases
 
     ds = None
@@ -288,6 +301,8 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
         spec = deepspeed_cases.apply(spec, ds, stamp)
     if conc is not None:
         spec = concurrency.apply(spec, conc, stamp)
+    if sync is not None:
+        spec = coll.apply_sync_terms(spec, sync, stamp)
     elapsed = time.perf_counter() - start
     _progress(progress, f"[{elapsed:5.1f} s] done")
     return Calibration(spec, table, tuple(notes), elapsed)
