@@ -104,6 +104,32 @@ def _worker(rank, world, port, backend, sizes, kinds, repeats, target_s, out_pat
         dist.destroy_process_group()
 
 
+def _spawn_ranks(worker, args_for, world_size: int, timeout_s: float, what: str):
+    """Run ``worker(rank, *args_for(out_path))`` in ``world_size`` spawned processes and return the JSON that
+    rank 0 wrote to ``out_path``. Raises ``CollectiveBenchError`` (naming ``what``) when a rank fails or the
+    ranks run past ``timeout_s``; the processes this call started are terminated either way."""
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    with tempfile.TemporaryDirectory(prefix="perfcheck-ranks-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        ctx = mp.start_processes(worker, args=args_for(out), nprocs=world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=0.5):
+                if time.monotonic() > deadline:
+                    raise CollectiveBenchError(f"{what} exceeded {timeout_s:.0f} s")
+        except ProcessException as exc:
+            raise CollectiveBenchError(f"{what} failed: {str(exc).strip().splitlines()[-1]}") from None
+        finally:
+            for p in ctx.processes:  # only the processes this call started
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+        with open(out) as fh:
+            return json.load(fh)
+
+
 def bench_collectives(sizes, *, kinds=COLLECTIVE_KINDS, world_size: int = 2, device: str = "cpu", repeats: int = 5,
                       target_s: float = 0.02, timeout_s: float = 180.0) -> pd.DataFrame:
     """Measure ``kinds`` at every size (bytes, full buffer S) across ``world_size`` spawned ranks.
@@ -112,9 +138,6 @@ def bench_collectives(sizes, *, kinds=COLLECTIVE_KINDS, world_size: int = 2, dev
     median over repeats of the slowest rank's time per call, ``busbw_bytes_per_s``). Raises
     ``CollectiveBenchError`` when a rank fails or the whole run exceeds ``timeout_s``.
     """
-    import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessException
-
     from perfcheck.predict.collectives import COLLECTIVE_KINDS as MODELLED
 
     bad = [k for k in kinds if k not in COLLECTIVE_KINDS]
@@ -128,24 +151,8 @@ def bench_collectives(sizes, *, kinds=COLLECTIVE_KINDS, world_size: int = 2, dev
     backend = "nccl" if device == "cuda" else "gloo"
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise UserError(f"world_size: {world_size} ranks need {world_size} GPUs, {torch.cuda.device_count()} visible")
-    with tempfile.TemporaryDirectory(prefix="perfcheck-comm-") as tmp:
-        out = os.path.join(tmp, "rows.json")
-        args = (world_size, _free_port(), backend, list(sizes), list(kinds), int(repeats), float(target_s), out)
-        ctx = mp.start_processes(_worker, args=args, nprocs=world_size, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not ctx.join(timeout=0.5):
-                if time.monotonic() > deadline:
-                    raise CollectiveBenchError(f"collective benchmark exceeded {timeout_s:.0f} s")
-        except ProcessException as exc:
-            raise CollectiveBenchError(f"collective benchmark failed: {str(exc).strip().splitlines()[-1]}") from None
-        finally:
-            for p in ctx.processes:  # only the processes this call started
-                if p.is_alive():
-                    p.terminate()
-                    p.join(5)
-        with open(out) as fh:
-            raw = json.load(fh)
+    raw = _spawn_ranks(_worker, lambda out: (world_size, _free_port(), backend, list(sizes), list(kinds), int(repeats),
+                                             float(target_s), out), world_size, timeout_s, "collective benchmark")
     rows = []
     for r in raw:
         sec = statistics.median(r["samples"])
@@ -249,28 +256,9 @@ def bench_sync_terms(world_size: int = 2, mode: str = "quick", *, timeout_s: flo
         raise UserError(f"world_size: must be an integer >= 2, got {world_size!r}")
     if mode not in SYNC_MODES:
         raise UserError(f"mode: unknown {mode!r} (known: {', '.join(SYNC_MODES)})")
-    import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessException
-
     repeats, rounds = SYNC_MODES[mode]
-    with tempfile.TemporaryDirectory(prefix="perfcheck-sync-") as tmp:
-        out = os.path.join(tmp, "sync.json")
-        ctx = mp.start_processes(_sync_worker, args=(world_size, _free_port(), repeats, rounds, out),
-                                 nprocs=world_size, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not ctx.join(timeout=0.5):
-                if time.monotonic() > deadline:
-                    raise CollectiveBenchError(f"collective sync case exceeded {timeout_s:.0f} s")
-        except ProcessException as exc:
-            raise CollectiveBenchError(f"collective sync case failed: {str(exc).strip().splitlines()[-1]}") from None
-        finally:
-            for p in ctx.processes:  # only the processes this call started
-                if p.is_alive():
-                    p.terminate()
-                    p.join(5)
-        with open(out) as fh:
-            raw = json.load(fh)
+    raw = _spawn_ranks(_sync_worker, lambda out: (world_size, _free_port(), repeats, rounds, out), world_size,
+                       timeout_s, "collective sync case")
     return sync_terms(raw["single"], raw["batch"], raw["waits"], world_size)
 
 
