@@ -187,7 +187,7 @@ SYNC_KEYS = ("collective_async_call_s", "collective_straggler_s")
 def _sync_worker(rank, world, port, repeats, rounds, out_path):  # pragma: no cover - child process
     import torch.distributed as dist
 
-    from perfcheck.hardware.calibrate.concurrency import _workload
+    from perfcheck.hardware.calibrate.concurrency import chain_workload
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
@@ -216,7 +216,7 @@ def _sync_worker(rank, world, port, repeats, rounds, out_path):  # pragma: no co
                 times[name].append(_max_over_ranks(time.perf_counter() - t0, torch.device("cpu")))
         # the wait for the latest rank: equal work on every rank (the concurrency case's training step, one or
         # two of them), then a blocking 4-byte all-reduce; a rank's wait = latest entry - its own entry
-        step, x = _workload(rank), torch.ones(1)
+        step, x = chain_workload(rank), torch.ones(1)
         for _ in range(5):
             step()
         entries = []

@@ -36,7 +36,7 @@ MODES = {"quick": (20, 6, 60), "default": (30, 8, 80), "full": (40, 12, 120)}
 KEY = "process_slowdown_per_peer"
 
 
-def _workload(seed: int):
+def chain_workload(seed: int):
     """One training step of the case's chain (a fresh model, optimizer and batch seeded by ``seed``)."""
     import torch
     import torch.nn.functional as F
@@ -68,7 +68,7 @@ def _worker(conn, seed: int, threads: int, warm: int) -> None:  # pragma: no cov
     import torch
 
     torch.set_num_threads(threads)
-    step = _workload(seed)
+    step = chain_workload(seed)
     for _ in range(warm):
         step()
     conn.send("ready")
@@ -111,7 +111,7 @@ def bench_concurrency(world_size: int = 2, mode: str = "quick", *, threads: int 
             procs.append(proc)
         torch.set_num_threads(threads)
         with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
-            step = _workload(0)
+            step = chain_workload(0)
             for _ in range(warm):
                 step()
             for conn in pipes:
