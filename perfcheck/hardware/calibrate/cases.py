@@ -367,10 +367,8 @@ def _tiny_ops(dev):
 def op_fixed_cases(device) -> list:
     """One tiny call per aten op family (label = the op's name): its time less one plain tiny op's
     is that family's fixed cost (``op_fixed_s``): on a CPU the kernel's set-up, on a GPU the host's
-    (cuDNN/cuBLAS heuristics and descriptors: a loop of tiny calls is host-bound there). Column ``n``: the
-    composite layers the call goes through (``composite_count``), which the fit prices apart."""
-    return [Case("opfixed", name, fn, "fp32", shape=(0, 0, composite_count(fn)))
-            for name, fn in _tiny_ops(torch.device(device)).items()]
+    (cuDNN/cuBLAS heuristics and descriptors: a loop of tiny calls is host-bound there)."""
+    return [Case("opfixed", name, fn, "fp32") for name, fn in _tiny_ops(torch.device(device)).items()]
 
 
 def module_fixed_cases(device) -> list:
@@ -555,11 +553,3 @@ def composite_cases(device) -> list:
     a = torch.ones(1, device=torch.device(device))
     return [Case("composite", "composite softmax", lambda: torch.softmax(a, 0), "fp32"),
             Case("composite", "leaf _softmax", lambda: torch._softmax(a, 0, False), "fp32")]
-
-
-def composite_count(fn) -> int:
-    """CompositeImplicitAutograd layers ``fn()`` dispatches through (F.log_softmax: 1, torch.mm: 0), as the
-    estimator's trace counts them (perfcheck.predict.trace.composite_layers, on fake tensors)."""
-    from perfcheck.predict.trace import trace_model
-
-    return int(sum(op.composite for op in trace_model(_One(fn), ()).ops))

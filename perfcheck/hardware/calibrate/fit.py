@@ -27,6 +27,7 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+import torch
 
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, host_constants, load_system
@@ -276,10 +277,11 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     fixed_rows, eff_rows = _rows(table, "opfixed"), _rows(table, "opeff")
     if not len(fixed_rows) and not len(eff_rows):
         return spec
-    # a case called through composite layers (F.log_softmax -> log_softmax -> _log_softmax; column n: how many,
-    # cases.op_fixed_cases) pays them too; the model prices them apart (host.composite_dispatch_s per layer)
+    # a case called through composite layers (F.log_softmax -> log_softmax -> _log_softmax) pays them too; the
+    # model prices them apart (host.composite_dispatch_s per layer, perfcheck.predict.trace.composite_layers)
+    layers = _tiny_op_layers() if len(fixed_rows) else {}
     per_layer = float(host_constants(spec)["composite_dispatch_s"])
-    fixed = {r.label: max(float(r.seconds) - d.op_s - float(r.n or 0) * per_layer, 0.0)
+    fixed = {r.label: max(float(r.seconds) - d.op_s - layers.get(r.label, 0) * per_layer, 0.0)
              for r in fixed_rows.itertuples(index=False)}
     eff, sources = {}, dict(spec.sources)
     for r in eff_rows.itertuples(index=False):
@@ -296,6 +298,23 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
                                     f"less dispatch and fixed cost, at a LeNet-like size (conv 3->6 ch 5x5 on "
                                     f"8x3x32x32; 2x2 max-pool of 8x6x28x28), per dtype measured (op@bf16: bf16)")
     return dataclasses.replace(spec, op_fixed_s=fixed, op_efficiency=eff, sources=sources)
+
+
+def _tiny_op_layers() -> dict:
+    """op_fixed case label -> the composite layers its call dispatches through (cases._tiny_ops, traced)."""
+    from perfcheck.hardware.calibrate.cases import _tiny_ops
+    from perfcheck.predict.trace import trace_model
+
+    class _One(torch.nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self):
+            return self.fn()
+
+    return {label: sum(op.composite for op in trace_model(_One(fn), ()).ops)
+            for label, fn in _tiny_ops(torch.device("cpu")).items()}
 
 
 def _composite(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
