@@ -78,9 +78,6 @@ HOST_KEYS = {
     "device_kernel_s": "device-side fixed time per kernel beyond the roofline (GPU launch gap; 0 on a CPU: "
                        "the same thread, counted in op_dispatch_s)",
     "collective_latency_s": "alpha: fixed time of one collective call (small-message all-reduce)",
-    "composite_dispatch_s": "host time per CompositeImplicitAutograd layer a call dispatches through before its "
-                            "kernels (aten::linear, cross_entropy_loss, log_softmax: no kernel of their own; "
-                            "perfcheck.predict.trace.composite_layers)",
     "gemm_narrow_row_s": "CPU GEMM time per output row when the output is narrower than two SIMD vectors "
                          "(a 256x16 -> 5 Linear: ~35 ns per row beyond its FLOPs; device time, 0 on a GPU; "
                          "perfcheck.predict.roofline.gemm_narrow_rows)",

@@ -9,8 +9,6 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
 
     forward, per traced aten op     op_dispatch_s (view_dispatch_s for a view/metadata op)
                                     + autograd_node_s when an input needs a gradient (grad_fn node)
-                                    + composite_dispatch_s per CompositeImplicitAutograd layer its call
-                                    went through (aten::linear, cross_entropy_loss: TracedOp.composite)
     forward, per module call        module_call_s (nn.Module.__call__ and the forward frame)
                                     + module_fixed_s[class] for a standard nn layer (its Python
                                     beyond its aten ops: BatchNorm's bookkeeping, F.* wrappers;
@@ -149,12 +147,11 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
             continue
         node = any(t.requires_grad for t in op.call.tensors())
         if i in timed:
-            rows.append((i, op.call.name, False, node) + timed[i] + (getattr(op, "composite", 0),))
+            rows.append((i, op.call.name, False, node) + timed[i])
         else:
-            rows.append((i, op.call.name, True, node, 0.0, 0.0, 0.0, 0.0, getattr(op, "composite", 0)))
+            rows.append((i, op.call.name, True, node, 0.0, 0.0, 0.0, 0.0))
         stacks.append(op.stack)
-    seq = pd.DataFrame(rows, columns=["op", "name", "view", "node", "kernels_fwd", "kernels_bwd", "t_fwd", "t_bwd",
-                                      "composite"])
+    seq = pd.DataFrame(rows, columns=["op", "name", "view", "node", "kernels_fwd", "kernels_bwd", "t_fwd", "t_bwd"])
     return seq, stacks
 
 
@@ -171,8 +168,6 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
     k_bwd = seq["kernels_bwd"].to_numpy(float)
     fixed = np.array([(op_fixed or {}).get(n, 0.0) for n in seq["name"]], dtype=float)
     fwd = np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + node * hc["autograd_node_s"]
-    if "composite" in seq:  # the composite layers the op's call dispatched through first (F.cross_entropy: 4)
-        fwd = fwd + seq["composite"].to_numpy(float) * hc["composite_dispatch_s"]
     bwd_kernels = np.where(view, hc["view_dispatch_s"],
                            np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed * k_bwd / np.maximum(k_fwd, 1.0))
     bwd = node * (hc["backward_node_s"] + bwd_kernels)

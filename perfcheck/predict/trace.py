@@ -10,12 +10,6 @@ F.scaled_dot_product_attention is recorded as one fused op (a TorchFunctionMode 
 the dispatcher decomposes it), so attention is costed as the flash/efficient kernel that runs on
 the target device, not as the math fallback the meta device would pick.
 
-Composite calls: a functional call such as F.cross_entropy dispatches through CompositeImplicitAutograd aten ops
-(``cross_entropy_loss`` -> ``log_softmax`` + ``nll_loss_nd`` -> ``nll_loss``) that autograd decomposes before a
-dispatch mode sees them. The TorchFunctionMode that sees the call runs it once more below autograd under a
-counting mode (``composite_layers``; cached per function and argument signature), and the call's first
-recorded op carries the number of such layers (``TracedOp.composite``: host time per layer, perfcheck.predict.host).
-
 Backward follows autograd, not the forward: an op gets a backward only when its output's
 ``grad_fn`` is reachable from the model's outputs (``TracedOp.backward``), so work under
 ``torch.no_grad()``, behind ``.detach()`` or on frozen parameters costs no backward, and the
@@ -28,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import types
 import weakref
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -57,7 +50,6 @@ class TracedOp:
     causal: bool = False
     backward: bool = True  # autograd differentiates this op (its grad_fn reaches the outputs)
     recompute: bool = False  # inside an activation-checkpointed region: forward re-runs in backward
-    composite: int = 0  # CompositeImplicitAutograd layers the issuing call dispatched through before this op
 
 
 @dataclass
@@ -292,7 +284,7 @@ class _FusedCatcher(TorchFunctionMode):
                 return _reentered(func)(*args, **kwargs)
         if not self.gpu or not (func is TF.scaled_dot_product_attention or
                                 (func is TF.dropout and _dropout_active(args, kwargs))):
-            return self._call(func, args, kwargs)
+            return func(*args, **kwargs)
         region, grad = self.grad_rule()
         self.hidden[0] += 1
         try:
@@ -303,21 +295,6 @@ class _FusedCatcher(TorchFunctionMode):
             self._dropout(args[0], out, kwargs.get("p", args[1] if len(args) > 1 else 0.5), region, grad)
         else:
             self._sdpa(args, kwargs, out, region, grad)
-        return out
-
-    def _call(self, func, args, kwargs):
-        """``func(*args, **kwargs)``, its first recorded op carrying the composite layers it dispatches through."""
-        self.hidden[0] += 1  # the shadow run below autograd records nothing and saves nothing
-        try:
-            layers = len(composite_layers(func, args, kwargs))
-        finally:
-            self.hidden[0] -= 1
-        first = len(self.trace.ops)
-        out = func(*args, **kwargs)
-        # on the call's first aten op (prim::device, fake tensors' bookkeeping, is not dispatched in eager mode)
-        op = next((o for o in self.trace.ops[first:] if getattr(o.call.func, "namespace", "aten") != "prim"), None)
-        if layers and op is not None:
-            op.composite += layers
         return out
 
     def _record(self, call, out, region, **flags):
@@ -371,109 +348,6 @@ class _FusedCatcher(TorchFunctionMode):
 
 
 _GROUPED_MM = tuple(f for f in (getattr(torch, "_grouped_mm", None), getattr(TF, "grouped_mm", None)) if f)
-
-
-def is_composite(op) -> bool:
-    """Whether aten OpOverload ``op`` has a CompositeImplicitAutograd kernel (the dispatcher's own table):
-    it runs no kernel of its own but calls other aten ops (aten::linear -> t + addmm)."""
-    if getattr(op, "namespace", "aten") == "prim":  # fake-tensor bookkeeping (prim::device): Python-only
-        return False
-    try:
-        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"))
-    except RuntimeError:  # an op the C++ dispatcher does not know
-        return False
-
-
-_COMPOSITE_PACKETS: dict = {}
-
-
-def _may_reach_composite(func) -> bool:
-    """A Python-level torch function (F.cross_entropy: it may call composite ops), or a builtin whose aten op
-    packet of the same name (torch._C._nn.linear, Tensor.softmax) has a composite overload."""
-    if isinstance(func, types.FunctionType):
-        return True
-    name = getattr(func, "__name__", None)
-    if name not in _COMPOSITE_PACKETS:
-        packet = getattr(torch.ops.aten, name, None) if isinstance(name, str) and not name.startswith("__") else None
-        try:
-            _COMPOSITE_PACKETS[name] = packet is not None and any(
-                is_composite(getattr(packet, o)) for o in packet.overloads())
-        except (AttributeError, RuntimeError):
-            _COMPOSITE_PACKETS[name] = False
-    return _COMPOSITE_PACKETS[name]
-
-
-class _CompositeCounter(TorchDispatchMode):
-    """Below autograd, composite ops reach the Python dispatch key undecomposed: record each and run its
-    decomposition under this mode again, so the composite ops it calls are seen too; other ops run as they are."""
-
-    def __init__(self):
-        super().__init__()
-        self.layers: list = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if is_composite(func):
-            self.layers.append(str(func.overloadpacket.__name__))
-            with self:
-                return func.decompose(*args, **kwargs)
-        return func(*args, **kwargs)
-
-
-def _signature(x):
-    """A hashable key of a call's arguments for ``composite_layers``' cache: tensors by dtype, shape and layout,
-    plain values as themselves; raises TypeError for anything else (not cached)."""
-    if isinstance(x, torch.Tensor):
-        return ("T", x.dtype, tuple(x.shape), x.layout, x.is_contiguous())
-    if isinstance(x, (list, tuple)):
-        return (type(x).__name__,) + tuple(_signature(v) for v in x)
-    if isinstance(x, dict):
-        return ("D",) + tuple((k, _signature(v)) for k, v in sorted(x.items()))
-    if x is None or isinstance(x, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
-                                   torch.memory_format)):
-        return x
-    raise TypeError(type(x).__name__)
-
-
-_COMPOSITE_CACHE: dict = {}
-_COMPOSITE_CACHE_MAX = 4096
-
-
-def composite_layers(func, args=(), kwargs=None) -> tuple:
-    """Names of the CompositeImplicitAutograd aten ops that ``func(*args, **kwargs)`` dispatches through, in order
-    (F.cross_entropy: cross_entropy_loss, log_softmax, nll_loss_nd, nll_loss; F.linear: linear; F.relu: none).
-
-    How: the call runs once more below autograd (``torch._C._AutoDispatchBelowAutograd``, where the dispatcher
-    hands composite ops to a dispatch mode before their decomposition) under ``_CompositeCounter``. Called inside
-    the trace's fake-tensor mode on its fake tensors, so nothing is computed; cached per function and argument
-    signature. () for calls that cannot reach a composite op (``_may_reach_composite``), for tensor subclasses
-    other than fake tensors (a DTensor's redistribution would run twice) and when the shadow run fails (the
-    real call then reports the error)."""
-    kwargs = kwargs or {}
-    if not _may_reach_composite(func):
-        return ()
-    flat = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
-    if any(hasattr(t, "_local_tensor") or hasattr(t, "placements") for t in flat):
-        return ()
-    try:
-        key = (func, _signature(args), _signature(kwargs))
-        hash(key)
-    except TypeError:
-        key = None
-    if key is not None and key in _COMPOSITE_CACHE:
-        return _COMPOSITE_CACHE[key]
-    counter = _CompositeCounter()
-    try:
-        with torch._C._AutoDispatchBelowAutograd(), counter:
-            func(*args, **kwargs)
-        layers = tuple(counter.layers)
-    except Exception:  # noqa: BLE001 - data-dependent or refused calls: the real call raises what matters
-        layers = ()
-    if key is not None:
-        if len(_COMPOSITE_CACHE) >= _COMPOSITE_CACHE_MAX:  # a long process tracing many shapes: start over
-            _COMPOSITE_CACHE.clear()
-        _COMPOSITE_CACHE[key] = layers
-    return layers
 
 
 class _GroupedMmShape(torch.autograd.Function):

@@ -543,13 +543,3 @@ def gemm_narrow_cases(device) -> list:
         cases.append(Case("gemm_narrow", f"narrow fwd {m}x{k}x{n}", (lambda x=x, w=w, b=b: torch.nn.functional.linear(
             x, w, b)), "fp32", 2.0 * m * k * n, (m * k + k * n + m * n + n) * 4.0, (m, k, n)))
     return cases
-
-
-# ------------------------------------------------------------------------------ composite layers (host)
-def composite_cases(device) -> list:
-    """One CompositeImplicitAutograd layer's host cost (``host.composite_dispatch_s``): ``torch.softmax`` (the
-    softmax.int layer, then the _softmax kernel) and ``torch._softmax`` (the kernel alone), on one element: the
-    same Python binding path, one dispatcher layer apart (``fit._composite`` takes the difference)."""
-    a = torch.ones(1, device=torch.device(device))
-    return [Case("composite", "composite softmax", lambda: torch.softmax(a, 0), "fp32"),
-            Case("composite", "leaf _softmax", lambda: torch._softmax(a, 0, False), "fp32")]

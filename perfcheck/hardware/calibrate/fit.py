@@ -27,10 +27,9 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
-import torch
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, host_constants, load_system
+from perfcheck.hardware.systems import SystemSpec, load_system
 
 #: Columns of the measurement table (``Calibration.measurements``, ``perfcheck calibrate --csv``).
 MEASUREMENT_COLUMNS = ("kind", "label", "dtype", "m", "k", "n", "flops", "bytes", "world_size", "seconds",
@@ -209,7 +208,7 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
         base, name=name or f"{base.name}-calibrated", description=description, kind=d.kind,
         matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
         sources=sources, **d.fields)
-    spec = _gemm_narrow(_row_costs(_per_op_costs(_composite(spec, table, d), table, d), table, d), table, d)
+    spec = _gemm_narrow(_row_costs(_per_op_costs(spec, table, d), table, d), table, d)
     return _alignment(_module_costs(spec, table, d), table, d)
 
 
@@ -277,12 +276,7 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     fixed_rows, eff_rows = _rows(table, "opfixed"), _rows(table, "opeff")
     if not len(fixed_rows) and not len(eff_rows):
         return spec
-    # a case called through composite layers (F.log_softmax -> log_softmax -> _log_softmax) pays them too; the
-    # model prices them apart (host.composite_dispatch_s per layer, perfcheck.predict.trace.composite_layers)
-    layers = _tiny_op_layers() if len(fixed_rows) else {}
-    per_layer = float(host_constants(spec)["composite_dispatch_s"])
-    fixed = {r.label: max(float(r.seconds) - d.op_s - layers.get(r.label, 0) * per_layer, 0.0)
-             for r in fixed_rows.itertuples(index=False)}
+    fixed = {r.label: max(float(r.seconds) - d.op_s, 0.0) for r in fixed_rows.itertuples(index=False)}
     eff, sources = {}, dict(spec.sources)
     for r in eff_rows.itertuples(index=False):
         roof, _ = roofline.op_time_s(float(r.flops), float(r.n), float(r.bytes), 1.0, spec, r.dtype or "fp32",
@@ -300,37 +294,6 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     return dataclasses.replace(spec, op_fixed_s=fixed, op_efficiency=eff, sources=sources)
 
 
-def _tiny_op_layers() -> dict:
-    """op_fixed case label -> the composite layers its call dispatches through (cases._tiny_ops, traced)."""
-    from perfcheck.hardware.calibrate.cases import _tiny_ops
-    from perfcheck.predict.trace import trace_model
-
-    class _One(torch.nn.Module):
-        def __init__(self, fn):
-            super().__init__()
-            self.fn = fn
-
-        def forward(self):
-            return self.fn()
-
-    return {label: sum(op.composite for op in trace_model(_One(fn), ()).ops)
-            for label, fn in _tiny_ops(torch.device("cpu")).items()}
-
-
-def _composite(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
-    """host.composite_dispatch_s: ``cases.composite_cases``' composite call (torch.softmax: the softmax.int layer,
-    then _softmax) less the same kernel called directly (torch._softmax), on one element, floored at 0."""
-    comp, leaf = _seconds(table, "composite", "composite softmax"), _seconds(table, "composite", "leaf _softmax")
-    if comp is None or leaf is None:
-        return spec
-    host, sources = dict(spec.host), dict(spec.sources)
-    host["composite_dispatch_s"] = float(max(comp - leaf, 0.0))
-    sources["host.composite_dispatch_s"] = (f"{d.stamp}: torch.softmax of 1 element ({comp * 1e6:.3f} us: one "
-                                            f"CompositeImplicitAutograd layer, then _softmax) less torch._softmax "
-                                            f"({leaf * 1e6:.3f} us)")
-    return dataclasses.replace(spec, host=host, sources=sources)
-
-
 def _row_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     """op_row_s: per row-wise op and phase (``cases.row_cases``, label "<op> fwd|bwd", m = rows, k = row length),
     per row length L the slope of the measured time over the row count less the slope of the estimator's roofline
@@ -339,8 +302,8 @@ def _row_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     (perfcheck.predict.roofline.row_time_s), by least squares over the lengths with every term >= 0
     (``row_terms_fit``; ``cases.row_lengths``' four lengths W/2, W, W + W/4, 2W determine the four terms):
     ``<phase>``, ``<phase>_vector``, ``<phase>_tail``, ``<phase>_partial``. W (fp32 elements per SIMD vector) is
-    half the longest length and sets the spec's ``simd_bytes``. One length (nll_loss): its slope, floored at 0,
-    prices every row alike. Slopes leave out every fixed cost (dispatch, op_fixed_s), which the model prices apart."""
+    half the longest length and sets the spec's ``simd_bytes``. One length (nll_loss): its slope, floored at 0, prices every row alike.
+    Slopes leave out every fixed cost (dispatch, op_fixed_s), which the model prices apart."""
     rows = _rows(table, "oprows")
     if not len(rows):
         return spec

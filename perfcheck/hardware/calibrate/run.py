@@ -64,7 +64,6 @@ import torch
 from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
                                                 launch_cases, matmul_cases, module_fixed_cases, op_efficiency_cases,
                                                 op_fixed_cases, row_cases, alignment_cases, gemm_narrow_cases,
-                                                composite_cases,
                                                 run_cases, vector_cases)
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
 from perfcheck.errors import UserError
@@ -230,7 +229,6 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
 
     group("launch overhead", launch_cases(dev))
     group("host (dispatch, autograd, module call, optimizer)", host_cases(dev))
-    group("composite layers", composite_cases(dev))
     group("per-op fixed costs", op_fixed_cases(dev))
     group("per-module fixed costs", module_fixed_cases(dev))
     if dev.type == "cpu":  # a GPU kernel spreads rows over its threads: no per-row term is modelled there
