@@ -52,9 +52,14 @@ _REQUIRED = (
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
 _OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
-             "op_efficiency", "op_row_s", "module_fixed_s", "calibrated", "sources")
+             "op_efficiency", "op_row_s", "module_fixed_s", "simd_bytes", "calibrated", "sources")
 #: Phases an ``op_row_s`` entry prices: the op's forward kernel and its backward kernel.
 ROW_PHASES = ("fwd", "bwd")
+#: Keys of an ``op_row_s`` entry: per phase the cost of a row (``fwd``/``bwd``), of each full SIMD vector in it
+#: (``<phase>_vector``), of each element of a row shorter than one vector (``<phase>_tail``: walked element by
+#: element) and of the partial vector after a longer row's full vectors (``<phase>_partial``, once per row)
+#: (perfcheck.predict.roofline.row_time_s); an entry with the phase keys alone prices every row alike.
+ROW_TERMS = ROW_PHASES + tuple(f"{ph}_{t}" for ph in ROW_PHASES for t in ("vector", "tail", "partial"))
 
 #: Host-side (framework) constants a spec may give in its ``host`` block, seconds; the estimator's
 #: host model (perfcheck.predict.host) uses them. Missing keys come from ``host_defaults.json``.
@@ -81,6 +86,9 @@ HOST_KEYS = {
     "collective_straggler_s": "mean wait of a rank for the latest rank at one blocking collective after equal work, "
                               "at collective_straggler_ranks ranks (perfcheck.predict.collectives.straggler_wait_s)",
     "collective_straggler_ranks": "the rank count collective_straggler_s was measured at (dimensionless, >= 2)",
+    "gemm_narrow_row_s": "CPU GEMM time per output row when the output is narrower than two SIMD vectors "
+                         "(a 256x16 -> 5 Linear: ~35 ns per row beyond its FLOPs; device time, 0 on a GPU; "
+                         "perfcheck.predict.roofline.gemm_narrow_rows)",
     "process_slowdown_per_peer": "fraction by which one process's host/CPU work slows per other process like it "
                                  "on the same host (dimensionless; perfcheck/hardware/calibrate/concurrency.py)",
     # DeepSpeed's own host work per ZeRO stage S (0-3) and phase (fwd/bwd beyond the plain model's; step:
@@ -172,6 +180,9 @@ class SystemSpec:
     #: row-wise aten op name -> {"fwd": s, "bwd": s} per row its forward / backward kernel walks (a CPU
     #: kernel's per-row cost on short rows: softmax, log_softmax, layer norm, nll_loss; perfcheck.predict.roofline)
     op_row_s: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    #: bytes in one SIMD register of the CPU's vectorized kernels (PyTorch's ``Vectorized``: 64 with AVX-512, 32
+    #: otherwise); 0: not given, the machine running the estimate is asked (``simd_bytes``). CPU specs only.
+    simd_bytes: int = 0
     calibrated: bool = False
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -224,7 +235,7 @@ class SystemSpec:
         for f in _FIELDS:
             value = getattr(self, f)
             if f in ("matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s", "op_efficiency",
-                     "module_fixed_s", "op_row_s") and not value:
+                     "module_fixed_s", "op_row_s", "simd_bytes") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if isinstance(value, types.MappingProxyType):
                 value = {k: dict(v) if isinstance(v, types.MappingProxyType) else v for k, v in value.items()}
@@ -359,13 +370,19 @@ def _per_row(value, where) -> types.MappingProxyType:
     out = {}
     for name, phases in value.items():
         if not isinstance(phases, Mapping):
-            raise UserError(f"{where}: op_row_s.{name} must be an object with keys {', '.join(ROW_PHASES)}")
+            raise UserError(f"{where}: op_row_s.{name} must be an object with keys {', '.join(ROW_TERMS)}")
         for ph in phases:
-            if ph not in ROW_PHASES:
-                raise UserError(f"{where}: op_row_s.{name} has unknown phase {ph!r} (allowed: {', '.join(ROW_PHASES)})")
+            if ph not in ROW_TERMS:
+                raise UserError(f"{where}: op_row_s.{name} has unknown phase {ph!r} (allowed: {', '.join(ROW_TERMS)})")
         out[str(name)] = types.MappingProxyType({ph: _number(v, f"op_row_s.{name}.{ph}", where, allow_zero=True)
                                                  for ph, v in phases.items()})
     return types.MappingProxyType(out)
+
+
+def _simd(value, where) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % 4:
+        raise UserError(f"{where}: simd_bytes must be a non-negative multiple of 4 (bytes), got {value!r}")
+    return value
 
 
 @lru_cache(maxsize=None)
@@ -382,6 +399,27 @@ def _host_defaults() -> dict:
     out["op_row_s"] = {kind: dict(_per_row(rows.get(kind, {}), f"{where} op_row_s.{kind}")) for kind in SYSTEM_KINDS}
     out["sources"] = dict(data.get("sources", {}))
     return out
+
+
+#: PyTorch's SIMD register width in bytes per ``torch.backends.cpu.get_cpu_capability()``: its vectorized CPU
+#: kernels use 512-bit ``Vectorized`` types with AVX-512 and 256-bit ones otherwise (aten/src/ATen/cpu/vec/vec.h
+#: includes vec512 under CPU_CAPABILITY_AVX512, else vec256; the DEFAULT and NEON builds keep vec256's 8-float
+#: loop structure).
+SIMD_BYTES = {"AVX512": 64}
+DEFAULT_SIMD_BYTES = 32
+
+
+def local_simd_bytes() -> int:
+    """The SIMD register width (bytes) of this machine's PyTorch CPU kernels (``SIMD_BYTES``)."""
+    import torch
+
+    return SIMD_BYTES.get(str(torch.backends.cpu.get_cpu_capability()).upper(), DEFAULT_SIMD_BYTES)
+
+
+def simd_bytes(spec: "SystemSpec") -> int:
+    """``spec``'s SIMD register width in bytes: its own ``simd_bytes`` (set by ``perfcheck calibrate``), else this
+    machine's (``local_simd_bytes``: a spec file written for another CPU should give its own)."""
+    return int(spec.simd_bytes) or local_simd_bytes()
 
 
 def row_costs(spec: "SystemSpec") -> dict:
@@ -444,6 +482,7 @@ def _validated_fields(spec, where: str) -> dict:
         "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True),
         "module_fixed_s": _per_op(getattr(spec, "module_fixed_s", {}) or {}, "module_fixed_s", where, fraction=False),
         "op_row_s": _per_row(getattr(spec, "op_row_s", {}) or {}, where),
+        "simd_bytes": _simd(getattr(spec, "simd_bytes", 0), where),
         "sources": _sources(spec.sources, where),
     }
     for f in ("mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",

@@ -362,8 +362,9 @@ def _cudnn_rnn(c: OpCall):
 def _nll(c: OpCall):
     x, target = c.args[0], c.args[1]
     rows = target.numel
-    fwd = F.Cost(flops=rows, bytes=rows * (_eb(x) + target.elem_bytes) + _eb(x), kernels=1, rows=rows)
-    bwd = F.Cost(bytes=x.numel * _eb(x) + rows * target.elem_bytes, kernels=1, rows=rows)
+    # each row is one element read (fwd) or written (bwd) at its target's index: a row of length 1
+    fwd = F.Cost(flops=rows, bytes=rows * (_eb(x) + target.elem_bytes) + _eb(x), kernels=1, rows=rows, row_elems=rows)
+    bwd = F.Cost(bytes=x.numel * _eb(x) + rows * target.elem_bytes, kernels=1, rows=rows, row_elems=rows)
     return F.OpCost(fwd, bwd.scale(x.requires_grad), 0, 0)
 
 

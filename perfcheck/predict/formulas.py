@@ -30,6 +30,10 @@ class Cost:
     #: rows a row-wise kernel walks (softmax, log-softmax, layer norm, nll_loss): a CPU kernel pays a fixed
     #: cost per row beyond its elements (short rows: ~50-200 ns each), priced per op by the spec's op_row_s
     rows: float = 0
+    #: elements in those rows (rows x row length): the price of a row depends on its length modulo the CPU's
+    #: SIMD width (full vectors, then a scalar tail: a 5-float row costs ~3x an 8-float one on AVX2), so
+    #: perfcheck.predict.roofline.row_time_s reads the length as row_elems / rows
+    row_elems: float = 0
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -222,8 +226,8 @@ def softmax(rows, cols, *, x_grad=True, elem_bytes=4, log=False) -> OpCost:
     bwd: dx = y * (g - sum(g*y)) ~ 4 FLOPs/elem, reading y and g; saves the output y.
     """
     n = rows * cols
-    fwd = Cost(flops=5 * n, bytes=2 * n * elem_bytes, kernels=1, rows=rows)
-    bwd = Cost(flops=4 * n, bytes=3 * n * elem_bytes, kernels=1, rows=rows)
+    fwd = Cost(flops=5 * n, bytes=2 * n * elem_bytes, kernels=1, rows=rows, row_elems=n)
+    bwd = Cost(flops=4 * n, bytes=3 * n * elem_bytes, kernels=1, rows=rows, row_elems=n)
     return OpCost(fwd, bwd.scale(x_grad), n * elem_bytes * bool(x_grad), 0)
 
 
@@ -238,8 +242,9 @@ def layer_norm(rows, cols, *, affine=True, bias=True, x_grad=True, w_grad=True, 
     n = rows * cols
     stats = rows * (1 if rms else 2) * 4 / elem_bytes  # fp32 statistics, in elements
     w = cols * affine + cols * affine * bias * (not rms)
-    fwd = Cost(flops=(5 if rms else 7) * n, bytes=(2 * n + w + stats) * elem_bytes, kernels=1, rows=rows)
-    gx = Cost(flops=9 * n, bytes=(3 * n + w + stats) * elem_bytes, kernels=1, rows=rows)  # gw: column sums
+    fwd = Cost(flops=(5 if rms else 7) * n, bytes=(2 * n + w + stats) * elem_bytes, kernels=1, rows=rows, row_elems=n)
+    gx = Cost(flops=9 * n, bytes=(3 * n + w + stats) * elem_bytes, kernels=1, rows=rows,
+              row_elems=n)  # gw: column sums
     gw = Cost(flops=3 * n, bytes=(2 * n + w) * elem_bytes, kernels=1)
     bwd = gx.scale(x_grad) + gw.scale(affine * w_grad)
     saved = (n + stats) * elem_bytes * (x_grad or affine * w_grad)

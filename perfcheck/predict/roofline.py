@@ -27,7 +27,7 @@ import os
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype, row_costs
+from perfcheck.hardware.systems import SystemSpec, host_constants, load_system, normalize_dtype, row_costs, simd_bytes
 
 
 def _array(x, name: str) -> np.ndarray:
@@ -269,6 +269,65 @@ def gemm_unaligned(call) -> float:
     return float((k * size) % GEMM_ALIGN_BYTES != 0 or (n * size) % GEMM_ALIGN_BYTES != 0)
 
 
+def gemm_dims(call):
+    """``(batch, m, k, n, a_grad, b_grad, elem_bytes)`` of a matmul-family call (a: m x k, b: k x n, batch 1 for
+    2-D operands; a_grad/b_grad: whether backward computes that operand's gradient); None for any other op or an
+    unknown shape. The forward GEMM writes batch x m rows of n; backward's dA = dC b^T writes batch x m rows of
+    k, its dB = a^T dC batch x k rows of n (perfcheck.predict.formulas.matmul)."""
+    operands = _gemm_operands(call)
+    if operands is None:
+        return None
+    a, b = operands
+    try:
+        m, k, n = int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])
+        batch = int(a.shape[0]) if len(a.shape) == 3 and call.name in ("bmm", "baddbmm") else 1
+        return batch, m, k, n, bool(a.requires_grad), bool(b.requires_grad), int(a.elem_bytes)
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+
+
+def gemm_narrow_rows(dims, simd: int) -> tuple:
+    """``(fwd, bwd)``: output rows of a GEMM (``gemm_dims``) whose output is narrower than two SIMD vectors of
+    ``simd`` bytes (16 fp32 with AVX2), per phase; (0, 0) for None.
+
+    Why: a CPU GEMM kernel walks the output in register tiles of two vectors' width; a narrower output row runs
+    a slower path whose cost goes with its rows, not its FLOPs. Measured on the project's AVX2 VM (F.linear, 1
+    thread, 2026-11-23): 256x16 -> 5 took 18.8 us, the FLOPs-and-fixed-cost model 9.5 us (~36 ns per output row
+    more); 1024x16 -> 5, 8, 9, 15 took 28-41 ns per row more, -> 16, 24, 32 8-11 ns."""
+    if dims is None:
+        return 0.0, 0.0
+    batch, m, k, n, a_grad, b_grad, elem = dims
+    wide = 2 * simd / max(elem, 1)
+    fwd = batch * m * (n < wide)
+    bwd = a_grad * batch * m * (k < wide) + b_grad * batch * k * (n < wide)
+    return float(fwd), float(bwd)
+
+
+def row_time_s(system, names, phase: str, rows, row_elems) -> np.ndarray:
+    """Seconds of the per-row terms of row-wise ops ``names`` in ``phase`` with ``rows`` rows of ``row_elems``
+    elements in all (arrays of one length):
+
+        rows x (row_s + vector_s x floor(L / W) + tail_s x L x [L < W] + partial_s x [L > W and L mod W > 0]),
+        L = row_elems / rows,
+
+    W = the spec's SIMD width in fp32 elements (``systems.simd_bytes`` / 4; a reduced-precision row is computed
+    in fp32 vectors), row_s/vector_s/tail_s/partial_s = the op's ``op_row_s`` entry ``<phase>``,
+    ``<phase>_vector``, ``<phase>_tail``, ``<phase>_partial`` (``row_terms``; an entry with ``<phase>`` alone
+    prices every row alike).
+    Why: a CPU row-wise kernel walks a row's full vectors, then the rest as one partial vector; a row shorter
+    than one vector goes element by element. log_softmax forward on the project's AVX2 VM (per row, beyond its
+    elements' roofline): 2, 4, 5, 7 floats 52, 91, 108, 151 ns (~20 ns per element); 8 and 16 floats 24 and 33 ns
+    (9 per vector); 10, 12 and 20 floats 68, 70, 77 ns (a partial vector ~44 ns, whatever its count)."""
+    system = load_system(system)
+    rows = np.asarray(rows, dtype=float)
+    elems = np.asarray(row_elems, dtype=float)
+    width = simd_bytes(system) // 4
+    length = np.where(rows > 0, np.round(elems / np.where(rows > 0, rows, 1.0)), 0.0)
+    per, vec, tail, partial = row_terms(system, names, phase)
+    return rows * (per + vec * np.floor(length / width) + tail * length * (length < width)
+                   + partial * ((length > width) & (np.mod(length, width) > 0)))
+
+
 def op_device_times(ops, system, dtype, launch_s: float = None):
     """Device seconds and bound per op and phase for the estimator's op table (a DataFrame with
     name, macs_*, other_*, bytes_*, kernels_*, min_dim, optionally unaligned): adds columns ``t_fwd``, ``t_bwd``,
@@ -277,12 +336,16 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     Per op: ``op_time_s`` with ``launch_s`` per kernel, the roofline part divided by the spec's
     ``op_efficiency`` of that op in ``dtype`` (``op_efficiency()``: a kernel measured slower than the
     roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
-    that op (``row_prices``: a row-wise kernel's fixed cost per row) when the table has those columns.
+    that op (``row_time_s``: a row-wise kernel's cost per row by its length, from ``row_elems_<phase>``; without
+    that column every row at the flat price) when the table has those columns, plus a GEMM's narrow output rows
+    (``gemm_narrow_rows`` of the ``gemm`` column's ``gemm_dims``) x the spec's ``gemm_narrow_row_s``.
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it.
     """
     system = load_system(system)
     names = ops["name"].to_numpy(object)
     eff = np.array([op_efficiency(system, n, dtype) for n in names], dtype=float)
+    narrow_s = host_constants(system)["gemm_narrow_row_s"]
+    simd = simd_bytes(system)
     for phase in ("fwd", "bwd"):
         k = ops[f"kernels_{phase}"].to_numpy(float)
         launch = system.launch_overhead_s if launch_s is None else launch_s
@@ -295,7 +358,12 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         roof = t - k * launch
         t = roof / eff + k * launch
         if f"rows_{phase}" in ops:
-            t = t + ops[f"rows_{phase}"].to_numpy(float) * row_prices(system, names, phase)
+            rows = ops[f"rows_{phase}"].to_numpy(float)
+            elems = ops[f"row_elems_{phase}"].to_numpy(float) if f"row_elems_{phase}" in ops else None
+            t = t + (row_time_s(system, names, phase, rows, elems) if elems is not None
+                     else rows * row_prices(system, names, phase))
+        if "gemm" in ops and narrow_s:
+            t = t + narrow_s * np.array([gemm_narrow_rows(d, simd)[phase == "bwd"] for d in ops["gemm"]], dtype=float)
         ops[f"t_{phase}"] = np.where(k > 0, t, 0.0)
         ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(bound, dtype=object), len(ops))
     return ops
@@ -332,3 +400,13 @@ def row_prices(system, names, phase: str) -> np.ndarray:
     """
     table = row_costs(load_system(system))
     return np.array([table.get(ROW_PRICE_ALIASES.get(n, n), {}).get(phase, 0.0) for n in names], dtype=float)
+
+
+def row_terms(system, names, phase: str) -> tuple:
+    """``(row_s, vector_s, tail_s, partial_s)`` arrays for ops ``names`` in ``phase``: the ``op_row_s`` entry's
+    ``<phase>``, ``<phase>_vector``, ``<phase>_tail``, ``<phase>_partial`` (0 where absent; see ``row_prices``
+    for the table and aliases)."""
+    table = row_costs(load_system(system))
+    entries = [table.get(ROW_PRICE_ALIASES.get(n, n), {}) for n in names]
+    return tuple(np.array([e.get(key, 0.0) for e in entries], dtype=float)
+                 for key in (phase, f"{phase}_vector", f"{phase}_tail", f"{phase}_partial"))

@@ -448,10 +448,21 @@ def op_efficiency_cases(device, dtypes=("fp32",)) -> list:
 # ------------------------------------------------------------------------------ per-row costs of row-wise ops (CPU)
 #: Row counts of the row-wise cases: the per-row cost is the slope between them.
 ROW_COUNTS = (64, 512)
-#: Row lengths of the row-wise cases: short rows below, across and at an AVX2 register's 8 floats (a CPU kernel
-#: walks a row's full vectors, then its tail; the per-row cost varies ~2x with the length: the fit keeps the
-#: median over these lengths, not one length's value). nll_loss reads one element per row: one length.
-ROW_LENGTHS = (4, 10, 16)
+#: Row lengths of the row-wise cases on an AVX2 machine (8 floats per SIMD vector; ``row_lengths`` scales them
+#: to the machine's width): half a vector (tail only), one vector, one vector and a quarter (a vector and a
+#: tail), two vectors. A CPU kernel walks a row's full vectors, then its tail element by element; the fit
+#: (perfcheck.hardware.calibrate.fit) solves per op and phase for a row's cost, a vector's and a tail element's.
+#: nll_loss reads one element per row: one length.
+ROW_LENGTHS = (4, 8, 10, 16)
+
+
+def row_lengths(simd: int = None) -> tuple:
+    """``ROW_LENGTHS`` for a SIMD width of ``simd`` bytes (default: this machine's, ``systems.local_simd_bytes``):
+    W/2, W, W + W/4 and 2W fp32 elements, W = simd / 4."""
+    from perfcheck.hardware.systems import local_simd_bytes
+
+    w = (simd or local_simd_bytes()) // 4
+    return (w // 2, w, w + max(w // 4, 1), 2 * w)
 
 
 def _row_ops(dev):
@@ -516,18 +527,40 @@ def row_op_cost(name: str, rows: int, cols: int, elem_bytes: int = 4):
 
 
 def row_cases(device) -> list:
-    """Row-wise kernels (label ``"<forward op> fwd|bwd"``) on ``ROW_COUNTS`` rows of ``ROW_LENGTHS`` elements
+    """Row-wise kernels (label ``"<forward op> fwd|bwd"``) on ``ROW_COUNTS`` rows of ``row_lengths()`` elements
     (nll_loss: one length), fp32; ``m`` = rows, ``k`` = row length, ``flops``/``bytes`` = the estimator's
     other FLOPs and bytes of that phase (``row_op_cost``), so the fit can take the roofline's share out of the
     slope over rows (perfcheck.hardware.calibrate.fit: ``op_row_s``)."""
     dev = torch.device(device)
     cases = []
+    every = row_lengths()
     for name, builders in _row_ops(dev).items():
-        lengths = ROW_LENGTHS[1:2] if name.startswith("nll") else ROW_LENGTHS
+        lengths = every[2:3] if name.startswith("nll") else every
         for phase, make in zip(("fwd", "bwd"), builders):
             for cols in lengths:
                 for rows in ROW_COUNTS:
                     cost = getattr(row_op_cost(name, rows, cols), phase)
                     cases.append(Case("oprows", f"{name} {phase}", make(rows, cols), "fp32", float(cost.flops),
                                       float(cost.bytes), (rows, cols, int(cost.kernels))))
+    return cases
+
+
+# ------------------------------------------------------------------------------ narrow GEMM outputs (CPU)
+#: (rows, in, out) of the narrow-output GEMM cases: F.linear to 6 outputs (under two AVX2 vectors, not a multiple
+#: of one) from 32 inputs, on two row counts; the fit keeps the slope over rows beyond the model's FLOPs time.
+#: Shapes in no other case (JSC_Tiny's 256x16 -> 5 is checked against the fit, not fitted).
+NARROW_SHAPES = ((64, 32, 6), (512, 32, 6))
+
+
+def gemm_narrow_cases(device) -> list:
+    """``F.linear`` forward on ``NARROW_SHAPES`` (label ``"narrow fwd MxKxN"``, kind ``gemm_narrow``; bias, as an
+    nn.Linear), fp32; flops = 2 m k n, bytes = the estimator's (perfcheck.predict.formulas.matmul). The fit
+    (``fit._gemm_narrow``) sets ``host.gemm_narrow_row_s``: the slope over rows of the measured time less the
+    estimator's time for the same GEMMs (FLOPs at the calibrated curve), per output row."""
+    dev = torch.device(device)
+    cases = []
+    for m, k, n in NARROW_SHAPES:
+        x, w, b = torch.randn(m, k, device=dev), torch.randn(n, k, device=dev), torch.randn(n, device=dev)
+        cases.append(Case("gemm_narrow", f"narrow fwd {m}x{k}x{n}", (lambda x=x, w=w, b=b: torch.nn.functional.linear(
+            x, w, b)), "fp32", 2.0 * m * k * n, (m * k + k * n + m * n + n) * 4.0, (m, k, n)))
     return cases

@@ -208,7 +208,8 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
         base, name=name or f"{base.name}-calibrated", description=description, kind=d.kind,
         matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
         sources=sources, **d.fields)
-    return _alignment(_module_costs(_row_costs(_per_op_costs(spec, table, d), table, d), table, d), table, d)
+    spec = _gemm_narrow(_row_costs(_per_op_costs(spec, table, d), table, d), table, d)
+    return _alignment(_module_costs(spec, table, d), table, d)
 
 
 def measured_here(spec, keys) -> bool:
@@ -295,19 +296,26 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
 
 def _row_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     """op_row_s: per row-wise op and phase (``cases.row_cases``, label "<op> fwd|bwd", m = rows, k = row length),
-    the slope of the measured time over the row count less the slope of the estimator's roofline time for the
-    same calls on ``spec`` (its elements' share: the model adds that itself), floored at 0; the median over the
-    row lengths measured. Slopes leave out every fixed cost (dispatch, op_fixed_s), which the model prices apart."""
+    per row length L the slope of the measured time over the row count less the slope of the estimator's roofline
+    time for the same calls on ``spec`` (its elements' share: the model adds that itself); then the row's cost by
+    its length, ``slope(L) = row + vector x floor(L/W) + tail x L x [L < W] + partial x [L > W, L mod W > 0]``
+    (perfcheck.predict.roofline.row_time_s), by least squares over the lengths with every term >= 0
+    (``row_terms_fit``; ``cases.row_lengths``' four lengths W/2, W, W + W/4, 2W determine the four terms):
+    ``<phase>``, ``<phase>_vector``, ``<phase>_tail``, ``<phase>_partial``. W (fp32 elements per SIMD vector) is
+    half the longest length and sets the spec's ``simd_bytes``. One length (nll_loss): its slope, floored at 0, prices every row alike.
+    Slopes leave out every fixed cost (dispatch, op_fixed_s), which the model prices apart."""
     rows = _rows(table, "oprows")
     if not len(rows):
         return spec
     from perfcheck.predict import roofline
 
+    lengths = sorted(set(rows["k"].astype(int)))
+    width = max(lengths[-1] // 2, 1)
     table_out, shown = {}, []
     for label, group in rows.groupby("label", sort=False):
         name, phase = str(label).rsplit(" ", 1)
         eff = roofline.op_efficiency(spec, name, "fp32")  # the row cases run in fp32
-        slopes = []
+        slopes = {}
         for cols, g in group.groupby("k", sort=True):
             g = g.sort_values("m")
             if len(g) < 2 or g["m"].iloc[-1] <= g["m"].iloc[0]:
@@ -315,19 +323,84 @@ def _row_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
             roof = [roofline.op_time_s(0.0, float(r["flops"]), float(r["bytes"]), float(max(r["n"], 1)), spec,
                                        r["dtype"] or "fp32", launch_s=0.0)[0] / eff for r in (g.iloc[0], g.iloc[-1])]
             span = float(g["m"].iloc[-1] - g["m"].iloc[0])
-            slopes.append((float(g["seconds"].iloc[-1] - g["seconds"].iloc[0]) - (roof[1] - roof[0])) / span)
-        if slopes:
-            table_out.setdefault(name, {})[phase] = float(max(np.median(slopes), 0.0))
-            shown.append(f"{name} {phase} {table_out[name][phase] * 1e9:.0f} ns")
+            slopes[int(cols)] = (float(g["seconds"].iloc[-1] - g["seconds"].iloc[0]) - (roof[1] - roof[0])) / span
+        if not slopes:
+            continue
+        terms = row_terms_fit(slopes, width) if len(slopes) >= 4 else (float(max(np.median(list(slopes.values())),
+                                                                                   0.0)), None, None, None)
+        entry = table_out.setdefault(name, {})
+        entry[phase] = terms[0]
+        text = f"{name} {phase} {terms[0] * 1e9:.0f} ns"
+        if terms[1] is not None:
+            entry[f"{phase}_vector"], entry[f"{phase}_tail"], entry[f"{phase}_partial"] = terms[1:]
+            text += (f" + {terms[1] * 1e9:.1f} per vector, {terms[2] * 1e9:.1f} per element under a vector, "
+                     f"{terms[3] * 1e9:.1f} per partial vector")
+        shown.append(text)
     if not table_out:
         return spec
     counts = sorted(set(rows["m"].astype(int)))
-    lengths = sorted(set(rows["k"].astype(int)))
     sources = dict(spec.sources)
     sources["op_row_s"] = (f"{d.stamp}: per row-wise kernel, the slope of its time over {counts[0]} -> {counts[-1]} rows "
-                           f"less the slope of the estimator's roofline time for the same calls, median over row "
-                           f"lengths {', '.join(map(str, lengths))} (fp32): " + "; ".join(shown))
-    return dataclasses.replace(spec, op_row_s=table_out, sources=sources)
+                           f"less the slope of the estimator's roofline time for the same calls, per row length "
+                           f"{', '.join(map(str, lengths))} (fp32), fitted as row + vector x floor(L/{width}) + tail x L "
+                           f"[L < {width}] + partial [L > {width}, L mod {width} > 0] (least squares, terms >= 0): "
+                           + "; ".join(shown))
+    sources["simd_bytes"] = (f"{d.stamp}: the row cases' SIMD width ({width} fp32 elements: "
+                             f"torch.backends.cpu.get_cpu_capability(), perfcheck.hardware.systems.SIMD_BYTES)")
+    return dataclasses.replace(spec, op_row_s=table_out, simd_bytes=4 * width, sources=sources)
+
+
+def row_terms_fit(slopes: dict, width: int) -> tuple:
+    """``(row, vector, tail, partial)`` seconds, each >= 0, minimising the squared error of
+    ``row + vector x floor(L/width) + tail x L x [L < width] + partial x [L > width and L mod width > 0]`` against
+    ``slopes`` (row length L -> seconds per row): ordinary least squares on every subset of the four terms (the
+    others 0), the best one with no negative term."""
+    import itertools
+
+    lengths = np.array(sorted(slopes), dtype=float)
+    y = np.array([slopes[int(L)] for L in lengths], dtype=float)
+    x = np.stack([np.ones_like(lengths), np.floor(lengths / width), lengths * (lengths < width),
+                  ((lengths > width) & (np.mod(lengths, width) > 0)).astype(float)], axis=1)
+    best, best_err = (0.0, 0.0, 0.0, 0.0), float(np.sum(y ** 2))
+    for size in (1, 2, 3, 4):
+        for cols in itertools.combinations(range(4), size):
+            coef, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+            if np.any(coef < 0):
+                continue
+            full = np.zeros(4)
+            full[list(cols)] = coef
+            err = float(np.sum((x @ full - y) ** 2))
+            if err < best_err - 1e-30:
+                best, best_err = tuple(float(c) for c in full), err
+    return best
+
+
+def _gemm_narrow(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
+    """host.gemm_narrow_row_s: from the narrow-output GEMM cases (``cases.gemm_narrow_cases``: F.linear to fewer
+    outputs than two SIMD vectors hold, on two row counts), the slope over output rows of the measured time less
+    the estimator's time for the same GEMM on ``spec`` (FLOPs at its calibrated curve and shape factor, bytes,
+    without the narrow term), floored at 0. Per output row of a narrow GEMM (perfcheck.predict.roofline)."""
+    rows = _rows(table, "gemm_narrow")
+    if len(rows) < 2:
+        return spec
+    rows = rows.sort_values("m")
+    if rows["m"].iloc[-1] <= rows["m"].iloc[0]:
+        return spec
+    from perfcheck.predict import roofline
+
+    model = [roofline.op_time_s(float(r["flops"]), float(r["m"] * r["n"]), float(r["bytes"]), 1.0, spec,
+                                r["dtype"] or "fp32", launch_s=0.0, min_dim=float(min(r["m"], r["k"], r["n"])))[0]
+             for _, r in (("a", rows.iloc[0]), ("b", rows.iloc[-1]))]
+    span = float(rows["m"].iloc[-1] - rows["m"].iloc[0])
+    slope = (float(rows["seconds"].iloc[-1] - rows["seconds"].iloc[0]) - (model[1] - model[0])) / span
+    host, sources = dict(spec.host), dict(spec.sources)
+    host["gemm_narrow_row_s"] = float(max(slope, 0.0))
+    first, last = rows.iloc[0], rows.iloc[-1]
+    sources["host.gemm_narrow_row_s"] = (
+        f"{d.stamp}: F.linear {int(first['m'])} and {int(last['m'])} rows x {int(first['k'])} -> {int(first['n'])} "
+        f"({first['seconds'] * 1e6:.2f}, {last['seconds'] * 1e6:.2f} us): slope over output rows less the estimator's "
+        f"FLOPs-and-bytes slope ({(model[1] - model[0]) / span * 1e9:.1f} ns per row)")
+    return dataclasses.replace(spec, host=host, sources=sources)
 
 
 def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:

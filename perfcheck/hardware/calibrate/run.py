@@ -15,7 +15,10 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
             and backward, per kernel the estimator counts (1 forward + 1 backward each): what one
             more small op costs in a training step. ``launch_overhead_s`` is the latter;
 * rows      (CPU) row-wise kernels (softmax, log_softmax, layer norm, nll_loss; forward and backward) on
-            64 and 512 short rows of a few lengths: the per-row cost beyond the roofline (``op_row_s``);
+            64 and 512 short rows of lengths around the SIMD width: the per-row cost beyond the roofline by
+            row length (``op_row_s``: a row, a full vector, a tail element; ``simd_bytes``);
+* narrow    (CPU) F.linear to 6 outputs on 64 and 512 rows: per output row of a GEMM narrower than two
+            SIMD vectors (``host.gemm_narrow_row_s``);
 * collectives  all-reduce / all-gather / reduce-scatter bus bandwidth by message size across
             ranks (``perfcheck.hardware.calibrate.collectives``: gloo on CPU, NCCL on GPU);
 * deepspeed  DeepSpeed's own host cost per ZeRO stage and phase, per module call and per parameter
@@ -63,7 +66,7 @@ import torch
 from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
                                                 launch_cases, matmul_cases, module_fixed_cases, op_efficiency_cases,
                                                 op_cold_cases, op_fixed_cases, row_cases, alignment_cases,
-                                                run_cases, vector_cases)
+                                                gemm_narrow_cases, run_cases, vector_cases)
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
@@ -233,6 +236,7 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     group("per-module fixed costs", module_fixed_cases(dev))
     if dev.type == "cpu":  # a GPU kernel spreads rows over its threads: no per-row term is modelled there
         group("per-row costs of row-wise ops", row_cases(dev))
+        group("narrow-output GEMMs", gemm_narrow_cases(dev))
     # per dtype: a GPU's conv efficiency in bf16 is not its fp32 one (a CPU runs fp32 models: fp32 alone)
     group("per-op kernel efficiency", op_efficiency_cases(dev, ["fp32"] if dev.type == "cpu" else
                                                           ["fp32", *[d for d in measured if d in ("bf16", "fp16")]]))
