@@ -66,9 +66,10 @@ ROW_TERMS = ROW_PHASES + tuple(f"{ph}_{t}" for ph in ROW_PHASES for t in ("vecto
 HOST_KEYS = {
     "op_dispatch_s": "eager dispatch of one aten op that computes (dispatcher, allocation, kernel launch), per op",
     "view_dispatch_s": "eager dispatch of one view/metadata op (t, view, transpose, detach)",
-    "op_cold_s": "extra host time of one computing op (forward op or backward kernel) run among other ops, as in a "
-                 "training step, over the same op repeated in a tight loop (its code and data are no longer in "
-                 "the core's caches and predictors; perfcheck/hardware/calibrate/cases.py op_cold_cases)",
+    "op_cold_s": "extra host time of a computing op (a forward op or a backward node) whose op family differs from "
+                 "the one run before it, as in a training step, over the same op repeated in a tight loop (its code "
+                 "and data are no longer in the core's caches and predictors; perfcheck.predict.host.op_switches; "
+                 "perfcheck/hardware/calibrate/cases.py op_cold_cases)",
     "autograd_node_s": "extra forward host time of an op whose input needs a gradient (grad_fn node, saved tensors)",
     "backward_node_s": "autograd engine time per node evaluated in backward, beside its kernels' dispatch",
     "backward_call_s": "fixed cost of one loss.backward() (graph task, engine start)",
