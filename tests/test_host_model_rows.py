@@ -13,47 +13,25 @@ import perfcheck
 from perfcheck.errors import UserError
 from perfcheck.hardware.calibrate.cases import ROW_COUNTS, row_cases, row_lengths, row_op_cost
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
-from perfcheck.hardware.systems import SystemSpec, host_constants, load_system
+from perfcheck.hardware.systems import SystemSpec, load_system
 from perfcheck.predict import roofline
 from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of
-from perfcheck.schema import ROOT
+from _host_only_specs import Fn, host_only_spec, root_row
 
 US, NS = 1e-6, 1e-9
-HUGE = 1e18  # FLOP/s and B/s so large that every roofline term is ~1e-14 s: only the host and row terms are left
 
 
-def _spec(op_row_s=None, **host_values):
-    base = load_system("cpu")
-    values = {k: 0.0 for k in host_constants(base)}
-    values.update(host_values)
-    return dataclasses.replace(base, host=values, matrix_flops_per_s={d: HUGE for d in base.matrix_flops_per_s},
-                               vector_flops_per_s={d: HUGE for d in base.vector_flops_per_s},
-                               mem_bandwidth_bytes_per_s=HUGE, matrix_efficiency_curve=(), mem_bandwidth_curve=(),
-                               op_row_s=op_row_s or {})
-
-
-class _Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
-
-
-def _root(frame):
-    return frame.set_index("module").loc[ROOT]
 
 
 def test_log_softmax_256x5_is_rows_times_the_price_plus_its_fixed_costs():
     # fwd: dispatch 2 + autograd node 1 + op_fixed 3 + 256 rows x 100 ns = 6 + 25.6 = 31.6 us
     # bwd: backward node 0.5 + one backward kernel's dispatch 2 + op_fixed x 1/1 kernels 3 + 256 x 60 ns
     #      = 5.5 + 15.36 = 20.86 us
-    spec = _spec({"_log_softmax": {"fwd": 100 * NS, "bwd": 60 * NS}}, op_dispatch_s=2 * US, autograd_node_s=1 * US,
+    spec = host_only_spec({"_log_softmax": {"fwd": 100 * NS, "bwd": 60 * NS}}, op_dispatch_s=2 * US, autograd_node_s=1 * US,
                  backward_node_s=0.5 * US)
     spec = dataclasses.replace(spec, op_fixed_s={"_log_softmax": 3 * US})
     x = torch.randn(256, 5, requires_grad=True)
-    root = _root(perfcheck.estimate(_Fn(lambda t: torch.nn.functional.log_softmax(t, 1)), (x,), system=spec))
+    root = root_row(perfcheck.estimate(Fn(lambda t: torch.nn.functional.log_softmax(t, 1)), (x,), system=spec))
     assert root["pred_fwd_s"] == pytest.approx(31.6 * US, rel=1e-6)
     assert root["pred_bwd_s"] == pytest.approx(20.86 * US, rel=1e-6)
     # the row term is device work (the kernel's), not host work: host columns keep 6 and 5.5 us
@@ -65,10 +43,10 @@ def test_cross_entropy_prices_log_softmax_and_nll_loss_rows():
     # fwd 256 x (100 + 10) ns = 28.16 us, bwd 256 x (60 + 20) ns = 20.48 us
     prices = {"_log_softmax": {"fwd": 100 * NS, "bwd": 60 * NS}, "nll_loss_forward": {"fwd": 10 * NS, "bwd": 20 * NS}}
     x, y = torch.randn(256, 5, requires_grad=True), torch.randint(0, 5, (256,))
-    model = _Fn(lambda a, b: torch.nn.functional.cross_entropy(a, b))
+    model = Fn(lambda a, b: torch.nn.functional.cross_entropy(a, b))
     zero = {n: {"fwd": 0.0, "bwd": 0.0} for n in prices}  # the spec's own entries replace the defaults
-    with_rows = _root(perfcheck.estimate(model, (x, y), system=_spec(prices, op_dispatch_s=1 * US)))
-    without = _root(perfcheck.estimate(model, (x, y), system=_spec(zero, op_dispatch_s=1 * US)))
+    with_rows = root_row(perfcheck.estimate(model, (x, y), system=host_only_spec(prices, op_dispatch_s=1 * US)))
+    without = root_row(perfcheck.estimate(model, (x, y), system=host_only_spec(zero, op_dispatch_s=1 * US)))
     assert with_rows["pred_fwd_s"] - without["pred_fwd_s"] == pytest.approx(28.16 * US, rel=1e-6)
     assert with_rows["pred_bwd_s"] - without["pred_bwd_s"] == pytest.approx(20.48 * US, rel=1e-6)
 
@@ -79,8 +57,8 @@ def test_ops_that_are_not_row_wise_get_no_row_term():
     prices = {n: {"fwd": 1.0, "bwd": 1.0} for n in names}
     model = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.ReLU())
     x = torch.randn(256, 5)
-    a = _root(perfcheck.estimate(model, (x,), system=_spec(prices, op_dispatch_s=1 * US)))
-    b = _root(perfcheck.estimate(model, (x,), system=_spec(None, op_dispatch_s=1 * US)))
+    a = root_row(perfcheck.estimate(model, (x,), system=host_only_spec(prices, op_dispatch_s=1 * US)))
+    b = root_row(perfcheck.estimate(model, (x,), system=host_only_spec(None, op_dispatch_s=1 * US)))
     assert a["pred_fwd_s"] == b["pred_fwd_s"] and a["pred_bwd_s"] == b["pred_bwd_s"]
     # the formulas: rows only on row-wise ops (and on their backward only when the input needs a gradient)
     xm, w = TensorMeta((256, 5), 4, True, True), TensorMeta((5, 5), 4, True, True)
@@ -94,7 +72,7 @@ def test_ops_that_are_not_row_wise_get_no_row_term():
     ln = row_op_cost("native_layer_norm", 96, 64)
     assert (ln.fwd.rows, ln.bwd.rows) == (96, 96)  # the weight-gradient kernel (column sums) adds no rows
     # an alias prices with its kernel's entry; an op without an entry costs nothing per row
-    spec = _spec({"_softmax": {"fwd": 7 * NS}})
+    spec = host_only_spec({"_softmax": {"fwd": 7 * NS}})
     assert list(roofline.row_prices(spec, ["_safe_softmax", "_softmax", "relu"], "fwd")) == [7 * NS, 7 * NS, 0.0]
     assert list(roofline.row_prices(spec, ["_softmax"], "bwd")) == [0.0]
 
@@ -107,7 +85,7 @@ def test_defaults_price_rows_on_a_cpu_spec_without_its_own_table_and_none_on_a_g
     assert all(0 <= v < 1 * US for phases in cpu.values() for v in phases.values())  # tens of ns, not us
     assert all(phases["fwd"] > 0 for phases in cpu.values())
     assert row_costs(load_system("h100-sxm")) == {}
-    own = _spec({"_softmax": {"fwd": 1 * NS}})
+    own = host_only_spec({"_softmax": {"fwd": 1 * NS}})
     assert row_costs(own)["_softmax"] == {"fwd": 1 * NS} and row_costs(own)["_log_softmax"] == cpu["_log_softmax"]
     from perfcheck.hardware.systems import _host_defaults
 
@@ -115,7 +93,7 @@ def test_defaults_price_rows_on_a_cpu_spec_without_its_own_table_and_none_on_a_g
 
 
 def test_op_row_s_is_validated_and_round_trips():
-    spec = _spec({"_softmax": {"fwd": 84 * NS, "bwd": 28 * NS}})
+    spec = host_only_spec({"_softmax": {"fwd": 84 * NS, "bwd": 28 * NS}})
     again = SystemSpec.from_dict(spec.to_json_dict())
     assert dict(again.op_row_s["_softmax"]) == {"fwd": 84 * NS, "bwd": 28 * NS} and again == spec
     assert "op_row_s" not in load_system("cpu").to_json_dict()  # absent when empty: older files unchanged

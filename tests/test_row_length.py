@@ -15,39 +15,23 @@ from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, ro
 from perfcheck.hardware.systems import SIMD_BYTES, SystemSpec, host_constants, load_system, local_simd_bytes, simd_bytes
 from perfcheck.predict import roofline
 from perfcheck.predict.aten_costs import OpCall, TensorMeta
-from perfcheck.schema import ROOT
+from _host_only_specs import Fn, root_row
+from _host_only_specs import host_only_spec as _host_only_spec
 
 US, NS = 1e-6, 1e-9
-HUGE = 1e18  # FLOP/s and B/s so large that every roofline term is ~1e-14 s: only the host, row and GEMM terms are left
 TERMS = {"fwd": 15 * NS, "fwd_vector": 9 * NS, "fwd_tail": 20 * NS, "fwd_partial": 45 * NS}
 
 
-def _spec(op_row_s=None, simd=32, **host_values):
-    base = load_system("cpu")
-    values = {k: 0.0 for k in host_constants(base)}
-    values.update(host_values)
-    return dataclasses.replace(base, host=values, matrix_flops_per_s={d: HUGE for d in base.matrix_flops_per_s},
-                               vector_flops_per_s={d: HUGE for d in base.vector_flops_per_s},
-                               mem_bandwidth_bytes_per_s=HUGE, matrix_efficiency_curve=(), mem_bandwidth_curve=(),
-                               op_row_s=op_row_s or {}, simd_bytes=simd)
+def host_only_spec(op_row_s=None, simd=32, **host_values):
+    """``_host_only_specs.host_only_spec`` at 32-byte (AVX2) vectors unless told: the hand arithmetic below assumes W = 8."""
+    return _host_only_spec(op_row_s, simd=simd, **host_values)
 
 
-class _Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
-
-
-def _root(frame):
-    return frame.set_index("module").loc[ROOT]
 
 
 def _log_softmax_fwd(spec, rows, cols):
     x = torch.randn(rows, cols, requires_grad=True)
-    return _root(perfcheck.estimate(_Fn(lambda t: torch.nn.functional.log_softmax(t, 1)), (x,), system=spec))["pred_fwd_s"]
+    return root_row(perfcheck.estimate(Fn(lambda t: torch.nn.functional.log_softmax(t, 1)), (x,), system=spec))["pred_fwd_s"]
 
 
 @pytest.mark.parametrize("cols, per_row_ns", [
@@ -59,28 +43,28 @@ def _log_softmax_fwd(spec, rows, cols):
 ])
 def test_row_price_by_length_on_avx2(cols, per_row_ns):
     # 256 rows x the per-row price; the spec's other terms are 0 (host) or ~1e-14 s (roofline)
-    spec = _spec({"_log_softmax": TERMS})
+    spec = host_only_spec({"_log_softmax": TERMS})
     assert _log_softmax_fwd(spec, 256, cols) == pytest.approx(256 * per_row_ns * NS, rel=1e-6)
 
 
 def test_the_vector_width_comes_from_the_spec_or_this_cpu():
     # AVX-512 (64 bytes = 16 floats): a 12-float row is under one vector: 15 + 12 x 20 = 255 ns per row
-    assert _log_softmax_fwd(_spec({"_log_softmax": TERMS}, simd=64), 256, 12) == pytest.approx(256 * 255 * NS, rel=1e-6)
+    assert _log_softmax_fwd(host_only_spec({"_log_softmax": TERMS}, simd=64), 256, 12) == pytest.approx(256 * 255 * NS, rel=1e-6)
     # a spec without its own width asks this machine's PyTorch (torch.backends.cpu.get_cpu_capability())
     cap = torch.backends.cpu.get_cpu_capability()
     assert local_simd_bytes() == (64 if cap == "AVX512" else 32) and SIMD_BYTES == {"AVX512": 64}
-    assert simd_bytes(_spec(simd=0)) == local_simd_bytes() and simd_bytes(_spec(simd=64)) == 64
+    assert simd_bytes(host_only_spec(simd=0)) == local_simd_bytes() and simd_bytes(host_only_spec(simd=64)) == 64
     assert row_lengths(32) == (4, 8, 10, 16) and row_lengths(64) == (8, 16, 20, 32)
 
 
 def test_an_entry_without_length_terms_prices_every_row_alike():
-    spec = _spec({"_log_softmax": {"fwd": 70 * NS}})
+    spec = host_only_spec({"_log_softmax": {"fwd": 70 * NS}})
     assert _log_softmax_fwd(spec, 256, 5) == pytest.approx(256 * 70 * NS, rel=1e-6)
     assert _log_softmax_fwd(spec, 256, 16) == pytest.approx(256 * 70 * NS, rel=1e-6)
 
 
 def test_simd_bytes_and_row_terms_validate_and_round_trip():
-    spec = _spec({"_softmax": {"bwd": 1 * NS, "bwd_vector": 2 * NS, "bwd_tail": 3 * NS, "bwd_partial": 4 * NS}}, simd=64)
+    spec = host_only_spec({"_softmax": {"bwd": 1 * NS, "bwd_vector": 2 * NS, "bwd_tail": 3 * NS, "bwd_partial": 4 * NS}}, simd=64)
     again = SystemSpec.from_dict(spec.to_json_dict())
     assert again == spec and again.simd_bytes == 64 and dict(again.op_row_s["_softmax"])["bwd_partial"] == 4 * NS
     assert "simd_bytes" not in load_system("cpu").to_json_dict()  # absent when not given: older files unchanged
@@ -97,12 +81,12 @@ def test_narrow_gemm_rows_by_hand():
     # bwd: dX = dY W: 256 x 16, not narrow; dW^T = X^T dY: 16 rows x 5 -> 16 rows -> 0.48 us
     model = torch.nn.Linear(16, 5)
     x = torch.randn(256, 16, requires_grad=True)
-    on, off = _spec(gemm_narrow_row_s=30 * NS), _spec()
-    a, b = (_root(perfcheck.estimate(model, (x,), system=s)) for s in (on, off))
+    on, off = host_only_spec(gemm_narrow_row_s=30 * NS), host_only_spec()
+    a, b = (root_row(perfcheck.estimate(model, (x,), system=s)) for s in (on, off))
     assert a["pred_fwd_s"] - b["pred_fwd_s"] == pytest.approx(7.68 * US, rel=1e-6)
     assert a["pred_bwd_s"] - b["pred_bwd_s"] == pytest.approx(0.48 * US, rel=1e-6)
     # AVX-512 (two vectors = 32 floats): dX's 16-float rows are narrow too: bwd 256 + 16 rows
-    wide = _root(perfcheck.estimate(model, (x,), system=dataclasses.replace(on, simd_bytes=64)))
+    wide = root_row(perfcheck.estimate(model, (x,), system=dataclasses.replace(on, simd_bytes=64)))
     assert wide["pred_bwd_s"] - b["pred_bwd_s"] == pytest.approx(272 * 30 * NS, rel=1e-6)
     # a wide output (Linear(16, 16)) and a GPU spec get no narrow term
     assert roofline.gemm_narrow_rows((1, 256, 16, 16, True, True, 4), 32) == (0.0, 0.0)
