@@ -178,7 +178,7 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
         return "ds-result"
 
     def fake_ds_apply(spec, result, stamp):
-        return dataclasses.replace(spec, host={**dict(spec.host), "zero0_fwd_s": 123 * US}, sources={
+        return dataclasses.replace(spec, host={**dict(spec.host), "zero0_fwd_s": 123 * US, "zero_ranks": 2.0}, sources={
             **dict(spec.sources), "host.zero0_fwd_s": "s, DeepSpeed 0.19.8, 2 ranks on this host, ..."})
 
     def fake_comm(sizes, *, kinds, world_size, device, repeats, target_s, timeout_s):

@@ -90,6 +90,8 @@ HOST_KEYS = {
     "gemm_narrow_row_s": "CPU GEMM time per output row when the output is narrower than two SIMD vectors "
                          "(a 256x16 -> 5 Linear: ~35 ns per row beyond its FLOPs; device time, 0 on a GPU; "
                          "perfcheck.predict.roofline.gemm_narrow_rows)",
+    "zero_ranks": "the ranks per host DeepSpeed's zero<S>_* terms were measured at (dimensionless, >= 1; "
+                  "perfcheck/hardware/calibrate/deepspeed_cases.py apply)",
     "process_slowdown_per_peer": "fraction by which one process's host/CPU work slows per other process like it "
                                  "on the same host (dimensionless; perfcheck/hardware/calibrate/concurrency.py)",
     # DeepSpeed's own host work per ZeRO stage S (0-3) and phase (fwd/bwd beyond the plain model's; step:

@@ -63,7 +63,8 @@ CONFIGS = {"0": {"stage": 0}, "1": {"stage": 1}, "2": {"stage": 2}, "3": {"stage
                   "stage3_prefetch_bucket_size": 0}}
 PHASES = ("fwd", "bwd", "step")
 STAGES = (0, 1, 2, 3)
-#: Host-constant keys this case sets (``perfcheck.hardware.systems.HOST_KEYS``).
+#: Host-constant keys this case fits (``perfcheck.hardware.systems.HOST_KEYS``); ``apply`` also writes
+#: ``zero_ranks``, the ranks per host they were measured at.
 KEYS = tuple([f"zero{s}_{ph}{part}_s" for s in STAGES for ph in PHASES for part in ("", "_tensor")]
              + [f"zero3_{ph}_module_s" for ph in ("fwd", "bwd")] + [f"zero3_{ph}_gather_s" for ph in PHASES])
 #: Steps per mode: warm-up steps, rounds, steps per round.
@@ -332,12 +333,11 @@ def fit(table: pd.DataFrame) -> dict:
 
 
 def ranks_measured(spec) -> int:
-    """The rank count ``spec``'s DeepSpeed constants were measured at (its ``host.zero0_fwd_s`` source says "N ranks
-    on this host" from ``apply``), 1 for a one-rank case, a default's or a base spec's."""
-    import re
+    """The rank count ``spec``'s DeepSpeed constants were measured at (``host.zero_ranks``, written by ``apply``;
+    1 for a default's or a base spec's)."""
+    from perfcheck.hardware.systems import host_constants
 
-    found = re.search(r"DeepSpeed [^,]*, (\d+) ranks on this host", spec.sources.get("host.zero0_fwd_s", ""))
-    return int(found.group(1)) if found else 1
+    return max(int(round(host_constants(spec)["zero_ranks"])), 1)
 
 
 def apply(spec, result: dict, stamp: str):
@@ -358,6 +358,7 @@ def apply(spec, result: dict, stamp: str):
     where = (f"{stamp}, DeepSpeed {result['deepspeed']}, "
              + ("one rank" if ranks == 1 else f"{ranks} ranks on this host, the time inside collectives left out")
              + f", {result['clock']}")
+    fitted["zero_ranks"] = (float(ranks), "the ranks per host the case ran at")
     host = {**dict(spec.host), **{k: v for k, (v, _) in fitted.items()}}
     sources = {**dict(spec.sources), **{f"host.{k}": f"{where}: {how}" for k, (_, how) in fitted.items()}}
     return dataclasses.replace(spec, host=host, sources=sources)
