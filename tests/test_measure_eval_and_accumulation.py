@@ -27,8 +27,9 @@ from perfcheck.report.text import render_text
 from perfcheck.schema import ROOT
 
 MS = 1e-3
-TRAIN_S, EVAL_S = 0.015, 0.040  # planted: different, so a misattribution is off by >= 15 ms
-SLACK = 9 * MS  # sleep overshoot on a loaded 2-core machine
+TRAIN_S, EVAL_S = 0.010, 0.060  # planted: different, so a misattribution is off by >= 50 ms (or 10 ms, the
+# training forward's sleep, which no assertion below needs to tell apart from the slack)
+SLACK = 25 * MS  # sleep overshoot, generous for a 2-core machine with both cores busy: half of EVAL_S - TRAIN_S
 
 
 class GradSleep(nn.Module):
@@ -189,12 +190,13 @@ def test_accumulation_scales_the_prediction_by_the_micro_batches(accumulation_ru
     # not per micro-batch: parameters, and activation memory (each micro-batch's is freed by its backward)
     np.testing.assert_array_equal(r4["params"].to_numpy(float), r1["params"].to_numpy(float))
     np.testing.assert_array_equal(r4["act_mem"].to_numpy(float), r1["act_mem"].to_numpy(float))
-    # measured: four planted sleeps per step against one
+    # measured: four planted sleeps per step against one (a one-micro-batch measurement reads 1, a double count
+    # 8 or 16; the band is wide because a sleep on a loaded machine overshoots by several ms)
     ratio = r4.loc[ROOT, "meas_fwd_s"] / r1.loc[ROOT, "meas_fwd_s"]
-    assert 3.4 < ratio < 4.6, ratio
+    assert 2.5 < ratio < 6, ratio
     assert r4.loc[ROOT, "calls_measured"] == 4
     # so the gap of the planted module is the same with and without accumulation (no 4x "slower")
-    assert 0.8 < r4.loc["block", "gap_fwd"] / r1.loc["block", "gap_fwd"] < 1.25
+    assert 0.5 < r4.loc["block", "gap_fwd"] / r1.loc["block", "gap_fwd"] < 2
     # the step total uses the scaled prediction too
     t1, t4 = reconcile_run(d1).table.attrs["totals"][0], reconcile_run(d4).table.attrs["totals"][0]
     assert t4["pred_step_s"] == pytest.approx(4 * t1["pred_step_s"], rel=1e-12)
