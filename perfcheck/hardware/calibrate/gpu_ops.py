@@ -33,10 +33,15 @@ from collections import defaultdict
 
 import torch
 
-from perfcheck.hardware.calibrate.cases import _TORCH_DTYPES, Case
+from perfcheck.hardware.calibrate.cases import Case, Timer, run_cases
 from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype
+from perfcheck.predict import roofline
+from perfcheck.predict.aten_costs import cost_of
+from perfcheck.predict.trace import trace_model
 
 KIND = "gpuop"
+#: torch dtype per perfcheck dtype name (tf32 runs on fp32 tensors and is measured as fp32 here)
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 #: Sizes per family: GPT-2 small's shapes at batch 8 and 32 x 1024 tokens (d 768, 12 heads of 64, vocabulary
 #: 50257, 1024 positions) and a wider model's (d 4096); convolutions: LeNet's two layers at batch 256 and a
@@ -117,9 +122,6 @@ class _One(torch.nn.Module):
 def family_cost(family: str, fn, inputs):
     """(aten op name, formulas.OpCost) of the family's op in the estimator's trace of ``fn(*inputs)`` (a GPU
     target: fused attention), or None when the trace records none of ``FAMILY_OPS[family]``."""
-    from perfcheck.predict.aten_costs import cost_of
-    from perfcheck.predict.trace import trace_model
-
     trace = trace_model(_One(fn), inputs, fused_dropout=True)
     for op in trace.ops:
         if op.call.name in FAMILY_OPS[family]:
@@ -142,7 +144,7 @@ def gpu_op_cases(device, dtypes=("bf16",), sizes: str = "gpu", families=None) ->
         if families is not None and family not in families:
             continue
         for dname in (wanted if family in PER_DTYPE else [low]):
-            tdt = _TORCH_DTYPES[dname]
+            tdt = TORCH_DTYPES[dname]
             for size in shapes:
                 fn, inputs, grads = _builders(family, size, tdt, dev)
                 found = family_cost(family, fn, inputs)
@@ -216,8 +218,6 @@ class DeviceTimer:
 def bench_gpu_ops(device, dtypes, repeats: int = 3, target_s: float = 0.005, sizes: str = "gpu"):
     """The measurement table of ``gpu_op_cases`` on ``device`` (CUDA: ``DeviceTimer``, at most 32 calls per
     timed loop: the launch queue holds ~1000 kernels; a CPU: the calibration's wall-clock ``Timer``)."""
-    from perfcheck.hardware.calibrate.cases import Timer, run_cases
-
     dev = torch.device(device)
     timer = DeviceTimer(dev) if dev.type == "cuda" else Timer(dev)
     return run_cases(gpu_op_cases(dev, dtypes, sizes), timer, repeats=repeats, target_s=target_s, max_iters=32)
@@ -233,8 +233,6 @@ def fit_curves(spec: SystemSpec, table) -> dict:
     M = seconds - kernels x device_kernel_s; efficiency = R / M, clipped to [1e-4, 1] (a kernel faster than
     the roofline is priced at it). The point's x is R / kernels. Rows of one key at the same x (repeated sizes)
     are merged by their median. The key is ``op_efficiency_key(op, dtype)``, ``op:bwd`` for the backward."""
-    from perfcheck.predict import roofline
-
     rows = table[table["kind"] == KIND]
     launch = host_constants(spec)["device_kernel_s"]
     points = defaultdict(lambda: defaultdict(list))

@@ -71,6 +71,7 @@ from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_
                                                 op_cold_cases, op_fixed_cases, row_cases, alignment_cases,
                                                 gemm_narrow_cases, run_cases, vector_cases)
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
+from perfcheck.hardware.calibrate import gpu_ops
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
 
@@ -256,8 +257,6 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     if dev.type == "cuda" and measured:  # row strides that are not 16-byte multiples (GPT-2's lm_head)
         group("matmul alignment", alignment_cases("bf16" if "bf16" in measured else measured[0], dev))
     if dev.type == "cuda":  # kernel classes the datasheet roofline misses: norms, softmax, embeddings, attention, conv
-        from perfcheck.hardware.calibrate import gpu_ops
-
         _progress(progress, f"[{time.perf_counter() - start:5.1f} s] GPU kernel classes by size (gpu_ops)")
         frames.append(gpu_ops.bench_gpu_ops(dev, ["fp32", *[d for d in measured if d in ("bf16", "fp16")]]))
     if comm:
