@@ -128,3 +128,41 @@ def test_device_timer_needs_cuda():
         pytest.skip("CPU-only check")
     with pytest.raises((AssertionError, RuntimeError)):
         gpu_ops.DeviceTimer("cuda").loop(lambda: None, 1)
+
+
+def test_device_timer_holds_the_device_longer_than_the_host_needs_to_queue_the_calls(monkeypatch):
+    """A fake CUDA runtime and host clock: the hold (torch.cuda._sleep cycles) covers twice the host's issue
+    time of the loop plus 1 ms; a host slower than the first guess gets the loop timed again with a longer
+    hold (the first timing would have carried host gaps). The result is the events' time per call."""
+    sleeps, clock = [], [0.0]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 8.0  # ms for the whole loop
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: sleeps.append(cycles))
+    monkeypatch.setattr(gpu_ops.time, "perf_counter", lambda: clock[0])
+    timer = gpu_ops.DeviceTimer("cpu")
+    timer._cycles_per_s = 1e9  # 1 GHz: cycles = seconds x 1e9
+
+    def slow():  # 5 ms of host time per call: more than the first guess (1 ms)
+        clock[0] += 5e-3
+
+    assert timer.loop(slow, 4) == pytest.approx(8e-3 / 4)
+    assert len(sleeps) == 2  # the first hold (2 x 1 ms x 4 + 1 ms = 9 ms) was shorter than the 20 ms of queuing
+    assert sleeps[0] == pytest.approx(9e-3 * 1e9)
+    assert sleeps[1] == pytest.approx((2 * 5e-3 * 4 + 1e-3) * 1e9)  # 41 ms > 20 ms: kept
+    sleeps.clear()
+    timer.loop(slow, 2)  # the issue time is remembered per function: one hold, long enough at once
+    assert len(sleeps) == 1 and sleeps[0] == pytest.approx((2 * 5e-3 * 2 + 1e-3) * 1e9)
