@@ -90,6 +90,11 @@ if want calibrate; then  # budget 100 s
   if [ -n "$DRY" ]; then MODE=(--quick --threads 1); else MODE=(--full); fi
   step calibrate 100 "$PY" -m perfcheck calibrate "${MODE[@]}" --device $DEV --no-comm \
     --output "$WORK/calibrated.json" --csv "$WORK/calibration.csv"
+  if [ ! -f "$WORK/calibrated.json" ] && [ -z "$DRY" ]; then  # the full one failed or ran out of time: a quick one
+    note "   calibrate --full wrote no system file: a quick calibration instead (the accuracy steps need one)"
+    step calibrate_quick 40 "$PY" -m perfcheck calibrate --quick --device $DEV --no-comm \
+      --output "$WORK/calibrated.json" --csv "$WORK/calibration_quick.csv"
+  fi
   [ -f "$WORK/calibrated.json" ] && "$PY" -m perfcheck systems "$WORK/calibrated.json" > "$WORK/systems_show.log" 2>&1
 fi
 CAL=()
