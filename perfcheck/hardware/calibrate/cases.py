@@ -68,18 +68,21 @@ class Timer:
         """Seconds per call of ``fn`` over ``iters`` calls.
 
         ``between`` (untimed, before each call): each call is timed alone on the host clock, after the filler,
-        as a training step pays a once-per-step cost (the optimizer step, ``backward()``'s start). On CUDA too:
-        the device is synchronized after the filler, outside the timed call, so the call's host time is not
-        held up by the filler's queued kernels, and nothing inside the call waits for the device.
+        as a training step pays a once-per-step cost (the optimizer step, ``backward()``'s start). On CUDA too,
+        with the device synchronized once before the loop and never between the filler and the call: in a step
+        the optimizer follows the backward's queued kernels with no sync, and a sync right before a call made
+        it dearer on an H100 VM (SGD step + zero_grad on LeNet: 29 us in a tight loop, 53 after a filler, 82
+        after a synchronize; bench/gpu_results/2026-11-23-h100/host_contexts.csv). The filler's few tiny
+        kernels take the device less time than the host needs to issue them, so the queue never fills.
         ``host``: a host cost timed in a loop; on CUDA on the host clock with the device synchronized before
         the loop only (the host's issue time of the calls). Otherwise on CUDA: events around the loop (the
         device's time per call, for kernels that keep the device busy: GEMMs, copies)."""
         if between is not None:  # each call timed alone, ``between`` untimed
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
             total = 0.0
             for _ in range(iters):
                 between()
-                if self.cuda:
-                    torch.cuda.synchronize(self.device)
                 t0 = self._now()
                 fn()
                 total += self._now() - t0
