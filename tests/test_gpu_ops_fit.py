@@ -166,3 +166,27 @@ def test_device_timer_holds_the_device_longer_than_the_host_needs_to_queue_the_c
     sleeps.clear()
     timer.loop(slow, 2)  # the issue time is remembered per function: one hold, long enough at once
     assert len(sleeps) == 1 and sleeps[0] == pytest.approx((2 * 5e-3 * 2 + 1e-3) * 1e9)
+
+
+def test_curves_reach_a_model_estimate_under_the_keys_its_trace_uses(spec):
+    """End to end on a CPU: the tiny cases measured, fitted on the H100-like spec, and a one-block GPT-2-width
+    model (d 768, batch 8 x 1024 tokens, on the meta device: device-bound on that spec) estimated in bf16 with
+    the result: every family's key is one the model's trace looks up, so LayerNorm, the token embedding's
+    backward and attention get slower (a CPU's kernels are far below an H100's roofline: efficiencies < 1),
+    while the MLP's GEMMs, which no curve covers, keep their time."""
+    import perfcheck
+    from perfcheck.examples.models import GPT
+
+    table = gpu_ops.bench_gpu_ops("cpu", ("bf16",), repeats=1, target_s=1e-4, sizes="tiny")
+    fitted = gpu_ops.apply(spec, table, "test")
+    assert {"native_layer_norm@bf16", "native_layer_norm:bwd@bf16", "embedding:bwd@bf16"} <= set(
+        fitted.op_efficiency_curve)
+    with torch.device("meta"):
+        model = GPT(n_layer=1)
+    x = torch.randint(0, 50257, (8, 1024), device="meta")
+    before = perfcheck.estimate(model, (x,), system=spec, dtype="bf16").set_index("module")
+    after = perfcheck.estimate(model, (x,), system=fitted, dtype="bf16").set_index("module")
+    for path in ("h.0.ln_1", "wte", "h.0.attn"):
+        assert after.loc[path, "pred_bwd_s"] > 1.5 * before.loc[path, "pred_bwd_s"], path
+    assert after.loc["h.0.ln_1", "pred_fwd_s"] > 1.5 * before.loc["h.0.ln_1", "pred_fwd_s"]
+    assert after.loc["h.0.mlp.c_fc", "pred_fwd_s"] == pytest.approx(before.loc["h.0.mlp.c_fc", "pred_fwd_s"])
