@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# One visit to a GPU machine, one command: GPU-marked tests (DeepSpeed's too, when it imports), the
-# overhead benchmark (GPT-2 small bf16 and LeNet, with torch.profiler and DeepSpeed's flops profiler),
-# calibration and the accuracy table, all written to one folder ($OUT if set, else gpu_check_out/).
-# Installs nothing from the network: run it where perfcheck's dependencies are installed (this
-# checkout is put first on PYTHONPATH, so `pip install -e .` is not required). Wheels in $WHEELS
-# (a folder of *.whl, e.g. deepspeed and its pure-Python needs) are installed --no-index first.
-# Every step has a time limit; a failing step does not stop the others; summary.txt lists every
-# step's exit code and time; results.tar.gz holds every log, CSV, run directory and the junit XML.
-#   OUT=/tmp/gpu scripts/gpu_check.sh                 # all steps
-#   STEPS="pytest overhead" scripts/gpu_check.sh      # a subset: env pytest overhead calibrate accuracy run
-#   PYTEST_ARGS="tests/test_gpu_timing.py" ...        # which tests (default: every gpu-marked test)
-#   DEADLINE=560 ...                                   # cap every step so the whole script ends in time
+# One visit to a GPU machine, one command, sized for one call (issue 24: DEADLINE=400 s in all, starts apart):
+# calibration (--full, host cases cold on the host clock, GPU kernel classes by size), the accuracy benchmark
+# (LeNet, JSC_Tiny, graph, GPT-2 small bf16 at batch 8 and 32, per-class medians), the overhead benchmark
+# (timing mode vs torch.profiler vs DeepSpeed's flops profiler, GPT-2 small batch 8), the events-vs-kernels
+# check repeated 5 times with its jitter, a raw host/kernel diagnostic, then the gpu-marked tests with what
+# time is left. Everything lands in $OUT (default gpu_check_out/): summary.txt, results.tar.gz (every log,
+# CSV and JSON) and a few small files beside it (at most 8 files in all: the device returns no more).
+#
+# Installs nothing from the network: wheels in $WHEELS (deepspeed and the pure-Python packages it needs that
+# the device lacks) are installed --no-index into $WORK/site first; this checkout is put first on PYTHONPATH.
+# Every step has a time limit (its budget, below); DEADLINE caps each limit so the script ends in time, and
+# a step that no longer fits is skipped with a note. A failing step does not stop the others.
+#   DEADLINE=400 WHEELS=.whl bash scripts/gpu_check.sh          # the one call (on the device: OUT is set)
+#   DRY=1 OUT=/tmp/dry bash scripts/gpu_check.sh                # every step on a CPU at tiny sizes (a dry run)
+#   STEPS="calibrate accuracy" ...                              # a subset (names below)
+#
+# Budget (seconds, H100 VM timings of 2026-11-22/23 in bench/gpu_results/, plus this script's new parts sized on
+# CPU stand-ins; in the order run, most valuable first):
+#   wheels 10 | environment 15 | calibrate 100 (call 10: 60 s for --full --no-comm; + cold host cases ~10 s,
+#   + gpu_ops ~15 s) | accuracy 50 (call 10: 41 s, lenet,jsc,gpt,graph x 3 rounds x 10 steps) | accuracy_b32 25
+#   (call 10: 20 s) | overhead 45 (call 1: 31 s at 30/10 rounds; 20/8 here) | evk 45 (the test's GPT fixture took
+#   12 s; 5 repeats in one process) | pytest 60 (tests/test_gpu_timing.py, test_measure_timer.py,
+#   test_gpu_kernels.py: ~45 s in 2026-11-23's runs) | diag the rest, up to 50 (scripts/gpu_phases.py: phases of
+#   LeNet and JSC, then per-op host costs tight loop vs in sequence: ~30 s each in 2026-11-23's calls 4, 5, 8)
+#   | packing 12. Sum 350 before diag: on DEADLINE=400 diag gets ~40 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR=${OUT:-gpu_check_out}
@@ -19,99 +32,144 @@ DIR=$(cd "$DIR" && pwd)
 WORK=${WORK:-/tmp/perfcheck_gpu_check}
 rm -rf "$WORK"; mkdir -p "$WORK"
 PY=${PYTHON:-python3}
-STEPS=${STEPS:-"env pytest overhead calibrate accuracy"}
-# the calibration cache of this visit stays in $WORK (and comes back in results.tar.gz)
-export PERFCHECK_CACHE_DIR=${PERFCHECK_CACHE_DIR:-$WORK/cache}
+DRY=${DRY:-}
+STEPS=${STEPS:-"env calibrate accuracy overhead evk pytest diag"}
+export PERFCHECK_CACHE_DIR=${PERFCHECK_CACHE_DIR:-$WORK/cache}  # this visit's calibration cache stays in $WORK
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PIP_NO_INDEX=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 DS_BUILD_OPS=0
 : > "$WORK/summary.txt"
 FAILED=0
 T_START=$SECONDS
+if [ -n "$DRY" ]; then  # a CPU dry run: the same steps on tiny sizes, cuda replaced by cpu
+  DEV=cpu; export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES=""
+else
+  DEV=cuda
+fi
 
 want() { [[ " $STEPS " == *" $1 "* ]]; }
+note() { echo "$*" | tee -a "$WORK/summary.txt"; }
 
 step() {  # step NAME LIMIT_S CMD...: run with a time limit, log to NAME.log, record exit code and seconds
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  if [ -n "${DEADLINE:-}" ]; then  # DEADLINE=S: the whole script ends within S seconds (30 s kept to pack up)
-    local left=$((DEADLINE - (SECONDS - T_START) - 30))
+  if [ -n "${DEADLINE:-}" ]; then  # DEADLINE=S: the whole script ends within S seconds (12 s kept to pack up)
+    local left=$((DEADLINE - (SECONDS - T_START) - 12))
     [ "$limit" -gt "$left" ] && limit=$left
-    if [ "$limit" -lt 15 ]; then echo "== $name: skipped, DEADLINE reached" | tee -a "$WORK/summary.txt"; return; fi
+    if [ "$limit" -lt 10 ]; then note "== $name: skipped, DEADLINE reached ($((SECONDS - T_START)) s used)"; return; fi
   fi
-  echo "== $name (limit ${limit}s): $*" | tee -a "$WORK/summary.txt"
-  timeout -k 10 "$limit" "$@" > "$WORK/$name.log" 2>&1
+  note "== $name (limit ${limit}s, at $((SECONDS - T_START)) s): $*"
+  timeout -k 5 "$limit" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
   [ $rc -ne 0 ] && FAILED=$((FAILED + 1))
-  echo "   exit $rc$([ $rc -eq 124 ] && echo ' (time limit)'), $((SECONDS - t0)) s, log $name.log" | tee -a "$WORK/summary.txt"
-  tail -n 3 "$WORK/$name.log" | sed 's/^/   | /'
+  note "   exit $rc$([ $rc -eq 124 ] && echo ' (time limit)'), $((SECONDS - t0)) s, log $name.log"
+  tail -n 2 "$WORK/$name.log" | cut -c1-200 | sed 's/^/   | /'
 }
 
-if [ -n "${WHEELS:-}" ] && compgen -G "$WHEELS/*.whl" > /dev/null; then
-  step wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$WHEELS"/*.whl
+if [ -n "${WHEELS:-}" ] && compgen -G "$WHEELS/*.whl" > /dev/null; then  # budget 10 s (1 s seen)
+  step wheels 30 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$WHEELS"/*.whl
   export PYTHONPATH="$PYTHONPATH:$WORK/site" PATH="$WORK/site/bin:$PATH"
 fi
 
-step environment 60 "$PY" -c "import torch, perfcheck, platform, socket; print(socket.gethostname(), platform.platform()); \
+if want env; then  # budget 15 s (7-8 s seen)
+  step environment 30 "$PY" -c "import torch, perfcheck, platform, socket; print(socket.gethostname(), platform.platform()); \
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available()); \
 print('devices', [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]); \
-print('perfcheck', perfcheck.__version__)
+print('perfcheck', perfcheck.__version__, perfcheck.__file__)
 try:
     import deepspeed; print('deepspeed', deepspeed.__version__)
 except Exception as exc: print('deepspeed unavailable', exc)"
-command -v nvidia-smi > /dev/null && step nvidia_smi 60 nvidia-smi
-command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,uuid,memory.total,clocks.max.sm,power.limit \
-  --format=csv > "$WORK/gpu.csv" 2>&1
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  echo "no CUDA device visible: only the environment was recorded" | tee -a "$WORK/summary.txt"
-  cp "$WORK/summary.txt" "$DIR/"; exit 1
+  command -v nvidia-smi > /dev/null && nvidia-smi > "$WORK/nvidia_smi.log" 2>&1 && nvidia-smi \
+    --query-gpu=name,driver_version,uuid,memory.total,clocks.max.sm,power.limit --format=csv > "$WORK/gpu.csv" 2>&1
+fi
+if [ -z "$DRY" ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  note "no CUDA device visible: only the environment was recorded"
+  cp "$WORK/summary.txt" "$DIR/"; tar -C "$(dirname "$WORK")" --exclude site -czf "$DIR/results.tar.gz" "$(basename "$WORK")"
+  exit 1
 fi
 
-if want pytest; then
-  TO=()  # a hung test fails alone instead of eating the step's whole limit (pytest-timeout, where installed)
-  "$PY" -c "import pytest_timeout" 2> /dev/null && TO=(--timeout "${PYTEST_TIMEOUT:-150}")
-  step pytest_gpu "${PYTEST_LIMIT:-420}" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider -o addopts="" "${TO[@]}" \
-    --basetemp "$WORK/pytest_tmp" --junitxml "$WORK/pytest_gpu.xml" ${PYTEST_ARGS:-tests}
-fi
-if want overhead; then
-  step overhead_gpt2 180 "$PY" bench/bench_overhead.py --model gpt2-small --dtype bf16 --rounds 30 \
-    --compare-rounds 10 --write "$WORK/overhead_gpt2.md"
-  step overhead_lenet 120 "$PY" bench/bench_overhead.py --model lenet --rounds 100 --compare-rounds 30 \
-    --write "$WORK/overhead_lenet.md"
-  # batch 8 is host-bound on a slow host (the hooks' host time is then step time); batch 32 is device-bound
-  step overhead_gpt2_b32 150 "$PY" bench/bench_overhead.py --model gpt2-small --dtype bf16 --batch 32 --rounds 15 \
-    --compare-rounds 5 --write "$WORK/overhead_gpt2_b32.md"
-  # 101 tiny Linear modules: the per-module-call cost, host-bound by construction
-  step overhead_chain 90 "$PY" bench/bench_overhead.py --model chain --rounds 100 --compare-rounds 20 \
-    --write "$WORK/overhead_chain.md"
-fi
-if want calibrate; then
-  step calibrate "${CALIBRATE_LIMIT:-150}" "$PY" -m perfcheck calibrate ${CALIBRATE_MODE:---full} \
+if want calibrate; then  # budget 100 s
+  if [ -n "$DRY" ]; then MODE=(--quick --threads 1); else MODE=(--full); fi
+  step calibrate 100 "$PY" -m perfcheck calibrate "${MODE[@]}" --device $DEV --no-comm \
     --output "$WORK/calibrated.json" --csv "$WORK/calibration.csv"
-  [ -f "$WORK/calibrated.json" ] && step systems_show 60 "$PY" -m perfcheck systems "$WORK/calibrated.json"
+  if [ ! -f "$WORK/calibrated.json" ] && [ -z "$DRY" ]; then  # the full one failed or ran out of time: a quick one
+    note "   calibrate --full wrote no system file: a quick calibration instead (the accuracy steps need one)"
+    step calibrate_quick 40 "$PY" -m perfcheck calibrate --quick --device $DEV --no-comm \
+      --output "$WORK/calibrated.json" --csv "$WORK/calibration_quick.csv"
+  fi
+  [ -f "$WORK/calibrated.json" ] && "$PY" -m perfcheck systems "$WORK/calibrated.json" > "$WORK/systems_show.log" 2>&1
 fi
-if want accuracy; then
-  CAL=()
-  [ -f "$WORK/calibrated.json" ] && CAL=(--calibrated "$WORK/calibrated.json" --no-ceilings)
-  [ -n "${CALIBRATED:-}" ] && CAL=(--calibrated "$CALIBRATED" --no-ceilings)
-  step accuracy "${ACCURACY_LIMIT:-300}" "$PY" bench/accuracy.py --device cuda --models "${ACCURACY_MODELS:-gpt,graph,lenet}" \
-    --rounds "${ACCURACY_ROUNDS:-3}" --steps 10 "${CAL[@]}" --csv "$WORK/accuracy.csv" --write "$WORK/accuracy.md"
-  step accuracy_gpt_b32 "${ACCURACY_LIMIT:-300}" "$PY" bench/accuracy.py --device cuda --models gpt --gpt-batch 32 \
-    --rounds "${ACCURACY_ROUNDS:-3}" --steps 5 "${CAL[@]}" --csv "$WORK/accuracy_gpt_b32.csv" --write "$WORK/accuracy_gpt_b32.md"
+CAL=()
+[ -f "$WORK/calibrated.json" ] && CAL=(--calibrated "$WORK/calibrated.json" --no-ceilings)
+[ -n "${CALIBRATED:-}" ] && CAL=(--calibrated "$CALIBRATED" --no-ceilings)
+if want accuracy; then  # budget 50 + 25 s
+  if [ -n "$DRY" ]; then ACC=(--models lenet,jsc --rounds 1 --steps 2 --threads 1); ACC32=(--models jsc --rounds 1 --steps 2 --threads 1)
+  else ACC=(--models lenet,jsc,gpt,graph --rounds 3 --steps 10); ACC32=(--models gpt --gpt-batch 32 --rounds 3 --steps 5); fi
+  [ ${#CAL[@]} -eq 0 ] && CAL=(--no-ceilings)  # no calibration file: each round calibrates (quick)
+  step accuracy 50 "$PY" bench/accuracy.py --device $DEV "${ACC[@]}" "${CAL[@]}" \
+    --csv "$WORK/accuracy.csv" --write "$WORK/accuracy.md"
+  step accuracy_gpt_b32 25 "$PY" bench/accuracy.py --device $DEV "${ACC32[@]}" "${CAL[@]}" \
+    --csv "$WORK/accuracy_gpt_b32.csv" --write "$WORK/accuracy_gpt_b32.md"
 fi
-if want run; then  # a CUDA run directory, its report, and its what-if on the other Hopper (h100-sxm <-> h200)
-  step run_gpt 120 "$PY" -m perfcheck run --model gpt --device cuda --batch-size "${RUN_BATCH:-32}" --steps 10 \
-    --out "$WORK/run_gpt"
-  step report_gpt 60 "$PY" -m perfcheck report "$WORK/run_gpt"
-  step whatif_gpt 60 "$PY" -m perfcheck whatif "$WORK/run_gpt" --from "${WHATIF_FROM:-h100-sxm}" \
-    --system "${WHATIF_TARGET:-h200}" --format csv \
-    --output "$WORK/whatif_gpt.csv"
+if want overhead; then  # budget 45 s: timing mode vs torch.profiler vs DeepSpeed's profiler, GPT-2 small bf16 b8
+  if [ -n "$DRY" ]; then OV=(--model lenet --rounds 6 --compare-rounds 3 --threads 1)
+  else OV=(--model gpt2-small --dtype bf16 --rounds 20 --compare-rounds 8); fi
+  step overhead_gpt2 45 "$PY" bench/bench_overhead.py "${OV[@]}" --write "$WORK/overhead_gpt2.md"
 fi
-echo "$FAILED step(s) failed; $((SECONDS - T_START)) s in all" | tee -a "$WORK/summary.txt"
-# Results back: small files beside the archive; traces over 20 MB are left out of it.
-find "$WORK" -name "trace.json" -size +20M -delete
-find "$WORK" -name "*.pt" -delete
+if want evk; then  # budget 45 s: events vs kernels, 5 repeats in one process, with the events' jitter
+  if [ -n "$DRY" ]; then EV=(--device cpu --tiny --repeats 2 --steps 3); else EV=(--repeats 5 --steps 8); fi
+  step evk 45 "$PY" scripts/gpu_events_vs_kernels.py "${EV[@]}" --csv "$WORK/events_vs_kernels.csv"
+fi
+if want pytest; then  # the rest of the time: the timer's CUDA tests and the kernel table (events vs kernels once more)
+  TO=()
+  "$PY" -c "import pytest_timeout" 2> /dev/null && TO=(--timeout 60)
+  step pytest_gpu "${PYTEST_LIMIT:-60}" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider -o addopts="" "${TO[@]}" \
+    --basetemp "$WORK/pytest_tmp" --junitxml "$WORK/pytest_gpu.xml" \
+    ${PYTEST_ARGS:-tests/test_gpu_timing.py tests/test_measure_timer.py tests/test_gpu_kernels.py}
+fi
+if want diag; then  # budget: the rest, up to 50 s: raw host cost per phase (issue vs synced) and per op (tight loop vs in sequence)
+  SYS=()
+  [ -f "$WORK/calibrated.json" ] && SYS=(--system "$WORK/calibrated.json")
+  step diag_phases 20 "$PY" scripts/gpu_phases.py --models lenet,jsc --steps 5 "${SYS[@]}" --csv "$WORK/phases.csv"
+  step diag_ops 30 "$PY" scripts/gpu_phases.py --ops --csv "$WORK/phases_ops.csv"
+fi
+if want run; then  # optional (not in the default STEPS): a CUDA run directory and its what-if on the other Hopper
+  step run_gpt 60 "$PY" -m perfcheck run --model gpt --device $DEV --batch-size "${RUN_BATCH:-32}" --steps 10 --out "$WORK/run_gpt"
+  step whatif_gpt 30 "$PY" -m perfcheck whatif "$WORK/run_gpt" --from "${WHATIF_FROM:-h100-sxm}" \
+    --system "${WHATIF_TARGET:-h200}" --format csv --output "$WORK/whatif_gpt.csv"
+fi
+
+note "$FAILED step(s) failed; $((SECONDS - T_START)) s in all"
+# The short table (the device reply shows only the last 12,000 characters of output)
+{
+  echo "======== summary ($(date -u +%H:%M:%S) UTC, $((SECONDS - T_START)) s) ========"
+  for f in accuracy accuracy_gpt_b32; do grep -h "^STEP \|^CLASS " "$WORK/$f.log" 2>/dev/null | sed "s/^/$f | /"; done
+  grep -h "^| bare \|^| perfcheck timing (hooks) |\|^| torch.profiler\|^| deepspeed" "$WORK"/overhead_gpt2.md 2>/dev/null \
+    | cut -d'|' -f2-4,8 | sed 's/^/overhead gpt2 b8 |/'
+  grep -h "^EVK\|^repeat" "$WORK"/evk.log 2>/dev/null
+  "$PY" - "$WORK" <<'EOF' 2>&1 | tail -40
+import json, sys
+from pathlib import Path
+w = Path(sys.argv[1])
+f = w / "calibrated.json"
+if f.exists():
+    d = json.loads(f.read_text())
+    h = d.get("host", {})
+    print("calibrated host: " + ", ".join(f"{k} {h[k] * 1e6:.1f} us" for k in
+          ("op_dispatch_s", "op_cold_s", "backward_call_s", "device_kernel_s") if k in h))
+    for k, pts in sorted(d.get("op_efficiency_curve", {}).items()):
+        print(f"curve {k:<58} " + " ".join(f"{x * 1e6:.0f}us:{e:.2f}" for x, e in pts))
+    eff = d.get("op_efficiency", {})
+    print("op_efficiency: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(eff.items())))
+EOF
+  grep -h "passed\|failed" "$WORK"/pytest_gpu.log 2>/dev/null | tail -1
+} | tee -a "$WORK/summary.txt"
+# Results back: one archive + small files beside it (at most 8 files)
+find "$WORK" -name "trace.json" -size +5M -delete
+find "$WORK" \( -name "*.pt" -o -name "*.pyc" \) -delete
+rm -rf "$WORK/pytest_tmp"
 cp "$WORK/summary.txt" "$DIR/"
-for f in pytest_gpu.xml overhead_gpt2.md accuracy.md calibrated.json; do
+for f in calibrated.json accuracy.md accuracy_gpt_b32.md overhead_gpt2.md events_vs_kernels.csv; do
   [ -f "$WORK/$f" ] && cp "$WORK/$f" "$DIR/"
 done
 tar -C "$(dirname "$WORK")" --exclude site -czf "$DIR/results.tar.gz" "$(basename "$WORK")"
+echo "archive $(du -h "$DIR/results.tar.gz" | cut -f1), files: $(ls "$DIR" | tr '\n' ' ')"
 exit $((FAILED > 0))

@@ -37,7 +37,7 @@ def _subtree(frame: pd.DataFrame, path: str) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def gpt_run(tmp_path_factory):
     """A GPU-bound GPT (bf16, 2 layers, d=4096, batch 8 x seq 2048) with Adam: one profiled step,
-    four measured ones. Its kernels take far longer than the host needs to issue them (about 10 ms
+    eight measured ones (the events' median and spread). Its kernels take far longer than the host needs to issue them (about 10 ms
     of device time per block forward). On the H100 VM of 2026-11-22 a 4-layer d=1024 seq-1024 GPT
     was host-bound (events 5x its kernels): there the events measure the host's pace, not kernels."""
     out = tmp_path_factory.mktemp("gpu_run")
@@ -46,7 +46,7 @@ def gpt_run(tmp_path_factory):
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=True)
     x = torch.randint(0, V, (B, T), device="cuda")
     y = torch.randint(0, V, (B, T), device="cuda")
-    pc = PerfCheck(model, warmup=2, steps=4, profile=True, profile_window=(0, 1, 1), sample_interval=0.1, memory=True,
+    pc = PerfCheck(model, warmup=2, steps=8, profile=True, profile_window=(0, 1, 1), sample_interval=0.1, memory=True,
                    out_dir=out)
     with pc:
         while not pc.done:
@@ -93,25 +93,36 @@ def test_kernels_are_attributed_to_modules_in_every_phase(gpt_run):
     assert bwd_un < 0.05 * by_phase["bwd"], f"backward unattributed {bwd_un / by_phase['bwd']:.1%}"
 
 
+def _evk():
+    """scripts/gpu_events_vs_kernels.py (the comparison and its bound, shared with the repeated run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_events_vs_kernels", REPO / "scripts" / "gpu_events_vs_kernels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_cuda_event_forward_agrees_with_kernel_sum_for_large_modules(gpt_run):
-    """Per module, CUDA-event forward (measured steps) vs the sum of that module's kernels in the
-    profiled step, for modules whose kernels take >= 100 us: within 10%."""
+    """Per module, CUDA-event forward (median over the measured steps) vs the sum of that module's kernels in
+    the profiled step, for modules whose kernels take >= 100 us: within max(10%, 3 x the events' spread).
+
+    The bound is derived from measured jitter (issue 24): the kernel sum comes from ONE profiled step, so it
+    strays from the module's typical time as much as one step does; ``spread`` is half the relative range of
+    the module's event forward over the measured steps of this run. With steady events the bound is the plain
+    10%; the H100 runs read medians 0.946 and 1.015 and one module at 1.113 (the first layer's first GEMM,
+    2026-11-23), which failed the plain 10% once in two runs. scripts/gpu_events_vs_kernels.py repeats this
+    check and records ratios and spreads (scripts/gpu_check.sh, step evk)."""
     pc, out = gpt_run
-    k = pc.kernels()
-    fwd = k[k.phase == "fwd"]
-    m = pc.measured().set_index("module")
-    checked, bad, table = 0, [], []
-    for path in m.index:
-        ksum = _subtree(fwd, path)["total_s"].sum() if path != ROOT else fwd["total_s"].sum()
-        ev = m.loc[path, "fwd_s_median"]
-        table.append({"module": path, "events_fwd_s": ev, "kernels_fwd_s": ksum})
-        if ksum < 100e-6:
-            continue
-        checked += 1
-        if not 0.9 <= ev / ksum <= 1.1:
-            bad.append(f"{path}: events {ev * 1e6:.0f} us, kernels {ksum * 1e6:.0f} us ({ev / ksum:.3f})")
-    pd.DataFrame(table).to_csv(out / "events_vs_kernels.csv", index=False)  # the figures behind the bound
-    assert checked >= 10 and not bad, "\n".join(bad)
+    evk = _evk()
+    table = evk.compare(pc)
+    table.to_csv(out / "events_vs_kernels.csv", index=False)  # the figures behind the bound
+    checked = table[table.checked]
+    bad = [f"{r.module}: events {r.events_fwd_s * 1e6:.0f} us, kernels {r.kernels_fwd_s * 1e6:.0f} us "
+           f"({r.ratio:.3f}; spread {r.spread:.3f}, bound {r.bound:.3f})" for r in checked.itertuples() if not r.ok]
+    assert len(checked) >= 10 and not bad, "\n".join(bad)
+    # and the events are not systematically off: the median over modules within the plain 10%
+    assert abs(checked.ratio.median() - 1) <= evk.BASE_BOUND
 
 
 def test_per_module_and_peak_cuda_memory_in_the_run_dir(gpt_run):

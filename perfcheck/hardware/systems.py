@@ -52,7 +52,7 @@ _REQUIRED = (
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
 _OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
-             "op_efficiency", "op_row_s", "module_fixed_s", "simd_bytes", "calibrated", "sources")
+             "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "simd_bytes", "calibrated", "sources")
 #: Phases an ``op_row_s`` entry prices: the op's forward kernel and its backward kernel.
 ROW_PHASES = ("fwd", "bwd")
 #: Keys of an ``op_row_s`` entry: per phase the cost of a row (``fwd``/``bwd``), of each full SIMD vector in it
@@ -177,6 +177,11 @@ class SystemSpec:
     host: Mapping[str, float] = dataclasses.field(default_factory=dict)
     op_fixed_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
     op_efficiency: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: op_efficiency key (``roofline.op_efficiency_key``, with ``:bwd`` for the backward) -> ((roofline seconds
+    #: per kernel, efficiency), ...): a GPU kernel class's measured efficiency by size (LayerNorm, softmax,
+    #: embedding and its backward, attention, convolution; perfcheck.hardware.calibrate.gpu_ops). Wins over
+    #: ``op_efficiency`` for that key.
+    op_efficiency_curve: Mapping[str, Tuple[Tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
     #: torch.nn class name -> host seconds per call beyond its aten ops' predicted host terms (a
     #: standard module's Python: BatchNorm's running-stat bookkeeping, F.* wrappers; perfcheck.predict.host)
     module_fixed_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -238,9 +243,11 @@ class SystemSpec:
         for f in _FIELDS:
             value = getattr(self, f)
             if f in ("matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s", "op_efficiency",
-                     "module_fixed_s", "op_row_s", "simd_bytes") and not value:
+                     "op_efficiency_curve", "module_fixed_s", "op_row_s", "simd_bytes") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
-            if isinstance(value, types.MappingProxyType):
+            if f == "op_efficiency_curve":
+                value = {k: [list(p) for p in v] for k, v in value.items()}
+            elif isinstance(value, types.MappingProxyType):
                 value = {k: dict(v) if isinstance(v, types.MappingProxyType) else v for k, v in value.items()}
             elif f in ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_curve"):
                 value = [list(p) for p in value]
@@ -266,7 +273,8 @@ class SystemSpec:
         check_keys(data, _FIELDS, _REQUIRED, where, "the system")
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
         _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, "op_fixed_s": {},
-                                                   "op_efficiency": {}, "module_fixed_s": {}, "op_row_s": {},
+                                                   "op_efficiency": {}, "op_efficiency_curve": {},
+                                                   "module_fixed_s": {}, "op_row_s": {},
                                                    **data}), where)
         return cls(**data)
 
@@ -364,6 +372,14 @@ def _per_op(value, field, where, *, fraction: bool) -> types.MappingProxyType:
         raise UserError(f"{where}: {field} must be an object of aten op name -> number")
     check = _fraction if fraction else (lambda v, f, w: _number(v, f, w, allow_zero=True))
     return types.MappingProxyType({str(k): check(v, f"{field}.{k}", where) for k, v in value.items()})
+
+
+def _op_curves(value, where) -> types.MappingProxyType:
+    """op_efficiency_curve: op key -> [[roofline seconds per kernel, efficiency], ...] (increasing seconds)."""
+    if not isinstance(value, Mapping):
+        raise UserError(f"{where}: op_efficiency_curve must be an object of op key -> [[seconds, efficiency], ...]")
+    return types.MappingProxyType({str(k): _points(v, where, f"op_efficiency_curve.{k}", "roofline_s", "efficiency",
+                                                   _fraction) for k, v in value.items()})
 
 
 def _per_row(value, where) -> types.MappingProxyType:
@@ -483,6 +499,7 @@ def _validated_fields(spec, where: str) -> dict:
         "host": _host(getattr(spec, "host", {}) or {}, where),
         "op_fixed_s": _per_op(getattr(spec, "op_fixed_s", {}) or {}, "op_fixed_s", where, fraction=False),
         "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True),
+        "op_efficiency_curve": _op_curves(getattr(spec, "op_efficiency_curve", {}) or {}, where),
         "module_fixed_s": _per_op(getattr(spec, "module_fixed_s", {}) or {}, "module_fixed_s", where, fraction=False),
         "op_row_s": _per_row(getattr(spec, "op_row_s", {}) or {}, where),
         "simd_bytes": _simd(getattr(spec, "simd_bytes", 0), where),

@@ -22,6 +22,7 @@ kernels, which mostly run one after another on one stream.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -343,7 +344,6 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     """
     system = load_system(system)
     names = ops["name"].to_numpy(object)
-    eff = np.array([op_efficiency(system, n, dtype) for n in names], dtype=float)
     narrow_s = host_constants(system)["gemm_narrow_row_s"]
     simd = simd_bytes(system)
     for phase in ("fwd", "bwd"):
@@ -356,6 +356,8 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
                              if "unaligned" in ops else None)
         t = np.asarray(t, dtype=float)
         roof = t - k * launch
+        per_kernel = roof / np.where(k > 0, k, 1.0)
+        eff = np.array([op_efficiency(system, n, dtype, phase, r) for n, r in zip(names, per_kernel)], dtype=float)
         t = roof / eff + k * launch
         if f"rows_{phase}" in ops:
             rows = ops[f"rows_{phase}"].to_numpy(float)
@@ -377,11 +379,34 @@ def op_efficiency_key(name: str, dtype: str) -> str:
     return name if dtype in ("fp32", "tf32") else f"{name}@{dtype}"
 
 
-def op_efficiency(system, name: str, dtype) -> float:
-    """Measured / roofline rate of op ``name``'s kernel in ``dtype`` on ``system``: the value measured in that
-    dtype, else the fp32 one (a spec calibrated in fp32 only, e.g. a CPU's, for a bf16 run), else 1."""
-    eff = system.op_efficiency
-    return float(eff.get(op_efficiency_key(name, dtype), eff.get(name, 1.0)))
+def op_efficiency(system, name: str, dtype, phase: str = "fwd", roof_s: float = None) -> float:
+    """Measured / roofline rate of op ``name``'s kernel in ``dtype`` and ``phase`` on ``system``: the value measured
+    in that dtype, else the fp32 one (a spec calibrated in fp32 only, e.g. a CPU's, for a bf16 run), else 1.
+    The backward looks for its own entry first (key ``<name>:bwd``, ``op_efficiency_key``; a LayerNorm's or an
+    embedding's backward kernel is not as efficient as its forward), then the forward's. Per key, a curve in
+    ``op_efficiency_curve`` (measured by size on a GPU, perfcheck.hardware.calibrate.gpu_ops) wins over the flat
+    ``op_efficiency``: read at ``roof_s``, the kernel's roofline seconds (``op_curve_at``), its middle point
+    when ``roof_s`` is not given."""
+    keys = [op_efficiency_key(name, dtype), name]
+    if phase == "bwd":
+        keys = [op_efficiency_key(f"{name}:bwd", dtype), keys[0], f"{name}:bwd", name]
+    curves, flat = getattr(system, "op_efficiency_curve", {}) or {}, system.op_efficiency
+    for key in keys:
+        if key in curves and curves[key]:
+            points = curves[key]
+            return op_curve_at(points, points[len(points) // 2][0] if roof_s is None else roof_s)
+        if key in flat:
+            return float(flat[key])
+    return 1.0
+
+
+def op_curve_at(points, roof_s: float) -> float:
+    """An ``op_efficiency_curve`` read at ``roof_s`` roofline seconds per kernel: linear in log(seconds) between
+    the measured sizes, the end value beyond them (no extrapolation: a kernel smaller or larger than any
+    measured one keeps the nearest measured efficiency)."""
+    xs = np.log([p[0] for p in points])
+    ys = [p[1] for p in points]
+    return float(np.interp(math.log(max(float(roof_s), 1e-12)), xs, ys))
 
 
 #: Row-wise ops priced with another op's per-row cost (the same CPU kernel behind another name).

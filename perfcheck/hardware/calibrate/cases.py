@@ -38,6 +38,9 @@ class Case:
     #: run untimed before each timed call (CPU): other code, so the call is timed with its code and data
     #: as cold as a training step leaves them, not as hot as a tight loop of it keeps them (``cold_filler``)
     between: Optional[Callable[[], None]] = None
+    #: a host (framework) cost: on CUDA timed on the host clock (perf_counter, no sync inside the timed
+    #: calls), not with CUDA events, whose loop reads the device's pace once the host runs ahead (``Timer.loop``)
+    host: bool = False
 
 
 # ------------------------------------------------------------------------------ timing
@@ -61,8 +64,22 @@ class Timer:
         self.device = device
         self._now = time.process_time if clock == "process" else time.perf_counter
 
-    def loop(self, fn, iters: int, between=None) -> float:
-        if between is not None and not self.cuda:  # each call timed alone, ``between`` untimed
+    def loop(self, fn, iters: int, between=None, host: bool = False) -> float:
+        """Seconds per call of ``fn`` over ``iters`` calls.
+
+        ``between`` (untimed, before each call): each call is timed alone on the host clock, after the filler,
+        as a training step pays a once-per-step cost (the optimizer step, ``backward()``'s start). On CUDA too,
+        with the device synchronized once before the loop and never between the filler and the call: in a step
+        the optimizer follows the backward's queued kernels with no sync, and a sync right before a call made
+        it dearer on an H100 VM (SGD step + zero_grad on LeNet: 29 us in a tight loop, 53 after a filler, 82
+        after a synchronize; bench/gpu_results/2026-11-23-h100/host_contexts.csv). The filler's few tiny
+        kernels take the device less time than the host needs to issue them, so the queue never fills.
+        ``host``: a host cost timed in a loop; on CUDA on the host clock with the device synchronized before
+        the loop only (the host's issue time of the calls). Otherwise on CUDA: events around the loop (the
+        device's time per call, for kernels that keep the device busy: GEMMs, copies)."""
+        if between is not None:  # each call timed alone, ``between`` untimed
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
             total = 0.0
             for _ in range(iters):
                 between()
@@ -70,7 +87,7 @@ class Timer:
                 fn()
                 total += self._now() - t0
             return max(total / iters - self._read_s(), 0.0)
-        if self.cuda:
+        if self.cuda and not host:
             torch.cuda.synchronize(self.device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -79,6 +96,8 @@ class Timer:
             end.record()
             end.synchronize()
             return start.elapsed_time(end) / 1e3 / iters
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
         t0 = self._now()
         for _ in range(iters):
             fn()
@@ -103,9 +122,9 @@ def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: 
         if c.setup:  # fastest of three single calls (one call can hit a scheduler stall)
             c.setup()
         c.fn()
-        t = timer.loop(c.fn, 1, c.between)
+        t = timer.loop(c.fn, 1, c.between, c.host)
         if t < target_s:
-            t = min(t, timer.loop(c.fn, 1, c.between), timer.loop(c.fn, 1, c.between))
+            t = min(t, timer.loop(c.fn, 1, c.between, c.host), timer.loop(c.fn, 1, c.between, c.host))
         # a case with a filler is timed call by call, the filler's time outside: fewer calls bound its cost
         cap = max_iters if c.between is None else _COLD_MAX_ITERS
         iters.append(int(min(cap, max(1, math.ceil(target_s / max(t, 1e-9))))))
@@ -114,7 +133,7 @@ def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: 
         for i, c in enumerate(cases):
             if c.setup:
                 c.setup()
-            samples[i].append(timer.loop(c.fn, iters[i], c.between) / c.per_call)
+            samples[i].append(timer.loop(c.fn, iters[i], c.between, c.host) / c.per_call)
     rows = []
     for c, s, it in zip(cases, samples, iters):
         sec = statistics.median(s)
@@ -282,15 +301,17 @@ def host_cases(device, chain: int = 32) -> list:
             y = noop(y)
         return y
 
-    cases = [Case("host", "view", lambda: m2.t(), "fp32"),
-             Case("host", f"autograd forward x{chain}", fwd_grad, "fp32", per_call=chain),
-             Case("host", f"plain forward x{chain}", fwd_plain, "fp32", per_call=chain),
-             Case("host", "module call", calls, "fp32", per_call=16)]
+    cases = [Case("host", "view", lambda: m2.t(), "fp32", host=True),
+             Case("host", f"autograd forward x{chain}", fwd_grad, "fp32", per_call=chain, host=True),
+             Case("host", f"plain forward x{chain}", fwd_plain, "fp32", per_call=chain, host=True),
+             Case("host", "module call", calls, "fp32", per_call=16, host=True)]
     # once-per-step costs (loss.backward()'s start: the chains' intercept; the optimizer step) are timed
-    # after other code, as a step runs them (``cold_filler``); per-op costs stay tight loops: a step's
-    # ops follow one another
-    cold = cold_filler(dev) if dev.type == "cpu" else None
-    cases += [Case("host", f"forward+backward x{n}", fwd_bwd(n), "fp32", shape=(n, 0, 0), between=cold)
+    # once per filler call, after other code, as a step runs them (``cold_filler``), on the host clock on a
+    # GPU too (Timer.loop); per-op costs stay tight loops: a step's ops follow one another. Before, a GPU
+    # timed these in a tight loop with events: the optimizer inside a step then ran 176-215 us against 41
+    # predicted on an H100 VM (bench/RESULTS.md, "On a GPU, second visit", section 4)
+    cold = cold_filler(dev)
+    cases += [Case("host", f"forward+backward x{n}", fwd_bwd(n), "fp32", shape=(n, 0, 0), between=cold, host=True)
               for n in BACKWARD_CHAINS]
     for label, cls, foreach in OPTIM_CASES:
         for n in OPTIM_TENSORS:
@@ -300,7 +321,7 @@ def host_cases(device, chain: int = 32) -> list:
             impl = None if (foreach is False and dev.type == "cpu") else foreach
             opt = getattr(torch.optim, cls)(params, lr=1e-9, foreach=impl)
             cases.append(Case("host", f"optim {label} x{n}", _step_and_zero_grad(opt, params, dev), "fp32",
-                              shape=(n, 0, 0), between=cold))
+                              shape=(n, 0, 0), between=cold, host=True))
     return cases
 
 
@@ -372,7 +393,7 @@ def op_fixed_cases(device) -> list:
     """One tiny call per aten op family (label = the op's name): its time less one plain tiny op's
     is that family's fixed cost (``op_fixed_s``): on a CPU the kernel's set-up, on a GPU the host's
     (cuDNN/cuBLAS heuristics and descriptors: a loop of tiny calls is host-bound there)."""
-    return [Case("opfixed", name, fn, "fp32") for name, fn in _tiny_ops(torch.device(device)).items()]
+    return [Case("opfixed", name, fn, "fp32", host=True) for name, fn in _tiny_ops(torch.device(device)).items()]
 
 
 def op_cold_cases(device) -> list:
@@ -389,12 +410,12 @@ def op_cold_cases(device) -> list:
     def round_robin():
         for fn in ops:
             fn()
-    return [Case("opcold", f"round-robin x{len(ops)}", round_robin, "fp32", per_call=len(ops))]
+    return [Case("opcold", f"round-robin x{len(ops)}", round_robin, "fp32", per_call=len(ops), host=True)]
 
 
 def module_fixed_cases(device) -> list:
     """One call per standard nn module class (label = the class name, see perfcheck.hardware.calibrate.layers)."""
-    return [Case("modfixed", name, (lambda m=m, x=x: m(*x)), "fp32")
+    return [Case("modfixed", name, (lambda m=m, x=x: m(*x)), "fp32", host=True)
             for name, (m, x) in tiny_modules(device).items()]
 
 

@@ -19,6 +19,9 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
             row length (``op_row_s``: a row, a full vector, a tail element; ``simd_bytes``);
 * narrow    (CPU) F.linear to 6 outputs on 64 and 512 rows: per output row of a GEMM narrower than two
             SIMD vectors (``host.gemm_narrow_row_s``);
+* gpu ops   (GPU) LayerNorm, RMSNorm, softmax, embedding, attention and convolution (per dtype) kernels,
+            forward and backward, at a few model-like sizes: their efficiency against the roofline by size
+            (``op_efficiency_curve``; ``perfcheck.hardware.calibrate.gpu_ops``);
 * collectives  all-reduce / all-gather / reduce-scatter bus bandwidth by message size across
             ranks (``perfcheck.hardware.calibrate.collectives``: gloo on CPU, NCCL on GPU);
 * deepspeed  DeepSpeed's own host cost per ZeRO stage and phase, per module call and per parameter
@@ -68,6 +71,7 @@ from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_
                                                 op_cold_cases, op_fixed_cases, row_cases, alignment_cases,
                                                 gemm_narrow_cases, run_cases, vector_cases)
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
+from perfcheck.hardware.calibrate import gpu_ops
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
 
@@ -252,6 +256,14 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
               else matmul_cases(d, cfg["squares"], cfg["linear"], dev))
     if dev.type == "cuda" and measured:  # row strides that are not 16-byte multiples (GPT-2's lm_head)
         group("matmul alignment", alignment_cases("bf16" if "bf16" in measured else measured[0], dev))
+    if dev.type == "cuda":  # kernel classes the datasheet roofline misses: norms, softmax, embeddings, attention, conv
+        _progress(progress, f"[{time.perf_counter() - start:5.1f} s] GPU kernel classes by size (gpu_ops)")
+        try:  # the newest cases: a failure here leaves the rest of the calibration (and the flat op_efficiency)
+            frames.append(gpu_ops.bench_gpu_ops(dev, ["fp32", *[d for d in measured if d in ("bf16", "fp16")]]))
+        except (RuntimeError, ValueError, TypeError, torch.cuda.OutOfMemoryError) as exc:
+            notes.append(f"GPU kernel-class cases not measured ({type(exc).__name__}: {exc}); "
+                         f"op_efficiency_curve stays empty")
+            _progress(progress, f"note: {notes[-1]}")
     if comm:
         from perfcheck.hardware.calibrate.collectives import bench_collectives
 
@@ -301,6 +313,8 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     stamp = provenance(dev)
     spec = build_spec(base_spec, table, peaks=peaks, stamp=stamp, name=name, kind=_device_kind(dev),
                       mem_capacity_bytes=_capacity(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None)
+    if dev.type == "cuda":
+        spec = gpu_ops.apply(spec, table, stamp)
     if ds is not None:
         spec = deepspeed_cases.apply(spec, ds, stamp)
     if conc is not None:
