@@ -13,7 +13,7 @@ one layout as the per-sublayer table and ``step_arrays`` reduces it to step tota
 
 Model FLOPs are the unsharded model's forward + backward (no recompute, no TP-replicated work);
 HFU counts what the GPU executes (recompute and replicated norms/dropouts included).
-Row times: max(compute, memory) + kernels * launch + (1 - tp_overlap) * TP collectives.
+Row times: ``roofline.device_times`` (the one device-time path of every front-end) + (1 - tp_overlap) * TP collectives.
 """
 from __future__ import annotations
 
@@ -208,6 +208,14 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     out["act_mem"] = _stack([r.cost.act_mem for r in rows], n)
     out["params"] = _stack([r.cost.params for r in rows], n)
     out["recomputed_act"] = _stack([r.recomputed_act for r in rows], n)
+    for phase in ("fwd", "bwd"):
+        costs = [getattr(r.cost, phase) for r in rows]
+        out[f"rows_{phase}"] = _stack([c.rows for c in costs], n)
+        out[f"row_elems_{phase}"] = _stack([c.row_elems for c in costs], n)
+    nan = float("nan")
+    out["min_dim"] = _stack([nan if r.gemm is None else np.minimum(np.minimum(r.gemm[0], r.gemm[1]), r.gemm[2])
+                             for r in rows], n)
+    out["unaligned"] = _stack([nan if r.gemm is None else _unaligned(r.gemm, x.elem_bytes) for r in rows], n)
     # bytes per (kind, group) for timing (each group has its own size), summed over groups per kind
     acc = {}  # (kind, group) -> ([fwd bytes per row], [bwd bytes per row]), one pass over the collectives
     for i, r in enumerate(rows):
@@ -225,28 +233,64 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     return out
 
 
-def _time_rows(out, group_sizes, system, dtype, opts):
-    """Roofline and TP collective times of every row; fwd and bwd stacked so each model runs once.
+#: The aten op behind each sublayer formula (``perfcheck.estimate`` traces these): the spec's per-op
+#: ``op_efficiency`` and per-row prices are keyed by aten names, so the rows look them up by these.
+ATEN_OF_FORMULA = {"linear": "addmm", "matmul": "bmm", "softmax": "_softmax", "layer_norm": "native_layer_norm",
+                   "embedding": "embedding", "dropout": "native_dropout", "activation": "gelu",
+                   "elementwise": "add", "attention": "_scaled_dot_product_flash_attention",
+                   "cross_entropy": "_log_softmax"}
 
+
+def _unaligned(gemm, elem_bytes):
+    """1.0 where the GEMM's k or n rows are not 16-byte multiples (``roofline.gemm_unaligned``'s rule)."""
+    k, n = np.asarray(gemm[1], dtype=float), np.asarray(gemm[2], dtype=float)
+    step = roofline.GEMM_ALIGN_BYTES
+    return ((np.mod(k * elem_bytes, step) != 0) | (np.mod(n * elem_bytes, step) != 0)).astype(float)
+
+
+def _time_rows(out, group_sizes, system, dtype, opts):
+    """Device time and TP collective time of every row, fwd and bwd stacked so each model runs once.
+
+    The device time is ``roofline.device_times``, the function ``perfcheck.estimate`` times its traced
+    ops with (efficiency curves, matrix_shape_curve by the GEMM's smallest dimension, alignment,
+    mem_bandwidth_curve by bytes per kernel, op_efficiency, per-row prices, the device-side
+    ``device_kernel_s`` per kernel): one path, so the two front-ends agree on every layer under any spec.
     ``group_sizes``: ranks per group name (``Shape.group_sizes``), one entry per layout.
     """
+    from perfcheck.hardware.systems import host_constants
+
     spec = load_system(system)
-    both = {f: np.concatenate([out[f"{f}_fwd"], out[f"{f}_bwd"]]) for f in ("macs", "flops", "bytes", "kernels")}
-    compute = np.asarray(roofline.compute_time_s(2 * both["macs"], both["flops"], spec, dtype, kernels=both["kernels"]))
-    memory = np.asarray(roofline.memory_time_s(both["bytes"], spec))
-    launch = both["kernels"] * spec.launch_overhead_s
+    both = {f: np.concatenate([out[f"{f}_fwd"], out[f"{f}_bwd"]])
+            for f in ("macs", "flops", "bytes", "kernels", "rows", "row_elems")}
+    rows = len(out["name"])
+    names = np.array([ATEN_OF_FORMULA.get(f, f) for f in out["formula"]], dtype=object)
+    eff = np.tile(np.array([roofline.op_efficiency(spec, nm, dtype) for nm in names]), 2)[:, None]
+    unaligned = np.concatenate([out["unaligned"], out["unaligned"]])
+    align = np.concatenate([roofline.alignment_factor(spec, out["unaligned"], "fwd"),
+                            roofline.alignment_factor(spec, out["unaligned"], "bwd")])
+    align = np.where(np.isnan(unaligned), 1.0, align)
+    extra = np.zeros_like(both["rows"])
+    if np.any(both["rows"] > 0):  # per-row prices of row-wise kernels (CPU specs; none on a GPU)
+        for i, phase in enumerate(("fwd", "bwd")):
+            part = slice(i * rows, (i + 1) * rows)
+            r, e = both["rows"][part], both["row_elems"][part]
+            extra[part] = roofline.row_time_s(spec, np.repeat(names, r.shape[1]), phase, r.ravel(),
+                                              e.ravel()).reshape(r.shape)
+    d = roofline.device_times(2 * both["macs"], both["flops"], both["bytes"], both["kernels"], spec, dtype,
+                              launch_s=host_constants(spec)["device_kernel_s"],
+                              min_dim=np.concatenate([out["min_dim"], out["min_dim"]]), align=align,
+                              op_eff=eff, rows_s=extra)
+    compute, memory, launch = d["compute"], d["memory"], d["launch"]
     comm = sum((np.asarray(collectives.collective_time_s(kind, np.concatenate([fwd, bwd]), group_sizes[group], spec))
                 for (kind, group), (fwd, bwd) in out["comm_groups"].items()), np.zeros_like(compute))
-    roof = np.maximum(compute, memory)
+    device = d["time"]
     exposed = (1 - opts.tp_overlap) * comm
-    bound = np.where(exposed > roof + launch, "comm",
-                     np.where(launch > roof, "overhead", np.where(compute >= memory, "compute", "memory")))
-    rows = len(out["name"])
+    bound = np.where(exposed > device, "comm", d["bound"])
     for phase, part in (("fwd", slice(0, rows)), ("bwd", slice(rows, 2 * rows))):
         out[f"t_compute_{phase}_s"], out[f"t_memory_{phase}_s"] = compute[part], memory[part]
         out[f"t_overhead_{phase}_s"], out[f"t_comm_{phase}_s"] = launch[part], comm[part]
-        out[f"t_roof_{phase}_s"] = roof[part] + launch[part]
-        out[f"pred_{phase}_s"] = roof[part] + launch[part] + exposed[part]
+        out[f"t_roof_{phase}_s"] = device[part]
+        out[f"pred_{phase}_s"] = device[part] + exposed[part]
         out[f"bound_{phase}"] = bound[part]
 
 
