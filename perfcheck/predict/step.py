@@ -24,10 +24,12 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.predict import collectives, roofline, sharding
+from perfcheck.predict import collectives, pipeline, roofline, sharding
 from perfcheck.hardware.systems import element_bytes as elem_bytes, load_system
 
 RECOMPUTE = ("none", "selective", "full")
+CP_KINDS = ("ring", "ulysses")
+DP_ENGINES = ("deepspeed", "megatron")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,15 @@ class Options:
     ep: expert-parallel degree (MoE).
     tp_scheme: "1d" (Megatron), "2d" (Optimus, tp = q*q), "2.5d" (Tesseract, tp = q*q*tp_depth),
       "3d" (tp = q**3); ``sharding.grid_linear`` and docs/transformer.md. tp_depth: 2.5D's d.
+    virtual_stages: model chunks per GPU of the interleaved 1F1B schedule (v; 1 = plain 1F1B;
+      ``pipeline.bubble_fraction``). A sweep's ``virtual_stages`` column overrides it per layout.
+    cp: context-parallel size (the sequence split over cp GPUs); cp_kind "ring" (ring attention,
+      Megatron-Core CP) or "ulysses" (DeepSpeed-Ulysses all-to-all); ``pipeline.cp_ring_bytes``,
+      ``pipeline.ulysses_bytes``. A sweep's ``cp`` column overrides it.
+    scatter_gather: Megatron's pipeline scatter/gather (``pipeline.p2p_bytes``; used without SP).
+    dp_engine: "deepspeed" (ZeRO as DeepSpeed issues it, ``zero.step_comm``) or "megatron" (DDP
+      all-reduce at zero_stage 0, the distributed optimizer's reduce-scatter + all-gather at 1,
+      FSDP's per-step gathers at 3: ``_megatron_dp``).
     """
 
     causal: bool = False
@@ -57,6 +68,11 @@ class Options:
     ep: int = 1
     tp_scheme: str = "1d"
     tp_depth: int = 1
+    virtual_stages: int = 1
+    cp: int = 1
+    cp_kind: str = "ring"
+    scatter_gather: bool = True
+    dp_engine: str = "deepspeed"
 
     def __post_init__(self):
         scheme = str(self.tp_scheme).lower()
@@ -74,6 +90,16 @@ class Options:
                 raise UserError(f"{f} must be true or false, got {getattr(self, f)!r}")
         if isinstance(self.ep, bool) or not isinstance(self.ep, (int, np.integer)) or self.ep < 1:
             raise UserError(f"ep must be a positive integer (expert-parallel degree), got {self.ep!r}")
+        for f in ("virtual_stages", "cp"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise UserError(f"{f} must be a positive integer, got {v!r}")
+        if self.cp_kind not in CP_KINDS:
+            raise UserError(f"cp_kind must be one of {', '.join(CP_KINDS)}, got {self.cp_kind!r}")
+        if self.dp_engine not in DP_ENGINES:
+            raise UserError(f"dp_engine must be one of {', '.join(DP_ENGINES)}, got {self.dp_engine!r}")
+        if not isinstance(self.scatter_gather, (bool, np.bool_)):
+            raise UserError(f"scatter_gather must be true or false, got {self.scatter_gather!r}")
         if self.recompute not in RECOMPUTE:
             raise UserError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         for f in ("tp_overlap", "dp_overlap"):
@@ -112,24 +138,45 @@ class Layouts:
     micro_batches: np.ndarray
     grad_accum_steps: np.ndarray
     seq: np.ndarray
+    virtual_stages: np.ndarray = None  # interleaved 1F1B chunks per GPU (default 1)
+    cp: np.ndarray = None  # context-parallel size (default 1)
+
+    def __post_init__(self):
+        for f in ("virtual_stages", "cp"):
+            if getattr(self, f) is None:
+                object.__setattr__(self, f, np.ones(len(self.tp), dtype=np.int64))
 
     @classmethod
-    def single(cls, parallel, batch, seq) -> "Layouts":
+    def single(cls, parallel, batch, seq, opts=None) -> "Layouts":
         p = parallel
-        return cls(*(np.array([v]) for v in (p.tp, p.pp, p.dp, int(p.zero_stage), batch, p.sp, p.micro_batches,
-                                              p.grad_accum_steps, seq)))
+        v, c = (1, 1) if opts is None else (opts.virtual_stages, opts.cp)
+        return cls(*(np.array([v_]) for v_ in (p.tp, p.pp, p.dp, int(p.zero_stage), batch, p.sp, p.micro_batches,
+                                                p.grad_accum_steps, seq, v, c)))
 
     @property
     def world(self):
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
 
-def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = None) -> Layouts:
+def single_layout(model, parallel, batch, seq, opts) -> Layouts:
+    """One layout (a ParallelConfig, the micro-batch, seq and the Options' virtual_stages/cp) validated:
+    the schedule's constraints (interleaving, context parallelism) as a UserError naming the field."""
+    one = Layouts.single(parallel, batch, seq, opts)
+    cols = {f.name: getattr(one, f.name) for f in dataclasses.fields(Layouts)}
+    return validate_layouts(model, cols, opts, where="parallel config")
+
+
+def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = None, where=None) -> Layouts:
     """Arrays of layouts checked like ``ParallelConfig`` + ``validate_for_model`` (and, for a grid
     ``opts.tp_scheme``, ``sharding.grid_problems``); UserError names row and field."""
     out = {}
     for f in ("tp", "pp", "dp", "zero_stage", "micro_batch", "micro_batches", "grad_accum_steps", "seq"):
         a = np.asarray(cols[f])
+        if a.dtype == bool or not np.issubdtype(a.dtype, np.number) or np.any(a != np.floor(a)):
+            raise UserError(f"layouts: {f} must hold integers")
+        out[f] = a.astype(np.int64)
+    for f in ("virtual_stages", "cp"):
+        a = np.asarray(cols.get(f, np.full(len(out["tp"]), getattr(opts, f, 1) if opts is not None else 1)))
         if a.dtype == bool or not np.issubdtype(a.dtype, np.number) or np.any(a != np.floor(a)):
             raise UserError(f"layouts: {f} must hold integers")
         out[f] = a.astype(np.int64)
@@ -146,8 +193,16 @@ def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = No
         (o["micro_batch"] < 1, "micro_batch must be >= 1"), (o["micro_batches"] < 1, "micro_batches must be >= 1"),
         (o["grad_accum_steps"] < 1, "grad_accum_steps must be >= 1"), (o["seq"] < 1, "seq must be >= 1"),
         ((o["zero_stage"] < 0) | (o["zero_stage"] > 3), "zero_stage must be 0, 1, 2 or 3"),
+        (o["virtual_stages"] < 1, "virtual_stages must be >= 1"), (o["cp"] < 1, "cp must be >= 1"),
+        ((o["virtual_stages"] > 1) & (o["pp"] == 1), "virtual_stages > 1 needs pp > 1 (interleaved 1F1B)"),
+        ((o["virtual_stages"] > 1) & (o["micro_batches"] % np.maximum(o["pp"], 1) != 0),
+         "virtual_stages > 1 needs micro_batches divisible by pp (Megatron's interleaved schedule)"),
+        (o["seq"] % np.maximum(o["cp"], 1) != 0, "cp does not divide seq"),
         (sp & (o["tp"] == 1), "sp needs tp > 1"),
     ]
+    if opts is not None and opts.cp_kind == "ulysses":
+        checks.append(((model.heads // np.maximum(o["tp"], 1)) % np.maximum(o["cp"], 1) != 0,
+                       f"Ulysses: cp does not divide the heads per TP rank (heads = {model.heads})"))
     if scheme != "1d":
         checks += sharding.grid_problems(model, np.maximum(o["tp"], 1), scheme, opts.tp_depth,
                                          np.maximum(o["micro_batch"], 1), sp)
@@ -160,6 +215,8 @@ def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = No
                    (sp & (o["seq"] % t != 0), "tp (sequence parallel) does not divide seq")]
     checks += [
         (model.layers % np.maximum(o["pp"], 1) != 0, f"pp does not divide layers = {model.layers}"),
+        (model.layers % np.maximum(o["pp"] * o["virtual_stages"], 1) != 0,
+         f"pp * virtual_stages does not divide layers = {model.layers}"),
         ((o["pp"] > 1) & (o["zero_stage"] >= 2), "zero_stage 2/3 is incompatible with pp > 1 (DeepSpeed)"),
     ]
     if model.position == "learned":
@@ -167,12 +224,13 @@ def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = No
     for bad, message in checks:
         if np.any(bad):
             i = int(np.argmax(bad))
-            raise UserError(f"layouts row {i}: {message} (got {_row_text(o, i)})")
+            raise UserError(f"{where or f'layouts row {i}'}: {message} (got {_row_text(o, i)})")
     return Layouts(**out)
 
 
 def _row_text(o, i):
-    return ", ".join(f"{k}={o[k][i]}" for k in ("tp", "sp", "pp", "dp", "zero_stage", "micro_batch", "seq"))
+    return ", ".join(f"{k}={o[k][i]}" for k in ("tp", "sp", "pp", "dp", "zero_stage", "micro_batch", "seq",
+                                                 "virtual_stages", "cp"))
 
 
 # ---- evaluation ------------------------------------------------------------------------------------
@@ -192,7 +250,8 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     n = len(cfg.tp)
     t = np.ones(n) if tp1 else cfg.tp.astype(float)
     sp = np.zeros(n, bool) if tp1 else cfg.sp
-    b, s, tied_copy = cfg.micro_batch.astype(float), cfg.seq.astype(float), (not model.tied_embeddings) | (cfg.pp > 1)
+    # context parallelism: each GPU holds seq/cp tokens; its attention core sees all seq keys (scaled below)
+    b, s, tied_copy = cfg.micro_batch.astype(float), cfg.seq / cfg.cp, (not model.tied_embeddings) | (cfg.pp > 1)
     if n == 1:  # one layout: Python scalars are ~20x faster than 1-element arrays in the formulas
         b, s, t, sp, tied_copy = float(b[0]), float(s[0]), float(t[0]), bool(sp[0]), bool(tied_copy[0])
     x = sharding.Shape(b, s, t, sp, elem_bytes(dtype), 1 if tp1 else opts.ep,
@@ -201,13 +260,16 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
             + sharding.model_sublayers(model, x, tied_copy=tied_copy))
     out = {"name": [r.name for r in rows], "formula": [r.formula for r in rows],
            "stage": np.array([r.stage for r in rows])}
+    # The attention core of s/cp queries runs against all s keys: cp x the work of a local (s/cp)^2 core
+    # (ring attention: cp blocks of (s/cp) keys; Ulysses: s tokens of heads/cp heads: the same products).
+    core = np.isin(out["name"], sharding.CORE_ATTENTION)[:, None] * (cfg.cp.astype(float) - 1) + 1
     for phase in ("fwd", "bwd"):
         costs = [getattr(r.cost, phase) for r in rows]
         for f in ("macs", "flops", "bytes", "kernels"):
-            out[f"{f}_{phase}"] = _stack([getattr(c, f) for c in costs], n)
-    out["act_mem"] = _stack([r.cost.act_mem for r in rows], n)
+            out[f"{f}_{phase}"] = _stack([getattr(c, f) for c in costs], n) * (core if f != "kernels" else 1)
+    out["act_mem"] = _stack([r.cost.act_mem for r in rows], n) * core
     out["params"] = _stack([r.cost.params for r in rows], n)
-    out["recomputed_act"] = _stack([r.recomputed_act for r in rows], n)
+    out["recomputed_act"] = _stack([r.recomputed_act for r in rows], n) * core
     for phase in ("fwd", "bwd"):
         costs = [getattr(r.cost, phase) for r in rows]
         out[f"rows_{phase}"] = _stack([c.rows for c in costs], n)
@@ -296,18 +358,22 @@ def _time_rows(out, group_sizes, system, dtype, opts):
 
 # ---- step totals -----------------------------------------------------------------------------------
 STEP_COLUMNS: Mapping[str, str] = {
-    "world_size": "GPUs: tp * pp * dp",
+    "world_size": "GPUs: tp * pp * dp * cp",
     "global_batch": "sequences per optimizer step: micro_batch * micro_batches * grad_accum_steps * dp",
     "tokens_per_step": "tokens per optimizer step",
     "step_time_s": "predicted time of one optimizer step, seconds (the sum of the *_time_s parts below)",
-    "compute_time_s": "roofline time (incl. launches) of the critical pipeline stage's micro-batches, seconds",
-    "recompute_time_s": "part of compute_time_s spent re-running forward for activation checkpointing, seconds",
-    "tp_comm_time_s": "exposed tensor-parallel collective time, seconds",
-    "pp_comm_time_s": "pipeline send/recv time of activations and their gradients, seconds",
-    "bubble_time_s": "1F1B pipeline bubble: grad_accum * (pp - 1) * stage time per micro-batch, seconds",
+    "compute_time_s": "device time (roofline.device_times, launches included) of the critical pipeline stage's "
+                      "micro-batches, recompute excluded, seconds",
+    "recompute_time_s": "device time re-running forward for activation checkpointing, seconds",
+    "tp_comm_time_s": "exposed tensor/sequence-parallel collective time (recompute's included), seconds",
+    "cp_comm_time_s": "exposed context-parallel communication (ring K/V passes beyond the attention core's time, "
+                      "or Ulysses all-to-alls), seconds",
+    "pp_comm_time_s": "pipeline hand-offs of activations and their gradients (v per micro-batch interleaved; "
+                      "scatter/gather without SP), seconds",
+    "bubble_time_s": "pipeline bubble: grad_accum * (pp - 1) / virtual_stages * stage time per micro-batch, seconds",
     "dp_comm_time_s": "exposed DP / ZeRO collectives: (1 - dp_overlap) * (fwd + bwd ones) + post-step ones, seconds",
     "optimizer_time_s": "optimizer update of this GPU's partition at memory bandwidth (zero.optimizer_time_s), seconds",
-    "bubble_fraction": "(pp - 1) / (micro_batches + pp - 1)",
+    "bubble_fraction": "share of a flush in the bubble: (pp - 1)/v / (micro_batches + (pp - 1)/v)",
     "tp_comm_bytes": "full-buffer bytes of TP collectives per step on one GPU",
     "dp_allreduce_bytes": "full-buffer bytes all-reduced over the DP group per step (ZeRO model)",
     "dp_reducescatter_bytes": "full-buffer bytes reduce-scattered over the DP group per step",
@@ -373,13 +439,20 @@ def _select(rows_arr, mask):
 
 
 def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
-    """Step totals (``STEP_COLUMNS``) for every layout in ``cfg``, as arrays of length n."""
+    """Step totals (``STEP_COLUMNS``) for every layout in ``cfg``, as arrays of length n.
+
+    Per micro-batch on the critical stage (its layers, plus the slower end stage's rows):
+        compute (without recompute) + recompute + exposed TP/SP + exposed CP + p2p hand-offs
+    and per optimizer step (gas pipeline flushes of m micro-batches; ``pipeline.bubble_fraction``):
+        step = gas * m * t_mb + gas * (p - 1)/v * t_mb + exposed DP + embedding sync + optimizer
+    """
     spec = load_system(system)
     out = evaluate(model, cfg, system, dtype, opts)
     stage = out["stage"]
     lay, first, last = stage == "layer", stage == "first", stage == "last"
     core = np.isin(out["name"], sharding.CORE_ATTENTION)
     pp, m, gas = cfg.pp.astype(float), cfg.micro_batches.astype(float), cfg.grad_accum_steps.astype(float)
+    v, c = cfg.virtual_stages.astype(float), cfg.cp.astype(float)
     per_stage = model.layers / pp
     one = pp == 1
 
@@ -402,34 +475,38 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     else:
         rec_roof = rec_comm = rec_flops = 0.0
     eb = elem_bytes(dtype)
-    x_bytes = cfg.micro_batch * cfg.seq * model.hidden * eb / act_split(cfg, opts)
-    pp_spans = cfg.world > spec.gpus_per_node
-    send = collectives.collective_time_s("sendrecv", x_bytes, np.full(len(pp), 2), spec, spans_nodes=pp_spans)
-    p2p = np.where(one, 0.0, 2 * np.asarray(send))  # activations forward, their gradients backward
-    compute_mb = stage_sum(roof) + per_stage * rec_roof
+    cp_mb = per_stage * _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute=opts.recompute == "full")
+    # pipeline hand-offs: v sends per micro-batch and direction (interleaved), scatter/gather without SP
+    sent, gathered = pipeline.p2p_bytes(cfg.micro_batch, cfg.seq / c, model.hidden, eb, cfg.tp,
+                                        cfg.sp | (opts.tp_scheme != "1d"), opts.scatter_gather)
+    pp_spans = cfg.tp * cfg.dp * cfg.cp >= spec.gpus_per_node  # pp outermost (Megatron's rank order)
+    hand_off = np.asarray(pipeline.p2p_time_s(sent, gathered, cfg.tp, spec, pp_spans))
+    p2p = 2 * pipeline.p2p_sends_per_micro_batch(pp, v) * hand_off  # activations forward, gradients backward
+    compute_mb = stage_sum(roof)
     tp_mb = stage_sum(exposed_tp) + per_stage * rec_comm
-    stage_t = compute_mb + tp_mb + p2p
+    rec_mb = per_stage * rec_roof
+    stage_t = compute_mb + rec_mb + tp_mb + cp_mb + p2p
     micro = gas * m
     res = {"world_size": cfg.world, "global_batch": cfg.micro_batch * micro * cfg.dp}
     res["tokens_per_step"] = res["global_batch"] * cfg.seq
     res["compute_time_s"] = micro * compute_mb
-    res["recompute_time_s"] = micro * per_stage * rec_roof
+    res["recompute_time_s"] = micro * rec_mb
     res["tp_comm_time_s"] = micro * tp_mb
+    res["cp_comm_time_s"] = micro * cp_mb
     res["pp_comm_time_s"] = micro * p2p
-    res["bubble_time_s"] = gas * (pp - 1) * stage_t
-    res["bubble_fraction"] = (pp - 1) / (m + pp - 1)
+    res["bubble_time_s"] = gas * (pp - 1) / v * stage_t
+    res["bubble_fraction"] = pipeline.bubble_share(pp, v, m)
     comm_bytes = sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.COLLECTIVE_KINDS)
     res["tp_comm_bytes"] = micro * stage_sum(comm_bytes)
     if opts.recompute == "full":  # the re-run forward issues its TP collectives again
         res["tp_comm_bytes"] = res["tp_comm_bytes"] + micro * per_stage * _select(
             sum(out[f"comm_fwd_{k}"] for k in sharding.COLLECTIVE_KINDS), lay)
     _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last)
-    res["step_time_s"] = (res["compute_time_s"] + res["tp_comm_time_s"] + res["pp_comm_time_s"] + res["bubble_time_s"]
-                          + res["dp_comm_time_s"] + res["optimizer_time_s"])
+    res["step_time_s"] = sum(res[k] for k in BREAKDOWN)
     unsharded = evaluate(model, cfg, system, dtype, opts, tp1=True)
     flops1 = 2 * (unsharded["macs_fwd"] + unsharded["macs_bwd"]) + unsharded["flops_fwd"] + unsharded["flops_bwd"]
     ul = unsharded["stage"] == "layer"
-    res["model_flops_per_step"] = micro * cfg.dp * (model.layers * flops1[ul].sum(axis=0) + flops1[~ul].sum(axis=0))
+    res["model_flops_per_step"] = micro * cfg.dp * c * (model.layers * flops1[ul].sum(axis=0) + flops1[~ul].sum(axis=0))
     flops = 2 * (out["macs_fwd"] + out["macs_bwd"]) + out["flops_fwd"] + out["flops_bwd"]
     res["hardware_flops_per_gpu"] = micro * (stage_sum(flops) + per_stage * rec_flops)
     res["recompute_flops_per_gpu"] = micro * per_stage * rec_flops * np.ones(len(pp))
@@ -438,6 +515,41 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     res["hfu"] = res["hardware_flops_per_gpu"] / (res["step_time_s"] * peak)
     res["tokens_per_s"] = res["tokens_per_step"] / res["step_time_s"]
     return res
+
+
+#: The additive terms of the step time, in the order the breakdown prints them.
+BREAKDOWN = ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "cp_comm_time_s", "pp_comm_time_s",
+             "bubble_time_s", "dp_comm_time_s", "optimizer_time_s")
+
+
+def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
+    """Exposed context-parallel communication of one layer per micro-batch (fwd + bwd, + the re-run forward
+    under full recompute). Ring attention passes K/V blocks while it computes on the current one
+    (Liu et al. 2023, sec. 3), so only what the ring's time exceeds the attention core's is exposed;
+    Ulysses' all-to-alls stand between the projections and the core: fully exposed."""
+    c = cfg.cp.astype(float)
+    if not np.any(c > 1):
+        return np.zeros(len(c))
+    local = pipeline.ranks_per_node(cfg.tp, c, spec.gpus_per_node)  # cp inside tp in the rank order
+    bw = pipeline.rail_bandwidth_bytes_per_s(spec, c, local)
+    t = cfg.tp.astype(float)
+    if opts.cp_kind == "ulysses":
+        fwd_b, bwd_b = pipeline.ulysses_bytes(cfg.micro_batch, cfg.seq, model.heads, model.kv_heads, model.head_dim,
+                                              eb, t, c)
+        fwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(fwd_b) / 4, c, bw, spec)  # four calls: q, k, v, out
+        bwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(bwd_b) / 4, c, bw, spec)
+        exposed = fwd + bwd + (fwd if full_recompute else 0.0)
+    else:
+        fwd_b, bwd_b = pipeline.cp_ring_bytes(cfg.micro_batch, cfg.seq, model.kv_heads, model.head_dim, eb, t, c)
+        # each of the c - 1 steps is a send to the next rank: the time of the whole ring at the rail bandwidth
+        step_f = pipeline.ring_time_s("sendrecv", np.asarray(fwd_b) / np.maximum(c - 1, 1), 2, bw, spec)
+        step_b = pipeline.ring_time_s("sendrecv", np.asarray(bwd_b) / np.maximum(c - 1, 1), 2, bw, spec)
+        core_f, core_b = _select(out["t_roof_fwd_s"], core), _select(out["t_roof_bwd_s"], core)
+        per_step_f, per_step_b = core_f / c, core_b / c  # the core's work is split over the c blocks
+        fwd = (c - 1) * np.maximum(step_f - per_step_f, 0.0)
+        bwd = (c - 1) * np.maximum(step_b - per_step_b, 0.0)
+        exposed = fwd + bwd + (fwd if full_recompute else 0.0)
+    return np.where(c > 1, exposed, 0.0)
 
 
 def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
@@ -454,21 +566,24 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
     act = out["act_mem"]
     full_layer = _select(act, lay)
     if opts.recompute == "full":
-        layer_input = cfg.micro_batch * cfg.seq * model.hidden * elem_bytes(dtype) / act_split(cfg, opts)
+        layer_input = cfg.micro_batch * cfg.seq / cfg.cp * model.hidden * elem_bytes(dtype) / act_split(cfg, opts)
         kept, rebuilt = layer_input, full_layer  # one layer's activations rebuilt during its backward
     elif opts.recompute == "selective":
         kept, rebuilt = full_layer - _select(out["recomputed_act"], lay), _select(out["recomputed_act"], lay)
     else:
         kept, rebuilt = full_layer, 0.0
     res["act_per_layer_bytes"] = kept * np.ones(len(pp))
-    in_flight = np.where(one, 1.0, np.minimum(pp, m))  # 1F1B: the first stage holds pp micro-batches
+    # 1F1B: the first stage holds pp micro-batches; interleaved, (1 + (p-1)/(p*v)) times that (Korthikanti
+    # et al. 2022, sec. 4.2.3: the first stage's activations grow by that factor with v model chunks)
+    v = cfg.virtual_stages.astype(float)
+    in_flight = np.where(one, 1.0, np.minimum(pp, m) * np.where(v > 1, 1 + (pp - 1) / (pp * v), 1.0))
     act_first = in_flight * (per_stage * kept + _select(act, first)) + np.where(one, _select(act, last), 0.0) + rebuilt
     act_last = per_stage * kept + _select(act, last) + np.where(one, _select(act, first), 0.0) + rebuilt
     micro_steps = np.where(one, cfg.micro_batches * cfg.grad_accum_steps, cfg.grad_accum_steps)
     prec = zero.precision(dtype, opts.optimizer, opts.master_weights, stage=cfg.zero_stage)
     states = {}
     for name, p_stage, act_stage in (("first", p_stage_first, act_first), ("last", p_stage_last, act_last)):
-        mem = zero.memory_per_rank(p_stage, cfg.zero_stage, cfg.dp, precision_=prec)
+        mem = zero.memory_per_rank(p_stage, cfg.zero_stage, cfg.dp * cfg.cp, precision_=prec)
         states[name] = (p_stage, mem, act_stage, mem["total"] + act_stage)
     pick_first = states["first"][3] >= states["last"][3]
     for i, key in ((0, "params_per_gpu"), (2, "mem_activations_bytes"), (3, "mem_total_bytes")):
@@ -478,19 +593,61 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
     res["mem_fits"] = res["mem_total_bytes"] <= spec.mem_capacity_bytes
     # DP / ZeRO collectives of the stage with the most parameters (stages communicate concurrently)
     p_comm = np.maximum(p_stage_first, p_stage_last)
-    colls = zero.step_comm(p_comm, cfg.zero_stage, cfg.dp, micro_steps=micro_steps, dtype=dtype, precision_=prec)
-    for kind in ("allreduce", "allgather", "reducescatter"):
-        res[f"dp_{kind}_bytes"] = sum((np.asarray(c.bytes, dtype=float) for c in colls if c.kind == kind),
-                                      np.zeros(len(pp)))
-    dp_spans = (cfg.dp > 1) & (cfg.tp * cfg.dp > spec.gpus_per_node)
-    t = zero.comm_time_s(colls, cfg.dp, spec, spans_nodes=dp_spans)
-    res["dp_comm_total_s"] = t["fwd"] + t["bwd"] + t["step"]
-    # fwd/bwd collectives can hide behind compute; the post-step parameter all-gather cannot
-    res["dp_comm_time_s"] = (1 - opts.dp_overlap) * (t["fwd"] + t["bwd"]) + t["step"]
-    res["optimizer_time_s"] = zero.optimizer_time_s(p_comm, cfg.zero_stage, cfg.dp, spec, precision_=prec)
+    dp = cfg.dp * cfg.cp  # context-parallel ranks reduce their gradients with the data-parallel ones
+    if opts.dp_engine == "megatron":
+        _megatron_dp(res, model, cfg, spec, prec, opts, p_comm, dp)
+    else:
+        colls = zero.step_comm(p_comm, cfg.zero_stage, dp, micro_steps=micro_steps, dtype=dtype, precision_=prec)
+        for kind in ("allreduce", "allgather", "reducescatter"):
+            res[f"dp_{kind}_bytes"] = sum((np.asarray(c.bytes, dtype=float) for c in colls if c.kind == kind),
+                                          np.zeros(len(pp)))
+        dp_spans = (dp > 1) & (cfg.tp * dp > spec.gpus_per_node)
+        t = zero.comm_time_s(colls, dp, spec, spans_nodes=dp_spans)
+        res["dp_comm_total_s"] = t["fwd"] + t["bwd"] + t["step"]
+        # fwd/bwd collectives can hide behind compute; the post-step parameter all-gather cannot
+        res["dp_comm_time_s"] = (1 - opts.dp_overlap) * (t["fwd"] + t["bwd"]) + t["step"]
+    res["optimizer_time_s"] = zero.optimizer_time_s(p_comm, cfg.zero_stage, dp, spec, precision_=prec)
+
+
+def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp):
+    """Data-parallel collectives as Megatron-LM issues them, once per optimizer step (gradients accumulate
+    over the micro-batches in a buffer), and the tied-embedding gradient sync between the end stages.
+
+    zero_stage 0, DDP: all-reduce of the gradients, S = P * b_g.
+    zero_stage 1/2, distributed optimizer (Megatron-LM docs/distrib_optimizer.md): reduce-scatter of the
+      gradients (S = P * b_g), then all-gather of the updated parameters (S = P * b_p).
+    zero_stage 3, FSDP (Zhao et al. 2023, arXiv 2304.11277, sec. 3.2): per micro-step an all-gather of the
+      parameters before forward and again before backward (S = P * b_p each) and a reduce-scatter of the
+      gradients (S = P * b_g).
+    Ring times at ``pipeline.rail_bandwidth_bytes_per_s`` of the DP group (tp and cp inside it in the rank
+    order). ``dp_overlap`` hides that fraction of all of them (Megatron-Core overlap_grad_reduce /
+    overlap_param_gather). Tied embeddings with pp > 1: the first and last stages all-reduce the word
+    embedding's gradient (V/t * h * b_g; Shoeybi et al. 2019's weight tying across stages), exposed.
+    """
+    z = cfg.zero_stage
+    n = dp.astype(float)
+    micro = (cfg.micro_batches * cfg.grad_accum_steps).astype(float)
+    local = pipeline.ranks_per_node(cfg.tp * cfg.cp, cfg.dp, spec.gpus_per_node)
+    local = np.where(cfg.cp > 1, pipeline.ranks_per_node(cfg.tp, dp, spec.gpus_per_node), local)
+    bw = pipeline.rail_bandwidth_bytes_per_s(spec, n, local)
+    grads, weights = params * prec.grad_bytes, params * prec.param_bytes
+    allreduce = np.where(z == 0, grads, 0.0)
+    reducescatter = np.where(z == 3, micro * grads, np.where(z >= 1, grads, 0.0))
+    allgather = np.where(z == 3, 2 * micro * weights, np.where(z >= 1, weights, 0.0))
+    calls = np.where(z == 3, micro, 1.0)  # FSDP: per layer in practice; the latency term counts micro-steps
+    total = (pipeline.ring_time_s("allreduce", allreduce, n, bw, spec)
+             + calls * pipeline.ring_time_s("reducescatter", reducescatter / calls, n, bw, spec)
+             + calls * pipeline.ring_time_s("allgather", allgather / calls, n, bw, spec))
+    res["dp_allreduce_bytes"], res["dp_reducescatter_bytes"], res["dp_allgather_bytes"] = allreduce, reducescatter, allgather
+    tied = model.tied_embeddings & (cfg.pp > 1)
+    emb = np.where(tied, sharding.padded_vocab(model, cfg.tp) * model.hidden * prec.grad_bytes, 0.0)
+    sync = np.asarray(collectives.collective_time_s("allreduce", emb, 2 * np.ones(len(n)), spec,
+                                                    spans_nodes=np.ones(len(n), bool)))
+    res["dp_comm_total_s"] = total + sync
+    res["dp_comm_time_s"] = (1 - opts.dp_overlap) * total + sync
 
 
 def step_summary(model, batch, seq, parallel, system, dtype, opts) -> StepSummary:
     """Step totals of one layout (see ``transformer_step``)."""
-    totals = step_arrays(model, Layouts.single(parallel, batch, seq), system, dtype, opts)
+    totals = step_arrays(model, single_layout(model, parallel, batch, seq, opts), system, dtype, opts)
     return StepSummary({k: np.asarray(totals[k])[0].item() for k in STEP_COLUMNS}, model.name, parallel.to_dict())
