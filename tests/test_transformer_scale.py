@@ -3,6 +3,8 @@ schedules and collectives of Megatron-style runs (each formula repeated by hand 
 the step breakdown, and the layout planner."""
 import json
 
+import pandas as pd
+
 import pytest
 import torch
 import torch.nn as nn
@@ -65,3 +67,128 @@ def test_issue_reproduction_tp8_fc1():
     ours = estimate_transformer(m, parallel=dict(tp=8), system=spec, dtype="fp16").set_index("sublayer")
     assert ours.loc["fc1", "pred_fwd_s"] == pytest.approx(theirs, rel=0.01)
     assert ours.loc["fc1", "pred_fwd_s"] == pytest.approx(2 * 2048 * 20480 * 10240 / (312e12 * 0.87 * 0.5), rel=0.01)
+
+
+# ------------------------------------------------------------------ schedule and collective formulas by hand
+from perfcheck.predict import pipeline  # noqa: E402
+from perfcheck.predict.transformer import sweep_transformer, transformer_step  # noqa: E402
+
+GPT = dict(name="gpt", layers=8, hidden=1024, heads=16, ffn_hidden=4096, vocab=51200, seq_len=2048, norm="layernorm",
+           activation="gelu", bias=True, tied_embeddings=True, dropout=0.0)
+
+
+def test_bubble_of_1f1b_and_interleaved_by_hand():
+    # Narayanan et al. 2021 sec. 2.2.1: (p-1)/m; sec. 2.2.2: (1/v) (p-1)/m
+    assert pipeline.bubble_fraction(8, 1, 64) == 7 / 64
+    assert pipeline.bubble_fraction(8, 4, 64) == 7 / 256
+    assert pipeline.bubble_share(4, 2, 8) == pytest.approx((3 / 16) / (1 + 3 / 16))
+    assert pipeline.p2p_sends_per_micro_batch(8, 3) == 3 and pipeline.p2p_sends_per_micro_batch(1, 3) == 0
+
+
+def test_scatter_gather_bytes_by_hand():
+    # b=1, s=2048, h=12288, fp16, t=8: Megatron sends b*s*h/t per GPU and all-gathers b*s*h over NVLink
+    full = 1 * 2048 * 12288 * 2
+    assert pipeline.p2p_bytes(1, 2048, 12288, 2, 8, False, True) == (full / 8, full)
+    assert pipeline.p2p_bytes(1, 2048, 12288, 2, 8, False, False) == (full, 0.0)  # every rank sends all of it
+    assert pipeline.p2p_bytes(1, 2048, 12288, 2, 8, True, True) == (full / 8, 0.0)  # SP: already split
+    assert pipeline.p2p_bytes(1, 2048, 12288, 2, 1, False, True) == (full, 0.0)
+
+
+def test_cp_ring_and_ulysses_bytes_by_hand():
+    # b=1, s=8192, kv_heads=8, head_dim=128, bf16, t=8, cp=4: per step one K and one V block of
+    # 1 * 2048 tokens * 1 head * 128 * 2 B = 524,288 B each; 3 steps forward, twice that backward
+    fwd, bwd = pipeline.cp_ring_bytes(1, 8192, 8, 128, 2, 8, 4)
+    assert fwd == 3 * 2 * 524288 and bwd == 2 * fwd
+    assert pipeline.cp_ring_bytes(1, 8192, 8, 128, 2, 8, 1) == (0.0, 0.0)
+    # Ulysses, heads 32, kv 8, q=128, t=1, cp=4: q + k + v + out = (32 + 8 + 8 + 32) heads * 2048 tokens * 128 * 2 B
+    fwd, bwd = pipeline.ulysses_bytes(1, 8192, 32, 8, 128, 2, 1, 4)
+    assert fwd == bwd == 80 * 2048 * 128 * 2
+
+
+def test_rail_bandwidth_by_hand():
+    spec = load_system("a100-80gb-sxm")  # NVLink 300 GB/s x 0.8, one 25 GB/s NIC per GPU x 0.8
+    assert pipeline.rail_bandwidth_bytes_per_s(spec, 8, 8) == pytest.approx(240e9)  # inside one node
+    assert pipeline.rail_bandwidth_bytes_per_s(spec, 32, 1) == pytest.approx(20e9)  # one rank per node: its NIC
+    assert pipeline.rail_bandwidth_bytes_per_s(spec, 32, 2) == pytest.approx(40e9)  # two NICs per node carry it
+    assert pipeline.ranks_per_node(8, 32, 8) == 1 and pipeline.ranks_per_node(2, 32, 8) == 4
+
+
+def _step(par, **kw):
+    return transformer_step(GPT, batch=1, parallel=par, system="a100-80gb-sxm", dtype="fp16", **kw).values
+
+
+def test_step_breakdown_adds_up_and_interleaving_divides_the_bubble():
+    par = dict(tp=2, pp=4, dp=2, micro_batches=8)
+    plain, inter = _step(par), _step(par, virtual_stages=2)
+    terms = ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "cp_comm_time_s", "pp_comm_time_s",
+             "bubble_time_s", "dp_comm_time_s", "optimizer_time_s")
+    for v in (plain, inter):
+        assert v["step_time_s"] == pytest.approx(sum(v[k] for k in terms), rel=1e-12)
+    # 2 sends per micro-batch (activations, gradients) x v, each one hand-off
+    assert inter["pp_comm_time_s"] == pytest.approx(2 * plain["pp_comm_time_s"], rel=1e-12)
+    stage = lambda v: sum(v[k] for k in terms[:5]) / 8  # noqa: E731 - per micro-batch
+    assert plain["bubble_time_s"] == pytest.approx(3 * stage(plain), rel=1e-12)
+    assert inter["bubble_time_s"] == pytest.approx(3 / 2 * stage(inter), rel=1e-12)
+    assert inter["compute_time_s"] == pytest.approx(plain["compute_time_s"], rel=1e-12)
+
+
+def test_interleaving_constraints_name_the_field():
+    from perfcheck.errors import UserError
+
+    with pytest.raises(UserError, match="virtual_stages"):
+        _step(dict(tp=1, pp=1, dp=1), virtual_stages=2)
+    with pytest.raises(UserError, match="micro_batches divisible by pp"):
+        _step(dict(pp=4, micro_batches=6), virtual_stages=2)
+    with pytest.raises(UserError, match="pp \\* virtual_stages does not divide layers"):
+        _step(dict(pp=2, micro_batches=4), virtual_stages=3)
+    with pytest.raises(UserError, match="cp_kind"):
+        _step(dict(), cp=2, cp_kind="star")
+
+
+def test_megatron_dp_bytes_and_time_by_hand():
+    spec = load_system("a100-80gb-sxm")
+    ddp = _step(dict(tp=8, dp=4), dp_engine="megatron")
+    P = ddp["params_per_gpu"]
+    assert ddp["dp_allreduce_bytes"] == pytest.approx(2 * P)  # fp16 gradients, once per step
+    # dp = 4 ranks, one per node (t = 8 fills a node): one NIC, 20 GB/s; ring 2(n-1)/n; latency 20 us
+    assert ddp["dp_comm_time_s"] == pytest.approx(2 * P * 2 * 3 / 4 / 20e9 + 2e-5, rel=1e-9)
+    dist = _step(dict(tp=8, dp=4, zero_stage=1), dp_engine="megatron")
+    assert dist["dp_reducescatter_bytes"] == pytest.approx(2 * P) and dist["dp_allgather_bytes"] == pytest.approx(2 * P)
+    assert dist["dp_comm_time_s"] == pytest.approx(2 * (2 * P * 3 / 4 / 20e9 + 2e-5), rel=1e-9)
+    half = _step(dict(tp=8, dp=4, zero_stage=1), dp_engine="megatron", dp_overlap=0.5)
+    assert half["dp_comm_time_s"] == pytest.approx(dist["dp_comm_time_s"] / 2, rel=1e-9)
+    assert spec.gpus_per_node == 8
+
+
+def test_context_parallelism_splits_the_tokens_and_keeps_the_model_flops():
+    one = _step(dict(tp=1, dp=1))
+    cp = _step(dict(tp=1, dp=1), cp=2)
+    assert cp["world_size"] == 2
+    assert cp["model_flops_per_step"] == pytest.approx(one["model_flops_per_step"], rel=1e-12)
+    assert cp["hardware_flops_per_gpu"] == pytest.approx(one["hardware_flops_per_gpu"] / 2, rel=1e-12)
+    uly = _step(dict(tp=1, dp=1), cp=2, cp_kind="ulysses")
+    assert uly["cp_comm_time_s"] > 0 and uly["hardware_flops_per_gpu"] == pytest.approx(cp["hardware_flops_per_gpu"])
+
+
+def test_sweep_takes_virtual_stages_and_cp_columns():
+    layouts = pd.DataFrame([dict(tp=1, pp=4, dp=1, zero_stage=0, micro_batch=1, micro_batches=8, virtual_stages=2, cp=1),
+                            dict(tp=1, pp=1, dp=1, zero_stage=0, micro_batch=1, micro_batches=1, virtual_stages=1, cp=2)])
+    out = sweep_transformer(GPT, layouts, system="a100-80gb-sxm", dtype="fp16")
+    a = _step(dict(pp=4, micro_batches=8), virtual_stages=2)
+    b = _step(dict(), cp=2)
+    assert out.loc[0, "step_time_s"] == pytest.approx(a["step_time_s"], rel=1e-12)
+    assert out.loc[1, "step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-12)
+
+
+def test_mfu_and_hfu_by_hand():
+    v = _step(dict(tp=2, dp=2), recompute="full")
+    peak = 312e12
+    assert v["mfu"] == pytest.approx(v["model_flops_per_step"] / (v["step_time_s"] * 4 * peak), rel=1e-12)
+    assert v["hfu"] == pytest.approx(v["hardware_flops_per_gpu"] / (v["step_time_s"] * peak), rel=1e-12)
+    assert v["hfu"] > v["mfu"]  # recompute and TP-replicated work count in HFU only
+
+
+def test_facade_exports_transformer_step():
+    import perfcheck
+
+    assert perfcheck.transformer_step is transformer_step
