@@ -192,3 +192,91 @@ def test_facade_exports_transformer_step():
     import perfcheck
 
     assert perfcheck.transformer_step is transformer_step
+
+
+# ------------------------------------------------------------------------------------------ perfcheck plan
+from perfcheck.predict import planner  # noqa: E402
+
+
+def test_plan_best_is_within_5_percent_of_exhaustive_search():
+    small = dict(GPT, layers=12, heads=16, hidden=1024, ffn_hidden=4096, seq_len=4096)
+    pruned = planner.plan(small, 16, "a100-80gb-sxm", 32, dtype="fp16")
+    full = planner.plan(small, 16, "a100-80gb-sxm", 32, dtype="fp16", exhaustive=True)
+    assert full.searched > pruned.searched
+    best, truth = pruned.ranked.iloc[0], full.ranked.iloc[0]
+    assert best.step_time_s <= 1.05 * truth.step_time_s
+    # the exhaustive search is a superset: its best is never slower
+    assert truth.step_time_s <= best.step_time_s * (1 + 1e-12)
+
+
+def test_plan_ranks_fitting_layouts_and_every_layout_is_a_sweep_row():
+    p = planner.plan(GPT, 8, "a100-80gb-sxm", 16, dtype="fp16")
+    r = p.ranked
+    assert r["mem_fits"].all() and r["step_time_s"].is_monotonic_increasing
+    assert (r["tp"] * r["pp"] * r["dp"] * r["cp"] == 8).all()
+    assert ((r["micro_batch"] * r["micro_batches"] * r["dp"]) == 16).all()
+    best = r.iloc[0]
+    par = dict(tp=int(best.tp), sp=bool(best.sp), pp=int(best.pp), dp=int(best.dp), zero_stage=int(best.zero_stage),
+               micro_batches=int(best.micro_batches))
+    one = transformer_step(GPT, batch=int(best.micro_batch), parallel=par, system="a100-80gb-sxm", dtype="fp16",
+                           flash=True, causal=True, recompute=best.recompute, dp_engine="megatron",
+                           virtual_stages=int(best.virtual_stages), cp=int(best.cp))
+    assert one.step_time_s == pytest.approx(best.step_time_s, rel=1e-12)
+
+
+def test_why_slower_lists_the_terms_that_grew():
+    best = pd.Series({k: 1.0 for k in planner.steps.BREAKDOWN})
+    other = best.copy()
+    other["bubble_time_s"], other["compute_time_s"], other["tp_comm_time_s"] = 1.5, 1.2, 0.5
+    assert planner.why_slower(best, other) == [("bubble_time_s", 0.5), ("compute_time_s", pytest.approx(0.2))]
+
+
+@pytest.mark.slow
+def test_plan_of_70b_on_512_gpus_takes_under_10_s_of_cpu():
+    import time
+
+    t0 = time.process_time()
+    p = planner.plan("llama3-70b", 512, "h100-sxm", 512)
+    assert time.process_time() - t0 < 10 and p.fitting > 0
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--gpus", "0"], "--gpus"), (["--global-batch", "-3"], "--global-batch"), (["--model", "nope"], "model"),
+    (["--system", "nope"], "system"), (["--top", "0"], "--top"), (["--gpus", "7"], "--gpus"),
+    (["--gpus", "8", "--global-batch", "8", "--model", "llama3-70b"], "--gpus"),
+])
+def test_plan_bad_input_is_one_line_naming_the_field(capsys, argv, field):
+    from perfcheck.cli import main
+
+    base = {"--model": "gpt2-124m", "--gpus": "8", "--global-batch": "16", "--system": "a100-80gb-sxm"}
+    for k, v in zip(argv[::2], argv[1::2]):
+        base[k] = v
+    code = main(["plan", *[x for kv in base.items() for x in kv]])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and field in err
+
+
+def test_plan_cli_prints_the_best_its_breakdown_and_the_runner_up(capsys):
+    from perfcheck.cli import main
+
+    code = main(["plan", "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "16", "--system", "a100-80gb-sxm",
+                 "--top", "3"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    for text in ("layouts searched", "The fastest, per term:", "pipeline bubble", "MFU / HFU", "Why #2 is slower"):
+        assert text in out
+
+
+def test_estimate_breakdown_flag(capsys):
+    from perfcheck.cli import main
+
+    code = main(["estimate", "--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "2", "--micro-batches", "16",
+                 "--virtual-stages", "2", "--recompute", "full", "--system", "a100-80gb-sxm", "--breakdown"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "Step time per term:" in out
+    for text in ("compute", "recompute", "TP/SP communication", "CP communication", "PP send/recv", "pipeline bubble",
+                 "DP communication", "optimizer update", "MFU / HFU"):
+        assert text in out
+    code = main(["estimate", "--model", "gpt3-175b", "--pp", "8", "--virtual-stages", "5", "--breakdown"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "virtual_stages" in err and len(err.strip().splitlines()) == 1
