@@ -39,18 +39,67 @@ DATA = Path("/work/shared/data/published_runs.csv")
 if not DATA.exists():  # the repository's copy beside the checkout
     DATA = ROOT.parent / "shared" / "data" / "published_runs.csv"
 
-#: fp16 cuBLAS TFLOP/s on one H100 80GB HBM3 (torch 2.11, CUDA 13; 2026-11-26; 20 timed products after 3
-#: warm-ups, CUDA events; `bmm` of random data). The shapes are the A100 runs' per-GPU GEMMs at s = 2048.
+#: fp16 cuBLAS TFLOP/s on one H100 80GB HBM3 (torch 2.11, CUDA 13; 2026-11-26): bench/gemm_shapes_gpu.py's output,
+#: bench/results/h100_gemm_shapes.json. The shapes are the A100 runs' per-GPU GEMMs at s = 2048.
+H100_RAW = json.loads((ROOT / "bench" / "results" / "h100_gemm_shapes.json").read_text())
+_SHAPES = ((2304, 1), (3072, 2), (4096, 4), (6144, 8), (8192, 8), (12288, 8), (16384, 8), (20480, 8), (25600, 8))
+
+
+def _h100_ratios():
+    """Median rate / the 8192^3 reference: projection GEMMs (qkv, out, fc1, fc2, fc1 dW, fc2 dX) by their smallest
+    dimension, attention score products ((2048 x q) @ (q x 2048), (2048 x 2048) @ (2048 x q)) by head dim q."""
+    import statistics
+
+    ref, T, by_dim = H100_RAW["ref8192"], 2048, {}
+    for h, t in _SHAPES:
+        for nm, (m, k, n) in {"qkv": (T, h, 3 * h // t), "out": (T, h // t, h), "fc1": (T, h, 4 * h // t),
+                              "fc2": (T, 4 * h // t, h), "fc1_dw": (h, T, 4 * h // t),
+                              "fc2_dx": (T, h, 4 * h // t)}.items():
+            by_dim.setdefault(min(m, k, n), []).append(H100_RAW[f"{nm}_h{h}_t{t}"] / ref)
+    attn = {q: [v / ref for key, v in H100_RAW.items() if key.startswith((f"logits_q{q}_", f"attend_q{q}_"))]
+            for q in (96, 128, 160)}
+    return ({d: round(statistics.median(v), 3) for d, v in sorted(by_dim.items())},
+            {q: round(statistics.median(v), 3) for q, v in attn.items()})
+
+
+_PROJ, _ATTN = _h100_ratios()
 H100_MEASURED = {
-    "reference_8192_cubed": 769.4,
-    "sustained_first_s": 727.2, "sustained_after_40_s": 657.1,  # the 8192^3 loop, first vs last 5 readings
-    # (smallest GEMM dimension, rate) of the projection GEMMs (qkv, out, fc1, fc2, fc1 dW, fc2 dX) of
-    # h = 2304..25600 at their table's t: the median ratio per smallest dimension below
-    "projection_ratio_by_min_dim": {768: 0.72, 1024: 0.72, 1536: 0.78, 2048: 0.90},
-    # attention score products (b*heads/t) x (2048 x q) @ (q x 2048) and (2048 x 2048) @ (2048 x q)
-    "attention_ratio_by_head_dim": {96: 0.285, 128: 0.31, 160: 0.43},
+    "reference_8192_cubed": H100_RAW["ref8192"],
+    "sustained_first_s": H100_RAW["sustained_first"], "sustained_after_40_s": H100_RAW["sustained_last5"],
+    "projection_ratio_by_min_dim": _PROJ,  # {768: 0.715, 1024: 0.724, 1536: 0.782, 2048: 0.904}
+    "attention_ratio_by_head_dim": _ATTN,  # {96: 0.287, 128: 0.29, 160: 0.43}
 }
 SUSTAINED = H100_MEASURED["sustained_after_40_s"] / H100_MEASURED["sustained_first_s"]
+
+
+#: HELD OUT (never fitted or tuned on; scored once, after everything else was fixed): Korthikanti et al. 2022
+#: (arXiv 2205.05198) Table 5, seconds per iteration on A100 80 GB (Selene), seq 2048, vocab 51,200, dp 1;
+#: model sizes from its Table 3; layouts (micro-batch, interleaving v) as Calculon's validation reads the paper
+#: (calculon-ai/calculon validation/seqsel/tab5/*.json, calculon/llm/validation.py). "full": full recompute;
+#: "seqsel": sequence parallelism + selective recompute.
+HELD_OUT = [
+    # name, layers, hidden, heads, tp, pp, v, batch, micro-batch, full s, seqsel s
+    ("megatron-22B", 48, 6144, 64, 8, 1, 1, 4, 4, 1.42, 1.10),
+    ("gpt3-175B", 96, 12288, 96, 8, 8, 3, 64, 1, 18.13, 13.75),
+    ("turing-530B", 105, 20480, 128, 8, 35, 3, 280, 1, 49.05, 37.83),
+    ("megatron-1T", 128, 25600, 160, 8, 64, 1, 512, 1, 94.42, 71.49),
+]
+
+
+def score_held_out(alpha) -> pd.DataFrame:
+    from perfcheck.predict.transformer import transformer_step
+
+    spec = training_spec(alpha)
+    rows = []
+    for name, layers, hidden, heads, tp, pp, v, batch, mb, t_full, t_seqsel in HELD_OUT:
+        model = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn_hidden=4 * hidden, vocab=51200,
+                     seq_len=2048, norm="layernorm", activation="gelu", bias=True, tied_embeddings=True, dropout=0.1)
+        for mode, measured, sp, recompute in (("full", t_full, False, "full"), ("seqsel", t_seqsel, True, "selective")):
+            st = transformer_step(model, batch=mb, parallel=dict(tp=tp, sp=sp, pp=pp, dp=1, micro_batches=batch // mb),
+                                  system=spec, dtype="fp16", recompute=recompute, dp_engine="megatron", virtual_stages=v)
+            rows.append(dict(name=name, mode=mode, tp=tp, pp=pp, v=v, measured_s=measured, predicted_s=st.step_time_s,
+                             error=st.step_time_s / measured - 1))
+    return pd.DataFrame(rows)
 
 
 def training_spec(alpha: float):
@@ -141,6 +190,19 @@ def report(df, alpha, fixed) -> str:
               f"- Fit runs (4): {summary(df[df['fit']]['error'])}", ""]
     for name, a, d in fixed:
         lines.append(f"- Without fitting, alpha = {a} ({name}): all 10 runs {summary(d['error'])}")
+    lines += ["", "## Held out: Korthikanti et al. 2022 Table 5 (not fitted or tuned on; scored once, at the end)", "",
+              "Same spec and alpha as above; layouts from the paper's Table 3 as Calculon reads them "
+              "(`HELD_OUT` in the script).", "",
+              "| run | recompute | tp | pp | v | measured s | predicted s | error |", "|" + "---|" * 8]
+    held = score_held_out(alpha)
+    for _, r in held.iterrows():
+        lines.append(f"| {r['name']} | {r['mode']} | {r.tp} | {r.pp} | {r.v} | {r.measured_s:.2f} | "
+                     f"{r.predicted_s:.2f} | {r.error * 100:+.1f}% |")
+    lines += ["", f"- Held out, 8 runs: {summary(held['error'])} (Calculon, SC'23, on the same 8: mean 3.65%, "
+              "max 8.87%)",
+              "- Scored twice, honestly: first with the H100 ratio medians read off by hand (held out: mean 4.7%, "
+              "max 9.8%), then with the medians computed from the raw JSON (this table; the 128 head-dim ratio moved "
+              "0.31 -> 0.29). Nothing was changed in view of these rows."]
     lines += ["", "Paper MFU check: the table's achieved TFLOP/s are eq. (3) FLOPs, which count the recompute; "
               "perfcheck's MFU excludes it (model FLOPs), HFU includes it."]
     return "\n".join(lines) + "\n"
