@@ -332,12 +332,12 @@ def _time_rows(out, group_sizes, system, dtype, opts):
                             roofline.alignment_factor(spec, out["unaligned"], "bwd")])
     align = np.where(np.isnan(unaligned), 1.0, align)
     extra = np.zeros_like(both["rows"])
-    if np.any(both["rows"] > 0):  # per-row prices of row-wise kernels (CPU specs; none on a GPU)
-        for i, phase in enumerate(("fwd", "bwd")):
-            part = slice(i * rows, (i + 1) * rows)
-            r, e = both["rows"][part], both["row_elems"][part]
-            extra[part] = roofline.row_time_s(spec, np.repeat(names, r.shape[1]), phase, r.ravel(),
-                                              e.ravel()).reshape(r.shape)
+    for i, phase in enumerate(("fwd", "bwd")):  # per-row prices of row-wise kernels (CPU specs; none on a GPU)
+        if not any(np.any(term) for term in roofline.row_terms(spec, names, phase)):
+            continue
+        part = slice(i * rows, (i + 1) * rows)
+        # (n, rows) against the rows' names: each name's terms broadcast over the layouts
+        extra[part] = roofline.row_time_s(spec, names, phase, both["rows"][part].T, both["row_elems"][part].T).T
     d = roofline.device_times(2 * both["macs"], both["flops"], both["bytes"], both["kernels"], spec, dtype,
                               launch_s=host_constants(spec)["device_kernel_s"],
                               min_dim=np.concatenate([out["min_dim"], out["min_dim"]]), align=align,
