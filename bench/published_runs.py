@@ -2,7 +2,7 @@
 
     python bench/published_runs.py [--out bench/results/published_runs.md]
 
-Rows: every run of ``../shared/data/published_runs.csv`` (Narayanan et al. 2021, arXiv 2104.04473,
+Rows: every run of ``bench/data/published_runs.csv`` (a copy of ``../shared/data/published_runs.csv``) (Narayanan et al. 2021, arXiv 2104.04473,
 Table 1: GPT 1.7B-1T on 32-3072 A100 80 GB of Selene, fp16, full recompute). Measured time per
 iteration = eq. (3) FLOPs / (GPUs x achieved TFLOP/s). Predicted: ``transformer_step`` with the
 layout of the table (tp, pp, dp = gpus/(tp*pp)), micro-batch 1 (Megatron's default then), plain
@@ -35,9 +35,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DATA = Path("/work/shared/data/published_runs.csv")
-if not DATA.exists():  # the repository's copy beside the checkout
-    DATA = ROOT.parent / "shared" / "data" / "published_runs.csv"
+DATA = ROOT / "bench" / "data" / "published_runs.csv"  # a copy of ../shared/data/published_runs.csv (README beside it)
 
 #: fp16 cuBLAS TFLOP/s on one H100 80GB HBM3 (torch 2.11, CUDA 13; 2026-11-26): bench/gemm_shapes_gpu.py's output,
 #: bench/results/h100_gemm_shapes.json. The shapes are the A100 runs' per-GPU GEMMs at s = 2048.
@@ -172,7 +170,7 @@ def report(df, alpha, fixed) -> str:
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
              "Command: `python bench/published_runs.py` (see its docstring for the model and the one fitted constant).",
              "", "Source of the rows: Narayanan et al. 2021 (arXiv 2104.04473) Table 1 via "
-             "`../shared/data/published_runs.csv`; measured s/iteration = eq. (3) / (GPUs x TFLOP/s).", "",
+             "`bench/data/published_runs.csv`; measured s/iteration = eq. (3) / (GPUs x TFLOP/s).", "",
              f"Fitted: alpha = {alpha} (exponent of the H100 attention-shape ratios on the A100), on the four pp = 1 "
              "runs (marked fit); scored on the six pipelined runs. Every other constant: datasheets, nccl-tests "
              "efficiencies already in the spec, and the H100 micro-benchmarks in `H100_MEASURED`.", "",
