@@ -245,6 +245,7 @@ def test_plan_of_70b_on_512_gpus_takes_under_10_s_of_cpu():
     (["--gpus", "0"], "--gpus"), (["--global-batch", "-3"], "--global-batch"), (["--model", "nope"], "model"),
     (["--system", "nope"], "system"), (["--top", "0"], "--top"), (["--gpus", "7"], "--gpus"),
     (["--gpus", "8", "--global-batch", "8", "--model", "llama3-70b"], "--gpus"),
+    (["--seq", "4096"], "--seq"),
 ])
 def test_plan_bad_input_is_one_line_naming_the_field(capsys, argv, field):
     from perfcheck.cli import main

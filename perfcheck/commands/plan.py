@@ -55,7 +55,10 @@ def run(args) -> int:
         result = planner.plan(args.model, args.gpus, args.system, args.global_batch, seq=args.seq, dtype=args.dtype,
                               flash=not args.no_flash, dp_overlap=args.dp_overlap)
     except UserError as exc:  # the planner names its arguments as the API spells them
-        raise UserError(str(exc).replace("global_batch", "--global-batch").replace("gpus:", "--gpus:", 1)) from None
+        text = str(exc).replace("global_batch", "--global-batch")
+        for field in ("gpus:", "seq:"):
+            text = "--" + text if text.startswith(field) else text
+        raise UserError(text) from None
     top = result.ranked.head(args.top)
     if args.format == "csv":
         text = top.to_csv(index=False)

@@ -101,6 +101,8 @@ def plan(model, gpus, system, global_batch, *, seq=None, dtype="bf16", flash=Tru
     gpus = _positive(gpus, "gpus")
     global_batch = _positive(global_batch, "global_batch")
     seq = model.seq_len if seq is None else _positive(seq, "seq")
+    if model.position == "learned" and seq > model.seq_len:
+        raise UserError(f"seq: {seq} exceeds the model's seq_len = {model.seq_len} (learned position embeddings)")
     spec = load_system(system)
     modes = [r for r in recompute if not (flash and r == "selective")]
     for r in modes:
