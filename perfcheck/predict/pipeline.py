@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfcheck.hardware.systems import host_constants
 from perfcheck.predict import collectives
 
 
@@ -126,8 +127,6 @@ def rail_bandwidth_bytes_per_s(system, group, local):
 
 def ring_time_s(kind, size, group, bandwidth, system):
     """nccl-tests' ring time: S * bus_factor(kind, n) / bus bandwidth + the spec's collective latency."""
-    from perfcheck.hardware.systems import host_constants
-
     size = np.asarray(size, dtype=float)
     factor = np.asarray(collectives.bus_factor(kind, np.maximum(np.asarray(group, dtype=float), 1)))
     active = (factor > 0) & (size > 0)

@@ -26,7 +26,7 @@ import pandas as pd
 from perfcheck.predict import collectives, pipeline, roofline, sharding
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
                                            make_options, single_layout, validate_layouts)
-from perfcheck.hardware.systems import element_bytes as elem_bytes, load_system
+from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, load_system
 
 
 # ---- evaluation ------------------------------------------------------------------------------------
@@ -115,18 +115,14 @@ def _time_rows(out, group_sizes, system, dtype, opts):
     ``device_kernel_s`` per kernel): one path, so the two front-ends agree on every layer under any spec.
     ``group_sizes``: ranks per group name (``Shape.group_sizes``), one entry per layout.
     """
-    from perfcheck.hardware.systems import host_constants
-
     spec = load_system(system)
     both = {f: np.concatenate([out[f"{f}_fwd"], out[f"{f}_bwd"]])
             for f in ("macs", "flops", "bytes", "kernels", "rows", "row_elems")}
     rows = len(out["name"])
     names = np.array([ATEN_OF_FORMULA.get(f, f) for f in out["formula"]], dtype=object)
     eff = np.tile(np.array([roofline.op_efficiency(spec, nm, dtype) for nm in names]), 2)[:, None]
-    unaligned = np.concatenate([out["unaligned"], out["unaligned"]])
-    align = np.concatenate([roofline.alignment_factor(spec, out["unaligned"], "fwd"),
+    align = np.concatenate([roofline.alignment_factor(spec, out["unaligned"], "fwd"),  # 1 for non-GEMM (NaN) rows
                             roofline.alignment_factor(spec, out["unaligned"], "bwd")])
-    align = np.where(np.isnan(unaligned), 1.0, align)
     extra = np.zeros_like(both["rows"])
     for i, phase in enumerate(("fwd", "bwd")):  # per-row prices of row-wise kernels (CPU specs; none on a GPU)
         if not any(np.any(term) for term in roofline.row_terms(spec, names, phase)):
