@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "estimate": "perfcheck.predict.estimate:estimate",
     "estimate_transformer": "perfcheck.predict.transformer:estimate_transformer",
+    "transformer_step": "perfcheck.predict.transformer:transformer_step",
     "load_system": "perfcheck.hardware.systems:load_system",
     "list_systems": "perfcheck.hardware.systems:list_systems",
     "ParallelConfig": "perfcheck.parallel:ParallelConfig",

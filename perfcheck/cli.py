@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "calibrate": "calibrate",
     "whatif": "whatif",
     "sweep": "sweep",
+    "plan": "plan",
 }
 
 

@@ -143,6 +143,11 @@ FLAG_CASES = [
     (["sweep", "--out", "afile"], ["--out", "afile"]),
     (["sweep", "--resume", "--force"], ["--force"]),
     (["sweep", "--script-args", "'unterminated"], ["--script-args"]),
+    # plan
+    (["plan", "--gpus", "8"], ["--model"]),
+    (["plan", "--model", "gpt2-124m", "--gpus", "0", "--global-batch", "8", "--system", "cpu"], ["--gpus"]),
+    (["plan", "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "0", "--system", "cpu"], ["--global-batch"]),
+    (["plan", "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "8", "--system", "nosuch"], ["nosuch"]),
 ]
 
 

@@ -30,7 +30,8 @@ NB_SYSTEM = SystemSpec.from_dict(dict(
     name="notebook-a100", description="the notebook's A100 dict", kind="gpu", matrix_flops_per_s={"fp16": 312e12},
     vector_flops_per_s={"fp16": 78e12}, mem_bandwidth_bytes_per_s=1555e9, mem_capacity_bytes=40e9,
     intra_node_bandwidth_bytes_per_s=600e9, gpus_per_node=4, inter_node_bandwidth_bytes_per_s=100e9,
-    launch_overhead_s=0.0, efficiency=dict(matrix=1, vector=1, memory=1, intra_node=1, inter_node=1)))
+    launch_overhead_s=0.0, efficiency=dict(matrix=1, vector=1, memory=1, intra_node=1, inter_node=1),
+    host=dict(device_kernel_s=0.0)))  # the notebook has no per-kernel time
 # b = 1, l = 2048, e = 12288, h = 96, f = 4e, m1 = 4 (tensor parallel), fp16
 B, L, E, H, FF, M = 1, 2048, 12288, 96, 4 * 12288, 4
 Q = E // H

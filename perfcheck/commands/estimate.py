@@ -53,6 +53,19 @@ def add_parser(subparsers):
                     help="activation checkpointing (default none)")
     tr.add_argument("--tp-overlap", type=float, default=0.0, help="hidden fraction of TP communication (0-1)")
     tr.add_argument("--dp-overlap", type=float, default=0.0, help="hidden fraction of DP/ZeRO communication (0-1)")
+    tr.add_argument("--virtual-stages", type=int, default=1,
+                    help="model chunks per GPU of the interleaved 1F1B schedule (default 1: plain 1F1B)")
+    tr.add_argument("--cp", type=int, default=1, help="context-parallel size (sequence split over GPUs; default 1)")
+    tr.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
+                    help="context parallelism: ring attention (default) or DeepSpeed-Ulysses all-to-all")
+    tr.add_argument("--dp-engine", choices=("deepspeed", "megatron"), default="deepspeed",
+                    help="who issues the DP collectives: DeepSpeed ZeRO (default) or Megatron (DDP / distributed "
+                         "optimizer / FSDP)")
+    tr.add_argument("--no-scatter-gather", action="store_true",
+                    help="send the whole activation from every TP rank between pipeline stages")
+    tr.add_argument("--breakdown", action="store_true",
+                    help="print the step time per term (compute, recompute, TP/SP/CP, PP p2p, bubble, DP, optimizer) "
+                         "with MFU and HFU instead of the per-sublayer table")
     mod = p.add_argument_group("module inputs (--module)")
     mod.add_argument("--input-shape", action="append", metavar="D1,D2,...[:DTYPE]", help="one per forward argument")
     mod.add_argument("--input-dtype", default="float32", help="dtype of inputs without their own (default float32)")
@@ -97,7 +110,9 @@ def _model_output(args) -> str:
     parallel["sp"] = bool(args.sp)
     kw = dict(batch=1 if args.batch is None else args.batch, seq=args.seq, parallel=parallel, system=args.system,
               dtype=args.dtype or "bf16", causal=args.causal, flash=args.flash, recompute=args.recompute,
-              tp_overlap=args.tp_overlap, dp_overlap=args.dp_overlap, tp_scheme=args.tp_scheme)
+              tp_overlap=args.tp_overlap, dp_overlap=args.dp_overlap, tp_scheme=args.tp_scheme,
+              virtual_stages=args.virtual_stages, cp=args.cp, cp_kind=args.cp_kind, dp_engine=args.dp_engine,
+              scatter_gather=not args.no_scatter_gather)
     if args.tp_depth != 1:
         kw["tp_depth"] = args.tp_depth
     table = estimate_transformer(model, **kw)
@@ -110,7 +125,36 @@ def _model_output(args) -> str:
                "tp_depth": kw.get("tp_depth", 1),
                "sublayers": json.loads(table.to_json(orient="records")), "step": _jsonable(step.values)}
         return json.dumps(doc, indent=2) + "\n"
+    if args.breakdown:
+        return _head(model, kw, step) + "\nStep time per term:\n" + breakdown_text(step.values)
     return _model_text(model, kw, table, step)
+
+
+#: (STEP_COLUMNS key, label) of the additive terms of the step time, in print order.
+BREAKDOWN_LABELS = (("compute_time_s", "compute"), ("recompute_time_s", "recompute"),
+                    ("tp_comm_time_s", "TP/SP communication (exposed)"), ("cp_comm_time_s", "CP communication (exposed)"),
+                    ("pp_comm_time_s", "PP send/recv"), ("bubble_time_s", "pipeline bubble"),
+                    ("dp_comm_time_s", "DP communication (exposed)"), ("optimizer_time_s", "optimizer update"))
+
+
+def breakdown_text(s) -> str:
+    """The step's terms (seconds and share of the step), then MFU / HFU, memory and throughput."""
+    from perfcheck.report.units import fmt_bytes, fmt_count, fmt_pct, fmt_time
+
+    rows = [[label, fmt_time(s[key]), fmt_pct(s[key] / s["step_time_s"])] for key, label in BREAKDOWN_LABELS]
+    rows.append(["step time", fmt_time(s["step_time_s"]), fmt_pct(1.0)])
+    extra = [("MFU / HFU", f"{fmt_pct(s['mfu'])} / {fmt_pct(s['hfu'])}"),
+             ("memory per GPU", f"{fmt_bytes(s['mem_total_bytes'])} ({'fits' if s['mem_fits'] else 'does NOT fit'})"),
+             ("throughput", f"{fmt_count(s['tokens_per_s'])} tokens/s")]
+    return text_table(["term", "time", "share"], rows) + text_table(["quantity", "value"], extra)
+
+
+def _head(model, kw, step) -> str:
+    p = step.parallel
+    return (f"{model.name}: {model.layers} layers, hidden {model.hidden}; batch {kw['batch']} x seq "
+            f"{kw['seq'] or model.seq_len}, {kw['dtype']} on {kw['system']}; tp {p['tp']}{' + sp' if p['sp'] else ''}, "
+            f"pp {p['pp']} (v {kw['virtual_stages']}), dp {p['dp']}, cp {kw['cp']}, ZeRO-{p['zero_stage']}, "
+            f"{p['micro_batches']} micro-batch(es)\n")
 
 
 def _scheme(kw) -> str:
@@ -143,8 +187,9 @@ def _model_text(model, kw, table, step) -> str:
              r.bound_fwd] for r in table.itertuples(index=False)]
     s = step.values
     summary = [("step time", fmt_time(s["step_time_s"])), ("  compute", fmt_time(s["compute_time_s"])),
-               ("  of which recompute", fmt_time(s["recompute_time_s"])),
+               ("  recompute", fmt_time(s["recompute_time_s"])),
                ("  TP communication (exposed)", fmt_time(s["tp_comm_time_s"])),
+               ("  CP communication (exposed)", fmt_time(s["cp_comm_time_s"])),
                ("  pipeline send/recv", fmt_time(s["pp_comm_time_s"])),
                ("  pipeline bubble",
                 f"{fmt_time(s['bubble_time_s'])} ({fmt_pct(s['bubble_fraction'])} of the pipeline)"),
@@ -156,7 +201,7 @@ def _model_text(model, kw, table, step) -> str:
                ("  activations", fmt_bytes(s["mem_activations_bytes"])),
                ("MFU / HFU", f"{fmt_pct(s['mfu'])} / {fmt_pct(s['hfu'])}"),
                ("throughput", f"{fmt_count(s['tokens_per_s'])} tokens/s, {fmt_count(s['global_batch'])} sequences per step")]
-    return (head + _text_table(header, rows) + "\nStep totals:\n" + _text_table(["quantity", "value"], summary)
+    return (head + text_table(header, rows) + "\nStep totals:\n" + text_table(["quantity", "value"], summary)
             + "\nSI units; `--format csv|json` gives every column (docs/transformer.md explains them).\n")
 
 
@@ -164,7 +209,7 @@ def _comm(nbytes, kind, fmt):
     return f"{fmt(nbytes)} {kind}" if nbytes else "-"
 
 
-def _text_table(header, rows) -> str:
+def text_table(header, rows) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -238,7 +283,8 @@ def _module_output(args) -> str:
         raise UserError("--module needs at least one --input-shape")
     given = [f for f, v in (("--tp", args.tp), ("--pp", args.pp), ("--dp", args.dp), ("--zero", args.zero),
                             ("--batch", args.batch), ("--seq", args.seq), ("--micro-batches", args.micro_batches))
-             if v is not None] + (["--sp"] if args.sp else [])
+             if v is not None] + (["--sp"] if args.sp else []) + (["--breakdown"] if args.breakdown else []) + [
+        f for f, v in (("--virtual-stages", args.virtual_stages != 1), ("--cp", args.cp != 1)) if v]
     if given:
         raise UserError(f"{given[0]} applies to --model only (the module front-end estimates one device)")
     default_dtype = _torch_dtype(args.input_dtype)
@@ -267,4 +313,4 @@ def _module_output(args) -> str:
 
     notes = "".join(f"\n{line}" for line in predicted_host_bound(frame))
     return (f"{args.module} on {frame.attrs.get('system_label', args.system)}, inputs {' '.join(args.input_shape)}"
-            f"\n\n" + _text_table(header, rows) + notes + ("\n" if notes else ""))
+            f"\n\n" + text_table(header, rows) + notes + ("\n" if notes else ""))

@@ -329,13 +329,40 @@ def row_time_s(system, names, phase: str, rows, row_elems) -> np.ndarray:
                    + partial * ((length > width) & (np.mod(length, width) > 0)))
 
 
+def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
+                 align=None, op_eff=1.0, rows_s=0.0) -> dict:
+    """The device timeline of ops, the ONE timing path of every front-end (``perfcheck.estimate``'s op table via
+    ``op_device_times``, the transformer front-end's sublayer rows via ``predict.step``): arrays of one shape in,
+    a dict of arrays of that shape out:
+
+        compute  = ``compute_time_s`` (matrix_efficiency_curve by FLOPs per kernel, matrix_shape_curve by the
+                   GEMM's smallest dimension ``min_dim``, ``align``ment factor)
+        memory   = ``memory_time_s`` (mem_bandwidth_curve by bytes per kernel)
+        roof     = max(compute, memory) / op_eff          (``op_efficiency`` of the op's kernel, 1 by default)
+        launch   = kernels * launch_s                     (the device-side per-kernel time, ``device_kernel_s``)
+        time     = roof + launch + rows_s                 (``rows_s``: per-row prices of row-wise CPU kernels)
+        bound    = "overhead" if launch > max(compute, memory), else the larger of compute and memory
+    """
+    k = _array(kernels, "kernels")
+    compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=k, min_dim=min_dim,
+                                        align=align), dtype=float)
+    memory = np.asarray(memory_time_s(bytes_moved, system, kernels=k), dtype=float)
+    top = np.maximum(compute, memory)
+    launch = k * _array(launch_s, "launch_s")
+    roof = top / np.asarray(op_eff, dtype=float)
+    bound = np.where(launch > top, "overhead", np.where(compute >= memory, "compute", "memory"))
+    return {"compute": compute, "memory": memory, "roof": roof, "launch": launch,
+            "time": roof + launch + np.asarray(rows_s, dtype=float), "bound": bound}
+
+
 def op_device_times(ops, system, dtype, launch_s: float = None):
     """Device seconds and bound per op and phase for the estimator's op table (a DataFrame with
     name, macs_*, other_*, bytes_*, kernels_*, min_dim, optionally unaligned): adds columns ``t_fwd``, ``t_bwd``,
     ``bound_fwd``, ``bound_bwd`` and returns the frame.
 
-    Per op: ``op_time_s`` with ``launch_s`` per kernel, the roofline part divided by the spec's
-    ``op_efficiency`` of that op in ``dtype`` (``op_efficiency()``: a kernel measured slower than the
+    Per op: ``device_times`` with ``launch_s`` per kernel, the roofline part divided by the spec's
+    ``op_efficiency`` of that op in ``dtype`` and phase, read off its curve at the kernel's roofline seconds where
+    the spec has one (``op_efficiency()``: a kernel measured slower than the
     roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
     that op (``row_time_s``: a row-wise kernel's cost per row by its length, from ``row_elems_<phase>``; without
     that column every row at the flat price) when the table has those columns, plus a GEMM's narrow output rows
@@ -349,25 +376,27 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     for phase in ("fwd", "bwd"):
         k = ops[f"kernels_{phase}"].to_numpy(float)
         launch = system.launch_overhead_s if launch_s is None else launch_s
-        t, bound = op_time_s(2 * ops[f"macs_{phase}"].to_numpy(float), ops[f"other_{phase}"].to_numpy(float),
-                             ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype, launch_s=launch,
-                             min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None,
-                             align=alignment_factor(system, ops["unaligned"].to_numpy(float), phase)
-                             if "unaligned" in ops else None)
-        t = np.asarray(t, dtype=float)
-        roof = t - k * launch
-        per_kernel = roof / np.where(k > 0, k, 1.0)
-        eff = np.array([op_efficiency(system, n, dtype, phase, r) for n, r in zip(names, per_kernel)], dtype=float)
-        t = roof / eff + k * launch
+        extra = np.zeros(len(ops))
         if f"rows_{phase}" in ops:
             rows = ops[f"rows_{phase}"].to_numpy(float)
             elems = ops[f"row_elems_{phase}"].to_numpy(float) if f"row_elems_{phase}" in ops else None
-            t = t + (row_time_s(system, names, phase, rows, elems) if elems is not None
-                     else rows * row_prices(system, names, phase))
+            extra = extra + (row_time_s(system, names, phase, rows, elems) if elems is not None
+                             else rows * row_prices(system, names, phase))
         if "gemm" in ops and narrow_s:
-            t = t + narrow_s * np.array([gemm_narrow_rows(d, simd)[phase == "bwd"] for d in ops["gemm"]], dtype=float)
-        ops[f"t_{phase}"] = np.where(k > 0, t, 0.0)
-        ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(bound, dtype=object), len(ops))
+            extra = extra + narrow_s * np.array([gemm_narrow_rows(d, simd)[phase == "bwd"] for d in ops["gemm"]],
+                                                dtype=float)
+        args = (ops[f"macs_{phase}"].to_numpy(float) * 2, ops[f"other_{phase}"].to_numpy(float),
+                ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype)
+        shape = dict(launch_s=launch, min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None,
+                     align=alignment_factor(system, ops["unaligned"].to_numpy(float), phase)
+                     if "unaligned" in ops else None)
+        # op_efficiency per op and phase; a measured curve (op_efficiency_curve) is read at the kernel's roofline
+        # seconds, so the roofline is taken once at efficiency 1 and once with the efficiency found
+        per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)
+        eff = np.array([op_efficiency(system, n, dtype, phase, r) for n, r in zip(names, per_kernel)], dtype=float)
+        d = device_times(*args, **shape, op_eff=eff, rows_s=extra)
+        ops[f"t_{phase}"] = np.where(k > 0, d["time"], 0.0)
+        ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(d["bound"], dtype=object), len(ops))
     return ops
 
 

@@ -81,6 +81,10 @@ class Sublayer:
     stage: str = "layer"
     comms: Tuple[Collective, ...] = ()
     recomputed_act: object = 0.0
+    #: (m, k, n) of the row's GEMM (a: m x k, b: k x n; scalars or arrays), None for other rows: the
+    #: roofline's matrix_shape_curve (by min(m, k, n)) and alignment factor (k, n) need them, as they
+    #: need ``roofline.gemm_min_dim`` / ``gemm_unaligned`` of the traced op in ``perfcheck.estimate``
+    gemm: object = None
 
 
 @dataclass(frozen=True)
@@ -205,7 +209,8 @@ def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool):
     qkv = F.linear(T, e, (model.heads + 2 * model.kv_heads) * q / x.t, bias=model.bias,
                    elem_bytes=eb)  # (T,e) @ (e,(h+2kv)q/t); (e, 3e/t) without GQA
     qkv = F.OpCost(qkv.fwd, qkv.bwd, np.where(x.sp, _sp_saved_input(qkv, x, e).act_mem, qkv.act_mem), qkv.params)
-    rows.append(Sublayer("qkv_proj", "linear", qkv, comms=_col_parallel_comms(x, T * e)))
+    rows.append(Sublayer("qkv_proj", "linear", qkv, comms=_col_parallel_comms(x, T * e),
+                         gemm=(T, e, (model.heads + 2 * model.kv_heads) * q / x.t)))
     if model.position == "rotary":
         # q and k rotated: x*cos + rotate_half(x)*sin, 3 FLOPs per element; cos/sin tables not counted.
         rows.append(Sublayer("rotary", "elementwise",
@@ -221,16 +226,17 @@ def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool):
     else:
         probs = x.b * heads_t * x.s * x.s  # elements of the (b, h/t, s, s) score matrix
         logits = F.matmul(x.s, q, x.s, batch=x.b * heads_t, elem_bytes=eb)  # (s,q) @ (q,s) per (b, head)
-        rows.append(Sublayer("logits", "matmul", _scale_macs(logits, frac)))
+        rows.append(Sublayer("logits", "matmul", _scale_macs(logits, frac), gemm=(x.s, q, x.s)))
         rows.append(Sublayer("softmax", "softmax", _scaled_softmax(x.b * heads_t * x.s, x.s, eb),
                              recomputed_act=probs * eb))
         if model.dropout > 0:
             rows.append(Sublayer("dropout_softmax", "dropout", F.dropout(probs, elem_bytes=eb),
                                  recomputed_act=probs * 1))
         attend = F.matmul(x.s, x.s, q, batch=x.b * heads_t, elem_bytes=eb)  # (s,s) @ (s,q) per (b, head)
-        rows.append(Sublayer("attend", "matmul", _scale_macs(attend, frac), recomputed_act=probs * eb))
+        rows.append(Sublayer("attend", "matmul", _scale_macs(attend, frac), recomputed_act=probs * eb,
+                             gemm=(x.s, x.s, q)))
     out = F.linear(T, e / x.t, e, bias=model.bias, elem_bytes=eb)  # (T,e/t) @ (e/t,e); bias replicated
-    rows.append(Sublayer("out_proj", "linear", out, comms=_row_parallel_comms(x, T * e)))
+    rows.append(Sublayer("out_proj", "linear", out, comms=_row_parallel_comms(x, T * e), gemm=(T, e / x.t, e)))
     if model.dropout > 0:
         rows.append(Sublayer("dropout_attn", "dropout", F.dropout(x.norm_tokens * e, elem_bytes=eb)))
     rows.append(Sublayer("residual_attn", "elementwise", _residual(x.norm_tokens * e, eb)))
@@ -264,7 +270,7 @@ def _expert_mlp(model, x: Shape, tokens, prefix, copies, a2a_bytes):
     fc2 = F.OpCost(fc2.fwd, fc2.bwd, fc2.act_mem, fc2.params * copies)
     return [Sublayer(f"{prefix}fc1", "linear", fc1, comms=a2a + _col_parallel_comms(x, T * e)),
             Sublayer(f"{prefix}act", "activation", act),
-            Sublayer(f"{prefix}fc2", "linear", fc2, comms=a2a + _row_parallel_comms(x, T * e))]
+            Sublayer(f"{prefix}fc2", "linear", fc2, comms=a2a + _row_parallel_comms(x, T * e))]  # grouped: no GEMM dims
 
 
 def moe_sublayers(model, x: Shape):
@@ -306,14 +312,14 @@ def mlp_sublayers(model, x: Shape):
         return rows
     fc1 = F.linear(T, e, (2 if glu else 1) * f_t, bias=model.bias, elem_bytes=eb)
     fc1 = F.OpCost(fc1.fwd, fc1.bwd, np.where(x.sp, _sp_saved_input(fc1, x, e).act_mem, fc1.act_mem), fc1.params)
-    rows.append(Sublayer("fc1", "linear", fc1, comms=_col_parallel_comms(x, T * e)))
+    rows.append(Sublayer("fc1", "linear", fc1, comms=_col_parallel_comms(x, T * e), gemm=(T, e, (2 if glu else 1) * f_t)))
     if glu:  # silu(gate) * up: the activation, then a product that saves both operands
         act = F.activation(T * f_t, "silu", elem_bytes=eb) + F.elementwise(T * f_t, inputs=2, saves=2, elem_bytes=eb)
     else:
         act = F.activation(T * f_t, model.activation, elem_bytes=eb)
     rows.append(Sublayer("act", "activation", act))
     fc2 = F.linear(T, f_t, e, bias=model.bias, elem_bytes=eb)
-    rows.append(Sublayer("fc2", "linear", fc2, comms=_row_parallel_comms(x, T * e)))
+    rows.append(Sublayer("fc2", "linear", fc2, comms=_row_parallel_comms(x, T * e), gemm=(T, f_t, e)))
     if model.dropout > 0:
         rows.append(Sublayer("dropout_mlp", "dropout", F.dropout(x.norm_tokens * e, elem_bytes=eb)))
     rows.append(Sublayer("residual_mlp", "elementwise", _residual(x.norm_tokens * e, eb)))
@@ -364,7 +370,7 @@ def model_sublayers(model, x: Shape, *, tied_copy):
     head = F.linear(T, e, v_t, bias=False, elem_bytes=eb)
     head = F.OpCost(head.fwd, head.bwd, np.where(x.sp, _sp_saved_input(head, x, e).act_mem, head.act_mem),
                     head.params * tied_copy)
-    rows.append(Sublayer("lm_head", "linear", head, "last", _col_parallel_comms(x, T * e)))
+    rows.append(Sublayer("lm_head", "linear", head, "last", _col_parallel_comms(x, T * e), gemm=(T, e, v_t)))
     ce_bytes = 3 * T * 4 * (x.t > 1)  # fp32 max, sum-exp and target logit per token
     rows.append(Sublayer("cross_entropy", "cross_entropy", F.cross_entropy(T, v_t, elem_bytes=eb), "last",
                          (Collective("fwd", "allreduce", ce_bytes * np.ones_like(np.asarray(T, dtype=float))),)))

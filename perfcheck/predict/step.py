@@ -1,178 +1,32 @@
 """Whole-step arithmetic for the transformer front-end, vectorised over configurations.
 
 One evaluation (``evaluate``) costs every sublayer of ``sharding.py`` for n layouts at once
-(arrays of shape (rows, n)) and times it on the system's roofline; ``sublayer_table`` renders
-one layout as the per-sublayer table and ``step_arrays`` reduces it to step totals:
+(arrays of shape (rows, n)) and times it with ``roofline.device_times`` (the device-time path of
+``perfcheck.estimate`` too); ``sublayer_table`` renders one layout as the per-sublayer table and
+``step_arrays`` reduces it to step totals (schedule and collective formulas in ``pipeline.py``):
 
-    stage time t_stage = layers/pp * (fwd + bwd + recompute of one layer)
-                         + embedding/head rows of the slower end stage + pipeline send/recv
-    step time          = grad_accum * (m + pp - 1) * t_stage        (1F1B, m micro-batches)
-                         + (1 - dp_overlap) * ZeRO/DP collectives + optimizer update
-    bubble fraction    = (pp - 1) / (m + pp - 1)   (Narayanan et al. 2021, arXiv 2104.04473, sec. 2.2)
-    MFU                = model FLOPs per step / (step time * world size * dense matrix peak)
+    per micro-batch  t_mb = layers/pp * (fwd + bwd of one layer) + the slower end stage's rows
+                            + recompute + exposed TP/SP + exposed CP + v pipeline hand-offs each way
+    step time        = gas * m * t_mb + gas * (pp - 1)/v * t_mb   (interleaved 1F1B, m micro-batches)
+                       + exposed DP collectives + optimizer update
+    bubble           = (pp - 1)/(v * m) of the ideal (Narayanan et al. 2021, arXiv 2104.04473, sec. 2.2)
+    MFU              = model FLOPs per step / (step time * world size * dense matrix peak)
 
 Model FLOPs are the unsharded model's forward + backward (no recompute, no TP-replicated work);
 HFU counts what the GPU executes (recompute and replicated norms/dropouts included).
-Row times: max(compute, memory) + kernels * launch + (1 - tp_overlap) * TP collectives.
+Options and layouts (validated) live in ``step_config.py``.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
-from perfcheck.errors import UserError
-from perfcheck.predict import collectives, roofline, sharding
-from perfcheck.hardware.systems import element_bytes as elem_bytes, load_system
-
-RECOMPUTE = ("none", "selective", "full")
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """Modelling choices shared by the table, the step totals and the sweep.
-
-    causal: count half of the attention score products (FlopCounterMode counts them in full).
-    flash: fused attention (one ``core_attention`` row, ``formulas.attention``) instead of the
-      transformer-perf-estimates notebook's logits/softmax/dropout/attend rows (docs/transformer.md).
-    recompute: activation checkpointing per layer: "none", "selective" (the attention core,
-      Korthikanti et al. 2022) or "full" (keep each layer's input, redo its forward in backward).
-    tp_overlap, dp_overlap: fraction of TP / DP collective time hidden behind compute.
-    optimizer, master_weights: model states per parameter (``zero.precision``: "adam" keeps fp32
-      momentum and variance; master_weights None = DeepSpeed's choice of an fp32 master copy).
-    ep: expert-parallel degree (MoE).
-    tp_scheme: "1d" (Megatron), "2d" (Optimus, tp = q*q), "2.5d" (Tesseract, tp = q*q*tp_depth),
-      "3d" (tp = q**3); ``sharding.grid_linear`` and docs/transformer.md. tp_depth: 2.5D's d.
-    """
-
-    causal: bool = False
-    flash: bool = False
-    recompute: str = "none"
-    tp_overlap: float = 0.0
-    dp_overlap: float = 0.0
-    optimizer: str = "adam"
-    master_weights: object = None
-    ep: int = 1
-    tp_scheme: str = "1d"
-    tp_depth: int = 1
-
-    def __post_init__(self):
-        scheme = str(self.tp_scheme).lower()
-        if scheme not in sharding.TP_SCHEMES:
-            raise UserError(f"tp_scheme must be one of {', '.join(sharding.TP_SCHEMES)}, got {self.tp_scheme!r}")
-        object.__setattr__(self, "tp_scheme", scheme)
-        d = self.tp_depth
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-            raise UserError(f"tp_depth must be a positive integer (the 2.5D grid's depth d), got {d!r}")
-        if d > 1 and scheme != "2.5d":
-            raise UserError(f"tp_depth = {d} needs tp_scheme='2.5d' (got tp_scheme={scheme!r})")
-        for f in ("causal", "flash", "master_weights"):
-            value = getattr(self, f)
-            if not isinstance(value, (bool, np.bool_)) and not (f == "master_weights" and value is None):
-                raise UserError(f"{f} must be true or false, got {getattr(self, f)!r}")
-        if isinstance(self.ep, bool) or not isinstance(self.ep, (int, np.integer)) or self.ep < 1:
-            raise UserError(f"ep must be a positive integer (expert-parallel degree), got {self.ep!r}")
-        if self.recompute not in RECOMPUTE:
-            raise UserError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
-        for f in ("tp_overlap", "dp_overlap"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-                raise UserError(f"{f} must be a fraction in [0, 1], got {v!r}")
-
-
-def check_ep(model, opts: Options):
-    """Expert parallelism splits whole experts over ``ep`` GPUs (each holds experts/ep of them)."""
-    if opts.ep > 1 and not model.experts:
-        raise UserError(f"ep = {opts.ep} needs a mixture-of-experts model (model {model.name!r} has experts = 0)")
-    if model.experts and model.experts % opts.ep:
-        raise UserError(f"ep = {opts.ep} does not divide experts = {model.experts}")
-
-
-def make_options(**kw) -> Options:
-    known = [f.name for f in dataclasses.fields(Options)]
-    unknown = [k for k in kw if k not in known]
-    if unknown:
-        raise UserError(f"unknown option(s) {', '.join(map(repr, unknown))} (known: {', '.join(known)})")
-    return Options(**kw)
-
-
-# ---- configurations as arrays ----------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Layouts:
-    """n validated layouts, one numpy array per field."""
-
-    tp: np.ndarray
-    pp: np.ndarray
-    dp: np.ndarray
-    zero_stage: np.ndarray
-    micro_batch: np.ndarray
-    sp: np.ndarray
-    micro_batches: np.ndarray
-    grad_accum_steps: np.ndarray
-    seq: np.ndarray
-
-    @classmethod
-    def single(cls, parallel, batch, seq) -> "Layouts":
-        p = parallel
-        return cls(*(np.array([v]) for v in (p.tp, p.pp, p.dp, int(p.zero_stage), batch, p.sp, p.micro_batches,
-                                              p.grad_accum_steps, seq)))
-
-    @property
-    def world(self):
-        return self.tp * self.pp * self.dp
-
-
-def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = None) -> Layouts:
-    """Arrays of layouts checked like ``ParallelConfig`` + ``validate_for_model`` (and, for a grid
-    ``opts.tp_scheme``, ``sharding.grid_problems``); UserError names row and field."""
-    out = {}
-    for f in ("tp", "pp", "dp", "zero_stage", "micro_batch", "micro_batches", "grad_accum_steps", "seq"):
-        a = np.asarray(cols[f])
-        if a.dtype == bool or not np.issubdtype(a.dtype, np.number) or np.any(a != np.floor(a)):
-            raise UserError(f"layouts: {f} must hold integers")
-        out[f] = a.astype(np.int64)
-    sp = np.asarray(cols["sp"])
-    if sp.dtype != bool:
-        if not np.all(np.isin(sp, (0, 1))):
-            raise UserError("layouts: sp must hold true/false")
-        sp = sp.astype(bool)
-    out["sp"] = sp
-    o = out
-    scheme = "1d" if opts is None else opts.tp_scheme
-    checks = [
-        (o["tp"] < 1, "tp must be >= 1"), (o["pp"] < 1, "pp must be >= 1"), (o["dp"] < 1, "dp must be >= 1"),
-        (o["micro_batch"] < 1, "micro_batch must be >= 1"), (o["micro_batches"] < 1, "micro_batches must be >= 1"),
-        (o["grad_accum_steps"] < 1, "grad_accum_steps must be >= 1"), (o["seq"] < 1, "seq must be >= 1"),
-        ((o["zero_stage"] < 0) | (o["zero_stage"] > 3), "zero_stage must be 0, 1, 2 or 3"),
-        (sp & (o["tp"] == 1), "sp needs tp > 1"),
-    ]
-    if scheme != "1d":
-        checks += sharding.grid_problems(model, np.maximum(o["tp"], 1), scheme, opts.tp_depth,
-                                         np.maximum(o["micro_batch"], 1), sp)
-    else:
-        t = np.maximum(o["tp"], 1)
-        checks += [(model.heads % t != 0, f"tp does not divide heads = {model.heads}"),
-                   (model.hidden % t != 0, f"tp does not divide hidden = {model.hidden}"),
-                   (model.ffn_hidden % t != 0, f"tp does not divide ffn_hidden = {model.ffn_hidden}"),
-                   (model.kv_heads % t != 0, f"tp does not divide kv_heads = {model.kv_heads}"),
-                   (sp & (o["seq"] % t != 0), "tp (sequence parallel) does not divide seq")]
-    checks += [
-        (model.layers % np.maximum(o["pp"], 1) != 0, f"pp does not divide layers = {model.layers}"),
-        ((o["pp"] > 1) & (o["zero_stage"] >= 2), "zero_stage 2/3 is incompatible with pp > 1 (DeepSpeed)"),
-    ]
-    if model.position == "learned":
-        checks.append((o["seq"] > model.seq_len, f"seq exceeds the model's seq_len = {model.seq_len}"))
-    for bad, message in checks:
-        if np.any(bad):
-            i = int(np.argmax(bad))
-            raise UserError(f"layouts row {i}: {message} (got {_row_text(o, i)})")
-    return Layouts(**out)
-
-
-def _row_text(o, i):
-    return ", ".join(f"{k}={o[k][i]}" for k in ("tp", "sp", "pp", "dp", "zero_stage", "micro_batch", "seq"))
+from perfcheck.predict import collectives, pipeline, roofline, sharding
+from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
+                                           make_options, single_layout, validate_layouts)
+from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, load_system
 
 
 # ---- evaluation ------------------------------------------------------------------------------------
@@ -192,7 +46,8 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     n = len(cfg.tp)
     t = np.ones(n) if tp1 else cfg.tp.astype(float)
     sp = np.zeros(n, bool) if tp1 else cfg.sp
-    b, s, tied_copy = cfg.micro_batch.astype(float), cfg.seq.astype(float), (not model.tied_embeddings) | (cfg.pp > 1)
+    # context parallelism: each GPU holds seq/cp tokens; its attention core sees all seq keys (scaled below)
+    b, s, tied_copy = cfg.micro_batch.astype(float), cfg.seq / cfg.cp, (not model.tied_embeddings) | (cfg.pp > 1)
     if n == 1:  # one layout: Python scalars are ~20x faster than 1-element arrays in the formulas
         b, s, t, sp, tied_copy = float(b[0]), float(s[0]), float(t[0]), bool(sp[0]), bool(tied_copy[0])
     x = sharding.Shape(b, s, t, sp, elem_bytes(dtype), 1 if tp1 else opts.ep,
@@ -201,13 +56,24 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
             + sharding.model_sublayers(model, x, tied_copy=tied_copy))
     out = {"name": [r.name for r in rows], "formula": [r.formula for r in rows],
            "stage": np.array([r.stage for r in rows])}
+    # The attention core of s/cp queries runs against all s keys: cp x the work of a local (s/cp)^2 core
+    # (ring attention: cp blocks of (s/cp) keys; Ulysses: s tokens of heads/cp heads: the same products).
+    core = np.isin(out["name"], sharding.CORE_ATTENTION)[:, None] * (cfg.cp.astype(float) - 1) + 1
     for phase in ("fwd", "bwd"):
         costs = [getattr(r.cost, phase) for r in rows]
         for f in ("macs", "flops", "bytes", "kernels"):
-            out[f"{f}_{phase}"] = _stack([getattr(c, f) for c in costs], n)
-    out["act_mem"] = _stack([r.cost.act_mem for r in rows], n)
+            out[f"{f}_{phase}"] = _stack([getattr(c, f) for c in costs], n) * (core if f != "kernels" else 1)
+    out["act_mem"] = _stack([r.cost.act_mem for r in rows], n) * core
     out["params"] = _stack([r.cost.params for r in rows], n)
-    out["recomputed_act"] = _stack([r.recomputed_act for r in rows], n)
+    out["recomputed_act"] = _stack([r.recomputed_act for r in rows], n) * core
+    for phase in ("fwd", "bwd"):
+        costs = [getattr(r.cost, phase) for r in rows]
+        out[f"rows_{phase}"] = _stack([c.rows for c in costs], n)
+        out[f"row_elems_{phase}"] = _stack([c.row_elems for c in costs], n)
+    nan = float("nan")
+    out["min_dim"] = _stack([nan if r.gemm is None else np.minimum(np.minimum(r.gemm[0], r.gemm[1]), r.gemm[2])
+                             for r in rows], n)
+    out["unaligned"] = _stack([nan if r.gemm is None else _unaligned(r.gemm, x.elem_bytes) for r in rows], n)
     # bytes per (kind, group) for timing (each group has its own size), summed over groups per kind
     acc = {}  # (kind, group) -> ([fwd bytes per row], [bwd bytes per row]), one pass over the collectives
     for i, r in enumerate(rows):
@@ -225,45 +91,81 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     return out
 
 
-def _time_rows(out, group_sizes, system, dtype, opts):
-    """Roofline and TP collective times of every row; fwd and bwd stacked so each model runs once.
+#: The aten op behind each sublayer formula (``perfcheck.estimate`` traces these): the spec's per-op
+#: ``op_efficiency`` and per-row prices are keyed by aten names, so the rows look them up by these.
+ATEN_OF_FORMULA = {"linear": "addmm", "matmul": "bmm", "softmax": "_softmax", "layer_norm": "native_layer_norm",
+                   "embedding": "embedding", "dropout": "native_dropout", "activation": "gelu",
+                   "elementwise": "add", "attention": "_scaled_dot_product_flash_attention",
+                   "cross_entropy": "_log_softmax"}
 
+
+def _unaligned(gemm, elem_bytes):
+    """1.0 where the GEMM's k or n rows are not 16-byte multiples (``roofline.gemm_unaligned``'s rule)."""
+    k, n = np.asarray(gemm[1], dtype=float), np.asarray(gemm[2], dtype=float)
+    step = roofline.GEMM_ALIGN_BYTES
+    return ((np.mod(k * elem_bytes, step) != 0) | (np.mod(n * elem_bytes, step) != 0)).astype(float)
+
+
+def _time_rows(out, group_sizes, system, dtype, opts):
+    """Device time and TP collective time of every row, fwd and bwd stacked so each model runs once.
+
+    The device time is ``roofline.device_times``, the function ``perfcheck.estimate`` times its traced
+    ops with (efficiency curves, matrix_shape_curve by the GEMM's smallest dimension, alignment,
+    mem_bandwidth_curve by bytes per kernel, op_efficiency, per-row prices, the device-side
+    ``device_kernel_s`` per kernel): one path, so the two front-ends agree on every layer under any spec.
     ``group_sizes``: ranks per group name (``Shape.group_sizes``), one entry per layout.
     """
     spec = load_system(system)
-    both = {f: np.concatenate([out[f"{f}_fwd"], out[f"{f}_bwd"]]) for f in ("macs", "flops", "bytes", "kernels")}
-    compute = np.asarray(roofline.compute_time_s(2 * both["macs"], both["flops"], spec, dtype, kernels=both["kernels"]))
-    memory = np.asarray(roofline.memory_time_s(both["bytes"], spec))
-    launch = both["kernels"] * spec.launch_overhead_s
+    both = {f: np.concatenate([out[f"{f}_fwd"], out[f"{f}_bwd"]])
+            for f in ("macs", "flops", "bytes", "kernels", "rows", "row_elems")}
+    rows = len(out["name"])
+    names = np.array([ATEN_OF_FORMULA.get(f, f) for f in out["formula"]], dtype=object)
+    eff = np.tile(np.array([roofline.op_efficiency(spec, nm, dtype) for nm in names]), 2)[:, None]
+    align = np.concatenate([roofline.alignment_factor(spec, out["unaligned"], "fwd"),  # 1 for non-GEMM (NaN) rows
+                            roofline.alignment_factor(spec, out["unaligned"], "bwd")])
+    extra = np.zeros_like(both["rows"])
+    for i, phase in enumerate(("fwd", "bwd")):  # per-row prices of row-wise kernels (CPU specs; none on a GPU)
+        if not any(np.any(term) for term in roofline.row_terms(spec, names, phase)):
+            continue
+        part = slice(i * rows, (i + 1) * rows)
+        # (n, rows) against the rows' names: each name's terms broadcast over the layouts
+        extra[part] = roofline.row_time_s(spec, names, phase, both["rows"][part].T, both["row_elems"][part].T).T
+    d = roofline.device_times(2 * both["macs"], both["flops"], both["bytes"], both["kernels"], spec, dtype,
+                              launch_s=host_constants(spec)["device_kernel_s"],
+                              min_dim=np.concatenate([out["min_dim"], out["min_dim"]]), align=align,
+                              op_eff=eff, rows_s=extra)
+    compute, memory, launch = d["compute"], d["memory"], d["launch"]
     comm = sum((np.asarray(collectives.collective_time_s(kind, np.concatenate([fwd, bwd]), group_sizes[group], spec))
                 for (kind, group), (fwd, bwd) in out["comm_groups"].items()), np.zeros_like(compute))
-    roof = np.maximum(compute, memory)
+    device = d["time"]
     exposed = (1 - opts.tp_overlap) * comm
-    bound = np.where(exposed > roof + launch, "comm",
-                     np.where(launch > roof, "overhead", np.where(compute >= memory, "compute", "memory")))
-    rows = len(out["name"])
+    bound = np.where(exposed > device, "comm", d["bound"])
     for phase, part in (("fwd", slice(0, rows)), ("bwd", slice(rows, 2 * rows))):
         out[f"t_compute_{phase}_s"], out[f"t_memory_{phase}_s"] = compute[part], memory[part]
         out[f"t_overhead_{phase}_s"], out[f"t_comm_{phase}_s"] = launch[part], comm[part]
-        out[f"t_roof_{phase}_s"] = roof[part] + launch[part]
-        out[f"pred_{phase}_s"] = roof[part] + launch[part] + exposed[part]
+        out[f"t_roof_{phase}_s"] = device[part]
+        out[f"pred_{phase}_s"] = device[part] + exposed[part]
         out[f"bound_{phase}"] = bound[part]
 
 
 # ---- step totals -----------------------------------------------------------------------------------
 STEP_COLUMNS: Mapping[str, str] = {
-    "world_size": "GPUs: tp * pp * dp",
+    "world_size": "GPUs: tp * pp * dp * cp",
     "global_batch": "sequences per optimizer step: micro_batch * micro_batches * grad_accum_steps * dp",
     "tokens_per_step": "tokens per optimizer step",
     "step_time_s": "predicted time of one optimizer step, seconds (the sum of the *_time_s parts below)",
-    "compute_time_s": "roofline time (incl. launches) of the critical pipeline stage's micro-batches, seconds",
-    "recompute_time_s": "part of compute_time_s spent re-running forward for activation checkpointing, seconds",
-    "tp_comm_time_s": "exposed tensor-parallel collective time, seconds",
-    "pp_comm_time_s": "pipeline send/recv time of activations and their gradients, seconds",
-    "bubble_time_s": "1F1B pipeline bubble: grad_accum * (pp - 1) * stage time per micro-batch, seconds",
+    "compute_time_s": "device time (roofline.device_times, launches included) of the critical pipeline stage's "
+                      "micro-batches, recompute excluded, seconds",
+    "recompute_time_s": "device time re-running forward for activation checkpointing, seconds",
+    "tp_comm_time_s": "exposed tensor/sequence-parallel collective time (recompute's included), seconds",
+    "cp_comm_time_s": "exposed context-parallel communication (ring K/V passes beyond the attention core's time, "
+                      "or Ulysses all-to-alls), seconds",
+    "pp_comm_time_s": "pipeline hand-offs of activations and their gradients (v per micro-batch interleaved; "
+                      "scatter/gather without SP), seconds",
+    "bubble_time_s": "pipeline bubble: grad_accum * (pp - 1) / virtual_stages * stage time per micro-batch, seconds",
     "dp_comm_time_s": "exposed DP / ZeRO collectives: (1 - dp_overlap) * (fwd + bwd ones) + post-step ones, seconds",
     "optimizer_time_s": "optimizer update of this GPU's partition at memory bandwidth (zero.optimizer_time_s), seconds",
-    "bubble_fraction": "(pp - 1) / (micro_batches + pp - 1)",
+    "bubble_fraction": "share of a flush in the bubble: (pp - 1)/v / (micro_batches + (pp - 1)/v)",
     "tp_comm_bytes": "full-buffer bytes of TP collectives per step on one GPU",
     "dp_allreduce_bytes": "full-buffer bytes all-reduced over the DP group per step (ZeRO model)",
     "dp_reducescatter_bytes": "full-buffer bytes reduce-scattered over the DP group per step",
@@ -329,13 +231,20 @@ def _select(rows_arr, mask):
 
 
 def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
-    """Step totals (``STEP_COLUMNS``) for every layout in ``cfg``, as arrays of length n."""
+    """Step totals (``STEP_COLUMNS``) for every layout in ``cfg``, as arrays of length n.
+
+    Per micro-batch on the critical stage (its layers, plus the slower end stage's rows):
+        compute (without recompute) + recompute + exposed TP/SP + exposed CP + p2p hand-offs
+    and per optimizer step (gas pipeline flushes of m micro-batches; ``pipeline.bubble_fraction``):
+        step = gas * m * t_mb + gas * (p - 1)/v * t_mb + exposed DP + embedding sync + optimizer
+    """
     spec = load_system(system)
     out = evaluate(model, cfg, system, dtype, opts)
     stage = out["stage"]
     lay, first, last = stage == "layer", stage == "first", stage == "last"
     core = np.isin(out["name"], sharding.CORE_ATTENTION)
     pp, m, gas = cfg.pp.astype(float), cfg.micro_batches.astype(float), cfg.grad_accum_steps.astype(float)
+    v, c = cfg.virtual_stages.astype(float), cfg.cp.astype(float)
     per_stage = model.layers / pp
     one = pp == 1
 
@@ -358,34 +267,38 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     else:
         rec_roof = rec_comm = rec_flops = 0.0
     eb = elem_bytes(dtype)
-    x_bytes = cfg.micro_batch * cfg.seq * model.hidden * eb / act_split(cfg, opts)
-    pp_spans = cfg.world > spec.gpus_per_node
-    send = collectives.collective_time_s("sendrecv", x_bytes, np.full(len(pp), 2), spec, spans_nodes=pp_spans)
-    p2p = np.where(one, 0.0, 2 * np.asarray(send))  # activations forward, their gradients backward
-    compute_mb = stage_sum(roof) + per_stage * rec_roof
+    cp_mb = per_stage * _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute=opts.recompute == "full")
+    # pipeline hand-offs: v sends per micro-batch and direction (interleaved), scatter/gather without SP
+    sent, gathered = pipeline.p2p_bytes(cfg.micro_batch, cfg.seq / c, model.hidden, eb, cfg.tp,
+                                        cfg.sp | (opts.tp_scheme != "1d"), opts.scatter_gather)
+    pp_spans = cfg.tp * cfg.dp * cfg.cp >= spec.gpus_per_node  # pp outermost (Megatron's rank order)
+    hand_off = np.asarray(pipeline.p2p_time_s(sent, gathered, cfg.tp, spec, pp_spans))
+    p2p = 2 * pipeline.p2p_sends_per_micro_batch(pp, v) * hand_off  # activations forward, gradients backward
+    compute_mb = stage_sum(roof)
     tp_mb = stage_sum(exposed_tp) + per_stage * rec_comm
-    stage_t = compute_mb + tp_mb + p2p
+    rec_mb = per_stage * rec_roof
+    stage_t = compute_mb + rec_mb + tp_mb + cp_mb + p2p
     micro = gas * m
     res = {"world_size": cfg.world, "global_batch": cfg.micro_batch * micro * cfg.dp}
     res["tokens_per_step"] = res["global_batch"] * cfg.seq
     res["compute_time_s"] = micro * compute_mb
-    res["recompute_time_s"] = micro * per_stage * rec_roof
+    res["recompute_time_s"] = micro * rec_mb
     res["tp_comm_time_s"] = micro * tp_mb
+    res["cp_comm_time_s"] = micro * cp_mb
     res["pp_comm_time_s"] = micro * p2p
-    res["bubble_time_s"] = gas * (pp - 1) * stage_t
-    res["bubble_fraction"] = (pp - 1) / (m + pp - 1)
+    res["bubble_time_s"] = gas * (pp - 1) / v * stage_t
+    res["bubble_fraction"] = pipeline.bubble_share(pp, v, m)
     comm_bytes = sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.COLLECTIVE_KINDS)
     res["tp_comm_bytes"] = micro * stage_sum(comm_bytes)
     if opts.recompute == "full":  # the re-run forward issues its TP collectives again
         res["tp_comm_bytes"] = res["tp_comm_bytes"] + micro * per_stage * _select(
             sum(out[f"comm_fwd_{k}"] for k in sharding.COLLECTIVE_KINDS), lay)
     _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last)
-    res["step_time_s"] = (res["compute_time_s"] + res["tp_comm_time_s"] + res["pp_comm_time_s"] + res["bubble_time_s"]
-                          + res["dp_comm_time_s"] + res["optimizer_time_s"])
+    res["step_time_s"] = sum(res[k] for k in BREAKDOWN)
     unsharded = evaluate(model, cfg, system, dtype, opts, tp1=True)
     flops1 = 2 * (unsharded["macs_fwd"] + unsharded["macs_bwd"]) + unsharded["flops_fwd"] + unsharded["flops_bwd"]
     ul = unsharded["stage"] == "layer"
-    res["model_flops_per_step"] = micro * cfg.dp * (model.layers * flops1[ul].sum(axis=0) + flops1[~ul].sum(axis=0))
+    res["model_flops_per_step"] = micro * cfg.dp * c * (model.layers * flops1[ul].sum(axis=0) + flops1[~ul].sum(axis=0))
     flops = 2 * (out["macs_fwd"] + out["macs_bwd"]) + out["flops_fwd"] + out["flops_bwd"]
     res["hardware_flops_per_gpu"] = micro * (stage_sum(flops) + per_stage * rec_flops)
     res["recompute_flops_per_gpu"] = micro * per_stage * rec_flops * np.ones(len(pp))
@@ -394,6 +307,41 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     res["hfu"] = res["hardware_flops_per_gpu"] / (res["step_time_s"] * peak)
     res["tokens_per_s"] = res["tokens_per_step"] / res["step_time_s"]
     return res
+
+
+#: The additive terms of the step time, in the order the breakdown prints them.
+BREAKDOWN = ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "cp_comm_time_s", "pp_comm_time_s",
+             "bubble_time_s", "dp_comm_time_s", "optimizer_time_s")
+
+
+def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
+    """Exposed context-parallel communication of one layer per micro-batch (fwd + bwd, + the re-run forward
+    under full recompute). Ring attention passes K/V blocks while it computes on the current one
+    (Liu et al. 2023, sec. 3), so only what the ring's time exceeds the attention core's is exposed;
+    Ulysses' all-to-alls stand between the projections and the core: fully exposed."""
+    c = cfg.cp.astype(float)
+    if not np.any(c > 1):
+        return np.zeros(len(c))
+    local = pipeline.ranks_per_node(cfg.tp, c, spec.gpus_per_node)  # cp inside tp in the rank order
+    bw = pipeline.rail_bandwidth_bytes_per_s(spec, c, local)
+    t = cfg.tp.astype(float)
+    if opts.cp_kind == "ulysses":
+        fwd_b, bwd_b = pipeline.ulysses_bytes(cfg.micro_batch, cfg.seq, model.heads, model.kv_heads, model.head_dim,
+                                              eb, t, c)
+        fwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(fwd_b) / 4, c, bw, spec)  # four calls: q, k, v, out
+        bwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(bwd_b) / 4, c, bw, spec)
+        exposed = fwd + bwd + (fwd if full_recompute else 0.0)
+    else:
+        fwd_b, bwd_b = pipeline.cp_ring_bytes(cfg.micro_batch, cfg.seq, model.kv_heads, model.head_dim, eb, t, c)
+        # each of the c - 1 steps is a send to the next rank: the time of the whole ring at the rail bandwidth
+        step_f = pipeline.ring_time_s("sendrecv", np.asarray(fwd_b) / np.maximum(c - 1, 1), 2, bw, spec)
+        step_b = pipeline.ring_time_s("sendrecv", np.asarray(bwd_b) / np.maximum(c - 1, 1), 2, bw, spec)
+        core_f, core_b = _select(out["t_roof_fwd_s"], core), _select(out["t_roof_bwd_s"], core)
+        per_step_f, per_step_b = core_f / c, core_b / c  # the core's work is split over the c blocks
+        fwd = (c - 1) * np.maximum(step_f - per_step_f, 0.0)
+        bwd = (c - 1) * np.maximum(step_b - per_step_b, 0.0)
+        exposed = fwd + bwd + (fwd if full_recompute else 0.0)
+    return np.where(c > 1, exposed, 0.0)
 
 
 def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
@@ -410,21 +358,24 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
     act = out["act_mem"]
     full_layer = _select(act, lay)
     if opts.recompute == "full":
-        layer_input = cfg.micro_batch * cfg.seq * model.hidden * elem_bytes(dtype) / act_split(cfg, opts)
+        layer_input = cfg.micro_batch * cfg.seq / cfg.cp * model.hidden * elem_bytes(dtype) / act_split(cfg, opts)
         kept, rebuilt = layer_input, full_layer  # one layer's activations rebuilt during its backward
     elif opts.recompute == "selective":
         kept, rebuilt = full_layer - _select(out["recomputed_act"], lay), _select(out["recomputed_act"], lay)
     else:
         kept, rebuilt = full_layer, 0.0
     res["act_per_layer_bytes"] = kept * np.ones(len(pp))
-    in_flight = np.where(one, 1.0, np.minimum(pp, m))  # 1F1B: the first stage holds pp micro-batches
+    # 1F1B: the first stage holds pp micro-batches; interleaved, (1 + (p-1)/(p*v)) times that (Korthikanti
+    # et al. 2022, sec. 4.2.3: the first stage's activations grow by that factor with v model chunks)
+    v = cfg.virtual_stages.astype(float)
+    in_flight = np.where(one, 1.0, np.minimum(pp, m) * np.where(v > 1, 1 + (pp - 1) / (pp * v), 1.0))
     act_first = in_flight * (per_stage * kept + _select(act, first)) + np.where(one, _select(act, last), 0.0) + rebuilt
     act_last = per_stage * kept + _select(act, last) + np.where(one, _select(act, first), 0.0) + rebuilt
     micro_steps = np.where(one, cfg.micro_batches * cfg.grad_accum_steps, cfg.grad_accum_steps)
     prec = zero.precision(dtype, opts.optimizer, opts.master_weights, stage=cfg.zero_stage)
     states = {}
     for name, p_stage, act_stage in (("first", p_stage_first, act_first), ("last", p_stage_last, act_last)):
-        mem = zero.memory_per_rank(p_stage, cfg.zero_stage, cfg.dp, precision_=prec)
+        mem = zero.memory_per_rank(p_stage, cfg.zero_stage, cfg.dp * cfg.cp, precision_=prec)
         states[name] = (p_stage, mem, act_stage, mem["total"] + act_stage)
     pick_first = states["first"][3] >= states["last"][3]
     for i, key in ((0, "params_per_gpu"), (2, "mem_activations_bytes"), (3, "mem_total_bytes")):
@@ -434,19 +385,61 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
     res["mem_fits"] = res["mem_total_bytes"] <= spec.mem_capacity_bytes
     # DP / ZeRO collectives of the stage with the most parameters (stages communicate concurrently)
     p_comm = np.maximum(p_stage_first, p_stage_last)
-    colls = zero.step_comm(p_comm, cfg.zero_stage, cfg.dp, micro_steps=micro_steps, dtype=dtype, precision_=prec)
-    for kind in ("allreduce", "allgather", "reducescatter"):
-        res[f"dp_{kind}_bytes"] = sum((np.asarray(c.bytes, dtype=float) for c in colls if c.kind == kind),
-                                      np.zeros(len(pp)))
-    dp_spans = (cfg.dp > 1) & (cfg.tp * cfg.dp > spec.gpus_per_node)
-    t = zero.comm_time_s(colls, cfg.dp, spec, spans_nodes=dp_spans)
-    res["dp_comm_total_s"] = t["fwd"] + t["bwd"] + t["step"]
-    # fwd/bwd collectives can hide behind compute; the post-step parameter all-gather cannot
-    res["dp_comm_time_s"] = (1 - opts.dp_overlap) * (t["fwd"] + t["bwd"]) + t["step"]
-    res["optimizer_time_s"] = zero.optimizer_time_s(p_comm, cfg.zero_stage, cfg.dp, spec, precision_=prec)
+    dp = cfg.dp * cfg.cp  # context-parallel ranks reduce their gradients with the data-parallel ones
+    if opts.dp_engine == "megatron":
+        _megatron_dp(res, model, cfg, spec, prec, opts, p_comm, dp)
+    else:
+        colls = zero.step_comm(p_comm, cfg.zero_stage, dp, micro_steps=micro_steps, dtype=dtype, precision_=prec)
+        for kind in ("allreduce", "allgather", "reducescatter"):
+            res[f"dp_{kind}_bytes"] = sum((np.asarray(c.bytes, dtype=float) for c in colls if c.kind == kind),
+                                          np.zeros(len(pp)))
+        dp_spans = (dp > 1) & (cfg.tp * dp > spec.gpus_per_node)
+        t = zero.comm_time_s(colls, dp, spec, spans_nodes=dp_spans)
+        res["dp_comm_total_s"] = t["fwd"] + t["bwd"] + t["step"]
+        # fwd/bwd collectives can hide behind compute; the post-step parameter all-gather cannot
+        res["dp_comm_time_s"] = (1 - opts.dp_overlap) * (t["fwd"] + t["bwd"]) + t["step"]
+    res["optimizer_time_s"] = zero.optimizer_time_s(p_comm, cfg.zero_stage, dp, spec, precision_=prec)
+
+
+def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp):
+    """Data-parallel collectives as Megatron-LM issues them, once per optimizer step (gradients accumulate
+    over the micro-batches in a buffer), and the tied-embedding gradient sync between the end stages.
+
+    zero_stage 0, DDP: all-reduce of the gradients, S = P * b_g.
+    zero_stage 1/2, distributed optimizer (Megatron-LM docs/distrib_optimizer.md): reduce-scatter of the
+      gradients (S = P * b_g), then all-gather of the updated parameters (S = P * b_p).
+    zero_stage 3, FSDP (Zhao et al. 2023, arXiv 2304.11277, sec. 3.2): per micro-step an all-gather of the
+      parameters before forward and again before backward (S = P * b_p each) and a reduce-scatter of the
+      gradients (S = P * b_g).
+    Ring times at ``pipeline.rail_bandwidth_bytes_per_s`` of the DP group (tp and cp inside it in the rank
+    order). ``dp_overlap`` hides that fraction of all of them (Megatron-Core overlap_grad_reduce /
+    overlap_param_gather). Tied embeddings with pp > 1: the first and last stages all-reduce the word
+    embedding's gradient (V/t * h * b_g; Shoeybi et al. 2019's weight tying across stages), exposed.
+    """
+    z = cfg.zero_stage
+    n = dp.astype(float)
+    micro = (cfg.micro_batches * cfg.grad_accum_steps).astype(float)
+    local = pipeline.ranks_per_node(cfg.tp * cfg.cp, cfg.dp, spec.gpus_per_node)
+    local = np.where(cfg.cp > 1, pipeline.ranks_per_node(cfg.tp, dp, spec.gpus_per_node), local)
+    bw = pipeline.rail_bandwidth_bytes_per_s(spec, n, local)
+    grads, weights = params * prec.grad_bytes, params * prec.param_bytes
+    allreduce = np.where(z == 0, grads, 0.0)
+    reducescatter = np.where(z == 3, micro * grads, np.where(z >= 1, grads, 0.0))
+    allgather = np.where(z == 3, 2 * micro * weights, np.where(z >= 1, weights, 0.0))
+    calls = np.where(z == 3, micro, 1.0)  # FSDP: per layer in practice; the latency term counts micro-steps
+    total = (pipeline.ring_time_s("allreduce", allreduce, n, bw, spec)
+             + calls * pipeline.ring_time_s("reducescatter", reducescatter / calls, n, bw, spec)
+             + calls * pipeline.ring_time_s("allgather", allgather / calls, n, bw, spec))
+    res["dp_allreduce_bytes"], res["dp_reducescatter_bytes"], res["dp_allgather_bytes"] = allreduce, reducescatter, allgather
+    tied = model.tied_embeddings & (cfg.pp > 1)
+    emb = np.where(tied, sharding.padded_vocab(model, cfg.tp) * model.hidden * prec.grad_bytes, 0.0)
+    sync = np.asarray(collectives.collective_time_s("allreduce", emb, 2 * np.ones(len(n)), spec,
+                                                    spans_nodes=np.ones(len(n), bool)))
+    res["dp_comm_total_s"] = total + sync
+    res["dp_comm_time_s"] = (1 - opts.dp_overlap) * total + sync
 
 
 def step_summary(model, batch, seq, parallel, system, dtype, opts) -> StepSummary:
     """Step totals of one layout (see ``transformer_step``)."""
-    totals = step_arrays(model, Layouts.single(parallel, batch, seq), system, dtype, opts)
+    totals = step_arrays(model, single_layout(model, parallel, batch, seq, opts), system, dtype, opts)
     return StepSummary({k: np.asarray(totals[k])[0].item() for k in STEP_COLUMNS}, model.name, parallel.to_dict())

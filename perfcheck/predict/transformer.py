@@ -288,7 +288,8 @@ def transformer_step(model="gpt2-124m", *, batch: int = 1, seq: int = None, para
 
 
 LAYOUT_REQUIRED = ("tp", "pp", "dp", "zero_stage", "micro_batch")
-LAYOUT_OPTIONAL = {"sp": False, "micro_batches": 1, "grad_accum_steps": 1, "seq": None}
+LAYOUT_OPTIONAL = {"sp": False, "micro_batches": 1, "grad_accum_steps": 1, "seq": None, "virtual_stages": None,
+                   "cp": None}
 
 
 def sweep_transformer(model, layouts: pd.DataFrame, *, system="h100-sxm", dtype="bf16", tp_scheme: str = "1d",
@@ -312,7 +313,7 @@ def sweep_transformer(model, layouts: pd.DataFrame, *, system="h100-sxm", dtype=
     opts = steps.make_options(tp_scheme=check_tp_scheme(tp_scheme), **options)
     cols = {c: layouts[c].to_numpy() for c in LAYOUT_REQUIRED}
     for c, default in LAYOUT_OPTIONAL.items():
-        value = model.seq_len if c == "seq" and default is None else default
+        value = model.seq_len if c == "seq" else getattr(opts, c) if default is None else default
         cols[c] = layouts[c].to_numpy() if c in layouts.columns else np.full(len(layouts), value)
     cfg = steps.validate_layouts(model, cols, opts)
     steps.check_ep(model, opts)
@@ -360,7 +361,7 @@ def sublayer_table(model, batch, seq, parallel, system, dtype, opts) -> pd.DataF
     """The per-sublayer table of one layout (see ``estimate_transformer``)."""
     from perfcheck.predict import zero
 
-    out = steps.evaluate(model, steps.Layouts.single(parallel, batch, seq), system, dtype, opts)
+    out = steps.evaluate(model, steps.single_layout(model, parallel, batch, seq, opts), system, dtype, opts)
     stage = out["stage"]
     col = {"count": np.where(stage == "layer", model.layers // parallel.pp, 1), "params": out["params"][:, 0],
            "act_mem": out["act_mem"][:, 0]}

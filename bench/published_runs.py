@@ -1,0 +1,231 @@
+"""perfcheck's transformer front-end against measured at-scale training runs (plain script).
+
+    python bench/published_runs.py [--out bench/results/published_runs.md]
+
+Rows: every run of ``bench/data/published_runs.csv`` (a copy of ``../shared/data/published_runs.csv``) (Narayanan et al. 2021, arXiv 2104.04473,
+Table 1: GPT 1.7B-1T on 32-3072 A100 80 GB of Selene, fp16, full recompute). Measured time per
+iteration = eq. (3) FLOPs / (GPUs x achieved TFLOP/s). Predicted: ``transformer_step`` with the
+layout of the table (tp, pp, dp = gpus/(tp*pp)), micro-batch 1 (Megatron's default then), plain
+1F1B (v = 1), Megatron's DDP (dp_engine="megatron", zero_stage 0, nothing overlapped), pipeline
+scatter/gather, dropout 0.1, unfused attention (Megatron 2021 had no flash attention).
+
+The system: the shipped ``a100-80gb-sxm`` (datasheet peaks, MAMF 0.87 GEMM efficiency, nccl-tests
+NVLink/IB efficiencies) plus what GEMMs do inside training, from micro-benchmarks run for this
+purpose on an H100 (``H100_MEASURED``; fp16 cuBLAS, torch 2.11): (1) the sustained rate of a
+40-second GEMM loop over the first second (power/clock: 657/727 = 0.904), and (2) each transformer
+GEMM shape's rate over the 8192^3 reference (``matrix_shape_curve`` by the GEMM's smallest
+dimension). Transferring H100 ratios to an A100 is an assumption: the attention score products
+(smallest dimension = head dim 96-160, few heads per GPU) ran at 0.19-0.44 of the reference on the
+H100, whose large tiles suit small products worse than an A100's. One constant is therefore FITTED:
+``alpha``, the exponent applied to those small-dimension ratios on the A100 (0: no penalty, 1: the
+H100's), fitted on the four runs without pipelining (pp = 1) and scored on the six pipelined runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DATA = ROOT / "bench" / "data" / "published_runs.csv"  # a copy of ../shared/data/published_runs.csv (README beside it)
+
+#: fp16 cuBLAS TFLOP/s on one H100 80GB HBM3 (torch 2.11, CUDA 13; 2026-11-26): bench/gemm_shapes_gpu.py's output,
+#: bench/results/h100_gemm_shapes.json. The shapes are the A100 runs' per-GPU GEMMs at s = 2048.
+H100_RAW = json.loads((ROOT / "bench" / "results" / "h100_gemm_shapes.json").read_text())
+_SHAPES = ((2304, 1), (3072, 2), (4096, 4), (6144, 8), (8192, 8), (12288, 8), (16384, 8), (20480, 8), (25600, 8))
+
+
+def _h100_ratios():
+    """Median rate / the 8192^3 reference: projection GEMMs (qkv, out, fc1, fc2, fc1 dW, fc2 dX) by their smallest
+    dimension, attention score products ((2048 x q) @ (q x 2048), (2048 x 2048) @ (2048 x q)) by head dim q."""
+    import statistics
+
+    ref, T, by_dim = H100_RAW["ref8192"], 2048, {}
+    for h, t in _SHAPES:
+        for nm, (m, k, n) in {"qkv": (T, h, 3 * h // t), "out": (T, h // t, h), "fc1": (T, h, 4 * h // t),
+                              "fc2": (T, 4 * h // t, h), "fc1_dw": (h, T, 4 * h // t),
+                              "fc2_dx": (T, h, 4 * h // t)}.items():
+            by_dim.setdefault(min(m, k, n), []).append(H100_RAW[f"{nm}_h{h}_t{t}"] / ref)
+    attn = {q: [v / ref for key, v in H100_RAW.items() if key.startswith((f"logits_q{q}_", f"attend_q{q}_"))]
+            for q in (96, 128, 160)}
+    return ({d: round(statistics.median(v), 3) for d, v in sorted(by_dim.items())},
+            {q: round(statistics.median(v), 3) for q, v in attn.items()})
+
+
+_PROJ, _ATTN = _h100_ratios()
+H100_MEASURED = {
+    "reference_8192_cubed": H100_RAW["ref8192"],
+    "sustained_first_s": H100_RAW["sustained_first"], "sustained_after_40_s": H100_RAW["sustained_last5"],
+    "projection_ratio_by_min_dim": _PROJ,  # {768: 0.715, 1024: 0.724, 1536: 0.782, 2048: 0.904}
+    "attention_ratio_by_head_dim": _ATTN,  # {96: 0.287, 128: 0.29, 160: 0.43}
+}
+SUSTAINED = H100_MEASURED["sustained_after_40_s"] / H100_MEASURED["sustained_first_s"]
+
+
+#: HELD OUT (never fitted or tuned on; scored once, after everything else was fixed): Korthikanti et al. 2022
+#: (arXiv 2205.05198) Table 5, seconds per iteration on A100 80 GB (Selene), seq 2048, vocab 51,200, dp 1;
+#: model sizes from its Table 3; layouts (micro-batch, interleaving v) as Calculon's validation reads the paper
+#: (calculon-ai/calculon validation/seqsel/tab5/*.json, calculon/llm/validation.py). "full": full recompute;
+#: "seqsel": sequence parallelism + selective recompute.
+HELD_OUT = [
+    # name, layers, hidden, heads, tp, pp, v, batch, micro-batch, full s, seqsel s
+    ("megatron-22B", 48, 6144, 64, 8, 1, 1, 4, 4, 1.42, 1.10),
+    ("gpt3-175B", 96, 12288, 96, 8, 8, 3, 64, 1, 18.13, 13.75),
+    ("turing-530B", 105, 20480, 128, 8, 35, 3, 280, 1, 49.05, 37.83),
+    ("megatron-1T", 128, 25600, 160, 8, 64, 1, 512, 1, 94.42, 71.49),
+]
+
+
+def score_held_out(alpha) -> pd.DataFrame:
+    from perfcheck.predict.transformer import transformer_step
+
+    spec = training_spec(alpha)
+    rows = []
+    for name, layers, hidden, heads, tp, pp, v, batch, mb, t_full, t_seqsel in HELD_OUT:
+        model = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn_hidden=4 * hidden, vocab=51200,
+                     seq_len=2048, norm="layernorm", activation="gelu", bias=True, tied_embeddings=True, dropout=0.1)
+        for mode, measured, sp, recompute in (("full", t_full, False, "full"), ("seqsel", t_seqsel, True, "selective")):
+            st = transformer_step(model, batch=mb, parallel=dict(tp=tp, sp=sp, pp=pp, dp=1, micro_batches=batch // mb),
+                                  system=spec, dtype="fp16", recompute=recompute, dp_engine="megatron", virtual_stages=v)
+            rows.append(dict(name=name, mode=mode, tp=tp, pp=pp, v=v, measured_s=measured, predicted_s=st.step_time_s,
+                             error=st.step_time_s / measured - 1))
+    return pd.DataFrame(rows)
+
+
+def training_spec(alpha: float):
+    """a100-80gb-sxm with the sustained GEMM factor and the shape curve (attention ratios ** alpha)."""
+    from perfcheck.hardware.systems import SystemSpec, load_system
+
+    base = load_system("a100-80gb-sxm")
+    d = json.loads((ROOT / "perfcheck" / "hardware" / "specs" / "a100-80gb-sxm.json").read_text())
+    d["name"] = "a100-80gb-sxm-training"
+    d["efficiency"] = dict(base.efficiency, matrix=base.efficiency["matrix"] * SUSTAINED)
+    curve = {k: v ** alpha for k, v in H100_MEASURED["attention_ratio_by_head_dim"].items()}
+    curve.update(H100_MEASURED["projection_ratio_by_min_dim"])
+    d["matrix_shape_curve"] = [[float(k), float(v)] for k, v in sorted(curve.items())]
+    d["sources"] = dict(d.get("sources", {}), matrix_shape_curve="bench/published_runs.py H100_MEASURED (H100 "
+                        "micro-benchmark ratios; attention ratios ** alpha)")
+    return SystemSpec.from_dict(d)
+
+
+def runs() -> pd.DataFrame:
+    df = pd.read_csv(DATA)
+    B, s, l, h, V = (df[c].astype(float) for c in ("global_batch", "seq", "layers", "hidden", "vocab"))
+    eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))  # Narayanan et al. 2021, eq. (3)
+    df["measured_s"] = eq3 / (df["gpus"] * df["achieved_tflops_per_gpu"] * 1e12)
+    df["dp"] = df["gpus"] // (df["tp"] * df["pp"])
+    df["fit"] = df["pp"] == 1
+    return df
+
+
+def predict(row, spec) -> dict:
+    from perfcheck.predict.transformer import transformer_step
+
+    model = dict(name=row["name"], layers=int(row["layers"]), hidden=int(row["hidden"]), heads=int(row["heads"]),
+                 ffn_hidden=4 * int(row["hidden"]), vocab=int(row["vocab"]), seq_len=int(row["seq"]),
+                 norm="layernorm", activation="gelu", bias=True, tied_embeddings=True, dropout=0.1)
+    m = int(row["global_batch"]) // int(row["dp"])
+    step = transformer_step(model, batch=1, parallel=dict(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
+                                                           micro_batches=m, zero_stage=0),
+                            system=spec, dtype="fp16", recompute="full", dp_engine="megatron")
+    return step.values
+
+
+def score(df, alpha):
+    spec = training_spec(alpha)
+    out = df.copy()
+    vals = [predict(r, spec) for _, r in df.iterrows()]
+    out["predicted_s"] = [v["step_time_s"] for v in vals]
+    for k in ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "pp_comm_time_s", "bubble_time_s",
+              "dp_comm_time_s", "optimizer_time_s", "mfu", "hfu"):
+        out[k] = [v[k] for v in vals]
+    out["error"] = out["predicted_s"] / out["measured_s"] - 1
+    return out
+
+
+def fit_alpha(df):
+    grid = np.round(np.arange(0.0, 1.0001, 0.05), 2)
+    fit_rows = df[df["fit"]]
+    errs = [np.abs(score(fit_rows, a)["error"]).mean() for a in grid]
+    return float(grid[int(np.argmin(errs))])
+
+
+def summary(errors) -> str:
+    e = np.asarray(errors)
+    return (f"mean |error| {np.abs(e).mean() * 100:.1f}%, max {np.abs(e).max() * 100:.1f}%, "
+            f"{int((e > 0).sum())} slower / {int((e < 0).sum())} faster than measured")
+
+
+def report(df, alpha, fixed) -> str:
+    lines = ["# Published at-scale runs: predicted vs measured", "",
+             f"Machine: {platform.node()} (CPU only; predictions are analytical). Date: "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+             "Command: `python bench/published_runs.py` (see its docstring for the model and the one fitted constant).",
+             "", "Source of the rows: Narayanan et al. 2021 (arXiv 2104.04473) Table 1 via "
+             "`bench/data/published_runs.csv`; measured s/iteration = eq. (3) / (GPUs x TFLOP/s).", "",
+             f"Fitted: alpha = {alpha} (exponent of the H100 attention-shape ratios on the A100), on the four pp = 1 "
+             "runs (marked fit); scored on the six pipelined runs. Every other constant: datasheets, nccl-tests "
+             "efficiencies already in the spec, and the H100 micro-benchmarks in `H100_MEASURED`.", "",
+             "| run | tp | pp | dp | GPUs | measured s | predicted s | error | compute | recompute | TP | PP p2p "
+             "| bubble | DP | MFU | HFU | set |", "|" + "---|" * 17]
+    for _, r in df.iterrows():
+        lines.append(f"| {r['name']} | {r.tp} | {r.pp} | {r.dp} | {r.gpus} | {r.measured_s:.2f} | {r.predicted_s:.2f} "
+                     f"| {r.error * 100:+.1f}% | {r.compute_time_s:.2f} | {r.recompute_time_s:.2f} | "
+                     f"{r.tp_comm_time_s:.2f} | {r.pp_comm_time_s:.2f} | {r.bubble_time_s:.2f} | "
+                     f"{r.dp_comm_time_s:.2f} | {r.mfu * 100:.1f}% | {r.hfu * 100:.1f}% | "
+                     f"{'fit' if r.fit else 'scored'} |")
+    scored = df[~df["fit"]]["error"]
+    lines += ["", f"- Scored runs (6, not fitted on): {summary(scored)}",
+              f"- All 10 runs: {summary(df['error'])}",
+              f"- Fit runs (4): {summary(df[df['fit']]['error'])}", ""]
+    for name, a, d in fixed:
+        lines.append(f"- Without fitting, alpha = {a} ({name}): all 10 runs {summary(d['error'])}")
+    lines += ["", "## Held out: Korthikanti et al. 2022 Table 5 (not fitted or tuned on; scored once, at the end)", "",
+              "Same spec and alpha as above; layouts from the paper's Table 3 as Calculon reads them "
+              "(`HELD_OUT` in the script).", "",
+              "| run | recompute | tp | pp | v | measured s | predicted s | error |", "|" + "---|" * 8]
+    held = score_held_out(alpha)
+    for _, r in held.iterrows():
+        lines.append(f"| {r['name']} | {r['mode']} | {r.tp} | {r.pp} | {r.v} | {r.measured_s:.2f} | "
+                     f"{r.predicted_s:.2f} | {r.error * 100:+.1f}% |")
+    lines += ["", f"- Held out, 8 runs: {summary(held['error'])} (Calculon, SC'23, on the same 8: mean 3.65%, "
+              "max 8.87%)",
+              "- Scored twice, honestly: first with the H100 ratio medians read off by hand (held out: mean 4.7%, "
+              "max 9.8%), then with the medians computed from the raw JSON (this table; the 128 head-dim ratio moved "
+              "0.31 -> 0.29). Nothing was changed in view of these rows."]
+    lines += ["", "## Not scored: Llama 3 405B (Llama Team 2024, arXiv 2407.21783, Table 4; 430/400/380 TFLOP/s per H100)",
+              "", "Tried with the H100 ratios above (alpha = 1, the GPU they were measured on), a 128-layer stand-in "
+              "(the paper drops one layer from the first and last of 16 stages), SP, the distributed optimizer, DP "
+              "fully overlapped: the paper gives neither the interleaving v nor the recompute policy, and the "
+              "prediction swings with them (8,192 GPUs: -2% to +74% over v in 1..8 and recompute none/full; "
+              "without recompute our memory model needs 97-135 GB per GPU). Not a fair score, so not scored."]
+    lines += ["", "Paper MFU check: the table's achieved TFLOP/s are eq. (3) FLOPs, which count the recompute; "
+              "perfcheck's MFU excludes it (model FLOPs), HFU includes it."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "published_runs.md"))
+    args = ap.parse_args(argv)
+    df = runs()
+    alpha = fit_alpha(df)
+    res = score(df, alpha)
+    fixed = [("H100 attention ratios as measured", 1.0, score(df, 1.0)), ("no attention penalty", 0.0, score(df, 0.0))]
+    text = report(res, alpha, fixed)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(text)
+    return res
+
+
+if __name__ == "__main__":
+    main()

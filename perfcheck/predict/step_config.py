@@ -1,0 +1,216 @@
+"""Configuration of the transformer front-end's step model: the modelling ``Options`` and the layouts
+(``Layouts``: one numpy array per field, n layouts at once), validated with errors naming the field."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import numpy as np
+
+from perfcheck.errors import UserError
+from perfcheck.predict import sharding
+
+RECOMPUTE = ("none", "selective", "full")
+CP_KINDS = ("ring", "ulysses")
+DP_ENGINES = ("deepspeed", "megatron")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Modelling choices shared by the table, the step totals and the sweep.
+
+    causal: count half of the attention score products (FlopCounterMode counts them in full).
+    flash: fused attention (one ``core_attention`` row, ``formulas.attention``) instead of the
+      transformer-perf-estimates notebook's logits/softmax/dropout/attend rows (docs/transformer.md).
+    recompute: activation checkpointing per layer: "none", "selective" (the attention core,
+      Korthikanti et al. 2022) or "full" (keep each layer's input, redo its forward in backward).
+    tp_overlap, dp_overlap: fraction of TP / DP collective time hidden behind compute.
+    optimizer, master_weights: model states per parameter (``zero.precision``: "adam" keeps fp32
+      momentum and variance; master_weights None = DeepSpeed's choice of an fp32 master copy).
+    ep: expert-parallel degree (MoE).
+    tp_scheme: "1d" (Megatron), "2d" (Optimus, tp = q*q), "2.5d" (Tesseract, tp = q*q*tp_depth),
+      "3d" (tp = q**3); ``sharding.grid_linear`` and docs/transformer.md. tp_depth: 2.5D's d.
+    virtual_stages: model chunks per GPU of the interleaved 1F1B schedule (v; 1 = plain 1F1B;
+      ``pipeline.bubble_fraction``). A sweep's ``virtual_stages`` column overrides it per layout.
+    cp: context-parallel size (the sequence split over cp GPUs); cp_kind "ring" (ring attention,
+      Megatron-Core CP) or "ulysses" (DeepSpeed-Ulysses all-to-all); ``pipeline.cp_ring_bytes``,
+      ``pipeline.ulysses_bytes``. A sweep's ``cp`` column overrides it.
+    scatter_gather: Megatron's pipeline scatter/gather (``pipeline.p2p_bytes``; used without SP).
+    dp_engine: "deepspeed" (ZeRO as DeepSpeed issues it, ``zero.step_comm``) or "megatron" (DDP
+      all-reduce at zero_stage 0, the distributed optimizer's reduce-scatter + all-gather at 1,
+      FSDP's per-step gathers at 3: ``_megatron_dp``).
+    """
+
+    causal: bool = False
+    flash: bool = False
+    recompute: str = "none"
+    tp_overlap: float = 0.0
+    dp_overlap: float = 0.0
+    optimizer: str = "adam"
+    master_weights: object = None
+    ep: int = 1
+    tp_scheme: str = "1d"
+    tp_depth: int = 1
+    virtual_stages: int = 1
+    cp: int = 1
+    cp_kind: str = "ring"
+    scatter_gather: bool = True
+    dp_engine: str = "deepspeed"
+
+    def __post_init__(self):
+        scheme = str(self.tp_scheme).lower()
+        if scheme not in sharding.TP_SCHEMES:
+            raise UserError(f"tp_scheme must be one of {', '.join(sharding.TP_SCHEMES)}, got {self.tp_scheme!r}")
+        object.__setattr__(self, "tp_scheme", scheme)
+        d = self.tp_depth
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+            raise UserError(f"tp_depth must be a positive integer (the 2.5D grid's depth d), got {d!r}")
+        if d > 1 and scheme != "2.5d":
+            raise UserError(f"tp_depth = {d} needs tp_scheme='2.5d' (got tp_scheme={scheme!r})")
+        for f in ("causal", "flash", "master_weights"):
+            value = getattr(self, f)
+            if not isinstance(value, (bool, np.bool_)) and not (f == "master_weights" and value is None):
+                raise UserError(f"{f} must be true or false, got {getattr(self, f)!r}")
+        if isinstance(self.ep, bool) or not isinstance(self.ep, (int, np.integer)) or self.ep < 1:
+            raise UserError(f"ep must be a positive integer (expert-parallel degree), got {self.ep!r}")
+        for f in ("virtual_stages", "cp"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise UserError(f"{f} must be a positive integer, got {v!r}")
+        if self.cp_kind not in CP_KINDS:
+            raise UserError(f"cp_kind must be one of {', '.join(CP_KINDS)}, got {self.cp_kind!r}")
+        if self.dp_engine not in DP_ENGINES:
+            raise UserError(f"dp_engine must be one of {', '.join(DP_ENGINES)}, got {self.dp_engine!r}")
+        if not isinstance(self.scatter_gather, (bool, np.bool_)):
+            raise UserError(f"scatter_gather must be true or false, got {self.scatter_gather!r}")
+        if self.recompute not in RECOMPUTE:
+            raise UserError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        for f in ("tp_overlap", "dp_overlap"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise UserError(f"{f} must be a fraction in [0, 1], got {v!r}")
+
+
+def check_ep(model, opts: Options):
+    """Expert parallelism splits whole experts over ``ep`` GPUs (each holds experts/ep of them)."""
+    if opts.ep > 1 and not model.experts:
+        raise UserError(f"ep = {opts.ep} needs a mixture-of-experts model (model {model.name!r} has experts = 0)")
+    if model.experts and model.experts % opts.ep:
+        raise UserError(f"ep = {opts.ep} does not divide experts = {model.experts}")
+
+
+def make_options(**kw) -> Options:
+    known = [f.name for f in dataclasses.fields(Options)]
+    unknown = [k for k in kw if k not in known]
+    if unknown:
+        raise UserError(f"unknown option(s) {', '.join(map(repr, unknown))} (known: {', '.join(known)})")
+    return Options(**kw)
+
+
+# ---- configurations as arrays ----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Layouts:
+    """n validated layouts, one numpy array per field."""
+
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    zero_stage: np.ndarray
+    micro_batch: np.ndarray
+    sp: np.ndarray
+    micro_batches: np.ndarray
+    grad_accum_steps: np.ndarray
+    seq: np.ndarray
+    virtual_stages: np.ndarray = None  # interleaved 1F1B chunks per GPU (default 1)
+    cp: np.ndarray = None  # context-parallel size (default 1)
+
+    def __post_init__(self):
+        for f in ("virtual_stages", "cp"):
+            if getattr(self, f) is None:
+                object.__setattr__(self, f, np.ones(len(self.tp), dtype=np.int64))
+
+    @classmethod
+    def single(cls, parallel, batch, seq, opts=None) -> "Layouts":
+        p = parallel
+        v, c = (1, 1) if opts is None else (opts.virtual_stages, opts.cp)
+        return cls(*(np.array([v_]) for v_ in (p.tp, p.pp, p.dp, int(p.zero_stage), batch, p.sp, p.micro_batches,
+                                                p.grad_accum_steps, seq, v, c)))
+
+    @property
+    def world(self):
+        return self.tp * self.pp * self.dp * self.cp
+
+
+def single_layout(model, parallel, batch, seq, opts) -> Layouts:
+    """One layout (a ParallelConfig, the micro-batch, seq and the Options' virtual_stages/cp) validated:
+    the schedule's constraints (interleaving, context parallelism) as a UserError naming the field."""
+    one = Layouts.single(parallel, batch, seq, opts)
+    cols = {f.name: getattr(one, f.name) for f in dataclasses.fields(Layouts)}
+    return validate_layouts(model, cols, opts, where="parallel config")
+
+
+def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = None, where=None) -> Layouts:
+    """Arrays of layouts checked like ``ParallelConfig`` + ``validate_for_model`` (and, for a grid
+    ``opts.tp_scheme``, ``sharding.grid_problems``); UserError names row and field."""
+    out = {}
+    for f in ("tp", "pp", "dp", "zero_stage", "micro_batch", "micro_batches", "grad_accum_steps", "seq"):
+        a = np.asarray(cols[f])
+        if a.dtype == bool or not np.issubdtype(a.dtype, np.number) or np.any(a != np.floor(a)):
+            raise UserError(f"layouts: {f} must hold integers")
+        out[f] = a.astype(np.int64)
+    for f in ("virtual_stages", "cp"):
+        a = np.asarray(cols.get(f, np.full(len(out["tp"]), getattr(opts, f, 1) if opts is not None else 1)))
+        if a.dtype == bool or not np.issubdtype(a.dtype, np.number) or np.any(a != np.floor(a)):
+            raise UserError(f"layouts: {f} must hold integers")
+        out[f] = a.astype(np.int64)
+    sp = np.asarray(cols["sp"])
+    if sp.dtype != bool:
+        if not np.all(np.isin(sp, (0, 1))):
+            raise UserError("layouts: sp must hold true/false")
+        sp = sp.astype(bool)
+    out["sp"] = sp
+    o = out
+    scheme = "1d" if opts is None else opts.tp_scheme
+    checks = [
+        (o["tp"] < 1, "tp must be >= 1"), (o["pp"] < 1, "pp must be >= 1"), (o["dp"] < 1, "dp must be >= 1"),
+        (o["micro_batch"] < 1, "micro_batch must be >= 1"), (o["micro_batches"] < 1, "micro_batches must be >= 1"),
+        (o["grad_accum_steps"] < 1, "grad_accum_steps must be >= 1"), (o["seq"] < 1, "seq must be >= 1"),
+        ((o["zero_stage"] < 0) | (o["zero_stage"] > 3), "zero_stage must be 0, 1, 2 or 3"),
+        (o["virtual_stages"] < 1, "virtual_stages must be >= 1"), (o["cp"] < 1, "cp must be >= 1"),
+        ((o["virtual_stages"] > 1) & (o["pp"] == 1), "virtual_stages > 1 needs pp > 1 (interleaved 1F1B)"),
+        ((o["virtual_stages"] > 1) & (o["micro_batches"] % np.maximum(o["pp"], 1) != 0),
+         "virtual_stages > 1 needs micro_batches divisible by pp (Megatron's interleaved schedule)"),
+        (o["seq"] % np.maximum(o["cp"], 1) != 0, "cp does not divide seq"),
+        (sp & (o["tp"] == 1), "sp needs tp > 1"),
+    ]
+    if opts is not None and opts.cp_kind == "ulysses":
+        checks.append(((model.heads // np.maximum(o["tp"], 1)) % np.maximum(o["cp"], 1) != 0,
+                       f"Ulysses: cp does not divide the heads per TP rank (heads = {model.heads})"))
+    if scheme != "1d":
+        checks += sharding.grid_problems(model, np.maximum(o["tp"], 1), scheme, opts.tp_depth,
+                                         np.maximum(o["micro_batch"], 1), sp)
+    else:
+        t = np.maximum(o["tp"], 1)
+        checks += [(model.heads % t != 0, f"tp does not divide heads = {model.heads}"),
+                   (model.hidden % t != 0, f"tp does not divide hidden = {model.hidden}"),
+                   (model.ffn_hidden % t != 0, f"tp does not divide ffn_hidden = {model.ffn_hidden}"),
+                   (model.kv_heads % t != 0, f"tp does not divide kv_heads = {model.kv_heads}"),
+                   (sp & (o["seq"] % t != 0), "tp (sequence parallel) does not divide seq")]
+    checks += [
+        (model.layers % np.maximum(o["pp"], 1) != 0, f"pp does not divide layers = {model.layers}"),
+        (model.layers % np.maximum(o["pp"] * o["virtual_stages"], 1) != 0,
+         f"pp * virtual_stages does not divide layers = {model.layers}"),
+        ((o["pp"] > 1) & (o["zero_stage"] >= 2), "zero_stage 2/3 is incompatible with pp > 1 (DeepSpeed)"),
+    ]
+    if model.position == "learned":
+        checks.append((o["seq"] > model.seq_len, f"seq exceeds the model's seq_len = {model.seq_len}"))
+    for bad, message in checks:
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            raise UserError(f"{where or f'layouts row {i}'}: {message} (got {_row_text(o, i)})")
+    return Layouts(**out)
+
+
+def _row_text(o, i):
+    return ", ".join(f"{k}={o[k][i]}" for k in ("tp", "sp", "pp", "dp", "zero_stage", "micro_batch", "seq",
+                                                 "virtual_stages", "cp"))
