@@ -602,6 +602,6 @@ def rank_summary(rec: pd.DataFrame, tolerance: float | None = None) -> pd.DataFr
 
 def _spec_label(spec):
     """"NAME (calibrated: where | datasheet)" for report headers (perfcheck.hardware.cache.spec_label)."""
-    from perfcheck.hardware.cache import spec_label
+    from perfcheck.hardware.labels import spec_label
 
     return spec_label(spec) if spec is not None else None

@@ -196,7 +196,8 @@ def local_processes(facts: dict) -> int:
 
 def _stage_system(facts: dict, system):
     """The given system, else the run's block's, else this machine's cached calibration (a CPU
-    sweep run here), else the datasheet ``cpu`` entry."""
+    sweep run here: ``perfcheck sweep`` calibrates before its ranks start), else the labelled datasheet
+    default. Never calibrates: a comparison runs no benchmark."""
     if system is not None:
         return system
     block = (facts.get("perfcheck_block") or {}).get("system")
@@ -205,7 +206,9 @@ def _stage_system(facts: dict, system):
     from perfcheck.hardware.cache import cached_spec
 
     # the sweep's ranks run with one intra-op thread (OMP_NUM_THREADS=1, integrations/deepspeed/sweep.py)
-    return cached_spec("cpu", threads=int(facts.get("torch_threads") or 1)) or "cpu"
+    from perfcheck.hardware.labels import datasheet_default
+
+    return cached_spec("cpu", threads=int(facts.get("torch_threads") or 1), auto=False) or datasheet_default("cpu")
 
 
 def host_terms(facts: dict, predicted: pd.DataFrame, spec) -> dict:
