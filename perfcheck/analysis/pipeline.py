@@ -32,7 +32,9 @@ import pandas as pd
 
 from perfcheck.analysis.comm import outside_bytes, read_collectives
 from perfcheck.analysis.reconcile import reconcile
+from perfcheck.analysis.system_notes import device_mismatch, system_notes
 from perfcheck.errors import UserError
+from perfcheck.hardware.systems import load_system
 from perfcheck.measure import rundir
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
 from perfcheck.predict import for_run
@@ -94,7 +96,7 @@ def _predicted_for(run: rundir.Run, system, live_predicted):
     pred = for_run.predict_for_run(model, meta0, system=system)
     info = {"system": for_run.system_from_meta(meta0, system), "dtype": meta0.get("dtype")}
     return pred, info, [f"predicted rows re-computed from meta.json (model {meta0['model']['type']}, "
-                        f"system {info['system']})"]
+                        f"system {getattr(info['system'], 'name', info['system'])})"]
 
 
 #: Predicted columns that are per micro-batch (one forward + backward): times N when a step holds N
@@ -169,6 +171,36 @@ def _layouts(run: rundir.Run) -> dict:
             for r, m in run.meta.items()}
 
 
+def _spec_or_none(system):
+    """``system`` as a SystemSpec, or None where it does not load (reconcile then says so itself)."""
+    if system is None:
+        return None
+    try:
+        return load_system(system)
+    except UserError:
+        return None
+
+
+def hook_overhead_per_call(meta: dict, modules: pd.DataFrame) -> tuple:
+    """``(seconds, source)``: the instrumentation's cost per module call measured by this run (meta.json
+    ``overhead``: median instrumented step less median bare step, over the module calls per step, the sum
+    of modules.csv ``calls`` of the rank), else ``(None, why)`` and the findings use their assumed floor."""
+    over = meta.get("overhead")
+    if not isinstance(over, dict):
+        return None, "assumed (the run measured no overhead: PerfCheck(overhead_pairs=N) measures it)"
+    try:
+        extra = float(over["instrumented_step_s_median"]) - float(over["bare_step_s_median"])
+    except (KeyError, TypeError, ValueError):
+        return None, "assumed (meta.json overhead has no step medians)"
+    rank = meta.get("rank", 0)
+    mine = modules[modules["rank"] == rank] if "rank" in modules else modules
+    calls = float(pd.to_numeric(mine.get("calls", pd.Series(dtype=float)), errors="coerce").sum())
+    if not (calls > 0 and math.isfinite(extra)) or extra <= 0:
+        return None, "assumed (the run's measured overhead is not positive or no module calls were timed)"
+    return extra / calls, (f"measured in this run: {extra * 1e3:.3g} ms per step over {calls:.0f} module calls "
+                           f"(meta.json overhead)")
+
+
 def reconcile_run(source, *, system=None) -> ReconciledRun:
     """Reconcile a run directory (path) or a live/stopped ``PerfCheck``.
 
@@ -203,14 +235,19 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
         scaled, comm_note = per_step_comm(scale_by_micro_batches(pred, n), run, n, name, live_predicted)
         notes += _micro_batch_notes(run, n, pred, comm_note)
         pred = scaled
+    spec = _spec_or_none(name)
+    notes += system_notes(spec, meta0)
+    hook_s, hook_source = hook_overhead_per_call(meta0, run.modules)
     windows = {r: profile_steps(m) for r, m in run.meta.items()}
     coll = collectives_of(run, live)
     outside = {r: b for r, b in outside_bytes(coll, windows).items() if b > 0}
     if outside:
         notes.append("collectives issued outside every module's forward/backward (optimizer step, unattributed) are in "
                      "no module's comm columns: " + ", ".join(f"rank {r} {b:.0f} B per step" for r, b in outside.items()))
-    table = reconcile(pred, run.modules, system=name, kernels=run.kernels, steps=run.steps, dtype=dtype,
-                      profile_steps=windows, timed=timed, collectives=coll, layouts=_layouts(run))
+    table = reconcile(pred, run.modules, system=spec if spec is not None else name, kernels=run.kernels,
+                      steps=run.steps, dtype=dtype, profile_steps=windows, timed=timed, collectives=coll,
+                      layouts=_layouts(run), hook_overhead_s=hook_s, hook_overhead_source=hook_source,
+                      other_device=device_mismatch(spec, meta0))
     table.attrs["micro_batches"] = n if n is not None else 1
     table.attrs["notes"] = notes
     return ReconciledRun(table=table, run=run, system=name, notes=notes)
