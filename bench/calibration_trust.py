@@ -62,12 +62,12 @@ def lenet_step_s(spec) -> float:
     return float(root["pred_fwd_s"] + root["pred_bwd_s"] + root["pred_optim_s"])
 
 
-def one(threads: int, n_busy: int, stat: str):
+def one(threads: int, n_busy: int, stat: str, clock: str = "wall"):
     ctx = old_statistic() if stat == "old" else contextlib.nullcontext()
     with ctx, busy(n_busy), torch.random.fork_rng(devices=[]):
-        res = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=threads, name=AUTO_NAME)
+        res = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=threads, name=AUTO_NAME, clock=clock)
     spec = res.spec
-    return {"threads": threads, "busy": n_busy, "stat": stat, "step_s": lenet_step_s(spec),
+    return {"threads": threads, "busy": n_busy, "stat": stat, "clock": clock, "step_s": lenet_step_s(spec),
             "copy_256k": spec.mem_bandwidth_bytes_per_s * max(f for _, f in spec.mem_bandwidth_curve or [(0, 1.0)]),
             "conv_fixed_s": spec.op_fixed_s.get("convolution", float("nan")),
             "op_cold_s": spec.host.get("op_cold_s", float("nan")),
@@ -79,26 +79,32 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--busy", type=int, default=2)
+    ap.add_argument("--stats", nargs="+", default=["new", "old"], choices=("new", "old"))
+    ap.add_argument("--clocks", nargs="+", default=["wall"], choices=("wall", "process"),
+                    help="calibration clocks (process: one thread only)")
     ap.add_argument("--out", default=None, help="write the markdown table here")
     args = ap.parse_args(argv)
     rows = []
     for t in args.threads:
-        for stat in ("new", "old"):
-            for n in (0, args.busy):
-                r = one(t, n, stat)
-                print(r, flush=True)
-                rows.append(r)
-    quiet = {(r["threads"], r["stat"]): r["step_s"] for r in rows if r["busy"] == 0}
+        for clock in args.clocks:
+            if clock == "process" and t != 1:
+                continue
+            for stat in args.stats:
+                for n in (0, args.busy):
+                    r = one(t, n, stat, clock)
+                    print(r, flush=True)
+                    rows.append(r)
+    quiet = {(r["threads"], r["stat"], r["clock"]): r["step_s"] for r in rows if r["busy"] == 0}
     lines = [f"machine: {cpu_name()}, {torch.__version__}; "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC", "",
-             "| threads | kept statistic | busy loops | others' cores | LeNet step predicted | loaded/quiet | "
+             "| threads | clock | kept statistic | busy loops | others' cores | LeNet step predicted | loaded/quiet | "
              "copy (cache-resident) | conv fixed | op_cold_s | kept in cache? |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ratio = r["step_s"] / quiet[(r["threads"], r["stat"])]
+        ratio = r["step_s"] / quiet[(r["threads"], r["stat"], r["clock"])]
         kept = "yes" if not r["problems"] else "refused: " + "; ".join(p.split(":")[0] if "contention" in p else p
                                                                        for p in r["problems"])
-        lines.append(f"| {r['threads']} | {'fastest half' if r['stat'] == 'new' else 'median (before)'} | {r['busy']} | "
+        lines.append(f"| {r['threads']} | {r['clock']} | {'fastest half' if r['stat'] == 'new' else 'median (before)'} | {r['busy']} | "
                      f"{r['others']} | {r['step_s'] * 1e3:.3f} ms | {ratio:.2f} | {r['copy_256k'] / 1e9:.1f} GB/s | "
                      f"{r['conv_fixed_s'] * 1e6:.1f} us | {r['op_cold_s'] * 1e6:.2f} us | {kept} |")
     text = "\n".join(lines) + "\n"

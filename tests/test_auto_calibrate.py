@@ -39,7 +39,10 @@ def auto_on(monkeypatch, tmp_path):
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv(cache.AUTO_ENV, "1")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    calls = []
+    from perfcheck.hardware.calibrate import sanity
+
+    monkeypatch.setattr(sanity, "busy_now", lambda threads, seconds=0.5: None)  # a quiet machine (the busy case:
+    calls = []  # tests/test_calibration_trust.py)
 
     def fake(base=None, **kw):
         calls.append(kw)

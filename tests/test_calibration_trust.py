@@ -7,6 +7,7 @@ fails the test if it is ever called, and hand-built reconciled rows."""
 import dataclasses
 import json
 import math
+import os
 import shutil
 import subprocess
 import time
@@ -163,6 +164,27 @@ def auto_on(monkeypatch, tmp_path):
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv(cache.AUTO_ENV, "1")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(sanity, "busy_now", lambda threads, seconds=0.5: None)  # a quiet machine unless a test says
+
+
+
+def test_a_busy_machine_is_not_calibrated_at_all(monkeypatch, tmp_path, capsys):
+    """A fake loaded machine: over the 0.5 s probe, other processes kept every core and one more busy
+    (planted CPU counters); the automatic calibration is not even started."""
+    monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(cache.AUTO_ENV, "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    cores = os.cpu_count() or 1
+    busy, own, clock = iter([100.0, 100.2 + (cores + 1) * 0.5]), iter([50.0, 50.2]), iter([0.0, 0.5])
+    monkeypatch.setattr(sanity, "_busy_s", lambda: next(busy))
+    monkeypatch.setattr(sanity, "_own_s", lambda: next(own))
+    monkeypatch.setattr(sanity.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(sanity.time, "sleep", lambda s: None)
+    monkeypatch.setattr(calrun, "calibrate", _no_benchmark)
+    spec = cache.resolve_system("cpu", threads=1, calibrate=True)
+    assert not spec.calibrated and not cache.cache_path("cpu", threads=1).exists()
+    err = capsys.readouterr().err
+    assert f"none is measured now (other processes kept {cores + 1:.2f} of the {cores} cores busy" in err
 
 
 def test_a_contended_automatic_calibration_is_not_kept_and_says_why(auto_on, monkeypatch, capsys):

@@ -162,7 +162,9 @@ def auto_calibration_allowed(device=None) -> bool:
 def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemSpec]:
     """Measure a quick calibration of this CPU (no collectives) for ``threads`` threads, keep it in the
     cache and return it (origin set); None, with one line on stderr, when another process is
-    calibrating (no waiting) or the calibration fails (the prediction then uses the datasheet).
+    calibrating (no waiting), when other processes keep the cores busy (``sanity.busy_now``, asked first),
+    when the result fails the sanity checks (``refusals``) or the calibration fails (the prediction then
+    uses the datasheet).
     ``progress``: called with one-line messages (default: the announcement goes to stderr)."""
     import torch
 
@@ -186,6 +188,14 @@ def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemS
     try:
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
+        from perfcheck.hardware.calibrate import sanity
+
+        busy = sanity.busy_now(threads or torch.get_num_threads())
+        if busy:
+            now = busy.replace("taken under contention: ", "").split(", so")[0]
+            say(f"perfcheck: no calibration of this CPU ({torch_threads(threads)}) in the cache, and none is measured "
+                f"now ({now}). This prediction uses the datasheet; run `perfcheck calibrate` when the machine is quiet")
+            return None
         say(f"perfcheck: no calibration of this CPU ({torch_threads(threads)}) in the cache: measuring a quick one "
             f"(once; 3-5 s on an idle CPU, up to ~25 s on busy cores; {AUTO_ENV}=0 skips it, `perfcheck calibrate` "
             f"measures more)")

@@ -141,6 +141,22 @@ def conditions(watch: LoadWatch, *, threads: Optional[int], mode: str, clock: st
     return out
 
 
+#: seconds ``busy_now`` watches the machine before an automatic calibration
+BUSY_PROBE_S = 0.5
+
+
+def busy_now(threads: int, seconds: float = BUSY_PROBE_S) -> Optional[str]:
+    """Why the machine is too busy to calibrate with ``threads`` threads right now (``contention`` over a
+    ``seconds`` watch), else None. An automatic calibration asks first: taken on busy cores it would be
+    refused anyway, after 10 s to 7 minutes (two threads on a 2-core VM beside 1.7 busy cores: 434 s)."""
+    with LoadWatch() as w:
+        time.sleep(seconds)
+    record = {"cores": int(os.cpu_count() or 1), "threads": int(threads)}
+    if math.isfinite(w.others_cores):
+        record["others_cores"] = round(w.others_cores, 2)
+    return contention(record)
+
+
 def stamped(spec: SystemSpec, record: dict) -> SystemSpec:
     """``spec`` with its ``calibration`` record (origin kept)."""
     out = dataclasses.replace(spec, calibration=record)
