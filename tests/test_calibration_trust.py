@@ -118,6 +118,23 @@ def test_contention_by_hand(cores, threads, others, contended):
         assert f"{others:.2f} of the {cores} cores" in why
 
 
+def test_one_thread_on_the_process_clock_is_not_refused_for_a_neighbours_load(monkeypatch, tmp_path):
+    # its clock stops while the thread waits for a core: a neighbour's load does not enter its timings
+    assert sanity.contention(_record(threads=1, clock="process", others_cores=1.9)) is None
+    assert sanity.contention(_record(threads=1, clock="wall", others_cores=1.9)) is not None
+    assert sanity.contention(_record(threads=2, clock="process", others_cores=1.9)) is not None
+    # and the automatic calibration of one thread uses that clock, without a load probe
+    monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(cache.AUTO_ENV, "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(sanity, "busy_now", _no_benchmark)
+    seen = []
+    quiet = _calibrated(name=cache.AUTO_NAME, calibration=_record(clock="process", others_cores=1.9))
+    monkeypatch.setattr(calrun, "calibrate", lambda base=None, **kw: seen.append(kw) or calrun.Calibration(quiet, None))
+    assert cache.resolve_system("cpu", threads=1, calibrate=True).name == cache.AUTO_NAME
+    assert seen[0]["clock"] == "process" and seen[0]["threads"] == 1
+
+
 @pytest.mark.slow
 def test_two_busy_loops_are_seen_as_contention():
     """A real loaded machine: two `while :; do :; done` loops beside a 1 s wait use about 2 cores."""
@@ -181,8 +198,8 @@ def test_a_busy_machine_is_not_calibrated_at_all(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(sanity.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(sanity.time, "sleep", lambda s: None)
     monkeypatch.setattr(calrun, "calibrate", _no_benchmark)
-    spec = cache.resolve_system("cpu", threads=1, calibrate=True)
-    assert not spec.calibrated and not cache.cache_path("cpu", threads=1).exists()
+    spec = cache.resolve_system("cpu", threads=2, calibrate=True)  # two threads: timed on the wall clock
+    assert not spec.calibrated and not cache.cache_path("cpu", threads=2).exists()
     err = capsys.readouterr().err
     assert f"none is measured now (other processes kept {cores + 1:.2f} of the {cores} cores busy" in err
 

@@ -190,7 +190,11 @@ def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemS
         os.close(fd)
         from perfcheck.hardware.calibrate import sanity
 
-        busy = sanity.busy_now(threads or torch.get_num_threads())
+        n = threads or torch.get_num_threads()
+        # one thread: timed with this process's CPU time, which a neighbour's load does not enter (a busy
+        # machine is then no reason to wait: sanity.contention); more threads: the wall clock, and only on free cores
+        clock = "process" if n == 1 else "wall"
+        busy = sanity.busy_now(n) if clock == "wall" else None
         if busy:
             now = busy.replace("taken under contention: ", "").split(", so")[0]
             say(f"perfcheck: no calibration of this CPU ({torch_threads(threads)}) in the cache, and none is measured "
@@ -203,7 +207,8 @@ def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemS
         # it runs inside the user's process (at a PerfCheck's stop, say): the random inputs of its cases
         # come from a forked CPU generator, so the user's random stream after it is what it would have been
         with torch.random.fork_rng(devices=[]):
-            result = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=threads, name=AUTO_NAME)
+            result = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=threads, name=AUTO_NAME,
+                               clock=clock)
         why = refusals(result.spec, device, threads)
         if why:
             say(f"perfcheck: the automatic calibration ({time.perf_counter() - t0:.1f} s) was not kept: "
