@@ -425,3 +425,22 @@ def test_the_spec_record_round_trips_and_is_validated():
     with pytest.raises(UserError, match="calibration.others_cores must be"):
         SystemSpec.from_dict({**spec.to_json_dict(), "calibration": {"others_cores": [1]}})
     assert "calibration" not in load_system("cpu").to_json_dict()  # datasheets round-trip unchanged
+
+
+def test_a_run_that_waited_for_a_core_says_contention(tmp_path):
+    # planted sampler rows: the process had 0.19 of a core (the encoder stack beside a busy process)
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "run_lenet_cpu", run)
+    samples = pd.read_csv(run / "rank0" / "samples.csv")
+    planted = pd.concat([samples] * 5, ignore_index=True).assign(cpu_util=0.19)
+    planted.to_csv(run / "rank0" / "samples.csv", index=False)
+    rec = reconcile_run(run)
+    assert any(n.startswith("WARNING: the process ran on a median 0.19 of a CPU core while it was sampled (5 samples)")
+               for n in rec.notes)
+    t = rec.table
+    slow = t[t["gap_fwd"] > 2]
+    assert len(slow) and (slow["reason_fwd"] == "contention").all()
+    # the same run with the sampler's original row: no such note, no such reason
+    clean = reconcile_run(DATA / "run_lenet_cpu")
+    assert not any("of a CPU core" in n for n in clean.notes)
+    assert "contention" not in set(clean.table["reason_fwd"])

@@ -12,6 +12,8 @@ than twice as fast). Every threshold is a field of ``Thresholds`` with its reaso
 
 Rules for slow modules (gap > gap_high), first match wins:
 
+0. contention         the run's process had under half a CPU core while it ran (the sampler's
+                      median cpu_util; analysis.system_notes.run_contention): every slow module.
 1. hook_overhead      measured time per call is at the hook-overhead floor, or the profiler saw no
                       kernel/op at all in the module: the number is the timer's own cost.
 2. launch_overhead    launch- or overhead-bound: tiny work per kernel (measured time per kernel, or
@@ -134,6 +136,8 @@ class Context:
     #: a sentence when the run was measured on another device than ``system`` describes
     #: (analysis.system_notes.device_mismatch): every large gap is then ``other_device``
     other_device: str = ""
+    #: a sentence when the run's process waited for a core most of the time (analysis.system_notes.run_contention)
+    contention: str = ""
 
     def launch_floor(self) -> float:
         """The spec's fixed time per kernel (``launch_overhead_s``); NaN without a system."""
@@ -326,8 +330,18 @@ def _slow_kernels_evidence(r, phase, ctx):
             f"slower than the system spec says{hint}")
 
 
+def _contention_match(rows, phase, ctx):
+    return np.full(len(rows), bool(ctx.contention))
+
+
+def _contention_evidence(r, phase, ctx):
+    return f"{fmt_gap(r[f'gap_{phase}'])} slower than predicted, in a run where {ctx.contention}"
+
+
 #: Slow-module rules in priority order (first match wins).
 RULES = (
+    Rule("contention", "the run's process waited for a CPU core (or slept) most of the time: measured times include "
+                       "the wait (other processes on the machine)", _contention_match, _contention_evidence),
     Rule("hook_overhead", "measured time is the per-call hook floor (or no kernel ran): timer cost, not work",
          _hook_match, _hook_evidence),
     Rule("launch_overhead", "launch- or overhead-bound: a tiny module whose time is fixed per-call costs",

@@ -32,7 +32,7 @@ import pandas as pd
 
 from perfcheck.analysis.comm import outside_bytes, read_collectives
 from perfcheck.analysis.reconcile import reconcile
-from perfcheck.analysis.system_notes import device_mismatch, system_notes
+from perfcheck.analysis.system_notes import device_mismatch, run_contention, system_notes
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import load_system
 from perfcheck.measure import rundir
@@ -237,6 +237,9 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
         pred = scaled
     spec = _spec_or_none(name)
     notes += system_notes(spec, meta0)
+    waited = run_contention(meta0, run.samples)
+    if waited:
+        notes.append(f"WARNING: {waited}; slow modules are marked 'contention'")
     hook_s, hook_source = hook_overhead_per_call(meta0, run.modules)
     windows = {r: profile_steps(m) for r, m in run.meta.items()}
     coll = collectives_of(run, live)
@@ -247,7 +250,7 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
     table = reconcile(pred, run.modules, system=spec if spec is not None else name, kernels=run.kernels,
                       steps=run.steps, dtype=dtype, profile_steps=windows, timed=timed, collectives=coll,
                       layouts=_layouts(run), hook_overhead_s=hook_s, hook_overhead_source=hook_source,
-                      other_device=device_mismatch(spec, meta0))
+                      other_device=device_mismatch(spec, meta0), contention=waited)
     table.attrs["micro_batches"] = n if n is not None else 1
     table.attrs["notes"] = notes
     return ReconciledRun(table=table, run=run, system=name, notes=notes)

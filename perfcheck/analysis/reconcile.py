@@ -382,7 +382,7 @@ def _tree_order(modules_in_order) -> dict:
 def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, kernels=None, steps=None,
               dtype=None, profile_steps=None, hook_overhead_s=None, thresholds: Thresholds | None = None,
               timed=None, collectives=None, layouts=None, hook_overhead_source=None,
-              other_device=None) -> pd.DataFrame:
+              other_device=None, contention=None) -> pd.DataFrame:
     """Join predicted and measured rows on module path; one row per (module, rank).
 
     predicted: ``perfcheck.estimate(...)`` (schema.PREDICTED_COLUMNS; a ``rank`` column is optional).
@@ -400,6 +400,8 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
       the run's own measured overhead, meta.json ``overhead``).
     other_device: a sentence when the run was measured on another device than ``system`` describes
       (analysis.system_notes.device_mismatch): every large gap then gets reason ``other_device``.
+    contention: a sentence when the run's process waited for a core most of the time
+      (analysis.system_notes.run_contention): every slow module then gets reason ``contention``.
     timed: module paths a ``PerfCheck(depth=/modules=)`` run timed (meta.json ``selection.timed``);
       predicted-only rows outside it get reason ``not_instrumented`` instead of ``not_measured``.
     collectives: ``PerfCheck.collectives()`` / collectives.csv rows of all ranks (measure.collectives) for
@@ -414,7 +416,7 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
     ctx = Context(thresholds or Thresholds(), spec, dtype,
                   DEFAULT_HOOK_OVERHEAD_S if hook_overhead_s is None else float(hook_overhead_s),
                   hook_overhead_source or ("given" if hook_overhead_s is not None else "assumed default"),
-                  other_device or "")
+                  other_device or "", contention or "")
     if spec is not None and dtype is not None:
         spec.matrix_peak(dtype)  # an unknown dtype is a UserError now, not a silent NaN later
     pred, meas = _prepare_predicted(predicted), _prepare_measured(measured)
@@ -471,7 +473,7 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
                  "system": spec.name if spec is not None else None, "dtype": dtype,
                  "system_label": _spec_label(spec),
                  "hook_overhead_s": ctx.hook_overhead_s, "hook_overhead_source": ctx.hook_overhead_source,
-                 "other_device": ctx.other_device, "thresholds": dict(vars(ctx.thresholds)),
+                 "other_device": ctx.other_device, "contention": ctx.contention, "thresholds": dict(vars(ctx.thresholds)),
                  "kernel_table": kern is not None}
     return rec
 
