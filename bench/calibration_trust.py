@@ -9,6 +9,7 @@ backward + SGD step, host terms included); the table gives the loaded/quiet rati
 checks (``perfcheck.hardware.calibrate.sanity.problems``) say about keeping each calibration.
 
     flock /tmp/perfcheck-bench.lock python bench/calibration_trust.py --threads 1 2 --busy 2
+    flock /tmp/perfcheck-bench.lock python bench/calibration_trust.py --auto --threads 1 2 --busy 2
 """
 from __future__ import annotations
 
@@ -75,6 +76,43 @@ def one(threads: int, n_busy: int, stat: str, clock: str = "wall"):
             "problems": sanity.problems(spec)}
 
 
+def auto(threads: int, n_busy: int) -> dict:
+    """The automatic path itself (``resolve_system(calibrate=True)`` on an empty cache): what it kept or why not."""
+    import os
+    import tempfile
+
+    from perfcheck.hardware import cache
+
+    said = []
+    with tempfile.TemporaryDirectory() as tmp, busy(n_busy):
+        os.environ["PERFCHECK_CACHE_DIR"] = tmp
+        os.environ[cache.AUTO_ENV] = "1"
+        t0 = time.perf_counter()
+        spec = cache.resolve_system("cpu", threads, calibrate=True, say=said.append)
+        took = time.perf_counter() - t0
+    rec = dict(spec.calibration) if spec.calibrated else {}
+    return {"threads": threads, "busy": n_busy, "kept": spec.calibrated, "took_s": took,
+            "clock": rec.get("clock", "-"), "others": rec.get("others_cores"),
+            "step_s": lenet_step_s(spec) if spec.calibrated else float("nan"), "said": said[-1] if said else ""}
+
+
+def main_auto(args):
+    rows = [auto(t, n) for t in args.threads for n in (0, args.busy)]
+    for r in rows:
+        print(r, flush=True)
+    quiet = {r["threads"]: r["step_s"] for r in rows if r["busy"] == 0}
+    lines = ["| threads | busy loops | clock | others' cores | took | kept? | LeNet step | loaded/quiet | what it said |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = r["step_s"] / quiet[r["threads"]] if quiet[r["threads"]] == quiet[r["threads"]] else float("nan")
+        lines.append(f"| {r['threads']} | {r['busy']} | {r['clock']} | {r['others']} | {r['took_s']:.1f} s | "
+                     f"{'yes' if r['kept'] else 'no'} | {r['step_s'] * 1e3:.3f} ms | {ratio:.2f} | {r['said']} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -83,7 +121,11 @@ def main(argv=None):
     ap.add_argument("--clocks", nargs="+", default=["wall"], choices=("wall", "process"),
                     help="calibration clocks (process: one thread only)")
     ap.add_argument("--out", default=None, help="write the markdown table here")
+    ap.add_argument("--auto", action="store_true",
+                    help="run the automatic path itself (resolve_system(calibrate=True) on an empty cache) instead")
     args = ap.parse_args(argv)
+    if args.auto:
+        return main_auto(args)
     rows = []
     for t in args.threads:
         for clock in args.clocks:

@@ -278,7 +278,13 @@ def test_a_cached_spec_read_back_from_a_run_is_not_given_as_a_spec(tmp_path, mon
     _, info = load_predicted(tmp_path)
     label = labels.spec_label(info["spec"])
     assert "given as a spec" not in label and "a SystemSpec object" not in label
-    assert f"per-user cache {path}, as embedded in the run's predicted.json" in label
+    assert f"(calibrated: per-user cache {path}; taken" in label
+    # a predicted.json from before the origin was saved: where the spec is now, never "given as a spec"
+    meta = json.loads((tmp_path / "predicted.json").read_text())
+    meta.pop("system_origin")
+    (tmp_path / "predicted.json").write_text(json.dumps(meta))
+    _, info = load_predicted(tmp_path)
+    assert f"(calibrated: embedded in {tmp_path / 'predicted.json'}; taken" in labels.spec_label(info["spec"])
     assert "taken 2026-11-26 11:40:00 UTC with 1 thread" in label
 
 

@@ -3,8 +3,10 @@
 Measures this machine's ceilings with micro-benchmarks (matmul FLOP/s by dtype, size and shape, copy
 bandwidth, tiny-op time, framework host costs, collective bus bandwidth and latency by message size
 across ranks) and writes a system file in the built-in format, loadable with --system FILE; it
-also keeps it in the per-user cache, which predictions without --system use on this machine. Progress goes to stderr; the
-summary to stdout. The default run takes under a minute on a CPU.
+also keeps it in the per-user cache, which predictions without --system use on this machine, when it
+passes the sanity checks (not taken under contention, within physical bounds, within 3x of the
+machine's previous calibration; --force keeps it anyway). --show lists the cache, --clear empties it.
+Progress goes to stderr; the summary to stdout. The default run takes under a minute on a CPU.
 """
 from __future__ import annotations
 

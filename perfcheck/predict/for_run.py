@@ -172,8 +172,9 @@ def _read_one(csv: Path) -> tuple:
         from perfcheck.hardware.systems import SystemSpec
 
         info["spec"] = SystemSpec.from_dict(info["system_spec"], where=f"{side}: system_spec")
-        origin = info.get("system_origin") or "origin not recorded"
-        object.__setattr__(info["spec"], "origin", f"{origin}, as embedded in the run's {PREDICTED_JSON}")
+        # where it came from, as saved (a live and a saved report then print the same header); a file from
+        # before the field: where it is now
+        object.__setattr__(info["spec"], "origin", info.get("system_origin") or f"embedded in {side}")
     return _parse_predicted(csv, str(csv)), info
 
 
