@@ -450,3 +450,38 @@ def test_a_run_that_waited_for_a_core_says_contention(tmp_path):
     clean = reconcile_run(DATA / "run_lenet_cpu")
     assert not any("of a CPU core" in n for n in clean.notes)
     assert "contention" not in set(clean.table["reason_fwd"])
+
+
+def test_a_measuring_session_resolves_its_system_once_at_the_edge(auto_on, monkeypatch, tmp_path):
+    """PerfCheck (the edge of a measuring session) calibrates once on an empty cache, for the run's thread
+    count; the prediction it saves carries that spec, where it came from, and the run's thread count."""
+    from perfcheck import PerfCheck
+    from perfcheck.examples.models import JSC_Tiny
+
+    seen = []
+    quiet = _calibrated(name=cache.AUTO_NAME, calibration=_record(threads=torch.get_num_threads()))
+
+    def fake(base=None, **kw):
+        seen.append(kw)
+        return calrun.Calibration(quiet, pd.DataFrame())
+
+    monkeypatch.setattr(calrun, "calibrate", fake)
+    model = JSC_Tiny()
+    out = tmp_path / "run"
+    pc = PerfCheck(model, warmup=1, steps=2, profile=False, out_dir=out, sample_interval=None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with pc:
+        for _ in range(3):
+            loss = model(torch.randn(8, 16)).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            pc.step()
+    assert len(seen) == 1 and seen[0]["threads"] == torch.get_num_threads()
+    meta = json.loads((out / "rank0" / "meta.json").read_text())
+    assert meta["torch_threads"] == torch.get_num_threads()
+    saved = json.loads(next(out.rglob("predicted.json")).read_text())
+    assert saved["system"] == cache.AUTO_NAME and saved["system_origin"].startswith("automatic quick calibration")
+    assert saved["system_spec"]["calibration"]["taken_utc"] == "2026-11-26T11:40:00Z"
+    assert reconcile_run(out).table.attrs["system_label"].startswith("cpu-auto-calibrated (calibrated: automatic")
+    assert len(seen) == 1  # the report read the run's own spec: nothing measured again
