@@ -485,3 +485,13 @@ def test_a_measuring_session_resolves_its_system_once_at_the_edge(auto_on, monke
     assert saved["system_spec"]["calibration"]["taken_utc"] == "2026-11-26T11:40:00Z"
     assert reconcile_run(out).table.attrs["system_label"].startswith("cpu-auto-calibrated (calibrated: automatic")
     assert len(seen) == 1  # the report read the run's own spec: nothing measured again
+
+
+def test_the_json_report_carries_the_calibration_record(tmp_path, capsys):
+    spec_file = tmp_path / "mine.json"
+    _calibrated().save(spec_file)
+    assert main(["report", str(DATA / "run_lenet_cpu"), "--format", "json", "--system", str(spec_file)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["system_calibration"] == _record()
+    assert doc["system_label"].startswith(f"cpu-calibrated (calibrated: file {spec_file}; taken 2026-11-26 11:40:00 UTC")
+    assert doc["hook_overhead_source"].startswith("measured in this run")

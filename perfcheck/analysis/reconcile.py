@@ -472,6 +472,7 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
     rec.attrs = {"totals": totals,
                  "system": spec.name if spec is not None else None, "dtype": dtype,
                  "system_label": _spec_label(spec),
+                 "system_calibration": dict(spec.calibration) if spec is not None else {},
                  "hook_overhead_s": ctx.hook_overhead_s, "hook_overhead_source": ctx.hook_overhead_source,
                  "other_device": ctx.other_device, "contention": ctx.contention, "thresholds": dict(vars(ctx.thresholds)),
                  "kernel_table": kern is not None}
