@@ -34,6 +34,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfcheck.errors import UserError
+from perfcheck.hardware.labels import spec_label
 from perfcheck.measure import rundir as runs
 from perfcheck.predict import zero
 
@@ -408,6 +409,8 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
     from perfcheck.predict.host import process_slowdown
 
     spec = load_system(_stage_system(facts, system))
+    # where the spec came from; a calibration: when, with how many threads, under what load (report headers)
+    row["system_label"] = spec_label(spec)
     parts = zero3_parts(facts, stage["predicted"], spec)
     row["local_processes"] = local_processes(facts)
     row["pred_process_slowdown"] = process_slowdown(spec, row["local_processes"])
