@@ -182,23 +182,32 @@ def _spec_or_none(system):
 
 
 def hook_overhead_per_call(meta: dict, modules: pd.DataFrame) -> tuple:
-    """``(seconds, source)``: the instrumentation's cost per module call measured by this run (meta.json
-    ``overhead``: median instrumented step less median bare step, over the module calls per step, the sum
-    of modules.csv ``calls`` of the rank), else ``(None, why)`` and the findings use their assumed floor."""
+    """``(seconds, source)``: the hooks' cost per module call and phase that this run measured, else
+    ``(None, why)`` and the findings use their assumed floor (``findings.DEFAULT_HOOK_OVERHEAD_S``).
+
+    From meta.json ``overhead`` (adjacent instrumented/bare step pairs): the low end of its 95% interval
+    (``ci95[0]`` x the bare step median: a floor rule must not fire on noise, and on a busy machine the
+    interval is wide), less PerfCheck's own bookkeeping at the step boundary (``bookkeeping_s_median``:
+    not a hook), over the module calls per step (the rank's modules.csv ``calls``) and over 2 (a module's
+    hooks fire in its forward and in its backward; the floor is compared per phase). Not used when the
+    interval's low end does not exceed the bookkeeping (the A/B did not resolve the hooks' cost), nor for a
+    run whose overhead has no interval or bookkeeping (older perfcheck)."""
     over = meta.get("overhead")
     if not isinstance(over, dict):
         return None, "assumed (the run measured no overhead: PerfCheck(overhead_pairs=N) measures it)"
     try:
-        extra = float(over["instrumented_step_s_median"]) - float(over["bare_step_s_median"])
-    except (KeyError, TypeError, ValueError):
-        return None, "assumed (meta.json overhead has no step medians)"
+        low = float(over["ci95"][0]) * float(over["bare_step_s_median"]) - float(over["bookkeeping_s_median"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None, "assumed (meta.json overhead has no interval or bookkeeping: a run from an older perfcheck)"
     rank = meta.get("rank", 0)
     mine = modules[modules["rank"] == rank] if "rank" in modules else modules
     calls = float(pd.to_numeric(mine.get("calls", pd.Series(dtype=float)), errors="coerce").sum())
-    if not (calls > 0 and math.isfinite(extra)) or extra <= 0:
-        return None, "assumed (the run's measured overhead is not positive or no module calls were timed)"
-    return extra / calls, (f"measured in this run: {extra * 1e3:.3g} ms per step over {calls:.0f} module calls "
-                           f"(meta.json overhead)")
+    if not (calls > 0 and math.isfinite(low)) or low <= 0:
+        return None, ("assumed (the run's instrumented/bare steps did not resolve the hooks' cost: the low end of "
+                      "its 95% interval is within PerfCheck's bookkeeping)")
+    return low / (2 * calls), (f"measured in this run: at least {low * 1e3:.3g} ms per step (95% interval's low "
+                               f"end, bookkeeping removed) over {calls:.0f} module calls and 2 phases (meta.json "
+                               f"overhead)")
 
 
 def reconcile_run(source, *, system=None) -> ReconciledRun:
