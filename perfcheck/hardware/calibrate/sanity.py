@@ -11,7 +11,9 @@ checks, and each failure is a sentence saying why (``problems``):
    process's and its children's). A calibration with ``threads`` intra-op threads on ``cores`` logical
    CPUs had a core per thread only while others used at most ``cores - threads``; beyond that (plus
    ``CONTENTION_SLACK_CORES`` for daemons and the kernel's own work) its threads waited for a core
-   inside timed loops and every rate it measured is low by an unknown factor.
+   inside timed loops and every rate it measured is low by an unknown factor. Exempt: one thread timed
+   with the process clock (its clock stops while it waits). An automatic calibration asks ``busy_now``
+   (a 0.5 s watch) before it starts, and measures nothing on busy cores.
 2. **Physics** (``physical_problems``): rates below and fixed costs above what any machine of the
    spec's kind does (``BOUNDS``: per kind, with the derivation beside each number).
 3. **The machine's previous calibration** (``disagreements``): the cache file it would replace, when
