@@ -13,7 +13,6 @@ __version__ = "0.1.0"
 
 #: Public name -> "module:attribute" it lives in.
 _EXPORTS = {
-    "estimate": "perfcheck.predict.estimate:estimate",
     "estimate_transformer": "perfcheck.predict.transformer:estimate_transformer",
     "transformer_step": "perfcheck.predict.transformer:transformer_step",
     "load_system": "perfcheck.hardware.systems:load_system",
@@ -25,7 +24,23 @@ _EXPORTS = {
     "UserError": "perfcheck.errors:UserError",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = sorted(_EXPORTS) + ["__version__", "estimate"]
+
+
+def estimate(model, example_inputs, *, system=None, dtype=None, parallel=None, causal: bool = False, kwargs=None,
+             optimizer="sgd"):
+    """Predict FLOPs, bytes, activation memory, communication and time per module for one training step
+    (``perfcheck.predict.estimate.estimate``: every argument and column is documented there).
+
+    ``system=None`` is resolved here, at the edge, once: this machine's calibration from the per-user
+    cache when it has one, else the datasheet entry labelled as a default (the header then says to run
+    ``perfcheck calibrate``). A prediction never runs a benchmark (``perfcheck.hardware.cache.resolve_system``).
+    """
+    from perfcheck.hardware.cache import resolve_system
+    from perfcheck.predict.estimate import estimate as predict
+
+    return predict(model, example_inputs, system=resolve_system() if system is None else system, dtype=dtype,
+                   parallel=parallel, causal=causal, kwargs=kwargs, optimizer=optimizer)
 
 
 def __getattr__(name):

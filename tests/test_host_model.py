@@ -211,13 +211,13 @@ def test_calibration_cache_round_trip_and_labels(tmp_path, monkeypatch):
 
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path))
     assert cache.cached_spec("cpu") is None
-    assert cache.spec_label(cache.default_system("cpu")) == "cpu (datasheet)"
+    assert cache.spec_label(cache.default_system("cpu")) == f"cpu (datasheet: default, {cache.NO_CALIBRATION})"
     spec = dataclasses.replace(load_system("cpu"), name="mine", calibrated=True, host={"op_dispatch_s": 9 * US})
     path = cache.save_to_cache(spec, "cpu")
     assert path.parent == tmp_path and path.suffix == ".json"
     got = cache.default_system("cpu")
     assert got.name == "mine" and host_constants(got)["op_dispatch_s"] == 9 * US
-    assert cache.spec_label(got) == f"mine (calibrated: per-user cache {path})"
+    assert cache.spec_label(got) == f"mine (calibrated: per-user cache {path}; when and under what load: not recorded)"
     pred = perfcheck.estimate(*_linear_model())  # no system: the cache's spec
     assert pred.attrs["system"] == "mine" and "per-user cache" in pred.attrs["system_label"]
     assert cache.cache_path("cpu") == path  # same machine, same threads: same fingerprint

@@ -12,10 +12,13 @@ than twice as fast). Every threshold is a field of ``Thresholds`` with its reaso
 
 Rules for slow modules (gap > gap_high), first match wins:
 
+0. contention         the run's process had under half a CPU core while it ran (the sampler's
+                      median cpu_util; analysis.system_notes.run_contention): every slow module.
 1. hook_overhead      measured time per call is at the hook-overhead floor, or the profiler saw no
                       kernel/op at all in the module: the number is the timer's own cost.
 2. launch_overhead    launch- or overhead-bound: tiny work per kernel (measured time per kernel, or
-                      per call without a kernel table, under ``tiny_s``; predicted per kernel under
+                      per call without a kernel table, under ``tiny_s`` and within
+                      ``launch_floor_factor`` x the system's launch floor; predicted per kernel under
                       ``tiny_pred_s`` or bound 'overhead'), so fixed per-kernel costs (launches,
                       dispatch, Python) are the time, not FLOPs or bytes.
 3. exposed_comm       communication kernels, or waits on collectives (``meas_comm_wait_<p>_s``, from
@@ -29,13 +32,18 @@ Rules for slow modules (gap > gap_high), first match wins:
                       time) is below ``roof_fraction`` of the datasheet bandwidth.
 7. compute_below_roof predicted compute-bound, and the achieved FLOP/s is below ``roof_fraction`` of
                       the datasheet matrix peak.
-8. slow_kernels       the kernel-table time alone exceeds ``gap_high`` x the prediction: the device runs
+8. slow_kernels       the kernel-table time alone (per profiled step) exceeds ``gap_high`` x the
+                      prediction (the evidence says it is the profiled steps'): the device runs
                       the kernels slower than the system spec says (uncalibrated spec, throttling,
                       contention with other processes).
    unexplained        none of the above matched.
 
+A run measured on another device than the spec describes (a CPU run against a GPU spec) gets
+``other_device`` for every large gap, whichever way: no rule about the model applies.
+
 Fast modules (gap < gap_low): ``measurement_artifact`` when the achieved FLOP/s is above the
-datasheet matrix peak (a timer that missed work), else ``overestimated`` (the model is
+datasheet matrix peak (a timer that missed work; not when the spec is a calibration whose record says
+it was taken under contention: its peaks are low), else ``overestimated`` (the model is
 pessimistic: too much launch overhead, or an efficiency below what this device reaches).
 One-sided rows: ``not_measured`` (predicted only) and ``not_predicted`` (measured only).
 Whatever the gap, a module that itself waited on collectives for ``comm_wait_share`` of its rank's
@@ -52,6 +60,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from perfcheck.hardware.calibrate.sanity import contention
 from perfcheck.schema import ROOT
 from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 
@@ -81,6 +90,11 @@ class Thresholds:
     tiny_s: float = 100e-6
     #: predicted time per kernel under which the roofline work is negligible (a few launch latencies).
     tiny_pred_s: float = 25e-6
+    #: launch_overhead needs the measured time per kernel within this many launch floors (the system's
+    #: ``launch_overhead_s``): at 3x the fixed cost is a third or more of each kernel's time; at 10x it is a
+    #: tenth, and the other nine tenths are something else (a transformer block at 29 us per kernel against
+    #: a 2.9 us floor is not launch-bound).
+    launch_floor_factor: float = 3.0
     #: measured per call at or under this many hook costs is the hook floor.
     hook_floor_factor: float = 2.0
     #: kernel (or op) time under this share of the wall time means the device waits for the host.
@@ -116,6 +130,24 @@ class Context:
     system: object = None  # a SystemSpec, or None (rules that need a roof then do not match)
     dtype: Optional[str] = None
     hook_overhead_s: float = DEFAULT_HOOK_OVERHEAD_S
+    #: where ``hook_overhead_s`` came from: the run's own measured overhead (meta.json, analysis.pipeline)
+    #: or the assumed default; the hook_overhead evidence quotes it
+    hook_overhead_source: str = "assumed default"
+    #: a sentence when the run was measured on another device than ``system`` describes
+    #: (analysis.system_notes.device_mismatch): every large gap is then ``other_device``
+    other_device: str = ""
+    #: a sentence when the run's process waited for a core most of the time (analysis.system_notes.run_contention)
+    contention: str = ""
+
+    def launch_floor(self) -> float:
+        """The spec's fixed time per kernel (``launch_overhead_s``); NaN without a system."""
+        return np.nan if self.system is None else float(self.system.launch_overhead_s)
+
+    def peak_taken_under_load(self) -> bool:
+        """True when the system is a calibration whose record says it was taken under contention: its
+        measured peaks are low, so a real timing above them is no artifact."""
+        record = getattr(self.system, "calibration", None) if self.system is not None else None
+        return bool(record) and contention(record) is not None
 
     def matrix_peak(self) -> float:
         if self.system is None:
@@ -166,7 +198,8 @@ def _hook_evidence(r, phase, ctx):
     if r.get(f"kernels_{phase}") == 0:
         return f"no kernel or op ran in the module; {fmt_time(per_call)} per call is hook and dispatch time"
     return (f"{fmt_time(per_call)} per call is at the hook floor "
-            f"({ctx.thresholds.hook_floor_factor:g} x {fmt_time(ctx.hook_overhead_s)} per instrumented call)")
+            f"({ctx.thresholds.hook_floor_factor:g} x {fmt_time(ctx.hook_overhead_s)} per instrumented call, "
+            f"{ctx.hook_overhead_source})")
 
 
 def _per_kernel(rows, phase):
@@ -181,7 +214,10 @@ def _launch_match(rows, phase, ctx):
     t = ctx.thresholds
     meas, pred = _per_kernel(rows, phase)
     bound = rows[f"bound_{phase}"].astype(str).to_numpy() if f"bound_{phase}" in rows else np.full(len(rows), "")
-    return (meas <= t.tiny_s) & ((pred <= t.tiny_pred_s) | (bound == "overhead"))
+    floor = ctx.launch_floor()
+    # near the floor: without a system there is no floor to compare with, and the tiny-work test alone decides
+    near = meas <= t.launch_floor_factor * floor if np.isfinite(floor) and floor > 0 else True
+    return (meas <= t.tiny_s) & ((pred <= t.tiny_pred_s) | (bound == "overhead")) & near
 
 
 def _launch_evidence(r, phase, ctx):
@@ -288,12 +324,24 @@ def _slow_kernels_evidence(r, phase, ctx):
     spec = ctx.system
     hint = ("" if spec is None else f"; system {spec.name!r} is an uncalibrated default: run `perfcheck calibrate`"
             if not spec.calibrated else f"; system {spec.name!r} was calibrated on other shapes or another machine")
-    return (f"the kernels/ops alone take {fmt_time(k)}, {fmt_gap(k / pred if pred else np.inf)} the predicted "
-            f"{fmt_time(pred)}: this device runs them slower than the system spec says{hint}")
+    return (f"in the profiled step(s) the kernels/ops alone take {fmt_time(k)} per step (kernel table), "
+            f"{fmt_gap(k / pred if pred else np.inf)} the predicted {fmt_time(pred)}, against "
+            f"{fmt_time(r[f'meas_{phase}_s'])} measured (median over all measured steps): this device runs them "
+            f"slower than the system spec says{hint}")
+
+
+def _contention_match(rows, phase, ctx):
+    return np.full(len(rows), bool(ctx.contention))
+
+
+def _contention_evidence(r, phase, ctx):
+    return f"{fmt_gap(r[f'gap_{phase}'])} slower than predicted, in a run where {ctx.contention}"
 
 
 #: Slow-module rules in priority order (first match wins).
 RULES = (
+    Rule("contention", "the run's process waited for a CPU core (or slept) most of the time: measured times include "
+                       "the wait (other processes on the machine)", _contention_match, _contention_evidence),
     Rule("hook_overhead", "measured time is the per-call hook floor (or no kernel ran): timer cost, not work",
          _hook_match, _hook_evidence),
     Rule("launch_overhead", "launch- or overhead-bound: a tiny module whose time is fixed per-call costs",
@@ -306,13 +354,15 @@ RULES = (
          _host_match, _host_evidence),
     Rule("memory_below_roof", "memory-bound and well below the bandwidth roof", _memory_match, _memory_evidence),
     Rule("compute_below_roof", "compute-bound and well below the matrix peak", _compute_match, _compute_evidence),
-    Rule("slow_kernels", "the kernels themselves take longer than predicted: the system spec is too fast for this device",
-         _slow_kernels_match, _slow_kernels_evidence),
+    Rule("slow_kernels", "the kernels themselves (the profiled steps' kernel table) take longer than predicted: the "
+                         "system spec is too fast for this device", _slow_kernels_match, _slow_kernels_evidence),
 )
 
 #: Every reason ``diagnose`` can give, with its meaning (the glossary for reports).
 REASONS = {r.name: r.description for r in RULES}
 REASONS.update({
+    "other_device": "the run was measured on another device than the system spec describes: the gap compares two "
+                    "machines, not the model with the run (analysis.system_notes.device_mismatch)",
     "unexplained": "slower than predicted and no rule's evidence matched",
     "measurement_artifact": "achieved rate above the datasheet peak: the timer missed work (never performance)",
     "overestimated": "faster than predicted: the model is pessimistic (launch overhead or efficiency too low)",
@@ -353,6 +403,11 @@ def diagnose(rows: pd.DataFrame, ctx: Context, phases=("fwd", "bwd")) -> dict:
         reason = np.full(len(rows), "", dtype=object)
         evidence = np.full(len(rows), "", dtype=object)
         slow = gap > t.gap_high
+        if ctx.other_device:  # two machines compared: no rule about the model applies
+            other = slow | (gap < t.gap_low)
+            _assign(cols, other, "other_device", _other_device_evidence, phase, ctx, reason, evidence)
+            out[f"reason_{phase}"], out[f"evidence_{phase}"] = reason, evidence
+            continue
         todo = slow.copy()
         for rule in RULES:
             if not todo.any():
@@ -363,7 +418,8 @@ def diagnose(rows: pd.DataFrame, ctx: Context, phases=("fwd", "bwd")) -> dict:
         reason[todo] = "unexplained"
         evidence[todo] = [f"{fmt_gap(g)} slower than predicted" for g in gap[todo]]
         fast = gap < t.gap_low
-        artifact = fast & _flagged(rows, phase)
+        # a calibration taken under load has low measured peaks: a real timing above them is no artifact
+        artifact = fast & _flagged(rows, phase) & (not ctx.peak_taken_under_load())
         _assign(cols, artifact, "measurement_artifact", _artifact_evidence, phase, ctx, reason, evidence)
         over = fast & ~artifact
         _assign(cols, over, "overestimated", _over_evidence, phase, ctx, reason, evidence)
@@ -387,6 +443,10 @@ def _flagged(rows, phase) -> np.ndarray:
     return f.str.contains(f"{phase}_rate_above_peak", regex=False).to_numpy()
 
 
+def _other_device_evidence(r, phase, ctx):
+    return f"{fmt_gap(r[f'gap_{phase}'])}: {ctx.other_device}"
+
+
 def _artifact_evidence(r, phase, ctx):
     rate = r[f"flops_{phase}"] / r[f"meas_{phase}_s"] if r[f"meas_{phase}_s"] else np.inf
     peak = ctx.matrix_peak()
@@ -398,6 +458,8 @@ def _over_evidence(r, phase, ctx):
     bound = r.get(f"bound_{phase}")
     why = ("launch overhead per kernel set too high for this device" if bound == "overhead"
            else f"predicted {bound}-bound time is pessimistic (efficiency below what this device reaches)")
+    if ctx.peak_taken_under_load():
+        why += "; the calibration was taken under load, so its rates are low (recalibrate on a quiet machine)"
     return f"{fmt_gap(r[f'gap_{phase}'])}: {fmt_time(r[f'meas_{phase}_s'])} measured vs {fmt_time(r[f'pred_{phase}_s'])} predicted; {why}"
 
 

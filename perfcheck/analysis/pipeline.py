@@ -32,7 +32,9 @@ import pandas as pd
 
 from perfcheck.analysis.comm import outside_bytes, read_collectives
 from perfcheck.analysis.reconcile import reconcile
+from perfcheck.analysis.system_notes import device_mismatch, run_contention, system_notes
 from perfcheck.errors import UserError
+from perfcheck.hardware.systems import load_system
 from perfcheck.measure import rundir
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
 from perfcheck.predict import for_run
@@ -94,7 +96,7 @@ def _predicted_for(run: rundir.Run, system, live_predicted):
     pred = for_run.predict_for_run(model, meta0, system=system)
     info = {"system": for_run.system_from_meta(meta0, system), "dtype": meta0.get("dtype")}
     return pred, info, [f"predicted rows re-computed from meta.json (model {meta0['model']['type']}, "
-                        f"system {info['system']})"]
+                        f"system {getattr(info['system'], 'name', info['system'])})"]
 
 
 #: Predicted columns that are per micro-batch (one forward + backward): times N when a step holds N
@@ -169,6 +171,45 @@ def _layouts(run: rundir.Run) -> dict:
             for r, m in run.meta.items()}
 
 
+def _spec_or_none(system):
+    """``system`` as a SystemSpec, or None where it does not load (reconcile then says so itself)."""
+    if system is None:
+        return None
+    try:
+        return load_system(system)
+    except UserError:
+        return None
+
+
+def hook_overhead_per_call(meta: dict, modules: pd.DataFrame) -> tuple:
+    """``(seconds, source)``: the hooks' cost per module call and phase that this run measured, else
+    ``(None, why)`` and the findings use their assumed floor (``findings.DEFAULT_HOOK_OVERHEAD_S``).
+
+    From meta.json ``overhead`` (adjacent instrumented/bare step pairs): the low end of its 95% interval
+    (``ci95[0]`` x the bare step median: a floor rule must not fire on noise, and on a busy machine the
+    interval is wide), less PerfCheck's own bookkeeping at the step boundary (``bookkeeping_s_median``:
+    not a hook), over the module calls per step (the rank's modules.csv ``calls``) and over 2 (a module's
+    hooks fire in its forward and in its backward; the floor is compared per phase). Not used when the
+    interval's low end does not exceed the bookkeeping (the A/B did not resolve the hooks' cost), nor for a
+    run whose overhead has no interval or bookkeeping (older perfcheck)."""
+    over = meta.get("overhead")
+    if not isinstance(over, dict):
+        return None, "assumed (the run measured no overhead: PerfCheck(overhead_pairs=N) measures it)"
+    try:
+        low = float(over["ci95"][0]) * float(over["bare_step_s_median"]) - float(over["bookkeeping_s_median"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None, "assumed (meta.json overhead has no interval or bookkeeping: a run from an older perfcheck)"
+    rank = meta.get("rank", 0)
+    mine = modules[modules["rank"] == rank] if "rank" in modules else modules
+    calls = float(pd.to_numeric(mine.get("calls", pd.Series(dtype=float)), errors="coerce").sum())
+    if not (calls > 0 and math.isfinite(low)) or low <= 0:
+        return None, ("assumed (the run's instrumented/bare steps did not resolve the hooks' cost: the low end of "
+                      "its 95% interval is within PerfCheck's bookkeeping)")
+    return low / (2 * calls), (f"measured in this run: at least {low * 1e3:.3g} ms per step (95% interval's low "
+                               f"end, bookkeeping removed) over {calls:.0f} module calls and 2 phases (meta.json "
+                               f"overhead)")
+
+
 def reconcile_run(source, *, system=None) -> ReconciledRun:
     """Reconcile a run directory (path) or a live/stopped ``PerfCheck``.
 
@@ -203,14 +244,22 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
         scaled, comm_note = per_step_comm(scale_by_micro_batches(pred, n), run, n, name, live_predicted)
         notes += _micro_batch_notes(run, n, pred, comm_note)
         pred = scaled
+    spec = _spec_or_none(name)
+    notes += system_notes(spec, meta0)
+    waited = run_contention(meta0, run.samples)
+    if waited:
+        notes.append(f"WARNING: {waited}; slow modules are marked 'contention'")
+    hook_s, hook_source = hook_overhead_per_call(meta0, run.modules)
     windows = {r: profile_steps(m) for r, m in run.meta.items()}
     coll = collectives_of(run, live)
     outside = {r: b for r, b in outside_bytes(coll, windows).items() if b > 0}
     if outside:
         notes.append("collectives issued outside every module's forward/backward (optimizer step, unattributed) are in "
                      "no module's comm columns: " + ", ".join(f"rank {r} {b:.0f} B per step" for r, b in outside.items()))
-    table = reconcile(pred, run.modules, system=name, kernels=run.kernels, steps=run.steps, dtype=dtype,
-                      profile_steps=windows, timed=timed, collectives=coll, layouts=_layouts(run))
+    table = reconcile(pred, run.modules, system=spec if spec is not None else name, kernels=run.kernels,
+                      steps=run.steps, dtype=dtype, profile_steps=windows, timed=timed, collectives=coll,
+                      layouts=_layouts(run), hook_overhead_s=hook_s, hook_overhead_source=hook_source,
+                      other_device=device_mismatch(spec, meta0), contention=waited)
     table.attrs["micro_batches"] = n if n is not None else 1
     table.attrs["notes"] = notes
     return ReconciledRun(table=table, run=run, system=name, notes=notes)

@@ -381,7 +381,8 @@ def _tree_order(modules_in_order) -> dict:
 # -------------------------------------------------------------------------------------- main
 def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, kernels=None, steps=None,
               dtype=None, profile_steps=None, hook_overhead_s=None, thresholds: Thresholds | None = None,
-              timed=None, collectives=None, layouts=None) -> pd.DataFrame:
+              timed=None, collectives=None, layouts=None, hook_overhead_source=None,
+              other_device=None, contention=None) -> pd.DataFrame:
     """Join predicted and measured rows on module path; one row per (module, rank).
 
     predicted: ``perfcheck.estimate(...)`` (schema.PREDICTED_COLUMNS; a ``rank`` column is optional).
@@ -394,7 +395,13 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
       rates no dtype can reach are flagged).
     profile_steps: active profiler steps behind the kernel table (int, or {rank: int}; default
       ``kernels.attrs["profile_steps"]`` or 1).
-    hook_overhead_s: cost of the hooks per module call (default ``findings.DEFAULT_HOOK_OVERHEAD_S``).
+    hook_overhead_s: cost of the hooks per module call (default ``findings.DEFAULT_HOOK_OVERHEAD_S``);
+      hook_overhead_source: where that figure came from (the evidence quotes it; analysis.pipeline passes
+      the run's own measured overhead, meta.json ``overhead``).
+    other_device: a sentence when the run was measured on another device than ``system`` describes
+      (analysis.system_notes.device_mismatch): every large gap then gets reason ``other_device``.
+    contention: a sentence when the run's process waited for a core most of the time
+      (analysis.system_notes.run_contention): every slow module then gets reason ``contention``.
     timed: module paths a ``PerfCheck(depth=/modules=)`` run timed (meta.json ``selection.timed``);
       predicted-only rows outside it get reason ``not_instrumented`` instead of ``not_measured``.
     collectives: ``PerfCheck.collectives()`` / collectives.csv rows of all ranks (measure.collectives) for
@@ -407,7 +414,9 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
 
     spec = load_system(system) if system is not None else None
     ctx = Context(thresholds or Thresholds(), spec, dtype,
-                  DEFAULT_HOOK_OVERHEAD_S if hook_overhead_s is None else float(hook_overhead_s))
+                  DEFAULT_HOOK_OVERHEAD_S if hook_overhead_s is None else float(hook_overhead_s),
+                  hook_overhead_source or ("given" if hook_overhead_s is not None else "assumed default"),
+                  other_device or "", contention or "")
     if spec is not None and dtype is not None:
         spec.matrix_peak(dtype)  # an unknown dtype is a UserError now, not a silent NaN later
     pred, meas = _prepare_predicted(predicted), _prepare_measured(measured)
@@ -463,7 +472,9 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
     rec.attrs = {"totals": totals,
                  "system": spec.name if spec is not None else None, "dtype": dtype,
                  "system_label": _spec_label(spec),
-                 "hook_overhead_s": ctx.hook_overhead_s, "thresholds": dict(vars(ctx.thresholds)),
+                 "system_calibration": dict(spec.calibration) if spec is not None else {},
+                 "hook_overhead_s": ctx.hook_overhead_s, "hook_overhead_source": ctx.hook_overhead_source,
+                 "other_device": ctx.other_device, "contention": ctx.contention, "thresholds": dict(vars(ctx.thresholds)),
                  "kernel_table": kern is not None}
     return rec
 
@@ -602,6 +613,6 @@ def rank_summary(rec: pd.DataFrame, tolerance: float | None = None) -> pd.DataFr
 
 def _spec_label(spec):
     """"NAME (calibrated: where | datasheet)" for report headers (perfcheck.hardware.cache.spec_label)."""
-    from perfcheck.hardware.cache import spec_label
+    from perfcheck.hardware.labels import spec_label
 
     return spec_label(spec) if spec is not None else None

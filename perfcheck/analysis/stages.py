@@ -11,7 +11,8 @@ rule, ``pred_<what>`` / ``meas_<what>``:
     param_mem_bytes, grad_mem_bytes, optim_mem_bytes   its parts
     fwd_s, bwd_s, optim_s, step_s  per optimizer step (engine calls; medians over measured steps)
     <phase>_compute_s, <phase>_comm_s   split into compute and EXPOSED communication
-                                   (measured: torch.profiler window with the comms logger off)
+                                   (measured: the exposed share of the phase in the torch.profiler window,
+                                   comms logger off, times the phase's median: ``measured_exposed``)
 
 ``pred_<phase>_wait_s`` (the expected wait for the latest rank at the phase's ``pred_<phase>_syncs`` blocking
 collectives or waited batches: ``perfcheck.predict.collectives.straggler_wait_s``; part of ``pred_<phase>_s``),
@@ -33,6 +34,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfcheck.errors import UserError
+from perfcheck.hardware.labels import spec_label
 from perfcheck.measure import rundir as runs
 from perfcheck.predict import zero
 
@@ -196,7 +198,8 @@ def local_processes(facts: dict) -> int:
 
 def _stage_system(facts: dict, system):
     """The given system, else the run's block's, else this machine's cached calibration (a CPU
-    sweep run here), else the datasheet ``cpu`` entry."""
+    sweep run here: ``perfcheck sweep`` calibrates before its ranks start), else the labelled datasheet
+    default. Never calibrates: a comparison runs no benchmark."""
     if system is not None:
         return system
     block = (facts.get("perfcheck_block") or {}).get("system")
@@ -205,7 +208,9 @@ def _stage_system(facts: dict, system):
     from perfcheck.hardware.cache import cached_spec
 
     # the sweep's ranks run with one intra-op thread (OMP_NUM_THREADS=1, integrations/deepspeed/sweep.py)
-    return cached_spec("cpu", threads=int(facts.get("torch_threads") or 1)) or "cpu"
+    from perfcheck.hardware.labels import datasheet_default
+
+    return cached_spec("cpu", threads=int(facts.get("torch_threads") or 1), auto=False) or datasheet_default("cpu")
 
 
 def host_terms(facts: dict, predicted: pd.DataFrame, spec) -> dict:
@@ -323,11 +328,30 @@ def measured_times(steps: pd.DataFrame, facts: dict) -> dict:
     return out
 
 
-def measured_exposed(facts: dict) -> dict:
+def measured_exposed(facts: dict, times: dict = None) -> dict:
+    """Exposed communication per phase on the same steps as the phase times (``times``: measured_times).
+
+    The profiler window holds a few steps (``profiler.active``); the phase times are medians over every
+    measured step. Mixing the two (the window's exposed seconds less a median over other steps) gave
+    negative compute (-10.6 ms at stage 2) and identical collectives split as all-compute at one stage
+    and all-communication at the next. So the window gives only the exposed SHARE of each phase
+    (exposed_s / the phase ranges' wall time in the window, ``profiled_comm[phase].wall_s``), and that
+    share times the phase's median gives the column: compute + communication = the phase's median,
+    both >= 0. A window recorded before ``wall_s`` existed: its exposed seconds per active step, capped
+    at the phase's median."""
     prof = facts.get("profiled_comm") or {}
     active = max(1, int(((facts.get("perfcheck_block") or {}).get("profiler") or {}).get("active", 1)))
-    return {f"meas_{name}_comm_s": (prof[ph]["exposed_s"] / active if ph in prof else math.nan)
-            for ph, name in PHASES.items()}
+    out = {}
+    for ph, name in PHASES.items():
+        rec, total = prof.get(ph), (times or {}).get(f"meas_{name}_s", math.nan)
+        if not isinstance(rec, dict):
+            out[f"meas_{name}_comm_s"] = math.nan
+        elif (rec.get("wall_s") or 0) > 0 and total == total:
+            out[f"meas_{name}_comm_s"] = min(rec["exposed_s"] / rec["wall_s"], 1.0) * total
+        else:
+            per_step = rec.get("exposed_s", math.nan) / active
+            out[f"meas_{name}_comm_s"] = min(per_step, total) if total == total else per_step
+    return out
 
 
 # ------------------------------------------------------------------------------------ rows
@@ -356,7 +380,8 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
         row[f"pred_{part}_mem_bytes"], row[f"meas_{part}_mem_bytes"] = est.memory[key], mem.get(key, math.nan)
     row["pred_mem_bytes"], row["meas_mem_bytes"] = est.memory["total"], mem.get("model_states", math.nan)
     row["meas_buffer_bytes"], row["meas_peak_mem_bytes"] = mem.get("other", math.nan), facts.get("peak_mem_bytes")
-    t, mt, exp = est.times, measured_times(data["steps"], facts), measured_exposed(facts)
+    t, mt = est.times, measured_times(data["steps"], facts)
+    exp = measured_exposed(facts, mt)
     for ph, name in PHASES.items():
         row[f"pred_{name}_s"], row[f"meas_{name}_s"] = t[f"{name}_s"], mt[f"meas_{name}_s"]
         row[f"pred_{name}_comm_s"], row[f"meas_{name}_comm_s"] = t[f"{name}_comm_s"], exp[f"meas_{name}_comm_s"]
@@ -384,6 +409,8 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
     from perfcheck.predict.host import process_slowdown
 
     spec = load_system(_stage_system(facts, system))
+    # where the spec came from; a calibration: when, with how many threads, under what load (report headers)
+    row["system_label"] = spec_label(spec)
     parts = zero3_parts(facts, stage["predicted"], spec)
     row["local_processes"] = local_processes(facts)
     row["pred_process_slowdown"] = process_slowdown(spec, row["local_processes"])

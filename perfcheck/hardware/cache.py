@@ -8,22 +8,27 @@ device (CPU model or GPU name), torch version and, on a CPU, the intra-op thread
 name is a readable slug plus a hash of the fingerprint, so a match is an exact match; the
 fingerprint is also stored in the spec's description for a reader.
 
-``default_system(device)`` is what ``perfcheck.estimate``, ``PerfCheck`` and the ZeRO sweep call
-when no system is given; ``spec_label(spec)`` is the header every report prints ("cpu-calibrated
-(calibrated: per-user cache ~/.cache/perfcheck/...json)" or "h100-sxm (datasheet)").
+``resolve_system(device, threads, calibrate=...)`` is what the edges call once when no system is given
+(``perfcheck.estimate``, ``PerfCheck``, the CLI): the cached calibration for this device and thread
+count, else the labelled datasheet default (``perfcheck.hardware.labels``: "cpu (datasheet: default, no
+calibration of this machine ...)"). ``spec_label(spec)`` is the header every report prints; for a
+calibration it says when it was taken, with how many threads and under what load.
 
-Automatic quick calibration (CPU): when the cache has no entry for this CPU and thread count,
-``cached_spec`` measures one first (``perfcheck calibrate --quick`` without collectives: host
-constants, per-op fixed costs, copy, elementwise and fp32 GEMM curves, a bf16 peak; 3-5 s with one
-thread on the project's 2-core VM, 22 s with two threads at load 7) and keeps it, so a fresh machine predicts with its own ceilings instead of
-the generic ``cpu`` datasheet (measured/predicted step 2.5-35x off on that VM, bench/RESULTS.md).
-It is announced on stderr once and named in every report header ("cpu-auto-calibrated
-(calibrated: automatic quick calibration, per-user cache ...)"). Off with
-``PERFCHECK_AUTO_CALIBRATE=0`` (the tests set it), in a rank of a multi-process job (``WORLD_SIZE``
-> 1 or torch.distributed initialised: ranks would calibrate at once on shared cores; ``perfcheck
-sweep`` calibrates before it starts them), on a GPU (``perfcheck calibrate`` there: its cases need
-the device to itself), and while another process is calibrating (never waited on: that prediction
-uses the datasheet).
+Automatic quick calibration (CPU): only where ``resolve_system(calibrate=True)`` is called, i.e. a
+measuring session (``PerfCheck``, ``perfcheck run``); a prediction (``perfcheck.estimate``) or a report
+never runs a benchmark. When the cache has no entry for this CPU and thread count, it measures one
+first (``perfcheck calibrate --quick`` without collectives: host constants, per-op fixed costs, copy,
+elementwise and fp32 GEMM curves, a bf16 peak; 3-8 s with one thread on the project's 2-core VM) and
+keeps it only when it passes ``perfcheck.hardware.calibrate.sanity`` (not taken under contention,
+within physical bounds, near the machine's previous calibration); else it says why on stderr and the
+prediction uses the datasheet. It is announced on stderr once and named in every report header
+("cpu-auto-calibrated (calibrated: automatic quick calibration, per-user cache ...; taken ... with N
+threads; load ...)"). Off with ``PERFCHECK_AUTO_CALIBRATE=0`` (the tests set it), in a rank of a
+multi-process job (``WORLD_SIZE`` > 1 or torch.distributed initialised: ranks would calibrate at once on
+shared cores; ``perfcheck sweep`` calibrates before it starts them), on a GPU (``perfcheck calibrate``
+there: its cases need the device to itself), and while another process is calibrating (never waited
+on: that prediction uses the datasheet). ``perfcheck calibrate --show`` lists the cache, ``--clear``
+deletes this machine's entry.
 """
 from __future__ import annotations
 
@@ -38,7 +43,8 @@ from pathlib import Path
 from typing import Optional
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, load_system, match_device_name
+from perfcheck.hardware.labels import AUTO_NAME, NO_CALIBRATION, datasheet_default, spec_label  # noqa: F401
+from perfcheck.hardware.systems import SystemSpec, load_system
 
 
 def cache_dir() -> Path:
@@ -115,8 +121,6 @@ def cached_spec(device=None, threads=None, *, auto: bool = True) -> Optional[Sys
 # ------------------------------------------------------------------------------ automatic quick calibration
 #: Environment variable that turns the automatic quick calibration off: 0, false, no or off.
 AUTO_ENV = "PERFCHECK_AUTO_CALIBRATE"
-#: Name of an automatically calibrated spec (report headers say so).
-AUTO_NAME = "cpu-auto-calibrated"
 #: A lock older than this is a crashed calibration's, and is taken over.
 _STALE_LOCK_S = 300.0
 
@@ -158,7 +162,9 @@ def auto_calibration_allowed(device=None) -> bool:
 def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemSpec]:
     """Measure a quick calibration of this CPU (no collectives) for ``threads`` threads, keep it in the
     cache and return it (origin set); None, with one line on stderr, when another process is
-    calibrating (no waiting) or the calibration fails (the prediction then uses the datasheet).
+    calibrating (no waiting), when other processes keep the cores busy (``sanity.busy_now``, asked first),
+    when the result fails the sanity checks (``refusals``) or the calibration fails (the prediction then
+    uses the datasheet).
     ``progress``: called with one-line messages (default: the announcement goes to stderr)."""
     import torch
 
@@ -182,6 +188,18 @@ def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemS
     try:
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
+        from perfcheck.hardware.calibrate import sanity
+
+        n = threads or torch.get_num_threads()
+        # one thread: timed with this process's CPU time, which a neighbour's load does not enter (a busy
+        # machine is then no reason to wait: sanity.contention); more threads: the wall clock, and only on free cores
+        clock = "process" if n == 1 else "wall"
+        busy = sanity.busy_now(n) if clock == "wall" else None
+        if busy:
+            now = busy.replace("taken under contention: ", "").split(", so")[0]
+            say(f"perfcheck: no calibration of this CPU ({torch_threads(threads)}) in the cache, and none is measured "
+                f"now ({now}). This prediction uses the datasheet; run `perfcheck calibrate` when the machine is quiet")
+            return None
         say(f"perfcheck: no calibration of this CPU ({torch_threads(threads)}) in the cache: measuring a quick one "
             f"(once; 3-5 s on an idle CPU, up to ~25 s on busy cores; {AUTO_ENV}=0 skips it, `perfcheck calibrate` "
             f"measures more)")
@@ -189,7 +207,14 @@ def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemS
         # it runs inside the user's process (at a PerfCheck's stop, say): the random inputs of its cases
         # come from a forked CPU generator, so the user's random stream after it is what it would have been
         with torch.random.fork_rng(devices=[]):
-            result = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=threads, name=AUTO_NAME)
+            result = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=threads, name=AUTO_NAME,
+                               clock=clock)
+        why = refusals(result.spec, device, threads)
+        if why:
+            say(f"perfcheck: the automatic calibration ({time.perf_counter() - t0:.1f} s) was not kept: "
+                f"{'; '.join(why)}. This prediction uses the datasheet; run `perfcheck calibrate` when the machine "
+                f"is quiet")
+            return None
         result.spec.save(path)  # atomic (temp file + rename): a reader sees no file or a whole one
         say(f"perfcheck: calibrated in {time.perf_counter() - t0:.1f} s, kept in {path}")
     except (OSError, RuntimeError, UserError) as exc:
@@ -200,29 +225,47 @@ def auto_calibrate(device=None, threads=None, progress=None) -> Optional[SystemS
     return cached_spec(device, threads, auto=False)
 
 
+def refusals(spec: SystemSpec, device=None, threads=None) -> list:
+    """Why ``spec`` must not be kept as this machine's calibration (sanity.problems against the cache
+    file it would replace); empty: keep it."""
+    from perfcheck.hardware.calibrate import sanity
+
+    return sanity.problems(spec, cached_spec(device, threads, auto=False))
+
+
+def clear(device=None, threads=None, *, every: bool = False) -> list:
+    """Delete this machine's calibration for ``threads`` (default torch's setting), or with ``every``
+    all calibrations in the cache folder; returns the deleted paths."""
+    paths = sorted(cache_dir().glob("*.json")) if every else [cache_path(device, threads=threads)]
+    gone = []
+    for p in paths:
+        try:
+            p.unlink()
+            gone.append(p)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise UserError(f"calibration cache: cannot delete {p} ({exc.strerror})") from None
+    return gone
+
+
+def cached_files() -> list:
+    """Every calibration file in the cache folder, sorted."""
+    return sorted(cache_dir().glob("*.json")) if cache_dir().is_dir() else []
+
+
+def resolve_system(device=None, threads=None, *, calibrate: bool = False, say=None) -> SystemSpec:
+    """The spec of this machine, resolved once at an edge (PerfCheck, the CLI, the facade): the cached
+    calibration for ``device`` and ``threads``; when there is none, a quick automatic one only where
+    ``calibrate`` is True (a measuring session; never a prediction or a report) and it passes the
+    sanity checks; else ``datasheet_default``."""
+    spec = cached_spec(device, threads, auto=False)
+    if spec is None and calibrate and auto_calibration_allowed(device):
+        spec = auto_calibrate(device, threads, progress=say)
+    return spec if spec is not None else datasheet_default(device)
+
+
 def default_system(device=None):
     """The spec a prediction without ``system`` uses: the cached calibration for this device, else
-    the built-in datasheet entry (``cpu``, or the GPU's by name)."""
-    import torch
-
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cached = cached_spec(dev)
-    if cached is not None:
-        return cached
-    return load_system("cpu" if dev.type != "cuda" else match_device_name(torch.cuda.get_device_name(dev)))
-
-
-def spec_label(spec) -> str:
-    """"NAME (calibrated: per-user cache PATH)", "NAME (calibrated: file PATH)" or "NAME (datasheet)"."""
-    if spec is None:
-        return "(none)"
-    if not isinstance(spec, SystemSpec):
-        try:
-            spec = load_system(spec)
-        except UserError:
-            return str(spec)
-    origin = getattr(spec, "origin", None)
-    if spec.calibrated:
-        where = origin or ("automatic quick calibration" if spec.name == AUTO_NAME else "given as a spec")
-        return f"{spec.name} (calibrated: {where})"
-    return f"{spec.name} (datasheet{': ' + origin if origin and not origin.startswith('built-in') else ''})"
+    the labelled datasheet default (``datasheet_default``). Never calibrates."""
+    return resolve_system(device)

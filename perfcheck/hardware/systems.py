@@ -52,7 +52,22 @@ _REQUIRED = (
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
 _OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
-             "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "simd_bytes", "calibrated", "sources")
+             "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "simd_bytes", "calibrated", "sources",
+             "calibration")
+#: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
+#: it (perfcheck/hardware/calibrate/sanity.py writes and checks it; every report header prints it).
+CALIBRATION_KEYS = {
+    "taken_utc": "when the calibration finished (ISO 8601, UTC)",
+    "mode": "quick, default or full",
+    "clock": "wall or process (perfcheck/hardware/calibrate/cases.py CLOCKS)",
+    "threads": "CPU intra-op threads the cases ran with (none on a GPU)",
+    "cores": "logical CPUs of the machine (os.cpu_count)",
+    "load_1m": "1-minute load average when it started (os.getloadavg)",
+    "others_cores": "mean CPU cores other processes used while it ran (system busy time less this process's, "
+                    "over the wall time)",
+    "wall_s": "seconds it took",
+    "forced": "true when it was kept in the cache against the sanity checks (perfcheck calibrate --force)",
+}
 #: Phases an ``op_row_s`` entry prices: the op's forward kernel and its backward kernel.
 ROW_PHASES = ("fwd", "bwd")
 #: Keys of an ``op_row_s`` entry: per phase the cost of a row (``fwd``/``bwd``), of each full SIMD vector in it
@@ -193,6 +208,8 @@ class SystemSpec:
     simd_bytes: int = 0
     calibrated: bool = False
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: when and under what load a calibrated spec was measured (``CALIBRATION_KEYS``); empty for a datasheet
+    calibration: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         where = f"system {self.name!r}" if isinstance(self.name, str) else "system"
@@ -243,7 +260,7 @@ class SystemSpec:
         for f in _FIELDS:
             value = getattr(self, f)
             if f in ("matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s", "op_efficiency",
-                     "op_efficiency_curve", "module_fixed_s", "op_row_s", "simd_bytes") and not value:
+                     "op_efficiency_curve", "module_fixed_s", "op_row_s", "simd_bytes", "calibration") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if f == "op_efficiency_curve":
                 value = {k: [list(p) for p in v] for k, v in value.items()}
@@ -274,7 +291,7 @@ class SystemSpec:
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
         _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, "op_fixed_s": {},
                                                    "op_efficiency": {}, "op_efficiency_curve": {},
-                                                   "module_fixed_s": {}, "op_row_s": {},
+                                                   "module_fixed_s": {}, "op_row_s": {}, "calibration": {},
                                                    **data}), where)
         return cls(**data)
 
@@ -464,6 +481,19 @@ def host_source(spec: "SystemSpec", key: str) -> str:
     return sources.get(name, "")
 
 
+def _calibration(value, where) -> types.MappingProxyType:
+    """The ``calibration`` record: known keys, each a string, a finite number or a boolean."""
+    if not isinstance(value, Mapping):
+        raise UserError(f"{where}: calibration must be an object (keys: {', '.join(CALIBRATION_KEYS)})")
+    for key, v in value.items():
+        if key not in CALIBRATION_KEYS:
+            raise UserError(f"{where}: calibration has unknown key {key!r} (allowed: {', '.join(CALIBRATION_KEYS)})")
+        ok = isinstance(v, (str, bool)) or (isinstance(v, (int, float)) and math.isfinite(v))
+        if not ok:
+            raise UserError(f"{where}: calibration.{key} must be a string, a finite number or a boolean, got {v!r}")
+    return types.MappingProxyType(dict(value))
+
+
 def _sources(value, where) -> types.MappingProxyType:
     if not isinstance(value, Mapping):
         raise UserError(f"{where}: sources must be an object of field -> source text")
@@ -504,6 +534,7 @@ def _validated_fields(spec, where: str) -> dict:
         "op_row_s": _per_row(getattr(spec, "op_row_s", {}) or {}, where),
         "simd_bytes": _simd(getattr(spec, "simd_bytes", 0), where),
         "sources": _sources(spec.sources, where),
+        "calibration": _calibration(getattr(spec, "calibration", {}) or {}, where),
     }
     for f in ("mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",
               "inter_node_bandwidth_bytes_per_s"):

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from perfcheck.measure import rundir as runs
 from perfcheck.errors import UserError
@@ -523,11 +524,20 @@ class PerfCheck:
     # ------------------------------------------------------------------- predicted vs measured
     def system_spec(self, system=None):
         """The SystemSpec predictions for this run use: ``system``, else the one given to PerfCheck, else
-        this device's built-in entry."""
+        this machine's, resolved once here at the edge (``hardware.cache.resolve_system``: the cached
+        calibration for the run's device and thread count; a quick automatic one where the cache has none
+        and it passes the sanity checks; else the labelled datasheet default)."""
         from perfcheck.hardware.systems import load_system
-        from perfcheck.predict.for_run import system_from_meta
 
-        return load_system(system_from_meta(self.meta(), self.system if system is None else system))
+        chosen = self.system if system is None else system
+        if chosen is not None:
+            return load_system(chosen)
+        if getattr(self, "_resolved_system", None) is None:
+            from perfcheck.hardware.cache import resolve_system
+
+            threads = torch.get_num_threads() if self.device.type == "cpu" else None
+            self._resolved_system = resolve_system(self.device, threads, calibrate=True)
+        return self._resolved_system
 
     def predicted(self, system=None) -> pd.DataFrame:
         """The estimator's rows for this run: the root's recorded input shapes and dtype, the
@@ -625,6 +635,7 @@ class PerfCheck:
             "run_id": getattr(self, "run_id", None), "hostname": socket.gethostname(), "pid": os.getpid(),
             "started_unix": getattr(self, "_t_start", None), "rank": getattr(self, "rank", 0),
             "world_size": getattr(self, "world_size", 1), "versions": versions(),
+            "torch_threads": torch.get_num_threads(),  # CPU intra-op threads (a calibration is per thread count)
             "device": {"type": self.device.type, "index": self.device.index, "name": device_name(self.device)},
             "model": {"type": view.types.get(ROOT), "dtype": model_dtype(view.root),
                       "params": int(sum(getattr(p, "ds_numel", p.numel()) for p in view.root.parameters())),

@@ -69,42 +69,24 @@ def parallel_from_meta(meta: dict):
 
 
 def system_from_meta(meta: dict, system=None):
-    """``system`` if given, else the meta's ``system``, else 'cpu' for a CPU run or the GPU's entry by name."""
+    """``system`` if given, else the meta's ``system``, else the labelled datasheet default for a CPU run
+    or the GPU's entry by name. Reads no calibration cache and runs nothing: the reader's machine never
+    enters a run's prediction (the run's own spec is embedded in its predicted.json)."""
     if system is not None:
         return system
     if meta.get("system"):
         return meta["system"]
     device = meta.get("device") or {}
-    cached = _cached_for(device, meta.get("hostname"))
-    if cached is not None:  # this machine's `perfcheck calibrate` result, for a run on this device
-        return cached
     if device.get("type", "cpu") == "cpu":
-        return "cpu"
+        from perfcheck.hardware.labels import datasheet_default
+
+        return datasheet_default("cpu")
     from perfcheck.hardware import systems
 
     match = getattr(systems, "match_device_name", None)
     if match is None or not device.get("name"):
         raise UserError(f"meta.json: device {device.get('name')!r}: give the system (--system NAME)")
     return match(device["name"])
-
-
-def _cached_for(device: dict, host):
-    """The per-user calibration cache's spec when the run's device is this machine's, else None."""
-    import socket
-
-    from perfcheck.hardware.cache import cached_spec
-
-    kind = device.get("type", "cpu")
-    if host is not None and host != socket.gethostname():
-        return None
-    try:
-        import torch
-
-        if kind == "cuda" and (not torch.cuda.is_available() or torch.cuda.get_device_name() != device.get("name")):
-            return None
-        return cached_spec(kind)
-    except (RuntimeError, AssertionError):
-        return None
 
 
 def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
@@ -160,7 +142,7 @@ def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, sys
     name = spec.name if spec is not None else frame.attrs.get("system")
     label = frame.attrs.get("system_label") if spec is None else None
     if spec is not None:
-        from perfcheck.hardware.cache import spec_label
+        from perfcheck.hardware.labels import spec_label
 
         label = spec_label(spec)
     if spec is None and name is not None:
@@ -170,6 +152,9 @@ def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, sys
             spec = None
     runs.atomic_write_json(base / PREDICTED_JSON, {"schema_version": SCHEMA_VERSION, "system": name,
                                                    "system_label": label,
+                                                   # where the spec came from (per-user cache, file, default),
+                                                   # so a report read later says so, not "a SystemSpec object"
+                                                   "system_origin": getattr(spec, "origin", None),
                                                    # the whole spec: a run predicted with a calibrated file
                                                    # reports anywhere without that file (or --system)
                                                    "system_spec": spec.to_json_dict() if spec is not None else None,
@@ -187,6 +172,9 @@ def _read_one(csv: Path) -> tuple:
         from perfcheck.hardware.systems import SystemSpec
 
         info["spec"] = SystemSpec.from_dict(info["system_spec"], where=f"{side}: system_spec")
+        # where it came from, as saved (a live and a saved report then print the same header); a file from
+        # before the field: where it is now
+        object.__setattr__(info["spec"], "origin", info.get("system_origin") or f"embedded in {side}")
     return _parse_predicted(csv, str(csv)), info
 
 

@@ -47,19 +47,13 @@ def _parse_dtype(name: str) -> torch.dtype:
 
 
 def default_system_name():
-    """The spec for the device this process would run on: this machine's cached calibration
-    (perfcheck.hardware.cache, written by ``perfcheck calibrate``), else a GPU's datasheet entry by
-    name, else the CPU entry."""
-    from perfcheck.hardware.cache import cached_spec
+    """The spec a prediction given no system uses: the datasheet entry of the device this process would
+    run on (a GPU's by name, else ``cpu``), labelled as a default. A prediction reads no cache and never
+    calibrates: the edges (``perfcheck.estimate``, PerfCheck, the CLI) resolve this machine's calibration
+    and pass it in (``perfcheck.hardware.cache.resolve_system``)."""
+    from perfcheck.hardware.labels import datasheet_default
 
-    cached = cached_spec()
-    if cached is not None:
-        return cached
-    if torch.cuda.is_available():
-        from perfcheck.hardware.systems import match_device_name
-
-        return match_device_name(torch.cuda.get_device_name())
-    return "cpu"
+    return datasheet_default()
 
 
 def _param_count(module) -> int:
@@ -204,7 +198,7 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     cols = list(PREDICTED_COLUMNS) + list(PREDICTED_EXTRA_COLUMNS)
     frame = frame[cols].reset_index(drop=True)
     # Which ceilings produced the times: every report prints "NAME (calibrated|datasheet)".
-    from perfcheck.hardware.cache import spec_label
+    from perfcheck.hardware.labels import spec_label
 
     frame.attrs.update(system=spec.name, calibrated=bool(spec.calibrated), dtype=str(dt).replace("torch.", ""),
                        system_label=spec_label(spec))

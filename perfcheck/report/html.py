@@ -194,7 +194,7 @@ def _kernel_figure(kernels, profile_steps: float) -> str:
 def render_html(rec: pd.DataFrame, *, kernels=None, samples=None, system=None, depth: int | None = None,
                 top: int = 3, profile_steps: float = 1.0, title: str = "perfcheck report", notes=()) -> str:
     """The HTML report as one string (see the module docstring)."""
-    from perfcheck.hardware.cache import spec_label
+    from perfcheck.hardware.labels import spec_label
     from perfcheck.hardware.systems import load_system
 
     spec = load_system(system) if system is not None else (load_system(rec.attrs["system"]) if rec.attrs.get("system")

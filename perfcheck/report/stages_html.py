@@ -40,8 +40,9 @@ def terminal_table(table: pd.DataFrame) -> str:
                      + [f"{_cell(r.get(p), f)} / {_cell(r.get(m), f)}" for _, p, m, f in _TERMINAL])
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = ["predicted / measured, per optimizer step (bytes: full collective buffers, per rank)",
-           fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out = [f"system: {label}" for label in systems(table)]
+    out += ["predicted / measured, per optimizer step (bytes: full collective buffers, per rank)",
+            fmt.format(*head), fmt.format(*("-" * w for w in widths))]
     out += [fmt.format(*l) for l in lines]
     for _, r in table[table["status"] != "ok"].drop_duplicates("run").iterrows():
         out.append(f"\n{r.get('run', 'stage')} (ZeRO stage {r['stage']}) FAILED:\n{r.get('notes', '')}")
@@ -149,8 +150,16 @@ def write_html(table: pd.DataFrame, path, title: str = "perfcheck compare: ZeRO 
         figs = [("step time per stage", time_figure(table)), ("memory per rank", memory_figure(table))]
     bad = table[table["status"] != "ok"].drop_duplicates("run")
     failed = [(f"{r.get('run', r['stage'])} failed", str(r.get("notes", ""))) for _, r in bad.iterrows()]
+    system = "".join(f"; system: {label}" for label in systems(table))
     atomic_write_text(path, html_page(title, figs, answers(table), failed, table,
-                                      "Summary (per optimizer step; bytes are full collective buffers per rank)"))
+                                      f"Summary (per optimizer step; bytes are full collective buffers per rank{system})"))
+
+
+def systems(table: pd.DataFrame) -> list:
+    """The distinct system labels of the stages' predictions (analysis.stages: ``system_label``)."""
+    if "system_label" not in table:
+        return []
+    return [str(s) for s in table["system_label"].dropna().unique() if str(s)]
 
 
 #: The summary table's columns: (header, predicted column, measured column, formatter); a pair shows when

@@ -59,7 +59,11 @@ def render_json(rec: pd.DataFrame) -> str:
     """The whole report as one JSON document (see the module docstring)."""
     multi = rec["rank"].nunique() > 1
     head = _clean({"schema_version": SCHEMA_VERSION, "system": rec.attrs.get("system"), "dtype": rec.attrs.get("dtype"),
+                   # where the spec came from and, for a calibration, when, with how many threads, under what load
+                   "system_label": rec.attrs.get("system_label"),
+                   "system_calibration": rec.attrs.get("system_calibration") or {},
                    "thresholds": rec.attrs.get("thresholds", {}), "hook_overhead_s": rec.attrs.get("hook_overhead_s"),
+                   "hook_overhead_source": rec.attrs.get("hook_overhead_source"),
                    "columns": RECONCILED_COLUMNS, "totals_columns": TOTALS_COLUMNS,
                    "rank_summary_columns": RANK_SUMMARY_COLUMNS, "reasons": REASONS,
                    "micro_batches": rec.attrs.get("micro_batches", 1), "notes": rec.attrs.get("notes", [])})

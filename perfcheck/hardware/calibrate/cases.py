@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from perfcheck.errors import UserError
+from perfcheck.hardware.calibrate import repeats as repeats_mod
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.hardware.calibrate.layers import cold_filler, tiny_modules
 from perfcheck.hardware.systems import normalize_dtype
@@ -116,7 +117,9 @@ _COLD_MAX_ITERS = 50
 
 
 def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: int = 20000) -> pd.DataFrame:
-    """Time every case ``repeats`` times, interleaved; one row per case with the median per-call time."""
+    """Time every case ``repeats`` times, interleaved, and the unsteady ones up to ``repeats`` times more;
+    one row per case with the median of the fastest half of its per-call times (``repeats.fastest_half``:
+    interference only adds time)."""
     iters = []
     for c in cases:  # warm-up (allocator, kernel selection, caches), then size the loop on the
         if c.setup:  # fastest of three single calls (one call can hit a scheduler stall)
@@ -129,14 +132,16 @@ def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: 
         cap = max_iters if c.between is None else _COLD_MAX_ITERS
         iters.append(int(min(cap, max(1, math.ceil(target_s / max(t, 1e-9))))))
     samples = [[] for _ in cases]
-    for _ in range(repeats):
-        for i, c in enumerate(cases):
+    for r in range(2 * repeats):  # repeats rounds, then up to as many again of the unsteady cases only
+        todo = range(len(cases)) if r < repeats else [i for i, s in enumerate(samples) if repeats_mod.unsteady(s)]
+        for i in todo:
+            c = cases[i]
             if c.setup:
                 c.setup()
             samples[i].append(timer.loop(c.fn, iters[i], c.between, c.host) / c.per_call)
     rows = []
     for c, s, it in zip(cases, samples, iters):
-        sec = statistics.median(s)
+        sec = repeats_mod.fastest_half(s)
         rows.append({"kind": c.kind, "label": c.label, "dtype": c.dtype, "m": c.shape[0], "k": c.shape[1],
                      "n": c.shape[2], "flops": c.flops, "bytes": c.bytes, "world_size": 1, "seconds": sec,
                      "seconds_min": min(s), "seconds_max": max(s), "repeats": len(s), "iters": it,
@@ -357,7 +362,7 @@ def device_kernel_rows(device, repeats: int, kernels: int = 256) -> pd.DataFrame
         end.synchronize()
         samples.append(start.elapsed_time(end) / 1e3 / kernels)
     s = samples[1:]  # the first is a warm-up
-    sec = statistics.median(s)
+    sec = repeats_mod.fastest_half(s)
     return pd.DataFrame([{"kind": "host", "label": "device kernel", "dtype": "fp32", "m": kernels, "k": 0, "n": 0,
                           "flops": 0.0, "bytes": 0.0, "world_size": 1, "seconds": sec, "seconds_min": min(s),
                           "seconds_max": max(s), "repeats": len(s), "iters": kernels, "flops_per_s": math.nan,

@@ -240,9 +240,7 @@ def bench_deepspeed(mode: str = "quick", *, device: str = "cpu", threads: int = 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    import perfcheck
-
-    root = str(Path(perfcheck.__file__).resolve().parents[1])  # the child imports this perfcheck, installed or not
+    root = str(Path(__file__).resolve().parents[3])  # the child imports this perfcheck, installed or not
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MASTER_PORT": str(port), "PYTHONWARNINGS": "ignore",
            "MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
            "PYTHONPATH": os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}

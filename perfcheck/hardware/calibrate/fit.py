@@ -410,8 +410,8 @@ def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     rows = _rows(table, "modfixed")
     if not len(rows):
         return spec
-    import perfcheck
     from perfcheck.hardware.calibrate.layers import tiny_modules
+    from perfcheck.predict.estimate import estimate
     from perfcheck.schema import ROOT
 
     mods = tiny_modules("cpu")  # the estimator traces on fake tensors: the device does not matter
@@ -422,7 +422,7 @@ def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
         if r.label not in mods:
             continue  # a table from another perfcheck version
         m, x = mods[r.label]
-        pred = perfcheck.estimate(m, x, system=tight)
+        pred = estimate(m, x, system=tight)
         fixed[r.label] = max(float(r.seconds) - float(pred.loc[pred["module"] == ROOT, "pred_fwd_s"].iloc[0]), 0.0)
     sources = dict(spec.sources)
     sources["module_fixed_s"] = (f"{d.stamp}: per nn module class, one training-mode call on tiny tensors "

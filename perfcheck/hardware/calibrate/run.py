@@ -33,8 +33,14 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
 
 Timing: cases of one group are *interleaved* (repeat r of every case, then repeat r+1, ...), so
 a burst of noise on a shared machine hits every case alike; each repeat is a timed loop long
-enough to dwarf the clock (``target_s``); the number kept is the MEDIAN per-call time over
-repeats (min and max are kept in the table). On GPU the loop is bracketed by CUDA events and the
+enough to dwarf the clock (``target_s``); the number kept is the median of the FASTEST HALF of the
+repeats (``perfcheck.hardware.calibrate.repeats``: interference only adds time), and a case whose fastest
+half disagrees is timed again (min and max are kept in the table).
+
+Trust (``perfcheck.hardware.calibrate.sanity``): the calibration watches the load while it runs
+(``LoadWatch``: the cores other processes kept busy) and stamps the spec with a ``calibration`` record
+(when, clock, threads, cores, load); ``sanity.problems`` then says whether it may be kept in the
+per-user cache (contention, physical bounds, the machine's previous calibration). On GPU the loop is bracketed by CUDA events and the
 device is synchronized only around it.
 
 Ceilings (``build_spec``; two conventions, named by ``peaks``):
@@ -70,6 +76,7 @@ from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_
                                                 launch_cases, matmul_cases, module_fixed_cases, op_efficiency_cases,
                                                 op_cold_cases, op_fixed_cases, row_cases, alignment_cases,
                                                 gemm_narrow_cases, run_cases, vector_cases)
+from perfcheck.hardware.calibrate import sanity
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
 from perfcheck.hardware.calibrate import gpu_ops
 from perfcheck.errors import UserError
@@ -199,7 +206,11 @@ def calibrate(base=None, *, mode: str = "default", device=None, dtypes=None, pea
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed, clock)
+        with sanity.LoadWatch() as watch:
+            result = _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed, clock)
+        record = sanity.conditions(watch, threads=torch.get_num_threads() if result.spec.kind == "cpu" else None,
+                                   mode=mode, clock=clock)
+        return dataclasses.replace(result, spec=sanity.stamped(result.spec, record))
     finally:
         torch.set_num_threads(saved[0])
         torch.backends.cuda.matmul.allow_tf32 = saved[1]

@@ -143,7 +143,8 @@ def _minus(a_list, b_list) -> float:
 
 
 def exposed_comm_from_trace(trace_path) -> dict:
-    """Per phase: summed wall time of communication events and the part not hidden behind compute.
+    """Per phase: summed wall time of communication events, the part not hidden behind compute, and
+    the phase ranges' own wall time (``wall_s``: the exposed share is exposed_s / wall_s).
 
     CPU (gloo): the calling thread blocks in the collective (or in its wait), so the union of
     communication events on the thread that ran the phase range is exposed. GPU: communication
@@ -165,8 +166,9 @@ def exposed_comm_from_trace(trace_path) -> dict:
     gpu = [e for e in x if str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset")]
     out = {}
     for phase, lo, hi, tid in ranges:
-        rec = out.setdefault(phase, {"comm_s": 0.0, "exposed_s": 0.0, "events": 0, "windows": 0})
+        rec = out.setdefault(phase, {"comm_s": 0.0, "exposed_s": 0.0, "events": 0, "windows": 0, "wall_s": 0.0})
         rec["windows"] += 1
+        rec["wall_s"] += (hi - lo) / 1e6  # the phase's own time in the window: exposed_s / wall_s is its share
         if gpu:
             k = _clip([[e["ts"], e["ts"] + e["dur"]] for e in gpu if "nccl" in e["name"].lower()], lo, hi)
             other = _clip([[e["ts"], e["ts"] + e["dur"]] for e in gpu if "nccl" not in e["name"].lower()], lo, hi)
