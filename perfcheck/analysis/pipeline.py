@@ -212,5 +212,6 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
     table = reconcile(pred, run.modules, system=name, kernels=run.kernels, steps=run.steps, dtype=dtype,
                       profile_steps=windows, timed=timed, collectives=coll, layouts=_layouts(run))
     table.attrs["micro_batches"] = n if n is not None else 1
+    table.attrs["optimizer"] = for_run.optimizer_for_run(meta0)[1]  # the optimizer the step prediction costs
     table.attrs["notes"] = notes
     return ReconciledRun(table=table, run=run, system=name, notes=notes)

@@ -43,6 +43,7 @@ from perfcheck.measure import selection
 from perfcheck.measure.module_timer import ModuleTimer
 from perfcheck.measure.schedule import StepSchedule
 from perfcheck.measure.sampler import DEFAULT_INTERVAL_S, Sampler, validate_interval
+from perfcheck.measure.optimizers import OptimizerWatch, check_optimizer
 from perfcheck.schema import ROOT, SAMPLE_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
 
 #: Per-step module rows kept in memory (about 120 bytes each); older steps are dropped from memory
@@ -83,6 +84,17 @@ def _synced_micro_batches(step_rows, synced: dict):
     ``integrations.torch_distributed.GradSyncCounter``), None for other models or before a step."""
     counts = [synced[r["step"]] for r in step_rows if r["role"] == "measured" and not r["failed"] and r["step"] in synced]
     return statistics.median(counts) if counts else None
+
+
+def outermost_paths(paths) -> list:
+    """The paths in ``paths`` (``named_modules()`` names) that have no ancestor in ``paths``, in their order."""
+    present = set(paths)
+    out = []
+    for p in paths:
+        parts = p.split(".")
+        if not any(".".join(parts[:i]) in present for i in range(1, len(parts))) and p not in out:
+            out.append(p)
+    return out
 
 
 def _check_system(system):
@@ -126,6 +138,10 @@ class PerfCheck:
             a cheaper always-on mode; the others' time is inside their nearest timed ancestor's.
         modules: time only these (and the root): module paths, class names, path globs or classes
             (measure/selection.py). meta.json ``selection`` records either choice.
+        optimizer: the optimizer the loop steps (a torch.optim instance, framework wrappers such as
+            accelerate's or DeepSpeed's unwrapped, or a name such as "adamw-foreach"); default: the
+            one seen stepping the model's parameters (torch.optim's global step hooks, while
+            running). meta.json ``optimizer`` names it; the prediction costs its step.
 
     ``save()`` also writes the estimator's rows for the shapes, dtype and parallel layout the run
     saw (``predicted.csv``), so ``perfcheck report RUN_DIR`` needs nothing but the directory.
@@ -138,7 +154,7 @@ class PerfCheck:
                  profile_window: tuple = (0, 1, 1), count_flops: bool = False,
                  sample_interval: float | None = DEFAULT_INTERVAL_S, out_dir=None, memory: bool | None = None,
                  overhead_pairs: int = 0, parallel: dict | None = None, system=None, depth: int | None = None,
-                 modules=None):
+                 modules=None, optimizer=None):
         self.warmup = _nonneg_int("warmup", warmup)
         self.n_steps = _nonneg_int("steps", steps, allow_none=True)
         if self.n_steps == 0:
@@ -157,6 +173,7 @@ class PerfCheck:
         self.out_dir = runs.check_run_dir(out_dir, "out_dir") if out_dir is not None else None
         self.user_parallel = dict(parallel or {})
         self.system = _check_system(system)
+        self._optimizer_arg = check_optimizer(optimizer)
         self._schedule = StepSchedule(warmup=self.warmup, steps=self.n_steps, count_flops=self.count_flops,
                                       profile_window=self.profile_window if self.profile else None,
                                       overhead_pairs=self.overhead_pairs)
@@ -217,6 +234,7 @@ class PerfCheck:
 
         # DDP / FSDP2: micro-batches per step whose backward reduces gradients (no_sync() ones don't)
         self._grad_sync, self._synced = GradSyncCounter.attach(self._view.outer), {}
+        self._optimizers = OptimizerWatch(self._view.root, self._optimizer_arg).attach()
         if self.out_dir is not None:
             self._open_writers()
         for _, mod in self._view.modules:
@@ -293,6 +311,8 @@ class PerfCheck:
                        "compile before PerfCheck starts to have them timed as a whole")
         if getattr(self, "_grad_sync", None) is not None:
             self._grad_sync.detach()
+        if getattr(self, "_optimizers", None) is not None:
+            self._optimizers.detach()
         if self._flop_step is not None:
             self._flop_step.end()
             self._flop_step = None
@@ -371,6 +391,9 @@ class PerfCheck:
     def _finalize(self, index: int, role: str, pending):
         res = pending.resolve()
         bare = role == "bare"
+        if not bare and not getattr(self, "_root_checked", False):
+            self._root_checked = True
+            self._check_root_called(res)
         nan = math.nan
         row = {"step": index, "measured": role == "measured", "fwd_s": nan if bare else res["fwd_s"],
                "bwd_s": nan if bare else res["bwd_s"], "optim_s": nan if bare else res["optim_s"],
@@ -403,6 +426,20 @@ class PerfCheck:
             _, old = self._module_rows.popleft()  # bounded memory on long runs (the CSV keeps them all)
             self._module_row_count -= len(old)
             self._dropped_steps += 1
+
+    def _check_root_called(self, res: dict):
+        """At the first instrumented step: a root whose forward never ran (a LightningModule, whose
+        ``training_step`` calls submodules; a wrapper whose forward the loop bypasses) leaves every
+        step's fwd_s/bwd_s at 0 and no prediction: say so now, naming the outermost modules that ran."""
+        ran = [p for p, row in res["modules"].items() if row[0] > 0] + list(res["eval_modules"])
+        if ROOT in ran or not ran:
+            return
+        outer = outermost_paths(ran)
+        shown = ", ".join(f"{p} ({self._view.types.get(p, '?')})" for p in outer[:5])
+        more = f" and {len(outer) - 5} more" if len(outer) > 5 else ""
+        self._warn(f"the root module ({self._view.types.get(ROOT)}) was never called in the first step, so no step "
+                   f"gets forward/backward time and no prediction can be made; the outermost modules that ran: "
+                   f"{shown}{more}. Measure the module whose forward the loop calls: PerfCheck(model.{outer[0]})")
 
     def _compute_overhead(self):
         rows, bnd = self._step_rows, self._boundary_s
@@ -607,6 +644,11 @@ class PerfCheck:
         inputs = self._timer.first_root_inputs if started else None
         return (inputs or {}).get("autocast") or model_dtype(self._view.root)
 
+    def _optimizer_meta(self) -> dict:
+        """meta.json ``optimizer`` (measure/optimizers.py), ``optimizer_source``, ``optimizers_seen``."""
+        watch = getattr(self, "_optimizers", None)
+        return (watch if watch is not None else OptimizerWatch(self._view.root, self._optimizer_arg)).meta()
+
     def meta(self, complete: bool = True, files=None) -> dict:
         """The run's metadata (what meta.json holds)."""
         view, started = self._view, self._state != "new"
@@ -643,6 +685,7 @@ class PerfCheck:
             "measured_steps": sum(1 for r in rows if r["role"] == "measured" and not r["failed"]),
             "failed_steps": sum(1 for r in rows if r["failed"]),
             "module_steps_dropped": self._dropped_steps,
+            **self._optimizer_meta(),
             "micro_batches": _micro_batches(rows),
             "grad_sync_micro_batches": _synced_micro_batches(rows, getattr(self, "_synced", {})),
             "timing": {"clock": "cuda events (pooled, resolved after the step)" if self.device.type == "cuda"
