@@ -29,11 +29,12 @@ _WRAPPED = ("optimizer", "_optimizer")
 
 
 def unwrap_optimizer(opt):
-    """The innermost torch.optim.Optimizer inside framework wrappers (``opt`` itself when it is one or wraps none)."""
+    """The innermost optimizer inside framework wrappers (some, like accelerate's, subclass
+    torch.optim.Optimizer themselves): follow ``optimizer`` / ``_optimizer`` while it holds param_groups."""
     seen = set()
-    while not isinstance(opt, torch.optim.Optimizer) and id(opt) not in seen:
+    while id(opt) not in seen:
         seen.add(id(opt))
-        inner = next((getattr(opt, a) for a in _WRAPPED if getattr(opt, a, None) is not None), None)
+        inner = next((getattr(opt, a) for a in _WRAPPED if hasattr(getattr(opt, a, None), "param_groups")), None)
         if inner is None:
             break
         opt = inner
