@@ -2,9 +2,11 @@
 
 This environment's torchvision wheel does not match its CPU torch (importing it raises
 "operator torchvision::nms does not exist"), and transformers imports torchvision whenever it is
-installed. ``hide_broken_torchvision()`` makes a torchvision that cannot be imported look absent
-(``sys.modules["torchvision"] = None``: ``importlib.util.find_spec`` then returns None), in this
-process only; a working torchvision is left alone. The subprocess scripts call it too.
+installed, as does Lightning's torchmetrics. ``hide_broken_torchvision()`` makes a torchvision that
+cannot be imported look absent, in this process only: ``sys.modules["torchvision"] = None``
+(``importlib.util.find_spec`` then returns None: transformers' check) and lightning_utilities'
+version lookup answering PackageNotFoundError for it (torchmetrics' ``RequirementCache``). A
+working or absent torchvision is left alone. The subprocess scripts call it too.
 """
 import os
 import sys
@@ -20,3 +22,21 @@ def hide_broken_torchvision():
         for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
             del sys.modules[name]
         sys.modules["torchvision"] = None
+        _hide_from_lightning_utilities()
+
+
+def _hide_from_lightning_utilities():
+    try:
+        from lightning_utilities.core import imports
+    except ImportError:
+        return
+    from importlib.metadata import PackageNotFoundError
+
+    version = imports._version
+
+    def _version(name):
+        if name == "torchvision":
+            raise PackageNotFoundError(name)
+        return version(name)
+
+    imports._version = _version
