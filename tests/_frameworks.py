@@ -40,3 +40,43 @@ def _hide_from_lightning_utilities():
         return version(name)
 
     imports._version = _version
+
+
+# ---------------------------------------------------------------------------- tiny HF models, no downloads
+SEQ, N_SEQ, VOCAB = 16, 32, 64
+
+
+def tiny_gpt2(seed=0):
+    """A random-init 2-layer GPT-2 (32 wide, vocabulary 64), dropout off."""
+    import transformers
+
+    transformers.set_seed(seed)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def tokens():
+    """N_SEQ random sequences of SEQ token ids, as a Dataset of {input_ids, labels}."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (N_SEQ, SEQ), generator=g)
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(ids)
+
+        def __getitem__(self, i):
+            return {"input_ids": ids[i], "labels": ids[i]}
+
+    return Tokens()
+
+
+def training_args(output_dir, accum=1, steps=6, **extra):
+    import transformers
+
+    return transformers.TrainingArguments(
+        output_dir=str(output_dir), per_device_train_batch_size=4, gradient_accumulation_steps=accum,
+        max_steps=steps, use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
+        dataloader_num_workers=0, seed=0, disable_tqdm=True, **extra)
