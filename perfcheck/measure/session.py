@@ -554,6 +554,8 @@ class PerfCheck:
             runs.atomic_write_csv(d / COLLECTIVES_CSV, coll, list(COLLECTIVE_COLUMNS))
             files.append(COLLECTIVES_CSV)
         files += self._save_prediction(run_dir)
+        if runs.TRACE in files:
+            self._add_predicted_track(d / runs.TRACE)
         runs.atomic_write_json(d / runs.META, self.meta(complete=self._state == "stopped", files=files))
         return d
 
@@ -580,6 +582,20 @@ class PerfCheck:
             ddp = "DistributedDataParallel" in self._view.wrappers  # its buckets give the all-reduces
             self._predicted = predict_for_run(self._view.outer if ddp else self._view.root, self.meta(), system=spec)
         return self._predicted
+
+    def _add_predicted_track(self, trace_path):
+        """The prediction as its own track in trace.json (measure/predicted_track.py); a failure leaves
+        the measured trace as it was and a warning, never a lost run."""
+        from perfcheck.measure.predicted_track import add_predicted_track
+
+        frame = getattr(self, "_predicted", None)
+        if frame is None:
+            return
+        try:
+            if not add_predicted_track(trace_path, frame):
+                self._warn("trace.json: no predicted track (no measured root forward in the profiled step)")
+        except Exception as exc:  # noqa: BLE001 - the trace is an extra; the run must be saved
+            self._warn(f"trace.json: predicted track not added: {type(exc).__name__}: {exc}")
 
     def _save_prediction(self, run_dir) -> list:
         """Write predicted.csv beside this rank's files; a model the estimator cannot trace leaves a
