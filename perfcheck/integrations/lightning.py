@@ -25,7 +25,12 @@ import torch
 try:  # the unified package first; the standalone one keeps its own Callback class
     from lightning.pytorch import Callback
 except ImportError:  # pragma: no cover - depends on what is installed
-    from pytorch_lightning import Callback
+    try:
+        from pytorch_lightning import Callback
+    except ImportError as exc:
+        raise ImportError("perfcheck.integrations.lightning needs lightning (pip install lightning)") from exc
+except Exception as exc:  # noqa: BLE001 - a broken dependency of lightning (a torchvision built for another torch)
+    raise ImportError(f"perfcheck.integrations.lightning: importing lightning failed: {exc!r}") from exc
 
 from perfcheck.integrations.callbacks import CallbackRun
 from perfcheck.measure.session import outermost_paths

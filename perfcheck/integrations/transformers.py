@@ -16,7 +16,10 @@ PerfCheck's hooks only read: training is bit-identical with and without the call
 """
 from __future__ import annotations
 
-from transformers import TrainerCallback
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:
+    raise ImportError("perfcheck.integrations.transformers needs transformers (pip install transformers)") from exc
 
 from perfcheck.integrations.callbacks import CallbackRun
 
