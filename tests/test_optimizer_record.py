@@ -89,3 +89,12 @@ def test_framework_wrappers_are_unwrapped():
 
     inner = torch.optim.Adam(torch.nn.Linear(2, 2).parameters(), fused=True)
     assert optimizer_name(Holder(Wrapper(inner))) == "adam-fused"
+
+
+def test_a_model_the_loop_never_calls_is_said_at_the_second_step():
+    model, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    with pytest.warns(RuntimeWarning, match=r"step\(\) called 2 times but no module of the measured model \(Linear\)"):
+        with PerfCheck(model, profile=False, sample_interval=None) as pc:
+            for _ in range(2):
+                other(torch.randn(1, 2)).sum().backward()
+                pc.step()

@@ -266,6 +266,7 @@ class PerfCheck:
             self._index += 1
             return
         if self._role != "bare" and not self._timer.step_has_calls:
+            self._note_empty_step()
             return  # nothing ran since the last boundary
         t0 = time.perf_counter()
         self._end_step()
@@ -426,6 +427,14 @@ class PerfCheck:
             _, old = self._module_rows.popleft()  # bounded memory on long runs (the CSV keeps them all)
             self._module_row_count -= len(old)
             self._dropped_steps += 1
+
+    def _note_empty_step(self):
+        """step() with no module of the model run since the last boundary: fine once (a step() at the
+        top of the loop), but a second one before any step was recorded means the loop never calls it."""
+        self._empty_steps = getattr(self, "_empty_steps", 0) + 1
+        if self._empty_steps == 2 and not self._step_rows and not self._pending:
+            self._warn(f"step() called {self._empty_steps} times but no module of the measured model "
+                       f"({self._view.types.get(ROOT)}) ran: is it the module the training loop calls?")
 
     def _check_root_called(self, res: dict):
         """At the first instrumented step: a root whose forward never ran (a LightningModule, whose
