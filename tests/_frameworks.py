@@ -23,6 +23,17 @@ def hide_broken_torchvision():
             del sys.modules[name]
         sys.modules["torchvision"] = None
         _hide_from_lightning_utilities()
+        _forget_transformers_checks()
+
+
+def _forget_transformers_checks():
+    """transformers caches its availability checks (lru_cache): drop them if it was imported first."""
+    utils = sys.modules.get("transformers.utils.import_utils")
+    for name in ("_is_package_available", "is_torchvision_available", "is_torchvision_v2_available",
+                 "is_vision_available"):
+        clear = getattr(getattr(utils, name, None), "cache_clear", None)
+        if clear is not None:
+            clear()
 
 
 def _hide_from_lightning_utilities():
