@@ -234,9 +234,9 @@ class PerfCheck:
 
         # DDP / FSDP2: micro-batches per step whose backward reduces gradients (no_sync() ones don't)
         self._grad_sync, self._synced = GradSyncCounter.attach(self._view.outer), {}
-        self._optimizers = OptimizerWatch(self._view.root, self._optimizer_arg).attach()
         if self.out_dir is not None:
             self._open_writers()
+        self._optimizers = OptimizerWatch(self._view.root, self._optimizer_arg).attach()  # removed in _teardown
         for _, mod in self._view.modules:
             PerfCheck._attached.add(mod)
         self._state = "running"
@@ -448,7 +448,8 @@ class PerfCheck:
         more = f" and {len(outer) - 5} more" if len(outer) > 5 else ""
         self._warn(f"the root module ({self._view.types.get(ROOT)}) was never called in the first step, so no step "
                    f"gets forward/backward time and no prediction can be made; the outermost modules that ran: "
-                   f"{shown}{more}. Measure the module whose forward the loop calls: PerfCheck(model.{outer[0]})")
+                   f"{shown}{more}. Measure the module whose forward the loop calls, e.g. "
+                   f"PerfCheck(model.get_submodule({outer[0]!r}))")
 
     def _compute_overhead(self):
         rows, bnd = self._step_rows, self._boundary_s
