@@ -2,5 +2,7 @@
 ``perfcheck.integrations.deepspeed.api``). DeepSpeed itself is imported only when a function runs."""
 from perfcheck.integrations.deepspeed.api import (BLOCK_KEY, PerfcheckBlock, attach, attach_engine,  # noqa: F401
                                                   initialize, parse_block, save_prediction)
+from perfcheck.integrations.deepspeed.block import perfcheck_for_engine  # noqa: F401
 
-__all__ = ["BLOCK_KEY", "PerfcheckBlock", "attach", "attach_engine", "initialize", "parse_block", "save_prediction"]
+__all__ = ["BLOCK_KEY", "PerfcheckBlock", "attach", "attach_engine", "initialize", "parse_block", "perfcheck_for_engine",
+           "save_prediction"]

@@ -5,6 +5,12 @@ import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Before any test module imports transformers or lightning: a torchvision wheel that cannot load
+# against this torch is made to look absent (tests/_frameworks.py), as it is on a CPU-only install.
+from _frameworks import hide_broken_torchvision  # noqa: E402
+
+hide_broken_torchvision()
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 

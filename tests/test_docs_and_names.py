@@ -106,7 +106,11 @@ def _resolve(dotted: str):
 def test_perfcheck_names_in_readme_and_docs_resolve(doc, name):
     try:
         _resolve(name)
-    except (ImportError, AttributeError) as exc:
+    except ImportError as exc:
+        if name.startswith("perfcheck.integrations.") and ("needs " in str(exc) or "importing " in str(exc)):
+            pytest.skip(f"{name}: its framework is absent or broken here ({exc})")  # an optional dependency
+        pytest.fail(f"{doc} names `{name}`, which does not resolve: {exc}")
+    except AttributeError as exc:
         pytest.fail(f"{doc} names `{name}`, which does not resolve: {exc}")
 
 

@@ -261,5 +261,6 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
                       layouts=_layouts(run), hook_overhead_s=hook_s, hook_overhead_source=hook_source,
                       other_device=device_mismatch(spec, meta0), contention=waited)
     table.attrs["micro_batches"] = n if n is not None else 1
+    table.attrs["optimizer"] = for_run.optimizer_for_run(meta0)[1]  # the optimizer the step prediction costs
     table.attrs["notes"] = notes
     return ReconciledRun(table=table, run=run, system=name, notes=notes)

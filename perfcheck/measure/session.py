@@ -44,6 +44,7 @@ from perfcheck.measure import selection
 from perfcheck.measure.module_timer import ModuleTimer
 from perfcheck.measure.schedule import StepSchedule
 from perfcheck.measure.sampler import DEFAULT_INTERVAL_S, Sampler, validate_interval
+from perfcheck.measure.optimizers import OptimizerWatch, check_optimizer
 from perfcheck.schema import ROOT, SAMPLE_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
 
 #: Per-step module rows kept in memory (about 120 bytes each); older steps are dropped from memory
@@ -84,6 +85,17 @@ def _synced_micro_batches(step_rows, synced: dict):
     ``integrations.torch_distributed.GradSyncCounter``), None for other models or before a step."""
     counts = [synced[r["step"]] for r in step_rows if r["role"] == "measured" and not r["failed"] and r["step"] in synced]
     return statistics.median(counts) if counts else None
+
+
+def outermost_paths(paths) -> list:
+    """The paths in ``paths`` (``named_modules()`` names) that have no ancestor in ``paths``, in their order."""
+    present = set(paths)
+    out = []
+    for p in paths:
+        parts = p.split(".")
+        if not any(".".join(parts[:i]) in present for i in range(1, len(parts))) and p not in out:
+            out.append(p)
+    return out
 
 
 def _check_system(system):
@@ -127,6 +139,10 @@ class PerfCheck:
             a cheaper always-on mode; the others' time is inside their nearest timed ancestor's.
         modules: time only these (and the root): module paths, class names, path globs or classes
             (measure/selection.py). meta.json ``selection`` records either choice.
+        optimizer: the optimizer the loop steps (a torch.optim instance, framework wrappers such as
+            accelerate's or DeepSpeed's unwrapped, or a name such as "adamw-foreach"); default: the
+            one seen stepping the model's parameters (torch.optim's global step hooks, while
+            running). meta.json ``optimizer`` names it; the prediction costs its step.
 
     ``save()`` also writes the estimator's rows for the shapes, dtype and parallel layout the run
     saw (``predicted.csv``), so ``perfcheck report RUN_DIR`` needs nothing but the directory.
@@ -139,7 +155,7 @@ class PerfCheck:
                  profile_window: tuple = (0, 1, 1), count_flops: bool = False,
                  sample_interval: float | None = DEFAULT_INTERVAL_S, out_dir=None, memory: bool | None = None,
                  overhead_pairs: int = 0, parallel: dict | None = None, system=None, depth: int | None = None,
-                 modules=None):
+                 modules=None, optimizer=None):
         self.warmup = _nonneg_int("warmup", warmup)
         self.n_steps = _nonneg_int("steps", steps, allow_none=True)
         if self.n_steps == 0:
@@ -158,6 +174,7 @@ class PerfCheck:
         self.out_dir = runs.check_run_dir(out_dir, "out_dir") if out_dir is not None else None
         self.user_parallel = dict(parallel or {})
         self.system = _check_system(system)
+        self._optimizer_arg = check_optimizer(optimizer)
         self._schedule = StepSchedule(warmup=self.warmup, steps=self.n_steps, count_flops=self.count_flops,
                                       profile_window=self.profile_window if self.profile else None,
                                       overhead_pairs=self.overhead_pairs)
@@ -220,6 +237,7 @@ class PerfCheck:
         self._grad_sync, self._synced = GradSyncCounter.attach(self._view.outer), {}
         if self.out_dir is not None:
             self._open_writers()
+        self._optimizers = OptimizerWatch(self._view.root, self._optimizer_arg).attach()  # removed in _teardown
         for _, mod in self._view.modules:
             PerfCheck._attached.add(mod)
         self._state = "running"
@@ -249,6 +267,7 @@ class PerfCheck:
             self._index += 1
             return
         if self._role != "bare" and not self._timer.step_has_calls:
+            self._note_empty_step()
             return  # nothing ran since the last boundary
         t0 = time.perf_counter()
         self._end_step()
@@ -294,6 +313,8 @@ class PerfCheck:
                        "compile before PerfCheck starts to have them timed as a whole")
         if getattr(self, "_grad_sync", None) is not None:
             self._grad_sync.detach()
+        if getattr(self, "_optimizers", None) is not None:
+            self._optimizers.detach()
         if self._flop_step is not None:
             self._flop_step.end()
             self._flop_step = None
@@ -372,6 +393,9 @@ class PerfCheck:
     def _finalize(self, index: int, role: str, pending):
         res = pending.resolve()
         bare = role == "bare"
+        if not bare and not getattr(self, "_root_checked", False):
+            self._root_checked = True
+            self._check_root_called(res)
         nan = math.nan
         row = {"step": index, "measured": role == "measured", "fwd_s": nan if bare else res["fwd_s"],
                "bwd_s": nan if bare else res["bwd_s"], "optim_s": nan if bare else res["optim_s"],
@@ -404,6 +428,29 @@ class PerfCheck:
             _, old = self._module_rows.popleft()  # bounded memory on long runs (the CSV keeps them all)
             self._module_row_count -= len(old)
             self._dropped_steps += 1
+
+    def _note_empty_step(self):
+        """step() with no module of the model run since the last boundary: fine once (a step() at the
+        top of the loop), but a second one before any step was recorded means the loop never calls it."""
+        self._empty_steps = getattr(self, "_empty_steps", 0) + 1
+        if self._empty_steps == 2 and not self._step_rows and not self._pending:
+            self._warn(f"step() called {self._empty_steps} times but no module of the measured model "
+                       f"({self._view.types.get(ROOT)}) ran: is it the module the training loop calls?")
+
+    def _check_root_called(self, res: dict):
+        """At the first instrumented step: a root whose forward never ran (a LightningModule, whose
+        ``training_step`` calls submodules; a wrapper whose forward the loop bypasses) leaves every
+        step's fwd_s/bwd_s at 0 and no prediction: say so now, naming the outermost modules that ran."""
+        ran = [p for p, row in res["modules"].items() if row[0] > 0] + list(res["eval_modules"])
+        if ROOT in ran or not ran:
+            return
+        outer = outermost_paths(ran)
+        shown = ", ".join(f"{p} ({self._view.types.get(p, '?')})" for p in outer[:5])
+        more = f" and {len(outer) - 5} more" if len(outer) > 5 else ""
+        self._warn(f"the root module ({self._view.types.get(ROOT)}) was never called in the first step, so no step "
+                   f"gets forward/backward time and no prediction can be made; the outermost modules that ran: "
+                   f"{shown}{more}. Measure the module whose forward the loop calls, e.g. "
+                   f"PerfCheck(model.get_submodule({outer[0]!r}))")
 
     def _compute_overhead(self):
         rows, bnd = self._step_rows, self._boundary_s
@@ -518,6 +565,8 @@ class PerfCheck:
             runs.atomic_write_csv(d / COLLECTIVES_CSV, coll, list(COLLECTIVE_COLUMNS))
             files.append(COLLECTIVES_CSV)
         files += self._save_prediction(run_dir)
+        if runs.TRACE in files:
+            self._add_predicted_track(d / runs.TRACE)
         runs.atomic_write_json(d / runs.META, self.meta(complete=self._state == "stopped", files=files))
         return d
 
@@ -553,6 +602,20 @@ class PerfCheck:
             ddp = "DistributedDataParallel" in self._view.wrappers  # its buckets give the all-reduces
             self._predicted = predict_for_run(self._view.outer if ddp else self._view.root, self.meta(), system=spec)
         return self._predicted
+
+    def _add_predicted_track(self, trace_path):
+        """The prediction as its own track in trace.json (measure/predicted_track.py); a failure leaves
+        the measured trace as it was and a warning, never a lost run."""
+        from perfcheck.measure.predicted_track import add_predicted_track
+
+        frame = getattr(self, "_predicted", None)
+        if frame is None:
+            return
+        try:
+            if not add_predicted_track(trace_path, frame):
+                self._warn("trace.json: no predicted track (no measured root forward in the profiled step)")
+        except Exception as exc:  # noqa: BLE001 - the trace is an extra; the run must be saved
+            self._warn(f"trace.json: predicted track not added: {type(exc).__name__}: {exc}")
 
     def _save_prediction(self, run_dir) -> list:
         """Write predicted.csv beside this rank's files; a model the estimator cannot trace leaves a
@@ -617,6 +680,11 @@ class PerfCheck:
         inputs = self._timer.first_root_inputs if started else None
         return (inputs or {}).get("autocast") or model_dtype(self._view.root)
 
+    def _optimizer_meta(self) -> dict:
+        """meta.json ``optimizer`` (measure/optimizers.py), ``optimizer_source``, ``optimizers_seen``."""
+        watch = getattr(self, "_optimizers", None)
+        return (watch if watch is not None else OptimizerWatch(self._view.root, self._optimizer_arg)).meta()
+
     def meta(self, complete: bool = True, files=None) -> dict:
         """The run's metadata (what meta.json holds)."""
         view, started = self._view, self._state != "new"
@@ -654,6 +722,7 @@ class PerfCheck:
             "measured_steps": sum(1 for r in rows if r["role"] == "measured" and not r["failed"]),
             "failed_steps": sum(1 for r in rows if r["failed"]),
             "module_steps_dropped": self._dropped_steps,
+            **self._optimizer_meta(),
             "micro_batches": _micro_batches(rows),
             "grad_sync_micro_batches": _synced_micro_batches(rows, getattr(self, "_synced", {})),
             "timing": {"clock": "cuda events (pooled, resolved after the step)" if self.device.type == "cuda"

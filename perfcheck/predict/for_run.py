@@ -89,8 +89,35 @@ def system_from_meta(meta: dict, system=None):
     return match(device["name"])
 
 
+def optimizer_for_run(meta: dict) -> tuple:
+    """``(name for estimate(optimizer=...) or None, label for reports)`` from meta.json ``optimizer``
+    (measure/optimizers.py): a modelled one by name; one ``optimizer_kind`` does not model gives None
+    and "optimizer X: not modelled" (its step is left unpredicted, never costed as another); a run
+    that recorded none (older runs, no step seen) keeps the former SGD assumption and says so."""
+    from perfcheck.predict.host import optimizer_kind
+
+    name = meta.get("optimizer")
+    if not name:
+        return "sgd", "sgd (assumed: the run recorded no optimizer)"
+    try:
+        optimizer_kind(str(name))
+    except (UserError, NotImplementedError):
+        return None, f"optimizer {name}: not modelled"
+    return str(name), str(name)
+
+
 def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
-    """The predicted frame (schema.PREDICTED_COLUMNS) for the run described by ``meta`` (meta.json)."""
+    """The predicted frame (schema.PREDICTED_COLUMNS) for the run described by ``meta`` (meta.json);
+    ``attrs["optimizer"]`` names the optimizer costed (``optimizer_for_run``)."""
+    optimizer, label = optimizer_for_run(meta)
+    frame = _estimate_for_run(model, meta, system, optimizer or "sgd")
+    if optimizer is None:
+        frame["pred_optim_s"] = float("nan")  # not modelled: no number rather than another optimizer's
+    frame.attrs["optimizer"] = label
+    return frame
+
+
+def _estimate_for_run(model, meta: dict, system, optimizer) -> pd.DataFrame:
     from perfcheck.integrations import torch_distributed as native
     from perfcheck.predict.estimate import estimate
 
@@ -100,13 +127,13 @@ def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
         # FSDP2 / DTensor: estimate() traces an unparallelised meta twin (the live model's state and
         # hooks are never touched) and adds the collectives the live layout issues per module.
         return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
-                        kwargs=kwargs or None)
+                        kwargs=kwargs or None, optimizer=optimizer)
     if kind == "ddp" and native.has_buckets(model):
         frame = estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
-                         parallel=None, kwargs=kwargs or None)
+                         parallel=None, kwargs=kwargs or None, optimizer=optimizer)
         return native.add_live_collectives(frame, model, system_from_meta(meta, system))
     return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
-                    parallel=parallel_from_meta(meta), kwargs=kwargs or None)
+                    parallel=parallel_from_meta(meta), kwargs=kwargs or None, optimizer=optimizer)
 
 
 def model_from_meta(meta: dict):

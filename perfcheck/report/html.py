@@ -78,6 +78,9 @@ def _summary(rec, t: dict) -> str:
             ["time no module explains", _e(f"{fmt_time(t.get('unexplained_s'))} = {fmt_pct(t.get('unexplained_share'))} of the step "
                                           f"(after backward: {fmt_time(t.get('meas_optim_s'))}; loss/data/idle: "
                                           f"{fmt_time(t.get('other_s'))})")],
+            ["optimizer (predicted | measured after backward)", _e(f"{rec.attrs.get('optimizer') or 'not recorded'}: "
+                                                                   f"{fmt_time(t.get('pred_optim_s'))} | "
+                                                                   f"{fmt_time(t.get('meas_optim_s'))}")],
             ["optimizer kernels / unattributed kernels per step", _e(f"{fmt_time(t.get('optimizer_kernel_s'))} / "
                                                                      f"{fmt_time(t.get('unattributed_kernel_s'))}")],
             ["hook overhead (instrumented vs bare steps)", _e(hook_text(t))]]

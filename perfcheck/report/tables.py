@@ -7,6 +7,7 @@ per-rank totals (``TOTALS_COLUMNS``) as a second CSV.
 JSON: one object::
 
     {"schema_version": 1, "system": ..., "dtype": ..., "thresholds": {...},
+     "optimizer": "adamw-fused",                        # the optimizer the prediction costed (meta.json)
      "columns": {name: description, ...},            # RECONCILED_COLUMNS
      "totals_columns": {...}, "totals": [{...}, ...],  # one record per rank
      "rank_summary": [{...}, ...],                      # RANK_SUMMARY_COLUMNS, multi-rank runs only
@@ -66,7 +67,8 @@ def render_json(rec: pd.DataFrame) -> str:
                    "hook_overhead_source": rec.attrs.get("hook_overhead_source"),
                    "columns": RECONCILED_COLUMNS, "totals_columns": TOTALS_COLUMNS,
                    "rank_summary_columns": RANK_SUMMARY_COLUMNS, "reasons": REASONS,
-                   "micro_batches": rec.attrs.get("micro_batches", 1), "notes": rec.attrs.get("notes", [])})
+                   "micro_batches": rec.attrs.get("micro_batches", 1), "optimizer": rec.attrs.get("optimizer"),
+                   "notes": rec.attrs.get("notes", [])})
     parts = [json.dumps(head)[:-1]]
     parts.append(f', "totals": {_records(totals_frame(rec))}')
     parts.append(f', "rank_summary": {_records(rank_summary(rec)) if multi else "[]"}')

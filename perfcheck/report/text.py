@@ -73,6 +73,17 @@ def _table(head: list, rows: list, left=(0,)) -> list:
     return [line(head)] + [line(r) for r in rows]
 
 
+def _optimizer(rec: pd.DataFrame) -> str:
+    """The optimizer the prediction costed (analysis.pipeline: attrs["optimizer"]), as 'adamw: ', or ''."""
+    name = rec.attrs.get("optimizer")
+    return f"{name}: " if name and "not modelled" not in name else ""
+
+
+def _optimizer_why(rec: pd.DataFrame) -> str:
+    name = rec.attrs.get("optimizer")
+    return f": {name}" if name and "not modelled" in name else ""
+
+
 def _summary(t: dict, rec: pd.DataFrame) -> list:
     root = rec[rec["module"] == ROOT]
     src = root if len(root) else rec[rec["depth"] == rec["depth"].min()]
@@ -90,9 +101,9 @@ def _summary(t: dict, rec: pd.DataFrame) -> list:
                    f"{fmt_gap(t.get(f'gap_{p}'))}   achieved {fmt_rate(rate)}")
     out.append(f"{'step latency (measured, median):':<44}{fmt_time(t.get('meas_step_s'))}   "
                f"(predicted fwd+bwd {fmt_time(t.get('pred_step_s'))}; "
-               + (f"optimizer {fmt_time(t.get('pred_optim_s'))} predicted, {fmt_time(t.get('meas_optim_s'))} measured with "
-                  "the framework after backward)" if t.get("pred_optim_s") == t.get("pred_optim_s") and
-                  t.get("pred_optim_s") is not None else "the optimizer is not predicted)"))
+               + (f"optimizer {_optimizer(rec)}{fmt_time(t.get('pred_optim_s'))} predicted, {fmt_time(t.get('meas_optim_s'))} "
+                  "measured with the framework after backward)" if t.get("pred_optim_s") == t.get("pred_optim_s") and
+                  t.get("pred_optim_s") is not None else f"the optimizer is not predicted{_optimizer_why(rec)})"))
     share = t.get("unexplained_share")
     out.append(f"{'time no module explains:':<44}{fmt_time(t.get('unexplained_s'))} = {fmt_pct(share)} of the step"
                f" (optimizer/framework after backward {fmt_time(t.get('meas_optim_s'))},"

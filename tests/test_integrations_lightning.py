@@ -1,0 +1,84 @@
+"""Lightning with perfcheck: a LightningModule whose training_step calls a submodule (not forward).
+
+Trained twice from the same seed, with and without the callback: parameters bit-identical; the
+callback times the submodule training_step calls (found at the first batch) and the run directory
+reports with the optimizer line naming AdamW.
+"""
+import json
+
+import pytest
+import torch
+
+from _frameworks import hide_broken_torchvision
+
+hide_broken_torchvision()
+L = pytest.importorskip("lightning.pytorch")
+
+from perfcheck.cli import main  # noqa: E402
+
+
+class Lit(L.LightningModule):
+    """training_step calls self.net and a parameter-free loss module; forward is never called."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        self.loss = torch.nn.MSELoss()
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return self.loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def data():
+    g = torch.Generator().manual_seed(3)
+    ds = torch.utils.data.TensorDataset(torch.randn(64, 16, generator=g), torch.randn(64, 4, generator=g))
+    return torch.utils.data.DataLoader(ds, batch_size=8)
+
+
+def fit(tmp_path, callbacks, accum=1):
+    L.seed_everything(0, verbose=False)
+    module = Lit()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=6, accumulate_grad_batches=accum, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(tmp_path), callbacks=callbacks)
+    trainer.fit(module, data())
+    return module
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_lightning_callback_times_the_submodule(tmp_path, capsys, accum):
+    from perfcheck.integrations.lightning import PerfCheckCallback
+
+    plain = fit(tmp_path / "plain", [], accum)
+    cb = PerfCheckCallback(system="cpu", sample_interval=None)
+    with pytest.warns(RuntimeWarning, match=r"several modules \(net, loss\); measuring 'net'"):
+        measured = fit(tmp_path / "measured", [cb], accum)
+    for (name, a), b in zip(plain.named_parameters(), measured.parameters()):
+        assert torch.equal(a, b), name
+    assert cb.measured_path == "net" and cb.run_dir.parent == tmp_path / "measured"
+    meta = json.loads((cb.run_dir / "rank0" / "meta.json").read_text())
+    assert meta["model"]["type"] == "Sequential" and meta["optimizer"] == "adamw" and meta["complete"]
+    assert meta["micro_batches"] == accum
+    capsys.readouterr()
+    assert main(["report", str(cb.run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "optimizer adamw:" in out
+
+
+def test_root_never_called_is_said_at_the_first_step():
+    """PerfCheck on the LightningModule itself (the mistake the callback avoids): warned at step one."""
+    from perfcheck import PerfCheck
+
+    module = Lit()
+    opt = module.configure_optimizers()
+    x, y = torch.randn(4, 16), torch.randn(4, 4)
+    with pytest.warns(RuntimeWarning, match=r"root module \(Lit\) was never called.*outermost modules that ran: "
+                                            r"net \(Sequential\), loss \(MSELoss\)"):
+        with PerfCheck(module, warmup=0, steps=2, profile=False, sample_interval=None) as pc:
+            module.training_step((x, y), 0).backward()
+            opt.step()
+            pc.step()
