@@ -23,6 +23,9 @@ def main(mode, out):
         args = training_args(os.path.join(out, "trainer"), ddp_backend="gloo")
         callback = PerfCheckCallback(out_dir=os.path.join(out, "run"), system="cpu", sample_interval=None)
     else:
+        from perfcheck.examples.train_ds import _no_shm_comm_build
+
+        _no_shm_comm_build()  # DeepSpeed's CPU shared-memory comm op is never JIT-compiled by a test
         ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
               "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True,
               "perfcheck": {"enabled": True, "output_dir": os.path.join(out, "ds"), "warmup_steps": 1, "steps": 3,
