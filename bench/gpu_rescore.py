@@ -77,10 +77,29 @@ def _gpt_batch(csv: Path) -> int:
     return 32 if "b32" in csv.name else 8
 
 
-def rescore(folder: Path, models=None, dtype: str = "bf16", progress=print):
+def refit(folder: Path, base: str = "h100-sxm"):
+    """The visit's calibrated spec fitted again from its recorded cases (calibration.csv[.gz]) with the current
+    fit code, as ``perfcheck calibrate`` builds it on CUDA (peaks "base", then the GPU kernel-class curves):
+    a change to how cases are fitted is judged offline; cases the visit did not run keep the base's values."""
+    from perfcheck.hardware.calibrate import gpu_ops
+    from perfcheck.hardware.calibrate.fit import build_spec
+
+    csv = next((p for p in (folder / "calibration.csv.gz", folder / "calibration.csv") if p.exists()), None)
+    if csv is None:
+        raise SystemExit(f"--refit: {folder} has no calibration.csv[.gz]")
+    table = pd.read_csv(csv, keep_default_na=False, na_values=[""])
+    table["dtype"] = table["dtype"].astype(str)
+    old = load_system(str(folder / "calibrated.json"))
+    spec = build_spec(base, table, peaks="base", stamp=f"re-fitted offline from {folder.name}", name=old.name,
+                      kind="gpu", mem_capacity_bytes=old.mem_capacity_bytes)
+    return gpu_ops.apply(spec, table, f"re-fitted offline from {folder.name}")
+
+
+def rescore(folder: Path, models=None, dtype: str = "bf16", progress=print, system=None):
     """(rows, checks): every recorded row with the recomputed predictions and ratios; per (file, model, system)
-    the largest |recomputed / recorded - 1| over its modules and of its step."""
-    cal = load_system(str(folder / "calibrated.json"))
+    the largest |recomputed / recorded - 1| over its modules and of its step. ``system``: the calibrated spec to
+    predict with (default: the visit's calibrated.json)."""
+    cal = system if system is not None else load_system(str(folder / "calibrated.json"))
     tdt = DTYPES[dtype]
     frames, checks = [], []
     for csv in sorted(folder.glob("accuracy*.csv*")):
@@ -131,17 +150,21 @@ def main(argv=None):
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="the run's dtype (GPU runs: bf16)")
     ap.add_argument("--check", action="store_true", help="print recorded vs recomputed predictions per model")
     ap.add_argument("--csv", default=None, help="write every re-scored row")
+    ap.add_argument("--refit", action="store_true", help="fit the calibrated spec again from the visit's "
+                    "calibration.csv with the current fit code (else: its calibrated.json as recorded)")
     args = ap.parse_args(argv)
     folder = Path(args.folder)
     if not (folder / "calibrated.json").exists():
         raise SystemExit(f"folder: {folder} has no calibrated.json")
     models = [m.strip() for m in args.models.split(",")] if args.models else None
     torch.set_num_threads(1)
-    rows, checks = rescore(folder, models, args.dtype, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    rows, checks = rescore(folder, models, args.dtype, progress=lambda m: print(m, file=sys.stderr, flush=True),
+                           system=refit(folder) if args.refit else None)
     if args.check:
         print("recorded vs recomputed prediction, |recomputed/recorded - 1| (0: the re-score reproduces the run):")
         print(checks.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    print(f"re-scored offline on CPU from the recorded measurements of {folder} (not a new GPU measurement):")
+    print(f"re-scored offline on CPU from the recorded measurements of {folder} (not a new GPU measurement); "
+          f"system: {'re-fitted from its calibration.csv' if args.refit else 'its calibrated.json'}:")
     print("\n".join(report(rows)))
     if args.csv:
         rows.to_csv(args.csv, index=False)

@@ -74,7 +74,11 @@ HOST_KEYS = {
     "backward_node_s": "autograd engine time per node evaluated in backward, beside its kernels' dispatch",
     "backward_call_s": "fixed cost of one loss.backward() (graph task, engine start)",
     "module_call_s": "Python cost of one nn.Module.__call__ (hook checks, forward frame)",
-    "optim_step_s": "fixed cost of one optimizer.step() + zero_grad(set_to_none=True)",
+    "optim_step_s": "fixed cost of one optimizer.step() + zero_grad(set_to_none=True) (torch.optim.SGD, for-loop)",
+    "optim_sgd_foreach_step_s": "the same fixed cost for torch.optim.SGD's foreach implementation (its grouping of the "
+                                "tensors by device and dtype and each _foreach_ op's launch: dearer than the for-loop's)",
+    "optim_adam_step_s": "the same fixed cost for torch.optim.Adam/AdamW's for-loop implementation",
+    "optim_adam_foreach_step_s": "the same fixed cost for torch.optim.Adam/AdamW's foreach implementation",
     "optim_sgd_per_tensor_s": "torch.optim.SGD for-loop implementation, host time per parameter tensor",
     "optim_sgd_foreach_per_tensor_s": "torch.optim.SGD foreach implementation, host time per parameter tensor",
     "optim_adam_per_tensor_s": "torch.optim.Adam/AdamW for-loop implementation, host time per parameter tensor",

@@ -19,7 +19,8 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
                                     (view_dispatch_s for a view's node)
     backward, per parameter tensor  backward_node_s + view_dispatch_s (AccumulateGrad: a node and a detach)
     backward, once (root)           backward_call_s (engine start for loss.backward())
-    optimizer step                  optim_step_s + per tensor optim_<impl>_per_tensor_s (host)
+    optimizer step                  optim_<impl>_step_s + per tensor optim_<impl>_per_tensor_s (host;
+                                    optim_step_s is SGD for-loop's fixed cost)
                                     + streams x parameter bytes at the memory ceiling (device)
     DeepSpeed, ZeRO stage S         zero<S>_* per phase: fixed + per parameter tensor, ZeRO-3 per
                                     module call and per partitioned tensor (``deepspeed_host_s``)
@@ -87,6 +88,7 @@ class OptimizerCost:
     host_s: float
     device_s: float
     time_s: float
+    fixed_s: float = 0.0  # the step's fixed host cost (in host_s), paid once per step, not per module
 
 
 # ------------------------------------------------------------------------------ timelines
@@ -312,8 +314,9 @@ def optimizer_kind(optimizer) -> tuple:
 def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int = 4) -> OptimizerCost:
     """Predicted optimizer.step() + zero_grad(set_to_none=True) for parameter tensors of ``param_numels``.
 
-    Host: optim_step_s + tensors x optim_<kind>_per_tensor_s (for-loop) or
-    optim_<kind>_foreach_per_tensor_s (foreach; fused is costed as foreach: not calibrated apart).
+    Host: the implementation's fixed cost (``step_key``: optim_step_s for SGD's for-loop, optim_<kind>[_foreach]_step_s
+    otherwise) + tensors x optim_<kind>_per_tensor_s (for-loop) or optim_<kind>_foreach_per_tensor_s (foreach;
+    fused is costed as foreach: not calibrated apart). Each intercept is its own calibration line's.
     Device: streams x elements x elem_bytes at the memory ceiling, + kernels x device_kernel_s
     (for-loop: kernels per tensor; foreach/fused: one launch per op for the whole list).
     CPU: host + device (same thread); GPU: max(host, device) (the step's kernels queue behind it).
@@ -326,12 +329,19 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     tensors, elems = len(numels), float(numels.sum())
     base = "adam" if kind == "adamw" else "sgd" if kind == "sgd_momentum" else kind
     per = hc[f"optim_{base}_per_tensor_s" if impl == "for-loop" else f"optim_{base}_foreach_per_tensor_s"]
-    host = hc["optim_step_s"] + tensors * per
+    fixed = hc[step_key(base, impl)]
+    host = fixed + tensors * per
     kernels = tensors * OPTIMIZER_KERNELS[kind] if impl == "for-loop" else OPTIMIZER_KERNELS[kind]
     mem = memory_time_s(OPTIMIZER_STREAMS[kind] * elems * elem_bytes, spec)
     device = mem + kernels * hc["device_kernel_s"] * (tensors > 0)
     total = host + device if spec.kind == "cpu" else max(host, device)
-    return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total))
+    return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total), float(fixed))
+
+
+def step_key(base: str, impl: str) -> str:
+    """The host constant of an optimizer implementation's fixed cost per step (base: sgd | adam)."""
+    name = f"{base}_foreach" if impl != "for-loop" else base
+    return "optim_step_s" if name == "sgd" else f"optim_{name}_step_s"
 
 
 # ------------------------------------------------------------------------------ processes sharing a host
@@ -411,7 +421,6 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, module
         frame[f"host_{phase}_s"] = host
         frame[f"pred_{phase}_s"] = frame["module"].map(times[f"time_{phase}_s"]).fillna(0.0).to_numpy(float)
         frame[f"bound_{phase}"] = np.where(host_bound(host, device), "host", frame[f"bound_{phase}"])
-    fixed = host_constants(spec)["optim_step_s"]
     optim = []
     for path in frame["module"]:
         mod = modules.get(path)
@@ -420,6 +429,6 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, module
         numels = [int(getattr(q, "perfcheck_optim_numel", 0) or getattr(q, "ds_numel", 0) or q.numel()) for q in
                   {id(q): q for q in mod.parameters()}.values() if q.requires_grad] if mod is not None else []
         cost = optimizer_time(numels, optimizer, spec)
-        optim.append(max(cost.time_s - (fixed if path != _root() else 0.0), 0.0) if numels else 0.0)
+        optim.append(max(cost.time_s - (cost.fixed_s if path != _root() else 0.0), 0.0) if numels else 0.0)
     frame["pred_optim_s"] = optim
     return frame
