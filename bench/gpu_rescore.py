@@ -77,7 +77,7 @@ def _gpt_batch(csv: Path) -> int:
     return 32 if "b32" in csv.name else 8
 
 
-def refit(folder: Path, base: str = "h100-sxm"):
+def refit(folder: Path, base: str = "h100-sxm", standin: bool = False):
     """The visit's calibrated spec fitted again from its recorded cases (calibration.csv[.gz]) with the current
     fit code, as ``perfcheck calibrate`` builds it on CUDA (peaks "base", then the GPU kernel-class curves):
     a change to how cases are fitted is judged offline; cases the visit did not run keep the base's values."""
@@ -89,10 +89,44 @@ def refit(folder: Path, base: str = "h100-sxm"):
         raise SystemExit(f"--refit: {folder} has no calibration.csv[.gz]")
     table = pd.read_csv(csv, keep_default_na=False, na_values=[""])
     table["dtype"] = table["dtype"].astype(str)
+    if standin and not ((table["kind"] == "opfixed") & (table["dtype"] == "bf16")).any():
+        table = bf16_standin(folder, table)
     old = load_system(str(folder / "calibrated.json"))
     spec = build_spec(base, table, peaks="base", stamp=f"re-fitted offline from {folder.name}", name=old.name,
                       kind="gpu", mem_capacity_bytes=old.mem_capacity_bytes)
     return gpu_ops.apply(spec, table, f"re-fitted offline from {folder.name}")
+
+
+#: aten op family of the calibration's op_fixed cases -> the LeNet op of scripts/gpu_phases.py --ops that stands
+#: in for it (``bf16_standin``): GEMMs -> the Linear, convolution -> conv1 (LeNet's conv2 cost 2x more in bf16:
+#: a shape-specific cuDNN path the tiny case will not see either), max-pool -> max_pool2d, the rest -> relu.
+_STANDIN = {"addmm": "linear fc1", "mm": "linear fc1", "bmm": "linear fc1", "convolution": "conv1",
+            "max_pool2d_with_indices": "max_pool2d"}
+#: LeNet's functional forward in the --ops diagnostic: op -> calls (12 ops: "LeNet forward, functional")
+_LENET_OPS = {"conv1": 1, "conv2": 1, "relu": 4, "max_pool2d": 2, "flatten": 1, "linear fc1": 3}
+
+
+def bf16_standin(folder: Path, table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` plus stand-ins for the bf16 host cases a visit before cases.HOST_DTYPES_CUDA did not run, built
+    from that visit's per-op diagnostic (phases_ops.csv: LeNet's ops in tight loops, fp32 and bf16, with and
+    without gradients, and its functional forward): each bf16 op_fixed case = its fp32 case + (the stand-in op's
+    bf16-with-gradient time - its fp32-without time); the bf16 round-robin = the bf16 cases' mean + the bf16
+    excess of LeNet's functional forward over the sum of its ops' loops, per op. An estimate of what the new
+    cases would measure, designed on LeNet's ops: judge it on the other models."""
+    ops = pd.read_csv(folder / "phases_ops.csv.gz")
+    ops["grad"] = ops["grad"].astype(str) == "True"
+    us = {(r.dtype, bool(r.grad), r.what): float(r.host_us) * 1e-6 for r in ops.itertuples(index=False)}
+    fixed = table[(table["kind"] == "opfixed") & (table["dtype"] == "fp32")]
+    rows = []
+    for r in fixed.to_dict("records"):
+        op = _STANDIN.get(r["label"], "relu")
+        rows.append({**r, "dtype": "bf16",
+                     "seconds": r["seconds"] + us[("bfloat16", True, op)] - us[("float32", False, op)]})
+    loops = sum(n * us[("bfloat16", True, op)] for op, n in _LENET_OPS.items())
+    excess = (us[("bfloat16", True, "LeNet forward, functional (no modules)")] - loops) / sum(_LENET_OPS.values())
+    rr = table[(table["kind"] == "opcold") & (table["dtype"] == "fp32")].iloc[0].to_dict()
+    rows.append({**rr, "dtype": "bf16", "seconds": float(np.mean([x["seconds"] for x in rows])) + max(excess, 0.0)})
+    return pd.concat([table, pd.DataFrame(rows)], ignore_index=True)
 
 
 def rescore(folder: Path, models=None, dtype: str = "bf16", progress=print, system=None):
@@ -152,6 +186,8 @@ def main(argv=None):
     ap.add_argument("--csv", default=None, help="write every re-scored row")
     ap.add_argument("--refit", action="store_true", help="fit the calibrated spec again from the visit's "
                     "calibration.csv with the current fit code (else: its calibrated.json as recorded)")
+    ap.add_argument("--bf16-standin", action="store_true", help="with --refit, on a visit without bf16 host cases: "
+                    "stand-ins for them from its per-op diagnostic (bf16_standin; an estimate, not a measurement)")
     args = ap.parse_args(argv)
     folder = Path(args.folder)
     if not (folder / "calibrated.json").exists():
@@ -159,12 +195,13 @@ def main(argv=None):
     models = [m.strip() for m in args.models.split(",")] if args.models else None
     torch.set_num_threads(1)
     rows, checks = rescore(folder, models, args.dtype, progress=lambda m: print(m, file=sys.stderr, flush=True),
-                           system=refit(folder) if args.refit else None)
+                           system=refit(folder, standin=args.bf16_standin) if args.refit else None)
     if args.check:
         print("recorded vs recomputed prediction, |recomputed/recorded - 1| (0: the re-score reproduces the run):")
         print(checks.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(f"re-scored offline on CPU from the recorded measurements of {folder} (not a new GPU measurement); "
-          f"system: {'re-fitted from its calibration.csv' if args.refit else 'its calibrated.json'}:")
+          f"system: {'re-fitted from its calibration.csv' if args.refit else 'its calibrated.json'}"
+          f"{' + bf16 host cases stood in from its per-op diagnostic' if args.bf16_standin else ''}:")
     print("\n".join(report(rows)))
     if args.csv:
         rows.to_csv(args.csv, index=False)

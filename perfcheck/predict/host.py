@@ -63,7 +63,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import host_constants, load_system
+from perfcheck.hardware.systems import LOW_HOST_DTYPES, host_constants, load_system, normalize_dtype
 from perfcheck.predict.roofline import memory_time_s
 
 #: torch.optim implementations with a calibrated per-tensor host cost, and the parameter-sized
@@ -183,12 +183,31 @@ def op_switches(names, view) -> tuple:
     return fwd, bwd
 
 
+def dtype_host_terms(spec, hc: dict, dtype) -> tuple:
+    """``(op_fixed, op_cold_s)`` for a model run in ``dtype``: op_fixed_s with each ``<op>@<dtype>`` entry
+    (calibration's cases in that dtype, with gradients) over the plain ``<op>`` one, and ``op_cold_<dtype>_s``
+    where the spec's host block has it (measured), else op_cold_s. fp32/tf32 (or no dtype): the plain ones.
+    Why: on the H100 VM a bf16 LeNet forward's host time was 2.2x its fp32 one (cases.HOST_DTYPES_CUDA)."""
+    fixed = dict(getattr(spec, "op_fixed_s", {}) or {})
+    cold = hc["op_cold_s"]
+    try:
+        key = None if dtype is None else normalize_dtype(dtype)
+    except UserError:  # a dtype without host terms of its own (fp64): the plain ones
+        key = None
+    if key in LOW_HOST_DTYPES:
+        suffix = f"@{key}"
+        fixed.update({name[: -len(suffix)]: v for name, v in fixed.items() if name.endswith(suffix)})
+        cold = dict(spec.host).get(f"op_cold_{key}_s", cold)
+    return fixed, cold
+
+
 def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
     """Per-op forward and backward host seconds (before module-call and AccumulateGrad terms).
 
     ``op_fixed``: aten name -> fixed cost of that op family beyond a tiny add's dispatch (the
     spec's ``op_fixed_s``: cuDNN/cuBLAS set-up, a reduction's set-up); backward kernels of an op
     are costed like its forward kernel (fixed x backward kernels / forward kernels; NB, an approximation).
+    ``hc["op_cold_s"]``: the per-switch cost (``dtype_host_terms`` puts the dtype's there).
     """
     view = seq["view"].to_numpy(bool)
     node = seq["node"].to_numpy(bool)
@@ -208,13 +227,14 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
     return fwd, bwd
 
 
-def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] = None) -> pd.DataFrame:
+def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] = None, dtype=None) -> pd.DataFrame:
     """Per module path: host_fwd_s, host_bwd_s, device_fwd_s, device_bwd_s, time_fwd_s, time_bwd_s.
 
     trace: perfcheck.predict.trace.Trace; ops: the timed op table (see ``op_sequence``; ``t_*``
     are device seconds on ``spec`` without launch terms beyond ``device_kernel_s``);
     param_tensors: path -> parameter tensors needing a gradient that the module owns directly
-    (their AccumulateGrad nodes run in its backward). Containers include their children.
+    (their AccumulateGrad nodes run in its backward). Containers include their children. ``dtype``: the
+    model's floating dtype, for its host terms (``dtype_host_terms``).
 
     Each module call is an item of its own in the sequence, just before the call's first op, on
     the stack up to that module (so it counts in the module and its ancestors, not in the child
@@ -223,7 +243,8 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     spec = load_system(spec)
     hc = host_constants(spec)
     seq, op_stacks = op_sequence(trace, ops)
-    h_op, hb_op = _host_arrays(seq, hc, dict(spec.op_fixed_s))
+    op_fixed, cold = dtype_host_terms(spec, hc, dtype)
+    h_op, hb_op = _host_arrays(seq, {**hc, "op_cold_s": cold}, op_fixed)
     mod_fixed = dict(getattr(spec, "module_fixed_s", {}) or {})  # class name -> s per call (a layer's Python)
     param_tensors = param_tensors or {}
     h_fwd, h_bwd, d_fwd, d_bwd, stacks, seen, prev = [], [], [], [], [], set(), ()
@@ -404,7 +425,7 @@ def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec,
 
 # ------------------------------------------------------------------------------ estimator columns
 def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, modules: dict,
-                     optimizer="sgd") -> pd.DataFrame:
+                     optimizer="sgd", dtype=None) -> pd.DataFrame:
     """The module estimator's host terms: ``host_fwd_s``, ``host_bwd_s``, ``pred_optim_s``, and
     ``pred_fwd_s``/``pred_bwd_s`` replaced by the two-timeline time (device terms + host terms);
     ``bound_*`` becomes ``host`` where the host total exceeds the device total.
@@ -414,7 +435,7 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, module
     """
     spec = load_system(spec)
     own = {p: sum(1 for q in m.parameters(recurse=False) if q.requires_grad) for p, m in modules.items()}
-    times = module_times(trace, ops, spec, own).set_index("module")
+    times = module_times(trace, ops, spec, own, dtype).set_index("module")
     for phase in ("fwd", "bwd"):
         host = frame["module"].map(times[f"host_{phase}_s"]).fillna(0.0).to_numpy(float)
         device = frame["module"].map(times[f"device_{phase}_s"]).fillna(0.0).to_numpy(float)
