@@ -115,3 +115,18 @@ def test_the_foreach_step_uses_its_own_fixed_cost():
     assert pred.loc["(root)", "pred_optim_s"] == pytest.approx(cost.time_s)
     # below the root the fixed cost is left out (paid once per step): 142 - 140 = 2 us at most
     assert pred.loc["0", "pred_optim_s"] <= 2 * US + 1e-9
+
+
+# ---------------------------------------------------------------------------- graph gather/scatter kernel classes
+def test_gather_and_scatter_families_trace_to_their_aten_ops_with_hand_bytes():
+    from perfcheck.hardware.calibrate import gpu_ops
+
+    cs = {c.label: c for c in gpu_ops.gpu_op_cases("cpu", ("bf16",), sizes="tiny",
+                                                     families=("index_select", "scatter_add"))}
+    assert set(cs) == {"index_select fwd", "index_select bwd", "scatter_add_ fwd", "scatter_add_ bwd"}
+    # tiny: 64 edges, 16 nodes, 8 features, bf16: the gather reads 64 rows x 8 x 2 B = 1024 B, writes 1024 B and
+    # reads the 64 int64 indices (512 B)
+    assert cs["index_select fwd"].bytes == 1024 + 1024 + 512
+    for c in cs.values():
+        assert c.dtype == "bf16"
+        c.fn()  # runs (forward, and the backward of its output alone)
