@@ -130,3 +130,9 @@ def test_gather_and_scatter_families_trace_to_their_aten_ops_with_hand_bytes():
     for c in cs.values():
         assert c.dtype == "bf16"
         c.fn()  # runs (forward, and the backward of its output alone)
+
+
+def test_a_spec_calibrated_before_the_foreach_line_keeps_its_optim_step_s():
+    spec = _spec(optim_step_s=60 * US, optim_sgd_foreach_per_tensor_s=1 * US)
+    spec = dataclasses.replace(spec, host={k: v for k, v in spec.host.items() if k != "optim_sgd_foreach_step_s"})
+    assert host.optimizer_time([5, 5], "sgd", spec).host_s == pytest.approx(62 * US)  # 60 + 2 x 1, not the default

@@ -350,7 +350,9 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     tensors, elems = len(numels), float(numels.sum())
     base = "adam" if kind == "adamw" else "sgd" if kind == "sgd_momentum" else kind
     per = hc[f"optim_{base}_per_tensor_s" if impl == "for-loop" else f"optim_{base}_foreach_per_tensor_s"]
-    fixed = hc[step_key(base, impl)]
+    # a spec calibrated before each implementation had its own line (no such key in its host block): its
+    # optim_step_s, not the uncalibrated default
+    fixed = dict(spec.host).get(step_key(base, impl), hc["optim_step_s"])
     host = fixed + tensors * per
     kernels = tensors * OPTIMIZER_KERNELS[kind] if impl == "for-loop" else OPTIMIZER_KERNELS[kind]
     mem = memory_time_s(OPTIMIZER_STREAMS[kind] * elems * elem_bytes, spec)
