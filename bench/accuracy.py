@@ -67,11 +67,13 @@ class Workload:
     loss: object
 
 
-def build(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, gpt_batch: int = 8) -> Workload:
-    """A reference model with a batch sized for the device (small on CPU, realistic on GPU)."""
+def build(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, gpt_batch: int = 8,
+          gpu_sizes: bool = None) -> Workload:
+    """A reference model with a batch sized for the device (small on CPU, realistic on GPU). ``gpu_sizes``:
+    the GPU sizes whatever ``device`` is (bench/gpu_rescore.py rebuilds a GPU run's workloads on the CPU)."""
     from perfcheck.examples.models import EXAMPLES, GPT
 
-    gpu = device.type == "cuda"
+    gpu = device.type == "cuda" if gpu_sizes is None else gpu_sizes
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     if name == "graph":

@@ -154,7 +154,10 @@ if f.exists():
     d = json.loads(f.read_text())
     h = d.get("host", {})
     print("calibrated host: " + ", ".join(f"{k} {h[k] * 1e6:.1f} us" for k in
-          ("op_dispatch_s", "op_cold_s", "backward_call_s", "device_kernel_s") if k in h))
+          ("op_dispatch_s", "op_cold_s", "op_cold_bf16_s", "backward_call_s", "device_kernel_s", "optim_step_s",
+           "optim_sgd_foreach_step_s", "optim_sgd_foreach_per_tensor_s") if k in h))
+    fx = d.get("op_fixed_s", {})
+    print("op_fixed_s (us): " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in sorted(fx.items())))
     for k, pts in sorted(d.get("op_efficiency_curve", {}).items()):
         print(f"curve {k:<58} " + " ".join(f"{x * 1e6:.0f}us:{e:.2f}" for x, e in pts))
     eff = d.get("op_efficiency", {})

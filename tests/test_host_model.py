@@ -99,19 +99,21 @@ def test_device_bound_gemm_is_not_host_bound():
 
 # ---------------------------------------------------------------------------- optimizer
 def test_optimizer_arithmetic_per_implementation():
-    spec = _spec("cpu", optim_step_s=30 * US, optim_sgd_per_tensor_s=5 * US, optim_adam_foreach_per_tensor_s=7 * US)
+    spec = _spec("cpu", optim_step_s=30 * US, optim_sgd_per_tensor_s=5 * US, optim_adam_foreach_per_tensor_s=7 * US,
+                 optim_adam_foreach_step_s=90 * US)
     cost = host.optimizer_time([100, 50], "sgd", spec)
     # for-loop on a CPU: host 30 + 2 x 5 = 40 us; device 3 streams x 150 elements x 4 B at the copy rate
     mem = 3 * 150 * 4 / (spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"])
     assert (cost.implementation, cost.host_s) == ("for-loop", pytest.approx(40 * US))
     assert cost.device_s == pytest.approx(mem) and cost.time_s == pytest.approx(40 * US + mem)
     adam = host.optimizer_time([100, 50], "adamw-foreach", spec)
-    assert adam.host_s == pytest.approx(30 * US + 2 * 7 * US)
+    assert adam.host_s == pytest.approx(90 * US + 2 * 7 * US)  # Adam foreach's own intercept, not SGD's 30 us
     assert adam.device_s == pytest.approx(7 * 150 * 4 / (spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"]))
-    gpu = _spec("gpu", optim_step_s=30 * US, optim_sgd_foreach_per_tensor_s=1 * US, device_kernel_s=2 * US)
+    gpu = _spec("gpu", optim_step_s=30 * US, optim_sgd_foreach_step_s=130 * US, optim_sgd_foreach_per_tensor_s=1 * US,
+                device_kernel_s=2 * US)
     g = host.optimizer_time([10] * 4, "sgd", gpu)  # GPU default: foreach; host and device overlap
     assert g.implementation == "foreach" and g.time_s == pytest.approx(max(g.host_s, g.device_s))
-    assert g.host_s == pytest.approx(34 * US)
+    assert g.host_s == pytest.approx(134 * US) and g.fixed_s == pytest.approx(130 * US)  # 130 + 4 x 1
 
 
 def test_optimizer_kind_from_instances_and_names():
@@ -162,9 +164,14 @@ def test_fit_host_constants_by_hand():
             # x32 = 224 + 192 + 50 = 466 us
             _row("host", "forward+backward x8", 154 * US, m=8), _row("host", "forward+backward x32", 466 * US, m=32),
             # SGD for-loop: 30 us + 5 us per tensor: x2 = 40 us, x16 = 110 us
-            _row("host", "optim sgd x2", 40 * US, m=2), _row("host", "optim sgd x16", 110 * US, m=16)]
+            _row("host", "optim sgd x2", 40 * US, m=2), _row("host", "optim sgd x16", 110 * US, m=16),
+            # SGD foreach: 130 us + 1 us per tensor: x2 = 132, x16 = 146 (the H100 VM's shape: 139 + 1.1 per tensor)
+            _row("host", "optim sgd_foreach x2", 132 * US, m=2), _row("host", "optim sgd_foreach x16", 146 * US, m=16)]
     spec = build_spec("cpu", pd.DataFrame(rows), peaks="measured", stamp="test")
     h = spec.host
+    assert h["optim_sgd_foreach_per_tensor_s"] == pytest.approx(1 * US)
+    assert h["optim_sgd_foreach_step_s"] == pytest.approx(130 * US)  # its own intercept, not the for-loop's 30
+    assert host_constants(spec)["optim_adam_step_s"] == host_constants(load_system("cpu"))["optim_adam_step_s"]  # no case
     assert h["op_dispatch_s"] == pytest.approx(4 * US) and h["view_dispatch_s"] == pytest.approx(2 * US)
     assert h["autograd_node_s"] == pytest.approx(3 * US)  # 7 - 4
     assert h["backward_node_s"] == pytest.approx(2 * US)  # slope 6 less one grad kernel's dispatch 4

@@ -76,6 +76,11 @@ ROW_PHASES = ("fwd", "bwd")
 #: (perfcheck.predict.roofline.row_time_s); an entry with the phase keys alone prices every row alike.
 ROW_TERMS = ROW_PHASES + tuple(f"{ph}_{t}" for ph in ROW_PHASES for t in ("vector", "tail", "partial"))
 
+#: Low-precision dtypes with host terms of their own (``op_cold_<dtype>_s``; ``op_fixed_s`` keys ``<op>@<dtype>``):
+#: measured by perfcheck calibrate on CUDA (perfcheck/hardware/calibrate/cases.py HOST_DTYPES_CUDA); a spec
+#: without them prices the dtype like fp32.
+LOW_HOST_DTYPES = ("bf16", "fp16")
+
 #: Host-side (framework) constants a spec may give in its ``host`` block, seconds; the estimator's
 #: host model (perfcheck.predict.host) uses them. Missing keys come from ``host_defaults.json``.
 HOST_KEYS = {
@@ -85,11 +90,17 @@ HOST_KEYS = {
                  "the one run before it, as in a training step, over the same op repeated in a tight loop (its code "
                  "and data are no longer in the core's caches and predictors; perfcheck.predict.host.op_switches; "
                  "perfcheck/hardware/calibrate/cases.py op_cold_cases)",
+    **{f"op_cold_{dt}_s": f"op_cold_s for a model run in {dt} (measured on tensors needing a gradient; a spec that "
+                          f"has no measured value uses op_cold_s)" for dt in ("bf16", "fp16")},
     "autograd_node_s": "extra forward host time of an op whose input needs a gradient (grad_fn node, saved tensors)",
     "backward_node_s": "autograd engine time per node evaluated in backward, beside its kernels' dispatch",
     "backward_call_s": "fixed cost of one loss.backward() (graph task, engine start)",
     "module_call_s": "Python cost of one nn.Module.__call__ (hook checks, forward frame)",
-    "optim_step_s": "fixed cost of one optimizer.step() + zero_grad(set_to_none=True)",
+    "optim_step_s": "fixed cost of one optimizer.step() + zero_grad(set_to_none=True) (torch.optim.SGD, for-loop)",
+    "optim_sgd_foreach_step_s": "the same fixed cost for torch.optim.SGD's foreach implementation (its grouping of the "
+                                "tensors by device and dtype and each _foreach_ op's launch: dearer than the for-loop's)",
+    "optim_adam_step_s": "the same fixed cost for torch.optim.Adam/AdamW's for-loop implementation",
+    "optim_adam_foreach_step_s": "the same fixed cost for torch.optim.Adam/AdamW's foreach implementation",
     "optim_sgd_per_tensor_s": "torch.optim.SGD for-loop implementation, host time per parameter tensor",
     "optim_sgd_foreach_per_tensor_s": "torch.optim.SGD foreach implementation, host time per parameter tensor",
     "optim_adam_per_tensor_s": "torch.optim.Adam/AdamW for-loop implementation, host time per parameter tensor",

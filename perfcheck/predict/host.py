@@ -19,7 +19,8 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
                                     (view_dispatch_s for a view's node)
     backward, per parameter tensor  backward_node_s + view_dispatch_s (AccumulateGrad: a node and a detach)
     backward, once (root)           backward_call_s (engine start for loss.backward())
-    optimizer step                  optim_step_s + per tensor optim_<impl>_per_tensor_s (host)
+    optimizer step                  optim_<impl>_step_s + per tensor optim_<impl>_per_tensor_s (host;
+                                    optim_step_s is SGD for-loop's fixed cost)
                                     + streams x parameter bytes at the memory ceiling (device)
     DeepSpeed, ZeRO stage S         zero<S>_* per phase: fixed + per parameter tensor, ZeRO-3 per
                                     module call and per partitioned tensor (``deepspeed_host_s``)
@@ -62,7 +63,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import host_constants, load_system
+from perfcheck.hardware.systems import LOW_HOST_DTYPES, host_constants, load_system, normalize_dtype
 from perfcheck.predict.roofline import memory_time_s
 
 #: torch.optim implementations with a calibrated per-tensor host cost, and the parameter-sized
@@ -87,6 +88,7 @@ class OptimizerCost:
     host_s: float
     device_s: float
     time_s: float
+    fixed_s: float = 0.0  # the step's fixed host cost (in host_s), paid once per step, not per module
 
 
 # ------------------------------------------------------------------------------ timelines
@@ -181,12 +183,31 @@ def op_switches(names, view) -> tuple:
     return fwd, bwd
 
 
+def dtype_host_terms(spec, hc: dict, dtype) -> tuple:
+    """``(op_fixed, op_cold_s)`` for a model run in ``dtype``: op_fixed_s with each ``<op>@<dtype>`` entry
+    (calibration's cases in that dtype, with gradients) over the plain ``<op>`` one, and ``op_cold_<dtype>_s``
+    where the spec's host block has it (measured), else op_cold_s. fp32/tf32 (or no dtype): the plain ones.
+    Why: on the H100 VM a bf16 LeNet forward's host time was 2.2x its fp32 one (cases.HOST_DTYPES_CUDA)."""
+    fixed = dict(getattr(spec, "op_fixed_s", {}) or {})
+    cold = hc["op_cold_s"]
+    try:
+        key = None if dtype is None else normalize_dtype(dtype)
+    except UserError:  # a dtype without host terms of its own (fp64): the plain ones
+        key = None
+    if key in LOW_HOST_DTYPES:
+        suffix = f"@{key}"
+        fixed.update({name[: -len(suffix)]: v for name, v in fixed.items() if name.endswith(suffix)})
+        cold = dict(spec.host).get(f"op_cold_{key}_s", cold)
+    return fixed, cold
+
+
 def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
     """Per-op forward and backward host seconds (before module-call and AccumulateGrad terms).
 
     ``op_fixed``: aten name -> fixed cost of that op family beyond a tiny add's dispatch (the
     spec's ``op_fixed_s``: cuDNN/cuBLAS set-up, a reduction's set-up); backward kernels of an op
     are costed like its forward kernel (fixed x backward kernels / forward kernels; NB, an approximation).
+    ``hc["op_cold_s"]``: the per-switch cost (``dtype_host_terms`` puts the dtype's there).
     """
     view = seq["view"].to_numpy(bool)
     node = seq["node"].to_numpy(bool)
@@ -206,13 +227,14 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
     return fwd, bwd
 
 
-def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] = None) -> pd.DataFrame:
+def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] = None, dtype=None) -> pd.DataFrame:
     """Per module path: host_fwd_s, host_bwd_s, device_fwd_s, device_bwd_s, time_fwd_s, time_bwd_s.
 
     trace: perfcheck.predict.trace.Trace; ops: the timed op table (see ``op_sequence``; ``t_*``
     are device seconds on ``spec`` without launch terms beyond ``device_kernel_s``);
     param_tensors: path -> parameter tensors needing a gradient that the module owns directly
-    (their AccumulateGrad nodes run in its backward). Containers include their children.
+    (their AccumulateGrad nodes run in its backward). Containers include their children. ``dtype``: the
+    model's floating dtype, for its host terms (``dtype_host_terms``).
 
     Each module call is an item of its own in the sequence, just before the call's first op, on
     the stack up to that module (so it counts in the module and its ancestors, not in the child
@@ -221,7 +243,8 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     spec = load_system(spec)
     hc = host_constants(spec)
     seq, op_stacks = op_sequence(trace, ops)
-    h_op, hb_op = _host_arrays(seq, hc, dict(spec.op_fixed_s))
+    op_fixed, cold = dtype_host_terms(spec, hc, dtype)
+    h_op, hb_op = _host_arrays(seq, {**hc, "op_cold_s": cold}, op_fixed)
     mod_fixed = dict(getattr(spec, "module_fixed_s", {}) or {})  # class name -> s per call (a layer's Python)
     param_tensors = param_tensors or {}
     h_fwd, h_bwd, d_fwd, d_bwd, stacks, seen, prev = [], [], [], [], [], set(), ()
@@ -312,8 +335,9 @@ def optimizer_kind(optimizer) -> tuple:
 def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int = 4) -> OptimizerCost:
     """Predicted optimizer.step() + zero_grad(set_to_none=True) for parameter tensors of ``param_numels``.
 
-    Host: optim_step_s + tensors x optim_<kind>_per_tensor_s (for-loop) or
-    optim_<kind>_foreach_per_tensor_s (foreach; fused is costed as foreach: not calibrated apart).
+    Host: the implementation's fixed cost (``step_key``: optim_step_s for SGD's for-loop, optim_<kind>[_foreach]_step_s
+    otherwise) + tensors x optim_<kind>_per_tensor_s (for-loop) or optim_<kind>_foreach_per_tensor_s (foreach;
+    fused is costed as foreach: not calibrated apart). Each intercept is its own calibration line's.
     Device: streams x elements x elem_bytes at the memory ceiling, + kernels x device_kernel_s
     (for-loop: kernels per tensor; foreach/fused: one launch per op for the whole list).
     CPU: host + device (same thread); GPU: max(host, device) (the step's kernels queue behind it).
@@ -326,12 +350,21 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     tensors, elems = len(numels), float(numels.sum())
     base = "adam" if kind == "adamw" else "sgd" if kind == "sgd_momentum" else kind
     per = hc[f"optim_{base}_per_tensor_s" if impl == "for-loop" else f"optim_{base}_foreach_per_tensor_s"]
-    host = hc["optim_step_s"] + tensors * per
+    # a spec calibrated before each implementation had its own line (no such key in its host block): its
+    # optim_step_s, not the uncalibrated default
+    fixed = dict(spec.host).get(step_key(base, impl), hc["optim_step_s"])
+    host = fixed + tensors * per
     kernels = tensors * OPTIMIZER_KERNELS[kind] if impl == "for-loop" else OPTIMIZER_KERNELS[kind]
     mem = memory_time_s(OPTIMIZER_STREAMS[kind] * elems * elem_bytes, spec)
     device = mem + kernels * hc["device_kernel_s"] * (tensors > 0)
     total = host + device if spec.kind == "cpu" else max(host, device)
-    return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total))
+    return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total), float(fixed))
+
+
+def step_key(base: str, impl: str) -> str:
+    """The host constant of an optimizer implementation's fixed cost per step (base: sgd | adam)."""
+    name = f"{base}_foreach" if impl != "for-loop" else base
+    return "optim_step_s" if name == "sgd" else f"optim_{name}_step_s"
 
 
 # ------------------------------------------------------------------------------ processes sharing a host
@@ -394,7 +427,7 @@ def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec,
 
 # ------------------------------------------------------------------------------ estimator columns
 def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, modules: dict,
-                     optimizer="sgd") -> pd.DataFrame:
+                     optimizer="sgd", dtype=None) -> pd.DataFrame:
     """The module estimator's host terms: ``host_fwd_s``, ``host_bwd_s``, ``pred_optim_s``, and
     ``pred_fwd_s``/``pred_bwd_s`` replaced by the two-timeline time (device terms + host terms);
     ``bound_*`` becomes ``host`` where the host total exceeds the device total.
@@ -404,14 +437,13 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, module
     """
     spec = load_system(spec)
     own = {p: sum(1 for q in m.parameters(recurse=False) if q.requires_grad) for p, m in modules.items()}
-    times = module_times(trace, ops, spec, own).set_index("module")
+    times = module_times(trace, ops, spec, own, dtype).set_index("module")
     for phase in ("fwd", "bwd"):
         host = frame["module"].map(times[f"host_{phase}_s"]).fillna(0.0).to_numpy(float)
         device = frame["module"].map(times[f"device_{phase}_s"]).fillna(0.0).to_numpy(float)
         frame[f"host_{phase}_s"] = host
         frame[f"pred_{phase}_s"] = frame["module"].map(times[f"time_{phase}_s"]).fillna(0.0).to_numpy(float)
         frame[f"bound_{phase}"] = np.where(host_bound(host, device), "host", frame[f"bound_{phase}"])
-    fixed = host_constants(spec)["optim_step_s"]
     optim = []
     for path in frame["module"]:
         mod = modules.get(path)
@@ -420,6 +452,6 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, module
         numels = [int(getattr(q, "perfcheck_optim_numel", 0) or getattr(q, "ds_numel", 0) or q.numel()) for q in
                   {id(q): q for q in mod.parameters()}.values() if q.requires_grad] if mod is not None else []
         cost = optimizer_time(numels, optimizer, spec)
-        optim.append(max(cost.time_s - (fixed if path != _root() else 0.0), 0.0) if numels else 0.0)
+        optim.append(max(cost.time_s - (cost.fixed_s if path != _root() else 0.0), 0.0) if numels else 0.0)
     frame["pred_optim_s"] = optim
     return frame

@@ -193,7 +193,7 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     frame["bound_bwd"] = frame["module"].map(_dominant_bound(members, ops, "bwd")).fillna("overhead")
     frame["source"] = np.where(frame["counted"].fillna(False).astype(bool), "counted", "modeled")
     frame["unmodeled_ops"] = frame["unmodeled_ops"].fillna("")
-    frame = add_host_columns(frame, trace, ops, spec, modules, optimizer)  # host terms, two timelines
+    frame = add_host_columns(frame, trace, ops, spec, modules, optimizer, dt)  # host terms, two timelines
     frame = _add_communication(frame, model, modules, parallel, spec, dt)
     cols = list(PREDICTED_COLUMNS) + list(PREDICTED_EXTRA_COLUMNS)
     frame = frame[cols].reset_index(drop=True)

@@ -370,16 +370,23 @@ def device_kernel_rows(device, repeats: int, kernels: int = 256) -> pd.DataFrame
 
 
 # ------------------------------------------------------------------------------ per-op kernel costs (CPU)
-def _tiny_ops(dev):
-    """aten op name -> a call of it on tiny tensors (nothing to compute: dispatch + the kernel's fixed cost)."""
+def _tiny_ops(dev, dtype=torch.float32, grad: bool = False):
+    """aten op name -> a call of it on tiny tensors (nothing to compute: dispatch + the kernel's fixed cost).
+    ``dtype``/``grad``: the floating tensors' dtype and whether they need a gradient (each call then builds its
+    autograd node, as a training step's forward does; the graph is freed with the call's output)."""
     F = torch.nn.functional
-    y, w, b = torch.randn(8, 16, device=dev), torch.randn(16, 5, device=dev), torch.randn(5, device=dev)
-    img, k = torch.randn(1, 1, 6, 6, device=dev), torch.randn(1, 1, 3, 3, device=dev)
-    img2 = torch.randn(2, 1, 6, 6, device=dev)
-    rm, rv, g, beta = (torch.zeros(16, device=dev), torch.ones(16, device=dev), torch.ones(16, device=dev),
-                       torch.zeros(16, device=dev))
-    bat = torch.randn(2, 4, 4, device=dev)
-    idx, table = torch.arange(8, device=dev), torch.randn(16, 4, device=dev)
+
+    def t(*shape, fill=None):
+        x = torch.randn(*shape, device=dev) if fill is None else torch.full(shape, float(fill), device=dev)
+        return x.to(dtype).requires_grad_(grad)
+    y, w, b = t(8, 16), t(16, 5), t(5)
+    img, k = t(1, 1, 6, 6), t(1, 1, 3, 3)
+    img2 = t(2, 1, 6, 6)
+    # running statistics are buffers (never need a gradient), in the model's dtype
+    rm, rv = torch.zeros(16, device=dev, dtype=dtype), torch.ones(16, device=dev, dtype=dtype)
+    g, beta = t(16, fill=1), t(16, fill=0)
+    bat = t(2, 4, 4)
+    idx, table = torch.arange(8, device=dev), t(16, 4)
     return {
         "addmm": lambda: torch.addmm(b, y, w), "mm": lambda: torch.mm(y, w), "bmm": lambda: torch.bmm(bat, bat),
         # a batch of 2, the path a training batch takes: on a CPU a batch-1 convolution runs another kernel
@@ -394,14 +401,31 @@ def _tiny_ops(dev):
     }
 
 
-def op_fixed_cases(device) -> list:
+#: Low-precision dtypes whose per-op host costs calibration measures apart on CUDA (``op_fixed_cases``'
+#: ``dtypes``): on the H100 VM of 2026-11-26 a LeNet forward with gradients cost 467 us of host time per call in
+#: bf16 against 209 us in fp32 (cuBLAS/cuDNN bf16 paths: Linear 30 vs 17 us, LeNet's conv2 73 vs 25 us; even
+#: relu/max-pool with autograd +4 us), while the fp32 cases priced it at ~200 us
+#: (bench/gpu_results/2026-11-26-h100/diag_ops.log).
+HOST_DTYPES_CUDA = ("bf16",)
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def op_fixed_cases(device, dtypes=()) -> list:
     """One tiny call per aten op family (label = the op's name): its time less one plain tiny op's
     is that family's fixed cost (``op_fixed_s``): on a CPU the kernel's set-up, on a GPU the host's
-    (cuDNN/cuBLAS heuristics and descriptors: a loop of tiny calls is host-bound there)."""
-    return [Case("opfixed", name, fn, "fp32", host=True) for name, fn in _tiny_ops(torch.device(device)).items()]
+    (cuDNN/cuBLAS heuristics and descriptors: a loop of tiny calls is host-bound there).
+    fp32 cases run without gradients (the autograd node is priced apart, autograd_node_s); each dtype of
+    ``dtypes`` (bf16, fp16) adds the same calls in that dtype on tensors that need a gradient, as a training
+    step's forward runs them (dtype column = that dtype; fit.py keys them ``<op>@<dtype>``)."""
+    dev = torch.device(device)
+    out = [Case("opfixed", name, fn, "fp32", host=True) for name, fn in _tiny_ops(dev).items()]
+    for dt in dtypes:
+        out += [Case("opfixed", name, fn, dt, host=True)
+                for name, fn in _tiny_ops(dev, _TORCH_DTYPES[dt], grad=True).items()]
+    return out
 
 
-def op_cold_cases(device) -> list:
+def op_cold_cases(device, dtypes=()) -> list:
     """The op_fixed cases' tiny ops called one after another (label ``round-robin xN``, time per op): each
     call follows a different op, as a training step runs its ops, where the op_fixed cases repeat one op in
     a tight loop that keeps its code, its branch history and its tensors in the core. Per op, this case less
@@ -410,12 +434,15 @@ def op_cold_cases(device) -> list:
     124.1 us summed over their tight loops (+10.3 us per op; 11.1-13.5 us once the convolution ran a batch of
     2), and the same excess is what a LeNet or JSC
     forward inside a training step costs beyond a warm per-op model (bench/RESULTS.md, issue 12, helper-A)."""
-    ops = list(_tiny_ops(torch.device(device)).values())
-
-    def round_robin():
-        for fn in ops:
-            fn()
-    return [Case("opcold", f"round-robin x{len(ops)}", round_robin, "fp32", per_call=len(ops), host=True)]
+    def case(dt, ops):
+        def round_robin():
+            for fn in ops:
+                fn()
+        return Case("opcold", f"round-robin x{len(ops)}", round_robin, dt, per_call=len(ops), host=True)
+    dev = torch.device(device)
+    # per dtype of ``dtypes``: the same ops in that dtype with gradients, as op_fixed_cases' cases of that dtype
+    return [case("fp32", list(_tiny_ops(dev).values()))] + [
+        case(dt, list(_tiny_ops(dev, _TORCH_DTYPES[dt], grad=True).values())) for dt in dtypes]
 
 
 def module_fixed_cases(device) -> list:

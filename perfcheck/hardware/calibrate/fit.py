@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, load_system
+from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, load_system
 
 #: Columns of the measurement table (``Calibration.measurements``, ``perfcheck calibrate --csv``).
 MEASUREMENT_COLUMNS = ("kind", "label", "dtype", "m", "k", "n", "flops", "bytes", "world_size", "seconds",
@@ -273,10 +273,18 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     the calibrated spec / the measured time less dispatch and fixed cost, capped at 1)."""
     from perfcheck.predict import roofline
 
-    fixed_rows, eff_rows = _rows(table, "opfixed"), _rows(table, "opeff")
-    if not len(fixed_rows) and not len(eff_rows):
+    all_fixed, eff_rows = _rows(table, "opfixed"), _rows(table, "opeff")
+    if not len(all_fixed) and not len(eff_rows):
         return spec
+    fp32 = _fp32(all_fixed)
+    fixed_rows = all_fixed[fp32]
     fixed = {r.label: max(float(r.seconds) - d.op_s, 0.0) for r in fixed_rows.itertuples(index=False)}
+    # other dtypes (cases.op_fixed_cases' ``dtypes``) ran with gradients: less the dispatch and the autograd node,
+    # each priced apart in the estimator; keyed <op>@<dtype> (the estimator falls back to <op> for a dtype
+    # calibration did not run)
+    node = float(host_constants(spec)["autograd_node_s"])
+    low = {roofline.op_efficiency_key(r.label, r.dtype): max(float(r.seconds) - d.op_s - node, 0.0)
+           for r in all_fixed[~fp32].itertuples(index=False)}
     eff, sources = {}, dict(spec.sources)
     for r in eff_rows.itertuples(index=False):
         roof, _ = roofline.op_time_s(float(r.flops), float(r.n), float(r.bytes), 1.0, spec, r.dtype or "fp32",
@@ -291,7 +299,16 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
         sources["op_efficiency"] = (f"{d.stamp}: the estimator's roofline time on this spec / the measured time "
                                     f"less dispatch and fixed cost, at a LeNet-like size (conv 3->6 ch 5x5 on "
                                     f"8x3x32x32; 2x2 max-pool of 8x6x28x28), per dtype measured (op@bf16: bf16)")
-    return dataclasses.replace(spec, op_fixed_s=fixed, op_efficiency=eff, sources=sources)
+    if low:
+        sources["op_fixed_s"] = sources.get("op_fixed_s", "") + (
+            f"; <op>@<dtype>: the same calls in that dtype on tensors needing a gradient less the tiny op and "
+            f"autograd_node_s ({node * 1e6:.2f} us)")
+    return dataclasses.replace(spec, op_fixed_s={**fixed, **low}, op_efficiency=eff, sources=sources)
+
+
+def _fp32(rows: pd.DataFrame) -> pd.Series:
+    """Rows of the fp32 (or untyped: older tables) host cases."""
+    return rows["dtype"].fillna("").astype(str).isin(("fp32", "", "nan"))
 
 
 def _row_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
@@ -432,12 +449,17 @@ def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     return dataclasses.replace(spec, module_fixed_s=fixed, sources=sources)
 
 
-def op_cold_excess(table) -> Optional[tuple]:
+def op_cold_excess(table, dtype: str = "fp32") -> Optional[tuple]:
     """``(op_cold_s, ops, round-robin s per op, tight-loop s per op)`` from the ``opcold`` case (the tiny
     ops called one after another, seconds per op) and the ``opfixed`` cases of the same ops (each in its own
     tight loop): the round-robin's time per op less the tight loops' mean, floored at 0 (a negative excess
-    is noise: an op cannot run faster for following another). None without both."""
+    is noise: an op cannot run faster for following another). None without both. ``dtype``: the cases of
+    that dtype (fp32: also untyped rows of older tables)."""
     rr, fixed = _rows(table, "opcold"), _rows(table, "opfixed")
+    if dtype == "fp32":
+        rr, fixed = rr[_fp32(rr)], fixed[_fp32(fixed)]
+    else:
+        rr, fixed = rr[rr["dtype"] == dtype], fixed[fixed["dtype"] == dtype]
     if not len(rr) or not len(fixed):
         return None
     r = rr.iloc[0]
@@ -500,11 +522,13 @@ def _host(d: _Draft, table, threads):
         put("backward_call_s", bwd[0] - n[0] * slope, "intercept of the same line: loss.backward()'s fixed cost")
     if "module call" in sec:
         put("module_call_s", sec["module call"], "calling an nn.Module whose forward returns its input")
-    cold = op_cold_excess(table)
-    if cold is not None:
-        put("op_cold_s", cold[0], f"the {cold[1]} tiny ops of the op_fixed cases called one after another, "
-                                  f"{cold[2] * 1e6:.2f} us per op, less the same ops each in a tight loop, "
-                                  f"{cold[3] * 1e6:.2f} us per op (mean)")
+    for dt, key in (("fp32", "op_cold_s"), *((x, f"op_cold_{x}_s") for x in LOW_HOST_DTYPES)):
+        cold = op_cold_excess(table, dt)
+        if cold is not None:
+            put(key, cold[0], f"the {cold[1]} tiny ops of the op_fixed cases called one after another, "
+                              f"{cold[2] * 1e6:.2f} us per op, less the same ops each in a tight loop, "
+                              f"{cold[3] * 1e6:.2f} us per op (mean)"
+                              + ("" if dt == "fp32" else f"; {dt}, on tensors needing a gradient"))
     for label in ("sgd", "sgd_foreach", "adam", "adam_foreach"):
         rows = host[host["label"].str.fullmatch(f"optim {label} x\\d+")].sort_values("m")
         if len(rows) < 2:
@@ -514,9 +538,10 @@ def _host(d: _Draft, table, threads):
         put(f"optim_{label}_per_tensor_s", per, f"torch.optim.{'SGD' if 'sgd' in label else 'Adam'}"
             f"(foreach={'foreach' in label}).step() + zero_grad(set_to_none=True) on {int(n[0])} and "
             f"{int(n[-1])} 1-element tensors: slope")
-        if label == "sgd":
-            put("optim_step_s", t[0] - n[0] * per, "intercept of the SGD for-loop line: step() + zero_grad()'s "
-                                                   "fixed cost")
+        # each implementation's own intercept: SGD foreach's was 139 us against the for-loop's 63 us on the H100
+        # VM of 2026-11-26 (grouping by device and dtype, one launch per _foreach_ op), Adam's for-loop 211 us
+        put("optim_step_s" if label == "sgd" else f"optim_{label}_step_s", t[0] - n[0] * per,
+            f"intercept of the same line: step() + zero_grad()'s fixed cost ({label})")
     if "device kernel" in sec:
         put("device_kernel_s", sec["device kernel"], "GPU time per tiny add queued behind torch.cuda._sleep "
                                                      "(device alone, CUDA events)")
@@ -556,7 +581,7 @@ def _matrix(d: _Draft, table):
     # the other on one thread: the curve takes out both fixed parts, so a small GEMM's efficiency is its compute
     # alone (a 32^3 mm: ~9.6 us of which ~4.8 us fixed on the project's VM). On a GPU the loop is timed on the
     # device, where the host's fixed cost overlaps; only the tiny-op time comes out, as before.
-    fixed_mm = _seconds(table, "opfixed", "mm")
+    fixed_mm = _seconds(table[(table["kind"] != "opfixed") | _fp32(table)], "opfixed", "mm")
     mm_fixed = max(fixed_mm - d.op_s, 0.0) if (fixed_mm is not None and d.kind == "cpu") else 0.0
     for dt in measured:
         rows = mm[mm["dtype"] == dt].sort_values("flops", kind="stable")

@@ -55,10 +55,16 @@ SIZES = {
         "embedding": ((8192, 50257, 768), (32768, 50257, 768), (1024, 1024, 768), (8192, 1024, 768)),
         "attention": ((8, 12, 1024, 64), (32, 12, 1024, 64), (4, 32, 2048, 128)),
         "convolution": ((256, 3, 6, 32, 5), (256, 6, 16, 14, 5), (32, 64, 64, 56, 3)),  # (n, c_in, c_out, hw, k)
+        # (edges, nodes, features per row): a graph layer's gather of node rows per edge (backward: index_add_, a
+        # scatter-add with collisions) and its scatter-add of edge rows per node (backward: a gather); the graph
+        # benchmark's TransformerConv (4096 nodes, 32768 edges, 32 heads x 256) and a narrow one (its 32 scores)
+        "index_select": ((32768, 4096, 8192), (32768, 4096, 32)),
+        "scatter_add": ((32768, 4096, 8192), (32768, 4096, 32)),
     },
     "tiny": {
         "layer_norm": ((64, 32),), "rms_norm": ((64, 32),), "softmax": ((4, 16, 16),),
         "embedding": ((64, 100, 16),), "attention": ((2, 2, 16, 8),), "convolution": ((2, 3, 4, 12, 3),),
+        "index_select": ((64, 16, 8),), "scatter_add": ((64, 16, 8),),
     },
 }
 #: aten op names the estimator's trace records per family (the key the curve is stored under). A family whose
@@ -72,6 +78,8 @@ FAMILY_OPS = {
     "attention": ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
                   "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"),
     "convolution": ("convolution", "_convolution", "cudnn_convolution"),
+    "index_select": ("index_select",),
+    "scatter_add": ("scatter_add_", "scatter_add"),
 }
 #: Families run in every calibrated dtype (bf16/fp16/fp32); the others in the low-precision dtype a GPU trains in.
 PER_DTYPE = ("convolution",)
@@ -104,6 +112,14 @@ def _builders(family: str, size: tuple, dtype: torch.dtype, dev):
         b, h, s, d = size
         q, k, v = r(b, h, s, d), r(b, h, s, d), r(b, h, s, d)
         return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), (q, k, v), (q, k, v)
+    if family == "index_select":
+        edges, nodes, dim = size
+        x, idx = r(nodes, dim), torch.randint(0, nodes, (edges,), device=dev)
+        return (lambda x, i: x.index_select(0, i)), (x, idx), (x,)
+    if family == "scatter_add":  # as PyTorch Geometric's sum aggregation: zeros, then scatter_add_ by an expanded index
+        edges, nodes, dim = size
+        src, idx = r(edges, dim), torch.randint(0, nodes, (edges, 1), device=dev).expand(edges, dim)
+        return (lambda s, i: s.new_zeros(nodes, dim).scatter_add_(0, i, s)), (src, idx), (src,)
     if family == "convolution":
         n, c_in, c_out, hw, ks = size
         x, w, b = r(n, c_in, hw, hw), r(c_out, c_in, ks, ks), r(c_out)

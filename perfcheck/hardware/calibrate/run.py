@@ -75,6 +75,7 @@ import torch
 from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
                                                 launch_cases, matmul_cases, module_fixed_cases, op_efficiency_cases,
                                                 op_cold_cases, op_fixed_cases, row_cases, alignment_cases,
+                                                HOST_DTYPES_CUDA,
                                                 gemm_narrow_cases, run_cases, vector_cases)
 from perfcheck.hardware.calibrate import sanity
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
@@ -246,8 +247,10 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
 
     group("launch overhead", launch_cases(dev))
     group("host (dispatch, autograd, module call, optimizer)", host_cases(dev))
-    group("per-op fixed costs", op_fixed_cases(dev))
-    group("per-op cost among other ops (round-robin)", op_cold_cases(dev))
+    # on CUDA also in bf16 with gradients (cases.HOST_DTYPES_CUDA: cuBLAS/cuDNN's bf16 host paths cost more)
+    host_dtypes = [d for d in HOST_DTYPES_CUDA if d in measured] if dev.type == "cuda" else []
+    group("per-op fixed costs", op_fixed_cases(dev, host_dtypes))
+    group("per-op cost among other ops (round-robin)", op_cold_cases(dev, host_dtypes))
     group("per-module fixed costs", module_fixed_cases(dev))
     if dev.type == "cpu":  # a GPU kernel spreads rows over its threads: no per-row term is modelled there
         group("per-row costs of row-wise ops", row_cases(dev))
