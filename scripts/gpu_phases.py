@@ -109,7 +109,9 @@ def _predicted(w, system):
     import perfcheck
     from perfcheck.hardware.systems import host_constants, load_system
 
-    spec = load_system(system) if system else None
+    from perfcheck.hardware.cache import resolve_system
+
+    spec = load_system(system) if system else resolve_system()  # the default perfcheck.estimate would use
     p = perfcheck.estimate(w.model, w.inputs, system=spec, optimizer="sgd")
     root = p[p["module"] == "(root)"].iloc[0]
     loss = accuracy._loss_s(w, spec)

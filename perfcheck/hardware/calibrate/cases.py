@@ -407,7 +407,6 @@ def _tiny_ops(dev, dtype=torch.float32, grad: bool = False):
 #: relu/max-pool with autograd +4 us), while the fp32 cases priced it at ~200 us
 #: (bench/gpu_results/2026-11-26-h100/diag_ops.log).
 HOST_DTYPES_CUDA = ("bf16",)
-_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def op_fixed_cases(device, dtypes=()) -> list:
