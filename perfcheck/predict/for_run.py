@@ -196,14 +196,18 @@ def _columns(frame: pd.DataFrame) -> list:
 
 def _parse_predicted(source, where: str) -> pd.DataFrame:
     """predicted.csv text (a path or a buffer) → the frame; the one parser of predicted rows."""
-    try:
-        frame = pd.read_csv(source, keep_default_na=False, na_values=["", "nan", "NaN"])
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+    import io
+
+    text, _ = runs.csv_text(source, where)  # undecodable bytes, a link out: UserError; a cut last row dropped
+    try:  # (load_run notes the cut: rundir._check_predicted)
+        frame = pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=["", "nan", "NaN"])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
         raise UserError(f"{where}: cannot read the predicted rows ({exc})") from None
     try:
         validate_frame(frame, PREDICTED_COLUMNS, where)
     except SchemaError as exc:
         raise UserError(str(exc)) from None
+    runs.check_cells(frame, where)
     for c in ("comm_kind", "unmodeled_ops", "bound_fwd", "bound_bwd", "source"):
         if c in frame:
             frame[c] = frame[c].fillna("").astype(str)
