@@ -64,13 +64,35 @@ def _module_side(model):
     return estimate(m, (x,), system="h100-sxm", dtype="fp32").set_index("module").loc[ROOT]
 
 
+def _recomputed_macs(model):
+    """MACs torch re-runs in the backward of ``model`` (real tensors): FlopCounterMode's matrix FLOPs of the
+    backward minus those of the same backward with every forward op's result kept (the independent
+    reference: what torch does, early stop included)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    x = torch.randn(B, S, E, requires_grad=True)
+    counts = []
+    for plain in (False, True):
+        m = model()
+        if plain:
+            m.forward = MegatronBlock.forward.__get__(m.block if hasattr(m, "block") else m)
+        torch.manual_seed(1)
+        y = m(x)
+        with FlopCounterMode(display=False) as fc:
+            y.sum().backward()
+        counts.append(fc.get_total_flops())
+    return (counts[0] - counts[1]) // 2
+
+
 def test_full_recompute_flops_agree_between_the_two_front_ends():
     root = _module_side(FullCheckpoint)
     step = transformer_step(SPEC, batch=B, dtype="fp32", recompute="full")
     # MACs: qkv 2*16*64*192 + out 2*16*64*64 + fc1/fc2 2*(2*16*64*256) + q k^T and p v 2*(2*4*16*16*16)
-    #       = 393,216 + 131,072 + 1,048,576 + 65,536 = 1,638,400; every forward op re-run once.
-    assert root.macs_recompute == root.macs_fwd == 1_638_400
-    assert step.recompute_flops_per_gpu == root.flops_recompute == root.flops_fwd
+    #       = 393,216 + 131,072 + 1,048,576 + 65,536 = 1,638,400; every forward op re-run once but the final
+    #       residual add (it saves nothing: torch's early stop ends the re-run before it), b*s*e = 2,048 FLOPs.
+    assert root.macs_recompute == root.macs_fwd == 1_638_400 == _recomputed_macs(FullCheckpoint)
+    assert step.recompute_flops_per_gpu == root.flops_recompute == root.flops_fwd - B * S * E
     # and it is what makes the step's hardware FLOPs exceed the no-recompute step's
     plain = transformer_step(SPEC, batch=B, dtype="fp32")
     assert step.hardware_flops_per_gpu - plain.hardware_flops_per_gpu == pytest.approx(root.flops_recompute)
@@ -79,10 +101,11 @@ def test_full_recompute_flops_agree_between_the_two_front_ends():
 def test_selective_recompute_is_the_attention_core_in_both_front_ends():
     root = _module_side(CoreCheckpoint)
     step = transformer_step(SPEC, batch=B, dtype="fp32", recompute="selective")
-    # q k^T and p v: 2 * (b*h*s*s*d) = 2 * 2*4*16*16*16 = 65,536 MACs; scale 1 + softmax 5 FLOPs per
-    # score, dropout 2: b*h*s*s = 2,048 scores -> 2*65,536 + 8*2,048 = 147,456 FLOPs.
-    assert root.macs_recompute == 65_536
-    assert step.recompute_flops_per_gpu == root.flops_recompute == 2 * 65_536 + 8 * 2_048
+    # q k^T: b*h*s*s*d = 2*4*16*16*16 = 32,768 MACs; scale 1 + softmax 5 FLOPs per score, dropout 2:
+    # b*h*s*s = 2,048 scores -> 2*32,768 + 8*2,048 = 81,920 FLOPs. p v is not re-run: its operands are the
+    # last tensors the region saves, saved before it runs, and torch's early stop ends the re-run there.
+    assert root.macs_recompute == 32_768 == _recomputed_macs(CoreCheckpoint)
+    assert step.recompute_flops_per_gpu == root.flops_recompute == 2 * 32_768 + 8 * 2_048
 
 
 # ------------------------------------------------------------------------ reconciled recompute

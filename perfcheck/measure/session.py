@@ -83,6 +83,17 @@ def _nonneg_int(name, value, allow_none=False):
     return value
 
 
+def _refuse_meta_tensors(root) -> None:
+    """A model with parameters or buffers on the meta device (shapes, no data: ``torch.device("meta")``,
+    ``init_empty_weights``) computes nothing, so there is nothing to time: one line naming the first."""
+    for kind, named in (("parameter", root.named_parameters()), ("buffer", root.named_buffers())):
+        for name, t in named:
+            if t.is_meta:
+                raise UserError(f"model: {kind} {name!r} is on the meta device (shapes without data, nothing to "
+                                "measure); materialize the model first (model.to_empty(device=...) and load its "
+                                "weights)")
+
+
 def _micro_batches(step_rows) -> float | int | None:
     """Root forward calls per step (gradient-accumulation micro-batches between ``step()`` calls), the
     median over measured, non-failed steps (else over every instrumented step); None before any step.
@@ -183,6 +194,7 @@ class PerfCheck:
         self._timed, self._selection = selection.select(self._view.modules, self._view.types, depth=self.depth,
                                                         entries=self.modules_selected)
         self.device = model_device(self._view.root)
+        _refuse_meta_tensors(self._view.root)
         self.track_memory = False if memory is None else bool(memory)
         if self.track_memory and self.device.type != "cuda":
             self.track_memory = False  # nothing to read on CPU; meta.json says so
