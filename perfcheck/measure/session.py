@@ -324,8 +324,6 @@ class PerfCheck:
         finally:
             self._release_run_dir()
             self._restore_signals()
-        if self._signalled is not None:
-            self._raise_interrupted()
 
     def _teardown(self):
         self._timer.detach()
@@ -363,6 +361,8 @@ class PerfCheck:
         if exc_type is not None and self._state == "running":
             self._timer.mark_failed()
         self.stop()
+        if exc_type is None and self._signalled is not None:  # the loop ended before a step() saw the signal
+            self._raise_interrupted()
         return False
 
     # ------------------------------------------------------------------ signals (SIGINT, SIGTERM)
@@ -386,8 +386,10 @@ class PerfCheck:
         self._signalled = signum
 
     def _stop_interrupted(self):
-        """Stop (writing every file, meta.json ``interrupted``); ``stop`` then raises ``RunInterrupted``."""
+        """Stop (writing every file, meta.json ``interrupted``), then raise ``RunInterrupted``. ``stop()``
+        itself never raises it: it also runs in cleanup paths (``__exit__``, a framework's atexit)."""
         self.stop()
+        self._raise_interrupted()
 
     def _raise_interrupted(self):
         last = self._step_rows[-1]["step"] if self._step_rows else None
