@@ -500,8 +500,9 @@ def read_versioned_json(path: Path, what: str = META) -> dict:
         raise UserError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     version = meta.get("schema_version")
     if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-        raise UserError(f"{path}: written by a newer perfcheck (schema version {version}; this one reads "
-                        f"{SCHEMA_VERSION}); upgrade perfcheck (pip install -U perfcheck) to read it")
+        raise UserError(f"{path}: schema version {version} does not match this perfcheck's schema version "
+                        f"{SCHEMA_VERSION}: it was written by a newer perfcheck; upgrade perfcheck "
+                        "(pip install -U perfcheck) to read it")
     if version != SCHEMA_VERSION:
         raise UserError(f"{path}: schema version {version!r} does not match this perfcheck's "
                         f"schema version {SCHEMA_VERSION}; re-run the measurement with this version")
