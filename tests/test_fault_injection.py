@@ -517,3 +517,21 @@ def test_a_dataclass_output_keeps_its_backward():
     with FlopCounterMode(display=False) as fc:
         (out.y.sum() + out.extra["aux"]).backward()
     assert est.loc["l", "macs_bwd"] == fc.get_total_flops() // 2 > 0
+
+
+def test_a_stage_prediction_embeds_a_calibrated_spec(tmp_path, monkeypatch):
+    """The stage-level predicted.json of a DeepSpeed run (api.save_prediction) carries the spec itself, so a
+    stage whose ranks were SIGKILLed still reports: a calibrated spec's name is no built-in to look up."""
+    import dataclasses
+
+    from perfcheck.hardware.systems import load_system
+    from perfcheck.integrations.deepspeed.api import save_prediction
+    from perfcheck.predict.for_run import load_predicted
+
+    spec = dataclasses.replace(load_system("cpu"), name="cpu-calibrated")
+    monkeypatch.setattr("perfcheck.predict.module_estimator.default_system_name", lambda: spec)
+    assert save_prediction(tmp_path, Net(), torch.randn(2, 3, 32, 32)) is not None
+    info = json.loads((tmp_path / "predicted.json").read_text())
+    assert info["system"] == "cpu-calibrated" and info["system_spec"]["name"] == "cpu-calibrated"
+    frame, loaded = load_predicted(tmp_path)
+    assert loaded["spec"].name == "cpu-calibrated" and len(frame) > 0
