@@ -535,3 +535,16 @@ def test_a_stage_prediction_embeds_a_calibrated_spec(tmp_path, monkeypatch):
     assert info["system"] == "cpu-calibrated" and info["system_spec"]["name"] == "cpu-calibrated"
     frame, loaded = load_predicted(tmp_path)
     assert loaded["spec"].name == "cpu-calibrated" and len(frame) > 0
+
+
+def test_user_named_files_get_the_same_reader(tmp_path, capsys, data_dir):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    junk = tmp_path / "p.csv"
+    junk.write_bytes(random.Random(1).randbytes(2000))
+    lenet = data_dir / "run_lenet_cpu"
+    for argv, words in ((["report", lenet, "--system", deep], "nested too deep"),
+                        (["whatif", lenet, "--system", "cpu", "--predicted", junk], "not UTF-8")):
+        assert main(list(map(str, argv))) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err

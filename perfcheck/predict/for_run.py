@@ -214,6 +214,12 @@ def _parse_predicted(source, where: str) -> pd.DataFrame:
     return frame
 
 
+def read_predicted_file(path) -> pd.DataFrame:
+    """A predicted.csv the user names (``perfcheck whatif --predicted``): the same checked parser (a link
+    the user names is followed: it is no file found inside an untrusted run directory)."""
+    return _parse_predicted(Path(path).resolve(), str(path))
+
+
 def normalize_predicted(frame: pd.DataFrame) -> pd.DataFrame:
     """The frame exactly as saving it to predicted.csv and reading it back gives it, so a live
     prediction and a saved one reconcile identically."""
