@@ -423,19 +423,47 @@ def read_json(path, *, root=None):
     return parse_json_text(read_text(path, root=root, limit=MAX_JSON_BYTES), path)
 
 
-def csv_text(source, where) -> tuple[str, str | None]:
-    """``(text, note)``: the CSV text of ``source`` (a path or a text buffer) with a cut last line removed.
+def read_bytes(path, *, root=None) -> bytes:
+    """A run file's bytes, through ``inside``; an unreadable file is a UserError."""
+    path = inside(path, root)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def csv_data(source, where) -> tuple:
+    """``(data, note)``: the CSV of ``source`` (a path: its bytes, UTF-8 checked by the parser; a text
+    buffer: its text) with a cut last line removed.
 
     Every row perfcheck writes ends with a newline (appended rows are flushed whole; whole files are
     moved into place), so a last line without one was cut mid-write or the file truncated: it is dropped
     and ``note`` says so (``None`` when the file is whole)."""
-    text = source.read() if hasattr(source, "read") else read_text(source)
-    if text == "" or text.endswith("\n"):
-        return text, None
-    kept = text[:text.rfind("\n") + 1]
-    rows = max(kept.count("\n") - 1, 0)
+    data = source.read() if hasattr(source, "read") else read_bytes(source)
+    nl = "\n" if isinstance(data, str) else b"\n"
+    if not data or data.endswith(nl):
+        return data, None
+    kept = data[:data.rfind(nl) + 1]
+    rows = max(kept.count(nl) - 1, 0)
     return kept, (f"{where}: the last line is cut mid-row (the file was truncated or its writer killed "
                   f"mid-write); it was dropped, {rows} whole row(s) read")
+
+
+def parse_csv(data, where, **kwargs) -> pd.DataFrame:
+    """``pd.read_csv`` of ``csv_data``'s data; bytes that are not UTF-8 or rows it cannot split are a
+    UserError naming ``where`` (an empty file: ``pd.errors.EmptyDataError``, for the caller)."""
+    import io
+
+    buf = io.BytesIO(data) if isinstance(data, bytes) else io.StringIO(data)
+    try:
+        return pd.read_csv(buf, encoding="utf-8", **kwargs)
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{where}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); the file is damaged or "
+                        "not perfcheck's") from None
+    except pd.errors.EmptyDataError:
+        raise
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise UserError(f"{where}: cannot read the rows ({str(exc).splitlines()[0] if str(exc) else exc})") from None
 
 
 def check_cells(frame: pd.DataFrame, where) -> pd.DataFrame:
@@ -459,21 +487,17 @@ def read_table(path, columns, what: str, notes: list | None = None) -> pd.DataFr
     a number where one belongs, or a missing column is a UserError naming the file; an empty file an
     empty frame with the columns; a cut last line is dropped with a note (appended to ``notes``, else
     a RuntimeWarning)."""
-    import io
-
     where = what if hasattr(path, "read") else path
-    text, note = csv_text(path, where)
+    data, note = csv_data(path, where)
     if note is not None:
         if notes is not None:
             notes.append(note)
         else:
             warnings.warn(note, RuntimeWarning, stacklevel=2)
     try:
-        frame = pd.read_csv(io.StringIO(text))
+        frame = parse_csv(data, where)
     except pd.errors.EmptyDataError:
         frame = pd.DataFrame(columns=list(columns))
-    except (pd.errors.ParserError, ValueError) as exc:
-        raise UserError(f"{where}: cannot read {what} ({str(exc).splitlines()[0] if str(exc) else exc})") from None
     try:
         frame = validate_frame(with_added_columns(frame, columns), columns, str(where))
     except SchemaError as exc:
@@ -612,12 +636,13 @@ def _check_predicted(d: Path, expected, notes: list):
     path = d / "predicted.csv"
     if not path.is_file():
         return
-    text, note = csv_text(inside(path, d), path)
+    data, note = csv_data(inside(path, d), path)
     if note is not None:
         notes.append(note + "; modules after it have no prediction")
-    elif expected is not None and text.count("\n") - 1 < expected:
-        notes.append(f"{path}: {text.count(chr(10)) - 1} of the {expected} rows the run wrote (the file was "
-                     "truncated); modules after them have no prediction")
+    elif expected is not None and data.count(b"\n") - 1 < expected:
+        rows = data.count(b"\n") - 1
+        notes.append(f"{path}: {rows} of the {expected} rows the run wrote (the file was truncated); modules "
+                     "after them have no prediction")
 
 
 def load_run(run_dir) -> Run:

@@ -196,13 +196,11 @@ def _columns(frame: pd.DataFrame) -> list:
 
 def _parse_predicted(source, where: str) -> pd.DataFrame:
     """predicted.csv text (a path or a buffer) → the frame; the one parser of predicted rows."""
-    import io
-
-    text, _ = runs.csv_text(source, where)  # undecodable bytes, a link out: UserError; a cut last row dropped
-    try:  # (load_run notes the cut: rundir._check_predicted)
-        frame = pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=["", "nan", "NaN"])
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
-        raise UserError(f"{where}: cannot read the predicted rows ({exc})") from None
+    data, _ = runs.csv_data(source, where)  # a link out: UserError; a cut last row dropped (load_run notes it)
+    try:  # bytes that are not UTF-8, rows that do not split: UserError
+        frame = runs.parse_csv(data, where, keep_default_na=False, na_values=["", "nan", "NaN"])
+    except pd.errors.EmptyDataError:
+        raise UserError(f"{where}: cannot read the predicted rows (the file is empty)") from None
     try:
         validate_frame(frame, PREDICTED_COLUMNS, where)
     except SchemaError as exc:
