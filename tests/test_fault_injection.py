@@ -548,3 +548,51 @@ def test_user_named_files_get_the_same_reader(tmp_path, capsys, data_dir):
         assert main(list(map(str, argv))) == 2
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+# ------------------------------------------------------------------- perfcheck compare on a sweep
+def _compare(capsys, sweep, tmp_path, html=False):
+    """``perfcheck compare`` in-process: 0 or 1 (a stage that failed or differs), or 2 with one line."""
+    code = main(["compare", str(sweep), "--out", str(tmp_path / "cmp")] + ([] if html else ["--no-html"]))
+    out, err = capsys.readouterr()
+    assert code in (0, 1, 2), err
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1, err
+    text = out + err + "".join(p.read_text(errors="replace") for p in (tmp_path / "cmp").glob("*") if p.is_file())
+    return code, text
+
+
+SWEEP_FILES = ("stage2/rank0/zero.json", "stage2/rank0/comms.csv", "stage2/rank1/engine_steps.csv",
+               "stage2/rank0/samples.csv", "stage2/run.json", "stage2/predicted.csv", "stage2/predicted.json",
+               "stage1-crashed/launcher.log")
+
+
+#: ~1 s per compare: two cases in the fast lane, all of them in the full suite
+FAST_SWEEP_CASES = {("stage2/rank0/zero.json", "bytes"), ("stage1-crashed/launcher.log", "link")}
+
+
+@pytest.mark.parametrize("name, mode", [pytest.param(n, m, marks=[] if (n, m) in FAST_SWEEP_CASES else [pytest.mark.slow])
+                                        for n in SWEEP_FILES for m in ("bytes", "cut", "link")])
+def test_compare_of_a_damaged_sweep_is_never_a_traceback(data_dir, tmp_path, capsys, name, mode):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(data_dir / "deepspeed_sweep", sweep)
+    path = sweep / name
+    if mode == "bytes":
+        path.write_bytes(random.Random(name).randbytes(3000))
+    elif mode == "cut":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        secret = tmp_path / "secret.txt"
+        secret.write_text("Error: TOPSECRET\n")
+        path.unlink()
+        path.symlink_to(secret)
+    _, text = _compare(capsys, sweep, tmp_path)
+    assert "TOPSECRET" not in text
+
+
+def test_dollar_in_a_stage_folder_name_keeps_the_comparison_page(data_dir, tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(data_dir / "deepspeed_sweep", sweep)
+    (sweep / "stage2").rename(sweep / "stage$\\frac$")
+    code, text = _compare(capsys, sweep, tmp_path, html=True)
+    assert code in (0, 1) and (tmp_path / "cmp" / "comparison.html").is_file() and "stage$\\frac$" in text
