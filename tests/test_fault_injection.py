@@ -596,3 +596,18 @@ def test_dollar_in_a_stage_folder_name_keeps_the_comparison_page(data_dir, tmp_p
     (sweep / "stage2").rename(sweep / "stage$\\frac$")
     code, text = _compare(capsys, sweep, tmp_path, html=True)
     assert code in (0, 1) and (tmp_path / "cmp" / "comparison.html").is_file() and "stage$\\frac$" in text
+
+
+def test_a_signal_before_a_direct_stop_is_not_swallowed(tmp_path):
+    """start()/stop() without a step() after the signal: stop() writes every file, then the signal is
+    sent again with the user's handler back (SIGINT: KeyboardInterrupt from stop())."""
+    out = tmp_path / "direct"
+    model = Net()
+    pc = PerfCheck(model, warmup=1, steps=50, profile=False, out_dir=out, sample_interval=None).start()
+    _train(model, pc, 3)
+    os.kill(os.getpid(), signal.SIGINT)  # recorded by PerfCheck's handler: nothing raised yet
+    with pytest.raises(KeyboardInterrupt):
+        pc.stop()
+    meta = json.loads((out / "rank0" / "meta.json").read_text())
+    assert meta["interrupted"] == "SIGINT" and meta["complete"] is True
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -200,6 +200,7 @@ class PerfCheck:
             self.track_memory = False  # nothing to read on CPU; meta.json says so
         self._state = "new"
         self._signalled, self._stopping, self._saved_handlers, self._lock = None, False, {}, None
+        self._delivered = False
         self._warnings: list[str] = []
         if self._view.compiled:
             self._warn(f"torch.compile'd module(s) {self._view.compiled} are timed as a whole (forward, backward, "
@@ -292,9 +293,12 @@ class PerfCheck:
         if self._signalled is not None:
             self._stop_interrupted()
 
-    def stop(self):
+    def stop(self, *, deliver_signal: bool = True):
         """End measuring: keep the step in flight if its root forward ran, remove every hook,
-        stop the profiler and the sampler, write the run directory if ``out_dir`` was given."""
+        stop the profiler and the sampler, write the run directory if ``out_dir`` was given.
+
+        A SIGINT/SIGTERM caught since the last ``step()`` is sent again at the end (it is never
+        swallowed); ``deliver_signal=False`` for a framework's cleanup that ends the process itself."""
         if self._state != "running":
             return
         self._stopping = True  # a signal from here on is recorded, never raised inside the writing
@@ -324,6 +328,8 @@ class PerfCheck:
         finally:
             self._release_run_dir()
             self._restore_signals()
+        if deliver_signal:
+            self._deliver_signal()
 
     def _teardown(self):
         self._timer.detach()
@@ -360,9 +366,11 @@ class PerfCheck:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None and self._state == "running":
             self._timer.mark_failed()
-        self.stop()
         if exc_type is None and self._signalled is not None:  # the loop ended before a step() saw the signal
-            self._raise_interrupted()
+            self._stop_interrupted()
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self._delivered = True  # the run is already ending on it
+        self.stop()
         return False
 
     # ------------------------------------------------------------------ signals (SIGINT, SIGTERM)
@@ -371,7 +379,7 @@ class PerfCheck:
         not mid-step: the step in flight is finished and recorded, every file written. Installed only
         from the main thread (Python's rule) and only over the default handlers: a handler of the
         user's (or a framework's) is left alone."""
-        self._signalled, self._stopping, self._saved_handlers = None, False, {}
+        self._signalled, self._stopping, self._saved_handlers, self._delivered = None, False, {}, False
         if threading.current_thread() is not threading.main_thread():
             return
         defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
@@ -386,10 +394,18 @@ class PerfCheck:
         self._signalled = signum
 
     def _stop_interrupted(self):
-        """Stop (writing every file, meta.json ``interrupted``), then raise ``RunInterrupted``. ``stop()``
-        itself never raises it: it also runs in cleanup paths (``__exit__``, a framework's atexit)."""
+        """Stop (writing every file, meta.json ``interrupted``), then raise ``RunInterrupted``."""
+        self._delivered = True
         self.stop()
         self._raise_interrupted()
+
+    def _deliver_signal(self):
+        """A signal no ``RunInterrupted`` answered (``stop()`` called before the next ``step()``) is sent
+        again once the files are written and the handlers restored, so it is never swallowed: SIGTERM then
+        ends the process as it would have, SIGINT raises KeyboardInterrupt from ``stop()``."""
+        if self._signalled is not None and not self._delivered:
+            self._delivered = True
+            os.kill(os.getpid(), self._signalled)
 
     def _raise_interrupted(self):
         last = self._step_rows[-1]["step"] if self._step_rows else None

@@ -231,7 +231,7 @@ class EngineSession:
         self._comms.disable()
         if self._pc is not None:
             try:
-                self._pc.stop()
+                self._pc.stop(deliver_signal=False)  # a signal ends the process after the ZeRO files below
                 if getattr(self._pc, "out_dir", None) is None:
                     self._pc.save(self._run_dir)
             except Exception as exc:  # noqa: BLE001
