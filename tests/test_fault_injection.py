@@ -611,3 +611,39 @@ def test_a_signal_before_a_direct_stop_is_not_swallowed(tmp_path):
     meta = json.loads((out / "rank0" / "meta.json").read_text())
     assert meta["interrupted"] == "SIGINT" and meta["complete"] is True
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_disk_that_fills_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
+    """Appended rows (module_steps.csv) hitting ENOSPC mid-run: the CLI prints one line."""
+    import csv
+
+    class Filling:  # a file whose flush fails once a few rows are in
+        def __init__(self, fh):
+            self.fh, self.flushes = fh, 0
+
+        def write(self, text):
+            return self.fh.write(text)
+
+        def flush(self):
+            self.flushes += 1
+            if self.flushes > 4:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.fh.flush()
+
+        def close(self):
+            self.fh.close()
+
+    real_init = rundir.CsvAppender.__init__
+
+    def init(self, path, columns):
+        real_init(self, path, columns)
+        if Path(path).name == "module_steps.csv":
+            self._fh = Filling(self._fh)
+            self._writer = csv.writer(self._fh)
+
+    monkeypatch.setattr(rundir.CsvAppender, "__init__", init)
+    code = main(["run", "--out", str(tmp_path / "fills"), "--steps", "10", "--warmup", "1", "--no-profile",
+                 "--no-flops", "--overhead-pairs", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "No space left on device" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err

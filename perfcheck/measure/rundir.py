@@ -214,8 +214,11 @@ class CsvAppender:
     def append(self, row: dict):
         if self._fh is None:
             return
-        self._writer.writerow([_csv_value(row.get(c)) for c in self.columns])
-        self._fh.flush()
+        try:
+            self._writer.writerow([_csv_value(row.get(c)) for c in self.columns])
+            self._fh.flush()
+        except OSError as exc:  # a full or vanished disk mid-run: one line, not a traceback
+            raise UserError(f"{self.path}: cannot append a row ({exc.strerror or exc})") from None
         self.rows += 1
 
     def append_rows(self, rows):
@@ -223,14 +226,20 @@ class CsvAppender:
         if self._fh is None:
             return
         rows = [[_csv_value(v) for v in r] for r in rows]
-        self._writer.writerows(rows)
-        self._fh.flush()
+        try:
+            self._writer.writerows(rows)
+            self._fh.flush()
+        except OSError as exc:
+            raise UserError(f"{self.path}: cannot append rows ({exc.strerror or exc})") from None
         self.rows += len(rows)
 
     def close(self):
         if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+            fh, self._fh = self._fh, None
+            try:
+                fh.close()
+            except OSError:  # the flush of a full disk; append() already said so
+                pass
 
 
 LOCK = ".perfcheck.lock"
