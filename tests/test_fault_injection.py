@@ -647,3 +647,10 @@ def test_a_disk_that_fills_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert code == 2 and "No space left on device" in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_link_to_a_whole_run_directory_still_reads(run, capsys, tmp_path):
+    """``runs/latest -> runs/2026...``: the user's own link to the run is followed; links inside it are not."""
+    latest = tmp_path / "latest"
+    latest.symlink_to(run, target_is_directory=True)
+    assert _report(capsys, latest)[0] == 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import errno
 import fcntl
+import io
 import json
 import math
 import os
@@ -461,8 +462,6 @@ def csv_data(source, where) -> tuple:
 def parse_csv(data, where, **kwargs) -> pd.DataFrame:
     """``pd.read_csv`` of ``csv_data``'s data; bytes that are not UTF-8 or rows it cannot split are a
     UserError naming ``where`` (an empty file: ``pd.errors.EmptyDataError``, for the caller)."""
-    import io
-
     buf = io.BytesIO(data) if isinstance(data, bytes) else io.StringIO(data)
     try:
         return pd.read_csv(buf, encoding="utf-8", **kwargs)
@@ -517,8 +516,6 @@ def read_table(path, columns, what: str, notes: list | None = None) -> pd.DataFr
 def as_saved(frame: pd.DataFrame, key: str) -> pd.DataFrame:
     """``frame`` (one of ``TABLES``) exactly as writing it to its CSV and reading it back gives it:
     a live run hands the analysis the same frames as its saved run directory."""
-    import io
-
     fname, cols = TABLES[key]
     return read_table(io.StringIO(frame[list(cols)].to_csv(index=False)), cols, key)
 

@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -209,8 +210,6 @@ def catch_stop_signals():
     """While a sweep runs, SIGTERM (Slurm and Kubernetes pre-emption, ``timeout``) ends it like Ctrl-C:
     as an exception, so the stage running is stopped and nothing is left behind. Returns a function that
     restores the previous handlers; main thread only (Python's rule), default handlers only."""
-    import threading
-
     saved = {}
     if threading.current_thread() is threading.main_thread():
         defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
