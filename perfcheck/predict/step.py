@@ -323,32 +323,6 @@ def act_split(cfg: Layouts, opts: Options):
     return cfg.tp if opts.tp_scheme != "1d" else np.where(cfg.sp, cfg.tp, 1)
 
 
-#: Sublayer formulas whose backward needs their operands, which autograd saves *before* the op runs (a
-#: GEMM: its input and weight), and sublayers that save nothing (residual adds). torch's non-reentrant
-#: checkpoint with early stop (``torch.utils.checkpoint.set_checkpoint_early_stop``, on by default) ends
-#: the re-run once it has saved as many tensors as the forward did, so a region's trailing rows that save
-#: nothing, and a trailing GEMM, are not re-run (the module estimator reads the same rule off torch's own
-#: counter: predict.trace._early_stop; a counting dispatch mode on the backward agrees).
-_SAVES_OPERANDS_FIRST = ("linear", "matmul")
-_SAVES_NOTHING = ("residual_",)
-
-
-def rerun_rows(out, region) -> np.ndarray:
-    """The rows of ``region`` (a mask over ``out``'s rows, in execution order) that a checkpointed
-    region's recompute runs again: all but those after the last row that saves a tensor, nor that row
-    when it is a GEMM (``_SAVES_OPERANDS_FIRST``). Rows that do not run (zero cost) are passed over."""
-    keep = np.array(region, dtype=bool, copy=True)
-    for i in np.flatnonzero(keep)[::-1]:
-        ran = any(np.any(np.asarray(out[f"{k}_fwd"][i]) != 0) for k in ("macs", "flops", "bytes"))
-        if not ran or out["name"][i].startswith(_SAVES_NOTHING):
-            keep[i] = False
-            continue
-        if out["formula"][i] in _SAVES_OPERANDS_FIRST:
-            keep[i] = False
-        break
-    return keep
-
-
 def _select(rows_arr, mask):
     """Sum a (rows, n) array over the rows in ``mask``."""
     return rows_arr[mask].sum(axis=0)
@@ -374,14 +348,13 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     roof = out["t_roof_fwd_s"] + out["t_roof_bwd_s"]
     exposed_tp = out["pred_fwd_s"] + out["pred_bwd_s"] - roof
     # recompute: re-run forward (with its TP collectives) of the whole layer, or of the attention core
-    rerun = rerun_rows(out, lay if opts.recompute == "full" else core)
     if opts.recompute == "full":
-        rec_roof = _select(out["t_roof_fwd_s"], rerun)
-        rec_comm = _select(out["pred_fwd_s"] - out["t_roof_fwd_s"], rerun)
-        rec_flops = _select(2 * out["macs_fwd"] + out["flops_fwd"], rerun)
+        rec_roof = _select(out["t_roof_fwd_s"], lay)
+        rec_comm = _select(out["pred_fwd_s"] - out["t_roof_fwd_s"], lay)
+        rec_flops = _select(2 * out["macs_fwd"] + out["flops_fwd"], lay)
     elif opts.recompute == "selective" and not opts.flash:
-        rec_roof, rec_comm = _select(out["t_roof_fwd_s"], rerun), 0.0
-        rec_flops = _select(2 * out["macs_fwd"] + out["flops_fwd"], rerun)
+        rec_roof, rec_comm = _select(out["t_roof_fwd_s"], core), 0.0
+        rec_flops = _select(2 * out["macs_fwd"] + out["flops_fwd"], core)
     else:
         rec_roof = rec_comm = rec_flops = 0.0
     eb = elem_bytes(dtype)
@@ -405,7 +378,7 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     res["tp_comm_bytes"] = micro * stage_sum(comm_bytes)
     if opts.recompute == "full":  # the re-run forward issues its TP collectives again
         res["tp_comm_bytes"] = res["tp_comm_bytes"] + micro * per_stage * _select(
-            sum(out[f"comm_fwd_{k}"] for k in sharding.COLLECTIVE_KINDS), rerun)
+            sum(out[f"comm_fwd_{k}"] for k in sharding.COLLECTIVE_KINDS), lay)
     _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last)
     res["step_time_s"] = (res["compute_time_s"] + res["tp_comm_time_s"] + res["pp_comm_time_s"] + res["bubble_time_s"]
                           + res["dp_comm_time_s"] + res["optimizer_time_s"])
