@@ -116,10 +116,14 @@ def _compare(args, opts, results) -> int:
 
 
 def run(args) -> int:
-    from perfcheck.integrations.deepspeed.sweep import SweepInterrupted, run_sweep
+    from perfcheck.integrations.deepspeed.sweep import SweepInterrupted, catch_stop_signals, run_sweep
 
     opts = options_from_args(args)
-    _calibrate_first(opts)
+    restore = catch_stop_signals()  # SIGTERM too ends the calibration's ranks (its cleanup runs on the exception)
+    try:
+        _calibrate_first(opts)
+    finally:
+        restore()
     try:
         results = run_sweep(opts)
     except SweepInterrupted as exc:  # the stage running was stopped: compare what there is, then one line
