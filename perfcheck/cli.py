@@ -77,6 +77,10 @@ def main(argv=None) -> int:
     except UserError as exc:
         print(f"perfcheck {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGINT/SIGTERM ending a run (measure.session.RunInterrupted)
+        signum = getattr(exc, "signum", 2)
+        print(f"perfcheck {args.command}: {exc or 'interrupted by SIGINT'}", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

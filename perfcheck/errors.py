@@ -25,3 +25,5 @@ def parse_json(text: str, where: str):
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except RecursionError:  # nested deeper than Python's stack: damaged or hostile, never a traceback
+        raise UserError(f"{where}: JSON nested too deep to read") from None

@@ -7,6 +7,7 @@ attention) run under ``torch.utils.checkpoint``; the analytical half is a one-la
 the same sizes. Full recompute re-runs the whole layer's forward, selective recompute re-runs the
 attention core (Korthikanti et al. 2022, section 5): the FLOPs re-run must be equal, op for op.
 """
+import functools
 import math
 
 import numpy as np
@@ -29,19 +30,24 @@ SPEC = dict(name="tiny", layers=1, hidden=E, heads=H, ffn_hidden=F_, vocab=100, 
 
 
 class FullCheckpoint(nn.Module):
-    def __init__(self):
+    """``reentrant``: Megatron's checkpoint (its CheckpointFunction, like torch's reentrant one) re-runs
+    the whole region, which the transformer front-end models; torch's non-reentrant checkpoint stops
+    once the last tensor the region saved is rebuilt (early stop, on by default)."""
+
+    def __init__(self, reentrant=True):
         super().__init__()
-        self.block = MegatronBlock(E, H, F_)
+        self.block, self.reentrant = MegatronBlock(E, H, F_), reentrant
 
     def forward(self, x):
-        return checkpoint(self.block, x, use_reentrant=False)
+        return checkpoint(self.block, x, use_reentrant=self.reentrant)
 
 
 class CoreCheckpoint(MegatronBlock):
     """Selective recompute: only softmax(q k^T / sqrt(d)) -> dropout -> @ v is checkpointed."""
 
-    def __init__(self):
+    def __init__(self, reentrant=True):
         super().__init__(E, H, F_)
+        self.reentrant = reentrant
 
     def forward(self, x):
         b, s, e = x.shape
@@ -52,7 +58,7 @@ class CoreCheckpoint(MegatronBlock):
             probs = torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(e // self.h), dim=-1)
             return self.dropout_softmax(probs) @ v
 
-        y = checkpoint(core, q, k, v, use_reentrant=False).transpose(1, 2).reshape(b, s, e)
+        y = checkpoint(core, q, k, v, use_reentrant=self.reentrant).transpose(1, 2).reshape(b, s, e)
         x = x + self.dropout_attn(self.out_proj(y))
         return x + self.dropout_mlp(self.fc2(self.act(self.fc1(self.ln_2(x)))))
 
@@ -64,16 +70,46 @@ def _module_side(model):
     return estimate(m, (x,), system="h100-sxm", dtype="fp32").set_index("module").loc[ROOT]
 
 
+def _recomputed_macs(model):
+    """MACs torch re-runs in the backward of ``model`` (real tensors): FlopCounterMode's matrix FLOPs of the
+    backward minus those of the same backward with every forward op's result kept (the independent
+    reference: what torch does, early stop included)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    x = torch.randn(B, S, E, requires_grad=True)
+    counts = []
+    for plain in (False, True):
+        m = model()
+        if plain:
+            m.forward = MegatronBlock.forward.__get__(m.block if hasattr(m, "block") else m)
+        torch.manual_seed(1)
+        y = m(x)
+        with FlopCounterMode(display=False) as fc:
+            y.sum().backward()
+        counts.append(fc.get_total_flops())
+    return (counts[0] - counts[1]) // 2
+
+
 def test_full_recompute_flops_agree_between_the_two_front_ends():
     root = _module_side(FullCheckpoint)
     step = transformer_step(SPEC, batch=B, dtype="fp32", recompute="full")
     # MACs: qkv 2*16*64*192 + out 2*16*64*64 + fc1/fc2 2*(2*16*64*256) + q k^T and p v 2*(2*4*16*16*16)
     #       = 393,216 + 131,072 + 1,048,576 + 65,536 = 1,638,400; every forward op re-run once.
-    assert root.macs_recompute == root.macs_fwd == 1_638_400
+    assert root.macs_recompute == root.macs_fwd == 1_638_400 == _recomputed_macs(FullCheckpoint)
     assert step.recompute_flops_per_gpu == root.flops_recompute == root.flops_fwd
     # and it is what makes the step's hardware FLOPs exceed the no-recompute step's
     plain = transformer_step(SPEC, batch=B, dtype="fp32")
     assert step.hardware_flops_per_gpu - plain.hardware_flops_per_gpu == pytest.approx(root.flops_recompute)
+
+
+def test_non_reentrant_full_recompute_stops_after_the_last_saved_tensor():
+    """torch's non-reentrant checkpoint: the layer's last saving op is dropout_mlp (its mask), so every GEMM
+    is re-run but not the final residual add (it saves nothing): b*s*e = 2,048 FLOPs less."""
+    model = functools.partial(FullCheckpoint, reentrant=False)
+    root = _module_side(model)
+    assert root.macs_recompute == 1_638_400 == _recomputed_macs(model)
+    assert root.flops_recompute == root.flops_fwd - B * S * E
 
 
 def test_selective_recompute_is_the_attention_core_in_both_front_ends():
@@ -81,8 +117,14 @@ def test_selective_recompute_is_the_attention_core_in_both_front_ends():
     step = transformer_step(SPEC, batch=B, dtype="fp32", recompute="selective")
     # q k^T and p v: 2 * (b*h*s*s*d) = 2 * 2*4*16*16*16 = 65,536 MACs; scale 1 + softmax 5 FLOPs per
     # score, dropout 2: b*h*s*s = 2,048 scores -> 2*65,536 + 8*2,048 = 147,456 FLOPs.
-    assert root.macs_recompute == 65_536
+    assert root.macs_recompute == 65_536 == _recomputed_macs(CoreCheckpoint)
     assert step.recompute_flops_per_gpu == root.flops_recompute == 2 * 65_536 + 8 * 2_048
+    # torch's non-reentrant checkpoint does not re-run p v: its operands are the last tensors the region
+    # saves, saved before it runs, and early stop ends the re-run there (q k^T: 32,768 MACs)
+    model = functools.partial(CoreCheckpoint, reentrant=False)
+    early = _module_side(model)
+    assert early.macs_recompute == 32_768 == _recomputed_macs(model)
+    assert early.flops_recompute == 2 * 32_768 + 8 * 2_048
 
 
 # ------------------------------------------------------------------------ reconciled recompute

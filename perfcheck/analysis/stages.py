@@ -27,7 +27,6 @@ A stage whose run failed keeps its row with ``status`` = failed and the tail of 
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -54,8 +53,8 @@ LOG_NAMES = ("launcher.log", "log.txt")
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return runs.read_json(path) if path.is_file() else None
+    except UserError:  # damaged, oversized or a link out of the run directory: treated as absent
         return None
 
 
@@ -67,7 +66,11 @@ def log_tail(run_dir: Path, lines: int = 12) -> str:
     for name in LOG_NAMES:
         p = Path(run_dir) / name
         if p.is_file():
-            text = [t for t in p.read_text(errors="replace").splitlines()
+            try:  # the last MiB only, and never through a link out of the run directory
+                raw = runs.read_text(p, limit=1 << 20, tail=True)
+            except UserError as exc:
+                return f"({name} not read: {exc})"
+            text = [t for t in raw.splitlines()
                     if "FutureWarning" not in t and "return func(*args" not in t]
             salient = []
             for t in text:

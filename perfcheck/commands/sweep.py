@@ -102,23 +102,36 @@ def _calibrate_first(opts):
         calibrate_sweep_terms(spec, ranks=1 if opts.hostfile else local_ranks(opts, 0), threads=threads)
 
 
-def run(args) -> int:
+def _compare(args, opts, results) -> int:
+    """``perfcheck compare`` over the stages that have a directory (an interrupted one included: its
+    launcher.log says so); 0 when there is none."""
     from pathlib import Path
 
-    from perfcheck.integrations.deepspeed.sweep import run_sweep
+    from perfcheck.commands import compare
+
+    dirs = [str(r.run_dir) for r in results if r.run_dir.is_dir()]
+    if not dirs:
+        return 0
+    return compare.run(argparse.Namespace(run_dirs=dirs, out=str(Path(opts.out)), system=None, no_html=False))
+
+
+def run(args) -> int:
+    from perfcheck.integrations.deepspeed.sweep import SweepInterrupted, catch_stop_signals, run_sweep
 
     opts = options_from_args(args)
-    _calibrate_first(opts)
-    results = run_sweep(opts)
+    restore = catch_stop_signals()  # SIGTERM too ends the calibration's ranks (its cleanup runs on the exception)
+    try:
+        _calibrate_first(opts)
+    finally:
+        restore()
+    try:
+        results = run_sweep(opts)
+    except SweepInterrupted as exc:  # the stage running was stopped: compare what there is, then one line
+        if not args.no_compare:
+            _compare(args, opts, getattr(exc, "results", []))
+        raise
     failed = [r for r in results if r.status in ("failed", "timeout")]
-    rc = 0
-    if not args.no_compare:
-        from perfcheck.commands import compare
-
-        dirs = [str(r.run_dir) for r in results if r.run_dir.is_dir()]
-        if dirs:
-            ns = argparse.Namespace(run_dirs=dirs, out=str(Path(opts.out)), system=None, no_html=False)
-            rc = compare.run(ns)
+    rc = _compare(args, opts, results) if not args.no_compare else 0
     if failed:
         print(f"perfcheck sweep: stage(s) {' '.join(r.stage for r in failed)} failed: "
               + "; ".join(f"{r.stage}: {r.reason}" for r in failed))

@@ -315,8 +315,12 @@ class ProfilerWindow:
                 self.trace_dir = tempfile.mkdtemp(prefix="perfcheck-trace-")
             target = Path(self.trace_dir) / "trace.json"
             tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            prof.export_chrome_trace(str(tmp))
-            os.replace(tmp, target)
+            try:
+                prof.export_chrome_trace(str(tmp))
+                os.replace(tmp, target)
+            finally:  # a full disk leaves no partial trace behind
+                if tmp.exists():
+                    tmp.unlink()
             self.trace_path = target
         except Exception as exc:  # never crash the training run over a trace
             self.warn(f"profiler results could not be processed ({type(exc).__name__}: {exc})")

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import socket
+import threading
 import statistics
 import time
 import uuid
@@ -53,6 +55,22 @@ MAX_MODULE_ROWS = 200_000
 #: Finished steps whose CUDA events may still be in flight; past this the oldest is waited for.
 MAX_PENDING_STEPS = 16
 
+#: Signals that end a run gracefully: the step in flight finishes, every file is written, meta.json says
+#: ``interrupted``, then ``RunInterrupted`` is raised (a second signal raises it at once).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Raised by ``PerfCheck.step()`` (or at once, on a second signal) after SIGINT/SIGTERM: the run
+    directory was written and marked ``interrupted``. A KeyboardInterrupt, so it ends the training loop
+    as Ctrl-C does; the CLI prints it as one line."""
+
+    def __init__(self, signum: int, where: str = ""):
+        self.signum = int(signum)
+        self.signame = signal.Signals(signum).name
+        super().__init__(f"interrupted by {self.signame}{where}")
+
+
 BACKWARD_RULE = ("backward of a module = from the first gradient of its outputs to the earliest of: all "
                  "needed input gradients ready; the backward of a module outside its subtree starting; "
                  "an enclosing module's backward ending; the end of the backward pass (queue_callback). "
@@ -65,6 +83,17 @@ def _nonneg_int(name, value, allow_none=False):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise UserError(f"{name} must be a non-negative integer, got {value!r}")
     return value
+
+
+def _refuse_meta_tensors(root) -> None:
+    """A model with parameters or buffers on the meta device (shapes, no data: ``torch.device("meta")``,
+    ``init_empty_weights``) computes nothing, so there is nothing to time: one line naming the first."""
+    for kind, named in (("parameter", root.named_parameters()), ("buffer", root.named_buffers())):
+        for name, t in named:
+            if t.is_meta:
+                raise UserError(f"model: {kind} {name!r} is on the meta device (shapes without data, nothing to "
+                                "measure); materialize the model first (model.to_empty(device=...) and load its "
+                                "weights)")
 
 
 def _micro_batches(step_rows) -> float | int | None:
@@ -183,10 +212,13 @@ class PerfCheck:
         self._timed, self._selection = selection.select(self._view.modules, self._view.types, depth=self.depth,
                                                         entries=self.modules_selected)
         self.device = model_device(self._view.root)
+        _refuse_meta_tensors(self._view.root)
         self.track_memory = False if memory is None else bool(memory)
         if self.track_memory and self.device.type != "cuda":
             self.track_memory = False  # nothing to read on CPU; meta.json says so
         self._state = "new"
+        self._signalled, self._stopping, self._saved_handlers, self._lock = None, False, {}, None
+        self._delivered = False
         self._warnings: list[str] = []
         if self._view.compiled:
             self._warn(f"torch.compile'd module(s) {self._view.compiled} are timed as a whole (forward, backward, "
@@ -256,7 +288,9 @@ class PerfCheck:
             self._begin_step()
         except BaseException:
             self._teardown()
+            self._release_run_dir()
             raise
+        self._catch_signals()
         return self
 
     def step(self):
@@ -276,12 +310,18 @@ class PerfCheck:
         self._boundary_s[self._index] = time.perf_counter() - t0
         self._index += 1
         self._begin_step()
+        if self._signalled is not None:
+            self._stop_interrupted()
 
-    def stop(self):
+    def stop(self, *, deliver_signal: bool = True):
         """End measuring: keep the step in flight if its root forward ran, remove every hook,
-        stop the profiler and the sampler, write the run directory if ``out_dir`` was given."""
+        stop the profiler and the sampler, write the run directory if ``out_dir`` was given.
+
+        A SIGINT/SIGTERM caught since the last ``step()`` is sent again at the end (it is never
+        swallowed); ``deliver_signal=False`` for a framework's cleanup that ends the process itself."""
         if self._state != "running":
             return
+        self._stopping = True  # a signal from here on is recorded, never raised inside the writing
         try:
             if not self._done:
                 in_flight = self._timer.root_forward_finished
@@ -302,8 +342,14 @@ class PerfCheck:
                            " before them; measured() is empty (call step() after each training step and run more steps)")
         finally:
             self._teardown()
-        if self.out_dir is not None:
-            self.save(self.out_dir)
+        try:
+            if self.out_dir is not None:
+                self.save(self.out_dir)
+        finally:
+            self._release_run_dir()
+            self._restore_signals()
+        if deliver_signal:
+            self._deliver_signal()
 
     def _teardown(self):
         self._timer.detach()
@@ -342,8 +388,64 @@ class PerfCheck:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None and self._state == "running":
             self._timer.mark_failed()
+        if exc_type is None and self._signalled is not None:  # the loop ended before a step() saw the signal
+            self._stop_interrupted()
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self._delivered = True  # the run is already ending on it
         self.stop()
         return False
+
+    # ------------------------------------------------------------------ signals (SIGINT, SIGTERM)
+    def _catch_signals(self):
+        """While running, SIGINT/SIGTERM end the run at the next step boundary (``_stop_interrupted``),
+        not mid-step: the step in flight is finished and recorded, every file written. Installed only
+        from the main thread (Python's rule) and only over the default handlers: a handler of the
+        user's (or a framework's) is left alone."""
+        self._signalled, self._stopping, self._saved_handlers, self._delivered = None, False, {}, False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) is defaults[sig]:
+                self._saved_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        if self._signalled is not None and not self._stopping:  # a second signal: the step is not ending
+            self._signalled = signum
+            raise RunInterrupted(signum, " (second signal, mid-step)")
+        self._signalled = signum
+
+    def _stop_interrupted(self):
+        """Stop (writing every file, meta.json ``interrupted``), then raise ``RunInterrupted``."""
+        self._delivered = True
+        self.stop()
+        self._raise_interrupted()
+
+    def _deliver_signal(self):
+        """A signal no ``RunInterrupted`` answered (``stop()`` called before the next ``step()``) is sent
+        again once the files are written and the handlers restored, so it is never swallowed: SIGTERM then
+        ends the process as it would have, SIGINT raises KeyboardInterrupt from ``stop()``."""
+        if self._signalled is not None and not self._delivered:
+            self._delivered = True
+            os.kill(os.getpid(), self._signalled)
+
+    def _raise_interrupted(self):
+        last = self._step_rows[-1]["step"] if self._step_rows else None
+        where = (f" after step {last}" if last is not None else " before the first step ended") + (
+            f"; every file written to {self.out_dir} (perfcheck report {self.out_dir})" if self.out_dir is not None else "")
+        raise RunInterrupted(self._signalled, where)
+
+    def _restore_signals(self):
+        for sig, handler in getattr(self, "_saved_handlers", {}).items():
+            if signal.getsignal(sig) == self._on_signal:
+                signal.signal(sig, handler)
+        self._saved_handlers = {}
+
+    @property
+    def interrupted(self) -> str | None:
+        """The signal's name ('SIGINT', 'SIGTERM') when one ended the run, else None."""
+        sig = getattr(self, "_signalled", None)
+        return None if sig is None else signal.Signals(sig).name
 
     # ------------------------------------------------------------------------------- steps
     def _role_for(self, i: int) -> str:
@@ -527,23 +629,52 @@ class PerfCheck:
         return runs.rank_dir(self.out_dir, self.rank)
 
     def _open_writers(self):
+        """Lock this rank's directory (``rundir.RunLock``: a second run into it is refused, not mixed), then
+        check that it holds no run and open the appended tables; an unwritable directory is one line."""
         d = self._rank_dir
-        if (d / runs.META).exists():
-            raise UserError(f"{d} already holds a run ({runs.META} exists); choose a new out_dir")
-        d.mkdir(parents=True, exist_ok=True)
-        runs.clean_stale_temps(d)
-        for key in ("steps", "module_steps", "samples"):
-            fname, cols = runs.TABLES[key]
-            if key == "samples" and self.sample_interval is None:
-                continue
-            self._writers[key] = runs.CsvAppender(d / fname, cols)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            self._lock = runs.RunLock(d).acquire()
+        except OSError as exc:
+            raise UserError(f"out_dir: cannot write into {d} ({exc.strerror or exc})") from None
+        try:
+            for name in (runs.META, runs.TABLES["steps"][0]):
+                if (d / name).exists():
+                    raise UserError(f"{d} already holds a run ({name} exists); choose a new out_dir")
+            runs.clean_stale_temps(d)
+            for key in ("steps", "module_steps", "samples"):
+                fname, cols = runs.TABLES[key]
+                if key == "samples" and self.sample_interval is None:
+                    continue
+                self._writers[key] = runs.CsvAppender(d / fname, cols)
+        except OSError as exc:
+            for w in self._writers.values():
+                w.close()
+            self._release_run_dir()
+            raise UserError(f"out_dir: cannot write into {d} ({exc.strerror or exc})") from None
+        except BaseException:
+            self._release_run_dir()
+            raise
+
+    def _release_run_dir(self):
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
+            self._lock = None
 
     def save(self, run_dir) -> Path:
         """Write this rank's files under ``run_dir/rank<R>/`` (each atomically); return that directory."""
         if self._state == "new":
             raise UserError("nothing to save: PerfCheck was never started")
         d = runs.rank_dir(run_dir, self.rank)
-        files = []
+        try:
+            return self._save_files(run_dir, d)
+        except OSError as exc:  # read-only or full: one line (atomic writes leave no partial file)
+            raise UserError(f"cannot write the run directory {d} ({exc.strerror or exc}"
+                            f"{': ' + Path(exc.filename).name if getattr(exc, 'filename', None) else ''})") from None
+
+    def _save_files(self, run_dir, d: Path) -> Path:
+        files, rows = [], {}
         frames = {"modules": self.measured, "steps": self.steps, "module_steps": self.module_steps,
                   "kernels": self.kernels, "samples": self.samples}
         for key, frame in frames.items():
@@ -551,8 +682,11 @@ class PerfCheck:
             files.append(fname)
             writer = self._writers.get(key)
             if writer is not None and writer.path.resolve() == (d / fname).resolve():
+                rows[fname] = writer.rows
                 continue  # appended row by row as the run went: already complete (memory may hold less)
-            runs.atomic_write_csv(d / fname, frame(), cols)
+            table = frame()
+            runs.atomic_write_csv(d / fname, table, cols)
+            rows[fname] = len(table)
         trace = self._window.trace_path if self._window is not None else None
         if trace is not None and trace.exists():
             if trace.resolve() != (d / runs.TRACE).resolve():
@@ -564,10 +698,13 @@ class PerfCheck:
 
             runs.atomic_write_csv(d / COLLECTIVES_CSV, coll, list(COLLECTIVE_COLUMNS))
             files.append(COLLECTIVES_CSV)
-        files += self._save_prediction(run_dir)
+        predicted = self._save_prediction(run_dir)
+        if predicted:
+            rows[predicted[0]] = len(self._predicted)
+        files += predicted
         if runs.TRACE in files:
             self._add_predicted_track(d / runs.TRACE)
-        runs.atomic_write_json(d / runs.META, self.meta(complete=self._state == "stopped", files=files))
+        runs.atomic_write_json(d / runs.META, self.meta(complete=self._state == "stopped", files=files, row_counts=rows))
         return d
 
     # ------------------------------------------------------------------- predicted vs measured
@@ -685,7 +822,7 @@ class PerfCheck:
         watch = getattr(self, "_optimizers", None)
         return (watch if watch is not None else OptimizerWatch(self._view.root, self._optimizer_arg)).meta()
 
-    def meta(self, complete: bool = True, files=None) -> dict:
+    def meta(self, complete: bool = True, files=None, row_counts=None) -> dict:
         """The run's metadata (what meta.json holds)."""
         view, started = self._view, self._state != "new"
         rows = self._step_rows
@@ -700,6 +837,8 @@ class PerfCheck:
         return {
             "schema_version": SCHEMA_VERSION, "complete": bool(complete), "files": list(files or []) or [
                 f for k, (f, _) in runs.TABLES.items() if k in getattr(self, "_writers", {})],
+            "rows": dict(row_counts or {}),  # data rows per file as written: a reader tells a truncated file
+            "interrupted": self.interrupted,
             "run_id": getattr(self, "run_id", None), "hostname": socket.gethostname(), "pid": os.getpid(),
             "started_unix": getattr(self, "_t_start", None), "rank": getattr(self, "rank", 0),
             "world_size": getattr(self, "world_size", 1), "versions": versions(),

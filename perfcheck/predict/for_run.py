@@ -211,18 +211,26 @@ def _columns(frame: pd.DataFrame) -> list:
 
 def _parse_predicted(source, where: str) -> pd.DataFrame:
     """predicted.csv text (a path or a buffer) → the frame; the one parser of predicted rows."""
-    try:
-        frame = pd.read_csv(source, keep_default_na=False, na_values=["", "nan", "NaN"])
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise UserError(f"{where}: cannot read the predicted rows ({exc})") from None
+    data, _ = runs.csv_data(source, where)  # a link out: UserError; a cut last row dropped (load_run notes it)
+    try:  # bytes that are not UTF-8, rows that do not split: UserError
+        frame = runs.parse_csv(data, where, keep_default_na=False, na_values=["", "nan", "NaN"])
+    except pd.errors.EmptyDataError:
+        raise UserError(f"{where}: cannot read the predicted rows (the file is empty)") from None
     try:
         validate_frame(frame, PREDICTED_COLUMNS, where)
     except SchemaError as exc:
         raise UserError(str(exc)) from None
+    runs.check_cells(frame, where)
     for c in ("comm_kind", "unmodeled_ops", "bound_fwd", "bound_bwd", "source"):
         if c in frame:
             frame[c] = frame[c].fillna("").astype(str)
     return frame
+
+
+def read_predicted_file(path) -> pd.DataFrame:
+    """A predicted.csv the user names (``perfcheck whatif --predicted``): the same checked parser (a link
+    the user names is followed: it is no file found inside an untrusted run directory)."""
+    return _parse_predicted(Path(path).resolve(), str(path))
 
 
 def normalize_predicted(frame: pd.DataFrame) -> pd.DataFrame:

@@ -24,7 +24,7 @@ import math
 import sys
 import weakref
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 import torch
 import torch.nn.functional as TF
@@ -123,6 +123,36 @@ def _checkpoint_region() -> str:
     return ""
 
 
+def checkpoint_frame():
+    """The ``_CheckpointFrame`` of the non-reentrant checkpoint region running now (None outside one):
+    the closure of its pack hook, the top of autograd's saved-tensor hook stack. Its ``weak_holders``
+    count the tensors the region has saved for backward so far."""
+    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if top is None or "_checkpoint_hook" not in getattr(top[0], "__qualname__", ""):
+        return None
+    for cell in getattr(top[0], "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if hasattr(value, "weak_holders") and hasattr(value, "early_stop"):
+            return value
+    return None
+
+
+def _early_stop(trace: "Trace", ckpt: dict) -> None:
+    """Ops of a non-reentrant checkpoint region that torch does not re-run in backward: with early stop
+    (``torch.utils.checkpoint.set_checkpoint_early_stop``, on by default) the recompute ends as soon as
+    it has saved as many tensors as the forward did (``_StopRecomputationError`` in its pack hook).
+    Autograd saves an op's inputs before the op runs and its outputs after, so op k runs again iff fewer
+    than all N tensors had been saved when it was dispatched (``ckpt[k]``: the frame and that count).
+    Example: ``b(relu(a(x)))`` saves x (a), relu's output (relu) and b's input (relu's output again) and
+    weight before b runs: b's matmul is not re-run (FlopCounterMode on the backward agrees)."""
+    for index, (frame, before) in ckpt.items():
+        if frame.early_stop and before >= len(frame.weak_holders):
+            trace.ops[index].recompute = False
+
+
 class _GradRule:
     """``requires_grad`` as backward will see it, for the op running now: nothing under
     ``torch.no_grad()``; inside a reentrant checkpoint (which runs under no_grad but re-runs with
@@ -156,10 +186,11 @@ _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 class _Recorder(TorchDispatchMode):
     """Records every aten op below the autograd layer with the current module stack."""
 
-    def __init__(self, trace: Trace, stack: list, elem_bytes, hidden: list, grad_rule: "_GradRule", outs: dict):
+    def __init__(self, trace: Trace, stack: list, elem_bytes, hidden: list, grad_rule: "_GradRule", outs: dict,
+                 ckpt: dict):
         super().__init__()
         self.trace, self.stack, self.elem_bytes, self.hidden = trace, stack, elem_bytes, hidden
-        self.grad_rule, self.outs = grad_rule, outs
+        self.grad_rule, self.outs, self.ckpt = grad_rule, outs, ckpt
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -175,6 +206,9 @@ class _Recorder(TorchDispatchMode):
             outs = tuple(_meta_of(t, self.elem_bytes) for t in tensors)
             self.trace.ops.append(TracedOp(OpCall(func, meta_args, meta_kwargs, outs), tuple(self.stack),
                                            recompute=bool(region)))
+            if region == "non-reentrant" and (frame := checkpoint_frame()) is not None:
+                # autograd saved this op's inputs before dispatching it, its outputs come after
+                self.ckpt[len(self.trace.ops) - 1] = (frame, len(frame.weak_holders))
             # Kept until the forward ends: their grad_fn (set after this returns) says whether
             # backward ever reaches the op. Reentrant-checkpoint ops have none: always differentiated.
             self.outs[len(self.trace.ops) - 1] = None if region == "reentrant" else tensors
@@ -266,16 +300,18 @@ class _FusedCatcher(TorchFunctionMode):
     dtypes the output is made by a shape-only stand-in that keeps the autograd graph."""
 
     def __init__(self, trace: Trace, stack: list, elem_bytes, hidden: list, saved: _Saved, gpu: bool,
-                 grad_rule: _GradRule, outs: dict):
+                 grad_rule: _GradRule, outs: dict, ckpt: dict):
         super().__init__()
         self.trace, self.stack, self.elem_bytes, self.hidden = trace, stack, elem_bytes, hidden
-        self.saved, self.gpu, self.grad_rule, self.outs = saved, gpu, grad_rule, outs
+        self.saved, self.gpu, self.grad_rule, self.outs, self.ckpt = saved, gpu, grad_rule, outs, ckpt
+        self._before = None  # (checkpoint frame, tensors it saved) when the op being caught started
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.hidden[0]:
             return func(*args, **kwargs)
         if func in _GROUPED_MM:
+            self._mark_start()
             return self._grouped_mm(args, kwargs)
         if self.gpu and func is TF.multi_head_attention_forward:
             # The mode is off while this handler runs, so the SDPA call inside would go unseen:
@@ -285,6 +321,7 @@ class _FusedCatcher(TorchFunctionMode):
         if not self.gpu or not (func is TF.scaled_dot_product_attention or
                                 (func is TF.dropout and _dropout_active(args, kwargs))):
             return func(*args, **kwargs)
+        self._mark_start()
         region, grad = self.grad_rule()
         self.hidden[0] += 1
         try:
@@ -297,9 +334,15 @@ class _FusedCatcher(TorchFunctionMode):
             self._sdpa(args, kwargs, out, region, grad)
         return out
 
+    def _mark_start(self):
+        frame = checkpoint_frame()
+        self._before = (frame, len(frame.weak_holders)) if frame is not None else None
+
     def _record(self, call, out, region, **flags):
         self.trace.ops.append(TracedOp(call, tuple(self.stack), recompute=bool(region), **flags))
         index = len(self.trace.ops) - 1
+        if region == "non-reentrant" and self._before is not None:
+            self.ckpt[index] = self._before
         self.outs[index] = None if region == "reentrant" else [out]
         return lambda: self.trace.ops[index].backward
 
@@ -403,6 +446,20 @@ def _storage_key(t: torch.Tensor):
         return id(t)
 
 
+def output_tensors(result, _depth: int = 0) -> list:
+    """Every tensor in a forward's output: inside pytree containers (tuple, list, dict, namedtuple, and
+    registered classes such as HF's ModelOutput) and inside plain dataclasses, which pytree leaves whole
+    (a ``@dataclass`` output's tensors would otherwise look absent and its backward 0)."""
+    out = []
+    for leaf in tree_flatten(result)[0]:
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif is_dataclass(leaf) and not isinstance(leaf, type) and _depth < 32:
+            for f in fields(leaf):
+                out += output_tensors(getattr(leaf, f.name, None), _depth + 1)
+    return out
+
+
 def _mark_backward(trace: Trace, outs: dict, result) -> None:
     """``TracedOp.backward``: whether autograd's backward from the model's outputs reaches the op.
 
@@ -410,7 +467,7 @@ def _mark_backward(trace: Trace, outs: dict, result) -> None:
     differentiated when the node that made its output is on that walk (an in-place op later
     applied to the same tensor stands for it: backward reaches the first through the second)."""
     seen: dict = {}
-    todo = [t.grad_fn for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    todo = [t.grad_fn for t in output_tensors(result) if t.grad_fn is not None]
     while todo:
         node = todo.pop()
         if id(node) in seen:
@@ -469,6 +526,9 @@ def _fake_inputs(example_inputs, fake_mode: FakeTensorMode, device):
     def conv(x):
         if not isinstance(x, torch.Tensor):
             return x
+        if x.is_nested:
+            raise UserError(f"example_inputs: a nested (jagged) tensor ({x.layout}) cannot be traced by shapes alone; "
+                            "pass the padded dense tensor (nested.to_padded_tensor) to estimate")
         if x.device.type != "meta":
             return fake_mode.from_tensor(x)
         if id(x) not in memo:
@@ -526,6 +586,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
     saved = _Saved(trace, stack, elem_bytes, hidden)
     grad_rule = _GradRule(saved.state_storages)
     outs: dict = {}  # op index -> its output tensors, until the forward is over
+    ckpt: dict = {}  # op index -> (its checkpoint frame, tensors saved in the region before it ran)
 
     device = _trace_device(_param_device(model))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -544,8 +605,9 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         saved.state_storages.update(saved.key(t) for t in state.values())
         inputs = _fake_inputs(example_inputs, fake_mode, device)
         es.enter_context(torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack))
-        es.enter_context(_FusedCatcher(trace, stack, elem_bytes, hidden, saved, fused_dropout, grad_rule, outs))
-        es.enter_context(_Recorder(trace, stack, elem_bytes, hidden, grad_rule, outs))
+        es.enter_context(_FusedCatcher(trace, stack, elem_bytes, hidden, saved, fused_dropout, grad_rule, outs,
+                                         ckpt))
+        es.enter_context(_Recorder(trace, stack, elem_bytes, hidden, grad_rule, outs, ckpt))
         try:
             # keyword tensors (model(x, labels=y)) are faked and moved like positional ones
             result = torch.func.functional_call(model, state, tuple(inputs),
@@ -558,6 +620,8 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"example_inputs: the model rejected them: {first}") from exc
     _mark_backward(trace, outs, result)
+    _early_stop(trace, ckpt)
+    ckpt.clear()
     outs.clear()  # frees the graphs backward never reaches, and with them their saved tensors
     saved.finish()
     del result

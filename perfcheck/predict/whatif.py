@@ -197,7 +197,7 @@ def resolve_predicted(predicted, run, rank: int, source):
     elif predicted is not None:
         if not Path(predicted).is_file():
             raise UserError(f"predicted: file {str(predicted)!r} does not exist")
-        frame, how = pd.read_csv(predicted, keep_default_na=False, na_values=["", "nan", "NaN"]), str(predicted)
+        frame, how = predict_run.read_predicted_file(predicted), str(predicted)
     else:
         frame, info = predict_run.load_predicted(run.run_dir, ranks=(rank,))
         other = info.get("system") if frame is not None and info.get("system") not in (None, source.name) else None

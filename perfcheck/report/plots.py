@@ -40,12 +40,34 @@ def _plain(v) -> str:
     return f"{v:g}"
 
 
+def literal_text(fig):
+    """``fig`` with every text made so far drawn literally (``set_parse_math(False)``): call before
+    anything lays the figure out (``tight_layout``), which measures, and so parses, every label."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        text.set_parse_math(False)
+    return fig
+
+
+def save_literal(fig, buf, **kwargs) -> None:
+    """``fig.savefig(buf, **kwargs)`` with every label drawn as the literal text it is: module paths and run
+    folder names come from the user, and matplotlib would parse ``$...$`` in them as mathtext (a
+    ``$\\frac$`` in a name is a ParseFatalException). Texts already made are switched off; the ones
+    drawing makes (tick labels) read the rc setting."""
+    import matplotlib
+
+    literal_text(fig)
+    with matplotlib.rc_context({"text.parse_math": False}):
+        fig.savefig(buf, **kwargs)
+
+
 def to_png_base64(fig) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, pil_kwargs={"compress_level": 3})
+    save_literal(fig, buf, format="png", dpi=DPI, pil_kwargs={"compress_level": 3})
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from perfcheck.analysis.answers import answers, fmt_bytes, fmt_s
 from perfcheck.measure.rundir import atomic_write_text
+from perfcheck.report.plots import literal_text, save_literal
 
 #: Terminal columns: (header, predicted column, measured column, formatter).
 _TERMINAL = (("allreduce", "pred_allreduce_bytes", "meas_allreduce_bytes", fmt_bytes),
@@ -59,7 +60,7 @@ def write_csv(table: pd.DataFrame, path) -> None:
 # ------------------------------------------------------------------------------------ HTML
 def figure_png(fig) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    save_literal(fig, buf, format="png", dpi=110, bbox_inches="tight")  # '$' in a folder name stays text
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -111,7 +112,7 @@ def time_figure(table: pd.DataFrame) -> str:
     bx.set_ylabel("ms per optimizer step")
     bx.set_title("Measured step: compute, exposed communication, other")
     bx.legend(frameon=False, fontsize=8)
-    fig.tight_layout()
+    literal_text(fig).tight_layout()  # run folder names are labels: a '$' in one is text, not mathtext
     return figure_png(fig)
 
 

@@ -242,13 +242,17 @@ def save_prediction(run_dir, model, example_inputs, *, system=None, dtype=None) 
     the run directory's one predicted-file writer (``perfcheck.predict.for_run.save_predicted``).
     Call it with the model before DeepSpeed partitions it. Returns the path (None if the estimator
     failed, with a warning: a prediction never stops the training run)."""
-    from perfcheck.predict.for_run import save_predicted
+    from perfcheck.hardware.systems import load_system
     from perfcheck.predict.estimate import estimate
+    from perfcheck.predict.for_run import save_predicted
+    from perfcheck.predict.module_estimator import default_system_name
 
     try:
-        frame = estimate(model, example_inputs, system=system, dtype=dtype)
-        return save_predicted(run_dir, frame, system=system if system is not None else frame.attrs.get("system"),
-                              dtype=frame.attrs.get("dtype", dtype))
+        # the spec resolved once, here: predicted.json embeds it, so a stage whose ranks died still reports
+        # (a calibrated spec's name, e.g. "cpu-calibrated", is no built-in another process could load)
+        spec = load_system(system if system is not None else default_system_name())
+        frame = estimate(model, example_inputs, system=spec, dtype=dtype)
+        return save_predicted(run_dir, frame, system=spec, dtype=frame.attrs.get("dtype", dtype))
     except Exception as exc:  # noqa: BLE001 - a prediction must never stop the training run
         warnings.warn(f"perfcheck: no prediction saved ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)
         return None

@@ -209,6 +209,10 @@ class EngineSession:
         if self._pc is not None:
             try:
                 self._pc.step()
+            except KeyboardInterrupt:  # SIGINT/SIGTERM: PerfCheck stopped at this boundary and wrote its files;
+                self._warn("interrupted (SIGINT/SIGTERM) at the end of this step; every file written")
+                self.finish(complete=False)  # the ZeRO files too, then the run ends as the signal asked
+                raise
             except Exception as exc:  # noqa: BLE001 - keep training; report it
                 self._warn(f"PerfCheck.step failed ({type(exc).__name__}: {exc}); per-module tables stop here")
                 self.__dict__["_pc"] = None
@@ -227,7 +231,7 @@ class EngineSession:
         self._comms.disable()
         if self._pc is not None:
             try:
-                self._pc.stop()
+                self._pc.stop(deliver_signal=False)  # a signal ends the process after the ZeRO files below
                 if getattr(self._pc, "out_dir", None) is None:
                     self._pc.save(self._run_dir)
             except Exception as exc:  # noqa: BLE001

@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -112,7 +113,7 @@ class SweepOptions:
 class StageResult:
     stage: str
     run_dir: Path
-    status: str        # ok | failed | timeout | skipped
+    status: str        # ok | failed | timeout | skipped | interrupted
     seconds: float
     reason: str = ""
 
@@ -187,6 +188,77 @@ def stage_env(gpus: int, verbose: bool) -> dict:
     return env
 
 
+#: Seconds the ranks get, after Ctrl-C/SIGTERM, to finish their step and write their files (DeepSpeed's
+#: launcher waits 30 s for its children before killing them); past it the whole group is killed.
+STOP_GRACE_S = 40.0
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM during ``perfcheck sweep``: the stage running was stopped (its launcher
+    and ranks, ``stop_stage``) and marked interrupted; ``signum`` names the signal."""
+
+    def __init__(self, signum: int, message: str = ""):
+        self.signum = int(signum)
+        super().__init__(message or f"interrupted by {signal.Signals(signum).name}")
+
+
+def _raise_interrupted(signum, frame):
+    raise SweepInterrupted(signum)
+
+
+def catch_stop_signals():
+    """While a sweep runs, SIGTERM (Slurm and Kubernetes pre-emption, ``timeout``) ends it like Ctrl-C:
+    as an exception, so the stage running is stopped and nothing is left behind. Returns a function that
+    restores the previous handlers; main thread only (Python's rule), default handlers only."""
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+        for sig, default in defaults.items():
+            if signal.getsignal(sig) is default:
+                saved[sig] = signal.signal(sig, _raise_interrupted)
+
+    def restore():
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    return restore
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_stage(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """End a stage's launcher and ranks, letting the ranks finish their step and write their files: one
+    SIGTERM to the launcher (DeepSpeed's forwards one to each rank; PerfCheck in a rank then stops at the
+    step boundary, measure.session), up to ``grace_s`` for the group to exit, then SIGKILL to whatever is
+    left of its process group (the launcher runs in a session of its own). A second Ctrl-C kills at once."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            if proc.poll() is None:
+                try:
+                    proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                time.sleep(0.2)  # ranks the launcher left behind: same group, still finishing
+    except KeyboardInterrupt:
+        pass
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
 def _kill_group(proc: subprocess.Popen):
     """End the launcher and every rank it started (they share the session started for it)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -241,6 +313,18 @@ def run_stage(opts: SweepOptions, stage: str, index: int, count: int, *, gpus: i
         while rc is None:
             try:
                 rc = proc.wait(timeout=1.0)
+            except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (catch_stop_signals)
+                signum = getattr(exc, "signum", signal.SIGINT)
+                if live:
+                    sys.stdout.write("\n")
+                say(f"{tag}: interrupted by {signal.Signals(signum).name}; stopping the launcher and its ranks "
+                    f"(up to {STOP_GRACE_S:.0f} s for them to write their files; Ctrl-C again kills them now)")
+                stop_stage(proc)
+                reason = (f"interrupted by {signal.Signals(signum).name} after {time.monotonic() - t0:.0f} s; the "
+                          "launcher and its ranks were stopped (each rank wrote the steps it finished)")
+                with open(run_dir / LOG_NAME, "a") as tail:
+                    tail.write(f"perfcheck sweep: stage {stage} {reason}\n")
+                raise SweepInterrupted(signum, f"stage {stage} {reason}") from None
             except subprocess.TimeoutExpired:
                 elapsed = time.monotonic() - t0
                 if elapsed > opts.timeout_s:
@@ -384,5 +468,17 @@ def run_sweep(opts: SweepOptions, say: Callable[[str], None] = print) -> list:
              f"{local_ranks(opts, gpus)} {'GPU' if gpus else 'CPU'} rank(s)")
     say(f"perfcheck sweep: ZeRO stages {' '.join(opts.stages)}, model {opts.model}, {where}, into {out}/ "
         f"(per-stage limit {opts.timeout_s:.0f} s)")
-    return [run_stage(opts, s, i, len(opts.stages), gpus=gpus, extra_overlays=[fused] if fused else [], say=say)
-            for i, s in enumerate(opts.stages, 1)]
+    results = []
+    restore = catch_stop_signals()
+    try:
+        for i, s in enumerate(opts.stages, 1):
+            try:
+                results.append(run_stage(opts, s, i, len(opts.stages), gpus=gpus,
+                                         extra_overlays=[fused] if fused else [], say=say))
+            except SweepInterrupted as exc:
+                results.append(StageResult(s, out / f"stage{s}", "interrupted", 0.0, str(exc)))
+                exc.results = results
+                raise
+    finally:
+        restore()
+    return results
