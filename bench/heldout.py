@@ -44,6 +44,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import perfcheck  # noqa: E402
+from perfcheck.hardware.systems import SystemSpec  # noqa: E402
 from perfcheck.schema import ROOT  # noqa: E402
 
 #: design: developed on; scoring: only scored (see the module docstring). Decided before any scoring result.
@@ -496,10 +497,23 @@ def calibration(path_in, path_out, progress):
                           kind="cpu", threads=1), f"re-fitted from {path_in}"
     t0 = time.perf_counter()
     res = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=1, name=AUTO_NAME, clock="process")
-    if path_out:
-        res.measurements.to_csv(path_out, index=False)
     progress(f"quick calibration: {time.perf_counter() - t0:.1f} s")
-    return res.spec, f"quick calibration, {time.perf_counter() - t0:.0f} s"
+    return res, f"quick calibration, {time.perf_counter() - t0:.0f} s"
+
+
+def bracket(first, path_out, progress):
+    """The spec of two quick calibrations, one before the models and one after (per case the median,
+    ``merge_measurements``): a shared machine's speed drifts, and the pair brackets the measurements."""
+    from perfcheck.hardware.cache import AUTO_NAME
+    from perfcheck.hardware.calibrate.fit import build_spec, merge_measurements
+    from perfcheck.hardware.calibrate.run import provenance
+
+    second, _ = calibration(None, None, progress)
+    table = merge_measurements([first.measurements, second.measurements])
+    if path_out:
+        table.to_csv(path_out, index=False)
+    return build_spec("cpu", table, peaks="measured", stamp=provenance(torch.device("cpu")), name=AUTO_NAME,
+                      kind="cpu", threads=1)
 
 
 # ------------------------------------------------------------------------------ ablation
@@ -572,12 +586,18 @@ def main(argv=None):
         keep = set(args.models.split(","))
         chosen = [(s, m) for s, m in chosen if m in keep]
     spec, cal_note = calibration(args.calibration, args.save_calibration, say)
-    specs = ablations(spec) if args.ablate else {"full": spec}
-    rows, mods, abl = [], [], []
-    for s, name in chosen:
+    measured = []
+    for s, name in chosen:  # measure every model first, then calibrate again and predict with the pair
         t0 = time.perf_counter()
         w = build(name)
-        meas = measure(w, args.steps)
+        measured.append((s, name, w, measure(w, args.steps)))
+        say(f"{s} {name}: measured in {time.perf_counter() - t0:.0f} s")
+    if not isinstance(spec, SystemSpec):
+        spec, cal_note = bracket(spec, args.save_calibration, say), cal_note + " before and after the models, merged"
+    specs = ablations(spec) if args.ablate else {"full": spec}
+    rows, mods, abl = [], [], []
+    for s, name, w, meas in measured:
+        t0 = time.perf_counter()
         try:
             preds = {label: predict(w, sp, meas["optimizer"]) for label, sp in specs.items()}
         except Exception as exc:  # a model the estimator cannot trace is reported, not skipped silently

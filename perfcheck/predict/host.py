@@ -19,8 +19,9 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
                                     (view_dispatch_s for a view's node)
     backward, per parameter tensor  backward_node_s + view_dispatch_s (AccumulateGrad: a node and a detach)
     backward, once (root)           backward_call_s (engine start for loss.backward())
-    optimizer step                  optim_step_s + per tensor optim_<impl>_per_tensor_s (host)
-                                    + streams x parameter bytes at the memory ceiling (device)
+    optimizer step                  optim_step_s + per tensor its implementation's calibrated line at
+                                    the step's ops per tensor (host); per tensor and kernel, its streams
+                                    x the tensor's bytes at the memory ceiling (device; optimizers.profile)
     DeepSpeed, ZeRO stage S         zero<S>_* per phase: fixed + per parameter tensor, ZeRO-3 per
                                     module call and per partitioned tensor (``deepspeed_host_s``)
     N processes on one host         each one's host time (and CPU compute) x (1 + (N - 1) x
@@ -63,16 +64,10 @@ import pandas as pd
 
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import host_constants, load_system
-from perfcheck.predict.roofline import memory_time_s
+from perfcheck.predict import optimizers
+from perfcheck.predict.aten_costs import op_class
+from perfcheck.predict.roofline import compute_time_s, memory_time_s
 
-#: torch.optim implementations with a calibrated per-tensor host cost, and the parameter-sized
-#: streams (arrays read + written per element) each update moves on the device:
-#: SGD: read p, g, write p = 3; with momentum + read/write buf = 5; Adam/AdamW: read p, g, m, v,
-#: write p, m, v = 7 (torch/optim/sgd.py, adam.py single-tensor updates).
-OPTIMIZER_STREAMS = {"sgd": 3, "sgd_momentum": 5, "adam": 7, "adamw": 7}
-#: Device kernels per parameter tensor of the for-loop implementations (torch 2.x _single_tensor_*):
-#: SGD add_ = 1; momentum mul_+add_ then add_ = 3; Adam lerp_, mul_, addcmul_, sqrt, div_, add_, addcdiv_ = 7.
-OPTIMIZER_KERNELS = {"sgd": 1, "sgd_momentum": 3, "adam": 7, "adamw": 8}
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
 
 
@@ -80,7 +75,7 @@ IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
 class OptimizerCost:
     """One optimizer.step() + zero_grad(): host and device seconds and the combined time."""
 
-    kind: str  # sgd | sgd_momentum | adam | adamw
+    kind: str  # a torch.optim class in lower case with its variant flags (optimizers.FLAGS): sgd_momentum, adamw
     implementation: str  # for-loop | foreach | fused
     tensors: int
     params: int
@@ -157,11 +152,12 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
             continue
         node = any(t.requires_grad for t in op.call.tensors())
         if i in timed:
-            rows.append((i, op.call.name, False, node) + timed[i])
+            rows.append((i, op.call.name, False, node) + timed[i] + (op_class(op.call),))
         else:
-            rows.append((i, op.call.name, True, node, 0.0, 0.0, 0.0, 0.0))
+            rows.append((i, op.call.name, True, node, 0.0, 0.0, 0.0, 0.0, op.call.name))
         stacks.append(op.stack)
-    seq = pd.DataFrame(rows, columns=["op", "name", "view", "node", "kernels_fwd", "kernels_bwd", "t_fwd", "t_bwd"])
+    seq = pd.DataFrame(rows, columns=["op", "name", "view", "node", "kernels_fwd", "kernels_bwd", "t_fwd", "t_bwd",
+                                      "op_class"])
     return seq, stacks
 
 
@@ -192,7 +188,7 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
     node = seq["node"].to_numpy(bool)
     k_fwd = seq["kernels_fwd"].to_numpy(float)
     k_bwd = seq["kernels_bwd"].to_numpy(float)
-    fixed = np.array([(op_fixed or {}).get(n, 0.0) for n in seq["name"]], dtype=float)
+    fixed = np.array([_fixed_cost(op_fixed or {}, n, c) for n, c in zip(seq["name"], seq["op_class"])], dtype=float)
     # a step runs each op after other ops, not in the tight loop its prices were measured in: a computing op
     # whose family differs from the computing op before it pays op_cold_s once, in the forward and again for its
     # backward node (whose kernels after the first run the same backward's code); views are metadata only
@@ -204,6 +200,16 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
                            np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed * k_bwd / np.maximum(k_fwd, 1.0))
     bwd = node * (hc["backward_node_s"] + bwd_kernels + bwd_switch * cold)
     return fwd, bwd
+
+
+def _fixed_cost(op_fixed: dict, name: str, op_class: str) -> float:
+    """An op's fixed cost (``op_fixed_s``): its efficiency class's entry, else its name's when the op is of the
+    class its name measured (the op_fixed case's tiny call: a 1-channel convolution); an op of another class
+    (perfcheck.predict.aten_costs.op_class: a depthwise or a 64-channel convolution) has its per-call cost in
+    its class's calibrated efficiency instead (perfcheck/hardware/calibrate/op_classes.py)."""
+    if op_class in op_fixed:
+        return float(op_fixed[op_class])
+    return float(op_fixed.get(name, 0.0)) if op_class == name else 0.0
 
 
 def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] = None) -> pd.DataFrame:
@@ -279,10 +285,14 @@ def host_bound(host_s, device_s):
 def optimizer_kind(optimizer) -> tuple:
     """``(kind, implementation)`` for a torch.optim optimizer or a name.
 
-    Names: sgd, sgd_momentum, adam, adamw, each optionally suffixed ``-foreach``, ``-fused`` or
-    ``-for-loop`` (default: torch's choice, foreach on CUDA tensors and for-loop on CPU ones,
-    resolved by the caller from the device). An optimizer instance is read from its class and
-    its first param group (momentum, foreach, fused).
+    Names: a torch.optim class in lower case with its variant flags (``perfcheck.predict.optimizers``: sgd,
+    sgd_momentum, sgd_momentum_nesterov, adam, adam_wd, adam_amsgrad, adamw, rmsprop_momentum_centered, adagrad,
+    lbfgs, ...), optionally suffixed ``-foreach``, ``-fused`` or ``-for-loop`` (without one: None, resolved by
+    the caller from the device: torch's choice, foreach on CUDA tensors and the for-loop on CPU ones). An
+    instance is read from its class, its first param group's flags and its ``foreach``/``fused`` settings,
+    torch's default resolved from its parameters' device (``torch.optim.optimizer._default_to_fused_or_foreach``:
+    foreach on a device with foreach kernels, else the for-loop), so ``"-".join(optimizer_kind(instance))`` is a
+    name that maps back to the same pair.
     """
     if isinstance(optimizer, str):
         text = optimizer.strip().lower().replace("_", "-")
@@ -291,45 +301,72 @@ def optimizer_kind(optimizer) -> tuple:
             if text.endswith("-" + suffix):
                 text, impl = text[: -len(suffix) - 1], suffix
         kind = text.replace("-", "_")
-        if kind not in OPTIMIZER_STREAMS:
-            raise UserError(f"optimizer: unknown {optimizer!r} (known: {', '.join(OPTIMIZER_STREAMS)}, "
-                            f"optionally -foreach, -fused or -for-loop)")
+        optimizers.parse(kind)  # UserError naming an unknown class or variant
         return kind, impl
-    name = type(optimizer).__name__.lower()
+    kind = optimizers.kind_of(optimizer)
     group = optimizer.param_groups[0] if getattr(optimizer, "param_groups", None) else {}
-    if name == "sgd":
-        kind = "sgd_momentum" if group.get("momentum", 0) else "sgd"
-    elif name in ("adam", "adamw"):
-        kind = name
-    else:
-        raise NotImplementedError(f"optimizer: {type(optimizer).__name__} has no host/device model yet "
-                                  f"(modelled: SGD, Adam, AdamW)")
-    impl = "fused" if group.get("fused") else "foreach" if group.get("foreach") else (
-        "for-loop" if group.get("foreach") is False else None)
-    return kind, impl
+    if group.get("fused"):
+        return kind, "fused"
+    if group.get("foreach") is not None or "foreach" not in group:
+        return kind, "foreach" if group.get("foreach") else "for-loop"
+    from torch.optim.optimizer import _get_foreach_kernels_supported_devices
+
+    devices = {p.device.type for g in optimizer.param_groups for p in g["params"]}
+    foreach = bool(devices) and devices <= set(_get_foreach_kernels_supported_devices())
+    return kind, "foreach" if foreach and not group.get("differentiable") else "for-loop"
+
+
+#: Calibrated per-tensor host costs the others are read from: (implementation line, kind) -> host key.
+_HOST_POINTS = {"for-loop": (("sgd", "optim_sgd_per_tensor_s"), ("adam", "optim_adam_per_tensor_s")),
+                "foreach": (("sgd", "optim_sgd_foreach_per_tensor_s"), ("adam", "optim_adam_foreach_per_tensor_s"))}
+
+
+def optimizer_host_per_tensor(kind: str, impl: str, hc) -> float:
+    """Host seconds per parameter tensor of a ``kind`` step in ``impl``, read off the calibrated line of its
+    implementation: ``perfcheck calibrate`` times SGD and Adam per tensor (``optim_sgd[_foreach]_per_tensor_s``,
+    ``optim_adam[_foreach]_per_tensor_s``); an optimizer running x element-ops per tensor
+    (``optimizers.Profile.host_ops``: its ops per tensor for the for-loop, its foreach ops for foreach) costs
+
+        c_sgd + (c_adam - c_sgd) * (x - x_sgd) / (x_adam - x_sgd)          (>= 0)
+
+    on that line (x counted on this torch build: SGD 1, Adam 9 for-loop / 10 foreach in torch 2.13). Fused runs
+    on the foreach line at its own count (one fused op per list, 1-2). NB: linear in the ops, as each costs an
+    eager dispatch; the Python around them (state look-ups, the step counter) is in the slope's average."""
+    line = _HOST_POINTS["foreach" if impl in ("foreach", "fused") else "for-loop"]
+    points = [(optimizers.profile(k, "foreach" if impl == "fused" else impl).host_ops, hc[key]) for k, key in line]
+    (x0, c0), (x1, c1) = points
+    x = optimizers.profile(kind, impl).host_ops
+    return float(max(c0 + (c1 - c0) * (x - x0) / (x1 - x0), 0.0)) if x1 != x0 else float(c0)
 
 
 def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int = 4) -> OptimizerCost:
     """Predicted optimizer.step() + zero_grad(set_to_none=True) for parameter tensors of ``param_numels``.
 
-    Host: optim_step_s + tensors x optim_<kind>_per_tensor_s (for-loop) or
-    optim_<kind>_foreach_per_tensor_s (foreach; fused is costed as foreach: not calibrated apart).
-    Device: streams x elements x elem_bytes at the memory ceiling, + kernels x device_kernel_s
-    (for-loop: kernels per tensor; foreach/fused: one launch per op for the whole list).
+    Host: optim_step_s + tensors x ``optimizer_host_per_tensor``.
+    Device, per tensor of n elements, per kernel k of the step (``optimizers.profile``: what torch's code runs,
+    s_k memory streams per element): s_k x n x elem_bytes at the memory ceiling and the bandwidth curve of a
+    kernel that size (a small tensor's update stays in cache), + device_kernel_s per kernel (for-loop: per
+    kernel and tensor; foreach/fused: per op for the whole list); Muon's Newton-Schulz matmuls: n^1.5 MACs each
+    (a square parameter) at the matrix rate.
     CPU: host + device (same thread); GPU: max(host, device) (the step's kernels queue behind it).
     """
     spec = load_system(spec)
     hc = host_constants(spec)
     kind, impl = optimizer_kind(optimizer)
     impl = impl or ("for-loop" if spec.kind == "cpu" else "foreach")
+    prof = optimizers.profile(kind, impl)
     numels = np.asarray(list(param_numels), dtype=float)
     tensors, elems = len(numels), float(numels.sum())
-    base = "adam" if kind == "adamw" else "sgd" if kind == "sgd_momentum" else kind
-    per = hc[f"optim_{base}_per_tensor_s" if impl == "for-loop" else f"optim_{base}_foreach_per_tensor_s"]
-    host = hc["optim_step_s"] + tensors * per
-    kernels = tensors * OPTIMIZER_KERNELS[kind] if impl == "for-loop" else OPTIMIZER_KERNELS[kind]
-    mem = memory_time_s(OPTIMIZER_STREAMS[kind] * elems * elem_bytes, spec)
-    device = mem + kernels * hc["device_kernel_s"] * (tensors > 0)
+    host = hc["optim_step_s"] + tensors * optimizer_host_per_tensor(kind, impl, hc)
+    device = 0.0
+    if tensors:
+        streams = np.asarray(prof.kernels, dtype=float)
+        nbytes = np.outer(numels, streams) * elem_bytes  # tensors x kernels
+        device = float(np.sum(memory_time_s(nbytes, spec, kernels=np.ones_like(nbytes))))
+        if prof.matmuls:
+            device += float(compute_time_s(2 * prof.matmuls * float(np.sum(numels ** 1.5)), 0.0, spec, "fp32"))
+        launches = tensors * len(prof.kernels) if impl == "for-loop" else len(prof.kernels)
+        device += launches * hc["device_kernel_s"]
     total = host + device if spec.kind == "cpu" else max(host, device)
     return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total))
 

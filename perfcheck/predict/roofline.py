@@ -343,7 +343,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     """
     system = load_system(system)
     names = ops["name"].to_numpy(object)
-    eff = np.array([op_efficiency(system, n, dtype) for n in names], dtype=float)
+    classes = ops["op_class"].to_numpy(object) if "op_class" in ops else names
     narrow_s = host_constants(system)["gemm_narrow_row_s"]
     simd = simd_bytes(system)
     for phase in ("fwd", "bwd"):
@@ -356,6 +356,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
                              if "unaligned" in ops else None)
         t = np.asarray(t, dtype=float)
         roof = t - k * launch
+        eff = np.array([class_efficiency(system, c, n, dtype, phase) for c, n in zip(classes, names)], dtype=float)
         t = roof / eff + k * launch
         if f"rows_{phase}" in ops:
             rows = ops[f"rows_{phase}"].to_numpy(float)
@@ -382,6 +383,18 @@ def op_efficiency(system, name: str, dtype) -> float:
     dtype, else the fp32 one (a spec calibrated in fp32 only, e.g. a CPU's, for a bf16 run), else 1."""
     eff = system.op_efficiency
     return float(eff.get(op_efficiency_key(name, dtype), eff.get(name, 1.0)))
+
+
+def class_efficiency(system, op_class: str, name: str, dtype, phase: str) -> float:
+    """The ``op_efficiency`` of an op of efficiency class ``op_class`` (perfcheck.predict.aten_costs.op_class) in
+    ``phase``: the first of ``<class>:<phase>``, ``<class>``, ``<name>:<phase>``, ``<name>`` the spec has (each in
+    ``dtype``, else fp32: ``op_efficiency``), else 1. A phase key exists where calibration timed the backward
+    apart (a depthwise convolution's backward runs at another rate than its forward)."""
+    eff = system.op_efficiency
+    for key in dict.fromkeys((f"{op_class}:{phase}", op_class, f"{name}:{phase}", name)):
+        if op_efficiency_key(key, dtype) in eff or key in eff:
+            return op_efficiency(system, key, dtype)
+    return 1.0
 
 
 #: Row-wise ops priced with another op's per-row cost (the same CPU kernel behind another name).
