@@ -527,12 +527,14 @@ def op_class(c: OpCall) -> str:
     families whose CPU kernels run at different rates by shape (``perfcheck calibrate``'s op-class cases,
     perfcheck/hardware/calibrate/op_classes.py, measure each):
 
-      convolution   ``convolution_depthwise`` (groups == C_in > 1: one filter per channel, MobileNet/ConvNeXt),
+      convolution   ``convolution_depthwise`` (groups == C_in > 1: one filter per channel, MobileNet's 3x3;
+                    ``convolution_depthwise_large`` above 3x3, 5x5 and 7x7: their backward leaves oneDNN's 3x3
+                    kernel, 0.7 ns per MAC against 0.26-0.5 on the project's Xeon),
                     ``convolution_grouped`` (1 < groups < C_in: ResNeXt, ShuffleNet's grouped 1x1),
-                    ``convolution_transposed``, ``convolution_1d`` (one spatial dim), ``convolution_wide``
-                    (dense 2-D, input and output channels multiples of 8: oneDNN's blocked layouts take them
-                    as they are), else ``convolution`` (3 or 6 channels: the LeNet-size case, padded and
-                    reordered, with the op family's fixed cost op_fixed_s["convolution"])
+                    ``convolution_transposed``; with input or output channels not multiples of 8 (3 or 6: the
+                    LeNet-size case, padded and reordered, with the op family's fixed cost
+                    op_fixed_s["convolution"]) ``convolution``; else ``convolution_1d`` (one spatial dim) or
+                    ``convolution_wide`` (2-D: oneDNN's blocked layouts take the channels as they are)
       gelu          ``gelu_tanh`` for approximate="tanh" (a polynomial and tanh, not erf)
       others        the op's name
     """
@@ -541,12 +543,13 @@ def op_class(c: OpCall) -> str:
         groups = int(c.arg(8, "groups", 1) or 1)
         if bool(c.arg(6, "transposed", False)):
             return "convolution_transposed"
+        if groups > 1 and groups == x.shape[1]:
+            return "convolution_depthwise" if math.prod(w.shape[2:]) <= 9 else "convolution_depthwise_large"
         if groups > 1:
-            return "convolution_depthwise" if groups == x.shape[1] else "convolution_grouped"
-        if len(x.shape) == 3:
-            return "convolution_1d"
-        if x.shape[1] % 8 == 0 and w.shape[0] % 8 == 0:
-            return "convolution_wide"
+            return "convolution_grouped"
+        if x.shape[1] % 8 or w.shape[0] % 8:
+            return "convolution"
+        return "convolution_1d" if len(x.shape) == 3 else "convolution_wide"
     if c.name in ("gelu", "gelu_") and c.arg(1, "approximate", "none") == "tanh":
         return "gelu_tanh"
     return c.name

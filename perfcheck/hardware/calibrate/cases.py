@@ -203,8 +203,11 @@ def copy_cases(sizes_mb, device) -> list:
     return cases
 
 
-def vector_cases(dtypes, device, numel: int = 1 << 18) -> list:
-    """Elementwise add on a cache-resident buffer (3 x 1 MiB in fp32): 1 FLOP per element."""
+def vector_cases(dtypes, device, numel: int = 1 << 16) -> list:
+    """Elementwise add on a cache-resident buffer (3 x 256 KiB in fp32, within a core's L2): 1 FLOP per element.
+    NB: at 3 x 1 MiB the buffers spilled a 2 MiB L2 on the project's Xeon: 2.1 G adds/s against 5.0 at 3 x 256
+    KiB, which made every op of several FLOPs per element (LayerNorm's 7, GELU's 8) 2-2.5x slower in the model
+    than measured; the memory roofline prices the bytes apart, with the cache curve."""
     cases = []
     for d in dtypes:
         tdt = _TORCH_DTYPES[normalize_dtype(d)]
