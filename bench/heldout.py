@@ -238,6 +238,7 @@ def build(name: str, seed: int = 0) -> Workload:
         x, t = torch.randn(4, 3, 64, 64, generator=g), torch.randint(0, 10, (4,), generator=g)
         return Workload(name, desc, model, (x,), t, _ce, opt)
     if name.startswith("hf_"):
+        _torchvision()  # transformers imports torchvision's transforms when it is installed
         import transformers as tr
 
         if name == "hf_bert":
@@ -497,21 +498,20 @@ def calibration(path_in, path_out, progress):
                           kind="cpu", threads=1), f"re-fitted from {path_in}"
     t0 = time.perf_counter()
     res = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=1, name=AUTO_NAME, clock="process")
+    if path_out:
+        res.measurements.to_csv(path_out, index=False)
     progress(f"quick calibration: {time.perf_counter() - t0:.1f} s")
     return res, f"quick calibration, {time.perf_counter() - t0:.0f} s"
 
 
-def bracket(first, path_out, progress):
-    """The spec of two quick calibrations, one before the models and one after (per case the median,
-    ``merge_measurements``): a shared machine's speed drifts, and the pair brackets the measurements."""
+def merged(calibrations):
+    """The spec of quick calibrations taken either side of a measurement (per case the median,
+    ``merge_measurements``): a shared machine's speed drifts, and the pair brackets the measurement."""
     from perfcheck.hardware.cache import AUTO_NAME
     from perfcheck.hardware.calibrate.fit import build_spec, merge_measurements
     from perfcheck.hardware.calibrate.run import provenance
 
-    second, _ = calibration(None, None, progress)
-    table = merge_measurements([first.measurements, second.measurements])
-    if path_out:
-        table.to_csv(path_out, index=False)
+    table = merge_measurements([c.measurements for c in calibrations])
     return build_spec("cpu", table, peaks="measured", stamp=provenance(torch.device("cpu")), name=AUTO_NAME,
                       kind="cpu", threads=1)
 
@@ -532,6 +532,10 @@ def ablations(spec) -> dict:
     out["-module_fixed_s"] = dataclasses.replace(spec, module_fixed_s={})
     out["-op_fixed_s"] = dataclasses.replace(spec, op_fixed_s={})
     out["-op_efficiency"] = dataclasses.replace(spec, op_efficiency={})
+    out["-op-class efficiencies"] = dataclasses.replace(spec, op_efficiency={
+        k: v for k, v in spec.op_efficiency.items() if k in ("convolution", "max_pool2d_with_indices")})
+    out["-op_row_s (op classes: embedding, conv weight)"] = dataclasses.replace(spec, op_row_s={
+        k: v for k, v in _row_table(spec).items() if k not in ("embedding", "_embedding_bag", "convolution")})
     return out
 
 
@@ -587,16 +591,23 @@ def main(argv=None):
         chosen = [(s, m) for s, m in chosen if m in keep]
     spec, cal_note = calibration(args.calibration, args.save_calibration, say)
     measured = []
-    for s, name in chosen:  # measure every model first, then calibrate again and predict with the pair
+    for s, name in chosen:  # per model: measure, then calibrate again; its spec merges the calibrations either side
         t0 = time.perf_counter()
         w = build(name)
-        measured.append((s, name, w, measure(w, args.steps)))
+        meas = measure(w, args.steps)
+        if isinstance(spec, SystemSpec):
+            model_spec = spec
+        else:
+            after, _ = calibration(None, None, say)
+            model_spec = merged([spec, after])
+            spec = after
+        measured.append((s, name, w, meas, model_spec))
         say(f"{s} {name}: measured in {time.perf_counter() - t0:.0f} s")
-    if not isinstance(spec, SystemSpec):
-        spec, cal_note = bracket(spec, args.save_calibration, say), cal_note + " before and after the models, merged"
-    specs = ablations(spec) if args.ablate else {"full": spec}
+    if not args.calibration:
+        cal_note += " before and after each model, merged per model (the brackets of a shared machine's drift)"
     rows, mods, abl = [], [], []
-    for s, name, w, meas in measured:
+    for s, name, w, meas, model_spec in measured:
+        specs = ablations(model_spec) if args.ablate else {"full": model_spec}
         t0 = time.perf_counter()
         try:
             preds = {label: predict(w, sp, meas["optimizer"]) for label, sp in specs.items()}
