@@ -10,10 +10,12 @@ THE SPLIT (fixed before any scoring-set result was looked at; ``SPLIT`` below is
 The split pairs families (a torchvision CNN, an HF transformer, a torch.nn transformer, an RNN, an EmbeddingBag
 recommender, a timm model in each set), so a term designed on one member is scored on the other.
 
-Method: CPU, one intra-op thread, process CPU time throughout. One quick calibration at the start (what a
-user's machine gets by default: ``perfcheck.hardware.cache.auto_calibrate``'s ``calibrate("cpu", mode="quick",
-comm=False)``, here on the process clock; ``--calibration FILE.csv`` reuses a saved measurement table and
-re-fits it with the current code). Per model: 2 warm-up steps, ``--steps`` bare steps timed per phase
+Method: CPU, one intra-op thread, process CPU time throughout. Calibration as a user's machine gets it by
+default (``perfcheck.hardware.cache.auto_calibrate``'s ``calibrate("cpu", mode="quick", comm=False)``), here on
+the process clock, once before the first model and again after each model; each model is predicted with the
+median of the two calibrations either side of its measurement (a shared machine's speed drifts by tens of
+percent within minutes; ``--calibration FILE.csv`` instead re-fits one saved measurement table with the current
+code, ``--save-calibration`` writes the first one). Per model: 2 warm-up steps, ``--steps`` bare steps timed per phase
 (forward+loss, backward, optimizer.step()+zero_grad(set_to_none=True); step = their sum), then ``--steps`` steps
 with per-module hooks for the module classes (forward: pre/post hooks; backward: pre/post hooks on the autograd
 nodes the module's forward created, first start to last end), medians per module. Predicted:
@@ -532,6 +534,9 @@ def ablations(spec) -> dict:
     out["-module_fixed_s"] = dataclasses.replace(spec, module_fixed_s={})
     out["-op_fixed_s"] = dataclasses.replace(spec, op_fixed_s={})
     out["-op_efficiency"] = dataclasses.replace(spec, op_efficiency={})
+    # the vector ceiling as an L2-resident add measures it (3 x 256 KiB: 5.0 vs 2.1 G adds/s here, cases.vector_cases)
+    out["vector ceiling x2.38 (L2-resident add)"] = dataclasses.replace(spec, vector_flops_per_s={
+        k: 2.38 * v for k, v in spec.vector_flops_per_s.items()})
     out["-op-class efficiencies"] = dataclasses.replace(spec, op_efficiency={
         k: v for k, v in spec.op_efficiency.items() if k in ("convolution", "max_pool2d_with_indices")})
     out["-op_row_s (op classes: embedding, conv weight)"] = dataclasses.replace(spec, op_row_s={

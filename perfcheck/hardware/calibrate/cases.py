@@ -203,11 +203,12 @@ def copy_cases(sizes_mb, device) -> list:
     return cases
 
 
-def vector_cases(dtypes, device, numel: int = 1 << 16) -> list:
-    """Elementwise add on a cache-resident buffer (3 x 256 KiB in fp32, within a core's L2): 1 FLOP per element.
-    NB: at 3 x 1 MiB the buffers spilled a 2 MiB L2 on the project's Xeon: 2.1 G adds/s against 5.0 at 3 x 256
-    KiB, which made every op of several FLOPs per element (LayerNorm's 7, GELU's 8) 2-2.5x slower in the model
-    than measured; the memory roofline prices the bytes apart, with the cache curve."""
+def vector_cases(dtypes, device, numel: int = 1 << 18) -> list:
+    """Elementwise add on a cache-resident buffer (3 x 1 MiB in fp32): 1 FLOP per element.
+    NB (bench/results/heldout.md): on the project's Xeon these buffers spill its 2 MiB L2 (2.1 G adds/s against
+    5.0 at 3 x 256 KiB). The L2-resident rate was tried and predicted the design set's steps worse (median |step
+    error| 22.7% against 10.0% at this rate, same measurements): ops inside a step do not run at a tight loop's
+    in-L2 rate. It leaves LayerNorm (7 FLOPs per element) ~2x over-predicted."""
     cases = []
     for d in dtypes:
         tdt = _TORCH_DTYPES[normalize_dtype(d)]
