@@ -147,8 +147,9 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     dtype: element type to assume for floating tensors and peak FLOP/s (default: the model's).
     parallel: a ParallelConfig; data parallel / ZeRO communication is added per module.
     causal: count causal SDPA calls at half their products (FlopCounterMode counts them in full).
-    optimizer: the optimizer whose step ``pred_optim_s`` predicts: a name (sgd, sgd_momentum,
-      adam, adamw; suffix -foreach/-fused/-for-loop) or a torch.optim instance (perfcheck.predict.host).
+    optimizer: the optimizer whose step ``pred_optim_s`` predicts: a name (any torch.optim class in lower case
+      with its variants, e.g. sgd, sgd_momentum, adamw, rmsprop_momentum; suffix -foreach/-fused/-for-loop:
+      perfcheck.predict.optimizers) or a torch.optim instance (perfcheck.predict.host.optimizer_kind).
     Returns a DataFrame with the columns of ``perfcheck.schema.PREDICTED_COLUMNS`` plus
     ``PREDICTED_EXTRA_COLUMNS`` (``unmodeled_ops``, ``kernels_fwd``, ``kernels_bwd``); ``attrs``
     names the system, whether it was calibrated, and the dtype.
