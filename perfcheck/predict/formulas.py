@@ -233,12 +233,13 @@ def rng(numel, *, elem_bytes=4) -> OpCost:
 
 
 def dropout(numel, *, training=True, x_grad=True, elem_bytes=4, mask_bytes=1) -> OpCost:
-    """Dropout: y = x * mask / (1-p), the mask drawn per element (``rng``'s generator work: the fused kernel,
-    native_dropout, draws it; on a CPU the trace sees bernoulli_, div_ and mul instead, each priced alone).
-    Keeps a 1-byte bool mask (not the input) for backward."""
+    """Dropout: y = x * mask / (1-p). Keeps a 1-byte bool mask (not the input) for backward.
+    NB: the fused kernel (native_dropout, a GPU's) draws its mask inside, priced as its bytes (a GPU's Philox
+    generator is cheap beside them); on a CPU the trace sees bernoulli_, div_ and mul instead, and ``rng`` prices
+    the generator there. Its FLOPs stay the two of the scaling, which FLOP counts (recompute, MFU) read."""
     if not training:
         return OpCost()
-    fwd = Cost(flops=(2 + RNG_FLOPS_PER_ELEM) * numel, bytes=(2 * numel) * elem_bytes + numel * mask_bytes, kernels=1)
+    fwd = Cost(flops=2 * numel, bytes=(2 * numel) * elem_bytes + numel * mask_bytes, kernels=1)
     bwd = Cost(flops=2 * numel, bytes=(2 * numel) * elem_bytes + numel * mask_bytes, kernels=1)
     return OpCost(fwd, bwd.scale(x_grad), numel * mask_bytes * bool(x_grad), 0)
 
