@@ -57,19 +57,22 @@ class _Call(torch.nn.Module):
         return self.fn(*xs)
 
 
-def _cost(fn, inputs, names, phase: str) -> tuple:
-    """(matrix FLOPs, other FLOPs, bytes, kernels) of phase ``phase`` of the ops named ``names`` that ``fn(*inputs)``
-    runs, by the estimator's formulas (traced on fake tensors, costed through aten_costs.cost_of)."""
+def _costs(fn, inputs, names) -> dict:
+    """phase -> (matrix FLOPs, other FLOPs, bytes, kernels) of the ops named ``names`` that ``fn(*inputs)`` runs, by
+    the estimator's formulas (traced once on fake tensors, costed through aten_costs.cost_of)."""
     from perfcheck.predict.aten_costs import cost_of
     from perfcheck.predict.trace import trace_model
 
     trace = trace_model(_Call(fn), inputs)
-    mf = of = nb = k = 0.0
-    for op in trace.ops:
-        if op.call.name in names:
-            c = getattr(cost_of(op.call).cost, phase)
-            mf, of, nb, k = mf + 2 * c.macs, of + c.flops, nb + c.bytes, k + c.kernels
-    return mf, of, nb, k
+    out = {}
+    for phase in ("fwd", "bwd"):
+        mf = of = nb = k = 0.0
+        for op in trace.ops:
+            if op.call.name in names:
+                c = getattr(cost_of(op.call).cost, phase)
+                mf, of, nb, k = mf + 2 * c.macs, of + c.flops, nb + c.bytes, k + c.kernels
+        out[phase] = (mf, of, nb, k)
+    return out
 
 
 def _opeff(label, fn, cost, fwd_kernels=1.0, dtype="fp32") -> Case:
@@ -100,10 +103,10 @@ def conv_cases(dev) -> list:
         xd, wd = x.detach(), w.detach()
         args = dict(bias_sizes=None, stride=[stride] * nd, padding=[pad] * nd, dilation=[1] * nd,
                     transposed=transposed, output_padding=[0] * nd, groups=groups, output_mask=[True, True, False])
-        fwd = _cost(fwd_fn, (x, w), ("convolution",), "fwd")
-        out.append(_opeff(cls, lambda xd=xd, wd=wd, f=fwd_fn: f(xd, wd), fwd, fwd[3]))
+        cost = _costs(fwd_fn, (x, w), ("convolution",))
+        out.append(_opeff(cls, lambda xd=xd, wd=wd, f=fwd_fn: f(xd, wd), cost["fwd"], cost["fwd"][3]))
         out.append(_opeff(f"{cls}:bwd", lambda g=g, xd=xd, wd=wd, a=args: aten.convolution_backward(g, xd, wd, **a),
-                          _cost(fwd_fn, (x, w), ("convolution",), "bwd"), fwd[3]))
+                          cost["bwd"], cost["fwd"][3]))
     return out
 
 
@@ -126,10 +129,11 @@ def conv_weight_cases(dev) -> list:
 
         def conv(x, w):
             return torch.nn.functional.conv2d(x, w, None, 1, 1)
+        cost = _costs(conv, (x, w), ("convolution",))
         for phase, fn in (("fwd", lambda xd=xd, wd=wd: conv(xd, wd)),
                           ("bwd", lambda g=g, xd=xd, wd=wd: aten.convolution_backward(
                               g, xd, wd, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]))):
-            _, of, nb, k = _cost(conv, (x, w), ("convolution",), phase)
+            _, of, nb, k = cost[phase]
             out.append(Case("oprows", f"convolution {phase}", fn, "fp32", float(of), float(nb),
                             (c * c * 9, row_lengths()[2], int(max(k, 1)))))
     return out
@@ -143,15 +147,16 @@ def elementwise_cases(dev) -> list:
     g = torch.randn(ELEMENTWISE, device=dev)
     xg = x.clone().requires_grad_(True)
     out = [_opeff("bernoulli_", lambda x=x: x.bernoulli_(0.9),
-                  _cost(lambda t: torch.empty_like(t).bernoulli_(0.9), (x,), ("bernoulli_",), "fwd"))]
+                  _costs(lambda t: torch.empty_like(t).bernoulli_(0.9), (x,), ("bernoulli_",))["fwd"])]
     acts = {"gelu": (lambda t: torch.nn.functional.gelu(t), lambda: aten.gelu_backward(g, x)),
             "gelu_tanh": (lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
                           lambda: aten.gelu_backward(g, x, approximate="tanh")),
             "silu": (torch.nn.functional.silu, lambda: aten.silu_backward(g, x))}
     for label, (fwd, bwd) in acts.items():
         name = ("gelu",) if label.startswith("gelu") else (label,)
-        out.append(_opeff(label, lambda f=fwd: f(x), _cost(fwd, (xg,), name, "fwd")))
-        out.append(_opeff(f"{label}:bwd", bwd, _cost(fwd, (xg,), name, "bwd")))  # 1 kernel each way
+        cost = _costs(fwd, (xg,), name)
+        out.append(_opeff(label, lambda f=fwd: f(x), cost["fwd"]))
+        out.append(_opeff(f"{label}:bwd", bwd, cost["bwd"]))  # 1 kernel each way
     return out
 
 
@@ -173,16 +178,17 @@ def embedding_row_cases(dev) -> list:
         emb = lambda t, i=idx: torch.nn.functional.embedding(i, t)  # noqa: E731
         bag = lambda t, i=idx, o=offs: torch.nn.functional.embedding_bag(i, t, o, mode="sum")  # noqa: E731
         yb = bag(tg)
+        cost = {"embedding": _costs(emb, (tg,), ("embedding",)), "_embedding_bag": _costs(bag, (tg,), ("_embedding_bag",))}
 
         def bag_bwd(yb=yb, gb=gb):
             yb.backward(gb, retain_graph=True)
             tg.grad = None
-        for name, phase, fn, f in (("embedding", "fwd", lambda e=emb: e(table), emb),
-                                   ("embedding", "bwd", lambda g=g, i=idx: aten.embedding_dense_backward(
-                                       g, i, EMBED_ROWS, -1, False), emb),
-                                   ("_embedding_bag", "fwd", lambda b=bag: b(table), bag),
-                                   ("_embedding_bag", "bwd", bag_bwd, bag)):
-            _, of, nb, k = _cost(f, (tg,), (name,), phase)
+        for name, phase, fn in (("embedding", "fwd", lambda e=emb: e(table)),
+                                ("embedding", "bwd", lambda g=g, i=idx: aten.embedding_dense_backward(
+                                    g, i, EMBED_ROWS, -1, False)),
+                                ("_embedding_bag", "fwd", lambda b=bag: b(table)),
+                                ("_embedding_bag", "bwd", bag_bwd)):
+            _, of, nb, k = cost[name][phase]
             out.append(Case("oprows", f"{name} {phase}", fn, "fp32", float(of), float(nb), (n, dim, int(max(k, 1)))))
     return out
 
