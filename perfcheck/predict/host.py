@@ -177,7 +177,7 @@ def op_switches(names, view) -> tuple:
     return fwd, bwd
 
 
-def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
+def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) -> tuple:
     """Per-op forward and backward host seconds (before module-call and AccumulateGrad terms).
 
     ``op_fixed``: aten name -> fixed cost of that op family beyond a tiny add's dispatch (the
@@ -188,7 +188,8 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
     node = seq["node"].to_numpy(bool)
     k_fwd = seq["kernels_fwd"].to_numpy(float)
     k_bwd = seq["kernels_bwd"].to_numpy(float)
-    fixed = np.array([_fixed_cost(op_fixed or {}, n, c) for n, c in zip(seq["name"], seq["op_class"])], dtype=float)
+    fixed = np.array([_fixed_cost(op_fixed or {}, n, c if by_class else n) for n, c in zip(seq["name"], seq["op_class"])],
+                     dtype=float)
     # a step runs each op after other ops, not in the tight loop its prices were measured in: a computing op
     # whose family differs from the computing op before it pays op_cold_s once, in the forward and again for its
     # backward node (whose kernels after the first run the same backward's code); views are metadata only
@@ -227,7 +228,9 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     spec = load_system(spec)
     hc = host_constants(spec)
     seq, op_stacks = op_sequence(trace, ops)
-    h_op, hb_op = _host_arrays(seq, hc, dict(spec.op_fixed_s))
+    # a CPU's per-op fixed cost is its kernel's, which differs by op class; a GPU's is the host's set-up (cuDNN
+    # heuristics and descriptors), paid by every call of the family whatever its class
+    h_op, hb_op = _host_arrays(seq, hc, dict(spec.op_fixed_s), by_class=spec.kind == "cpu")
     mod_fixed = dict(getattr(spec, "module_fixed_s", {}) or {})  # class name -> s per call (a layer's Python)
     param_tensors = param_tensors or {}
     h_fwd, h_bwd, d_fwd, d_bwd, stacks, seen, prev = [], [], [], [], [], set(), ()
