@@ -14,8 +14,6 @@ op, and derives from the schema of each op:
   host ops per tensor  element-ops (an op counts 1, a foreach op its list length) per extra parameter tensor,
                        from two runs with 2 and 3 tensors (the slope; the step's own ops are the intercept)
   matmuls per tensor   mm/addmm/bmm/baddbmm per tensor (Muon's Newton-Schulz iterations)
-  state streams        per element, the persistent arrays the step touches (parameter, gradient, optimizer
-                       state: +1 each) and writes (+1 each): Adam 4 + 3 = 7, the textbook count
 
 Kind names: the class name in lower case, then the variant flags that change the kernels, ``_``-joined in
 ``FLAGS`` order: ``sgd``, ``sgd_momentum``, ``sgd_momentum_nesterov``, ``adam``, ``adam_wd``,
@@ -57,9 +55,6 @@ class Profile:
     host_ops: float
     matmuls: float
     step_ops: float
-    #: streams of the persistent arrays (parameter, gradient, optimizer state) per element: each touched once,
-    #: written ones twice (read + write): what a step moves from and to memory at least
-    state_streams: float = 0.0
 
     @property
     def streams(self) -> float:
@@ -135,12 +130,9 @@ def _flat(x):
             yield from _flat(y)
 
 
-def _count(ops, sizes, persistent=frozenset()) -> tuple:
-    """(streams per kernel, element-ops, matmuls, state streams) of the recorded ``ops`` over parameter numels
-    ``sizes``; state streams: the persistent arrays (storages in ``persistent``: parameters, gradients, optimizer
-    state) touched, + 1 for each of them written: the traffic that must come from memory once per step."""
+def _count(ops, sizes) -> tuple:
+    """(streams per kernel, element-ops, matmuls) of the recorded ``ops`` over parameter numels ``sizes``."""
     kernels, elem_ops, mm = [], 0, 0
-    touched, written_state = set(), set()
     for func, args, kwargs, out in ops:
         schema = func._schema
         per = {}
@@ -150,11 +142,6 @@ def _count(ops, sizes, persistent=frozenset()) -> tuple:
             for j, t in enumerate(_flat(val)):
                 if t.numel() in sizes:
                     per[j] = per.get(j, 0) + (2 if written else 1)
-                    ptr = t.untyped_storage().data_ptr() if t.layout == torch.strided else None
-                    if ptr in persistent:
-                        touched.add(ptr)
-                        if written:
-                            written_state.add(ptr)
         fresh = [r.alias_info is None for r in schema.returns]
         outs = out if isinstance(out, (list, tuple)) else (out,)
         for k, o in enumerate(outs):
@@ -166,7 +153,7 @@ def _count(ops, sizes, persistent=frozenset()) -> tuple:
         elem_ops += max(lists) if lists else 1
         kernels += [s for s in per.values() if s]
         mm += func.overloadpacket.__name__ in _MATMULS
-    return kernels, elem_ops, mm, len(touched) + len(written_state)
+    return kernels, elem_ops, mm
 
 
 def _run(cls, kw, shapes):
@@ -184,13 +171,9 @@ def _run(cls, kw, shapes):
     grads()
     opt.step(closure) if closure else opt.step()  # the first step creates the state: not what a step costs
     grads()
-    state = [t for st in opt.state.values() for t in (st.values() if isinstance(st, dict) else ())
-             if isinstance(t, torch.Tensor)]
-    persistent = {t.untyped_storage().data_ptr() for t in params + [p.grad for p in params] + state
-                  if t is not None and t.layout == torch.strided}
     with rec:
         opt.step(closure) if closure else opt.step()
-    return _count(rec.ops, {int(torch.Size(s).numel()) for s in shapes}, frozenset(persistent))
+    return _count(rec.ops, {int(torch.Size(s).numel()) for s in shapes})
 
 
 @lru_cache(maxsize=None)
@@ -200,8 +183,8 @@ def profile(kind: str, impl: str) -> Profile:
     cls, flags = parse(kind)
     kw = _kwargs(cls, flags, impl)
     try:
-        k2, e2, m2, s2 = _run(cls, kw, PROFILE_SHAPES[:2])
-        k3, e3, m3, s3 = _run(cls, kw, PROFILE_SHAPES)
+        k2, e2, m2 = _run(cls, kw, PROFILE_SHAPES[:2])
+        k3, e3, m3 = _run(cls, kw, PROFILE_SHAPES)
     except (RuntimeError, ValueError) as exc:
         raise UserError(f"optimizer: torch.optim.{cls.__name__} ({kind}, {impl}) does not run on CPU tensors here: "
                         f"{str(exc).splitlines()[0][:160]}") from None
@@ -211,5 +194,4 @@ def profile(kind: str, impl: str) -> Profile:
     for s in k2:
         if s in extra:
             extra.remove(s)
-    return Profile(kind, impl, tuple(sorted(extra)), float(per_tensor), float(m3 - m2), float(e2 - 2 * per_tensor),
-                   float(min(s3 - s2, sum(extra))))
+    return Profile(kind, impl, tuple(sorted(extra)), float(per_tensor), float(m3 - m2), float(e2 - 2 * per_tensor))
