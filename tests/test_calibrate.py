@@ -140,7 +140,10 @@ def test_quick_calibration_through_the_cli(tmp_path, capsys):
                                              "opeff", "copy", "vector", "matmul"}
     assert 0 <= spec.host["op_cold_s"] < 1e-3  # the round-robin's excess per op: ~10 us on the project's VM
     assert spec.simd_bytes in (32, 64) and 0 < spec.host["gemm_narrow_row_s"] < 1e-6  # tens of ns per output row
-    assert set(spec.op_row_s) == {"_log_softmax", "_softmax", "native_layer_norm", "nll_loss_forward"}
+    # the row-wise cases' ops, and the op-class cases' per-index and per-weight-element prices (op_classes.py)
+    assert set(spec.op_row_s) == {"_log_softmax", "_softmax", "native_layer_norm", "nll_loss_forward", "embedding",
+                                  "_embedding_bag", "convolution"}
+    assert {"convolution_depthwise", "convolution_depthwise:bwd", "bernoulli_"} <= set(spec.op_efficiency)
     assert all(0 <= v < 1e-5 for phases in spec.op_row_s.values() for v in phases.values())  # ns, not tens of us
     # usable wherever a system is
     assert main(["systems", str(out)]) == 0

@@ -99,16 +99,26 @@ def test_device_bound_gemm_is_not_host_bound():
 
 # ---------------------------------------------------------------------------- optimizer
 def test_optimizer_arithmetic_per_implementation():
-    spec = _spec("cpu", optim_step_s=30 * US, optim_sgd_per_tensor_s=5 * US, optim_adam_foreach_per_tensor_s=7 * US,
-                 optim_adam_foreach_step_s=90 * US)
+    spec = _spec("cpu", optim_step_s=30 * US, optim_sgd_per_tensor_s=5 * US, optim_adam_per_tensor_s=21 * US,
+                 optim_sgd_foreach_per_tensor_s=1 * US, optim_adam_foreach_per_tensor_s=7 * US,
+                 optim_adam_step_s=60 * US, optim_adam_foreach_step_s=90 * US)
+    bw = spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"]
     cost = host.optimizer_time([100, 50], "sgd", spec)
-    # for-loop on a CPU: host 30 + 2 x 5 = 40 us; device 3 streams x 150 elements x 4 B at the copy rate
-    mem = 3 * 150 * 4 / (spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"])
+    # for-loop on a CPU: host 30 + 2 x 5 = 40 us; device: SGD's one add_ (read p, g, write p: 3 streams) x 150
+    # elements x 4 B at the copy rate
     assert (cost.implementation, cost.host_s) == ("for-loop", pytest.approx(40 * US))
-    assert cost.device_s == pytest.approx(mem) and cost.time_s == pytest.approx(40 * US + mem)
-    adam = host.optimizer_time([100, 50], "adamw-foreach", spec)
-    assert adam.host_s == pytest.approx(90 * US + 2 * 7 * US)  # Adam foreach's own intercept, not SGD's 30 us
-    assert adam.device_s == pytest.approx(7 * 150 * 4 / (spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"]))
+    assert cost.device_s == pytest.approx(3 * 150 * 4 / bw) and cost.time_s == pytest.approx(40 * US + 3 * 150 * 4 / bw)
+    # torch 2.13's Adam for-loop per tensor: add_ on the step counter (1 element), lerp_ (m: rw + g: 3 streams),
+    # mul_ (v: 2), addcmul_ (v: rw + g, g: 4), sqrt (v read, new tensor: 2), div (2), add_ (eps, in place: 2),
+    # addcdiv_ (p: rw + m + denom: 4) = 19 streams; 9 element-ops per tensor (step counter included)
+    adam = host.optimizer_time([100, 50], "adam-for-loop", spec)
+    assert adam.device_s == pytest.approx(19 * 150 * 4 / bw) and adam.host_s == pytest.approx(60 * US + 2 * 21 * US)
+    # AdamW foreach: one more _foreach_mul_ (decay, p rw: 2 streams) = 21 streams; 11 foreach ops touching each
+    # tensor vs SGD's 1 and Adam's 10: per tensor 1 + (7 - 1) x (11 - 1) / (10 - 1) = 7.667 us on the foreach line
+    adamw = host.optimizer_time([100, 50], "adamw-foreach", spec)
+    # ... after Adam foreach's own intercept (90 us, its calibration line's), not SGD's 30 us
+    assert adamw.host_s == pytest.approx(90 * US + 2 * (1 + 6 * 10 / 9) * US)
+    assert adamw.device_s == pytest.approx(21 * 150 * 4 / bw)
     gpu = _spec("gpu", optim_step_s=30 * US, optim_sgd_foreach_step_s=130 * US, optim_sgd_foreach_per_tensor_s=1 * US,
                 device_kernel_s=2 * US)
     g = host.optimizer_time([10] * 4, "sgd", gpu)  # GPU default: foreach; host and device overlap
@@ -118,14 +128,46 @@ def test_optimizer_arithmetic_per_implementation():
 
 def test_optimizer_kind_from_instances_and_names():
     p = [torch.nn.Parameter(torch.ones(2))]
-    assert host.optimizer_kind(torch.optim.SGD(p, lr=0.1, momentum=0.9)) == ("sgd_momentum", None)
+    assert host.optimizer_kind(torch.optim.SGD(p, lr=0.1, momentum=0.9)) == ("sgd_momentum", "for-loop")  # CPU
+    assert host.optimizer_kind(torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)) == \
+        ("sgd_momentum_nesterov_wd", "for-loop")
     assert host.optimizer_kind(torch.optim.Adam(p, foreach=True)) == ("adam", "foreach")
+    assert host.optimizer_kind(torch.optim.Adam(p, amsgrad=True, fused=True)) == ("adam_amsgrad", "fused")
     assert host.optimizer_kind(torch.optim.AdamW(p, foreach=False)) == ("adamw", "for-loop")
     assert host.optimizer_kind("Adam-fused") == ("adam", "fused")
+    assert host.optimizer_kind("sgd_momentum") == ("sgd_momentum", None)
     with pytest.raises(UserError, match="optimizer: unknown 'lion'"):
         host.optimizer_kind("lion")
-    with pytest.raises(NotImplementedError, match="RMSprop"):
-        host.optimizer_kind(torch.optim.RMSprop(p))
+    with pytest.raises(UserError, match="unknown variant 'fast'"):
+        host.optimizer_kind("adam_fast")
+
+
+def test_every_torch_optim_optimizer_round_trips_and_is_priced():
+    """No torch.optim optimizer is refused: each instance's name maps back to it, and its step is priced."""
+    import inspect
+
+    # every implementation's fixed cost 30 us (each optimizer's step pays its family's, host.step_key)
+    spec = _spec("cpu", optim_step_s=30 * US, optim_sgd_foreach_step_s=30 * US, optim_adam_step_s=30 * US,
+                 optim_adam_foreach_step_s=30 * US)
+    p = [torch.nn.Parameter(torch.ones(4, 4))]
+    for name, cls in vars(torch.optim).items():
+        if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)) or cls is torch.optim.Optimizer:
+            continue
+        pair = host.optimizer_kind(cls(p))
+        assert host.optimizer_kind("-".join(pair)) == pair, name
+        cost = host.optimizer_time([16, 4], "-".join(pair), spec)
+        assert cost.device_s > 0 and cost.host_s >= 30 * US, name
+
+
+def test_optimizer_streams_follow_the_variant():
+    # SGD momentum for-loop per tensor (torch 2.13 _single_tensor_sgd): buf.mul_(m) (2), buf.add_(g) (3),
+    # p.add_(buf) (3) = 8 streams; Nesterov adds grad.add(buf, alpha=m) (a new tensor: 3) = 11
+    from perfcheck.predict import optimizers
+
+    assert optimizers.profile("sgd_momentum", "for-loop").streams == 8
+    assert optimizers.profile("sgd_momentum_nesterov", "for-loop").streams == 11
+    # fused: one pass, p, m, v read + written and the gradients too (mutable in _fused_adam_'s schema: unscaling)
+    assert optimizers.profile("adam", "fused").streams == 8
 
 
 def test_estimate_predicts_the_optimizer_at_the_root():

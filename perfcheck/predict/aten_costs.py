@@ -249,6 +249,17 @@ def _dropout(c: OpCall):
                      x_grad=x.requires_grad, elem_bytes=_eb(x))
 
 
+#: Ops that draw random numbers (torch's CPU dropout runs empty_like(x).bernoulli_(1 - p), div_ and mul).
+_RNG_OPS = ("bernoulli", "bernoulli_", "uniform_", "normal_", "rand", "randn", "rand_like", "randn_like", "randint",
+            "randint_like", "random_", "exponential_", "geometric_", "log_normal_", "cauchy_", "randperm")
+
+
+@register(*_packets(*_RNG_OPS))
+def _rng(c: OpCall):
+    out = c.outputs[0] if c.outputs else None
+    return F.rng(out.numel if out is not None else 0, elem_bytes=out.elem_bytes if out is not None else 4)
+
+
 _ACTIVATIONS = {
     "relu": "relu", "relu_": "relu", "gelu": "gelu", "gelu_": "gelu", "silu": "silu", "silu_": "silu",
     "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh", "hardtanh": "hardtanh",
@@ -318,9 +329,10 @@ def _scatter(c: OpCall):
 @register(*_packets("_embedding_bag", "_embedding_bag_forward_only"))
 def _embedding_bag(c: OpCall):
     w, idx = c.args[0], c.args[1]
-    # a gather of one row per index, reduced into its bag: 1 add per gathered element
-    return F.gather(idx.numel * w.shape[1], idx.numel, x_grad=w.requires_grad, elem_bytes=_eb(w),
-                    index_bytes=idx.elem_bytes, accumulate=True)
+    offsets = c.arg(2, "offsets")
+    bags = c.outputs[0].shape[0] if c.outputs and c.outputs[0].shape else (offsets.numel if offsets else 1)
+    return F.embedding_bag(idx.numel, bags, w.shape[1], w.shape[0], w_grad=w.requires_grad, elem_bytes=_eb(w),
+                           index_bytes=idx.elem_bytes)
 
 
 # -------------------------------------------------------------------------- recurrent layers
@@ -410,9 +422,7 @@ ZERO_COST_OPS = frozenset(_packets(
 ))
 
 _FILL_OPS = frozenset(_packets("zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "fill_",
-                               "zero_", "new_zeros", "new_ones", "new_full", "arange", "randn", "rand",
-                               "randn_like", "rand_like", "normal_", "uniform_", "bernoulli", "bernoulli_",
-                               "randint", "randperm"))
+                               "zero_", "new_zeros", "new_ones", "new_full", "arange"))
 
 
 def _is_view(func) -> bool:
@@ -510,6 +520,39 @@ def _functional_twin(c: OpCall) -> Optional[OpCall]:
     if overload is None:
         return None
     return OpCall(overload, c.args, c.kwargs, c.outputs)
+
+
+def op_class(c: OpCall) -> str:
+    """The op's efficiency class: the key its ``op_efficiency`` is looked up under first (then its name), for op
+    families whose CPU kernels run at different rates by shape (``perfcheck calibrate``'s op-class cases,
+    perfcheck/hardware/calibrate/op_classes.py, measure each):
+
+      convolution   ``convolution_depthwise`` (groups == C_in > 1: one filter per channel, MobileNet's 3x3;
+                    ``convolution_depthwise_large`` above 3x3, 5x5 and 7x7: their backward leaves oneDNN's 3x3
+                    kernel, 0.7 ns per MAC against 0.26-0.5 on the project's Xeon),
+                    ``convolution_grouped`` (1 < groups < C_in: ResNeXt, ShuffleNet's grouped 1x1),
+                    ``convolution_transposed``; with input or output channels not multiples of 8 (3 or 6: the
+                    LeNet-size case, padded and reordered, with the op family's fixed cost
+                    op_fixed_s["convolution"]) ``convolution``; else ``convolution_1d`` (one spatial dim) or
+                    ``convolution_wide`` (2-D: oneDNN's blocked layouts take the channels as they are)
+      gelu          ``gelu_tanh`` for approximate="tanh" (a polynomial and tanh, not erf)
+      others        the op's name
+    """
+    if c.name in ("convolution", "_convolution") and len(c.args) > 1 and isinstance(c.args[1], TensorMeta):
+        x, w = c.args[0], c.args[1]
+        groups = int(c.arg(8, "groups", 1) or 1)
+        if bool(c.arg(6, "transposed", False)):
+            return "convolution_transposed"
+        if groups > 1 and groups == x.shape[1]:
+            return "convolution_depthwise" if math.prod(w.shape[2:]) <= 9 else "convolution_depthwise_large"
+        if groups > 1:
+            return "convolution_grouped"
+        if x.shape[1] % 8 or w.shape[0] % 8:
+            return "convolution"
+        return "convolution_1d" if len(x.shape) == 3 else "convolution_wide"
+    if c.name in ("gelu", "gelu_") and c.arg(1, "approximate", "none") == "tanh":
+        return "gelu_tanh"
+    return c.name
 
 
 def registered_ops() -> list:

@@ -129,17 +129,24 @@ def conv(batch, c_in, c_out, kernel_numel, out_spatial, in_spatial, *, groups=1,
     bwd: grad_input is the adjoint conv (same MACs), grad_weight correlates input with grad_out
     (same MACs again, NOT multiplied by groups: torch 2.13's FlopCounterMode counts it `groups`
     times too high); grad_bias sums grad_out.
+    ``rows`` (each phase) = the weight's elements: a CPU convolution (oneDNN) reorders its weight into a blocked
+    layout on every call, and its backward reorders both ways (data gradient with the weight transposed, weight
+    gradient back to OIHW), at a cost per weight element beyond its bytes (op_row_s["convolution"], calibrated by
+    op_classes.conv_weight_cases: a 512->512 3x3 backward on 2x2 pixels took 15 ms on the project's Xeon where its
+    FLOPs take 2 ms, ~12 ms of it independent of the pixels).
     """
     spatial = in_spatial if transposed else out_spatial
     c_other = c_in if transposed else c_out
     c_red = (c_out if transposed else c_in) / groups
     macs = batch * c_other * spatial * c_red * kernel_numel
     x, w, y = batch * c_in * in_spatial, c_out * (c_in / groups) * kernel_numel, batch * c_out * out_spatial
-    fwd = Cost(macs=macs, flops=y * bias, bytes=(x + w + y + c_out * bias) * elem_bytes, kernels=1)
+    fwd = Cost(macs=macs, flops=y * bias, bytes=(x + w + y + c_out * bias) * elem_bytes, kernels=1, rows=w,
+               row_elems=w)
     grad_x = Cost(macs=macs, bytes=(y + w + x) * elem_bytes, kernels=1)
     grad_w = Cost(macs=macs, bytes=(y + x + w) * elem_bytes, kernels=1)
     grad_b = Cost(flops=y, bytes=(y + c_out) * elem_bytes, kernels=1)
-    bwd = grad_x.scale(x_grad) + grad_w.scale(w_grad) + grad_b.scale(bias * w_grad)
+    bwd = (grad_x.scale(x_grad) + grad_w.scale(w_grad) + grad_b.scale(bias * w_grad)
+           + Cost(rows=w, row_elems=w).scale(bool(x_grad or w_grad)))
     return OpCost(fwd, bwd, x * w_grad * elem_bytes, w + c_out * bias)
 
 
@@ -211,8 +218,25 @@ def activation(numel, kind="relu", *, x_grad=True, elem_bytes=4) -> OpCost:
                        elem_bytes=elem_bytes)
 
 
+#: Nominal FLOPs per random number a CPU generator draws: mt19937's state update and tempering (~12 integer
+#: ops per 32-bit word, M. Matsumoto & T. Nishimura, ACM TOMACS 8(1), 1998), the int-to-float conversion and, for
+#: a Bernoulli draw, the compare: ~16 per element. A nominal count: ``perfcheck calibrate``'s RNG case measures
+#: the rate (op_efficiency of ``bernoulli_``: torch's CPU bernoulli_(p) drew 11-18 ns per element on the
+#: project's Xeon, 30-90x a copy's time per element, where a write-only model priced it as a copy).
+RNG_FLOPS_PER_ELEM = 16
+
+
+def rng(numel, *, elem_bytes=4) -> OpCost:
+    """Fill ``numel`` elements with random numbers (bernoulli_, uniform_, normal_, rand, randn, randint, ...):
+    RNG_FLOPS_PER_ELEM FLOPs of generator work and one write per element; no backward (not differentiable)."""
+    return OpCost(Cost(flops=RNG_FLOPS_PER_ELEM * numel, bytes=numel * elem_bytes, kernels=1))
+
+
 def dropout(numel, *, training=True, x_grad=True, elem_bytes=4, mask_bytes=1) -> OpCost:
-    """Dropout: y = x * mask / (1-p). Keeps a 1-byte bool mask (not the input) for backward."""
+    """Dropout: y = x * mask / (1-p). Keeps a 1-byte bool mask (not the input) for backward.
+    NB: the fused kernel (native_dropout, a GPU's) draws its mask inside, priced as its bytes (a GPU's Philox
+    generator is cheap beside them); on a CPU the trace sees bernoulli_, div_ and mul instead, and ``rng`` prices
+    the generator there. Its FLOPs stay the two of the scaling, which FLOP counts (recompute, MFU) read."""
     if not training:
         return OpCost()
     fwd = Cost(flops=2 * numel, bytes=(2 * numel) * elem_bytes + numel * mask_bytes, kernels=1)
@@ -305,13 +329,40 @@ def pool(n, channels, out_spatial, in_spatial, kernel_numel, *, kind="max", x_gr
     return OpCost(fwd, bwd.scale(x_grad), idx * bool(x_grad), 0)
 
 
+#: Memory streams of a fill of a fresh buffer per element written: a store that misses the cache reads its line
+#: first (read-for-ownership, Intel 64 and IA-32 Optimization Reference Manual, "write-allocate"), so zeroing B
+#: bytes moves ~2B (a 16 MiB zero_() took 0.75x a 16 MiB copy_ on the project's Xeon, not 0.5x).
+FILL_STREAMS = 2
+
+
 def embedding(tokens, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8) -> OpCost:
-    """Embedding lookup: reads one row per token; backward scatter-adds rows into the weight grad
-    (dense grad: the whole (vocab, dim) buffer is written). Saves the int64 indices."""
+    """Embedding lookup (aten ``embedding``: index_select of one row per token).
+
+    fwd: reads a row and writes it per token; ``rows`` = tokens (a random row's fetch is latency-bound: the
+    spec's op_row_s["embedding"] prices it per index, calibrated by op_classes.embedding_row_cases).
+    bwd (aten.embedding_dense_backward on a CPU): the dense (vocab, dim) gradient is zeroed (FILL_STREAMS per
+    element), then each token's gradient row is added into its row (read g, read + write the row: 3 streams)
+    after the indices are sorted; ``rows`` = tokens. Saves the int64 indices."""
     out = tokens * dim
-    fwd = Cost(bytes=2 * out * elem_bytes + tokens * index_bytes, kernels=1)
-    bwd = Cost(flops=out, bytes=(out + vocab * dim) * elem_bytes + tokens * index_bytes, kernels=2)
+    fwd = Cost(bytes=2 * out * elem_bytes + tokens * index_bytes, kernels=1, rows=tokens, row_elems=out)
+    bwd = Cost(flops=out, bytes=(3 * out + FILL_STREAMS * vocab * dim) * elem_bytes + tokens * index_bytes,
+               kernels=2, rows=tokens, row_elems=out)
     return OpCost(fwd, bwd.scale(w_grad), tokens * index_bytes * bool(w_grad), vocab * dim)
+
+
+def embedding_bag(indices, bags, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8) -> OpCost:
+    """EmbeddingBag (aten ``_embedding_bag``, sum/mean): per index a row gathered and added into its bag.
+
+    fwd: reads indices x dim elements, writes bags x dim, 1 add per gathered element; ``rows`` = indices.
+    bwd (dense, CPU ``_embedding_bag_dense_backward``): the (vocab, dim) gradient zeroed (FILL_STREAMS), the
+    indices sorted and counted, each index's bag gradient added into its row (3 streams per element); ``rows`` =
+    indices (the per-index price, op_row_s["_embedding_bag"], is calibrated). Saves indices and offsets."""
+    moved, out = indices * dim, bags * dim
+    idx = (indices + bags) * index_bytes
+    fwd = Cost(flops=moved, bytes=(moved + out) * elem_bytes + idx, kernels=1, rows=indices, row_elems=moved)
+    bwd = Cost(flops=moved, bytes=(3 * moved + out + FILL_STREAMS * vocab * dim) * elem_bytes + 2 * idx, kernels=3,
+               rows=indices, row_elems=moved)
+    return OpCost(fwd, bwd.scale(w_grad), idx * bool(w_grad), vocab * dim)
 
 
 def gather(moved, index_elems, *, x_grad=True, elem_bytes=4, index_bytes=8, accumulate=False) -> OpCost:

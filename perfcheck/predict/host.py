@@ -19,9 +19,10 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
                                     (view_dispatch_s for a view's node)
     backward, per parameter tensor  backward_node_s + view_dispatch_s (AccumulateGrad: a node and a detach)
     backward, once (root)           backward_call_s (engine start for loss.backward())
-    optimizer step                  optim_<impl>_step_s + per tensor optim_<impl>_per_tensor_s (host;
-                                    optim_step_s is SGD for-loop's fixed cost)
-                                    + streams x parameter bytes at the memory ceiling (device)
+    optimizer step                  optim_<impl>_step_s (the implementation's fixed cost; optim_step_s is
+                                    SGD for-loop's) + per tensor its implementation's calibrated line at the
+                                    step's ops per tensor (host); per tensor and kernel, its streams x the
+                                    tensor's bytes at the memory ceiling (device; optimizers.profile)
     DeepSpeed, ZeRO stage S         zero<S>_* per phase: fixed + per parameter tensor, ZeRO-3 per
                                     module call and per partitioned tensor (``deepspeed_host_s``)
     N processes on one host         each one's host time (and CPU compute) x (1 + (N - 1) x
@@ -64,16 +65,10 @@ import pandas as pd
 
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, host_constants, load_system, normalize_dtype
-from perfcheck.predict.roofline import memory_time_s
+from perfcheck.predict import optimizers
+from perfcheck.predict.aten_costs import op_class
+from perfcheck.predict.roofline import compute_time_s, memory_time_s
 
-#: torch.optim implementations with a calibrated per-tensor host cost, and the parameter-sized
-#: streams (arrays read + written per element) each update moves on the device:
-#: SGD: read p, g, write p = 3; with momentum + read/write buf = 5; Adam/AdamW: read p, g, m, v,
-#: write p, m, v = 7 (torch/optim/sgd.py, adam.py single-tensor updates).
-OPTIMIZER_STREAMS = {"sgd": 3, "sgd_momentum": 5, "adam": 7, "adamw": 7}
-#: Device kernels per parameter tensor of the for-loop implementations (torch 2.x _single_tensor_*):
-#: SGD add_ = 1; momentum mul_+add_ then add_ = 3; Adam lerp_, mul_, addcmul_, sqrt, div_, add_, addcdiv_ = 7.
-OPTIMIZER_KERNELS = {"sgd": 1, "sgd_momentum": 3, "adam": 7, "adamw": 8}
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
 
 
@@ -81,7 +76,7 @@ IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
 class OptimizerCost:
     """One optimizer.step() + zero_grad(): host and device seconds and the combined time."""
 
-    kind: str  # sgd | sgd_momentum | adam | adamw
+    kind: str  # a torch.optim class in lower case with its variant flags (optimizers.FLAGS): sgd_momentum, adamw
     implementation: str  # for-loop | foreach | fused
     tensors: int
     params: int
@@ -159,11 +154,12 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
             continue
         node = any(t.requires_grad for t in op.call.tensors())
         if i in timed:
-            rows.append((i, op.call.name, False, node) + timed[i])
+            rows.append((i, op.call.name, False, node) + timed[i] + (op_class(op.call),))
         else:
-            rows.append((i, op.call.name, True, node, 0.0, 0.0, 0.0, 0.0))
+            rows.append((i, op.call.name, True, node, 0.0, 0.0, 0.0, 0.0, op.call.name))
         stacks.append(op.stack)
-    seq = pd.DataFrame(rows, columns=["op", "name", "view", "node", "kernels_fwd", "kernels_bwd", "t_fwd", "t_bwd"])
+    seq = pd.DataFrame(rows, columns=["op", "name", "view", "node", "kernels_fwd", "kernels_bwd", "t_fwd", "t_bwd",
+                                      "op_class"])
     return seq, stacks
 
 
@@ -201,7 +197,7 @@ def dtype_host_terms(spec, hc: dict, dtype) -> tuple:
     return fixed, cold
 
 
-def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
+def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) -> tuple:
     """Per-op forward and backward host seconds (before module-call and AccumulateGrad terms).
 
     ``op_fixed``: aten name -> fixed cost of that op family beyond a tiny add's dispatch (the
@@ -213,7 +209,8 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
     node = seq["node"].to_numpy(bool)
     k_fwd = seq["kernels_fwd"].to_numpy(float)
     k_bwd = seq["kernels_bwd"].to_numpy(float)
-    fixed = np.array([(op_fixed or {}).get(n, 0.0) for n in seq["name"]], dtype=float)
+    fixed = np.array([_fixed_cost(op_fixed or {}, n, c if by_class else n) for n, c in zip(seq["name"], seq["op_class"])],
+                     dtype=float)
     # a step runs each op after other ops, not in the tight loop its prices were measured in: a computing op
     # whose family differs from the computing op before it pays op_cold_s once, in the forward and again for its
     # backward node (whose kernels after the first run the same backward's code); views are metadata only
@@ -225,6 +222,16 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None) -> tuple:
                            np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed * k_bwd / np.maximum(k_fwd, 1.0))
     bwd = node * (hc["backward_node_s"] + bwd_kernels + bwd_switch * cold)
     return fwd, bwd
+
+
+def _fixed_cost(op_fixed: dict, name: str, op_class: str) -> float:
+    """An op's fixed cost (``op_fixed_s``): its efficiency class's entry, else its name's when the op is of the
+    class its name measured (the op_fixed case's tiny call: a 1-channel convolution); an op of another class
+    (perfcheck.predict.aten_costs.op_class: a depthwise or a 64-channel convolution) has its per-call cost in
+    its class's calibrated efficiency instead (perfcheck/hardware/calibrate/op_classes.py)."""
+    if op_class in op_fixed:
+        return float(op_fixed[op_class])
+    return float(op_fixed.get(name, 0.0)) if op_class == name else 0.0
 
 
 def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] = None, dtype=None) -> pd.DataFrame:
@@ -244,7 +251,9 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     hc = host_constants(spec)
     seq, op_stacks = op_sequence(trace, ops)
     op_fixed, cold = dtype_host_terms(spec, hc, dtype)
-    h_op, hb_op = _host_arrays(seq, {**hc, "op_cold_s": cold}, op_fixed)
+    # a CPU's per-op fixed cost is its kernel's, which differs by op class; a GPU's is the host's set-up (cuDNN
+    # heuristics and descriptors), paid by every call of the family whatever its class
+    h_op, hb_op = _host_arrays(seq, {**hc, "op_cold_s": cold}, op_fixed, by_class=spec.kind == "cpu")
     mod_fixed = dict(getattr(spec, "module_fixed_s", {}) or {})  # class name -> s per call (a layer's Python)
     param_tensors = param_tensors or {}
     h_fwd, h_bwd, d_fwd, d_bwd, stacks, seen, prev = [], [], [], [], [], set(), ()
@@ -287,6 +296,31 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     return frame
 
 
+def _contains(container: str, path: str) -> bool:
+    """True when module ``path`` is ``container`` or inside it (the root contains every module)."""
+    return container == _root() or path == container or path.startswith(container + ".")
+
+
+def tied_gradient_s(modules: dict, spec, elem_bytes: int = 4) -> dict:
+    """Backward seconds of summing the gradients of parameters registered in several modules (tied weights: an
+    LM's token embedding and its output projection), per module path: a parameter owned by k modules receives k
+    gradients, which autograd adds (k - 1 adds of its size: read both, write one, 3 streams) before its
+    AccumulateGrad; charged to its first owner in ``modules``' order (the embedding: its backward runs last).
+    Measured on BERT-small's tied 30522 x 128 word embedding (15.6 MB): ~4 ms of its 5.3 ms backward here."""
+    owners = {}
+    for path, mod in modules.items():
+        for q in mod.parameters(recurse=False):
+            if q.requires_grad:
+                owners.setdefault(id(q), (q, []))[1].append(path)
+    out = {}
+    for q, paths in owners.values():
+        if len(paths) > 1:
+            numel = int(getattr(q, "ds_numel", 0) or q.numel())
+            out[paths[0]] = out.get(paths[0], 0.0) + float(memory_time_s(3.0 * numel * elem_bytes * (len(paths) - 1),
+                                                                         spec))
+    return out
+
+
 def _root():
     from perfcheck.schema import ROOT
 
@@ -302,10 +336,14 @@ def host_bound(host_s, device_s):
 def optimizer_kind(optimizer) -> tuple:
     """``(kind, implementation)`` for a torch.optim optimizer or a name.
 
-    Names: sgd, sgd_momentum, adam, adamw, each optionally suffixed ``-foreach``, ``-fused`` or
-    ``-for-loop`` (default: torch's choice, foreach on CUDA tensors and for-loop on CPU ones,
-    resolved by the caller from the device). An optimizer instance is read from its class and
-    its first param group (momentum, foreach, fused).
+    Names: a torch.optim class in lower case with its variant flags (``perfcheck.predict.optimizers``: sgd,
+    sgd_momentum, sgd_momentum_nesterov, adam, adam_wd, adam_amsgrad, adamw, rmsprop_momentum_centered, adagrad,
+    lbfgs, ...), optionally suffixed ``-foreach``, ``-fused`` or ``-for-loop`` (without one: None, resolved by
+    the caller from the device: torch's choice, foreach on CUDA tensors and the for-loop on CPU ones). An
+    instance is read from its class, its first param group's flags and its ``foreach``/``fused`` settings,
+    torch's default resolved from its parameters' device (``torch.optim.optimizer._default_to_fused_or_foreach``:
+    foreach on a device with foreach kernels, else the for-loop), so ``"-".join(optimizer_kind(instance))`` is a
+    name that maps back to the same pair.
     """
     if isinstance(optimizer, str):
         text = optimizer.strip().lower().replace("_", "-")
@@ -314,49 +352,85 @@ def optimizer_kind(optimizer) -> tuple:
             if text.endswith("-" + suffix):
                 text, impl = text[: -len(suffix) - 1], suffix
         kind = text.replace("-", "_")
-        if kind not in OPTIMIZER_STREAMS:
-            raise UserError(f"optimizer: unknown {optimizer!r} (known: {', '.join(OPTIMIZER_STREAMS)}, "
-                            f"optionally -foreach, -fused or -for-loop)")
+        optimizers.parse(kind)  # UserError naming an unknown class or variant
         return kind, impl
-    name = type(optimizer).__name__.lower()
+    kind = optimizers.kind_of(optimizer)
     group = optimizer.param_groups[0] if getattr(optimizer, "param_groups", None) else {}
-    if name == "sgd":
-        kind = "sgd_momentum" if group.get("momentum", 0) else "sgd"
-    elif name in ("adam", "adamw"):
-        kind = name
-    else:
-        raise NotImplementedError(f"optimizer: {type(optimizer).__name__} has no host/device model yet "
-                                  f"(modelled: SGD, Adam, AdamW)")
-    impl = "fused" if group.get("fused") else "foreach" if group.get("foreach") else (
-        "for-loop" if group.get("foreach") is False else None)
-    return kind, impl
+    if group.get("fused"):
+        return kind, "fused"
+    if group.get("foreach") is not None or "foreach" not in group:
+        return kind, "foreach" if group.get("foreach") else "for-loop"
+    from torch.optim.optimizer import _get_foreach_kernels_supported_devices
+
+    devices = {p.device.type for g in optimizer.param_groups for p in g["params"]}
+    foreach = bool(devices) and devices <= set(_get_foreach_kernels_supported_devices())
+    return kind, "foreach" if foreach and not group.get("differentiable") else "for-loop"
+
+
+#: Calibrated per-tensor host costs the others are read from: (implementation line, kind) -> host key.
+_HOST_POINTS = {"for-loop": (("sgd", "optim_sgd_per_tensor_s"), ("adam", "optim_adam_per_tensor_s")),
+                "foreach": (("sgd", "optim_sgd_foreach_per_tensor_s"), ("adam", "optim_adam_foreach_per_tensor_s"))}
+
+
+def optimizer_host_per_tensor(kind: str, impl: str, hc) -> float:
+    """Host seconds per parameter tensor of a ``kind`` step in ``impl``, read off the calibrated line of its
+    implementation: ``perfcheck calibrate`` times SGD and Adam per tensor (``optim_sgd[_foreach]_per_tensor_s``,
+    ``optim_adam[_foreach]_per_tensor_s``); an optimizer running x element-ops per tensor
+    (``optimizers.Profile.host_ops``: its ops per tensor for the for-loop, its foreach ops for foreach) costs
+
+        c_sgd + (c_adam - c_sgd) * (x - x_sgd) / (x_adam - x_sgd)          (>= 0)
+
+    on that line (x counted on this torch build: SGD 1, Adam 9 for-loop / 10 foreach in torch 2.13). Fused runs
+    on the foreach line at its own count (one fused op per list, 1-2). NB: linear in the ops, as each costs an
+    eager dispatch; the Python around them (state look-ups, the step counter) is in the slope's average."""
+    line = _HOST_POINTS["foreach" if impl in ("foreach", "fused") else "for-loop"]
+    points = [(optimizers.profile(k, "foreach" if impl == "fused" else impl).host_ops, hc[key]) for k, key in line]
+    (x0, c0), (x1, c1) = points
+    x = optimizers.profile(kind, impl).host_ops
+    return float(max(c0 + (c1 - c0) * (x - x0) / (x1 - x0), 0.0)) if x1 != x0 else float(c0)
 
 
 def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int = 4) -> OptimizerCost:
     """Predicted optimizer.step() + zero_grad(set_to_none=True) for parameter tensors of ``param_numels``.
 
-    Host: the implementation's fixed cost (``step_key``: optim_step_s for SGD's for-loop, optim_<kind>[_foreach]_step_s
-    otherwise) + tensors x optim_<kind>_per_tensor_s (for-loop) or optim_<kind>_foreach_per_tensor_s (foreach;
-    fused is costed as foreach: not calibrated apart). Each intercept is its own calibration line's.
-    Device: streams x elements x elem_bytes at the memory ceiling, + kernels x device_kernel_s
-    (for-loop: kernels per tensor; foreach/fused: one launch per op for the whole list).
+    Host: the implementation's fixed cost (``step_key``: optim_step_s for SGD's for-loop, optim_<base>[_foreach]_step_s
+    for SGD foreach and Adam/AdamW, each its own calibration line's intercept; optim_step_s where the spec has no
+    such line) + tensors x ``optimizer_host_per_tensor``.
+    Device, per tensor of n elements and per kernel k of the step (``optimizers.profile``: what torch's code
+    runs, s_k memory streams per element): max(n / vector rate, s_k x n x elem_bytes at the bandwidth curve of a
+    kernel that size), as any elementwise op (SGD's add_ on 10 x 262144 elements: 1.22 ms measured, 1.18
+    predicted; the fused Adam 3.9 / 3.5; the for-loop Adam's 8 kernels 14.1 / 10.5, on the project's Xeon
+    under load), + device_kernel_s per kernel (for-loop: per kernel and tensor; foreach/fused: per op for the
+    whole list); Muon's Newton-Schulz matmuls: n^1.5 MACs each (a square parameter) at the matrix rate.
     CPU: host + device (same thread); GPU: max(host, device) (the step's kernels queue behind it).
     """
     spec = load_system(spec)
     hc = host_constants(spec)
     kind, impl = optimizer_kind(optimizer)
     impl = impl or ("for-loop" if spec.kind == "cpu" else "foreach")
+    prof = optimizers.profile(kind, impl)
     numels = np.asarray(list(param_numels), dtype=float)
     tensors, elems = len(numels), float(numels.sum())
-    base = "adam" if kind == "adamw" else "sgd" if kind == "sgd_momentum" else kind
-    per = hc[f"optim_{base}_per_tensor_s" if impl == "for-loop" else f"optim_{base}_foreach_per_tensor_s"]
-    # a spec calibrated before each implementation had its own line (no such key in its host block): its
-    # optim_step_s, not the uncalibrated default
+    family = kind.split("_")[0]  # sgd_momentum_nesterov -> sgd, adamw_amsgrad -> adamw (optimizers.FLAGS)
+    base = "adam" if family in ("adam", "adamw") else family
+    # a spec calibrated before each implementation had its own line (no such key in its host block), or an
+    # optimizer without one: optim_step_s, not an uncalibrated default
     fixed = dict(spec.host).get(step_key(base, impl), hc["optim_step_s"])
-    host = fixed + tensors * per
-    kernels = tensors * OPTIMIZER_KERNELS[kind] if impl == "for-loop" else OPTIMIZER_KERNELS[kind]
-    mem = memory_time_s(OPTIMIZER_STREAMS[kind] * elems * elem_bytes, spec)
-    device = mem + kernels * hc["device_kernel_s"] * (tensors > 0)
+    host = fixed + tensors * optimizer_host_per_tensor(kind, impl, hc)
+    device = 0.0
+    if tensors:
+        # each kernel is an elementwise op on one tensor, priced as the model prices one: the larger of its
+        # element work at the vector rate (1 FLOP per element: the calibration's add) and its streams' bytes at
+        # the bandwidth curve of a kernel that size (tensors x kernels)
+        streams = np.asarray(prof.kernels, dtype=float)
+        nbytes = np.outer(numels, streams) * elem_bytes
+        memory = memory_time_s(nbytes, spec, kernels=np.ones_like(nbytes))
+        compute = np.asarray(compute_time_s(0.0, np.outer(numels, np.ones_like(streams)), spec, "fp32"))
+        device = float(np.sum(np.maximum(memory, compute)))
+        if prof.matmuls:
+            device += float(compute_time_s(2 * prof.matmuls * float(np.sum(numels ** 1.5)), 0.0, spec, "fp32"))
+        launches = tensors * len(prof.kernels) if impl == "for-loop" else len(prof.kernels)
+        device += launches * hc["device_kernel_s"]
     total = host + device if spec.kind == "cpu" else max(host, device)
     return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total), float(fixed))
 
@@ -444,6 +518,10 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, module
         frame[f"host_{phase}_s"] = host
         frame[f"pred_{phase}_s"] = frame["module"].map(times[f"time_{phase}_s"]).fillna(0.0).to_numpy(float)
         frame[f"bound_{phase}"] = np.where(host_bound(host, device), "host", frame[f"bound_{phase}"])
+    tied = tied_gradient_s(modules, spec)
+    if tied:
+        extra = frame["module"].map(lambda m: sum(t for p, t in tied.items() if _contains(m, p))).to_numpy(float)
+        frame["pred_bwd_s"] = frame["pred_bwd_s"].to_numpy(float) + extra
     optim = []
     for path in frame["module"]:
         mod = modules.get(path)

@@ -17,7 +17,7 @@ import torch
 from perfcheck.errors import UserError
 from perfcheck.model_paths import module_paths, unwrap
 from perfcheck.predict import trace as tracing
-from perfcheck.predict.aten_costs import cost_of, sdpa_cost
+from perfcheck.predict.aten_costs import cost_of, op_class, sdpa_cost
 from perfcheck.predict.formulas import ZERO
 from perfcheck.hardware.systems import load_system
 from perfcheck.predict.host import add_host_columns
@@ -82,10 +82,11 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
         rows.append((i, op.call.name, source, cost.fwd.macs, cost.fwd.flops, cost.fwd.bytes, cost.fwd.kernels,
                      cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels, gemm_min_dim(op.call),
                      op.recompute, cost.fwd.rows, cost.bwd.rows, gemm_unaligned(op.call), cost.fwd.row_elems,
-                     cost.bwd.row_elems, gemm_dims(op.call)))
+                     cost.bwd.row_elems, gemm_dims(op.call), op_class(op.call)))
     return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
                                        "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "min_dim", "recompute",
-                                       "rows_fwd", "rows_bwd", "unaligned", "row_elems_fwd", "row_elems_bwd", "gemm"])
+                                       "rows_fwd", "rows_bwd", "unaligned", "row_elems_fwd", "row_elems_bwd", "gemm",
+                                       "op_class"])
 
 
 #: Fused attention ops the CPU dispatcher picks itself (args q, k, v, dropout_p, is_causal, ...).
@@ -140,8 +141,9 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     dtype: element type to assume for floating tensors and peak FLOP/s (default: the model's).
     parallel: a ParallelConfig; data parallel / ZeRO communication is added per module.
     causal: count causal SDPA calls at half their products (FlopCounterMode counts them in full).
-    optimizer: the optimizer whose step ``pred_optim_s`` predicts: a name (sgd, sgd_momentum,
-      adam, adamw; suffix -foreach/-fused/-for-loop) or a torch.optim instance (perfcheck.predict.host).
+    optimizer: the optimizer whose step ``pred_optim_s`` predicts: a name (any torch.optim class in lower case
+      with its variants, e.g. sgd, sgd_momentum, adamw, rmsprop_momentum; suffix -foreach/-fused/-for-loop:
+      perfcheck.predict.optimizers) or a torch.optim instance (perfcheck.predict.host.optimizer_kind).
     Returns a DataFrame with the columns of ``perfcheck.schema.PREDICTED_COLUMNS`` plus
     ``PREDICTED_EXTRA_COLUMNS`` (``unmodeled_ops``, ``kernels_fwd``, ``kernels_bwd``); ``attrs``
     names the system, whether it was calibrated, and the dtype.

@@ -371,6 +371,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     """
     system = load_system(system)
     names = ops["name"].to_numpy(object)
+    classes = ops["op_class"].to_numpy(object) if "op_class" in ops else names
     narrow_s = host_constants(system)["gemm_narrow_row_s"]
     simd = simd_bytes(system)
     for phase in ("fwd", "bwd"):
@@ -393,7 +394,8 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         # op_efficiency per op and phase; a measured curve (op_efficiency_curve) is read at the kernel's roofline
         # seconds, so the roofline is taken once at efficiency 1 and once with the efficiency found
         per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)
-        eff = np.array([op_efficiency(system, n, dtype, phase, r) for n, r in zip(names, per_kernel)], dtype=float)
+        eff = np.array([class_efficiency(system, c, n, dtype, phase, r) for c, n, r in zip(classes, names, per_kernel)],
+                       dtype=float)
         d = device_times(*args, **shape, op_eff=eff, rows_s=extra)
         ops[f"t_{phase}"] = np.where(k > 0, d["time"], 0.0)
         ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(d["bound"], dtype=object), len(ops))
@@ -436,6 +438,25 @@ def op_curve_at(points, roof_s: float) -> float:
     xs = np.log([p[0] for p in points])
     ys = [p[1] for p in points]
     return float(np.interp(math.log(max(float(roof_s), 1e-12)), xs, ys))
+
+
+def class_efficiency(system, op_class: str, name: str, dtype, phase: str, roof_s: float = None) -> float:
+    """The efficiency of an op of efficiency class ``op_class`` (perfcheck.predict.aten_costs.op_class) and aten name
+    ``name`` in ``phase``: the first key the spec has of ``<class>:<phase>``, ``<class>``, ``<name>:<phase>``,
+    ``<name>``, each in ``dtype`` first (``op_efficiency_key``: a GPU's bf16 convolution is not its fp32 one), then
+    as measured in fp32; per key a measured curve (``op_efficiency_curve``, GPU kernel classes by size, read at the
+    kernel's roofline seconds ``roof_s``: ``op_curve_at``) before a flat ``op_efficiency``; else 1. A phase key
+    exists where calibration timed the backward apart (a depthwise convolution's or a LayerNorm's backward runs at
+    another rate than its forward)."""
+    curves, flat = getattr(system, "op_efficiency_curve", {}) or {}, system.op_efficiency
+    keys = list(dict.fromkeys((f"{op_class}:{phase}", op_class, f"{name}:{phase}", name)))
+    for key in dict.fromkeys([op_efficiency_key(k, dtype) for k in keys] + keys):
+        if curves.get(key):
+            points = curves[key]
+            return op_curve_at(points, points[len(points) // 2][0] if roof_s is None else roof_s)
+        if key in flat:
+            return float(flat[key])
+    return 1.0
 
 
 #: Row-wise ops priced with another op's per-row cost (the same CPU kernel behind another name).

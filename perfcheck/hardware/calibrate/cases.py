@@ -228,7 +228,11 @@ def copy_cases(sizes_mb, device) -> list:
 
 
 def vector_cases(dtypes, device, numel: int = 1 << 18) -> list:
-    """Elementwise add on a cache-resident buffer (3 x 1 MiB in fp32): 1 FLOP per element."""
+    """Elementwise add on a cache-resident buffer (3 x 1 MiB in fp32): 1 FLOP per element.
+    NB (bench/results/heldout.md): on the project's Xeon these buffers spill its 2 MiB L2 (2.1 G adds/s against
+    5.0 at 3 x 256 KiB). The L2-resident rate was tried and predicted the design set's steps worse (median |step
+    error| 22.7% against 10.0% at this rate, same measurements): ops inside a step do not run at a tight loop's
+    in-L2 rate. It leaves LayerNorm (7 FLOPs per element) ~2x over-predicted."""
     cases = []
     for d in dtypes:
         tdt = _TORCH_DTYPES[normalize_dtype(d)]

@@ -80,6 +80,7 @@ from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_
 from perfcheck.hardware.calibrate import sanity
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
 from perfcheck.hardware.calibrate import gpu_ops
+from perfcheck.hardware.calibrate.op_classes import op_class_cases
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
 
@@ -258,6 +259,7 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     # per dtype: a GPU's conv efficiency in bf16 is not its fp32 one (a CPU runs fp32 models: fp32 alone)
     group("per-op kernel efficiency", op_efficiency_cases(dev, ["fp32"] if dev.type == "cpu" else
                                                           ["fp32", *[d for d in measured if d in ("bf16", "fp16")]]))
+    group("op classes (convolutions by groups/shape, RNG, activations, embedding rows)", op_class_cases(dev))
     if dev.type == "cuda":
         frames.append(device_kernel_rows(dev, cfg["repeats"]))
     group("memory copy", copy_cases(cfg["copy_mb"], dev))

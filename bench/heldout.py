@@ -1,0 +1,651 @@
+"""Held-out accuracy: perfcheck's predicted CPU step on public models that none of its terms was designed on.
+
+Models (random init from configs, no downloads): torchvision, timm and transformers models and torch.nn stacks
+spanning CNNs with grouped/depthwise convolutions, transformer encoders and decoders (HF and torch.nn), RNNs,
+recommenders with EmbeddingBag, and AdamW/Adam/SGD/momentum/RMSprop optimizers.
+
+THE SPLIT (fixed before any scoring-set result was looked at; ``SPLIT`` below is the record):
+  design  -- the models perfcheck's op-class costs were developed and debugged on;
+  scoring -- models only ever scored: no constant, formula or calibration case was changed after looking at them.
+The split pairs families (a torchvision CNN, an HF transformer, a torch.nn transformer, an RNN, an EmbeddingBag
+recommender, a timm model in each set), so a term designed on one member is scored on the other.
+
+Method: CPU, one intra-op thread, process CPU time throughout. Calibration as a user's machine gets it by
+default (``perfcheck.hardware.cache.auto_calibrate``'s ``calibrate("cpu", mode="quick", comm=False)``), here on
+the process clock, once before the first model and again after each model; each model is predicted with the
+median of the two calibrations either side of its measurement (a shared machine's speed drifts by tens of
+percent within minutes; ``--calibration FILE.csv`` instead re-fits one saved measurement table with the current
+code, ``--save-calibration`` writes the first one). Per model: 2 warm-up steps, ``--steps`` bare steps timed per phase
+(forward+loss, backward, optimizer.step()+zero_grad(set_to_none=True); step = their sum), then ``--steps`` steps
+with per-module hooks for the module classes (forward: pre/post hooks; backward: pre/post hooks on the autograd
+nodes the module's forward created, first start to last end), medians per module. Predicted:
+``perfcheck.estimate(model, inputs, system=spec, optimizer=<the loop's optimizer>)`` root row (forward, backward,
+optimizer) plus the loss estimated as a one-module model. Ratios are measured / predicted.
+
+    flock /tmp/perfcheck-bench.lock python bench/heldout.py                  # both sets
+    ... --set design --models hf_bert,tv_resnet18 --calibration /tmp/cal.csv --save-calibration /tmp/cal.csv
+    ... --ablate        # prediction-only ablation of each host-term family (same measurements)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import perfcheck  # noqa: E402
+from perfcheck.hardware.systems import SystemSpec  # noqa: E402
+from perfcheck.schema import ROOT  # noqa: E402
+
+#: design: developed on; scoring: only scored (see the module docstring). Decided before any scoring result.
+SPLIT = {
+    "design": ("tv_resnet18", "tv_mobilenet_v3", "hf_bert", "nn_encoder", "lstm_lm", "wide_deep", "timm_vit"),
+    "scoring": ("tv_shufflenet", "tv_convnext", "hf_gpt2", "hf_llama", "nn_decoder", "gru_rmsprop", "dlrm_bag",
+                "timm_mixer"),
+}
+STEP_TARGET, MEDIAN_TARGET, PHASE_TARGET, CLASS_TARGET = 0.25, 0.12, 0.35, 0.30
+
+
+def _torchvision():
+    """torchvision 0.28's pure-Python models without its C++ ops (they do not load against this torch build):
+    its two registration modules are replaced by empty ones before import (detection models, which call those
+    ops, are not used)."""
+    for name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    import torchvision
+
+    return torchvision
+
+
+@dataclasses.dataclass
+class Workload:
+    name: str
+    description: str
+    model: torch.nn.Module
+    inputs: tuple
+    target: torch.Tensor
+    loss: object
+    optimizer: object  # params -> torch.optim.Optimizer
+
+
+class _Logits(torch.nn.Module):
+    """An HF model returning its logits tensor (the loss is computed outside, as for every model here)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids):
+        return self.m(input_ids=ids).logits
+
+
+def _ce(out, target):
+    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+
+
+def _mse(out, target):
+    return torch.nn.functional.mse_loss(out, target)
+
+
+def _adamw(p):
+    return torch.optim.AdamW(p, lr=1e-4)
+
+
+def _adam(p):
+    return torch.optim.Adam(p, lr=1e-4)
+
+
+def _sgd(p):
+    return torch.optim.SGD(p, lr=1e-4)
+
+
+def _momentum(p):
+    return torch.optim.SGD(p, lr=1e-4, momentum=0.9)
+
+
+class LSTMLM(torch.nn.Module):
+    def __init__(self, vocab=8000, dim=128, hidden=256):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.rnn = torch.nn.LSTM(dim, hidden, num_layers=2, batch_first=True)
+        self.drop = torch.nn.Dropout(0.1)
+        self.head = torch.nn.Linear(hidden, vocab)
+
+    def forward(self, ids):
+        return self.head(self.drop(self.rnn(self.emb(ids))[0]))
+
+
+class GRUClassifier(torch.nn.Module):
+    def __init__(self, vocab=5000, dim=64, hidden=128, classes=4):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.rnn = torch.nn.GRU(dim, hidden, batch_first=True, bidirectional=True)
+        self.norm = torch.nn.LayerNorm(2 * hidden)
+        self.head = torch.nn.Linear(2 * hidden, classes)
+
+    def forward(self, ids):
+        return self.head(self.norm(self.rnn(self.emb(ids))[0].mean(1)))
+
+
+class EncoderModel(torch.nn.Module):
+    def __init__(self, vocab=4000, d=128, layers=3):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        layer = torch.nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.1, batch_first=True, activation="gelu")
+        self.enc = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(d, 10)
+
+    def forward(self, ids):
+        return self.head(self.enc(self.emb(ids)).mean(1))
+
+
+class DecoderModel(torch.nn.Module):
+    """torch.nn.TransformerDecoder (self- and cross-attention through nn.MultiheadAttention) over a memory."""
+
+    def __init__(self, vocab=4000, d=128, layers=2):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        layer = torch.nn.TransformerDecoderLayer(d, 4, 4 * d, dropout=0.1, batch_first=True, norm_first=True)
+        self.dec = torch.nn.TransformerDecoder(layer, layers)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, ids, memory):
+        s = ids.shape[1]
+        mask = torch.triu(torch.full((s, s), float("-inf")), 1)
+        return self.head(self.dec(self.emb(ids), memory, tgt_mask=mask, tgt_is_causal=True))
+
+
+class WideDeep(torch.nn.Module):
+    """Wide & deep: a wide EmbeddingBag (sum) over sparse crosses, deep EmbeddingBags (mean) and an MLP."""
+
+    def __init__(self, tables=(20000, 5000, 5000, 1000), dim=32):
+        super().__init__()
+        self.wide = torch.nn.EmbeddingBag(50000, 1, mode="sum")
+        self.deep = torch.nn.ModuleList(torch.nn.EmbeddingBag(n, dim, mode="mean") for n in tables)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim * len(tables) + 13, 256), torch.nn.ReLU(),
+                                       torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+
+    def forward(self, dense, wide_idx, wide_off, deep_idx, deep_off):
+        deep = [t(deep_idx[i], deep_off) for i, t in enumerate(self.deep)]
+        return self.mlp(torch.cat(deep + [dense], 1)) + self.wide(wide_idx, wide_off)
+
+
+class DLRM(torch.nn.Module):
+    """DLRM-style: bottom MLP on dense features, EmbeddingBag (sum) tables, pairwise dot interaction, top MLP."""
+
+    def __init__(self, tables=(30000, 10000, 10000, 3000, 1000, 500), dim=16):
+        super().__init__()
+        self.bottom = torch.nn.Sequential(torch.nn.Linear(13, 64), torch.nn.ReLU(), torch.nn.Linear(64, dim),
+                                          torch.nn.ReLU())
+        self.tables = torch.nn.ModuleList(torch.nn.EmbeddingBag(n, dim, mode="sum") for n in tables)
+        f = len(tables) + 1
+        self.top = torch.nn.Sequential(torch.nn.Linear(f * (f - 1) // 2 + dim, 128), torch.nn.ReLU(),
+                                       torch.nn.Linear(128, 1))
+
+    def forward(self, dense, idx, off):
+        x = self.bottom(dense)
+        feats = torch.stack([x] + [t(idx[i], off) for i, t in enumerate(self.tables)], 1)
+        z = torch.bmm(feats, feats.transpose(1, 2))
+        i, j = torch.triu_indices(feats.shape[1], feats.shape[1], 1)
+        return self.top(torch.cat([x, z[:, i, j]], 1))
+
+
+def _bags(g, batch, per_bag, vocab, tables):
+    idx = torch.stack([torch.randint(0, v, (batch * per_bag,), generator=g) for v in vocab[:tables]])
+    return idx, torch.arange(0, batch * per_bag, per_bag)
+
+
+def build(name: str, seed: int = 0) -> Workload:
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    if name.startswith("tv_"):
+        tv = _torchvision()
+        from torchvision.models import convnext as cnx
+
+        img = 64 if name in ("tv_resnet18", "tv_convnext") else 96
+        model = {"tv_resnet18": lambda: tv.models.resnet18(num_classes=10),
+                 "tv_mobilenet_v3": lambda: tv.models.mobilenet_v3_small(num_classes=10),
+                 "tv_shufflenet": lambda: tv.models.shufflenet_v2_x0_5(num_classes=10),
+                 "tv_convnext": lambda: tv.models.ConvNeXt([cnx.CNBlockConfig(32, 64, 2), cnx.CNBlockConfig(64, 128, 2),
+                                                            cnx.CNBlockConfig(128, None, 2)], num_classes=10)}[name]()
+        opt = {"tv_resnet18": _momentum, "tv_mobilenet_v3": _adam, "tv_shufflenet": _momentum,
+               "tv_convnext": _adamw}[name]
+        x, t = torch.randn(4, 3, img, img, generator=g), torch.randint(0, 10, (4,), generator=g)
+        return Workload(name, f"torchvision {name[3:]}, batch 4, {img}x{img}", model, (x,), t, _ce, opt)
+    if name.startswith("timm_"):
+        _torchvision()
+        import timm
+
+        if name == "timm_vit":
+            model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, patch_size=8, depth=4,
+                                      num_classes=10)
+            desc, opt = "timm ViT-tiny (depth 4, 64x64, patch 8), batch 4", _adamw
+        else:
+            from timm.models.mlp_mixer import MlpMixer
+
+            model = MlpMixer(num_classes=10, img_size=64, patch_size=8, num_blocks=4, embed_dim=192)
+            desc, opt = "timm MLP-Mixer (4 blocks, dim 192, 64x64, patch 8), batch 4", _adamw
+        x, t = torch.randn(4, 3, 64, 64, generator=g), torch.randint(0, 10, (4,), generator=g)
+        return Workload(name, desc, model, (x,), t, _ce, opt)
+    if name.startswith("hf_"):
+        _torchvision()  # transformers imports torchvision's transforms when it is installed
+        import transformers as tr
+
+        if name == "hf_bert":
+            cfg = tr.BertConfig(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=512, max_position_embeddings=128)
+            model, vocab, batch, seq, opt = tr.BertForMaskedLM(cfg), 30522, 4, 64, _adamw
+            desc = "HF BertForMaskedLM (hidden 128, 2 layers, vocab 30522), batch 4 x 64"
+        elif name == "hf_gpt2":
+            cfg = tr.GPT2Config(vocab_size=50257, n_embd=128, n_layer=2, n_head=4, n_positions=128)
+            model, vocab, batch, seq, opt = tr.GPT2LMHeadModel(cfg), 50257, 2, 64, _adamw
+            desc = "HF GPT2LMHeadModel (n_embd 128, 2 layers, vocab 50257), batch 2 x 64"
+        else:
+            cfg = tr.LlamaConfig(vocab_size=8000, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+            model, vocab, batch, seq, opt = tr.LlamaForCausalLM(cfg), 8000, 4, 64, _adam
+            desc = "HF LlamaForCausalLM (hidden 128, 2 layers, GQA 4/2 heads, vocab 8000), batch 4 x 64"
+        model.config.use_cache = False
+        ids = torch.randint(0, vocab, (batch, seq), generator=g)
+        return Workload(name, desc, _Logits(model), (ids,), torch.randint(0, vocab, (batch, seq), generator=g), _ce, opt)
+    if name == "nn_encoder":
+        ids = torch.randint(0, 4000, (8, 64), generator=g)
+        return Workload(name, "torch.nn.TransformerEncoder (d 128, 4 heads, 3 layers, GELU), batch 8 x 64",
+                        EncoderModel(), (ids,), torch.randint(0, 10, (8,), generator=g), _ce, _adam)
+    if name == "nn_decoder":
+        ids, mem = torch.randint(0, 4000, (4, 48), generator=g), torch.randn(4, 32, 128, generator=g)
+        return Workload(name, "torch.nn.TransformerDecoder (d 128, 2 layers, pre-norm, causal), batch 4 x 48, "
+                              "memory 32", DecoderModel(), (ids, mem), torch.randint(0, 4000, (4, 48), generator=g),
+                        _ce, _momentum)
+    if name == "lstm_lm":
+        ids = torch.randint(0, 8000, (8, 32), generator=g)
+        return Workload(name, "LSTM LM (embedding 8000x128, 2-layer LSTM 256, dropout, head), batch 8 x 32",
+                        LSTMLM(), (ids,), torch.randint(0, 8000, (8, 32), generator=g), _ce, _sgd)
+    if name == "gru_rmsprop":
+        ids = torch.randint(0, 5000, (16, 40), generator=g)
+        return Workload(name, "bidirectional GRU classifier (embedding 5000x64, GRU 128, LayerNorm), batch 16 x 40, "
+                              "RMSprop", GRUClassifier(), (ids,), torch.randint(0, 4, (16,), generator=g), _ce,
+                        lambda p: torch.optim.RMSprop(p, lr=1e-4))
+    if name == "wide_deep":
+        widx, woff = _bags(g, 256, 8, (50000,), 1)
+        didx, doff = _bags(g, 256, 4, (20000, 5000, 5000, 1000), 4)
+        inputs = (torch.randn(256, 13, generator=g), widx[0], woff, didx, doff)
+        return Workload(name, "wide & deep (EmbeddingBag sum 50000x1, 4 mean bags x 32, MLP 256-128-1), batch 256",
+                        WideDeep(), inputs, torch.randn(256, 1, generator=g), _mse, _momentum)
+    if name == "dlrm_bag":
+        vocab = (30000, 10000, 10000, 3000, 1000, 500)
+        idx, off = _bags(g, 128, 3, vocab, len(vocab))
+        return Workload(name, "DLRM-style (6 EmbeddingBag sum x 16, dot interaction, MLPs), batch 128", DLRM(),
+                        (torch.randn(128, 13, generator=g), idx, off), torch.randn(128, 1, generator=g), _mse, _sgd)
+    raise SystemExit(f"unknown model {name!r}")
+
+
+# ------------------------------------------------------------------------------ module classes
+def module_class(path: str, m: torch.nn.Module, attention_paths: set):
+    """The class a module is scored in, or None: Linear, Conv dense, Conv grouped, Embedding, Norm, BatchNorm,
+    attention (the outermost module named *Attention*, or nn.MultiheadAttention), RNN."""
+    name = type(m).__name__
+    if any(path.startswith(p + ".") for p in attention_paths):
+        return None
+    if isinstance(m, torch.nn.MultiheadAttention) or (name.endswith("Attention") and "Flash" not in name):
+        attention_paths.add(path)
+        return "attention"
+    if isinstance(m, (torch.nn.modules.conv._ConvNd,)):
+        return "Conv grouped" if m.groups > 1 else "Conv dense"
+    if isinstance(m, torch.nn.Linear) or name == "Conv1D":
+        return "Linear"
+    if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return "Embedding"
+    if isinstance(m, (torch.nn.LayerNorm, torch.nn.GroupNorm)) or name.endswith("RMSNorm") or name == "LayerNorm2d":
+        return "Norm"
+    if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+        return "BatchNorm"
+    if isinstance(m, torch.nn.RNNBase):
+        return "RNN"
+    return None
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors(x)
+    elif hasattr(obj, "to_tuple"):
+        yield from _tensors(obj.to_tuple())
+
+
+class ModuleTimer:
+    """Per-module forward and backward process CPU time: forward pre/post hooks; backward from the first of
+    its autograd nodes to start to the last to finish (node pre/post hooks on the nodes its forward created:
+    from its outputs' grad_fn back to its inputs' grad_fn, AccumulateGrad of its parameters included)."""
+
+    def __init__(self, modules: dict):
+        self.modules, self.handles, self.rec, self.now = modules, [], {}, time.process_time
+
+    def __enter__(self):
+        for path, m in self.modules.items():
+            self.handles += [m.register_forward_pre_hook(self._pre(path), with_kwargs=True),
+                             m.register_forward_hook(self._post(path), with_kwargs=True)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+    def new_step(self):
+        for r in self.rec.values():
+            r["cur"] = {}
+
+    def _r(self, path):
+        return self.rec.setdefault(path, {"fwd": [], "bwd": [], "cur": {}})
+
+    def _pre(self, path):
+        def hook(mod, args, kwargs):
+            r = self._r(path)
+            r["cur"]["stop"] = {id(t.grad_fn) for t in _tensors((args, kwargs)) if t.grad_fn is not None}
+            r["cur"]["f0"] = self.now()
+        return hook
+
+    def _post(self, path):
+        def hook(mod, args, kwargs, out):
+            t = self.now()
+            r = self._r(path)
+            r["cur"]["fwd"] = r["cur"].get("fwd", 0.0) + t - r["cur"]["f0"]
+            stop, seen, stack = r["cur"]["stop"], set(), [o.grad_fn for o in _tensors(out) if o.grad_fn is not None]
+            while stack:
+                node = stack.pop()
+                if node is None or id(node) in seen or id(node) in stop:
+                    continue
+                seen.add(id(node))
+                node.register_prehook(self._bwd_pre(r))
+                node.register_hook(self._bwd_post(r))
+                stack.extend(n for n, _ in node.next_functions)
+        return hook
+
+    def _bwd_pre(self, r):
+        def hook(grad_out):
+            r["cur"].setdefault("b0", self.now())
+        return hook
+
+    def _bwd_post(self, r):
+        def hook(grad_in, grad_out):
+            r["cur"]["b1"] = self.now()
+        return hook
+
+    def end_step(self):
+        for r in self.rec.values():
+            c = r["cur"]
+            if "fwd" in c:
+                r["fwd"].append(c["fwd"])
+            if "b0" in c and "b1" in c:
+                r["bwd"].append(c["b1"] - c["b0"])
+
+    def medians(self) -> dict:
+        return {p: (float(np.median(r["fwd"])) if r["fwd"] else np.nan,
+                    float(np.median(r["bwd"])) if r["bwd"] else 0.0) for p, r in self.rec.items()}
+
+
+# ------------------------------------------------------------------------------ measure and predict
+def measure(w: Workload, steps: int) -> dict:
+    opt = w.optimizer(w.model.parameters())
+    now = time.process_time
+    phases = {"fwd": [], "bwd": [], "optim": []}
+    for i in range(steps + 2):
+        t0 = now()
+        loss = w.loss(w.model(*w.inputs), w.target)
+        t1 = now()
+        loss.backward()
+        t2 = now()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t3 = now()
+        if i >= 2:
+            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+                phases[k].append(v)
+    med = {k: float(np.median(v)) for k, v in phases.items()}
+    med["step"] = float(np.median([a + b + c for a, b, c in zip(*phases.values())]))
+    paths, classes = {}, {}
+    att = set()
+    for path, m in w.model.named_modules():
+        c = module_class(path, m, att)
+        if c:
+            paths[path], classes[path] = m, c
+    timer = ModuleTimer(paths)
+    with timer:
+        for i in range(steps + 1):
+            timer.new_step()
+            w.loss(w.model(*w.inputs), w.target).backward()
+            if i:
+                timer.end_step()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return {"phases": med, "modules": timer.medians(), "classes": classes, "optimizer": opt}
+
+
+class _Loss(torch.nn.Module):
+    def __init__(self, loss, target):
+        super().__init__()
+        self.loss, self.target = loss, target
+
+    def forward(self, out):
+        return self.loss(out, self.target)
+
+
+def predict(w: Workload, spec, optimizer) -> dict:
+    from perfcheck.hardware.systems import host_constants
+
+    note = ""
+    try:
+        pred = perfcheck.estimate(w.model, w.inputs, system=spec, optimizer=optimizer)
+    except NotImplementedError as exc:
+        note = f"optimizer not modelled ({exc}); predicted as SGD"
+        pred = perfcheck.estimate(w.model, w.inputs, system=spec, optimizer="sgd")
+    with torch.no_grad():
+        out = w.model(*w.inputs)
+    lp = perfcheck.estimate(_Loss(w.loss, w.target), (out.detach().requires_grad_(True),), system=spec)
+    lroot = lp[lp["module"] == ROOT].iloc[0]
+    root = pred[pred["module"] == ROOT].iloc[0]
+    fwd = float(root.pred_fwd_s + lroot.pred_fwd_s)
+    bwd = float(root.pred_bwd_s + lroot.pred_bwd_s - host_constants(spec)["backward_call_s"])
+    optim = float(root.pred_optim_s)
+    mods = {r.module: (float(r.pred_fwd_s), float(r.pred_bwd_s)) for r in pred.itertuples()}
+    return {"phases": {"fwd": fwd, "bwd": bwd, "optim": optim, "step": fwd + bwd + optim}, "modules": mods,
+            "note": note}
+
+
+def compare(name, set_name, meas, pred) -> tuple:
+    row = {"model": name, "set": set_name, "note": pred["note"]}
+    for k in ("step", "fwd", "bwd", "optim"):
+        row[f"meas_{k}_ms"] = meas["phases"][k] * 1e3
+        row[f"pred_{k}_ms"] = pred["phases"][k] * 1e3
+        row[f"ratio_{k}"] = meas["phases"][k] / pred["phases"][k] if pred["phases"][k] > 0 else np.nan
+    mods = []
+    for path, cls in meas["classes"].items():
+        mf, mb = meas["modules"].get(path, (np.nan, 0.0))
+        pf, pb = pred["modules"].get(path, (np.nan, np.nan))
+        if np.isfinite(mf) and np.isfinite(pf) and pf + pb > 0:
+            mods.append({"model": name, "set": set_name, "module": path, "class": cls, "meas_s": mf + mb,
+                         "pred_s": pf + pb, "ratio": (mf + mb) / (pf + pb)})
+    mods.append({"model": name, "set": set_name, "module": "(optimizer)", "class": "optimizer",
+                 "meas_s": meas["phases"]["optim"], "pred_s": pred["phases"]["optim"], "ratio": row["ratio_optim"]})
+    return row, mods
+
+
+def calibration(path_in, path_out, progress):
+    """The calibrated spec: a quick calibration now (saved to ``path_out`` as CSV), or ``path_in``'s table re-fitted."""
+    from perfcheck.hardware.cache import AUTO_NAME
+    from perfcheck.hardware.calibrate.fit import build_spec
+    from perfcheck.hardware.calibrate.run import calibrate, provenance
+
+    if path_in and Path(path_in).is_file():
+        table = pd.read_csv(path_in, keep_default_na=True)
+        table["dtype"] = table["dtype"].fillna("")
+        return build_spec("cpu", table, peaks="measured", stamp=provenance(torch.device("cpu")), name=AUTO_NAME,
+                          kind="cpu", threads=1), f"re-fitted from {path_in}"
+    t0 = time.perf_counter()
+    res = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=1, name=AUTO_NAME, clock="process")
+    if path_out:
+        res.measurements.to_csv(path_out, index=False)
+    progress(f"quick calibration: {time.perf_counter() - t0:.1f} s")
+    return res, f"quick calibration, {time.perf_counter() - t0:.0f} s"
+
+
+def merged(calibrations):
+    """The spec of quick calibrations taken either side of a measurement (per case the median,
+    ``merge_measurements``): a shared machine's speed drifts, and the pair brackets the measurement."""
+    from perfcheck.hardware.cache import AUTO_NAME
+    from perfcheck.hardware.calibrate.fit import build_spec, merge_measurements
+    from perfcheck.hardware.calibrate.run import provenance
+
+    table = merge_measurements([c.measurements for c in calibrations])
+    return build_spec("cpu", table, peaks="measured", stamp=provenance(torch.device("cpu")), name=AUTO_NAME,
+                      kind="cpu", threads=1)
+
+
+# ------------------------------------------------------------------------------ ablation
+def ablations(spec) -> dict:
+    """Specs with one family of host terms removed each (prediction-only ablation)."""
+    host = dict(spec.host or {})
+    out = {"full": spec}
+
+    def with_host(**zero):
+        h = {**host, **zero}
+        return dataclasses.replace(spec, host=h)
+    out["-op_cold_s"] = with_host(op_cold_s=0.0)
+    out["-gemm_narrow_row_s"] = with_host(gemm_narrow_row_s=0.0)
+    out["-op_row_s"] = dataclasses.replace(spec, op_row_s={k: {ph: 0.0 for ph in v} for k, v in
+                                                          _row_table(spec).items()})
+    out["-module_fixed_s"] = dataclasses.replace(spec, module_fixed_s={})
+    out["-op_fixed_s"] = dataclasses.replace(spec, op_fixed_s={})
+    out["-op_efficiency"] = dataclasses.replace(spec, op_efficiency={})
+    # the vector ceiling as an L2-resident add measures it (3 x 256 KiB: 5.0 vs 2.1 G adds/s here, cases.vector_cases)
+    out["vector ceiling x2.38 (L2-resident add)"] = dataclasses.replace(spec, vector_flops_per_s={
+        k: 2.38 * v for k, v in spec.vector_flops_per_s.items()})
+    out["-op-class efficiencies"] = dataclasses.replace(spec, op_efficiency={
+        k: v for k, v in spec.op_efficiency.items() if k in ("convolution", "max_pool2d_with_indices")})
+    out["-op_row_s (op classes: embedding, conv weight)"] = dataclasses.replace(spec, op_row_s={
+        k: v for k, v in _row_table(spec).items() if k not in ("embedding", "_embedding_bag", "convolution")})
+    return out
+
+
+def _row_table(spec):
+    from perfcheck.hardware.systems import row_costs
+
+    return row_costs(spec)
+
+
+# ------------------------------------------------------------------------------ report
+def summary_lines(rows: pd.DataFrame, mods: pd.DataFrame) -> list:
+    lines = ["| set | model | step meas ms | step pred ms | step | fwd | bwd | optim | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows.itertuples():
+        lines.append(f"| {r.set} | {r.model} | {r.meas_step_ms:.1f} | {r.pred_step_ms:.1f} | {r.ratio_step:.2f} | "
+                     f"{r.ratio_fwd:.2f} | {r.ratio_bwd:.2f} | {r.ratio_optim:.2f} | {r.note[:60]} |")
+    lines += ["", "| set | models | step within 25% | median abs step error | fwd within 35% | bwd within 35% |",
+              "|---|---|---|---|---|---|"]
+    for s, g in rows.groupby("set", sort=False):
+        err = np.abs(g["ratio_step"] - 1)
+        lines.append(f"| {s} | {len(g)} | {int((err <= STEP_TARGET).sum())}/{len(g)} | {np.median(err):.1%} | "
+                     f"{int((np.abs(g['ratio_fwd'] - 1) <= PHASE_TARGET).sum())}/{len(g)} | "
+                     f"{int((np.abs(g['ratio_bwd'] - 1) <= PHASE_TARGET).sum())}/{len(g)} |")
+    lines += ["", "Per-module-class medians of measured/predicted (fwd+bwd per module; optimizer: per model):", "",
+              "| class | " + " | ".join(f"{s} median [n]" for s in rows["set"].unique()) + " |",
+              "|---|" + "---|" * rows["set"].nunique()]
+    for cls, g in mods.groupby("class"):
+        cells = []
+        for s in rows["set"].unique():
+            r = g[g["set"] == s]["ratio"].dropna()
+            cells.append(f"{np.median(r):.2f} [{len(r)}]" if len(r) else "-")
+        lines.append(f"| {cls} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--set", choices=("design", "scoring", "both"), default="both")
+    ap.add_argument("--models", default=None, help="comma-separated subset")
+    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--calibration", default=None, help="a saved measurement table (CSV) to re-fit instead of "
+                                                         "calibrating")
+    ap.add_argument("--save-calibration", default=None, help="write the quick calibration's table here")
+    ap.add_argument("--ablate", action="store_true", help="also predict with each host-term family removed")
+    ap.add_argument("--csv", default=None, help="write per-model rows (and <csv>.modules.csv)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    sets = ("design", "scoring") if args.set == "both" else (args.set,)
+    chosen = [(s, m) for s in sets for m in SPLIT[s]]
+    if args.models:
+        keep = set(args.models.split(","))
+        chosen = [(s, m) for s, m in chosen if m in keep]
+    spec, cal_note = calibration(args.calibration, args.save_calibration, say)
+    measured = []
+    for s, name in chosen:  # per model: measure, then calibrate again; its spec merges the calibrations either side
+        t0 = time.perf_counter()
+        w = build(name)
+        meas = measure(w, args.steps)
+        if isinstance(spec, SystemSpec):
+            model_spec = spec
+        else:
+            after, _ = calibration(None, None, say)
+            model_spec = merged([spec, after])
+            spec = after
+        measured.append((s, name, w, meas, model_spec))
+        say(f"{s} {name}: measured in {time.perf_counter() - t0:.0f} s")
+    if not args.calibration:
+        cal_note += " before and after each model, merged per model (the brackets of a shared machine's drift)"
+    rows, mods, abl = [], [], []
+    for s, name, w, meas, model_spec in measured:
+        specs = ablations(model_spec) if args.ablate else {"full": model_spec}
+        t0 = time.perf_counter()
+        try:
+            preds = {label: predict(w, sp, meas["optimizer"]) for label, sp in specs.items()}
+        except Exception as exc:  # a model the estimator cannot trace is reported, not skipped silently
+            say(f"{s} {name}: prediction failed: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        for label, pred in preds.items():
+            row, m = compare(name, s, meas, pred)
+            if label == "full":
+                rows.append(row)
+                mods += m
+            abl.append({"model": name, "set": s, "spec": label, "ratio_step": row["ratio_step"]})
+        r = rows[-1]
+        say(f"{s} {name}: step {r['meas_step_ms']:.1f} ms meas / {r['pred_step_ms']:.1f} pred = {r['ratio_step']:.2f}"
+            f" (fwd {r['ratio_fwd']:.2f}, bwd {r['ratio_bwd']:.2f}, optim {r['ratio_optim']:.2f}) "
+            f"[{time.perf_counter() - t0:.0f} s]")
+    rows, mods = pd.DataFrame(rows), pd.DataFrame(mods)
+    out = [f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; torch {torch.__version__}; "
+           f"1 thread; process CPU time; calibration: {cal_note}; {args.steps} steps per model.", "",
+           *summary_lines(rows, mods)]
+    if args.ablate:
+        a = pd.DataFrame(abl)
+        out += ["", "Ablation (prediction only, same measurements): median |step error| per set", "",
+                "| spec | " + " | ".join(rows["set"].unique()) + " |", "|---|" + "---|" * rows["set"].nunique()]
+        for label, g in a.groupby("spec", sort=False):
+            out.append(f"| {label} | " + " | ".join(
+                f"{np.median(np.abs(g[g['set'] == s]['ratio_step'] - 1)):.1%}" for s in rows["set"].unique()) + " |")
+    print("\n".join(out))
+    if args.csv:
+        rows.to_csv(args.csv, index=False)
+        mods.to_csv(args.csv + ".modules.csv", index=False)
+    return rows, mods
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Calibration cases for the op classes real models spend their time in, beyond the LeNet/JSC-size cases of
+``cases.py``: each a micro-benchmark of one op class at a mid size, written as a row the existing fits read.
+
+Why: a CPU kernel's rate depends on its class, not only on its FLOPs and bytes. On the project's Xeon (1 thread)
+a 3x3 depthwise convolution ran 7-13x below the dense convolution's efficiency; torch's CPU dropout draws its mask
+with bernoulli_ at 11-18 ns per element (a copy moves an element in ~0.3 ns); an Embedding's backward writes the
+whole dense (vocab x dim) gradient and then adds one row per index, at ~60-100 ns per index beyond its bytes.
+The estimator looks each op's efficiency up by its class first (perfcheck.predict.aten_costs.op_class,
+perfcheck.predict.roofline.class_efficiency), so each case here sets one class's number:
+
+  kind ``opeff``   label ``<class>`` or ``<class>:<phase>``: ``fit._per_op_costs`` sets
+                   op_efficiency[label] = the estimator's roofline time for the call (flops = its matrix FLOPs,
+                   n = its other FLOPs, bytes: perfcheck.predict.formulas through aten_costs.cost_of, the one
+                   op-cost path) / (measured time - one tiny op's dispatch)
+  kind ``oprows``  label ``<op> fwd|bwd``, m = rows (indices), k = row length: ``fit._row_costs`` sets the
+                   per-row price op_row_s[op][phase] = the slope over the row counts less the roofline's slope
+
+Each call below is one aten kernel where torch has one (``aten.convolution_backward``: no autograd engine in the
+timing), so a single case's time less one dispatch is that kernel. The same cases run on a GPU (fp32 tensors on
+the device, without the per-row cases): ``op_class_cases(device)``.
+"""
+from __future__ import annotations
+
+import torch
+
+from perfcheck.hardware.calibrate.cases import Case, ROW_COUNTS, row_lengths
+
+aten = torch.ops.aten
+
+#: Convolution classes (perfcheck.predict.aten_costs.op_class): input (N, C, *spatial), weight, groups, stride,
+#: padding. Mid-size shapes of each family (a MobileNet-like depthwise 3x3 and 5x5 at 64 channels, a
+#: grouped 3x3 with 8 channels per group, a ResNet-like dense 3x3 at 64 channels, a Conv1d, a 2x up-sampling
+#: transposed conv), not any benchmark model's layer.
+CONV_CASES = {
+    "convolution_depthwise": ((4, 64, 16, 16), (64, 1, 3, 3), 64, 1, 1),
+    "convolution_depthwise_large": ((4, 64, 16, 16), (64, 1, 5, 5), 64, 1, 2),
+    "convolution_grouped": ((4, 64, 16, 16), (64, 8, 3, 3), 8, 1, 1),
+    "convolution_wide": ((4, 64, 16, 16), (64, 64, 3, 3), 1, 1, 1),
+    "convolution_1d": ((4, 64, 128), (64, 64, 3), 1, 1, 1),
+    "convolution_transposed": ((4, 64, 8, 8), (64, 32, 4, 4), 1, 2, 1),
+}
+#: Elements of the elementwise cases (1 MiB of fp32: in L2, as a layer's activations of a small batch are).
+ELEMENTWISE = 1 << 18
+#: Embedding table rows of the per-index cases (their dense gradient is the same at both index counts: the slope
+#: over the indices is the per-index price).
+EMBED_ROWS = 4096
+
+
+class _Call(torch.nn.Module):
+    """A function as a module, for the estimator's tracer."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+def _costs(fn, inputs, names) -> dict:
+    """phase -> (matrix FLOPs, other FLOPs, bytes, kernels) of the ops named ``names`` that ``fn(*inputs)`` runs, by
+    the estimator's formulas (traced once on fake tensors, costed through aten_costs.cost_of)."""
+    from perfcheck.predict.aten_costs import cost_of
+    from perfcheck.predict.trace import trace_model
+
+    trace = trace_model(_Call(fn), inputs)
+    out = {}
+    for phase in ("fwd", "bwd"):
+        mf = of = nb = k = 0.0
+        for op in trace.ops:
+            if op.call.name in names:
+                c = getattr(cost_of(op.call).cost, phase)
+                mf, of, nb, k = mf + 2 * c.macs, of + c.flops, nb + c.bytes, k + c.kernels
+        out[phase] = (mf, of, nb, k)
+    return out
+
+
+def _opeff(label, fn, cost, fwd_kernels=1.0, dtype="fp32") -> Case:
+    """An ``opeff`` row: flops = matrix FLOPs, bytes, n = other FLOPs, m/k = the forward's and this phase's
+    kernels (the fit takes the op's fixed cost per kernel out of the time, as the estimator adds it)."""
+    mf, of, nb, k = cost
+    return Case("opeff", label, fn, dtype, mf, nb, (int(max(fwd_kernels, 1)), int(max(k, 1)), int(of)))
+
+
+def conv_cases(dev) -> list:
+    """Forward (label = class) and backward (``<class>:bwd``: aten.convolution_backward, input and weight
+    gradients) of each ``CONV_CASES`` shape."""
+    out = []
+    for label, (xs, ws, groups, stride, pad) in CONV_CASES.items():
+        cls = label
+        x = torch.randn(*xs, device=dev, requires_grad=True)
+        w = torch.randn(*ws, device=dev, requires_grad=True)
+        transposed = label == "convolution_transposed"
+        nd = len(xs) - 2
+        conv = (torch.nn.functional.conv_transpose2d if transposed else
+                torch.nn.functional.conv1d if nd == 1 else torch.nn.functional.conv2d)
+
+        def fwd_fn(x, w, conv=conv, stride=stride, pad=pad, groups=groups, transposed=transposed):
+            return conv(x, w, None, stride, pad) if transposed else conv(x, w, None, stride, pad, groups=groups)
+        with torch.no_grad():
+            y = fwd_fn(x, w)
+        g = torch.randn_like(y)
+        xd, wd = x.detach(), w.detach()
+        args = dict(bias_sizes=None, stride=[stride] * nd, padding=[pad] * nd, dilation=[1] * nd,
+                    transposed=transposed, output_padding=[0] * nd, groups=groups, output_mask=[True, True, False])
+        cost = _costs(fwd_fn, (x, w), ("convolution",))
+        out.append(_opeff(cls, lambda xd=xd, wd=wd, f=fwd_fn: f(xd, wd), cost["fwd"], cost["fwd"][3]))
+        out.append(_opeff(f"{cls}:bwd", lambda g=g, xd=xd, wd=wd, a=args: aten.convolution_backward(g, xd, wd, **a),
+                          cost["bwd"], cost["fwd"][3]))
+    return out
+
+
+#: Channels of the weight-reorder cases: C -> C 3x3 convolutions on a 4 x C x 2 x 2 input (ResNet's last stage's
+#: pixels at a 64x64 image), whose time over the weight's elements is the per-weight-element price.
+CONV_WEIGHT_CHANNELS = (128, 256)
+
+
+def conv_weight_cases(dev) -> list:
+    """``convolution fwd|bwd`` (kind ``oprows``, m = weight elements): a dense 3x3 convolution and its backward
+    (aten.convolution_backward, both gradients) at two channel counts (``CONV_WEIGHT_CHANNELS``) on 2x2 pixels,
+    where the FLOPs are small and the weight is large: the slope over the weight's elements less the roofline's is
+    oneDNN's per-call weight reorder (formulas.conv's rows)."""
+    out = []
+    for c in CONV_WEIGHT_CHANNELS:
+        x = torch.randn(4, c, 2, 2, device=dev, requires_grad=True)
+        w = torch.randn(c, c, 3, 3, device=dev, requires_grad=True)
+        g = torch.randn(4, c, 2, 2, device=dev)
+        xd, wd = x.detach(), w.detach()
+
+        def conv(x, w):
+            return torch.nn.functional.conv2d(x, w, None, 1, 1)
+        cost = _costs(conv, (x, w), ("convolution",))
+        for phase, fn in (("fwd", lambda xd=xd, wd=wd: conv(xd, wd)),
+                          ("bwd", lambda g=g, xd=xd, wd=wd: aten.convolution_backward(
+                              g, xd, wd, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]))):
+            _, of, nb, k = cost[phase]
+            out.append(Case("oprows", f"convolution {phase}", fn, "fp32", float(of), float(nb),
+                            (c * c * 9, row_lengths()[2], int(max(k, 1)))))
+    return out
+
+
+def elementwise_cases(dev) -> list:
+    """Dropout's mask (``bernoulli_``: the RNG, priced as generator work by formulas.rng) and the activations whose
+    kernels differ most from a plain pointwise op, forward and backward (``<op>:bwd``): erf-GELU, tanh-GELU
+    (class ``gelu_tanh``), SiLU, on ``ELEMENTWISE`` fp32 elements."""
+    x = torch.randn(ELEMENTWISE, device=dev)
+    g = torch.randn(ELEMENTWISE, device=dev)
+    xg = x.clone().requires_grad_(True)
+    out = [_opeff("bernoulli_", lambda x=x: x.bernoulli_(0.9),
+                  _costs(lambda t: torch.empty_like(t).bernoulli_(0.9), (x,), ("bernoulli_",))["fwd"])]
+    acts = {"gelu": (lambda t: torch.nn.functional.gelu(t), lambda: aten.gelu_backward(g, x)),
+            "gelu_tanh": (lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+                          lambda: aten.gelu_backward(g, x, approximate="tanh")),
+            "silu": (torch.nn.functional.silu, lambda: aten.silu_backward(g, x))}
+    for label, (fwd, bwd) in acts.items():
+        name = ("gelu",) if label.startswith("gelu") else (label,)
+        cost = _costs(fwd, (xg,), name)
+        out.append(_opeff(label, lambda f=fwd: f(x), cost["fwd"]))
+        out.append(_opeff(f"{label}:bwd", bwd, cost["bwd"]))  # 1 kernel each way
+    return out
+
+
+def embedding_row_cases(dev) -> list:
+    """Per index: ``nn.Embedding`` (aten ``embedding``: a row gather; backward aten.embedding_dense_backward: the
+    dense gradient, then one row added per index) and ``nn.EmbeddingBag`` (``_embedding_bag``, sum over bags of 4;
+    backward through autograd), each on ``ROW_COUNTS`` indices into an ``EMBED_ROWS``-row table of
+    ``row_lengths()[2]`` columns (a length the row cases already use, so the fit's SIMD width is unchanged)."""
+    dim = row_lengths()[2]
+    table = torch.randn(EMBED_ROWS, dim, device=dev)
+    tg = table.clone().requires_grad_(True)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    out = []
+    for n in ROW_COUNTS:
+        idx = torch.randint(0, EMBED_ROWS, (n,), generator=gen).to(dev)
+        offs = torch.arange(0, n, 4, device=dev)
+        g = torch.randn(n, dim, device=dev)
+        gb = torch.randn(len(offs), dim, device=dev)
+        emb = lambda t, i=idx: torch.nn.functional.embedding(i, t)  # noqa: E731
+        bag = lambda t, i=idx, o=offs: torch.nn.functional.embedding_bag(i, t, o, mode="sum")  # noqa: E731
+        yb = bag(tg)
+        cost = {"embedding": _costs(emb, (tg,), ("embedding",)), "_embedding_bag": _costs(bag, (tg,), ("_embedding_bag",))}
+
+        def bag_bwd(yb=yb, gb=gb):
+            yb.backward(gb, retain_graph=True)
+            tg.grad = None
+        for name, phase, fn in (("embedding", "fwd", lambda e=emb: e(table)),
+                                ("embedding", "bwd", lambda g=g, i=idx: aten.embedding_dense_backward(
+                                    g, i, EMBED_ROWS, -1, False)),
+                                ("_embedding_bag", "fwd", lambda b=bag: b(table)),
+                                ("_embedding_bag", "bwd", bag_bwd)):
+            _, of, nb, k = cost[name][phase]
+            out.append(Case("oprows", f"{name} {phase}", fn, "fp32", float(of), float(nb), (n, dim, int(max(k, 1)))))
+    return out
+
+
+def op_class_cases(device) -> list:
+    """Every op-class case on ``device`` (fp32)."""
+    dev = torch.device(device)
+    # per-row prices are a CPU term (a GPU kernel spreads rows over its threads: roofline.row_prices)
+    return conv_cases(dev) + elementwise_cases(dev) + (embedding_row_cases(dev) + conv_weight_cases(dev)
+                                                       if dev.type == "cpu" else [])
