@@ -76,6 +76,8 @@ def test_deepspeed_accepts_the_block(tmp_path):
         import json, deepspeed, torch
         import perfcheck.deepspeed as pds
         from perfcheck.examples.models import Net
+        from perfcheck.examples.train_ds import _no_shm_comm_build
+        _no_shm_comm_build()  # never JIT-compile DeepSpeed's CPU shared-memory comm op
         deepspeed.init_distributed("gloo")
         cfg = json.load(open({str(ROOT / 'configs/deepspeed/base.json')!r}))
         cfg["perfcheck"].update(output_dir={str(tmp_path / 'run')!r}, modules=False, profiler=False,

@@ -49,6 +49,8 @@ def test_bare_deepspeed_initialize_engine_measured_from_its_block(tmp_path):
     code = textwrap.dedent(f"""
         import deepspeed, torch
         import perfcheck.deepspeed as pds
+        from perfcheck.examples.train_ds import _no_shm_comm_build
+        _no_shm_comm_build()  # never JIT-compile DeepSpeed's CPU shared-memory comm op
         deepspeed.init_distributed("gloo")
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
@@ -71,4 +73,4 @@ def test_bare_deepspeed_initialize_engine_measured_from_its_block(tmp_path):
     meta = json.loads((out / "rank0" / "meta.json").read_text())
     assert meta["complete"] and meta["measured_steps"] == 2 and meta["options"]["warmup"] == 1
     assert meta["parallel"]["kind"] == "deepspeed" and meta["parallel"]["zero_stage"] == 1
-    assert meta["model"]["wrappers"] == ["DeepSpeedEngine"] and meta["optimizer"] == "adamw"
+    assert meta["model"]["wrappers"] == ["DeepSpeedEngine"] and meta["optimizer"] == "adamw-for-loop"

@@ -80,8 +80,8 @@ def test_accelerate_recipe(tmp_path, capsys):
     for (name, a), b in zip(plain.named_parameters(), measured.parameters()):
         assert torch.equal(a, b), name
     meta = json.loads((tmp_path / "acc" / "rank0" / "meta.json").read_text())
-    assert meta["optimizer"] == "adamw"
-    assert "optimizer adamw:" in report(tmp_path / "acc", capsys)
+    assert meta["optimizer"] == "adamw-for-loop"  # foreach unset, CPU tensors: the for-loop
+    assert "optimizer adamw-for-loop:" in report(tmp_path / "acc", capsys)
 
 
 def _script(tmp_path, args, env_extra, launcher=()):

@@ -61,12 +61,12 @@ def test_lightning_callback_times_the_submodule(tmp_path, capsys, accum):
         assert torch.equal(a, b), name
     assert cb.measured_path == "net" and cb.run_dir.parent == tmp_path / "measured"
     meta = json.loads((cb.run_dir / "rank0" / "meta.json").read_text())
-    assert meta["model"]["type"] == "Sequential" and meta["optimizer"] == "adamw" and meta["complete"]
+    assert meta["model"]["type"] == "Sequential" and meta["optimizer"] == "adamw-for-loop" and meta["complete"]
     assert meta["micro_batches"] == accum
     capsys.readouterr()
     assert main(["report", str(cb.run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "optimizer adamw:" in out
+    assert "optimizer adamw-for-loop:" in out
 
 
 def test_root_never_called_is_said_at_the_first_step():

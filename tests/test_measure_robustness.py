@@ -242,6 +242,8 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WO
 import torch, deepspeed
 from perfcheck import PerfCheck
 from perfcheck.examples.models import Net
+from perfcheck.examples.train_ds import _no_shm_comm_build
+_no_shm_comm_build()  # never JIT-compile DeepSpeed's CPU shared-memory comm op
 torch.manual_seed(0)
 model = Net()
 cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
