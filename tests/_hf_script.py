@@ -1,9 +1,10 @@
 """A Trainer run with PerfCheckCallback in its own process(es), for tests/test_integrations_hf.py.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/_hf_script.py ddp OUT   # DDP on gloo
+    python -m torch.distributed.run --nproc_per_node 2 tests/_hf_script.py fsdp OUT  # fsdp=True on gloo
     python tests/_hf_script.py deepspeed OUT                                         # ZeRO-1 on CPU
 
-ddp: the callback's out_dir is OUT/run. deepspeed: the DeepSpeed config's "perfcheck" block names
+ddp, fsdp: the callback's out_dir is OUT/run; fsdp prints the final training loss (LOSS). deepspeed: the DeepSpeed config's "perfcheck" block names
 OUT/ds, and the callback is built with no arguments (the block alone says where the run goes).
 """
 import os
@@ -22,6 +23,10 @@ def main(mode, out):
     if mode == "ddp":
         args = training_args(os.path.join(out, "trainer"), ddp_backend="gloo")
         callback = PerfCheckCallback(out_dir=os.path.join(out, "run"), system="cpu", sample_interval=None)
+    elif mode == "fsdp":
+        args = training_args(os.path.join(out, "trainer"), ddp_backend="gloo", fsdp=True,
+                             fsdp_config={"transformer_layer_cls_to_wrap": ["GPT2Block"]})
+        callback = PerfCheckCallback(out_dir=os.path.join(out, "run"), system="cpu", sample_interval=None)
     else:
         from perfcheck.examples.train_ds import _no_shm_comm_build
 
@@ -34,7 +39,8 @@ def main(mode, out):
         args = training_args(os.path.join(out, "trainer"), deepspeed=ds)
         callback = PerfCheckCallback()
     trainer = transformers.Trainer(model=tiny_gpt2(), args=args, train_dataset=tokens(), callbacks=[callback])
-    trainer.train()
+    result = trainer.train()
+    print("LOSS", result.training_loss, flush=True)
     print("RUN_DIR", callback.run_dir, flush=True)
 
 

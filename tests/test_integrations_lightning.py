@@ -82,3 +82,48 @@ def test_root_never_called_is_said_at_the_first_step():
             module.training_step((x, y), 0).backward()
             opt.step()
             pc.step()
+
+
+@pytest.mark.filterwarnings("ignore:perfcheck. training_step calls several modules")
+def test_deepspeed_strategy_config_block_reaches_the_run(tmp_path, capsys):
+    """Lightning's DeepSpeedStrategy needs CUDA to fit, so its callback path is driven here by hand: the real
+    ``lightning.pytorch.strategies.DeepSpeedStrategy`` (built, never set up: its ``__init__`` stores the
+    config dict as ``.config``, lightning 2.6.6 strategies/deepspeed.py) on a stand-in trainer, the hooks
+    called in Lightning's order (``global_step`` moves before ``on_train_batch_end``). The config's
+    "perfcheck" block must set where the run goes and how many steps it measures; ZeRO-2 is recorded."""
+    pytest.importorskip("deepspeed")
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from perfcheck.integrations.lightning import PerfCheckCallback
+
+    out_dir = tmp_path / "from-block"
+    strategy = DeepSpeedStrategy(config={
+        "zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+        "perfcheck": {"enabled": True, "output_dir": str(out_dir), "warmup_steps": 1, "steps": 3, "system": "cpu",
+                      "sampler_interval_s": None, "profiler": {"enabled": False}}})
+    assert strategy.config["perfcheck"]["output_dir"] == str(out_dir)  # the attribute the callback reads
+    module = Lit()
+    opt = module.configure_optimizers()
+    trainer = SimpleNamespace(strategy=strategy, optimizers=[opt], default_root_dir=str(tmp_path / "root"),
+                              global_step=0)
+    cb = PerfCheckCallback()
+    cb.on_train_start(trainer, module)
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
+    with pytest.warns(RuntimeWarning, match=r"\"perfcheck\" block is honoured by PerfCheckCallback \(lightning\)"):
+        for i in range(7):
+            cb.on_train_batch_start(trainer, module, (x, y), i)
+            module.training_step((x, y), i).backward()
+            opt.step()
+            opt.zero_grad()
+            trainer.global_step += 1
+            cb.on_train_batch_end(trainer, module, None, (x, y), i)
+    cb.on_train_end(trainer, module)
+    assert cb.run_dir == out_dir and not (tmp_path / "root").exists()
+    meta = json.loads((out_dir / "rank0" / "meta.json").read_text())
+    assert meta["options"]["steps"] == 3 and meta["options"]["warmup"] == 1 and meta["measured_steps"] == 3
+    assert meta["parallel"]["kind"] == "deepspeed" and meta["parallel"]["zero_stage"] == 2
+    assert meta["optimizer"] == "adamw" and meta["system"] == "cpu" and meta["complete"]
+    capsys.readouterr()
+    assert main(["report", str(out_dir)]) == 0

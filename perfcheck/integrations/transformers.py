@@ -12,9 +12,12 @@ gradient accumulation shows as ``micro_batches``) and stops it on ``on_train_end
 the run directory. Under DDP (``torchrun``) every rank writes ``rank<R>/`` of the same directory
 (named on rank 0); with ``TrainingArguments(deepspeed=...)`` the config's ``"perfcheck"`` block sets
 PerfCheck's arguments (``integrations.deepspeed.block``) and the ZeRO stage goes into meta.json.
-PerfCheck's hooks only read: training is bit-identical with and without the callback (tested).
+``TrainingArguments(fsdp=...)`` on CPU: accelerate 1.15 runs DDP instead (no FSDP on CPU); the
+callback records kind "ddp" and warns. PerfCheck's hooks only read: training is bit-identical with and without the callback (tested).
 """
 from __future__ import annotations
+
+import warnings
 
 try:
     from transformers import TrainerCallback
@@ -31,6 +34,39 @@ def _ds_config(args):
     if isinstance(cfg, dict):
         return cfg
     return None
+
+
+def _accelerate_layout():
+    """accelerate's ``DistributedType`` value for this process ("MULTI_CPU", "FSDP", ...), or None when
+    no Accelerator state exists. The Trainer's arguments say what was asked for; this says what runs:
+    accelerate 1.15 turns an FSDP plugin into ``DistributedType.FSDP`` only on accelerator devices, so a
+    CPU run with ``TrainingArguments(fsdp=...)`` trains under DDP (``MULTI_CPU``) without a word."""
+    try:
+        from accelerate.state import AcceleratorState
+    except ImportError:
+        return None
+    if not AcceleratorState._shared_state:  # never built: asking would build one with defaults
+        return None
+    kind = getattr(AcceleratorState(), "distributed_type", None)
+    return str(getattr(kind, "value", kind)) if kind is not None else None
+
+
+def _data_parallel(args, ds) -> bool:
+    """Whether the Trainer runs plain DDP (PerfCheck then records kind "ddp" and predicts its all-reduces);
+    FSDP is left to PerfCheck's own layout detection on the model. Warns when FSDP was asked for and
+    accelerate runs DDP instead."""
+    if ds is not None:
+        return False
+    layout = _accelerate_layout()
+    mode = str(getattr(getattr(args, "parallel_mode", None), "value", ""))
+    if layout is None:  # no accelerate state: the arguments alone
+        return mode == "distributed" and not getattr(args, "fsdp", None)
+    ddp = layout.startswith("MULTI_")
+    if ddp and getattr(args, "fsdp", None):
+        warnings.warn(f"perfcheck: TrainingArguments(fsdp=...) is set but accelerate runs DistributedType.{layout} "
+                      "(DDP, parameters not sharded; accelerate applies FSDP only on accelerator devices); "
+                      "recorded as kind \"ddp\"", RuntimeWarning, stacklevel=3)
+    return ddp
 
 
 class PerfCheckCallback(TrainerCallback):
@@ -53,9 +89,8 @@ class PerfCheckCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         ds = _ds_config(args)
-        mode = str(getattr(getattr(args, "parallel_mode", None), "value", ""))
         self._run.start(model, optimizer=optimizer, default_parent=args.output_dir, ds_config=ds,
-                        data_parallel=ds is None and mode == "distributed" and not getattr(args, "fsdp", None))
+                        data_parallel=_data_parallel(args, ds))
 
     def on_step_end(self, args, state, control, **kwargs):
         self._run.step()
