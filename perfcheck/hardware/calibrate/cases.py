@@ -16,7 +16,7 @@ import torch
 from perfcheck.errors import UserError
 from perfcheck.hardware.calibrate import repeats as repeats_mod
 from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
-from perfcheck.hardware.calibrate.layers import cold_filler, tiny_modules
+from perfcheck.hardware.calibrate.layers import CallModule, cold_filler, tiny_modules
 from perfcheck.hardware.systems import normalize_dtype
 
 _TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -454,21 +454,12 @@ def module_fixed_cases(device) -> list:
             for name, (m, x) in tiny_modules(device).items()]
 
 
-class _One(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
-
-
 def _formula_cost(fn, inputs, name: str) -> tuple:
     """(matrix FLOPs, other FLOPs, bytes) of the forward ``name`` ops ``fn(*inputs)`` runs, by the estimator's formulas."""
     from perfcheck.predict.aten_costs import cost_of
     from perfcheck.predict.trace import trace_model
 
-    trace = trace_model(_One(fn), inputs)
+    trace = trace_model(CallModule(fn), inputs)
     mf = of = nb = 0.0
     for op in trace.ops:
         if op.call.name == name:

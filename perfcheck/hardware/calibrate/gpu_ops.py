@@ -34,6 +34,7 @@ from collections import defaultdict
 import torch
 
 from perfcheck.hardware.calibrate.cases import Case, Timer, run_cases
+from perfcheck.hardware.calibrate.layers import CallModule
 from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype
 from perfcheck.predict import roofline
 from perfcheck.predict.aten_costs import cost_of
@@ -127,19 +128,10 @@ def _builders(family: str, size: tuple, dtype: torch.dtype, dev):
     raise ValueError(f"unknown family {family!r}")
 
 
-class _One(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
-
-
 def family_cost(family: str, fn, inputs):
     """(aten op name, formulas.OpCost) of the family's op in the estimator's trace of ``fn(*inputs)`` (a GPU
     target: fused attention), or None when the trace records none of ``FAMILY_OPS[family]``."""
-    trace = trace_model(_One(fn), inputs, fused_dropout=True)
+    trace = trace_model(CallModule(fn), inputs, fused_dropout=True)
     for op in trace.ops:
         if op.call.name in FAMILY_OPS[family]:
             return op.call.name, cost_of(op.call).cost

@@ -8,6 +8,18 @@ from __future__ import annotations
 import torch
 
 
+class CallModule(torch.nn.Module):
+    """A function as a module, so the estimator's tracer (perfcheck.predict.trace.trace_model) can trace one call of
+    it: the calibration cases price their call with the estimator's own formulas this way."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
 def tiny_modules(dev):
     """torch.nn class name -> (module, inputs): the standard layers whose Python ``forward`` does work
     beyond its aten ops (argument checks, F.* wrappers, BatchNorm's running-stat bookkeeping, a

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from perfcheck.hardware.calibrate.cases import Case, ROW_COUNTS, row_lengths
+from perfcheck.hardware.calibrate.layers import CallModule
 
 aten = torch.ops.aten
 
@@ -46,24 +47,13 @@ ELEMENTWISE = 1 << 18
 EMBED_ROWS = 4096
 
 
-class _Call(torch.nn.Module):
-    """A function as a module, for the estimator's tracer."""
-
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
-
-
 def _costs(fn, inputs, names) -> dict:
     """phase -> (matrix FLOPs, other FLOPs, bytes, kernels) of the ops named ``names`` that ``fn(*inputs)`` runs, by
     the estimator's formulas (traced once on fake tensors, costed through aten_costs.cost_of)."""
     from perfcheck.predict.aten_costs import cost_of
     from perfcheck.predict.trace import trace_model
 
-    trace = trace_model(_Call(fn), inputs)
+    trace = trace_model(CallModule(fn), inputs)
     out = {}
     for phase in ("fwd", "bwd"):
         mf = of = nb = k = 0.0
