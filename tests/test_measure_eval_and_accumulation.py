@@ -91,6 +91,7 @@ def _measured_steps(pc):
 
 
 # ------------------------------------------------------------------------------ eval forwards
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 @pytest.mark.parametrize("mode,where", [("no_grad", "after_backward"), ("inference_mode", "before_forward")])
 def test_eval_forward_is_reported_apart_from_the_training_forward(mode, where):
     base, with_eval = _run(None), _run(mode, where)
@@ -123,6 +124,7 @@ def test_eval_forward_is_reported_apart_from_the_training_forward(mode, where):
     assert "eval meas" not in render_text(base.reconciled())  # no empty column for runs without eval
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_no_grad_inside_the_training_forward_stays_forward():
     """A frozen sub-module called under no_grad inside the training forward is part of that forward."""
 
@@ -150,6 +152,7 @@ def test_no_grad_inside_the_training_forward_stays_forward():
     assert (_measured_steps(pc)["eval_s"] == 0).all()
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_a_loop_entirely_under_no_grad_reports_its_forward():
     """Inference benchmarking: no step has a grad-enabled forward, so the no-grad calls are the forward."""
     torch.manual_seed(0)
@@ -178,6 +181,7 @@ def accumulation_runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.timing  # a band on a ratio of wall-clock times of planted sleeps: out of the fast lane
 def test_accumulation_scales_the_prediction_by_the_micro_batches(accumulation_runs):
     (pc1, d1), (pc4, d4) = accumulation_runs[1], accumulation_runs[4]
     assert pc1.meta()["micro_batches"] == 1 and pc4.meta()["micro_batches"] == 4

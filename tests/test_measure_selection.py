@@ -57,6 +57,7 @@ def run(model, make_input, n=3, **kw):
     return pc
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_untimed_subtree_is_inside_its_parent_time():
     pc = run(Model(), lambda: torch.randn(2, 4), modules=["outer"])
     m = pc.measured().set_index("module")

@@ -82,6 +82,7 @@ class TwoSleepy(nn.Module):
         return self.b(self.a(x))
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_forward_and_backward_match_known_sleeps(route):
     pc = run_steps(TwoSleepy(), lambda: (torch.randn(2, 4),))
     for path, fwd, bwd in (("a", 0.010, 0.030), ("b", 0.020, 0.010)):
@@ -105,6 +106,7 @@ class Shared(nn.Module):
         return self.shared(self.mid(self.shared(x)))
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_module_called_twice_counts_two_calls_both_timed():
     pc = run_steps(Shared(), lambda: (torch.randn(2, 4),))
     r = row(pc, "shared")
@@ -127,6 +129,7 @@ class FirstLayer(nn.Module):
         return self.second(self.first(x))
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_first_layer_without_input_grad_gets_its_backward_time():
     pc = run_steps(FirstLayer(), lambda: (torch.randn(2, 4),))
     assert_close(row(pc, "first")["bwd_s_median"], 0.025, "first layer backward")
@@ -146,6 +149,7 @@ class QKV(nn.Module):
         return self.q(x) + self.k(x) * 2 + self.v(x) * 3
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_shared_input_backward_is_split_per_consumer():
     pc = run_steps(QKV(), lambda: (torch.randn(2, 4),))
     for path, bwd in (("q", 0.030), ("k", 0.010), ("v", 0.020)):
@@ -207,6 +211,7 @@ class Checkpointed(nn.Module):
         return checkpoint(self.blk, self.pre(x), use_reentrant=self.reentrant)
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_checkpoint_recompute_reported_apart(reentrant):
     pc = run_steps(Checkpointed(reentrant), lambda: (torch.randn(2, 4),))
@@ -258,6 +263,7 @@ def test_empty_step_calls_are_ignored_and_in_flight_step_kept():
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 @pytest.mark.gpu
 @cuda
 def test_cuda_events_time_a_known_gpu_delay():
@@ -344,6 +350,7 @@ class FakeEvent:
         return (other.t - self.t) * 1e3
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_cuda_clock_path_defers_resolution_and_pools_events(monkeypatch):
     """The CUDA event path on CPU with fake events: deferred resolution, pooling, same numbers."""
     from perfcheck.measure import module_timer as mt
@@ -436,6 +443,7 @@ def test_timed_forward_keeps_signature_and_copies_run_their_own_forward(route):
     assert direct == set()
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_module_with_its_own_hooks_is_timed_through_hooks_with_their_work_inside():
     model = TwoSleepy()
     handle = model.b.register_forward_pre_hook(lambda mod, args: time.sleep(0.012))  # e.g. ZeRO-3's gather
@@ -452,6 +460,7 @@ def test_module_with_its_own_hooks_is_timed_through_hooks_with_their_work_inside
     assert_close(row(pc, "a")["fwd_s_median"], 0.010, "a forward")
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_hooks_of_an_ended_step_stay_inert_on_a_retained_graph():
     model = TwoSleepy()
     pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None).start()
@@ -488,6 +497,7 @@ class Join(nn.Module):
         return self.join(self.left(x), torch.relu(self.right(x)))
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_two_input_module_backward_ends_at_its_inputs():
     pc = run_steps(Join(), lambda: (torch.randn(2, 4),))
     assert_close(row(pc, "join")["bwd_s_median"], 0.010, "join backward")
@@ -519,6 +529,7 @@ def test_a_wrapper_put_over_ours_keeps_working_after_stop(monkeypatch):
     assert vars(model.a).get("forward") is ours
 
 
+@pytest.mark.timing  # a ratio of wall-clock step times (instrumented / bare): out of the fast lane
 def test_overhead_estimate_counts_the_step_boundary_and_has_an_interval(monkeypatch):
     """A planted 15 ms in PerfCheck's own step-boundary work (outside step_s) must show in meta.json
     overhead: the estimate adds the boundary back, and carries a 95% interval around its value."""
@@ -546,6 +557,7 @@ def test_overhead_estimate_counts_the_step_boundary_and_has_an_interval(monkeypa
     assert ov["fraction"] >= 0.015 / ov["bare_step_s_median"] * 0.9
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 @pytest.mark.parametrize("route", ["tensor-hook route", "register_prehook"])
 def test_both_node_hook_routes_give_the_planted_backward_times(route, monkeypatch):
     """Node hooks go on through torch's tensor-hook route (``grad_fn._register_hook_dict`` with a

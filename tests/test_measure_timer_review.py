@@ -51,6 +51,7 @@ def _train(model, pc=None, steps=3):
             pc.step()
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 @pytest.mark.parametrize("where", ["root", "child"])
 def test_module_compile_before_attach_is_timed_as_a_whole_and_left_as_it_was(where):
     """``nn.Module.compile()`` sets ``_compiled_call_impl`` to a compiled ``_call_impl``: forward hooks

@@ -30,6 +30,7 @@ def _planted_finalize(model):
     return model[0].weight.register_hook(hook)
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_end_of_backward_callbacks_are_timed_apart_from_the_optimizer():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -52,6 +53,7 @@ def test_end_of_backward_callbacks_are_timed_apart_from_the_optimizer():
     assert (s["bwd_finalize_s"] < s["step_s"]).all()
 
 
+@pytest.mark.timing  # an upper bound on a wall-clock phase: out of the fast lane
 def test_without_framework_callbacks_finalize_is_negligible():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     pc = PerfCheck(model, warmup=0, steps=3, profile=False, sample_interval=None)
@@ -59,7 +61,10 @@ def test_without_framework_callbacks_finalize_is_negligible():
         for _ in range(3):
             model(torch.randn(4, 8)).sum().backward()
             pc.step()
-    assert (pc.steps()["bwd_finalize_s"] < 2e-3).all()
+    # no callback: the phase is the microseconds between the last node hook and backward's return. The bound
+    # is a third of the 30 ms callback above (what a planted finalize would add), not the former 2 ms: a 2-core
+    # machine with both cores busy can preempt this process inside that window for a scheduler slice (~3-6 ms)
+    assert (pc.steps()["bwd_finalize_s"] < SLEEP / 3).all()
 
 
 class _RaiseInBackward(torch.autograd.Function):

@@ -22,7 +22,9 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-pytestmark = pytest.mark.slow
+# slow (two processes), and timing: upper bounds on wall-clock phases (optimizer, non-root waits) as
+# fractions of the planted delay
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 DELAY = 0.04
 
 
