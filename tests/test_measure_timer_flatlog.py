@@ -17,7 +17,7 @@ from perfcheck.measure import module_timer
 from perfcheck.measure.clocks import CpuClock
 from perfcheck.schema import ROOT
 
-from test_measure_timer import Sleepy, TwoSleepy, assert_close, route, row, run_steps  # noqa: F401 (route: fixture)
+from test_measure_timer import STRETCH, Sleepy, TwoSleepy, assert_close, route, row, run_steps  # noqa: F401 (route: fixture)
 
 FWD, EVAL = module_timer.FWD, module_timer.EVAL
 
@@ -183,8 +183,8 @@ def test_a_child_that_raises_inside_a_forward_that_goes_on(route):
         assert all(c.t1 is not None for c in calls) and not timer._stack
         assert pending.failed  # a forward call raised: the step is marked incomplete
         assert res["modules"]["s"][1] >= 0.010 and res["modules"]["s"][2] >= 0.010  # s still timed both ways
-        # r's interval closes at its exception: well under s's planted 10 ms that follows it (half of it, so
-        # a few ms of preemption on a busy machine still pass and an interval left open into s does not)
+        # r's interval closes at its exception: well under s's planted sleep that follows it (10 ms nominal,
+        # 50 ms slept), so a few ms of preemption on a busy machine still pass and an interval left open into s does not
         assert res["modules"]["r"][1] < 0.005
     finally:
         timer.detach()
@@ -196,7 +196,7 @@ def test_hooks_added_after_attach_run_and_are_inside_the_interval():
 
     def pre(mod, args):
         calls.append(1)
-        time.sleep(0.012)
+        time.sleep(0.012 * STRETCH)
 
     pc = PerfCheck(model, warmup=1, steps=2, profile=False, sample_interval=None)
     with pc:
