@@ -134,6 +134,7 @@ def test_perfcheck_samples_are_labelled_with_steps():
     assert pc.meta()["sampler"]["backend"] == "psutil"
 
 
+@pytest.mark.timing  # upper bounds on when the sampler thread wakes (wall clock): out of the fast lane
 def test_short_runs_get_a_dense_curve_to_their_end():
     """Issue 11: a run's sampler panel had 2 points. With a 0.5 s interval a 1.2 s run gets samples every
     0.1 s from its start (DENSE_SAMPLES of them) and one at stop()."""

@@ -352,7 +352,9 @@ def test_reconcile_1000_modules_is_vectorised():
     n = 1000
     preds = pd.DataFrame([pred_row(ROOT, 1.0)] + [pred_row(f"m{i}", 1e-3 * (1 + i % 7)) for i in range(n)])
     meas = pd.DataFrame([meas_row(ROOT, 1.0)] + [meas_row(f"m{i}", 1e-3 * (1 + i % 5)) for i in range(n)])
-    t0 = time.perf_counter()
+    # process CPU time, not the wall clock: other processes on a busy machine do not count against it
+    # (a per-row Python loop over 1000 modules takes seconds of CPU; the vectorised join takes ~0.1 s)
+    t0 = time.process_time()
     rec = reconcile(preds, meas, system="h100-sxm")
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
     assert len(rec) == n + 1 and np.isfinite(rec["gap_fwd"]).all()

@@ -17,7 +17,9 @@ from perfcheck.schema import ROOT, STEP_COLUMNS
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-SLEEP = 0.03
+# 60 ms: the bounds below are fractions of it (SLEEP / 2, SLEEP / 3) that must hold a busy 2-core machine's
+# preemption of the phases they bound (up to ~19 ms seen with two busy loops: bench/results/timing-tests.md)
+SLEEP = 0.06
 
 
 def _planted_finalize(model):
@@ -30,6 +32,7 @@ def _planted_finalize(model):
     return model[0].weight.register_hook(hook)
 
 
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_end_of_backward_callbacks_are_timed_apart_from_the_optimizer():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -46,12 +49,13 @@ def test_end_of_backward_callbacks_are_timed_apart_from_the_optimizer():
     s = pc.steps()
     s = s[s["role"] == "measured"]
     assert len(s) == 3 and not s["failed"].any()
-    # the planted 30 ms lands in bwd_finalize_s, not in optim_s (an SGD step on 90 parameters: << 30 ms)
+    # the planted 60 ms lands in bwd_finalize_s, not in optim_s (an SGD step on 90 parameters: << 30 ms)
     assert (s["bwd_finalize_s"] >= SLEEP).all(), s
     assert (s["optim_s"] < SLEEP / 2).all(), s
     assert (s["bwd_finalize_s"] < s["step_s"]).all()
 
 
+@pytest.mark.timing  # an upper bound on a wall-clock phase: out of the fast lane
 def test_without_framework_callbacks_finalize_is_negligible():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     pc = PerfCheck(model, warmup=0, steps=3, profile=False, sample_interval=None)
@@ -59,7 +63,10 @@ def test_without_framework_callbacks_finalize_is_negligible():
         for _ in range(3):
             model(torch.randn(4, 8)).sum().backward()
             pc.step()
-    assert (pc.steps()["bwd_finalize_s"] < 2e-3).all()
+    # no callback: the phase is the microseconds between the last node hook and backward's return. The bound
+    # is a third of the 60 ms callback above (what a planted finalize would add), not the former 2 ms: a 2-core
+    # machine with both cores busy can preempt this process inside that window
+    assert (pc.steps()["bwd_finalize_s"] < SLEEP / 3).all()
 
 
 class _RaiseInBackward(torch.autograd.Function):
