@@ -124,6 +124,6 @@ def test_deepspeed_strategy_config_block_reaches_the_run(tmp_path, capsys):
     meta = json.loads((out_dir / "rank0" / "meta.json").read_text())
     assert meta["options"]["steps"] == 3 and meta["options"]["warmup"] == 1 and meta["measured_steps"] == 3
     assert meta["parallel"]["kind"] == "deepspeed" and meta["parallel"]["zero_stage"] == 2
-    assert meta["optimizer"] == "adamw" and meta["system"] == "cpu" and meta["complete"]
+    assert meta["optimizer"] == "adamw-for-loop" and meta["system"] == "cpu" and meta["complete"]
     capsys.readouterr()
     assert main(["report", str(out_dir)]) == 0
