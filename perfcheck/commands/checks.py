@@ -1,4 +1,5 @@
-"""Argument checks shared by the subcommands: argparse ``type=`` callables and up-front file checks.
+"""Argument checks shared by the subcommands: argparse ``type=`` callables and up-front file checks, and
+``write_output``, the one way a subcommand's text reaches ``--output`` or stdout.
 
 A bad value is refused before any work starts, as one line naming the flag (exit 2): argparse
 prints ``perfcheck: error: argument --steps: must be an integer >= 1, got '0'`` for the types below;
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 from perfcheck.errors import UserError
@@ -84,6 +86,20 @@ def check_output_file(value, flag: str = "--output"):
         if q.exists() and not q.is_dir():
             raise UserError(f"{flag}: {q} exists and is not a directory")
     return p
+
+
+def write_output(text: str, output, flag: str = "--output") -> None:
+    """``text`` into the file ``output`` (a one-line error naming ``flag`` when it cannot be written; "wrote ..."
+    on stderr), or onto stdout when ``output`` is None."""
+    if not output:
+        sys.stdout.write(text)
+        return
+    try:
+        with open(output, "w") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise UserError(f"{flag}: cannot write {str(output)!r}: {exc.strerror}") from None
+    print(f"wrote {output}", file=sys.stderr)
 
 
 def check_input_dir(value, flag: str) -> Path:

@@ -20,9 +20,8 @@ import argparse
 import importlib
 import json
 import math
-import sys
 
-from perfcheck.commands.checks import check_output_file
+from perfcheck.commands.checks import check_output_file, write_output
 from perfcheck.errors import UserError
 
 FORMATS = ("table", "csv", "json")
@@ -84,15 +83,7 @@ def run(args) -> int:
     if args.module and args.model:
         raise UserError("give --model or --module, not both")
     text = _module_output(args) if args.module else _model_output(args)
-    if args.output:
-        try:
-            with open(args.output, "w") as fh:
-                fh.write(text)
-        except OSError as exc:
-            raise UserError(f"--output: cannot write {args.output!r}: {exc.strerror}") from None
-        print(f"wrote {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    write_output(text, args.output)
     return 0
 
 

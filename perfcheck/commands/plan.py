@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from perfcheck.commands.checks import check_output_file
+from perfcheck.commands.checks import check_output_file, write_output
 from perfcheck.errors import UserError
 
 FORMATS = ("table", "csv", "json")
@@ -67,15 +66,7 @@ def run(args) -> int:
                            "layouts": json.loads(top.to_json(orient="records"))}, indent=2) + "\n"
     else:
         text = _text(args, result, top)
-    if args.output:
-        try:
-            with open(args.output, "w") as fh:
-                fh.write(text)
-        except OSError as exc:
-            raise UserError(f"--output: cannot write {args.output!r}: {exc.strerror}") from None
-        print(f"wrote {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    write_output(text, args.output)
     return 0
 
 

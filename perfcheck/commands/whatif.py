@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
-from perfcheck.commands.checks import check_input_dir, check_output_file, check_system, nonneg_int
+from perfcheck.commands.checks import check_input_dir, check_output_file, check_system, nonneg_int, write_output
 
 FORMATS = ("table", "csv", "json")
 
@@ -35,7 +34,6 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from perfcheck.errors import UserError
     from perfcheck.predict.whatif import whatif
 
     check_input_dir(args.run_dir, "RUN_DIR")  # every argument checked before any work
@@ -51,15 +49,7 @@ def run(args) -> int:
         text = json.dumps(doc, indent=2, default=_json) + "\n"
     else:
         text = render(frame, depth=args.depth)
-    if args.output:
-        try:
-            with open(args.output, "w") as fh:
-                fh.write(text)
-        except OSError as exc:
-            raise UserError(f"output: cannot write {args.output!r}: {exc.strerror}") from None
-        print(f"wrote {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    write_output(text, args.output)
     return 0
 
 

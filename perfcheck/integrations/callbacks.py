@@ -38,6 +38,19 @@ def world() -> tuple:
     return 0, 1
 
 
+class RunAccess:
+    """What a framework callback shows of its ``CallbackRun`` (held as ``self._run``): ``run_dir``, the run
+    directory once training started, and ``perfcheck``, the PerfCheck itself (``.report()`` after training)."""
+
+    @property
+    def run_dir(self):
+        return self._run.run_dir
+
+    @property
+    def perfcheck(self):
+        return self._run.pc
+
+
 class CallbackRun:
     """One PerfCheck for one ``fit``/``train`` call of a framework."""
 

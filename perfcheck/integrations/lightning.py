@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - depends on what is installed
 except Exception as exc:  # noqa: BLE001 - a broken dependency of lightning (a torchvision built for another torch)
     raise ImportError(f"perfcheck.integrations.lightning: importing lightning failed: {exc!r}") from exc
 
-from perfcheck.integrations.callbacks import CallbackRun
+from perfcheck.integrations.callbacks import CallbackRun, RunAccess
 from perfcheck.measure.session import outermost_paths
 from perfcheck.schema import ROOT
 
@@ -84,7 +84,7 @@ def choose_root(root: torch.nn.Module, called: list) -> tuple:
     return best, modules[best], [p for p in paths if p != best]
 
 
-class PerfCheckCallback(Callback):
+class PerfCheckCallback(RunAccess, Callback):
     """A Lightning ``Callback`` that measures ``fit`` with ``perfcheck.PerfCheck`` on the module
     ``training_step`` calls. ``**perfcheck_kwargs``: PerfCheck's arguments (``out_dir`` default: a
     fresh folder under the Trainer's ``default_root_dir``). After fitting: ``run_dir``, ``perfcheck``,
@@ -96,14 +96,6 @@ class PerfCheckCallback(Callback):
         self._target = None
         self._last_step = None
         self.measured_path = None
-
-    @property
-    def run_dir(self):
-        return self._run.run_dir
-
-    @property
-    def perfcheck(self):
-        return self._run.pc
 
     def on_train_start(self, trainer, pl_module):
         self._probe, self._target, self._last_step = None, None, None

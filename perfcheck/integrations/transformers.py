@@ -24,7 +24,7 @@ try:
 except ImportError as exc:
     raise ImportError("perfcheck.integrations.transformers needs transformers (pip install transformers)") from exc
 
-from perfcheck.integrations.callbacks import CallbackRun
+from perfcheck.integrations.callbacks import CallbackRun, RunAccess
 
 
 def _ds_config(args):
@@ -69,7 +69,7 @@ def _data_parallel(args, ds) -> bool:
     return ddp
 
 
-class PerfCheckCallback(TrainerCallback):
+class PerfCheckCallback(RunAccess, TrainerCallback):
     """An HF ``TrainerCallback`` that measures the training run with ``perfcheck.PerfCheck``.
 
     ``**perfcheck_kwargs``: PerfCheck's arguments (``out_dir`` default: a fresh folder under the
@@ -78,14 +78,6 @@ class PerfCheckCallback(TrainerCallback):
 
     def __init__(self, **perfcheck_kwargs):
         self._run = CallbackRun("PerfCheckCallback (transformers)", perfcheck_kwargs)
-
-    @property
-    def run_dir(self):
-        return self._run.run_dir
-
-    @property
-    def perfcheck(self):
-        return self._run.pc
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         ds = _ds_config(args)

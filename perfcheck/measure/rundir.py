@@ -19,6 +19,7 @@ the next writer in that directory.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import fcntl
@@ -237,10 +238,8 @@ class CsvAppender:
     def close(self):
         if self._fh is not None:
             fh, self._fh = self._fh, None
-            try:
+            with contextlib.suppress(OSError):  # the flush of a full disk: append() already said so in one line
                 fh.close()
-            except OSError:  # the flush of a full disk; append() already said so
-                pass
 
 
 LOCK = ".perfcheck.lock"
@@ -286,10 +285,8 @@ class RunLock:
     def release(self):
         """Remove the lock file, then unlock (a run that opened the removed file retries on the new one)."""
         if self._fd is not None:
-            try:
+            with contextlib.suppress(OSError):  # already removed, or a read-only directory: the unlock below frees it
                 self.path.unlink()
-            except OSError:
-                pass
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -9,7 +9,6 @@ top of the run, or in ``rank<R>/``) and ``predicted.json`` (schema version, syst
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd

@@ -37,7 +37,6 @@ from perfcheck.errors import UserError
 from perfcheck.predict.aten_costs import OpCall, TensorMeta
 from perfcheck.model_paths import module_paths, unwrap
 from perfcheck.predict.zero3_twin import aten_linear, shape_twin
-from perfcheck.schema import ROOT
 
 
 @dataclass

@@ -27,6 +27,7 @@ report headers print it and warn when a run used another thread count (perfcheck
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import math
@@ -120,13 +121,11 @@ class LoadWatch:
 
     def __exit__(self, *exc):
         self.wall_s = max(time.monotonic() - self._t0, 1e-9)
-        self.others_cores = math.nan
+        self.others_cores = math.nan  # unknown unless both readings exist (psutil, /proc), never a guessed 0
         if self._busy0 is not None:
-            try:
+            with contextlib.suppress(Exception):  # /proc unreadable at the end: the load stays unknown (NaN)
                 others = (_busy_s() - self._busy0) - (_own_s() - self._own0)
                 self.others_cores = max(others / self.wall_s, 0.0)
-            except Exception:
-                pass
         return False
 
 

@@ -19,6 +19,7 @@ comparison marks it failed with the tail of its log.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -239,23 +240,18 @@ def stop_stage(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     step boundary, measure.session), up to ``grace_s`` for the group to exit, then SIGKILL to whatever is
     left of its process group (the launcher runs in a session of its own). A second Ctrl-C kills at once."""
     try:
-        proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _group_alive(proc.pid):
-            if proc.poll() is None:
-                try:
-                    proc.wait(timeout=0.5)
-                except subprocess.TimeoutExpired:
-                    pass
-            else:
-                time.sleep(0.2)  # ranks the launcher left behind: same group, still finishing
-    except KeyboardInterrupt:
-        pass
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C ends the grace period: SIGKILL now
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and _group_alive(proc.pid):
+                if proc.poll() is None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):  # poll again until the deadline
+                        proc.wait(timeout=0.5)
+                else:
+                    time.sleep(0.2)  # ranks the launcher left behind: same group, still finishing
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the whole group already exited
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
 
 
