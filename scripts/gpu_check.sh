@@ -73,7 +73,9 @@ if want env; then  # budget 15 s (7-8 s seen)
   step environment 30 "$PY" -c "import torch, perfcheck, platform, socket; print(socket.gethostname(), platform.platform()); \
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available()); \
 print('devices', [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]); \
-print('perfcheck', perfcheck.__version__, perfcheck.__file__)
+print('perfcheck', perfcheck.__version__, perfcheck.__file__); \
+import os; print('cpu', next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), '?'), \
+'cores', os.cpu_count(), 'MHz', [l.split(':')[1].strip() for l in open('/proc/cpuinfo') if l.startswith('cpu MHz')][:4], 'load', os.getloadavg())
 try:
     import deepspeed; print('deepspeed', deepspeed.__version__)
 except Exception as exc: print('deepspeed unavailable', exc)"
@@ -131,6 +133,15 @@ if want diag; then  # budget: the rest, up to 50 s: raw host cost per phase (iss
   step diag_phases 20 "$PY" scripts/gpu_phases.py --models lenet,jsc --steps 5 "${SYS[@]}" --csv "$WORK/phases.csv"
   step diag_ops 30 "$PY" scripts/gpu_phases.py --ops --csv "$WORK/phases_ops.csv"
 fi
+if want hooks; then  # budget 30 s: PerfCheck's hooks' host cost per module, fwd and bwd (the observer effect)
+  if [ -n "$DRY" ]; then HK=(--models chain,jsc --steps 3); else HK=(--models chain,gpt --steps 10); fi
+  step hooks 30 "$PY" scripts/gpu_hook_cost.py "${HK[@]}" --csv "$WORK/hook_cost.csv"
+fi
+if want late; then  # budget 20 s: LeNet and JSC again at the end of the call (does the host drift within a VM?)
+  if [ -n "$DRY" ]; then LT=(--models jsc --rounds 1 --steps 2 --threads 1); else LT=(--models lenet,jsc --rounds 3 --steps 10); fi
+  step accuracy_late 25 "$PY" bench/accuracy.py --device $DEV "${LT[@]}" "${CAL[@]}" \
+    --csv "$WORK/accuracy_late.csv" --write "$WORK/accuracy_late.md"
+fi
 if want run; then  # optional (not in the default STEPS): a CUDA run directory and its what-if on the other Hopper
   step run_gpt 60 "$PY" -m perfcheck run --model gpt --device $DEV --batch-size "${RUN_BATCH:-32}" --steps 10 --out "$WORK/run_gpt"
   step whatif_gpt 30 "$PY" -m perfcheck whatif "$WORK/run_gpt" --from "${WHATIF_FROM:-h100-sxm}" \
@@ -141,10 +152,12 @@ note "$FAILED step(s) failed; $((SECONDS - T_START)) s in all"
 # The short table (the device reply shows only the last 12,000 characters of output)
 {
   echo "======== summary ($(date -u +%H:%M:%S) UTC, $((SECONDS - T_START)) s) ========"
-  for f in accuracy accuracy_gpt_b32; do grep -h "^STEP \|^CLASS " "$WORK/$f.log" 2>/dev/null | sed "s/^/$f | /"; done
+  for f in accuracy accuracy_gpt_b32 accuracy_late; do grep -h "^STEP \|^CLASS " "$WORK/$f.log" 2>/dev/null | sed "s/^/$f | /"; done
   grep -h "^| bare \|^| perfcheck timing (hooks) |\|^| torch.profiler\|^| deepspeed" "$WORK"/overhead_gpt2.md 2>/dev/null \
     | cut -d'|' -f2-4,8 | sed 's/^/overhead gpt2 b8 |/'
   grep -h "^EVK\|^repeat" "$WORK"/evk.log 2>/dev/null
+  grep -h "us/module" "$WORK"/hooks.log 2>/dev/null | sed 's/^/hooks | /'
+  grep -h "^cpu " "$WORK"/environment.log 2>/dev/null
   "$PY" - "$WORK" <<'EOF' 2>&1 | tail -40
 import json, sys
 from pathlib import Path
