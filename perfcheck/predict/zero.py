@@ -16,7 +16,7 @@ sends/receives ``S * bus_factor`` (allreduce 2(N-1)/N, allgather/reducescatter (
 What DeepSpeed 0.19.8 issues per optimizer step (read in deepspeed/runtime/engine.py
 ``allreduce_gradients``, zero/stage_1_and_2.py, zero/stage3.py, zero/partition_parameters.py,
 zero/partitioned_param_coordinator.py; every line checked with the comms logger on 2 CPU ranks,
-tests/test_deepspeed_sweep.py):
+tests/e2e/test_deepspeed_sweep.py):
 
     stage 0  bwd   allreduce S = P*b_g, once per step (boundary micro-step), 5e8-element buckets
     stage 1  bwd   allreduce S = P*b_g, once per step (``reduce_gradients`` at the boundary)
