@@ -9,6 +9,7 @@ with no entry is resolved in a fixed, explicit order (``cost_of``):
   5. anything else                                                         -> a memory-only op
      (bytes of its inputs and outputs), reported by name in ``unmodeled_ops`` so it is never
      silently zero.
+How these costs become a module's predicted time: docs/model.md.
 """
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ per rank where the paper (Rajbhandari et al. 2020, sec. 7) has 2Psi for stages 0
 NB(perfcheck): ZeRO-3 keeps tensors of <= 1e5 elements (``stage3_param_persistence_threshold``)
 resident on every rank and never gathers them in fwd/bwd; a model whose every tensor is that
 small (the example LeNet, 62,006 params) has no fwd/bwd allgathers at all under default settings.
+Where these terms enter the predicted times: docs/model.md (sections 5 and 6).
 """
 from __future__ import annotations
 
