@@ -1,4 +1,4 @@
-"""Adversarial review of the module timer's ``_compiled_call_impl`` route (issue #15, session 4):
+"""Adversarial review of the module timer's ``_compiled_call_impl`` route (issue #15):
 cases a demanding user hits that the other timer tests do not cover. Each test plants sleeps and
 checks the rows against them, the training numerics against an uninstrumented twin, and the model's
 ``__dict__`` after ``stop()``."""

@@ -1,4 +1,4 @@
-"""The ZeRO sweep's multi-process terms (issue 12, session 4): the slowdown of ranks sharing a host applied
+"""The ZeRO sweep's multi-process terms (issue 12): the slowdown of ranks sharing a host applied
 to a constructed prediction by hand, the concurrency case's arithmetic and its real run, the collectives'
 alpha and link from an all-reduce table by hand, and the sweep measuring DeepSpeed's, the collectives' and
 the concurrency terms once into the calibration cache."""

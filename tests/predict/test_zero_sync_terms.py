@@ -1,4 +1,4 @@
-"""Issue 12 (helper-C): how ZeRO's ranks meet at collectives, priced by hand.
+"""Issue 12: how ZeRO's ranks meet at collectives, priced by hand.
 
 - async batches (``collectives.batch_time_s``): ZeRO-3's post-step gather of its persistent tensors is issued
   with async_op=True and waited together (DeepSpeed 0.19.8 ``Init._allgather_params_coalesced``);
