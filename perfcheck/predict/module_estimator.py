@@ -28,8 +28,6 @@ from perfcheck.predict.host import add_host_columns
 from perfcheck.predict.roofline import gemm_dims, gemm_min_dim, gemm_unaligned
 from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, module_depth
 
-_BOUND_ORDER = ("compute", "memory", "overhead", "comm")
-
 
 def _dtype_of(model, dtype):
     if dtype is not None:

@@ -485,14 +485,6 @@ class ZeroEstimate:
     def count_by_kind(self, phase: Optional[str] = None) -> dict:
         return self._sum_by_kind("count", phase)
 
-    def comm_frame(self):
-        import pandas as pd
-
-        rows = [{"phase": c.phase, "kind": c.kind, "bytes": float(c.bytes), "count": float(c.count),
-                 "wire_bytes": float(wire_bytes(c.kind, c.bytes, self.dp)), "what": c.what}
-                for c in self.collectives if float(c.count) > 0]
-        return pd.DataFrame(rows, columns=["phase", "kind", "bytes", "count", "wire_bytes", "what"])
-
 
 def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimizer="adam", master_weights=None,
                   settings: ZeroSettings = None, layout: Layout = None, system="cpu", spans_nodes=None,

@@ -1,8 +1,6 @@
 """No negative times anywhere (issue 11: 'loss/data/idle -115.8 us', meas_other_s -5 ms): medians of the
 step's parts need not add up; a negative remainder is shown as 0 with the overlap said in words."""
-import math
 
-import pandas as pd
 import pytest
 
 from perfcheck.analysis.reconcile import reconcile, totals_frame

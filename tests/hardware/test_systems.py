@@ -10,7 +10,7 @@ import torch
 
 from perfcheck.cli import main
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import EFFICIENCY_KEYS, SystemSpec, list_systems, load_system, systems_table
+from perfcheck.hardware.systems import EFFICIENCY_KEYS, list_systems, load_system, systems_table
 
 REQUIRED_SYSTEMS = ["v100-sxm", "a100-40gb-sxm", "a100-80gb-sxm", "a100-80gb-pcie", "a100-40gb-pcie",
                     "h100-sxm", "h100-pcie", "h200", "l4", "mi300x", "cpu"]

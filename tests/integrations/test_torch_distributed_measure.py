@@ -132,10 +132,6 @@ def test_straggler_is_the_rank_with_most_compute_not_the_longest_step():
 
 
 # ------------------------------------------------------------------ outputs in a dataclass
-class _Out:
-    pass
-
-
 def test_module_returning_a_plain_dataclass_gets_its_backward_timed():
     """A module whose output is a plain dataclass of tensors (not a tuple, dict or ModelOutput):
     its backward used to read 0. A planted 20 ms sleep in its backward must show."""

@@ -15,7 +15,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from perfcheck import PerfCheck
@@ -28,10 +27,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 REPO = Path(__file__).resolve().parents[2]
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 B, T, D, V = 8, 2048, 4096, 8192  # batch, sequence, width, vocabulary of the GPT below
-
-
-def _subtree(frame: pd.DataFrame, path: str) -> pd.DataFrame:
-    return frame[(frame.module == path) | frame.module.str.startswith(path + ".")]
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 carries the input spec from the first step's end, the report rebuilds modules.csv from the rows and
 says the run was cut short and after which step."""
 import json
-import os
 import signal
 import subprocess
 import sys

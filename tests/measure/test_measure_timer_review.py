@@ -14,7 +14,7 @@ import torch.nn as nn
 from perfcheck import PerfCheck
 from perfcheck.schema import ROOT
 
-from test_measure_timer import STRETCH, TwoSleepy, assert_close, row  # noqa: F401
+from test_measure_timer import STRETCH, assert_close, row
 
 MS = 1e-3
 

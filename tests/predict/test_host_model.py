@@ -4,7 +4,6 @@ optimizer model per implementation, the calibration fit of the host constants an
 shape curve, the per-op kernel costs, and the per-user calibration cache."""
 import dataclasses
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -306,7 +305,6 @@ def test_predicted_host_bound_finding_before_the_run():
 
 def test_collective_alpha_per_call_in_the_zero_model():
     from perfcheck.predict import zero
-    from perfcheck.predict.collectives import collective_time_s
 
     spec = _spec("cpu", collective_latency_s=500 * US)
     lines = [zero.Collective("bwd", "allreduce", 3 * 4096.0, 3, "grads")]

@@ -6,9 +6,7 @@ and their MACs counted exactly; activation checkpointing's recompute is its own 
 TorchScript submodule is a one-line error; in-place metadata/pointwise ops are modelled; a
 failing trace prints one line; the CPU target costs attention the way the CPU runs it.
 References are hand derivations (arithmetic in the comments) and FlopCounterMode."""
-import math
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch

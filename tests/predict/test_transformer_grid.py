@@ -11,7 +11,6 @@ and whose efficiency tables give parameters per GPU O(1/q^2), O(1/q^2), O(1/q^3)
 """
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 

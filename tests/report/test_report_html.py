@@ -69,7 +69,6 @@ def _ink(img: np.ndarray, box) -> tuple:
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
 def test_plots_render_in_chromium(tmp_path):
     result = build(DATA / "run_lenet_cpu")
-    rec, run = result.table, result.run
     page = render(result, "html")
     boxes = _boxes(_screenshot(_probe(page), tmp_path, "probe"))
     assert set(boxes) == set(PLOTS), f"plot boxes found: {sorted(boxes)} (is the window tall enough?)"
@@ -104,6 +103,5 @@ def test_missing_inputs_give_a_sentence_not_a_broken_figure():
 
 def test_multi_rank_page_flags_the_straggler():
     result = build(DATA / "run_jsc_2ranks")
-    rec, run = result.table, result.run
     page = render(result, "html")
     assert "<h2>Ranks</h2>" in page and "STRAGGLER" in page and "slowest rank 1" in page
