@@ -1,4 +1,4 @@
-"""(#14, helper-14A) Cost of the per-rank estimate of a TP model: meta_tp_twin (DTensor ops, local shapes) vs the old
+"""(#14) Cost of the per-rank estimate of a TP model: meta_tp_twin (DTensor ops, local shapes) vs the old
 meta_twin (global shapes, tp x the work); 8 FFN blocks d=256 on a fake tp=2 group;
 one process, 1 thread, process CPU time, interleaved rounds, medians."""
 import os

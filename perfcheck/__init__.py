@@ -4,6 +4,7 @@ The facade. Names are imported on first use so ``import perfcheck`` stays cheap.
 ``predict/`` (the analytical model), ``measure/`` (PerfCheck and the run directory), ``analysis/``
 (reconcile, findings, stage comparison), ``report/`` (rendering), ``hardware/`` (system specs,
 calibration), ``integrations/`` (DeepSpeed), ``commands/`` (the CLI).
+Where a module's predicted time comes from: docs/model.md.
 """
 from __future__ import annotations
 

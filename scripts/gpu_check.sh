@@ -20,7 +20,7 @@
 #   wheels 10 | environment 15 | calibrate 100 (call 10: 60 s for --full --no-comm; + cold host cases ~10 s,
 #   + gpu_ops ~15 s) | accuracy 50 (call 10: 41 s, lenet,jsc,gpt,graph x 3 rounds x 10 steps) | accuracy_b32 25
 #   (call 10: 20 s) | overhead 45 (call 1: 31 s at 30/10 rounds; 20/8 here) | evk 45 (the test's GPT fixture took
-#   12 s; 5 repeats in one process) | pytest 60 (tests/test_gpu_timing.py, test_measure_timer.py,
+#   12 s; 5 repeats in one process) | pytest 60 (tests/measure/test_gpu_timing.py, test_measure_timer.py,
 #   test_gpu_kernels.py: ~45 s in 2026-11-23's runs) | diag the rest, up to 50 (scripts/gpu_phases.py: phases of
 #   LeNet and JSC, then per-op host costs tight loop vs in sequence: ~30 s each in 2026-11-23's calls 4, 5, 8)
 #   | packing 12. Sum 350 before diag: on DEADLINE=400 diag gets ~40 s.
@@ -125,7 +125,7 @@ if want pytest; then  # the rest of the time: the timer's CUDA tests and the ker
   "$PY" -c "import pytest_timeout" 2> /dev/null && TO=(--timeout 60)
   step pytest_gpu "${PYTEST_LIMIT:-60}" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider -o addopts="" "${TO[@]}" \
     --basetemp "$WORK/pytest_tmp" --junitxml "$WORK/pytest_gpu.xml" \
-    ${PYTEST_ARGS:-tests/test_gpu_timing.py tests/test_measure_timer.py tests/test_gpu_kernels.py}
+    ${PYTEST_ARGS:-tests/measure/test_gpu_timing.py tests/measure/test_measure_timer.py tests/measure/test_gpu_kernels.py}
 fi
 if want diag; then  # budget: the rest, up to 50 s: raw host cost per phase (issue vs synced) and per op (tight loop vs in sequence)
   SYS=()

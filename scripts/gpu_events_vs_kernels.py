@@ -1,5 +1,5 @@
 """Per-module CUDA-event forward vs the sum of that module's kernels, repeated: the check of
-tests/test_gpu_kernels.py run ``--repeats`` times on one model in one process, with the jitter of the events
+tests/measure/test_gpu_kernels.py run ``--repeats`` times on one model in one process, with the jitter of the events
 recorded, so its bound can be read from data (issue 24: it failed once in two runs at 1.113 vs 1.10).
 
 Workload (the test's): a GPT in bf16, 2 layers, d=4096, batch 8 x seq 2048, Adam; device-bound. Per repeat a

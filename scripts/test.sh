@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install (scripts/install.sh) and run the whole test suite on CPU. GPU tests skip without CUDA.
-# Headless Chromium (Debian's `chromium`) renders the HTML report in tests/test_report_html.py;
+# Headless Chromium (Debian's `chromium`) renders the HTML report in tests/report/test_report_html.py;
 # it is installed here when apt-get can, otherwise that one test skips and says why.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,4 @@
-"""A Trainer run with PerfCheckCallback in its own process(es), for tests/test_integrations_hf.py.
+"""A Trainer run with PerfCheckCallback in its own process(es), for tests/integrations/test_integrations_hf.py.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/_hf_script.py ddp OUT   # DDP on gloo
     python -m torch.distributed.run --nproc_per_node 2 tests/_hf_script.py fsdp OUT  # fsdp=True on gloo

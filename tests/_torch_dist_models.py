@@ -66,7 +66,7 @@ def batch(layout, step, rank):
     return x
 
 
-# ---- added by helper-14A (per-rank TP FLOPs, FSDP2+TP, accumulation) -------------------------------
+# ---- per-rank TP FLOPs, FSDP2+TP, accumulation -----------------------------------------------------
 class FFN(nn.Module):
     """Linear(d, 4d) -> ReLU -> Linear(4d, d): Megatron's TP MLP (up column-wise, down row-wise)."""
 

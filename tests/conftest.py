@@ -38,11 +38,6 @@ def _empty_calibration_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def repo_root() -> Path:
-    return REPO_ROOT
-
-
-@pytest.fixture(scope="session")
 def data_dir() -> Path:
     """Recorded run directories (tests/data; tests/data/run_record.py re-records them)."""
     return DATA_DIR

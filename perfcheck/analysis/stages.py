@@ -1,4 +1,4 @@
-"""Reconcile DeepSpeed runs, one per ZeRO stage: predicted (``estimate/zero.py``) vs measured.
+"""Reconcile DeepSpeed runs, one per ZeRO stage: predicted (``predict/zero.py``) vs measured.
 
 One row per (stage, rank). Every predicted quantity sits next to its measured twin under one
 rule, ``pred_<what>`` / ``meas_<what>``:

@@ -15,7 +15,7 @@ import sys
 from perfcheck.commands.checks import check_output_file, check_system, positive_int
 
 #: perfcheck.calibrate's PEAK_CONVENTIONS, spelled here so building the CLI parser imports no torch
-#: (tests/test_calibrate.py checks they agree).
+#: (tests/calibrate/test_calibrate.py checks they agree).
 PEAK_CONVENTIONS = ("base", "measured")
 
 

@@ -49,7 +49,6 @@ def _float_check(ok, what: str):
 
 
 positive_float = _float_check(lambda v: v > 0, "a number > 0")
-nonneg_float = _float_check(lambda v: v >= 0, "a number >= 0")
 fraction = _float_check(lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 

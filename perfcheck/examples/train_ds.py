@@ -61,8 +61,6 @@ def build_config(args) -> dict:
 
 
 def _cast(batch, dtype):
-    import torch
-
     return tuple(t.to(dtype) if t.is_floating_point() else t for t in batch)
 
 

@@ -1,1 +1,1 @@
-"""Integrations with training engines: ``deepspeed/`` (config block, engine wrapper, ZeRO facts)."""
+"""Integrations with training engines: DeepSpeed (``deepspeed/``), the HF Trainer, Lightning and torch.distributed."""

@@ -1,4 +1,6 @@
-"""Measure: ``session.PerfCheck`` drives a run (steps, warm-up, profiler window, sampler);
+"""Measure: time a real training run per module, phase and kernel, and write its run directory.
+
+``session.PerfCheck`` drives a run (steps, warm-up, profiler window, sampler);
 ``module_timer`` times every module's forward/backward/recompute with hooks (CUDA events on GPUs);
 ``kernel_table`` attributes profiler kernels to modules; ``sampler`` records utilization and memory;
 ``memory`` per-module CUDA memory; ``flops`` one FlopCounterMode step; ``context`` what the run is

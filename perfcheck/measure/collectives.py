@@ -219,15 +219,3 @@ def bytes_by_kind(frame: pd.DataFrame, steps: int | None = None) -> dict:
     return {k: float(v) / steps for k, v in issued.groupby("kind")["bytes"].sum().items()}
 
 
-def compute_time_per_rank(steps: pd.DataFrame, waits_s_per_step: dict | None = None) -> pd.DataFrame:
-    """Per rank: median step time, median time waiting on collectives, and compute time = step
-    time - waits. DDP and FSDP make step times equal across ranks (everyone waits for the
-    slowest), so the straggler is the rank with the most compute, not the longest step."""
-    waits_s_per_step = waits_s_per_step or {}
-    m = steps[(steps["role"] == "measured") & (~steps["failed"].astype(bool))] if not steps.empty else steps
-    rows = []
-    for rank, g in m.groupby("rank"):
-        step_s = float(g["step_s"].median())
-        wait = float(waits_s_per_step.get(int(rank), 0.0))
-        rows.append({"rank": int(rank), "step_s": step_s, "wait_s": wait, "compute_s": step_s - wait})
-    return pd.DataFrame(rows, columns=["rank", "step_s", "wait_s", "compute_s"])

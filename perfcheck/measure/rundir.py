@@ -365,10 +365,6 @@ MAX_JSON_BYTES = 16 << 20
 MAX_WORLD_SIZE = 1 << 20
 
 
-class _Text(str):
-    """File text with what reading it found (a cut last line)."""
-
-
 def inside(path, root=None) -> Path:
     """``path`` after checking that it resolves inside ``root`` (default: the directory that lists it):
     a run directory comes from elsewhere, so a link out of it (``launcher.log -> ~/.ssh/...``) is never

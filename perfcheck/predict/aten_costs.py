@@ -9,6 +9,7 @@ with no entry is resolved in a fixed, explicit order (``cost_of``):
   5. anything else                                                         -> a memory-only op
      (bytes of its inputs and outputs), reported by name in ``unmodeled_ops`` so it is never
      silently zero.
+How these costs become a module's predicted time: docs/model.md.
 """
 from __future__ import annotations
 
@@ -342,7 +343,7 @@ _RNN_GATES = {0: 1, 1: 1, 2: 4, 3: 3}  # mkldnn/cuDNN modes: RNN_RELU, RNN_TANH,
 
 @register(*_packets("mkldnn_rnn_layer"))
 def _mkldnn_rnn(c: OpCall):
-    x, w_ih, w_hh = c.args[0], c.args[1], c.args[2]
+    x, w_ih = c.args[0], c.args[1]
     batch_first = bool(c.args[14])
     steps, batch = (x.shape[1], x.shape[0]) if batch_first and len(x.shape) == 3 else (x.shape[0], x.shape[-2] if len(x.shape) == 3 else 1)
     hidden = int(c.args[10])
@@ -555,6 +556,3 @@ def op_class(c: OpCall) -> str:
     return c.name
 
 
-def registered_ops() -> list:
-    """Names of the aten ops with a dedicated formula (for docs and tests)."""
-    return sorted(str(p) for p in _REGISTRY)

@@ -16,6 +16,7 @@ buffer once: busbw = algbw); send/recv 1. A group of one rank moves nothing: fac
 
 NB (perfcheck): the latency term is one launch_overhead_s per collective, not the alpha-beta
 model's 2(n-1)*alpha; it matters only for small messages, which nccl-tests shows are latency-bound.
+Where these times enter a module's and a stage's prediction: docs/model.md (section 5).
 """
 from __future__ import annotations
 

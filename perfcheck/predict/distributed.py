@@ -34,6 +34,7 @@ Bytes S of every collective follow one rule, ``predict.collective_bytes`` (the m
 profiler shapes with it too). One row per collective of one micro-batch;
 ``integrations.torch_distributed.per_step_collectives`` says how often each is issued per
 optimizer step (gradient reductions only on synced micro-batches, Partial gradients once).
+The terms of the per-rank time: docs/model.md.
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ A model whose layout declares its sharding (FSDP2 ``fully_shard``, DTensor tenso
 parallel, both) goes to ``distributed.estimate_sharded`` (per rank: compute on a twin as one rank
 computes it, DTensor ops at their local shards; the collectives its layout issues); every other model, DDP/DeepSpeed/compiled wrappers included, to
 ``module_estimator.estimate``. Arguments and columns are ``module_estimator.estimate``'s.
+How each term of a module's predicted time is computed: docs/model.md.
 """
 from __future__ import annotations
 

@@ -54,6 +54,7 @@ NB (perfcheck): module-call costs are attached to the first op of each run of a 
 whose forward runs no aten op costs nothing here); backward is the forward's node sequence
 reversed (autograd's order for a chain; branches interleave differently but add the same totals);
 the loss function, data loading and instrumentation hooks are outside the model and not predicted.
+These terms in the whole of a module's predicted time: docs/model.md (sections 2-4).
 """
 from __future__ import annotations
 

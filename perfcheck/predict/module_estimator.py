@@ -1,10 +1,14 @@
 """perfcheck.estimate(model, example_inputs, ...): the predicted table, one row per module.
 
 Pipeline: trace one fake forward (trace.py) -> cost every aten op with the registry
-(aten_costs.py -> formulas.py) -> time each op on the system's roofline (roofline.py) -> add each
-op into every module on the stack when it ran, so a container's row includes its children *and*
-the functional ops its own forward calls (a residual add, F.relu, a matmul). Columns are
-documented in perfcheck.schema.PREDICTED_COLUMNS.
+(aten_costs.py -> formulas.py) -> time each op's device side on the system's roofline
+(roofline.py) -> add each op into every module on the stack when it ran, so a container's row
+includes its children *and* the functional ops its own forward calls (a residual add, F.relu, a
+matmul) -> put host and device work on two timelines (host.py: ``add_host_columns`` replaces the
+device sums in ``pred_fwd_s``/``pred_bwd_s`` with the two-timeline time, adds ``host_*_s`` and
+``pred_optim_s``) -> add data-parallel / ZeRO collectives (``_add_communication``). Where each term
+of a module's time comes from: docs/model.md. Columns are documented in
+perfcheck.schema.PREDICTED_COLUMNS.
 """
 from __future__ import annotations
 
@@ -23,8 +27,6 @@ from perfcheck.hardware.systems import load_system
 from perfcheck.predict.host import add_host_columns
 from perfcheck.predict.roofline import gemm_dims, gemm_min_dim, gemm_unaligned
 from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, module_depth
-
-_BOUND_ORDER = ("compute", "memory", "overhead", "comm")
 
 
 def _dtype_of(model, dtype):

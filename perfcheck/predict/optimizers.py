@@ -23,6 +23,7 @@ Kind names: the class name in lower case, then the variant flags that change the
 NB (perfcheck): LBFGS is profiled for one iteration of its algebra (its closure's forward and backward are the
 model's; it may run up to ``max_iter`` of them per step); SparseAdam with gradients as dense as its parameters
 (an upper bound: real sparse gradients touch fewer rows); Muon's matmuls are priced on square parameters.
+How a profile becomes ``pred_optim_s``: docs/model.md (section 4).
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ Every function takes scalars or numpy arrays (one entry per layout of a sweep) a
 
     b micro-batch, s sequence, h hidden, t tensor-parallel size, p pipeline stages, v virtual stages
     (model chunks) per GPU, m micro-batches per pipeline flush, c context-parallel size, eb element bytes.
+How the step time is put together from these: docs/model.md (section 6).
 """
 from __future__ import annotations
 

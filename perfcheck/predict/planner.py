@@ -21,9 +21,6 @@ from perfcheck.hardware.systems import load_system
 from perfcheck.predict import step as steps
 from perfcheck.predict.transformer import load_model, sweep_transformer
 
-LAYOUT_COLUMNS = ("tp", "sp", "pp", "virtual_stages", "dp", "cp", "zero_stage", "micro_batch", "micro_batches",
-                  "recompute")
-
 
 def _divisors(n: int) -> list:
     return [d for d in range(1, n + 1) if n % d == 0]

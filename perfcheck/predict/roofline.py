@@ -1,19 +1,22 @@
-"""Roofline times on a ``SystemSpec``: compute vs memory vs kernel-launch overhead.
+"""Roofline times on a ``SystemSpec``: the device time of an op (compute vs memory, its efficiency factors and launches).
 
 Every function takes scalars or numpy arrays of one shape (numpy broadcasting) and never loops
 in Python, so a 10k-module estimate is a handful of array operations. Scalars in, scalars out.
 
-Model (Williams et al., "Roofline", CACM 2009; a per-kernel launch floor of a few us: a CUDA launch
-costs ~3-4 us of host work, https://forums.developer.nvidia.com/t/too-much-time-for-kernel-launch-latency/233645/3):
+Model (Williams et al., "Roofline", CACM 2009), as ``device_times`` applies it to every op and phase
+(the one device-time path of ``perfcheck.estimate`` and the transformer front-end):
 
-    compute  = matrix_flops / (matrix_peak(dtype) * eff_matrix) + other_flops / (vector_peak * eff_vector)
+    compute  = matrix_flops / (matrix_peak(dtype) * e_matrix) + other_flops / (vector_peak * eff_vector)
     memory   = bytes_moved / (mem_bandwidth * eff_memory * bandwidth_factor(bytes per kernel))
-    time     = max(compute, memory) + kernels * launch_overhead_s
+    time     = max(compute, memory) / op_efficiency + kernels * device_kernel_s + rows_s
     bound    = "overhead" if the launch term exceeds max(compute, memory), else the larger of the two
 
-The module estimator times each op's device side here with ``launch_s`` = the spec's
-``device_kernel_s`` and adds the host side (dispatch, autograd, module calls) on a second
-timeline (perfcheck.predict.host); a region whose host work exceeds its device work is ``host``-bound.
+e_matrix = the efficiency curve by FLOPs per kernel x ``shape_factor`` (GEMM smallest dimension) x
+``alignment_factor`` (GEMM row strides); ``op_efficiency`` = ``class_efficiency`` (the op's class, phase
+and dtype; a measured curve read at the kernel's roofline seconds); ``rows_s`` = ``row_time_s`` (row-wise
+CPU kernels by row length) + ``gemm_narrow_rows`` x ``gemm_narrow_row_s``. The host side of each op
+(dispatch, autograd, module calls) is on a second timeline that replaces this result per module
+(perfcheck.predict.host). Every factor with its formula: docs/model.md.
 
 ``ideal_time_s`` is the same with datasheet peaks, efficiency 1 and no launch term, so
 ``op_time_s >= ideal_time_s`` always (every efficiency is in (0, 1]; the launch term is >= 0).

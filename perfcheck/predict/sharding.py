@@ -40,13 +40,6 @@ import numpy as np
 
 from perfcheck.predict import formulas as F
 
-#: Sublayer names of one transformer layer, in execution order (documented in docs/transformer.md).
-LAYER_SUBLAYERS = ("layer_norm_1", "qkv_proj", "rotary", "logits", "softmax", "dropout_softmax",
-                   "attend", "core_attention", "out_proj", "dropout_attn", "residual_attn",
-                   "layer_norm_2", "fc1", "act", "fc2", "dropout_mlp", "residual_mlp")
-#: Model-level sublayers: on the first pipeline stage, and on the last.
-FIRST_SUBLAYERS = ("embedding", "position_embedding", "dropout_embedding")
-LAST_SUBLAYERS = ("final_norm", "lm_head", "cross_entropy")
 #: The unfused attention core: what selective recompute recomputes (Korthikanti et al. 2022, 5.1).
 CORE_ATTENTION = ("logits", "softmax", "dropout_softmax", "attend", "core_attention")
 
@@ -124,11 +117,6 @@ class Shape:
         """Ways the tokens (batch) are split: 1 (1D), q (2D), d*q (2.5D), q*q (3D)."""
         q = self.q
         return {"1d": 1, "2d": q, "2.5d": self.depth * q, "3d": q * q}[self.scheme]
-
-    @property
-    def head_split(self):
-        """Ways the attention heads (and the hidden features) are split: t (1D), q (grid schemes)."""
-        return self.q
 
     @property
     def b_local(self):

@@ -15,6 +15,7 @@ One evaluation (``evaluate``) costs every sublayer of ``sharding.py`` for n layo
 Model FLOPs are the unsharded model's forward + backward (no recompute, no TP-replicated work);
 HFU counts what the GPU executes (recompute and replicated norms/dropouts included).
 Options and layouts (validated) live in ``step_config.py``.
+The shared device-time path and the other terms: docs/model.md.
 """
 from __future__ import annotations
 

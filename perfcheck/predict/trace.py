@@ -52,12 +52,6 @@ class TracedOp:
 
 
 @dataclass
-class ModuleCall:
-    path: str
-    type: str
-
-
-@dataclass
 class Trace:
     """Everything one fake forward pass saw."""
 

@@ -307,7 +307,7 @@ def sweep_transformer(model, layouts: pd.DataFrame, *, system="h100-sxm", dtype=
     unknown = [c for c in layouts.columns if c not in LAYOUT_REQUIRED and c not in LAYOUT_OPTIONAL]
     missing = [c for c in LAYOUT_REQUIRED if c not in layouts.columns]
     if unknown or missing:
-        raise UserError(f"layouts: " + (f"unknown column(s) {', '.join(map(repr, unknown))}" if unknown else
+        raise UserError("layouts: " + (f"unknown column(s) {', '.join(map(repr, unknown))}" if unknown else
                                         f"missing column(s) {', '.join(map(repr, missing))}") +
                         f" (required: {', '.join(LAYOUT_REQUIRED)}; optional: {', '.join(LAYOUT_OPTIONAL)})")
     opts = steps.make_options(tp_scheme=check_tp_scheme(tp_scheme), **options)

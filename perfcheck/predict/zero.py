@@ -16,7 +16,7 @@ sends/receives ``S * bus_factor`` (allreduce 2(N-1)/N, allgather/reducescatter (
 What DeepSpeed 0.19.8 issues per optimizer step (read in deepspeed/runtime/engine.py
 ``allreduce_gradients``, zero/stage_1_and_2.py, zero/stage3.py, zero/partition_parameters.py,
 zero/partitioned_param_coordinator.py; every line checked with the comms logger on 2 CPU ranks,
-tests/test_deepspeed_sweep.py):
+tests/e2e/test_deepspeed_sweep.py):
 
     stage 0  bwd   allreduce S = P*b_g, once per step (boundary micro-step), 5e8-element buckets
     stage 1  bwd   allreduce S = P*b_g, once per step (``reduce_gradients`` at the boundary)
@@ -36,6 +36,7 @@ per rank where the paper (Rajbhandari et al. 2020, sec. 7) has 2Psi for stages 0
 NB(perfcheck): ZeRO-3 keeps tensors of <= 1e5 elements (``stage3_param_persistence_threshold``)
 resident on every rank and never gathers them in fwd/bwd; a model whose every tensor is that
 small (the example LeNet, 62,006 params) has no fwd/bwd allgathers at all under default settings.
+Where these terms enter the predicted times: docs/model.md (sections 5 and 6).
 """
 from __future__ import annotations
 
@@ -483,14 +484,6 @@ class ZeroEstimate:
 
     def count_by_kind(self, phase: Optional[str] = None) -> dict:
         return self._sum_by_kind("count", phase)
-
-    def comm_frame(self):
-        import pandas as pd
-
-        rows = [{"phase": c.phase, "kind": c.kind, "bytes": float(c.bytes), "count": float(c.count),
-                 "wire_bytes": float(wire_bytes(c.kind, c.bytes, self.dp)), "what": c.what}
-                for c in self.collectives if float(c.count) > 0]
-        return pd.DataFrame(rows, columns=["phase", "kind", "bytes", "count", "wire_bytes", "what"])
 
 
 def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimizer="adam", master_weights=None,

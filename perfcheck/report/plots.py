@@ -276,7 +276,3 @@ def kernel_breakdown_figure(kernels: pd.DataFrame | None, k: int = 10, names: in
     return fig, n, per_step
 
 
-def kernel_breakdown(kernels: pd.DataFrame | None, k: int = 10, names: int = 8, profile_steps: float = 1.0):
-    """The kernel breakdown (kernel_breakdown_figure) as a base64 PNG, or None."""
-    out = kernel_breakdown_figure(kernels, k, names, profile_steps)
-    return None if out is None else to_png_base64(out[0])

@@ -209,11 +209,6 @@ def comm_rows(part: pd.DataFrame, depth=None) -> list:
     return out
 
 
-def has_comm(part: pd.DataFrame) -> bool:
-    """True when the rank measured collectives (collectives.csv) or the prediction has some."""
-    return bool(comm_rows(part))
-
-
 def _comm(part: pd.DataFrame, depth, k: int) -> list:
     rows = comm_rows(part, depth)
     if not rows:

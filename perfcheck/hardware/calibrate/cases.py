@@ -436,7 +436,7 @@ def op_cold_cases(device, dtypes=()) -> list:
     step (``op_cold_s``, fit.py). Why: on the project's VM the 14 ops took 268.6 us in a round-robin against
     124.1 us summed over their tight loops (+10.3 us per op; 11.1-13.5 us once the convolution ran a batch of
     2), and the same excess is what a LeNet or JSC
-    forward inside a training step costs beyond a warm per-op model (bench/RESULTS.md, issue 12, helper-A)."""
+    forward inside a training step costs beyond a warm per-op model (bench/RESULTS.md, issue 12)."""
     def case(dt, ops):
         def round_robin():
             for fn in ops:

@@ -181,8 +181,6 @@ def measured_here(spec) -> bool:
 BATCH_CALLS, BATCH_BYTES = 10, 4096
 #: mode -> (repeats of the batch and of the single call, work-then-all-reduce rounds)
 SYNC_MODES = {"quick": (25, 150), "default": (40, 250), "full": (60, 400)}
-#: The host constants ``bench_sync_terms`` measures (``apply_sync_terms`` writes them with their sources).
-SYNC_KEYS = ("collective_async_call_s", "collective_straggler_s")
 
 
 def _sync_worker(rank, world, port, repeats, rounds, out_path):  # pragma: no cover - child process

@@ -3,8 +3,8 @@
 Why. The model predicts one process on an otherwise idle host (that is how every other case is
 measured). A data-parallel job puts N ranks on one host: they share the last-level cache, memory
 bandwidth and (with gloo) each other's communication threads, so a rank's CPU time for the same work
-grows. Session 3 measured a LeNet rank at 1.2-1.3x one process's CPU time on a loaded 2-core VM;
-session 4 (quiet) 1.03x (bench/RESULTS.md, issue 12). It is a property of the host, not of DeepSpeed,
+grows. A LeNet rank measured 1.2-1.3x one process's CPU time on a loaded 2-core VM, 1.03x on a quiet
+one (bench/RESULTS.md, issue 12). It is a property of the host, not of DeepSpeed,
 so it is measured here and kept as data: ``host.process_slowdown_per_peer`` (HOST_KEYS), applied by
 ``perfcheck.predict.host.process_slowdown``:
 

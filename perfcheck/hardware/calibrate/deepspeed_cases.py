@@ -32,7 +32,7 @@ engines partition and communicate for real, so the case also sees the host work 
 (ZeRO-3's gathered buffers and their copy-back, the reduce-scatter's per-rank chunks and padding, ZeRO-1/2's
 1/N partitions); the time inside torch.distributed's collectives and their waits is left out (the ZeRO
 model prices it with the collective model). Measured on this machine, 2 ranks against one (bench/RESULTS.md,
-issue 12, helper-C): ZeRO-3 per partitioned tensor 457 vs 211 us in forward and 583 vs 354 us in backward,
+issue 12): ZeRO-3 per partitioned tensor 457 vs 211 us in forward and 583 vs 354 us in backward,
 per persistent tensor in the step 270 vs 171 us.
 
 Not measured here (NB, perfcheck): optimizers other than torch's Adam.

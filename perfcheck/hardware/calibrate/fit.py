@@ -1,7 +1,7 @@
 """Turn a table of micro-benchmark measurements into a calibrated ``SystemSpec`` (pure arithmetic).
 
 ``build_spec(base, table, peaks=...)`` is kept apart from the timing code so its arithmetic is
-tested on hand-made tables (tests/test_calibrate.py). Conventions are documented in
+tested on hand-made tables (tests/calibrate/test_calibrate.py). Conventions are documented in
 ``perfcheck.calibrate``; in short, per ceiling:
 
 =====================  ==========================================  ==========================================
