@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.calibrate import deepspeed_cases as dc
+from perfcheck.calibrate import deepspeed_cases as dc
 from perfcheck.hardware.systems import HOST_KEYS, host_constants, host_source, load_system
 from perfcheck.predict import host
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.calibrate import collectives as calib
-from perfcheck.hardware.calibrate import deepspeed_cases
+from perfcheck.calibrate import collectives as calib
+from perfcheck.calibrate import deepspeed_cases
 from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict import collectives, zero
 

@@ -77,7 +77,7 @@ def _split(text: str) -> list:
 
 def _calibrate_first(opts):
     """On a CPU, measure this machine's quick calibration for the ranks' thread count before they start,
-    when the cache has none (perfcheck.hardware.cache; ranks never calibrate themselves, and
+    when the cache has none (perfcheck.calibrate.auto; ranks never calibrate themselves, and
     PERFCHECK_AUTO_CALIBRATE=0 skips it), and once per machine the three families the sweep's prediction
     needs and the quick calibration (one process) leaves at their defaults: DeepSpeed's own host work per
     ZeRO stage, the collectives' alpha and link (gloo all-reduce between the sweep's ranks) and the slowdown
@@ -89,7 +89,7 @@ def _calibrate_first(opts):
 
     if torch.cuda.is_available():
         return
-    from perfcheck.hardware.cache import auto_calibration_enabled, cached_spec
+    from perfcheck.calibrate.auto import auto_calibration_enabled, cached_spec
     from perfcheck.integrations.deepspeed.sweep import calibrate_sweep_terms, local_ranks
 
     try:

@@ -710,7 +710,7 @@ class PerfCheck:
     # ------------------------------------------------------------------- predicted vs measured
     def system_spec(self, system=None):
         """The SystemSpec predictions for this run use: ``system``, else the one given to PerfCheck, else
-        this machine's, resolved once here at the edge (``hardware.cache.resolve_system``: the cached
+        this machine's, resolved once here at the edge (``calibrate.auto.resolve_system``: the cached
         calibration for the run's device and thread count; a quick automatic one where the cache has none
         and it passes the sanity checks; else the labelled datasheet default)."""
         from perfcheck.hardware.systems import load_system
@@ -719,7 +719,7 @@ class PerfCheck:
         if chosen is not None:
             return load_system(chosen)
         if getattr(self, "_resolved_system", None) is None:
-            from perfcheck.hardware.cache import resolve_system
+            from perfcheck.calibrate.auto import resolve_system
 
             threads = torch.get_num_threads() if self.device.type == "cpu" else None
             self._resolved_system = resolve_system(self.device, threads, calibrate=True)

@@ -373,8 +373,8 @@ def missing_terms(spec, ranks: int = None) -> list:
     default"), is host_defaults.json's or the base's, from another machine or another load. Given ``ranks``
     (the sweep's ranks per host, >= 2), DeepSpeed's terms measured at another rank count are missing too (a
     one-rank engine moves nothing, so it does not see the host work of a real gather or reduce-scatter)."""
-    from perfcheck.hardware.calibrate.deepspeed_cases import ranks_measured
-    from perfcheck.hardware.calibrate.fit import measured_here
+    from perfcheck.calibrate.deepspeed_cases import ranks_measured
+    from perfcheck.calibrate.fit import measured_here
 
     out = [name for name, keys in SWEEP_TERMS.items() if not measured_here(spec, keys)]
     if ranks and ranks > 1 and "deepspeed" not in out and ranks_measured(spec) != ranks:
@@ -384,13 +384,13 @@ def missing_terms(spec, ranks: int = None) -> list:
 
 def _measure(name: str, spec, *, ranks: int, threads: int, stamp: str):
     """``spec`` with one family measured (quick mode); raises RuntimeError/UserError when its case fails."""
-    from perfcheck.hardware.calibrate import collectives, concurrency, deepspeed_cases, fit
+    from perfcheck.calibrate import collectives, concurrency, deepspeed_cases, fit
 
     if name == "deepspeed":
         return deepspeed_cases.apply(spec, deepspeed_cases.bench_deepspeed("quick", threads=threads, world_size=ranks),
                                      stamp)
     if name == "collectives":
-        from perfcheck.hardware.calibrate.run import MODES
+        from perfcheck.calibrate.run import MODES
 
         quick = MODES["quick"]  # what `perfcheck calibrate --quick` measures: all-reduce at 4 KiB, 64 KiB, 4 MiB
         table = collectives.bench_collectives([k * 1024 for k in quick["comm_kib"]], kinds=quick["comm_kinds"],
@@ -416,8 +416,8 @@ def calibrate_sweep_terms(spec, *, ranks: int, threads: int = 1, say: Callable[[
     import time as _time
 
     from perfcheck.hardware.cache import cache_path
-    from perfcheck.hardware.calibrate import deepspeed_cases
-    from perfcheck.hardware.calibrate.run import provenance
+    from perfcheck.calibrate import deepspeed_cases
+    from perfcheck.calibrate.run import provenance
 
     todo = missing_terms(spec, ranks) if spec is not None else []
     if ranks < 2:

@@ -27,9 +27,9 @@ import warnings
 import pandas as pd
 import torch
 
-from perfcheck.hardware.calibrate.cases import Timer
-from perfcheck.hardware.calibrate import fit
-from perfcheck.hardware.calibrate.fit import COLLECTIVE_KINDS, MEASUREMENT_COLUMNS
+from perfcheck.calibrate.cases import Timer
+from perfcheck.calibrate import fit
+from perfcheck.calibrate.fit import COLLECTIVE_KINDS, MEASUREMENT_COLUMNS
 from perfcheck.errors import UserError
 from perfcheck.predict.collectives import bus_factor
 
@@ -188,7 +188,7 @@ SYNC_KEYS = ("collective_async_call_s", "collective_straggler_s")
 def _sync_worker(rank, world, port, repeats, rounds, out_path):  # pragma: no cover - child process
     import torch.distributed as dist
 
-    from perfcheck.hardware.calibrate.concurrency import chain_workload
+    from perfcheck.calibrate.concurrency import chain_workload
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
@@ -277,7 +277,7 @@ def apply_sync_terms(spec, result: dict, stamp: str):
     """``spec`` with ``host.collective_async_call_s`` and ``host.collective_straggler_s`` and their sources."""
     import dataclasses
 
-    where = f"{stamp}: perfcheck/hardware/calibrate/collectives.py bench_sync_terms, {result['world_size']} gloo ranks"
+    where = f"{stamp}: perfcheck/calibrate/collectives.py bench_sync_terms, {result['world_size']} gloo ranks"
     how = {"collective_async_call_s":
            f"{where}: {result['calls']} async all-gathers of {BATCH_BYTES} B waited together "
            f"{result['batch_s'] * 1e3:.3f} ms vs one {result['single_s'] * 1e3:.3f} ms (medians of the slowest "

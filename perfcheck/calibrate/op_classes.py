@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from perfcheck.hardware.calibrate.cases import Case, ROW_COUNTS, row_lengths
-from perfcheck.hardware.calibrate.layers import CallModule
+from perfcheck.calibrate.cases import Case, ROW_COUNTS, row_lengths
+from perfcheck.calibrate.layers import CallModule
 
 aten = torch.ops.aten
 

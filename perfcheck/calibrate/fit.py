@@ -427,7 +427,7 @@ def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     rows = _rows(table, "modfixed")
     if not len(rows):
         return spec
-    from perfcheck.hardware.calibrate.layers import tiny_modules
+    from perfcheck.calibrate.layers import tiny_modules
     from perfcheck.predict.estimate import estimate
     from perfcheck.schema import ROOT
 
