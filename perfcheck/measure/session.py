@@ -111,7 +111,7 @@ def _micro_batches(step_rows) -> float | int | None:
 
 def _synced_micro_batches(step_rows, synced: dict):
     """Median over measured steps of the micro-batches whose backward reduced gradients (DDP/FSDP2;
-    ``integrations.torch_distributed.GradSyncCounter``), None for other models or before a step."""
+    ``measure.grad_sync.GradSyncCounter``), None for other models or before a step."""
     counts = [synced[r["step"]] for r in step_rows if r["role"] == "measured" and not r["failed"] and r["step"] in synced]
     return statistics.median(counts) if counts else None
 
@@ -263,7 +263,7 @@ class PerfCheck:
         self._index, self._measured_n, self._bare_n, self._last_plain = 0, 0, 0, None
         self._flop_step, self._done, self._sampler = None, False, None
         self._writers: dict = {}
-        from perfcheck.integrations.torch_distributed import GradSyncCounter
+        from perfcheck.measure.grad_sync import GradSyncCounter
 
         # DDP / FSDP2: micro-batches per step whose backward reduces gradients (no_sync() ones don't)
         self._grad_sync, self._synced = GradSyncCounter.attach(self._view.outer), {}
@@ -768,8 +768,8 @@ class PerfCheck:
             return []
         extra = []
         if frame.attrs.get("collectives"):  # torch-native layouts: the collectives predicted per module
-            from perfcheck.integrations.torch_distributed import (PREDICTED_COLLECTIVE_FIELDS,
-                                                                  PREDICTED_COLLECTIVES_CSV, per_step_collectives)
+            from perfcheck.predict.layout_collectives import (PREDICTED_COLLECTIVE_FIELDS, PREDICTED_COLLECTIVES_CSV,
+                                                              per_step_collectives)
 
             meta = self.meta()  # per optimizer step: x micro-batches, gradient reductions x synced ones
             rows = per_step_collectives(frame.attrs["collectives"], meta.get("micro_batches"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from perfcheck.integrations.torch_distributed import is_sharded
+from perfcheck.predict.layout import is_sharded
 from perfcheck.predict import distributed, module_estimator
 
 

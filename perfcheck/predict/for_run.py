@@ -117,20 +117,20 @@ def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
 
 
 def _estimate_for_run(model, meta: dict, system, optimizer) -> pd.DataFrame:
-    from perfcheck.integrations import torch_distributed as native
+    from perfcheck.predict import layout, layout_collectives
     from perfcheck.predict.estimate import estimate
 
     args, kwargs = inputs_from_meta(meta)
     kind = str((meta.get("parallel") or {}).get("kind", ""))
-    if native.is_sharded(model):
+    if layout.is_sharded(model):
         # FSDP2 / DTensor: estimate() traces an unparallelised meta twin (the live model's state and
         # hooks are never touched) and adds the collectives the live layout issues per module.
         return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                         kwargs=kwargs or None, optimizer=optimizer)
-    if kind == "ddp" and native.has_buckets(model):
+    if kind == "ddp" and layout.has_buckets(model):
         frame = estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                          parallel=None, kwargs=kwargs or None, optimizer=optimizer)
-        return native.add_live_collectives(frame, model, system_from_meta(meta, system))
+        return layout_collectives.add_live_collectives(frame, model, system_from_meta(meta, system))
     return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                     parallel=parallel_from_meta(meta), kwargs=kwargs or None, optimizer=optimizer)
 

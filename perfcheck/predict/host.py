@@ -526,7 +526,7 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, module
     for path in frame["module"]:
         mod = modules.get(path)
         # the elements this rank's optimizer updates: a sharded layout's twin records its local shard
-        # (perfcheck_optim_numel: FSDP2 / DTensor, integrations.torch_distributed), ZeRO-3 its ds_numel
+        # (perfcheck_optim_numel: FSDP2 / DTensor, predict.twins), ZeRO-3 its ds_numel
         numels = [int(getattr(q, "perfcheck_optim_numel", 0) or getattr(q, "ds_numel", 0) or q.numel()) for q in
                   {id(q): q for q in mod.parameters()}.values() if q.requires_grad] if mod is not None else []
         cost = optimizer_time(numels, optimizer, spec)
