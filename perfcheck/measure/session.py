@@ -47,6 +47,7 @@ from perfcheck.measure.module_timer import ModuleTimer
 from perfcheck.measure.schedule import StepSchedule
 from perfcheck.measure.sampler import DEFAULT_INTERVAL_S, Sampler, validate_interval
 from perfcheck.measure.optimizers import OptimizerWatch, check_optimizer
+from perfcheck.predict.for_run import factory_of
 from perfcheck.schema import ROOT, SAMPLE_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
 
 #: Per-step module rows kept in memory (about 120 bytes each); older steps are dropped from memory
@@ -846,7 +847,8 @@ class PerfCheck:
             "device": {"type": self.device.type, "index": self.device.index, "name": device_name(self.device)},
             "model": {"type": view.types.get(ROOT), "dtype": model_dtype(view.root),
                       "params": int(sum(getattr(p, "ds_numel", p.numel()) for p in view.root.parameters())),
-                      "wrappers": view.wrappers, "compiled": view.compiled},
+                      "wrappers": view.wrappers, "compiled": view.compiled,
+                      "factory": factory_of(view.root)},  # "module:callable" a report rebuilds the model from
             "dtype": self._compute_dtype(started),
             "inputs": self._timer.first_root_inputs if started else None,
             "parallel": parallel,

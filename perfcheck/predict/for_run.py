@@ -9,6 +9,7 @@ top of the run, or in ``rank<R>/``) and ``predicted.json`` (schema version, syst
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pandas as pd
@@ -135,19 +136,44 @@ def _estimate_for_run(model, meta: dict, system, optimizer) -> pd.DataFrame:
                     parallel=parallel_from_meta(meta), kwargs=kwargs or None, optimizer=optimizer)
 
 
-def model_from_meta(meta: dict):
-    """A built-in example model (perfcheck.examples) whose class and parameter count match the meta, else None."""
-    from perfcheck.examples.models import EXAMPLES
+#: Where a run's model can be rebuilt from, for a run that records no ``meta["model"]["factory"]``:
+#: the built-in examples by class name, as "module:callable" names of zero-argument factories. Data,
+#: imported by name only when a report must re-estimate such a run, so predict/ holds no import of
+#: the examples' floor above it (tests/test_architecture.py FLOORS).
+EXAMPLE_FACTORIES = {"Net": "perfcheck.examples.models:Net", "JSC_Tiny": "perfcheck.examples.models:JSC_Tiny",
+                     "GPT": "perfcheck.examples.models:gpt_small"}
 
+
+def factory_of(model):
+    """The "module:callable" a run records as its model's factory (``meta["model"]["factory"]``): the
+    model's ``perfcheck_factory`` attribute (the built-in examples set it; a user may too), else None."""
+    name = getattr(model, "perfcheck_factory", None)
+    return name if isinstance(name, str) and ":" in name else None
+
+
+def _build(factory: str):
+    """The model a "module:callable" zero-argument factory returns, or None where it cannot be imported
+    or called (a report then says the model cannot be rebuilt)."""
+    module, _, attr = factory.partition(":")
+    try:
+        build = importlib.import_module(module)
+        for part in attr.split("."):
+            build = getattr(build, part)
+        return build()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def model_from_meta(meta: dict):
+    """The run's model rebuilt to re-estimate it: from the factory the run recorded
+    (``meta["model"]["factory"]``, "module:callable"), else a built-in example of the recorded class
+    name (``EXAMPLE_FACTORIES``); None unless the class name and the parameter count both match."""
     info = meta.get("model") or {}
-    for example in EXAMPLES.values():
-        if isinstance(example.build, type) and example.build.__name__ != info.get("type"):
-            continue  # a class of another name: no need to build it
-        model = example.build()
-        params = sum(p.numel() for p in model.parameters())
-        if type(model).__name__ == info.get("type") and params == info.get("params"):
-            return model
-    return None
+    factory = info.get("factory") or EXAMPLE_FACTORIES.get(str(info.get("type")))
+    model = _build(factory) if isinstance(factory, str) else None
+    if model is None or type(model).__name__ != info.get("type"):
+        return None
+    return model if sum(p.numel() for p in model.parameters()) == info.get("params") else None
 
 
 # ------------------------------------------------------------------------------ files
