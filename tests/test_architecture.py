@@ -182,6 +182,8 @@ UPWARD = {
         "pending: the one run-directory reader moves to perfcheck/rundir/ (base)",
     ("perfcheck.predict.whatif", "perfcheck.measure.rundir"):
         "pending: the one run-directory reader moves to perfcheck/rundir/ (base)",
+    ("perfcheck.analysis", "perfcheck.integrations.deepspeed.run_files"):
+        "pending: the DeepSpeed run files are read through the run-directory reader (perfcheck/rundir/)",
     ("perfcheck.analysis", "perfcheck.report.units"):
         "pending: report/units.py (byte and second formats) moves to perfcheck/units.py (base)",
 }

@@ -133,7 +133,7 @@ def test_collectives_apply_by_hand():
     at the 4 MiB rate: 4 KiB 2 ms - 6 ms / 1024 = 1.994 ms; 64 KiB 1.3 - 6 / 64 = 1.206 ms -> 1.206 ms.
     A 248024 B all-reduce is then 1.206 ms + 248024 / 699 MB/s (0.355 ms) = 1.561 ms."""
     from perfcheck.calibrate import collectives, fit
-    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.calibrate import sweep_terms as sweep
     from perfcheck.predict.collectives import collective_time_s
 
     base = dataclasses.replace(load_system("cpu"), name="cpu-auto-calibrated", calibrated=True,
@@ -162,7 +162,7 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     measures nothing."""
     from perfcheck.hardware import cache
     from perfcheck.calibrate import collectives, deepspeed_cases
-    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.calibrate import sweep_terms as sweep
     from perfcheck.predict.collectives import collective_time_s
 
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path))
@@ -238,7 +238,7 @@ def test_sweep_collectives_failure_leaves_the_defaults_and_says_so_once(tmp_path
     still measured, and the cache keeps them without the collectives (the next sweep tries again)."""
     from perfcheck.hardware import cache
     from perfcheck.calibrate import collectives, deepspeed_cases
-    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.calibrate import sweep_terms as sweep
     from perfcheck.predict.collectives import collective_time_s
 
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path))
@@ -271,7 +271,7 @@ def test_real_collectives_case_of_the_sweep(monkeypatch):
     """The sweep's collectives case for real (2 gloo ranks, ~10 s here): both constants measured, alpha a
     loopback round trip can give (1 us - 50 ms), a link a host's memory can carry (1 MB/s - 200 GB/s)."""
     from perfcheck.calibrate import collectives, fit
-    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.calibrate import sweep_terms as sweep
 
     spec = dataclasses.replace(load_system("cpu"), name="x", calibrated=True)
     out = sweep._measure("collectives", spec, ranks=2, threads=1, stamp="test")

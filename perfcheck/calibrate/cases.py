@@ -17,7 +17,9 @@ from perfcheck.errors import UserError
 from perfcheck.calibrate import repeats as repeats_mod
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.calibrate.layers import CallModule, cold_filler, tiny_modules
-from perfcheck.hardware.systems import normalize_dtype
+from perfcheck.hardware.systems import local_simd_bytes, normalize_dtype
+from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of
+from perfcheck.predict.trace import trace_model
 
 _TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
                  "fp64": torch.float64}
@@ -456,9 +458,6 @@ def module_fixed_cases(device) -> list:
 
 def _formula_cost(fn, inputs, name: str) -> tuple:
     """(matrix FLOPs, other FLOPs, bytes) of the forward ``name`` ops ``fn(*inputs)`` runs, by the estimator's formulas."""
-    from perfcheck.predict.aten_costs import cost_of
-    from perfcheck.predict.trace import trace_model
-
     trace = trace_model(CallModule(fn), inputs)
     mf = of = nb = 0.0
     for op in trace.ops:
@@ -506,8 +505,6 @@ ROW_LENGTHS = (4, 8, 10, 16)
 def row_lengths(simd: int = None) -> tuple:
     """``ROW_LENGTHS`` for a SIMD width of ``simd`` bytes (default: this machine's, ``systems.local_simd_bytes``):
     W/2, W, W + W/4 and 2W fp32 elements, W = simd / 4."""
-    from perfcheck.hardware.systems import local_simd_bytes
-
     w = (simd or local_simd_bytes()) // 4
     return (w // 2, w, w + max(w // 4, 1), 2 * w)
 
@@ -557,8 +554,6 @@ def _row_ops(dev):
 def row_op_cost(name: str, rows: int, cols: int, elem_bytes: int = 4):
     """The estimator's cost (formulas.OpCost, through aten_costs.cost_of: the one op-cost path) of the row-wise
     op ``name`` on a (rows, cols) input that needs a gradient."""
-    from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of
-
     aten = torch.ops.aten
     x = TensorMeta((rows, cols), elem_bytes, True, True)
     stat = TensorMeta((rows, 1), 4, False, True)

@@ -29,9 +29,10 @@ import torch
 
 from perfcheck.calibrate.cases import Timer
 from perfcheck.calibrate import fit
+from perfcheck.calibrate.concurrency import chain_workload
 from perfcheck.calibrate.fit import COLLECTIVE_KINDS, MEASUREMENT_COLUMNS
 from perfcheck.errors import UserError
-from perfcheck.predict.collectives import bus_factor
+from perfcheck.predict.collectives import COLLECTIVE_KINDS as MODELLED, bus_factor
 
 
 class CollectiveBenchError(RuntimeError):
@@ -139,8 +140,6 @@ def bench_collectives(sizes, *, kinds=COLLECTIVE_KINDS, world_size: int = 2, dev
     median over repeats of the slowest rank's time per call, ``busbw_bytes_per_s``). Raises
     ``CollectiveBenchError`` when a rank fails or the whole run exceeds ``timeout_s``.
     """
-    from perfcheck.predict.collectives import COLLECTIVE_KINDS as MODELLED
-
     bad = [k for k in kinds if k not in COLLECTIVE_KINDS]
     if bad and bad[0] in MODELLED:
         raise NotImplementedError(f"perfcheck calibrate: {bad[0]} is not benchmarked yet (only "
@@ -187,8 +186,6 @@ SYNC_KEYS = ("collective_async_call_s", "collective_straggler_s")
 
 def _sync_worker(rank, world, port, repeats, rounds, out_path):  # pragma: no cover - child process
     import torch.distributed as dist
-
-    from perfcheck.calibrate.concurrency import chain_workload
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)

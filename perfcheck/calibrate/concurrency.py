@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.errors import UserError
 
 LAYERS, WIDTH, BATCH = 8, 16, 8
@@ -164,8 +165,6 @@ def rows_for_table(result: dict):
     """The case in the calibration's measurement table (kind ``concurrency``; ``seconds``: the median
     step together, ``seconds_min``: alone; ``world_size``: processes at once)."""
     import pandas as pd
-
-    from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 
     row = {c: np.nan for c in MEASUREMENT_COLUMNS}
     row.update({"kind": "concurrency", "label": f"chain{LAYERS} x{result['world_size']} processes", "dtype": "fp32",

@@ -51,7 +51,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.errors import UserError
+from perfcheck.hardware.systems import host_constants
+from perfcheck.predict.host import process_slowdown
 
 #: (label, Linear layers, bias) of the chain models: 16 -> 16 features, batch BATCH.
 MODELS = (("chain2", 2, True), ("chain8", 8, True), ("chain8-nobias", 8, False))
@@ -333,8 +336,6 @@ def fit(table: pd.DataFrame) -> dict:
 def ranks_measured(spec) -> int:
     """The rank count ``spec``'s DeepSpeed constants were measured at (``host.zero_ranks``, written by ``apply``;
     1 for a default's or a base spec's)."""
-    from perfcheck.hardware.systems import host_constants
-
     return max(int(round(host_constants(spec)["zero_ranks"])), 1)
 
 
@@ -344,8 +345,6 @@ def apply(spec, result: dict, stamp: str):
     (``perfcheck.predict.host.process_slowdown``, from ``spec`` as it stands): divided out here, so it is
     counted once."""
     import dataclasses
-
-    from perfcheck.predict.host import process_slowdown
 
     fitted = fit(result["table"])
     slow = process_slowdown(spec, int(result.get("world_size", 1)))
@@ -364,8 +363,6 @@ def apply(spec, result: dict, stamp: str):
 
 def rows_for_table(result: dict) -> pd.DataFrame:
     """The case's measurements in the calibration's measurement table (kind ``deepspeed``)."""
-    from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
-
     rows = []
     for r in result["table"].itertuples(index=False):
         for ph in PHASES:

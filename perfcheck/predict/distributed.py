@@ -45,8 +45,13 @@ import pandas as pd
 import torch
 
 from perfcheck.errors import UserError
-from perfcheck.predict import collective_bytes
+from perfcheck.hardware.systems import load_system
+from perfcheck.model_paths import clean_path, module_paths, unwrap
+from perfcheck.predict import collective_bytes, layout_collectives, twins
+from perfcheck.predict.layout import detect_layout, fsdp_modules
 from perfcheck.predict.layout_collectives import Collective, ddp_bucket_collectives
+from perfcheck.predict.module_estimator import default_system_name, estimate
+from perfcheck.predict.twins import dtensor_twin
 from perfcheck.schema import ROOT
 
 #: Columns of the per-collective table (one row per collective issued in one training step).
@@ -175,8 +180,6 @@ class _IssuerTracker:
         return hook
 
     def where(self):
-        from perfcheck.model_paths import clean_path
-
         if not self.mod_tracker.is_bw:
             return (self.stack[-1] if self.stack else ROOT), "fwd"
         parents = [p for p in self.mod_tracker.parents if p != "Global"]
@@ -262,7 +265,6 @@ def trace_step(model, example_inputs, fake, *, kwargs=None, loss_fn=None) -> tup
     # DDP's reducer all-reduces from C++ below the dispatcher (and its comm hook cannot run on
     # fake tensors): the inner module is traced, the buckets are added from the reducer.
     inner = ddp.module if ddp is not None else model
-    from perfcheck.model_paths import clean_path, module_paths
 
     paths = module_paths(inner)
     saved_grads = [(p, p.grad) for p in inner.parameters()]
@@ -318,10 +320,6 @@ def live_dtensor_collectives(model, example_inputs, kwargs=None) -> list:
     parameter's TP layout), so only the TP/SP redistributes are traced; FSDP2's own all-gathers and
     reduce-scatters are read from the live units (``live_collectives``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from perfcheck.predict.layout import fsdp_modules
-    from perfcheck.predict.twins import dtensor_twin
-    from perfcheck.model_paths import unwrap
 
     inner = unwrap(model)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -414,8 +412,6 @@ def predict_parallel(build, example_inputs, *, world_size: int, rank: int = 0, k
 
 def predict_model(model, example_inputs, *, kwargs=None, loss_fn=None, optimizer_states: int = 2) -> dict:
     """``predict_parallel`` for a model already built in the (fake) default process group."""
-    from perfcheck.predict.layout import detect_layout
-
 
     coll, flops = trace_collectives(model, example_inputs, kwargs=kwargs, loss_fn=loss_fn)
     by_kind = (coll.groupby(["kind", "phase"]).agg(bytes=("bytes", "sum"), count=("bytes", "size")).reset_index()
@@ -465,11 +461,6 @@ def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=F
     ``attrs['collectives']`` lists them (PerfCheck writes predicted_collectives.csv from it).
     """
     import torch.distributed as dist
-
-    from perfcheck.hardware.systems import load_system
-    from perfcheck.predict import layout_collectives, twins
-    from perfcheck.model_paths import unwrap
-    from perfcheck.predict.module_estimator import default_system_name, estimate
 
     spec = load_system(system if system is not None else default_system_name())
     tp = twins.has_tensor_parallel(model)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from perfcheck.errors import UserError
 from perfcheck.predict.layout import is_sharded
 from perfcheck.predict import distributed, module_estimator
 
@@ -20,8 +21,6 @@ def estimate(model, example_inputs, *, system=None, dtype=None, parallel=None, c
     module_estimator.check_model(model)  # a class name or a class: one line naming `model`
     if is_sharded(model):
         if parallel is not None:
-            from perfcheck.errors import UserError
-
             raise UserError("parallel: an FSDP2/DTensor model declares its own layout; leave parallel=None")
         return distributed.estimate_sharded(model, example_inputs, system=system, dtype=dtype, causal=causal,
                                             kwargs=kwargs, optimizer=optimizer)

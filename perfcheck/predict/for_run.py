@@ -15,7 +15,14 @@ from pathlib import Path
 import pandas as pd
 
 from perfcheck.errors import UserError
+from perfcheck.hardware import systems
+from perfcheck.hardware.labels import datasheet_default, spec_label
+from perfcheck.hardware.systems import SystemSpec, load_system
 from perfcheck.measure import rundir as runs
+from perfcheck.parallel import ParallelConfig
+from perfcheck.predict import layout, layout_collectives
+from perfcheck.predict.estimate import estimate
+from perfcheck.predict.host import optimizer_kind
 from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, SCHEMA_VERSION, SchemaError, validate_frame
 
 PREDICTED_CSV = "predicted.csv"
@@ -55,8 +62,6 @@ def inputs_from_meta(meta: dict) -> tuple:
 
 def parallel_from_meta(meta: dict):
     """A ParallelConfig for the data-parallel / ZeRO layout in ``meta["parallel"]``, or None (one process)."""
-    from perfcheck.parallel import ParallelConfig
-
     par = meta.get("parallel") or {}
     world = int(par.get("world_size", meta.get("world_size", 1)) or 1)
     dp = int(par.get("dp", world if par.get("kind") in ("ddp", "deepspeed") else 1) or 1)
@@ -78,10 +83,7 @@ def system_from_meta(meta: dict, system=None):
         return meta["system"]
     device = meta.get("device") or {}
     if device.get("type", "cpu") == "cpu":
-        from perfcheck.hardware.labels import datasheet_default
-
         return datasheet_default("cpu")
-    from perfcheck.hardware import systems
 
     match = getattr(systems, "match_device_name", None)
     if match is None or not device.get("name"):
@@ -94,8 +96,6 @@ def optimizer_for_run(meta: dict) -> tuple:
     (measure/optimizers.py): a modelled one by name; one ``optimizer_kind`` does not model gives None
     and "optimizer X: not modelled" (its step is left unpredicted, never costed as another); a run
     that recorded none (older runs, no step seen) keeps the former SGD assumption and says so."""
-    from perfcheck.predict.host import optimizer_kind
-
     name = meta.get("optimizer")
     if not name:
         return "sgd", "sgd (assumed: the run recorded no optimizer)"
@@ -118,9 +118,6 @@ def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
 
 
 def _estimate_for_run(model, meta: dict, system, optimizer) -> pd.DataFrame:
-    from perfcheck.predict import layout, layout_collectives
-    from perfcheck.predict.estimate import estimate
-
     args, kwargs = inputs_from_meta(meta)
     kind = str((meta.get("parallel") or {}).get("kind", ""))
     if layout.is_sharded(model):
@@ -179,8 +176,6 @@ def model_from_meta(meta: dict):
 # ------------------------------------------------------------------------------ files
 def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, system=None, dtype=None) -> Path:
     """Write ``predicted.csv`` + ``predicted.json`` at the top of ``run_dir`` (or in ``rank<R>/``); return the CSV path."""
-    from perfcheck.hardware.systems import load_system
-
     base = Path(run_dir) if rank is None else runs.rank_dir(run_dir, rank)
     cols = _columns(frame)
     try:
@@ -194,8 +189,6 @@ def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, sys
     name = spec.name if spec is not None else frame.attrs.get("system")
     label = frame.attrs.get("system_label") if spec is None else None
     if spec is not None:
-        from perfcheck.hardware.labels import spec_label
-
         label = spec_label(spec)
     if spec is None and name is not None:
         try:  # the frame's own system: embed it too, so the run carries the spec it was predicted with
@@ -221,8 +214,6 @@ def _read_one(csv: Path) -> tuple:
                         "another tool; re-run the prediction with perfcheck.predict.for_run.save_predicted)")
     info = runs.read_versioned_json(side, PREDICTED_JSON)
     if info.get("system_spec") is not None:
-        from perfcheck.hardware.systems import SystemSpec
-
         info["spec"] = SystemSpec.from_dict(info["system_spec"], where=f"{side}: system_spec")
         # where it came from, as saved (a live and a saved report then print the same header); a file from
         # before the field: where it is now
