@@ -448,8 +448,8 @@ def run(models, *, rounds=3, steps=5, warmup=1, device="cpu", dtype="fp32", base
 
 def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_flops, progress, gpt_batch,
          clock="wall", auto=False):
-    from perfcheck.hardware.calibrate.run import calibrate, default_base, provenance
-    from perfcheck.hardware.calibrate.fit import build_spec, merge_measurements
+    from perfcheck.calibrate.run import calibrate, default_base, provenance
+    from perfcheck.calibrate.fit import build_spec, merge_measurements
     from perfcheck.hardware.systems import load_system
 
     dev = torch.device(device)
@@ -494,8 +494,8 @@ def _run(models, rounds, steps, warmup, device, dtype, base, calibrated, large_f
 
 def ceiling_lines(base, device: str, threads) -> list:
     """`perfcheck calibrate` (default mode, collectives included) once, as report lines."""
-    from perfcheck.hardware.calibrate.run import calibrate
-    from perfcheck.hardware.calibrate.fit import summary_rows
+    from perfcheck.calibrate.run import calibrate
+    from perfcheck.calibrate.fit import summary_rows
 
     saved = torch.get_num_threads()
     try:

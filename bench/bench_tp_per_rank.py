@@ -12,7 +12,7 @@ torch.set_num_threads(1)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import torch.nn as nn
 from perfcheck.predict import distributed as D
-from perfcheck.integrations import torch_distributed as N
+from perfcheck.predict import twins as N
 from perfcheck.predict.module_estimator import estimate
 D.fake_process_group(2)
 from torch.distributed.device_mesh import init_device_mesh

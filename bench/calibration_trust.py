@@ -1,12 +1,12 @@
 """Does a calibration taken while other processes saturate the cores poison predictions?
 
-For each CPU thread count, the automatic quick calibration (``perfcheck.hardware.cache.auto_calibrate``'s
+For each CPU thread count, the automatic quick calibration (``perfcheck.calibrate.auto.auto_calibrate``'s
 call: quick mode, no collectives) is taken quiet and with ``--busy`` busy loops (``sh -c 'while :; do :;
 done'``) running beside it, once with the kept statistic of this perfcheck (median of the fastest half of
-the repeats, unsteady cases re-timed: ``perfcheck.hardware.calibrate.repeats``) and once with the old one
+the repeats, unsteady cases re-timed: ``perfcheck.calibrate.repeats``) and once with the old one
 (median of all repeats, no re-timing). Each spec predicts LeNet's training step (batch 8: forward +
 backward + SGD step, host terms included); the table gives the loaded/quiet ratio and what the sanity
-checks (``perfcheck.hardware.calibrate.sanity.problems``) say about keeping each calibration.
+checks (``perfcheck.calibrate.sanity.problems``) say about keeping each calibration.
 
     flock /tmp/perfcheck-bench.lock python bench/calibration_trust.py --threads 1 2 --busy 2
     flock /tmp/perfcheck-bench.lock python bench/calibration_trust.py --auto --threads 1 2 --busy 2
@@ -26,8 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from perfcheck.examples.models import Net  # noqa: E402
-from perfcheck.hardware.calibrate import repeats, sanity  # noqa: E402
-from perfcheck.hardware.calibrate.run import calibrate, cpu_name  # noqa: E402
+from perfcheck.calibrate import repeats, sanity  # noqa: E402
+from perfcheck.calibrate.run import calibrate, cpu_name  # noqa: E402
 from perfcheck.hardware.labels import AUTO_NAME  # noqa: E402
 from perfcheck.predict.estimate import estimate  # noqa: E402
 from perfcheck.schema import ROOT  # noqa: E402
@@ -81,14 +81,14 @@ def auto(threads: int, n_busy: int) -> dict:
     import os
     import tempfile
 
-    from perfcheck.hardware import cache
+    from perfcheck.calibrate import auto
 
     said = []
     with tempfile.TemporaryDirectory() as tmp, busy(n_busy):
         os.environ["PERFCHECK_CACHE_DIR"] = tmp
-        os.environ[cache.AUTO_ENV] = "1"
+        os.environ[auto.AUTO_ENV] = "1"
         t0 = time.perf_counter()
-        spec = cache.resolve_system("cpu", threads, calibrate=True, say=said.append)
+        spec = auto.resolve_system("cpu", threads, calibrate=True, say=said.append)
         took = time.perf_counter() - t0
     rec = dict(spec.calibration) if spec.calibrated else {}
     return {"threads": threads, "busy": n_busy, "kept": spec.calibrated, "took_s": took,

@@ -81,8 +81,8 @@ def refit(folder: Path, base: str = "h100-sxm", standin: bool = False):
     """The visit's calibrated spec fitted again from its recorded cases (calibration.csv[.gz]) with the current
     fit code, as ``perfcheck calibrate`` builds it on CUDA (peaks "base", then the GPU kernel-class curves):
     a change to how cases are fitted is judged offline; cases the visit did not run keep the base's values."""
-    from perfcheck.hardware.calibrate import gpu_ops
-    from perfcheck.hardware.calibrate.fit import build_spec
+    from perfcheck.calibrate import gpu_ops
+    from perfcheck.calibrate.fit import build_spec
 
     csv = next((p for p in (folder / "calibration.csv.gz", folder / "calibration.csv") if p.exists()), None)
     if csv is None:

@@ -11,7 +11,7 @@ The split pairs families (a torchvision CNN, an HF transformer, a torch.nn trans
 recommender, a timm model in each set), so a term designed on one member is scored on the other.
 
 Method: CPU, one intra-op thread, process CPU time throughout. Calibration as a user's machine gets it by
-default (``perfcheck.hardware.cache.auto_calibrate``'s ``calibrate("cpu", mode="quick", comm=False)``), here on
+default (``perfcheck.calibrate.auto.auto_calibrate``'s ``calibrate("cpu", mode="quick", comm=False)``), here on
 the process clock, once before the first model and again after each model; each model is predicted with the
 median of the two calibrations either side of its measurement (a shared machine's speed drifts by tens of
 percent within minutes; ``--calibration FILE.csv`` instead re-fits one saved measurement table with the current
@@ -490,8 +490,8 @@ def compare(name, set_name, meas, pred) -> tuple:
 def calibration(path_in, path_out, progress):
     """The calibrated spec: a quick calibration now (saved to ``path_out`` as CSV), or ``path_in``'s table re-fitted."""
     from perfcheck.hardware.cache import AUTO_NAME
-    from perfcheck.hardware.calibrate.fit import build_spec
-    from perfcheck.hardware.calibrate.run import calibrate, provenance
+    from perfcheck.calibrate.fit import build_spec
+    from perfcheck.calibrate.run import calibrate, provenance
 
     if path_in and Path(path_in).is_file():
         table = pd.read_csv(path_in, keep_default_na=True)
@@ -510,8 +510,8 @@ def merged(calibrations):
     """The spec of quick calibrations taken either side of a measurement (per case the median,
     ``merge_measurements``): a shared machine's speed drifts, and the pair brackets the measurement."""
     from perfcheck.hardware.cache import AUTO_NAME
-    from perfcheck.hardware.calibrate.fit import build_spec, merge_measurements
-    from perfcheck.hardware.calibrate.run import provenance
+    from perfcheck.calibrate.fit import build_spec, merge_measurements
+    from perfcheck.calibrate.run import provenance
 
     table = merge_measurements([c.measurements for c in calibrations])
     return build_spec("cpu", table, peaks="measured", stamp=provenance(torch.device("cpu")), name=AUTO_NAME,

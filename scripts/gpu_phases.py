@@ -228,9 +228,9 @@ def _per_call(fn, before=None, n=200):
 def contexts(batch=8):
     """The same host work timed in four contexts: a tight loop (how calibration times it), right
     after a torch.cuda.synchronize(), right after calibration's cold filler (another model's forward
-    and backward: perfcheck.hardware.calibrate.layers.cold_filler), and inside real training steps."""
+    and backward: perfcheck.calibrate.layers.cold_filler), and inside real training steps."""
     from perfcheck.examples.models import Net
-    from perfcheck.hardware.calibrate.layers import cold_filler
+    from perfcheck.calibrate.layers import cold_filler
 
     cold = cold_filler(DEVICE)
     net = Net().to(DEVICE)

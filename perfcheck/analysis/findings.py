@@ -60,7 +60,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from perfcheck.hardware.calibrate.sanity import contention
+from perfcheck.calibrate.sanity import contention
 from perfcheck.schema import ROOT
 from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 

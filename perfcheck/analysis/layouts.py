@@ -29,7 +29,7 @@ from perfcheck.analysis.stages import KINDS, bytes_within
 from perfcheck.measure import rundir as runs
 from perfcheck.analysis.comm import in_step_waits, sentence, wait_pairs
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
-from perfcheck.integrations.torch_distributed import bytes_per_step
+from perfcheck.predict.layout_collectives import bytes_per_step
 from perfcheck.predict.for_run import load_predicted
 
 
@@ -65,11 +65,11 @@ def _row(run_dir: Path, rank_dir: Path) -> dict:
     n = meta.get("micro_batches")
     if not predicted.empty and isinstance(n, (int, float)) and not isinstance(n, bool) and n > 1:
         # per optimizer step, as the reconciled report (analysis.pipeline): x micro-batches, less the
-        # gradient reductions no_sync() skipped (integrations.torch_distributed.per_step_comm)
+        # gradient reductions no_sync() skipped (analysis.step_comm.per_step_comm)
         from types import SimpleNamespace
 
         from perfcheck.analysis.pipeline import scale_by_micro_batches
-        from perfcheck.integrations.torch_distributed import per_step_comm
+        from perfcheck.analysis.step_comm import per_step_comm
         from perfcheck.predict.for_run import system_from_meta
 
         rank = int(meta.get("rank", 0))

@@ -238,7 +238,7 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
                      + (f"depth={sel['depth']})" if sel.get("depth") is not None else f"modules={sel.get('modules')})"))
     n = micro_batches(meta0)
     if n is not None and n != 1:
-        from perfcheck.integrations.torch_distributed import per_step_comm
+        from perfcheck.analysis.step_comm import per_step_comm
 
         # torch-native layouts: collectives issued fewer than n times per step (no_sync) taken back out
         scaled, comm_note = per_step_comm(scale_by_micro_batches(pred, n), run, n, name, live_predicted)

@@ -213,7 +213,7 @@ def _stage_system(facts: dict, system):
     # the sweep's ranks run with one intra-op thread (OMP_NUM_THREADS=1, integrations/deepspeed/sweep.py)
     from perfcheck.hardware.labels import datasheet_default
 
-    return cached_spec("cpu", threads=int(facts.get("torch_threads") or 1), auto=False) or datasheet_default("cpu")
+    return cached_spec("cpu", threads=int(facts.get("torch_threads") or 1)) or datasheet_default("cpu")
 
 
 def host_terms(facts: dict, predicted: pd.DataFrame, spec) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Optional
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.calibrate.sanity import contention
+from perfcheck.calibrate.sanity import contention
 from perfcheck.hardware.labels import thread_mismatch
 from perfcheck.hardware.systems import SystemSpec, match_device_name
 

@@ -72,7 +72,7 @@ def show() -> int:
     """``--show``: one block per cached calibration: file, name, when/threads/load, key figures."""
     from perfcheck.errors import UserError
     from perfcheck.hardware import cache
-    from perfcheck.hardware.calibrate import sanity
+    from perfcheck.calibrate import sanity
     from perfcheck.hardware.labels import describe
     from perfcheck.hardware.systems import load_system
 
@@ -109,8 +109,8 @@ def clear(args) -> int:
 
 
 def run(args) -> int:
-    from perfcheck.hardware.calibrate.run import calibrate
-    from perfcheck.hardware.calibrate.fit import summary_rows
+    from perfcheck.calibrate.run import calibrate
+    from perfcheck.calibrate.fit import summary_rows
     from perfcheck.errors import UserError
 
     if args.all and not args.clear:
@@ -137,8 +137,9 @@ def run(args) -> int:
     except OSError as exc:
         raise UserError(f"output: cannot write {exc.filename or out!r}: {exc.strerror}") from None
     if not args.no_cache:
-        from perfcheck.hardware.cache import refusals, save_to_cache
-        from perfcheck.hardware.calibrate.sanity import stamped
+        from perfcheck.calibrate.auto import refusals
+        from perfcheck.hardware.cache import save_to_cache
+        from perfcheck.calibrate.sanity import stamped
 
         why = refusals(result.spec, args.device, args.threads)
         if why and not args.force:

@@ -23,7 +23,7 @@ DEFAULT_OUT = "runs/zero_sweep"
 
 
 def add_parser(subparsers):
-    from perfcheck.integrations.deepspeed.sweep import DEFAULT_STAGES, DEFAULT_TIMEOUT_S, MODELS
+    from perfcheck.integrations.deepspeed.sweep_options import DEFAULT_STAGES, DEFAULT_TIMEOUT_S, MODELS
 
     p = subparsers.add_parser("sweep", help="run the ZeRO stage sweep under DeepSpeed and compare it with the prediction",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,7 +58,7 @@ def add_parser(subparsers):
 
 
 def options_from_args(args):
-    from perfcheck.integrations.deepspeed.sweep import SweepOptions
+    from perfcheck.integrations.deepspeed.sweep_options import SweepOptions
 
     stages = tuple(s for s in args.stages.replace(",", " ").split() if s)
     return SweepOptions(stages=stages, model=args.model, ranks=args.ranks, steps=args.steps,
@@ -77,11 +77,11 @@ def _split(text: str) -> list:
 
 def _calibrate_first(opts):
     """On a CPU, measure this machine's quick calibration for the ranks' thread count before they start,
-    when the cache has none (perfcheck.hardware.cache; ranks never calibrate themselves, and
+    when the cache has none (perfcheck.calibrate.auto; ranks never calibrate themselves, and
     PERFCHECK_AUTO_CALIBRATE=0 skips it), and once per machine the three families the sweep's prediction
     needs and the quick calibration (one process) leaves at their defaults: DeepSpeed's own host work per
     ZeRO stage, the collectives' alpha and link (gloo all-reduce between the sweep's ranks) and the slowdown
-    of the ranks sharing the host (``integrations.deepspeed.sweep.calibrate_sweep_terms``). The ranks'
+    of the ranks sharing the host (``calibrate.sweep_terms.calibrate_sweep_terms``). The ranks'
     predictions and the comparison then use them."""
     import os
 
@@ -89,8 +89,9 @@ def _calibrate_first(opts):
 
     if torch.cuda.is_available():
         return
-    from perfcheck.hardware.cache import auto_calibration_enabled, cached_spec
-    from perfcheck.integrations.deepspeed.sweep import calibrate_sweep_terms, local_ranks
+    from perfcheck.calibrate.auto import auto_calibration_enabled, cached_spec
+    from perfcheck.calibrate.sweep_terms import calibrate_sweep_terms
+    from perfcheck.integrations.deepspeed.sweep import local_ranks
 
     try:
         threads = max(int(os.environ.get("OMP_NUM_THREADS") or 1), 1)  # what integrations.deepspeed.sweep.stage_env gives ranks

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 
 class Net(nn.Module):
     """LeNet of DeepSpeed's CIFAR-10 example / PyTorch's CIFAR-10 tutorial: input (batch, 3, 32, 32), 62,006 params."""
+    #: the "module:callable" a run records so a report can rebuild the model (predict.for_run.model_from_meta)
+    perfcheck_factory = "perfcheck.examples.models:Net"
 
     def __init__(self):
         super().__init__()
@@ -49,6 +51,7 @@ class JSC_Tiny(nn.Module):  # noqa: N801 - MASE's class name
 
     MASE writes ``nn.ReLU(16)`` and ``nn.ReLU(5)``: ReLU's first argument is ``inplace``, so both
     ReLUs run in place (DeepSpeed's profiler prints ``inplace=True`` for them); spelled out here."""
+    perfcheck_factory = "perfcheck.examples.models:JSC_Tiny"
 
     def __init__(self):
         super().__init__()
@@ -119,6 +122,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """GPT-2-style decoder (nanoGPT layout); input token ids (batch, t <= seq_len), output logits
     (batch, t, vocab). ``lm_head`` shares its weight with ``wte`` (tied, as in GPT-2)."""
+    perfcheck_factory = "perfcheck.examples.models:GPT"  # the defaults: GPT-2 124M (gpt_small sets its own)
 
     def __init__(self, n_layer: int = 12, n_head: int = 12, d_model: int = 768, vocab: int = 50257,
                  seq_len: int = 1024, use_sdpa: bool = True, dropout: float = 0.0, bias: bool = True):
@@ -190,11 +194,18 @@ def _gpt_batch(n, g):
     return (torch.randint(0, _GPT_SMALL["vocab"], shape, generator=g),), torch.randint(0, _GPT_SMALL["vocab"], shape, generator=g)
 
 
+def gpt_small() -> GPT:
+    """The ``gpt`` example's model: 6 layers, d=512, 8 heads, vocab 8192, seq 256."""
+    model = GPT(**_GPT_SMALL)
+    model.perfcheck_factory = "perfcheck.examples.models:gpt_small"
+    return model
+
+
 EXAMPLES = {
     "lenet": Example("lenet", "LeNet (DeepSpeed's CIFAR-10 example) on CIFAR-shaped random images (3x32x32)",
                      Net, _lenet_batch, _classification_loss, 8),
     "jsc": Example("jsc", "JSC_Tiny, MASE's jet-substructure MLP (117 params, in-place ReLUs), on 16 random features",
                    JSC_Tiny, _jsc_batch, _classification_loss, 8),
     "gpt": Example("gpt", "GPT-2-style, 6 layers, d=512, 8 heads, vocab 8192, seq 256, SDPA attention",
-                   lambda: GPT(**_GPT_SMALL), _gpt_batch, _lm_loss, 8),
+                   gpt_small, _gpt_batch, _lm_loss, 8),
 }

@@ -22,6 +22,12 @@ import os
 import sys
 from pathlib import Path
 
+import perfcheck.deepspeed as pds
+from perfcheck.examples.models import EXAMPLES
+from perfcheck.integrations.deepspeed.config import BLOCK_KEY, load_config, merge_configs, parse_block
+from perfcheck.measure.rundir import atomic_write_json
+from perfcheck.predict.zero import dtype_from_deepspeed_config
+
 #: --model name -> perfcheck.examples.models.EXAMPLES key.
 MODELS = {"lenet": "lenet", "gpt2": "gpt", "jsc": "jsc"}
 
@@ -45,8 +51,6 @@ def parse_args(argv=None):
 
 
 def build_config(args) -> dict:
-    from perfcheck.integrations.deepspeed.api import BLOCK_KEY, load_config, merge_configs
-
     cfg = load_config(args.config)
     for overlay in args.overlay:
         cfg = merge_configs(cfg, load_config(overlay))
@@ -82,12 +86,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import deepspeed
     import torch
-
-    import perfcheck.deepspeed as pds
-    from perfcheck.predict.zero import dtype_from_deepspeed_config
-    from perfcheck.examples.models import EXAMPLES
-    from perfcheck.integrations.deepspeed.api import parse_block
-    from perfcheck.measure.rundir import atomic_write_json
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if not args.shm_comm:

@@ -3,7 +3,7 @@ calibration, when and under what load it was measured (``spec_label``); the labe
 default a prediction uses when no calibration of the machine is known (``datasheet_default``); and the
 warning when a calibration taken with N threads is applied to a run with M (``thread_mismatch``).
 Reads no cache and runs nothing (the cache is ``perfcheck.hardware.cache``; the checks that decide
-whether a calibration is kept are ``perfcheck.hardware.calibrate.sanity``).
+whether a calibration is kept are ``perfcheck.calibrate.sanity``).
 """
 from __future__ import annotations
 

@@ -55,11 +55,11 @@ _OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_cur
              "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "simd_bytes", "calibrated", "sources",
              "calibration")
 #: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
-#: it (perfcheck/hardware/calibrate/sanity.py writes and checks it; every report header prints it).
+#: it (perfcheck/calibrate/sanity.py writes and checks it; every report header prints it).
 CALIBRATION_KEYS = {
     "taken_utc": "when the calibration finished (ISO 8601, UTC)",
     "mode": "quick, default or full",
-    "clock": "wall or process (perfcheck/hardware/calibrate/cases.py CLOCKS)",
+    "clock": "wall or process (perfcheck/calibrate/cases.py CLOCKS)",
     "threads": "CPU intra-op threads the cases ran with (none on a GPU)",
     "cores": "logical CPUs of the machine (os.cpu_count)",
     "load_1m": "1-minute load average when it started (os.getloadavg)",
@@ -77,7 +77,7 @@ ROW_PHASES = ("fwd", "bwd")
 ROW_TERMS = ROW_PHASES + tuple(f"{ph}_{t}" for ph in ROW_PHASES for t in ("vector", "tail", "partial"))
 
 #: Low-precision dtypes with host terms of their own (``op_cold_<dtype>_s``; ``op_fixed_s`` keys ``<op>@<dtype>``):
-#: measured by perfcheck calibrate on CUDA (perfcheck/hardware/calibrate/cases.py HOST_DTYPES_CUDA); a spec
+#: measured by perfcheck calibrate on CUDA (perfcheck/calibrate/cases.py HOST_DTYPES_CUDA); a spec
 #: without them prices the dtype like fp32.
 LOW_HOST_DTYPES = ("bf16", "fp16")
 
@@ -89,7 +89,7 @@ HOST_KEYS = {
     "op_cold_s": "extra host time of a computing op (a forward op or a backward node) whose op family differs from "
                  "the one run before it, as in a training step, over the same op repeated in a tight loop (its code "
                  "and data are no longer in the core's caches and predictors; perfcheck.predict.host.op_switches; "
-                 "perfcheck/hardware/calibrate/cases.py op_cold_cases)",
+                 "perfcheck/calibrate/cases.py op_cold_cases)",
     **{f"op_cold_{dt}_s": f"op_cold_s for a model run in {dt} (measured on tensors needing a gradient; a spec that "
                           f"has no measured value uses op_cold_s)" for dt in ("bf16", "fp16")},
     "autograd_node_s": "extra forward host time of an op whose input needs a gradient (grad_fn node, saved tensors)",
@@ -109,7 +109,7 @@ HOST_KEYS = {
                        "the same thread, counted in op_dispatch_s)",
     "collective_latency_s": "alpha: fixed time of one collective call (small-message all-reduce)",
     "collective_async_call_s": "time one more collective adds to a batch issued with async_op=True and waited "
-                               "together (perfcheck/hardware/calibrate/collectives.py bench_sync_terms)",
+                               "together (perfcheck/calibrate/collectives.py bench_sync_terms)",
     "collective_straggler_s": "mean wait of a rank for the latest rank at one blocking collective after equal work, "
                               "at collective_straggler_ranks ranks (perfcheck.predict.collectives.straggler_wait_s)",
     "collective_straggler_ranks": "the rank count collective_straggler_s was measured at (dimensionless, >= 2)",
@@ -117,11 +117,11 @@ HOST_KEYS = {
                          "(a 256x16 -> 5 Linear: ~35 ns per row beyond its FLOPs; device time, 0 on a GPU; "
                          "perfcheck.predict.roofline.gemm_narrow_rows)",
     "zero_ranks": "the ranks per host DeepSpeed's zero<S>_* terms were measured at (dimensionless, >= 1; "
-                  "perfcheck/hardware/calibrate/deepspeed_cases.py apply)",
+                  "perfcheck/calibrate/deepspeed_cases.py apply)",
     "process_slowdown_per_peer": "fraction by which one process's host/CPU work slows per other process like it "
-                                 "on the same host (dimensionless; perfcheck/hardware/calibrate/concurrency.py)",
+                                 "on the same host (dimensionless; perfcheck/calibrate/concurrency.py)",
     # DeepSpeed's own host work per ZeRO stage S (0-3) and phase (fwd/bwd beyond the plain model's; step:
-    # the whole engine.step(), optimizer included), measured by perfcheck/hardware/calibrate/deepspeed_cases.py
+    # the whole engine.step(), optimizer included), measured by perfcheck/calibrate/deepspeed_cases.py
     **{f"zero{s}_{ph}_s": f"ZeRO-{s} engine {ph}: fixed host seconds per {'step' if ph == 'step' else 'micro-step'}"
        for s in range(4) for ph in ("fwd", "bwd", "step")},
     **{f"zero{s}_{ph}_tensor_s": f"ZeRO-{s} engine {ph}: host seconds per parameter tensor"
@@ -205,7 +205,7 @@ class SystemSpec:
     op_efficiency: Mapping[str, float] = dataclasses.field(default_factory=dict)
     #: op_efficiency key (``roofline.op_efficiency_key``, with ``:bwd`` for the backward) -> ((roofline seconds
     #: per kernel, efficiency), ...): a GPU kernel class's measured efficiency by size (LayerNorm, softmax,
-    #: embedding and its backward, attention, convolution; perfcheck.hardware.calibrate.gpu_ops). Wins over
+    #: embedding and its backward, attention, convolution; perfcheck.calibrate.gpu_ops). Wins over
     #: ``op_efficiency`` for that key.
     op_efficiency_curve: Mapping[str, Tuple[Tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
     #: torch.nn class name -> host seconds per call beyond its aten ops' predicted host terms (a

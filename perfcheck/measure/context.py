@@ -101,7 +101,7 @@ def parallel_setup(view: ModelView, world_size: int) -> dict:
             if isinstance(getattr(engine, attr, None), int):
                 info[key] = getattr(engine, attr)
         return info
-    from perfcheck.integrations.torch_distributed import detect_layout  # DDP, FSDP2, DTensor TP/SP, 2-D meshes
+    from perfcheck.predict.layout import detect_layout  # DDP, FSDP2, DTensor TP/SP, 2-D meshes
 
     info = detect_layout(outer if "DistributedDataParallel" in view.wrappers else view.root)
     info["world_size"] = world_size

@@ -47,6 +47,7 @@ from perfcheck.measure.module_timer import ModuleTimer
 from perfcheck.measure.schedule import StepSchedule
 from perfcheck.measure.sampler import DEFAULT_INTERVAL_S, Sampler, validate_interval
 from perfcheck.measure.optimizers import OptimizerWatch, check_optimizer
+from perfcheck.predict.for_run import factory_of
 from perfcheck.schema import ROOT, SAMPLE_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
 
 #: Per-step module rows kept in memory (about 120 bytes each); older steps are dropped from memory
@@ -111,7 +112,7 @@ def _micro_batches(step_rows) -> float | int | None:
 
 def _synced_micro_batches(step_rows, synced: dict):
     """Median over measured steps of the micro-batches whose backward reduced gradients (DDP/FSDP2;
-    ``integrations.torch_distributed.GradSyncCounter``), None for other models or before a step."""
+    ``measure.grad_sync.GradSyncCounter``), None for other models or before a step."""
     counts = [synced[r["step"]] for r in step_rows if r["role"] == "measured" and not r["failed"] and r["step"] in synced]
     return statistics.median(counts) if counts else None
 
@@ -263,7 +264,7 @@ class PerfCheck:
         self._index, self._measured_n, self._bare_n, self._last_plain = 0, 0, 0, None
         self._flop_step, self._done, self._sampler = None, False, None
         self._writers: dict = {}
-        from perfcheck.integrations.torch_distributed import GradSyncCounter
+        from perfcheck.measure.grad_sync import GradSyncCounter
 
         # DDP / FSDP2: micro-batches per step whose backward reduces gradients (no_sync() ones don't)
         self._grad_sync, self._synced = GradSyncCounter.attach(self._view.outer), {}
@@ -710,7 +711,7 @@ class PerfCheck:
     # ------------------------------------------------------------------- predicted vs measured
     def system_spec(self, system=None):
         """The SystemSpec predictions for this run use: ``system``, else the one given to PerfCheck, else
-        this machine's, resolved once here at the edge (``hardware.cache.resolve_system``: the cached
+        this machine's, resolved once here at the edge (``calibrate.auto.resolve_system``: the cached
         calibration for the run's device and thread count; a quick automatic one where the cache has none
         and it passes the sanity checks; else the labelled datasheet default)."""
         from perfcheck.hardware.systems import load_system
@@ -719,7 +720,7 @@ class PerfCheck:
         if chosen is not None:
             return load_system(chosen)
         if getattr(self, "_resolved_system", None) is None:
-            from perfcheck.hardware.cache import resolve_system
+            from perfcheck.calibrate.auto import resolve_system
 
             threads = torch.get_num_threads() if self.device.type == "cpu" else None
             self._resolved_system = resolve_system(self.device, threads, calibrate=True)
@@ -768,8 +769,8 @@ class PerfCheck:
             return []
         extra = []
         if frame.attrs.get("collectives"):  # torch-native layouts: the collectives predicted per module
-            from perfcheck.integrations.torch_distributed import (PREDICTED_COLLECTIVE_FIELDS,
-                                                                  PREDICTED_COLLECTIVES_CSV, per_step_collectives)
+            from perfcheck.predict.layout_collectives import (PREDICTED_COLLECTIVE_FIELDS, PREDICTED_COLLECTIVES_CSV,
+                                                              per_step_collectives)
 
             meta = self.meta()  # per optimizer step: x micro-batches, gradient reductions x synced ones
             rows = per_step_collectives(frame.attrs["collectives"], meta.get("micro_batches"),
@@ -846,7 +847,8 @@ class PerfCheck:
             "device": {"type": self.device.type, "index": self.device.index, "name": device_name(self.device)},
             "model": {"type": view.types.get(ROOT), "dtype": model_dtype(view.root),
                       "params": int(sum(getattr(p, "ds_numel", p.numel()) for p in view.root.parameters())),
-                      "wrappers": view.wrappers, "compiled": view.compiled},
+                      "wrappers": view.wrappers, "compiled": view.compiled,
+                      "factory": factory_of(view.root)},  # "module:callable" a report rebuilds the model from
             "dtype": self._compute_dtype(started),
             "inputs": self._timer.first_root_inputs if started else None,
             "parallel": parallel,

@@ -526,7 +526,7 @@ def _functional_twin(c: OpCall) -> Optional[OpCall]:
 def op_class(c: OpCall) -> str:
     """The op's efficiency class: the key its ``op_efficiency`` is looked up under first (then its name), for op
     families whose CPU kernels run at different rates by shape (``perfcheck calibrate``'s op-class cases,
-    perfcheck/hardware/calibrate/op_classes.py, measure each):
+    perfcheck/calibrate/op_classes.py, measure each):
 
       convolution   ``convolution_depthwise`` (groups == C_in > 1: one filter per channel, MobileNet's 3x3;
                     ``convolution_depthwise_large`` above 3x3, 5x5 and 7x7: their backward leaves oneDNN's 3x3

@@ -28,6 +28,7 @@ import math
 import re
 
 from perfcheck.errors import UserError
+from perfcheck.predict.collectives import normalize_kind
 
 #: Namespaces whose ops are collectives: c10d (in-place, ProcessGroup objects) and functional ones.
 NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
@@ -47,8 +48,6 @@ def namespace(name: str) -> str:
 def op_kind(name: str) -> str | None:
     """Canonical collective kind for a c10d / functional-collective op or profiler event name
     (``c10d::_allgather_base_`` -> ``allgather``), None for waits and non-collectives."""
-    from perfcheck.predict.collectives import normalize_kind
-
     base = re.split(r"::|\.", name)[-1] if ("::" in name or "." in name) else name
     if name.count(".") >= 2:  # c10d._allgather_base_.default
         base = name.split(".")[-2]

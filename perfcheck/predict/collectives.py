@@ -26,7 +26,7 @@ import re
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import load_system
+from perfcheck.hardware.systems import host_constants, load_system
 
 #: Canonical collective names.
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "sendrecv")
@@ -151,7 +151,6 @@ def collective_time_s(kind, bytes, group_size, system, spans_nodes=None):  # noq
     factor = np.asarray(bus_factor(kind, group_size))
     bw = np.asarray(link_bandwidth_bytes_per_s(system, group_size, spans_nodes))
     active = (factor > 0) & (size > 0)
-    from perfcheck.hardware.systems import host_constants
 
     t = np.where(active, size * factor / bw + host_constants(system)["collective_latency_s"], 0.0)
     scalar = all(np.ndim(x) == 0 for x in (kind, bytes, group_size, spans_nodes))
@@ -183,8 +182,6 @@ def batch_time_s(kind, bytes_per_call, calls, group_size, system, spans_nodes=No
     k = 1 is ``collective_time_s``. ``calls`` may be fractional in vectorised use (a mean over steps); 0
     calls, 0 bytes or a group of one cost nothing. Arrays broadcast like ``collective_time_s``'s.
     """
-    from perfcheck.hardware.systems import host_constants
-
     system = load_system(system)
     k = np.asarray(calls, dtype=float)
     if np.any(k < 0) or np.any(~np.isfinite(k)):
@@ -233,8 +230,6 @@ def straggler_wait_s(syncs, ranks, system):
 
         wait = syncs * collective_straggler_s * e_N / e_N0       (N0 the measured rank count; 0 for N = 1)
     """
-    from perfcheck.hardware.systems import host_constants
-
     s = np.asarray(syncs, dtype=float)
     if np.any(s < 0) or np.any(~np.isfinite(s)):
         raise UserError(f"syncs: blocking collectives per step must be a finite number >= 0, got {syncs!r}")

@@ -32,7 +32,7 @@ Adam's two fp32 states unless ``optimizer_states`` says otherwise; activations a
 
 Bytes S of every collective follow one rule, ``predict.collective_bytes`` (the measurement reads
 profiler shapes with it too). One row per collective of one micro-batch;
-``integrations.torch_distributed.per_step_collectives`` says how often each is issued per
+``predict.layout_collectives.per_step_collectives`` says how often each is issued per
 optimizer step (gradient reductions only on synced micro-batches, Partial gradients once).
 The terms of the per-rank time: docs/model.md.
 """
@@ -46,8 +46,13 @@ import pandas as pd
 import torch
 
 from perfcheck.errors import UserError
-from perfcheck.predict import collective_bytes
-from perfcheck.integrations.torch_distributed import Collective, ddp_bucket_collectives
+from perfcheck.hardware.systems import load_system
+from perfcheck.model_paths import clean_path, module_paths, unwrap
+from perfcheck.predict import collective_bytes, layout_collectives, twins
+from perfcheck.predict.layout import detect_layout, fsdp_modules
+from perfcheck.predict.layout_collectives import Collective, ddp_bucket_collectives
+from perfcheck.predict.module_estimator import default_system_name, estimate
+from perfcheck.predict.twins import dtensor_twin
 from perfcheck.schema import ROOT
 
 #: Columns of the per-collective table (one row per collective issued in one training step).
@@ -176,8 +181,6 @@ class _IssuerTracker:
         return hook
 
     def where(self):
-        from perfcheck.model_paths import clean_path
-
         if not self.mod_tracker.is_bw:
             return (self.stack[-1] if self.stack else ROOT), "fwd"
         parents = [p for p in self.mod_tracker.parents if p != "Global"]
@@ -263,7 +266,6 @@ def trace_step(model, example_inputs, fake, *, kwargs=None, loss_fn=None) -> tup
     # DDP's reducer all-reduces from C++ below the dispatcher (and its comm hook cannot run on
     # fake tensors): the inner module is traced, the buckets are added from the reducer.
     inner = ddp.module if ddp is not None else model
-    from perfcheck.model_paths import clean_path, module_paths
 
     paths = module_paths(inner)
     saved_grads = [(p, p.grad) for p in inner.parameters()]
@@ -309,7 +311,7 @@ def trace_step(model, example_inputs, fake, *, kwargs=None, loss_fn=None) -> tup
 
 def live_dtensor_collectives(model, example_inputs, kwargs=None) -> list:
     """The DTensor TP/SP collectives of one step of a live model in a *real* process group, traced
-    on ``integrations.torch_distributed.dtensor_twin`` under FakeTensorMode with ``trace_step`` (the
+    on ``predict.twins.dtensor_twin`` under FakeTensorMode with ``trace_step`` (the
     same recorder and issuer rule as the fake-group trace): every redistribute the layout's
     forward and backward issue, and the Partial gradients reduced at the optimizer step. A list
     of Collective; the live model is not touched. ``example_inputs``: the rank's own (its batch,
@@ -319,9 +321,6 @@ def live_dtensor_collectives(model, example_inputs, kwargs=None) -> list:
     parameter's TP layout), so only the TP/SP redistributes are traced; FSDP2's own all-gathers and
     reduce-scatters are read from the live units (``live_collectives``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from perfcheck.integrations.torch_distributed import dtensor_twin, fsdp_modules
-    from perfcheck.model_paths import unwrap
 
     inner = unwrap(model)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -414,8 +413,6 @@ def predict_parallel(build, example_inputs, *, world_size: int, rank: int = 0, k
 
 def predict_model(model, example_inputs, *, kwargs=None, loss_fn=None, optimizer_states: int = 2) -> dict:
     """``predict_parallel`` for a model already built in the (fake) default process group."""
-    from perfcheck.integrations.torch_distributed import detect_layout
-
 
     coll, flops = trace_collectives(model, example_inputs, kwargs=kwargs, loss_fn=loss_fn)
     by_kind = (coll.groupby(["kind", "phase"]).agg(bytes=("bytes", "sum"), count=("bytes", "size")).reset_index()
@@ -452,7 +449,7 @@ def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=F
 
     Compute columns (FLOPs, bytes, activation memory, time): the estimator traces a twin of the
     model as one rank computes it; the live model is never touched. FSDP2 alone: an unparallelised
-    meta twin (``integrations.torch_distributed.meta_twin``: FSDP2 all-gathers before computing,
+    meta twin (``predict.twins.meta_twin``: FSDP2 all-gathers before computing,
     so a rank computes the full layer on its batch). Tensor/sequence parallel, alone or under
     FSDP2: ``meta_tp_twin`` (TP parameters stay DTensors with meta local shards, FSDP's dimension
     dropped, the styles' hooks kept), whose every DTensor op is costed at its local shapes.
@@ -466,24 +463,19 @@ def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=F
     """
     import torch.distributed as dist
 
-    from perfcheck.hardware.systems import load_system
-    from perfcheck.integrations import torch_distributed as native
-    from perfcheck.model_paths import unwrap
-    from perfcheck.predict.module_estimator import default_system_name, estimate
-
     spec = load_system(system if system is not None else default_system_name())
-    tp = native.has_tensor_parallel(model)
-    twin = native.meta_tp_twin(model) if tp else native.meta_twin(model)
+    tp = twins.has_tensor_parallel(model)
+    twin = twins.meta_tp_twin(model) if tp else twins.meta_twin(model)
     frame = estimate(twin, example_inputs, system=spec, dtype=dtype, causal=causal, kwargs=kwargs,
                      optimizer=optimizer)
     if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake"):
         extra = live_dtensor_collectives(unwrap(model), example_inputs, kwargs) if tp else []
-        out = native.add_live_collectives(frame, model, spec, extra)
+        out = layout_collectives.add_live_collectives(frame, model, spec, extra)
         out.attrs["collectives_source"] = ("live layout (FSDP2 units, DDP buckets) and TP/SP redistributes traced on "
                                            "a twin with fake shards")
         return out
     coll, flops = trace_collectives(model, example_inputs, kwargs=kwargs)
-    out = native.add_collectives(frame, [Collective(**r) for r in coll.to_dict("records")], spec)
+    out = layout_collectives.add_collectives(frame, [Collective(**r) for r in coll.to_dict("records")], spec)
     out.attrs["flops_traced"] = flops
     out.attrs["collectives_source"] = "traced on the fake process group"
     return out

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from perfcheck.integrations.torch_distributed import is_sharded
+from perfcheck.errors import UserError
+from perfcheck.predict.layout import is_sharded
 from perfcheck.predict import distributed, module_estimator
 
 
@@ -21,8 +22,6 @@ def estimate(model, example_inputs, *, system=None, dtype=None, parallel=None, c
     module_estimator.check_model(model)  # a class name or a class: one line naming `model`
     if is_sharded(model):
         if parallel is not None:
-            from perfcheck.errors import UserError
-
             raise UserError("parallel: an FSDP2/DTensor model declares its own layout; leave parallel=None")
         return distributed.estimate_sharded(model, example_inputs, system=system, dtype=dtype, causal=causal,
                                             kwargs=kwargs, optimizer=optimizer)

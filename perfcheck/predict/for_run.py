@@ -9,12 +9,20 @@ top of the run, or in ``rank<R>/``) and ``predicted.json`` (schema version, syst
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pandas as pd
 
 from perfcheck.errors import UserError
+from perfcheck.hardware import systems
+from perfcheck.hardware.labels import datasheet_default, spec_label
+from perfcheck.hardware.systems import SystemSpec, load_system
 from perfcheck.measure import rundir as runs
+from perfcheck.parallel import ParallelConfig
+from perfcheck.predict import layout, layout_collectives
+from perfcheck.predict.estimate import estimate
+from perfcheck.predict.host import optimizer_kind
 from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, SCHEMA_VERSION, SchemaError, validate_frame
 
 PREDICTED_CSV = "predicted.csv"
@@ -54,8 +62,6 @@ def inputs_from_meta(meta: dict) -> tuple:
 
 def parallel_from_meta(meta: dict):
     """A ParallelConfig for the data-parallel / ZeRO layout in ``meta["parallel"]``, or None (one process)."""
-    from perfcheck.parallel import ParallelConfig
-
     par = meta.get("parallel") or {}
     world = int(par.get("world_size", meta.get("world_size", 1)) or 1)
     dp = int(par.get("dp", world if par.get("kind") in ("ddp", "deepspeed") else 1) or 1)
@@ -77,10 +83,7 @@ def system_from_meta(meta: dict, system=None):
         return meta["system"]
     device = meta.get("device") or {}
     if device.get("type", "cpu") == "cpu":
-        from perfcheck.hardware.labels import datasheet_default
-
         return datasheet_default("cpu")
-    from perfcheck.hardware import systems
 
     match = getattr(systems, "match_device_name", None)
     if match is None or not device.get("name"):
@@ -93,8 +96,6 @@ def optimizer_for_run(meta: dict) -> tuple:
     (measure/optimizers.py): a modelled one by name; one ``optimizer_kind`` does not model gives None
     and "optimizer X: not modelled" (its step is left unpredicted, never costed as another); a run
     that recorded none (older runs, no step seen) keeps the former SGD assumption and says so."""
-    from perfcheck.predict.host import optimizer_kind
-
     name = meta.get("optimizer")
     if not name:
         return "sgd", "sgd (assumed: the run recorded no optimizer)"
@@ -117,44 +118,64 @@ def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
 
 
 def _estimate_for_run(model, meta: dict, system, optimizer) -> pd.DataFrame:
-    from perfcheck.integrations import torch_distributed as native
-    from perfcheck.predict.estimate import estimate
-
     args, kwargs = inputs_from_meta(meta)
     kind = str((meta.get("parallel") or {}).get("kind", ""))
-    if native.is_sharded(model):
+    if layout.is_sharded(model):
         # FSDP2 / DTensor: estimate() traces an unparallelised meta twin (the live model's state and
         # hooks are never touched) and adds the collectives the live layout issues per module.
         return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                         kwargs=kwargs or None, optimizer=optimizer)
-    if kind == "ddp" and native.has_buckets(model):
+    if kind == "ddp" and layout.has_buckets(model):
         frame = estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                          parallel=None, kwargs=kwargs or None, optimizer=optimizer)
-        return native.add_live_collectives(frame, model, system_from_meta(meta, system))
+        return layout_collectives.add_live_collectives(frame, model, system_from_meta(meta, system))
     return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                     parallel=parallel_from_meta(meta), kwargs=kwargs or None, optimizer=optimizer)
 
 
-def model_from_meta(meta: dict):
-    """A built-in example model (perfcheck.examples) whose class and parameter count match the meta, else None."""
-    from perfcheck.examples.models import EXAMPLES
+#: Where a run's model can be rebuilt from, for a run that records no ``meta["model"]["factory"]``:
+#: the built-in examples by class name, as "module:callable" names of zero-argument factories. Data,
+#: imported by name only when a report must re-estimate such a run, so predict/ holds no import of
+#: the examples' floor above it (tests/test_architecture.py FLOORS).
+EXAMPLE_FACTORIES = {"Net": "perfcheck.examples.models:Net", "JSC_Tiny": "perfcheck.examples.models:JSC_Tiny",
+                     "GPT": "perfcheck.examples.models:gpt_small"}
 
+
+def factory_of(model):
+    """The "module:callable" a run records as its model's factory (``meta["model"]["factory"]``): the
+    model's ``perfcheck_factory`` attribute (the built-in examples set it; a user may too), else None."""
+    name = getattr(model, "perfcheck_factory", None)
+    return name if isinstance(name, str) and ":" in name else None
+
+
+def _build(factory: str):
+    """The model a "module:callable" zero-argument factory returns, or None where it cannot be imported
+    or called (a report then says the model cannot be rebuilt)."""
+    module, _, attr = factory.partition(":")
+    try:
+        build = importlib.import_module(module)
+        for part in attr.split("."):
+            build = getattr(build, part)
+        return build()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def model_from_meta(meta: dict):
+    """The run's model rebuilt to re-estimate it: from the factory the run recorded
+    (``meta["model"]["factory"]``, "module:callable"), else a built-in example of the recorded class
+    name (``EXAMPLE_FACTORIES``); None unless the class name and the parameter count both match."""
     info = meta.get("model") or {}
-    for example in EXAMPLES.values():
-        if isinstance(example.build, type) and example.build.__name__ != info.get("type"):
-            continue  # a class of another name: no need to build it
-        model = example.build()
-        params = sum(p.numel() for p in model.parameters())
-        if type(model).__name__ == info.get("type") and params == info.get("params"):
-            return model
-    return None
+    factory = info.get("factory") or EXAMPLE_FACTORIES.get(str(info.get("type")))
+    model = _build(factory) if isinstance(factory, str) else None
+    if model is None or type(model).__name__ != info.get("type"):
+        return None
+    return model if sum(p.numel() for p in model.parameters()) == info.get("params") else None
 
 
 # ------------------------------------------------------------------------------ files
 def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, system=None, dtype=None) -> Path:
     """Write ``predicted.csv`` + ``predicted.json`` at the top of ``run_dir`` (or in ``rank<R>/``); return the CSV path."""
-    from perfcheck.hardware.systems import load_system
-
     base = Path(run_dir) if rank is None else runs.rank_dir(run_dir, rank)
     cols = _columns(frame)
     try:
@@ -168,8 +189,6 @@ def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, sys
     name = spec.name if spec is not None else frame.attrs.get("system")
     label = frame.attrs.get("system_label") if spec is None else None
     if spec is not None:
-        from perfcheck.hardware.labels import spec_label
-
         label = spec_label(spec)
     if spec is None and name is not None:
         try:  # the frame's own system: embed it too, so the run carries the spec it was predicted with
@@ -195,8 +214,6 @@ def _read_one(csv: Path) -> tuple:
                         "another tool; re-run the prediction with perfcheck.predict.for_run.save_predicted)")
     info = runs.read_versioned_json(side, PREDICTED_JSON)
     if info.get("system_spec") is not None:
-        from perfcheck.hardware.systems import SystemSpec
-
         info["spec"] = SystemSpec.from_dict(info["system_spec"], where=f"{side}: system_spec")
         # where it came from, as saved (a live and a saved report then print the same header); a file from
         # before the field: where it is now

@@ -229,7 +229,7 @@ def _fixed_cost(op_fixed: dict, name: str, op_class: str) -> float:
     """An op's fixed cost (``op_fixed_s``): its efficiency class's entry, else its name's when the op is of the
     class its name measured (the op_fixed case's tiny call: a 1-channel convolution); an op of another class
     (perfcheck.predict.aten_costs.op_class: a depthwise or a 64-channel convolution) has its per-call cost in
-    its class's calibrated efficiency instead (perfcheck/hardware/calibrate/op_classes.py)."""
+    its class's calibrated efficiency instead (perfcheck/calibrate/op_classes.py)."""
     if op_class in op_fixed:
         return float(op_fixed[op_class])
     return float(op_fixed.get(name, 0.0)) if op_class == name else 0.0
@@ -450,7 +450,7 @@ def process_slowdown(spec, processes: int) -> float:
         1 + (processes - 1) * process_slowdown_per_peer      (1 for one process)
 
     ``process_slowdown_per_peer`` is the spec's host constant, measured by
-    perfcheck/hardware/calibrate/concurrency.py (one process alone vs N at once, CPU time), else
+    perfcheck/calibrate/concurrency.py (one process alone vs N at once, CPU time), else
     host_defaults.json's. Linear in the peers: an assumption, exact at the N the case ran with."""
     if isinstance(processes, bool) or not isinstance(processes, (int, np.integer)) or processes < 1:
         raise UserError(f"processes: must be an integer >= 1, got {processes!r}")
@@ -467,7 +467,7 @@ def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec,
     """DeepSpeed's own host seconds per phase at ZeRO ``stage``, beside the model's.
 
     From the spec's ``zero<S>_*`` host constants (``perfcheck calibrate``'s DeepSpeed engine case,
-    perfcheck/hardware/calibrate/deepspeed_cases.py, else host_defaults.json), T parameter tensors,
+    perfcheck/calibrate/deepspeed_cases.py, else host_defaults.json), T parameter tensors,
     C module calls per forward and, at stage 3, G of the T tensors partitioned (not persistent:
     fetched and released around their module; ``partitioned_tensors``, default 0):
 
@@ -527,7 +527,7 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, module
     for path in frame["module"]:
         mod = modules.get(path)
         # the elements this rank's optimizer updates: a sharded layout's twin records its local shard
-        # (perfcheck_optim_numel: FSDP2 / DTensor, integrations.torch_distributed), ZeRO-3 its ds_numel
+        # (perfcheck_optim_numel: FSDP2 / DTensor, predict.twins), ZeRO-3 its ds_numel
         numels = [int(getattr(q, "perfcheck_optim_numel", 0) or getattr(q, "ds_numel", 0) or q.numel()) for q in
                   {id(q): q for q in mod.parameters()}.values() if q.requires_grad] if mod is not None else []
         cost = optimizer_time(numels, optimizer, spec)

@@ -19,14 +19,15 @@ import pandas as pd
 import torch
 
 from perfcheck.errors import UserError
+from perfcheck.hardware.labels import datasheet_default, spec_label
 from perfcheck.model_paths import module_paths, unwrap
-from perfcheck.predict import trace as tracing
+from perfcheck.predict import collectives, roofline, trace as tracing, zero
 from perfcheck.predict.aten_costs import cost_of, op_class, sdpa_cost
 from perfcheck.predict.formulas import ZERO
-from perfcheck.hardware.systems import load_system
+from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict.host import add_host_columns
 from perfcheck.predict.roofline import gemm_dims, gemm_min_dim, gemm_unaligned
-from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, module_depth
+from perfcheck.schema import module_depth, parent_path, PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS
 
 
 def _dtype_of(model, dtype):
@@ -53,8 +54,6 @@ def default_system_name():
     run on (a GPU's by name, else ``cpu``), labelled as a default. A prediction reads no cache and never
     calibrates: the edges (``perfcheck.estimate``, PerfCheck, the CLI) resolve this machine's calibration
     and pass it in (``perfcheck.hardware.cache.resolve_system``)."""
-    from perfcheck.hardware.labels import datasheet_default
-
     return datasheet_default()
 
 
@@ -103,9 +102,6 @@ def _is_causal(call) -> bool:
 
 def _time_ops(ops: pd.DataFrame, system, dtype) -> pd.DataFrame:
     """Device time per op: roofline + the device-side per-kernel time (host work is perfcheck.predict.host's)."""
-    from perfcheck.hardware.systems import host_constants
-    from perfcheck.predict import roofline
-
     return roofline.op_device_times(ops, system, dtype, launch_s=host_constants(load_system(system))["device_kernel_s"])
 
 
@@ -150,7 +146,6 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     ``PREDICTED_EXTRA_COLUMNS`` (``unmodeled_ops``, ``kernels_fwd``, ``kernels_bwd``); ``attrs``
     names the system, whether it was calibrated, and the dtype.
     """
-    from perfcheck.hardware.systems import load_system
     check_model(model)
     spec = load_system(system if system is not None else default_system_name())
     dt = _dtype_of(model, dtype)
@@ -202,7 +197,6 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     cols = list(PREDICTED_COLUMNS) + list(PREDICTED_EXTRA_COLUMNS)
     frame = frame[cols].reset_index(drop=True)
     # Which ceilings produced the times: every report prints "NAME (calibrated|datasheet)".
-    from perfcheck.hardware.labels import spec_label
 
     frame.attrs.update(system=spec.name, calibrated=bool(spec.calibrated), dtype=str(dt).replace("torch.", ""),
                        system_label=spec_label(spec))
@@ -230,7 +224,6 @@ def _add_communication(frame, model, modules, parallel, spec, dtype) -> pd.DataF
             "distributed.fake_process_group) and estimate that model with parallel=None: it is costed per rank")
     if parallel.dp == 1:
         return frame
-    from perfcheck.predict import zero
 
     param_bytes = torch.tensor([], dtype=dtype).element_size()
     own = frame["module"].map(lambda p: sum(int(getattr(q, "ds_numel", 0) or q.numel())
@@ -241,7 +234,6 @@ def _add_communication(frame, model, modules, parallel, spec, dtype) -> pd.DataF
     frame["comm_fwd_bytes"] = _inclusive(frame, comm["fwd_bytes"])
     frame["comm_bwd_bytes"] = _inclusive(frame, comm["bwd_bytes"])
     frame["comm_kind"] = np.where(frame["comm_fwd_bytes"] + frame["comm_bwd_bytes"] > 0, comm["kind"], "")
-    from perfcheck.predict import collectives
 
     for phase in ("fwd", "bwd"):
         t_comm = collectives.collective_time_s(comm[f"{phase}_kind"], frame[f"comm_{phase}_bytes"].to_numpy(float),
@@ -254,8 +246,6 @@ def _add_communication(frame, model, modules, parallel, spec, dtype) -> pd.DataF
 
 def _inclusive(frame: pd.DataFrame, own: np.ndarray) -> np.ndarray:
     """Sum a per-module quantity over each module's subtree: add every row into its ancestors."""
-    from perfcheck.schema import parent_path
-
     index = {p: i for i, p in enumerate(frame["module"])}
     total = np.array(own, dtype=float)
     for i, path in enumerate(frame["module"]):

@@ -418,7 +418,7 @@ def op_efficiency(system, name: str, dtype, phase: str = "fwd", roof_s: float = 
     in that dtype, else the fp32 one (a spec calibrated in fp32 only, e.g. a CPU's, for a bf16 run), else 1.
     The backward looks for its own entry first (key ``<name>:bwd``, ``op_efficiency_key``; a LayerNorm's or an
     embedding's backward kernel is not as efficient as its forward), then the forward's. Per key, a curve in
-    ``op_efficiency_curve`` (measured by size on a GPU, perfcheck.hardware.calibrate.gpu_ops) wins over the flat
+    ``op_efficiency_curve`` (measured by size on a GPU, perfcheck.calibrate.gpu_ops) wins over the flat
     ``op_efficiency``: read at ``roof_s``, the kernel's roofline seconds (``op_curve_at``), its middle point
     when ``roof_s`` is not given."""
     keys = [op_efficiency_key(name, dtype), name]

@@ -33,6 +33,8 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
+from perfcheck.measure import rundir as runs
+from perfcheck.predict import collectives, for_run as predict_run, roofline
 from perfcheck.schema import ROOT, parent_path
 from perfcheck.hardware.systems import load_system, normalize_dtype
 
@@ -61,8 +63,6 @@ STEP_PARTS = ("fwd", "bwd", "recompute", "optim", "other")
 
 def ceilings(system, dtype, *, flops_per_kernel=None, group_size: int = 1) -> dict:
     """Achievable rates of ``system`` per bound: FLOP/s, B/s, launches/s, link B/s (vectorised over kernel sizes)."""
-    from perfcheck.predict import collectives, roofline
-
     spec = load_system(system)
     eff = roofline.matrix_efficiency(spec, dtype, flops_per_kernel)
     link = (collectives.link_bandwidth_bytes_per_s(spec, group_size) if group_size > 1
@@ -134,8 +134,6 @@ def own_parts(pred: pd.DataFrame, phase: str, kids: dict) -> pd.DataFrame:
 
 def _terms(parts: pd.DataFrame, system, dtype, phase: str, world: int):
     """(compute, memory, comm) seconds of the own parts on ``system``."""
-    from perfcheck.predict import collectives
-
     macs = parts["macs"].to_numpy(float)
     other = np.maximum(parts["flops"].to_numpy(float) - 2 * macs, 0.0)
     per_kernel = np.maximum(2 * macs / parts["calls"].to_numpy(float) / (1 if phase == "fwd" else 2), 1.0)
@@ -189,8 +187,6 @@ def resolve_predicted(predicted, run, rank: int, source):
     (``perfcheck.predict.for_run.load_predicted``); a built-in example the run's meta.json names,
     estimated on ``source`` (``predict_run.model_from_meta`` / ``predict_for_run``).
     """
-    from perfcheck.predict import for_run as predict_run
-
     how = None
     if isinstance(predicted, pd.DataFrame):
         frame, how = predicted, "given"
@@ -242,8 +238,6 @@ def whatif(run, target, *, source=None, predicted=None, dtype=None, target_dtype
       predicted.csv, else a built-in example named by meta.json estimated on A (``resolve_predicted``).
     dtype: the run's dtype (default: meta.json's); target_dtype: what B would run (default: the same).
     """
-    from perfcheck.measure import rundir as runs
-
     run = runs.load_run(run) if not isinstance(run, runs.Run) else run
     if rank not in run.ranks:
         raise UserError(f"rank: {rank} is not in the run (ranks: {run.ranks})")

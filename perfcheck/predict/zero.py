@@ -48,6 +48,9 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from perfcheck.errors import UserError
+from perfcheck.hardware.systems import element_bytes, load_system
+from perfcheck.predict.collectives import batch_time_s, bus_factor, straggler_wait_s
+from perfcheck.predict.roofline import memory_time_s
 
 #: Collective kinds this model emits (a subset of collectives.COLLECTIVE_KINDS).
 KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
@@ -107,8 +110,6 @@ def precision(dtype="bf16", optimizer: str = "adam", master_weights: Optional[bo
     fp32 weights under ZeRO >= 1 (the optimizer updates its own fp32 partition,
     ``single_partition_of_fp32_groups``); none for fp32 under stage 0 (FusedAdam updates in place).
     """
-    from perfcheck.hardware.systems import element_bytes
-
     b = element_bytes(dtype)
     key = str(optimizer).lower().replace("-", "_")
     if key not in OPTIMIZER_STATE_BYTES:
@@ -359,8 +360,6 @@ def step_comm_bytes(params, stage, dp, *, micro_steps=1, dtype="bf16", settings:
 
 def wire_bytes(kind, S, dp):
     """Bytes a rank sends (= receives) for S: S * bus_factor (allreduce 2(N-1)/N, ...)."""
-    from perfcheck.predict.collectives import bus_factor
-
     return np.asarray(S, dtype=float) * bus_factor(kind, dp)
 
 
@@ -420,9 +419,6 @@ def comm_time_s(collectives, dp, system, spans_nodes=None) -> dict:
     """Seconds per phase: per line, ``count / batch`` batches of ``batch`` calls of S / count each,
     every batch timed by ``collectives.batch_time_s`` (alpha once per batch, ``collective_async_call_s`` per
     further call issued with it, every call's bytes; a batch of 1 is ``collective_time_s``: alpha + bytes)."""
-    from perfcheck.hardware.systems import load_system
-    from perfcheck.predict.collectives import batch_time_s
-
     spec = load_system(system)
     out = {ph: 0.0 for ph in PHASES}
     for c in collectives:
@@ -451,8 +447,6 @@ def optimizer_time_s(params, stage, dp, system, *, precision_: Precision) -> obj
     """Optimizer update of this rank's partition, memory-bound: each element reads and writes its
     optimizer states (K), reads its gradient (b_g) and writes the model copy (b_p):
     t = P_local * (2K + b_g + b_p) / (memory bandwidth * efficiency)."""
-    from perfcheck.predict.roofline import memory_time_s
-
     st = validate_stage(stage)
     p_local = np.where(st >= 1, _nonneg(params, "params") / _positive(dp, "dp"), _nonneg(params, "params"))
     moved = p_local * (2 * precision_.optimizer_bytes + precision_.grad_bytes + precision_.param_bytes)
@@ -524,7 +518,6 @@ def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimi
         flags = persistent_flags(layout, settings, n)
         persist = sum(t for m, f in zip(layout.modules, flags) for t, k in zip(m, f) if k)
     memory = memory_per_rank(P, st, n, precision_=prec, persistent_params=persist)
-    from perfcheck.hardware.systems import load_system
 
     spec = load_system(system)
     comm = comm_time_s(colls, n, spec, spans_nodes=spans_nodes)
@@ -534,7 +527,6 @@ def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimi
              "optim_compute_s": float(optimizer_time_s(P, st, n, spec, precision_=prec)),
              "optim_comm_s": float(comm["step"])}
     host_s = host_s or {}
-    from perfcheck.predict.collectives import straggler_wait_s
 
     syncs = sync_points(colls, n)
     for ph, key in (("fwd", "fwd"), ("bwd", "bwd"), ("optim", "step")):

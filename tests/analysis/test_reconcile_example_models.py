@@ -11,6 +11,7 @@ import torch
 
 import perfcheck
 from perfcheck.errors import UserError
+from perfcheck.measure.session import PerfCheck
 from perfcheck.examples.models import JSC_Tiny, Net
 from perfcheck.predict.for_run import (inputs_from_meta, load_predicted, model_from_meta, parallel_from_meta,
                                    predict_for_run, save_predicted, system_from_meta)
@@ -107,3 +108,35 @@ def test_predict_for_run_matches_estimate_and_round_trips(tmp_path):
     assert info["system_label"].startswith("cpu (datasheet: default, no calibration of this machine")
     pd.testing.assert_frame_equal(back[list(PREDICTED_COLUMNS)], got[list(PREDICTED_COLUMNS)], check_dtype=False)
     assert model_from_meta({"model": {"type": "Net", "params": 1}}) is None  # a user's own Net
+
+
+def test_a_run_records_its_models_factory_and_a_report_rebuilds_from_it(tmp_path):
+    """PerfCheck records ``meta["model"]["factory"]`` ("module:callable", the model's perfcheck_factory);
+    model_from_meta rebuilds from it (the gpt example's small GPT, not GPT's 124M defaults), refuses a
+    factory whose model is of another class or size, and falls back to the built-in examples by class
+    name for a run recorded before the field existed."""
+    from perfcheck.examples.models import EXAMPLES, GPT, JSC_Tiny, gpt_small
+    from perfcheck.predict.for_run import factory_of
+
+    assert factory_of(Net()) == "perfcheck.examples.models:Net"
+    assert factory_of(gpt_small()) == "perfcheck.examples.models:gpt_small"
+    assert factory_of(torch.nn.Linear(2, 2)) is None
+    small = EXAMPLES["gpt"].build()
+    params = sum(p.numel() for p in small.parameters())
+    rebuilt = model_from_meta({"model": {"type": "GPT", "params": params, "factory": factory_of(small)}})
+    assert isinstance(rebuilt, GPT) and sum(p.numel() for p in rebuilt.parameters()) == params
+    # no factory recorded (an older run): the built-in example of that class name
+    assert isinstance(model_from_meta({"model": {"type": "GPT", "params": params}}), GPT)
+    assert isinstance(model_from_meta({"model": {"type": "JSC_Tiny", "params": 117}}), JSC_Tiny)
+    # a factory whose model is another class, one that cannot be imported, one of another size
+    assert model_from_meta({"model": {"type": "Net", "params": 62006, "factory": "perfcheck.examples.models:JSC_Tiny"}}) is None
+    assert model_from_meta({"model": {"type": "Net", "params": 62006, "factory": "no_such_module:Net"}}) is None
+    assert model_from_meta({"model": {"type": "Net", "params": 5, "factory": "perfcheck.examples.models:Net"}}) is None
+
+    model = JSC_Tiny()
+    with PerfCheck(model, warmup=0, steps=1, profile=False, sample_interval=None, out_dir=tmp_path / "run") as pc:
+        model(torch.randn(2, 16)).sum().backward()
+        pc.step()
+    meta = json.loads(next((tmp_path / "run").rglob("meta.json")).read_text())
+    assert meta["model"]["factory"] == "perfcheck.examples.models:JSC_Tiny"
+    assert isinstance(model_from_meta(meta), JSC_Tiny)

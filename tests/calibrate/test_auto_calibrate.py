@@ -1,4 +1,4 @@
-"""The automatic quick calibration of a CPU with no cache entry (perfcheck.hardware.cache): off under
+"""The automatic quick calibration of a CPU with no cache entry (perfcheck.calibrate.auto): off under
 the tests unless turned on, measured once and then read from the cache, named in the report header,
 never waited on (another process's lock), never in a rank of a multi-process job, and a failure
 falls back to the datasheet. The calibration itself is replaced by a hand-made table here (its
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from perfcheck.errors import UserError
+from perfcheck.calibrate import auto
 from perfcheck.hardware import cache
-from perfcheck.hardware.calibrate import run as calrun
-from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
+from perfcheck.calibrate import run as calrun
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
 from perfcheck.hardware.systems import load_system
 
 STAMP = "measured by perfcheck calibrate on testhost (test CPU), 2026-01-01 00:00 UTC, torch 2.13.0"
@@ -37,9 +38,9 @@ def _table():
 def auto_on(monkeypatch, tmp_path):
     """Auto-calibration turned on, an empty cache of its own, and a fake calibrate that counts its calls."""
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv(cache.AUTO_ENV, "1")
+    monkeypatch.setenv(auto.AUTO_ENV, "1")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    from perfcheck.hardware.calibrate import sanity
+    from perfcheck.calibrate import sanity
 
     monkeypatch.setattr(sanity, "busy_now", lambda threads, seconds=0.5: None)  # a quiet machine (the busy case:
     calls = []  # tests/calibrate/test_calibration_trust.py)
@@ -56,17 +57,17 @@ def auto_on(monkeypatch, tmp_path):
 def test_off_under_the_tests():
     import os
 
-    assert os.environ.get(cache.AUTO_ENV) == "0"  # conftest
-    assert not cache.auto_calibration_enabled() and not cache.auto_calibration_allowed("cpu")
-    assert cache.cached_spec("cpu") is None
+    assert os.environ.get(auto.AUTO_ENV) == "0"  # conftest
+    assert not auto.auto_calibration_enabled() and not auto.auto_calibration_allowed("cpu")
+    assert auto.cached_spec("cpu") is None
     assert not cache.cache_path("cpu").exists()
 
 
 @pytest.mark.parametrize("value, enabled", [("0", False), ("off", False), ("False", False), ("no", False),
                                             ("1", True), ("yes", True), ("", True)])
 def test_the_switch(monkeypatch, value, enabled):
-    monkeypatch.setenv(cache.AUTO_ENV, value)
-    assert cache.auto_calibration_enabled() is enabled
+    monkeypatch.setenv(auto.AUTO_ENV, value)
+    assert auto.auto_calibration_enabled() is enabled
 
 
 def test_measured_once_kept_and_named_in_the_header(auto_on, capsys):
@@ -75,7 +76,7 @@ def test_measured_once_kept_and_named_in_the_header(auto_on, capsys):
     from perfcheck.examples.models import JSC_Tiny
     from perfcheck.predict.module_estimator import estimate
 
-    pred = estimate(JSC_Tiny(), (torch.randn(4, 16),), system=cache.resolve_system("cpu", calibrate=True))
+    pred = estimate(JSC_Tiny(), (torch.randn(4, 16),), system=auto.resolve_system("cpu", calibrate=True))
     assert len(auto_on) == 1
     kw = auto_on[0]
     # quick, CPU, no collectives (they would start processes), the named spec
@@ -88,10 +89,10 @@ def test_measured_once_kept_and_named_in_the_header(auto_on, capsys):
     assert cache.cache_path("cpu").is_file()
     assert not list(cache.cache_path("cpu").parent.glob("*.lock")) and not list(cache.cache_path("cpu").parent.glob("*.tmp"))
     # the second prediction reads the cache: no second calibration, the same header
-    again = estimate(JSC_Tiny(), (torch.randn(4, 16),), system=cache.resolve_system("cpu", calibrate=True))
+    again = estimate(JSC_Tiny(), (torch.randn(4, 16),), system=auto.resolve_system("cpu", calibrate=True))
     assert len(auto_on) == 1 and again.attrs["system_label"] == label
     # and the ceilings are the measured ones (40 GFLOP/s), not the datasheet's 1 TFLOP/s
-    spec = cache.cached_spec("cpu")
+    spec = auto.cached_spec("cpu")
     assert spec.matrix_flops_per_s["fp32"] == pytest.approx(40e9, rel=1e-3)
     # a run directory embeds the spec (predicted.json): read back without the cache file, the header still says so
     from perfcheck.hardware.systems import SystemSpec
@@ -114,33 +115,33 @@ def test_another_process_calibrating_is_not_waited_for(auto_on, capsys):
     path.parent.mkdir(parents=True)
     lock = path.with_name(path.name + ".lock")
     lock.write_text("12345")
-    assert cache.cached_spec("cpu") is None and auto_on == []
+    assert auto.cached_spec("cpu") is None and auto_on == []
     assert "another process is calibrating" in capsys.readouterr().err
     # a crashed calibration's lock (older than the stale age) is taken over
     import os
     import time
 
-    old = time.time() - cache._STALE_LOCK_S - 10
+    old = time.time() - auto._STALE_LOCK_S - 10
     os.utime(lock, (old, old))
-    assert cache.cached_spec("cpu").name == cache.AUTO_NAME and len(auto_on) == 1 and not lock.exists()
+    assert auto.cached_spec("cpu").name == cache.AUTO_NAME and len(auto_on) == 1 and not lock.exists()
 
 
-@pytest.mark.parametrize("env", [{"WORLD_SIZE": "2"}, {cache.AUTO_ENV: "0"}])
+@pytest.mark.parametrize("env", [{"WORLD_SIZE": "2"}, {auto.AUTO_ENV: "0"}])
 def test_not_in_a_rank_nor_when_turned_off(auto_on, monkeypatch, env):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert cache.cached_spec("cpu") is None and auto_on == []
+    assert auto.cached_spec("cpu") is None and auto_on == []
 
 
 @pytest.mark.parametrize("world", ["1", "", "two", " 1 "])
 def test_one_process_or_a_malformed_world_size_still_calibrates(auto_on, monkeypatch, world):
     monkeypatch.setenv("WORLD_SIZE", world)
-    assert cache.auto_calibration_allowed("cpu")
+    assert auto.auto_calibration_allowed("cpu")
 
 
 def test_never_on_a_gpu(auto_on):
-    assert not cache.auto_calibration_allowed("cuda")
-    assert not cache.auto_calibration_allowed(torch.device("cuda", 0))
+    assert not auto.auto_calibration_allowed("cuda")
+    assert not auto.auto_calibration_allowed(torch.device("cuda", 0))
 
 
 def test_a_failed_calibration_falls_back_to_the_datasheet(auto_on, monkeypatch, capsys):
@@ -148,7 +149,7 @@ def test_a_failed_calibration_falls_back_to_the_datasheet(auto_on, monkeypatch, 
         raise RuntimeError("no BLAS today")
 
     monkeypatch.setattr(calrun, "calibrate", broken)
-    assert cache.cached_spec("cpu") is None
+    assert auto.cached_spec("cpu") is None
     assert "automatic calibration failed (no BLAS today)" in capsys.readouterr().err
     assert not cache.cache_path("cpu").exists()
     assert not list(cache.cache_path("cpu").parent.glob("*.lock"))
@@ -183,7 +184,7 @@ def test_unwritable_cache_says_so(auto_on, monkeypatch, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(blocker / "sub"))  # a folder under a file: cannot be made
-    assert cache.cached_spec("cpu") is None and auto_on == []
+    assert auto.cached_spec("cpu") is None and auto_on == []
     assert "cannot write the calibration cache" in capsys.readouterr().err
     with pytest.raises(UserError, match="PERFCHECK_CACHE_DIR"):
         cache.save_to_cache(load_system("cpu"), "cpu")
@@ -202,5 +203,5 @@ def test_the_users_random_stream_and_threads_are_left_as_they_were(auto_on, monk
     torch.manual_seed(1234)
     expected = torch.randn(8)
     torch.manual_seed(1234)
-    assert cache.auto_calibrate("cpu") is not None and len(auto_on) == 1
+    assert auto.auto_calibrate("cpu") is not None and len(auto_on) == 1
     assert torch.equal(torch.randn(8), expected)

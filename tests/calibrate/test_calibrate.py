@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from perfcheck.hardware.calibrate.run import Timer, calibrate, copy_cases, launch_cases, matmul_cases, run_cases
-from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
+from perfcheck.calibrate.run import Timer, calibrate, copy_cases, launch_cases, matmul_cases, run_cases
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
 from perfcheck.cli import main
 from perfcheck.errors import UserError
 from perfcheck.predict import roofline
@@ -171,7 +171,7 @@ def test_bad_input_exits_2(tmp_path, capsys):
 
 
 def test_collective_bad_input_needs_no_processes():
-    from perfcheck.hardware.calibrate.collectives import bench_collectives
+    from perfcheck.calibrate.collectives import bench_collectives
 
     with pytest.raises(UserError, match="kinds"):
         bench_collectives([1024], kinds=("all-to-nobody",))
@@ -185,7 +185,7 @@ def test_collective_bad_input_needs_no_processes():
 
 @pytest.mark.slow
 def test_gloo_collectives_two_ranks():
-    from perfcheck.hardware.calibrate.collectives import bench_collectives
+    from perfcheck.calibrate.collectives import bench_collectives
 
     t = bench_collectives([4096, 1 << 20], kinds=("allreduce", "allgather", "reducescatter"), repeats=2, target_s=0.002)
     assert list(t["kind"]) == ["allreduce"] * 2 + ["allgather"] * 2 + ["reducescatter"] * 2
@@ -200,7 +200,7 @@ def test_gloo_collectives_two_ranks():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_quick_gpu_calibration_keeps_datasheet_peaks(tmp_path):
-    from perfcheck.hardware.calibrate.run import default_base
+    from perfcheck.calibrate.run import default_base
 
     base = load_system(default_base(torch.device("cuda")))
     res = calibrate(mode="quick", comm=False, dtypes=["bf16"])
@@ -212,7 +212,7 @@ def test_quick_gpu_calibration_keeps_datasheet_peaks(tmp_path):
 
 
 def test_merge_measurements_takes_the_median_per_case():
-    from perfcheck.hardware.calibrate.fit import merge_measurements
+    from perfcheck.calibrate.fit import merge_measurements
 
     t1, t2, t3 = _table(), _table(), _table()
     t2["seconds"] = t2["seconds"] * 2
@@ -226,7 +226,7 @@ def test_merge_measurements_takes_the_median_per_case():
 
 
 def test_cli_parser_spells_the_peak_conventions_of_the_library():
-    from perfcheck.hardware.calibrate.run import PEAK_CONVENTIONS
+    from perfcheck.calibrate.run import PEAK_CONVENTIONS
     from perfcheck.commands import calibrate as command
 
     assert command.PEAK_CONVENTIONS == PEAK_CONVENTIONS
@@ -262,7 +262,7 @@ def test_bandwidth_curve_by_hand():
 def test_optimizer_cases_time_step_and_zero_grad():
     """The host model predicts step() + zero_grad(set_to_none=True) (host.optimizer_time): the optimizer
     cases run both, with the gradients put back before each call, so every call really steps."""
-    from perfcheck.hardware.calibrate.cases import host_cases
+    from perfcheck.calibrate.cases import host_cases
 
     cases = {c.label: c for c in host_cases(torch.device("cpu"))}
     case = cases["optim sgd x2"]
@@ -296,7 +296,7 @@ def test_a_filler_between_calls_is_not_timed():
 def test_once_per_step_host_cases_run_cold_and_as_a_cpu_user_gets_the_optimizer():
     """The optimizer and loss.backward() chains run a filler before each call (a step runs them after
     other code); per-op cases do not. The CPU for-loop optimizer case is torch's default (foreach=None)."""
-    from perfcheck.hardware.calibrate.cases import host_cases
+    from perfcheck.calibrate.cases import host_cases
 
     cases = {c.label: c for c in host_cases(torch.device("cpu"))}
     assert cases["optim sgd x2"].between is not None and cases["forward+backward x8"].between is not None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perfcheck.hardware.calibrate import cases as cases_mod
-from perfcheck.hardware.calibrate.cases import Case, Timer, host_cases, run_cases
+from perfcheck.calibrate import cases as cases_mod
+from perfcheck.calibrate.cases import Case, Timer, host_cases, run_cases
 
 
 class _Clock:

@@ -3,7 +3,7 @@ shadowed the first, so `perfcheck calibrate` on an H100 failed at its tf32 matmu
 import pytest
 import torch
 
-from perfcheck.hardware.calibrate import cases
+from perfcheck.calibrate import cases
 from perfcheck.hardware.systems import load_system, normalize_dtype
 
 GPU_SPECS = ("h100-sxm", "a100-80gb-sxm", "h200")

@@ -24,9 +24,10 @@ from perfcheck.analysis.reconcile import reconcile
 from perfcheck.analysis.stages import measured_exposed
 from perfcheck.analysis.system_notes import device_mismatch, system_notes
 from perfcheck.cli import main
+from perfcheck.calibrate import auto
 from perfcheck.hardware import cache, labels
-from perfcheck.hardware.calibrate import cases, repeats, sanity
-from perfcheck.hardware.calibrate import run as calrun
+from perfcheck.calibrate import cases, repeats, sanity
+from perfcheck.calibrate import run as calrun
 from perfcheck.hardware.systems import SystemSpec, load_system
 from perfcheck.schema import MEASURED_COLUMNS, PREDICTED_COLUMNS, module_depth
 
@@ -125,13 +126,13 @@ def test_one_thread_on_the_process_clock_is_not_refused_for_a_neighbours_load(mo
     assert sanity.contention(_record(threads=2, clock="process", others_cores=1.9)) is not None
     # and the automatic calibration of one thread uses that clock, without a load probe
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv(cache.AUTO_ENV, "1")
+    monkeypatch.setenv(auto.AUTO_ENV, "1")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(sanity, "busy_now", _no_benchmark)
     seen = []
     quiet = _calibrated(name=cache.AUTO_NAME, calibration=_record(clock="process", others_cores=1.9))
     monkeypatch.setattr(calrun, "calibrate", lambda base=None, **kw: seen.append(kw) or calrun.Calibration(quiet, None))
-    assert cache.resolve_system("cpu", threads=1, calibrate=True).name == cache.AUTO_NAME
+    assert auto.resolve_system("cpu", threads=1, calibrate=True).name == cache.AUTO_NAME
     assert seen[0]["clock"] == "process" and seen[0]["threads"] == 1
 
 
@@ -179,7 +180,7 @@ def test_far_from_the_previous_calibration_is_refused_only_against_a_trusted_one
 @pytest.fixture
 def auto_on(monkeypatch, tmp_path):
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv(cache.AUTO_ENV, "1")
+    monkeypatch.setenv(auto.AUTO_ENV, "1")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(sanity, "busy_now", lambda threads, seconds=0.5: None)  # a quiet machine unless a test says
 
@@ -189,7 +190,7 @@ def test_a_busy_machine_is_not_calibrated_at_all(monkeypatch, tmp_path, capsys):
     """A fake loaded machine: over the 0.5 s probe, other processes kept every core and one more busy
     (planted CPU counters); the automatic calibration is not even started."""
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv(cache.AUTO_ENV, "1")
+    monkeypatch.setenv(auto.AUTO_ENV, "1")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     cores = os.cpu_count() or 1
     busy, own, clock = iter([100.0, 100.2 + (cores + 1) * 0.5]), iter([50.0, 50.2]), iter([0.0, 0.5])
@@ -198,7 +199,7 @@ def test_a_busy_machine_is_not_calibrated_at_all(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(sanity.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(sanity.time, "sleep", lambda s: None)
     monkeypatch.setattr(calrun, "calibrate", _no_benchmark)
-    spec = cache.resolve_system("cpu", threads=2, calibrate=True)  # two threads: timed on the wall clock
+    spec = auto.resolve_system("cpu", threads=2, calibrate=True)  # two threads: timed on the wall clock
     assert not spec.calibrated and not cache.cache_path("cpu", threads=2).exists()
     err = capsys.readouterr().err
     assert f"none is measured now (other processes kept {cores + 1:.2f} of the {cores} cores busy" in err
@@ -208,7 +209,7 @@ def test_a_contended_automatic_calibration_is_not_kept_and_says_why(auto_on, mon
     loaded = _calibrated(name=cache.AUTO_NAME, calibration=_record(threads=torch.get_num_threads(),
                                                                     others_cores=1.9, cores=2))
     monkeypatch.setattr(calrun, "calibrate", lambda base=None, **kw: calrun.Calibration(loaded, pd.DataFrame()))
-    spec = cache.resolve_system("cpu", calibrate=True)
+    spec = auto.resolve_system("cpu", calibrate=True)
     assert spec.name == "cpu" and not spec.calibrated  # the datasheet, labelled as the default
     assert labels.spec_label(spec) == f"cpu (datasheet: default, {cache.NO_CALIBRATION})"
     err = capsys.readouterr().err
@@ -220,7 +221,7 @@ def test_a_contended_automatic_calibration_is_not_kept_and_says_why(auto_on, mon
 def test_a_quiet_calibration_is_kept_and_its_header_says_when_and_under_what_load(auto_on, monkeypatch):
     quiet = _calibrated(name=cache.AUTO_NAME, calibration=_record(threads=torch.get_num_threads()))
     monkeypatch.setattr(calrun, "calibrate", lambda base=None, **kw: calrun.Calibration(quiet, pd.DataFrame()))
-    spec = cache.resolve_system("cpu", calibrate=True)
+    spec = auto.resolve_system("cpu", calibrate=True)
     n = torch.get_num_threads()
     assert labels.spec_label(spec) == (
         f"cpu-auto-calibrated (calibrated: automatic quick calibration, per-user cache {cache.cache_path('cpu')}; "
@@ -233,8 +234,11 @@ def _no_benchmark(*a, **kw):
 
 
 def test_estimate_and_report_never_calibrate_on_an_empty_cache(auto_on, monkeypatch, tmp_path, capsys):
+    # every entry point of a benchmark: the calibration, the automatic one, and the case runner under both
     monkeypatch.setattr(calrun, "calibrate", _no_benchmark)
-    monkeypatch.setattr(cache, "auto_calibrate", _no_benchmark)
+    monkeypatch.setattr(auto, "auto_calibrate", _no_benchmark)
+    monkeypatch.setattr(calrun, "run_cases", _no_benchmark)
+    monkeypatch.setattr(cases, "run_cases", _no_benchmark)
     from perfcheck.examples.models import Net
 
     pred = perfcheck.estimate(Net(), (torch.randn(8, 3, 32, 32),))

@@ -86,7 +86,7 @@ def test_written_system_file_loads_with_system_file(calibrated):
     assert json.loads(est)
 
 
-#: host constants every GPU calibration measures (perfcheck.hardware.calibrate.cases.host_cases)
+#: host constants every GPU calibration measures (perfcheck.calibrate.cases.host_cases)
 MEASURED_HOST = ("op_dispatch_s", "view_dispatch_s", "autograd_node_s", "backward_node_s", "backward_call_s",
                  "module_call_s", "optim_step_s", "optim_sgd_per_tensor_s", "optim_adam_per_tensor_s",
                  "device_kernel_s")

@@ -1,4 +1,4 @@
-"""GPU kernel-class curves (perfcheck.hardware.calibrate.gpu_ops): the fit on synthetic measurement tables
+"""GPU kernel-class curves (perfcheck.calibrate.gpu_ops): the fit on synthetic measurement tables
 against hand arithmetic, the roofline's reading of the curves (per phase, per dtype, between sizes), the
 spec round trip, and the cases on a CPU at tiny sizes (the families trace to the ops they are stored under).
 
@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import torch
 
-from perfcheck.hardware.calibrate import gpu_ops
-from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
+from perfcheck.calibrate import gpu_ops
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.hardware.systems import SystemSpec, load_system
 from perfcheck.predict import roofline
 

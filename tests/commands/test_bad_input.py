@@ -195,7 +195,7 @@ def test_estimate_refuses_a_name_for_a_model():
 
 
 def test_deepspeed_block_refuses_zero_sampler_interval():
-    from perfcheck.integrations.deepspeed.api import parse_block
+    from perfcheck.integrations.deepspeed.config import parse_block
 
     with pytest.raises(UserError, match="sampler_interval_s"):
         parse_block({"perfcheck": {"sampler_interval_s": 0}})

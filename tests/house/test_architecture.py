@@ -1,5 +1,7 @@
 """The package's shape: every module imports on its own, no import cycles (top-level or inside
-functions), no module made callable, no private name reached across modules, a small top level."""
+functions), no import up the floors (``FLOORS``, ``FLOOR_OF``, ``UPWARD``), imports at the top of the
+file, small functions and files, no module made callable, no private name reached across modules, a
+small top level."""
 import ast
 import pathlib
 import subprocess
@@ -138,3 +140,202 @@ def test_no_private_names_reached_across_modules():
                     and node.attr.startswith("_") and not node.attr.startswith("__")):
                 offenders.append(f"{name}: {node.value.id}.{node.attr}")
     assert not offenders, offenders
+
+
+# ------------------------------------------------------------------------------------------- floors
+#: The floors, bottom to top: a module may import its own floor and those below it, never one above
+#: (docs: /work/shared/DESIGN.md "A layout that shows the architecture"). Data and storage at the
+#: bottom; the edges that resolve a system once (PerfCheck, the commands, the facade) at the top.
+FLOORS = ("base", "hardware", "predict", "calibrate", "measure", "analysis", "report", "session",
+          "integrations", "examples", "commands", "facade")
+
+#: Module or folder -> its floor; the longest matching prefix wins. Paths that other changes of the
+#: same step create (perfcheck.rundir, perfcheck.units, perfcheck.session, measure/timer/) are listed
+#: ahead so that the table holds on either side of a move; an entry for a path that does not exist is
+#: harmless, a module with no entry fails ``test_every_module_has_a_floor``.
+FLOOR_OF = {
+    "perfcheck.schema": "base", "perfcheck.errors": "base", "perfcheck.units": "base",
+    "perfcheck.model_paths": "base", "perfcheck.parallel": "base", "perfcheck.rundir": "base",
+    "perfcheck.hardware": "hardware",
+    "perfcheck.predict": "predict",
+    "perfcheck.calibrate": "calibrate",
+    "perfcheck.measure": "measure",
+    "perfcheck.analysis": "analysis",
+    "perfcheck.report": "report",
+    "perfcheck.measure.session": "session", "perfcheck.session": "session",
+    "perfcheck.integrations": "integrations",
+    "perfcheck.examples": "examples",
+    "perfcheck.commands": "commands", "perfcheck.cli": "commands",
+    "perfcheck": "facade", "perfcheck.__main__": "facade", "perfcheck.deepspeed": "facade",
+}
+
+#: The imports allowed to go up a floor, (importer prefix, imported prefix) -> why. Entries that say
+#: "pending" are arrows another change of the same step removes (a move of the imported module to a
+#: lower floor); they go when it lands. The target is at most 2 upward folder pairs.
+UPWARD = {
+    ("perfcheck.examples.train_ds", "perfcheck.deepspeed"):
+        "the example is the user's training script: it shows the public entry point "
+        "(perfcheck.deepspeed.initialize) exactly as a user writes it",
+    ("perfcheck.measure.context", "perfcheck"):
+        "pending: the run's facts record perfcheck.__version__ (to be read from a base-floor module)",
+    ("perfcheck.predict.for_run", "perfcheck.measure.rundir"):
+        "pending: the one run-directory reader moves to perfcheck/rundir/ (base)",
+    ("perfcheck.predict.whatif", "perfcheck.measure.rundir"):
+        "pending: the one run-directory reader moves to perfcheck/rundir/ (base)",
+    ("perfcheck.analysis", "perfcheck.integrations.deepspeed.run_files"):
+        "pending: the DeepSpeed run files are read through the run-directory reader (perfcheck/rundir/)",
+    ("perfcheck.analysis", "perfcheck.report.units"):
+        "pending: report/units.py (byte and second formats) moves to perfcheck/units.py (base)",
+}
+
+
+def _floor(module):
+    name = module
+    while name:
+        if name in FLOOR_OF:
+            return FLOOR_OF[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _import_nodes(name, path):
+    """(node, perfcheck modules it imports, inside a function?) for every import statement of
+    ``name`` (relative imports resolved; ``from a import b`` names the module a.b where there is one)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        targets = sorted({t for t in targets if t == "perfcheck" or t.startswith("perfcheck.")})
+        if targets:
+            yield node, targets, id(node) in in_function
+
+
+def _under(module, prefix):
+    """``module`` is ``prefix`` or inside it (the facade ``perfcheck`` names itself only)."""
+    return module == prefix or (prefix != "perfcheck" and module.startswith(prefix + "."))
+
+
+def _allowed_upward(importer, imported):
+    for (a, b), why in UPWARD.items():
+        if _under(importer, a) and _under(imported, b):
+            return why
+    return None
+
+
+def upward_imports(modules=None):
+    """Every (importer, imported, importer's floor, imported's floor) whose import goes up the floors."""
+    found = set()
+    for name, path in (modules or MODULES).items():
+        for _node, targets, _inner in _import_nodes(name, path):
+            for target in targets:
+                low, high = _floor(name), _floor(target)
+                if low and high and FLOORS.index(high) > FLOORS.index(low):
+                    found.add((name, target, low, high))
+    return sorted(found)
+
+
+def test_every_module_has_a_floor():
+    assert not [n for n in MODULES if _floor(n) is None]
+
+
+def test_no_import_goes_up_a_floor():
+    """Every import (inside functions too) goes to its own floor or one below, except ``UPWARD``."""
+    bad = [f"{a} ({fa}) -> {b} ({fb})" for a, b, fa, fb in upward_imports() if not _allowed_upward(a, b)]
+    assert not bad, "imports up the floors (move the code, or list the arrow in UPWARD with its reason):\n" + "\n".join(bad)
+
+
+def test_every_listed_exception_is_used():
+    """An entry of ``UPWARD`` that no import needs any more is removed (the table stays the truth)."""
+    used = {(a, b) for a, b, _, _ in upward_imports()}
+    stale = [k for k in UPWARD if not any(_under(a, k[0]) and _under(b, k[1]) for a, b in used)]
+    assert not stale, stale
+
+
+def _upward_pairs():
+    return sorted({(fa, fb) for _, _, fa, fb in upward_imports()})
+
+
+@pytest.mark.xfail(strict=False, reason="3 upward floor pairs on this branch (examples->facade, measure->facade, "
+                   "predict->measure, analysis->report): the base-floor moves of perfcheck/rundir/ and units land "
+                   "in a parallel change")
+def test_at_most_two_upward_floor_pairs():
+    assert len(_upward_pairs()) <= 2, _upward_pairs()
+
+
+def test_floor_scanner_finds_a_planted_upward_import(tmp_path):
+    """The scanner is not vacuous: a planted predict -> integrations import (inside a function, relative)
+    is reported, and an allowed downward one is not."""
+    pkg = tmp_path / "perfcheck" / "predict"
+    pkg.mkdir(parents=True)
+    planted = pkg / "planted.py"
+    planted.write_text("from perfcheck.hardware import systems\n\ndef f():\n    from ..integrations import lightning\n")
+    modules = {"perfcheck.predict.planted": planted, "perfcheck.integrations.lightning": PKG / "integrations" / "lightning.py"}
+    found = upward_imports(modules)
+    assert [(a, b) for a, b, _, _ in found] == [("perfcheck.predict.planted", "perfcheck.integrations.lightning")]
+    assert found[0][2:] == ("predict", "integrations")
+    assert _allowed_upward(*found[0][:2]) is None
+
+
+# --------------------------------------------------------------------------------- sizes of things
+#: Targets: perfcheck's own imports inside functions (outside commands/, whose lazy imports keep
+#: ``--help`` fast), functions over 60 lines, files over 500 lines.
+MAX_INNER_IMPORTS, MAX_FUNCTION_LINES, MAX_BIG_FILES, BIG_FILE_LINES = 25, 60, 5, 500
+
+
+def inner_imports():
+    """perfcheck-internal import statements inside functions, outside perfcheck/commands/ ("module:line")."""
+    return [f"{name}:{node.lineno}" for name, path in MODULES.items() if not name.startswith("perfcheck.commands")
+            for node, _targets, inner in _import_nodes(name, path) if inner]
+
+
+def long_functions():
+    out = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                out.append(f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    return out
+
+
+def big_files():
+    return [f"{n} ({len(p.read_text(encoding='utf-8').splitlines())} lines)" for n, p in MODULES.items()
+            if len(p.read_text(encoding="utf-8").splitlines()) > BIG_FILE_LINES]
+
+
+@pytest.mark.xfail(strict=False, reason="perfcheck-internal imports inside functions: 161 at the start of this step; "
+                   "each folder's owner moves them to the top")
+def test_few_imports_inside_functions():
+    found = inner_imports()
+    assert len(found) <= MAX_INNER_IMPORTS, f"{len(found)} imports inside functions: {found}"
+
+
+@pytest.mark.xfail(strict=False, reason="functions over 60 lines: 14 at the start of this step")
+def test_no_long_functions():
+    assert not long_functions(), long_functions()
+
+
+@pytest.mark.xfail(strict=False, reason="files over 500 lines: 15 at the start of this step")
+def test_few_big_files():
+    assert len(big_files()) <= MAX_BIG_FILES, big_files()
+
+
+def test_size_scanners_find_planted_cases(tmp_path, monkeypatch):
+    """The three counters are not vacuous: a planted long function with an inner import in a big file."""
+    planted = tmp_path / "planted.py"
+    body = "\n".join(f"    x{i} = {i}" for i in range(70))
+    planted.write_text("def f():\n    from perfcheck import errors\n" + body + "\n" + "\n" * 450)
+    monkeypatch.setattr(sys.modules[__name__], "MODULES", {"perfcheck.predict.planted": planted})
+    assert inner_imports() == ["perfcheck.predict.planted:2"]
+    assert long_functions() == ["perfcheck.predict.planted.f (72 lines)"]
+    assert big_files() == ["perfcheck.predict.planted (522 lines)"]  # 72 lines of code + 450 blank

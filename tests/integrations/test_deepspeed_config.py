@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.integrations.deepspeed.api import PerfcheckBlock, merge_configs, parse_block
+from perfcheck.integrations.deepspeed.config import PerfcheckBlock, merge_configs, parse_block
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.integrations.deepspeed.api import parse_block
+from perfcheck.integrations.deepspeed.config import parse_block
 from perfcheck.integrations.deepspeed.block import perfcheck_settings, settings_for, zero_parallel
 
 

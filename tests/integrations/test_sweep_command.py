@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from perfcheck.integrations.deepspeed import sweep as S
+from perfcheck.integrations.deepspeed import sweep_options as O
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "deepspeed_sweep"
 
@@ -16,8 +17,8 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "deepspeed_sweep"
 def test_models_and_stages_match_the_training_script():
     from perfcheck.examples.train_ds import MODELS
 
-    assert set(S.MODELS) == set(MODELS)
-    assert {"0", "1", "2", "3", "3-gather"} <= set(S.available_stages())
+    assert set(O.MODELS) == set(MODELS)
+    assert {"0", "1", "2", "3", "3-gather"} <= set(O.available_stages())
 
 
 def test_stage_configs_compile_nothing_by_default():
@@ -35,7 +36,7 @@ def test_local_launch_is_the_per_node_launcher_with_the_package_configs(tmp_path
     world = json.loads(base64.urlsafe_b64decode(cmd[4].split("=", 1)[1]))
     assert world == {"localhost": [0, 1, 2]} and "--master_port=12345" in cmd
     assert cmd[cmd.index("--config") + 1] == str(S.BASE_CONFIG)
-    assert cmd[cmd.index("--overlay") + 1] == str(S.CONFIG_DIR / "stage3.json")
+    assert cmd[cmd.index("--overlay") + 1] == str(O.CONFIG_DIR / "stage3.json")
     assert cmd[cmd.index("--steps") + 1] == "2" and cmd[cmd.index("--out") + 1] == str(tmp_path / "stage3")
     host = tmp_path / "hosts"
     host.write_text("localhost slots=2\n")

@@ -81,7 +81,7 @@ def test_estimate_accepts_a_dtensor_model_and_adds_its_collectives(fake2):
 
 
 def test_meta_twin_is_unparallelised_and_leaves_the_model_alone(fake2):
-    from perfcheck.integrations.torch_distributed import meta_twin
+    from perfcheck.predict.twins import meta_twin
 
     model = M.fsdp2()
     twin = meta_twin(model)

@@ -134,7 +134,7 @@ def test_fsdp2_tp_2d_flops_memory_and_collectives_per_rank(fake4):
     assert D.bytes_by_kind(res["collectives"]) == hand
     # what PerfCheck predicts in a real 2-D group (no fake trace): FSDP2 units read from the live
     # layout + TP redistributes traced on the TP-only twin with fake shards; the same bytes per kind
-    from perfcheck.integrations.torch_distributed import live_collectives
+    from perfcheck.predict.layout_collectives import live_collectives
 
     live = live_collectives(model) + D.live_dtensor_collectives(model, (x,))
     per_kind = {}
@@ -196,7 +196,7 @@ def test_fsdp2_tp_sp_live_prediction_matches_the_fake_trace(fake4):
     """torchtitan's 2-D layout (FSDP2 + TP with sequence parallel norms): the live prediction
     (what PerfCheck uses in a real group) gives the fake-group trace's bytes per kind; the norm's
     Partial gradients are all-reduced by FSDP2 in backward, on synced micro-batches only."""
-    from perfcheck.integrations.torch_distributed import issue_rate, live_collectives
+    from perfcheck.predict.layout_collectives import issue_rate, live_collectives
 
     model = M.fsdp2_tp_sp()
     x = torch.randn(2, 4, 16)  # this rank's half of the 8-token sequence

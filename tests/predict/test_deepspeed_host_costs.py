@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.calibrate import deepspeed_cases as dc
+from perfcheck.calibrate import deepspeed_cases as dc
 from perfcheck.hardware.systems import HOST_KEYS, host_constants, host_source, load_system
 from perfcheck.predict import host
 
@@ -204,7 +204,7 @@ def test_real_engine_case_measures_zero3_hooks_per_module_call():
 
 def test_overhead_pairs_in_the_block_and_bare_steps_preferred():
     from perfcheck.analysis.stages import measured_times
-    from perfcheck.integrations.deepspeed.api import parse_block
+    from perfcheck.integrations.deepspeed.config import parse_block
 
     b = parse_block({"perfcheck": {"warmup_steps": 1, "steps": 4, "overhead_pairs": 3, "profiler": False}})
     assert b.overhead_pairs == 3 and b.total_steps == 1 + 4 + 3

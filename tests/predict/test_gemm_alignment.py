@@ -81,14 +81,14 @@ def test_matrix_unaligned_is_a_fraction(tmp_path):
 
 
 def test_calibration_fits_the_unaligned_fraction_by_hand():
-    """Two shapes, forward and backward each timed unaligned (perfcheck.hardware.calibrate.cases.
+    """Two shapes, forward and backward each timed unaligned (perfcheck.calibrate.cases.
     alignment_cases). The bf16 matmuls run at 0.8 of the 989.4 TFLOP/s peak at every size, so the model
     times the aligned twin's F FLOPs at F / (0.8 x 989.4e12). Factor = model twin time / measured
     unaligned time = rate_u / (0.8 x 989.4e12) x F_twin / F_u:
     fwd 8192x768x50257 at 100 TFLOP/s: 0.12634 x 50264/50257; 8192x4096x4097 at 300: 0.37904 x 4104/4097;
     median of two = their mean. bwd (both GEMMs) at 200 and 400 TFLOP/s likewise."""
     import pandas as pd
-    from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
+    from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
 
     stamp = "measured by perfcheck calibrate on testhost (test GPU), 2026-01-01 00:00 UTC, torch 2.13.0"
     peak = 0.8 * 989.4e12

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import perfcheck
-from perfcheck.hardware.calibrate import cases, fit
+from perfcheck.calibrate import cases, fit
 from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict import host
 
@@ -119,7 +119,7 @@ def test_the_foreach_step_uses_its_own_fixed_cost():
 
 # ---------------------------------------------------------------------------- graph gather/scatter kernel classes
 def test_gather_and_scatter_families_trace_to_their_aten_ops_with_hand_bytes():
-    from perfcheck.hardware.calibrate import gpu_ops
+    from perfcheck.calibrate import gpu_ops
 
     cs = {c.label: c for c in gpu_ops.gpu_op_cases("cpu", ("bf16",), sizes="tiny",
                                                      families=("index_select", "scatter_add"))}

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import perfcheck
-from perfcheck.hardware.calibrate import cases, fit
-from perfcheck.hardware.calibrate.cases import Case, Timer, run_cases
+from perfcheck.calibrate import cases, fit
+from perfcheck.calibrate.cases import Case, Timer, run_cases
 from perfcheck.hardware.systems import host_constants, host_source, load_system
 
 US = 1e-6
@@ -156,7 +156,7 @@ def test_planted_switch_cost_is_measured_by_the_round_robin():
 def test_convolution_fixed_cost_case_runs_a_batch_of_two():
     """A CPU convolution of batch 1 runs another kernel than batch >= 2 (10 vs 119 us for the tiny case on the
     project's VM): the op_fixed case and the Conv module cases use a batch of 2, the path of a training batch."""
-    from perfcheck.hardware.calibrate.layers import tiny_modules
+    from perfcheck.calibrate.layers import tiny_modules
 
     conv = cases._tiny_ops(torch.device("cpu"))["convolution"]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:

@@ -197,7 +197,7 @@ def _row(kind, label, seconds, m=0, k=0, n=0, flops=0.0, nbytes=0.0):
 
 
 def test_fit_host_constants_by_hand():
-    from perfcheck.hardware.calibrate.fit import build_spec
+    from perfcheck.calibrate.fit import build_spec
 
     rows = [_row("launch", "op", 4 * US), _row("host", "view", 2 * US),
             _row("host", "autograd forward x32", 7 * US), _row("host", "module call", 3 * US),
@@ -223,7 +223,7 @@ def test_fit_host_constants_by_hand():
 
 
 def test_fit_shape_curve_for_skinny_gemms():
-    from perfcheck.hardware.calibrate.fit import build_spec
+    from perfcheck.calibrate.fit import build_spec
 
     peak = 100e9
     rows = [_row("launch", "op", 0.0)]
@@ -319,7 +319,7 @@ def test_autograd_node_is_the_grad_chain_less_the_same_chain_without_grad():
     """autograd_node_s comes from two chains of the same ``y * b`` op, with and without autograd: taking
     torch.add's dispatch off instead (another call path) read 1.0 us on the project's VM where the
     matched difference is 1.3 us. Old tables without the plain chain keep the previous rule."""
-    from perfcheck.hardware.calibrate.fit import build_spec
+    from perfcheck.calibrate.fit import build_spec
 
     rows = [_row("launch", "op", 4 * US), _row("host", "autograd forward x32", 7 * US),
             _row("host", "plain forward x32", 2.5 * US)]
@@ -359,8 +359,8 @@ def test_module_fixed_cost_is_added_per_call_of_that_class():
 def test_fit_module_fixed_is_the_measured_call_less_the_estimate():
     """The fit keeps, per layer class, the measured call less the estimator's forward for the same tiny
     module on the spec being fitted (floored at 0); labels it does not know are skipped."""
-    from perfcheck.hardware.calibrate.fit import build_spec
-    from perfcheck.hardware.calibrate.layers import tiny_modules
+    from perfcheck.calibrate.fit import build_spec
+    from perfcheck.calibrate.layers import tiny_modules
     from perfcheck.schema import ROOT
 
     rows = [_row("launch", "op", 4 * US), _row("host", "module call", 3 * US),
@@ -381,7 +381,7 @@ def test_op_efficiency_is_kept_and_applied_per_dtype():
     """A kernel's efficiency depends on its dtype (an H100's 3->6 channel conv measured 0.029 of its roofline in
     bf16, about twice that in fp32: bench/RESULTS.md, GPU visit 2): a bf16 measurement must not price an fp32
     run. Keys: the op's name for fp32, ``op@bf16`` for bf16; a dtype with no entry of its own takes fp32's."""
-    from perfcheck.hardware.calibrate import fit
+    from perfcheck.calibrate import fit
     from perfcheck.predict import roofline
 
     spec = dataclasses.replace(_spec("cpu"), op_efficiency={"addmm": 0.5, "addmm@bf16": 0.25})

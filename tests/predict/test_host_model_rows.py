@@ -11,8 +11,8 @@ import torch
 
 import perfcheck
 from perfcheck.errors import UserError
-from perfcheck.hardware.calibrate.cases import ROW_COUNTS, row_cases, row_lengths, row_op_cost
-from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
+from perfcheck.calibrate.cases import ROW_COUNTS, row_cases, row_lengths, row_op_cost
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
 from perfcheck.hardware.systems import SystemSpec, load_system
 from perfcheck.predict import roofline
 from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of

@@ -1,5 +1,5 @@
 """Op classes (perfcheck.predict.aten_costs.op_class), their costs against hand arithmetic, and the calibration
-cases that measure them (perfcheck/hardware/calibrate/op_classes.py)."""
+cases that measure them (perfcheck/calibrate/op_classes.py)."""
 import dataclasses
 
 import pytest
@@ -95,7 +95,7 @@ def test_tied_weights_add_their_gradients_once_per_extra_owner():
 
 
 def test_op_class_cases_are_rows_the_fits_read():
-    from perfcheck.hardware.calibrate.op_classes import op_class_cases
+    from perfcheck.calibrate.op_classes import op_class_cases
 
     cases = op_class_cases("cpu")
     labels = {c.label for c in cases}

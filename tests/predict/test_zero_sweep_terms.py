@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.calibrate import concurrency
+from perfcheck.calibrate import concurrency
 from perfcheck.hardware.systems import HOST_KEYS, host_constants, host_source, load_system
 from perfcheck.predict import host
 
@@ -118,7 +118,7 @@ def test_real_concurrency_case_writes_a_sane_value():
 
 def _allreduce_table(rows):
     """A measurement table of all-reduce rows (bytes S, seconds) across 2 ranks, busbw = S / t (factor 1)."""
-    from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
+    from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 
     return pd.DataFrame([{"kind": "allreduce", "label": f"allreduce {b} B", "dtype": "fp32", "m": 0, "k": 0, "n": 0,
                           "flops": 0.0, "bytes": float(b), "world_size": 2, "seconds": t, "seconds_min": t,
@@ -132,8 +132,8 @@ def test_collectives_apply_by_hand():
     ranks), efficiency 1 (a CPU's measured convention). Alpha: the least of each smaller size less its bytes
     at the 4 MiB rate: 4 KiB 2 ms - 6 ms / 1024 = 1.994 ms; 64 KiB 1.3 - 6 / 64 = 1.206 ms -> 1.206 ms.
     A 248024 B all-reduce is then 1.206 ms + 248024 / 699 MB/s (0.355 ms) = 1.561 ms."""
-    from perfcheck.hardware.calibrate import collectives, fit
-    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.calibrate import collectives, fit
+    from perfcheck.calibrate import sweep_terms as sweep
     from perfcheck.predict.collectives import collective_time_s
 
     base = dataclasses.replace(load_system("cpu"), name="cpu-auto-calibrated", calibrated=True,
@@ -161,14 +161,14 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     measured (the cases are replaced by planted results here), saved to the cache file, and a second sweep
     measures nothing."""
     from perfcheck.hardware import cache
-    from perfcheck.hardware.calibrate import collectives, deepspeed_cases
-    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.calibrate import collectives, deepspeed_cases
+    from perfcheck.calibrate import sweep_terms as sweep
     from perfcheck.predict.collectives import collective_time_s
 
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path))
     base = dataclasses.replace(load_system("cpu"), name="cpu-auto-calibrated", calibrated=True)
     path = base.save(cache.cache_path("cpu", threads=1))
-    spec = cache.cached_spec("cpu", threads=1, auto=False)
+    spec = cache.cached_spec("cpu", threads=1)
     assert sweep.missing_terms(spec) == ["concurrency", "deepspeed", "collectives", "collective sync"]
     default_ar = collective_time_s("allreduce", 248024, 2, spec)
     calls = []
@@ -212,7 +212,7 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     assert host_constants(out)["zero0_fwd_s"] == pytest.approx(123 * US)
     assert host.process_slowdown(out, 2) == pytest.approx(1.1)
     assert host_constants(out)["collective_latency_s"] == pytest.approx(1.20625e-3)
-    kept = cache.cached_spec("cpu", threads=1, auto=False)
+    kept = cache.cached_spec("cpu", threads=1)
     assert sweep.missing_terms(kept) == [] and kept.name == "cpu-auto-calibrated" and path.is_file()
     assert host_constants(kept)["process_slowdown_per_peer"] == pytest.approx(0.1)
     # the predicted 248 KB all-reduce moved from the defaults' to the measured alpha + bytes / link
@@ -237,8 +237,8 @@ def test_sweep_collectives_failure_leaves_the_defaults_and_says_so_once(tmp_path
     and the link stay the defaults' (the 248 KB all-reduce's prediction is unchanged), the other families are
     still measured, and the cache keeps them without the collectives (the next sweep tries again)."""
     from perfcheck.hardware import cache
-    from perfcheck.hardware.calibrate import collectives, deepspeed_cases
-    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.calibrate import collectives, deepspeed_cases
+    from perfcheck.calibrate import sweep_terms as sweep
     from perfcheck.predict.collectives import collective_time_s
 
     monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path))
@@ -262,7 +262,7 @@ def test_sweep_collectives_failure_leaves_the_defaults_and_says_so_once(tmp_path
                       "terminated with exit code 1); its host terms stay the defaults"]
     assert collective_time_s("allreduce", 248024, 2, out) == pytest.approx(before)
     assert host.process_slowdown(out, 2) == pytest.approx(1.2)
-    kept = cache.cached_spec("cpu", threads=1, auto=False)
+    kept = cache.cached_spec("cpu", threads=1)
     assert sweep.missing_terms(kept) == ["collectives"]
 
 
@@ -270,8 +270,8 @@ def test_sweep_collectives_failure_leaves_the_defaults_and_says_so_once(tmp_path
 def test_real_collectives_case_of_the_sweep(monkeypatch):
     """The sweep's collectives case for real (2 gloo ranks, ~10 s here): both constants measured, alpha a
     loopback round trip can give (1 us - 50 ms), a link a host's memory can carry (1 MB/s - 200 GB/s)."""
-    from perfcheck.hardware.calibrate import collectives, fit
-    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.calibrate import collectives, fit
+    from perfcheck.calibrate import sweep_terms as sweep
 
     spec = dataclasses.replace(load_system("cpu"), name="x", calibrated=True)
     out = sweep._measure("collectives", spec, ranks=2, threads=1, stamp="test")

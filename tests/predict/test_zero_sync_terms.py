@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.calibrate import collectives as calib
-from perfcheck.hardware.calibrate import deepspeed_cases
+from perfcheck.calibrate import collectives as calib
+from perfcheck.calibrate import deepspeed_cases
 from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict import collectives, zero
 
@@ -120,7 +120,7 @@ def test_sync_terms_and_apply_by_hand():
     hc = host_constants(out)
     assert hc["collective_async_call_s"] == pytest.approx(7.5 * MS / 9) and hc["collective_straggler_ranks"] == 2
     assert "2 gloo ranks" in out.sources["host.collective_straggler_s"]
-    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.calibrate import sweep_terms as sweep
 
     assert "collective sync" not in sweep.missing_terms(out)
     assert "collective sync" in sweep.missing_terms(load_system("cpu"))
@@ -132,7 +132,7 @@ def test_deepspeed_terms_at_n_ranks_count_the_slowdown_once(monkeypatch):
     """A DeepSpeed case run at 2 ranks on one host measures each constant 1 + 0.25 = 1.25x slower than one
     process would (process_slowdown_per_peer 0.25): apply divides it out (1 ms -> 0.8 ms), the stage model
     multiplies it back, and the source names the rank count that the sweep checks."""
-    from perfcheck.integrations.deepspeed import sweep
+    from perfcheck.calibrate import sweep_terms as sweep
 
     monkeypatch.setattr(deepspeed_cases, "fit", lambda table: {"zero0_fwd_s": (1 * MS, "fixed part")})
     base = dataclasses.replace(load_system("cpu"), host={**dict(load_system("cpu").host),

@@ -26,7 +26,8 @@ from typing import Optional
 
 from perfcheck.errors import UserError
 from perfcheck.measure import rundir as runs
-from perfcheck.integrations.deepspeed.api import PerfcheckBlock, load_config, parse_block
+from perfcheck.integrations.deepspeed.config import PerfcheckBlock, load_config, parse_block
+from perfcheck.measure.session import PerfCheck
 
 #: What a callback-driven run does not write, said once when a block is honoured that way.
 NOT_WRITTEN = ("zero.json, comms.csv and engine_steps.csv (DeepSpeed's comms logger, comms_steps) are written only "
@@ -84,8 +85,6 @@ def perfcheck_for_engine(engine, *, config=None, **explicit):
     the end. ``explicit`` PerfCheck arguments override the block's. Raises UserError when there is
     no enabled block and no ``out_dir``: nothing would say where the run went."""
     import torch.distributed as dist
-
-    from perfcheck.measure.session import PerfCheck
 
     cfg = config if config is not None else _engine_config(engine)
     kwargs, block = settings_for(cfg, explicit, where="perfcheck.deepspeed.perfcheck_for_engine")

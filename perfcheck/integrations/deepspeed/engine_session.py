@@ -21,6 +21,7 @@ from perfcheck.measure.clocks import clock_for
 from perfcheck.measure.schedule import StepSchedule
 from perfcheck.measure import rundir as runs
 from perfcheck.integrations.deepspeed import comms as ds_comms, facts as ds_facts, run_files
+from perfcheck.measure.session import PerfCheck
 
 
 #: Sessions not yet finished; at interpreter exit each is written, marked incomplete.
@@ -102,8 +103,6 @@ class EngineSession:
             return None
         try:
             if pc is None:
-                from perfcheck.measure.session import PerfCheck
-
                 p = b.profiler
                 pc = PerfCheck(self._engine.module, warmup=b.warmup_steps, steps=b.steps, profile=p.enabled,
                                profile_window=(p.wait, p.warmup, p.active), sample_interval=b.sampler_interval_s,

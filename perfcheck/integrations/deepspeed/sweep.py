@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,84 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from perfcheck.errors import UserError
-
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-BASE_CONFIG = CONFIG_DIR / "base.json"
-DEFAULT_STAGES = ("0", "1", "2", "3")
-MODELS = ("lenet", "gpt2", "jsc")  # perfcheck.examples.train_ds.MODELS (a test checks they agree)
-DEFAULT_TIMEOUT_S = 600.0
-LOG_NAME = "launcher.log"
-
-
-def available_stages() -> list:
-    """Stage names that have an overlay in the package's configs (``stage<NAME>.json``)."""
-    return sorted(p.stem[len("stage"):] for p in CONFIG_DIR.glob("stage*.json"))
-
-
-def stage_overlay(stage: str) -> Path:
-    path = CONFIG_DIR / f"stage{stage}.json"
-    if not path.is_file():
-        raise UserError(f"--stages: no stage {stage!r} (known: {', '.join(available_stages())})")
-    return path
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepOptions:
-    """What one sweep runs; every field is checked in ``validate()`` before anything starts."""
-
-    stages: Sequence[str] = DEFAULT_STAGES
-    model: str = "lenet"
-    ranks: Optional[int] = None          # processes per node (GPUs with CUDA; default 2 on CPU, all GPUs on CUDA)
-    steps: Optional[int] = None          # measured optimizer steps (the config's perfcheck.steps otherwise)
-    micro_batch: Optional[int] = None
-    out: str = "runs/zero_sweep"
-    hostfile: Optional[str] = None
-    script: Optional[str] = None         # a training script of the user's instead of perfcheck.examples.train_ds
-    extra_configs: Sequence[str] = ()    # overlays merged after the stage's
-    force: bool = False
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    optimizer: str = "torch"             # torch: torch.optim.Adam(W); fused: DeepSpeed's FusedAdam (JIT-compiled)
-    verbose: bool = False
-    script_args: Sequence[str] = ()
-
-    def validate(self) -> "SweepOptions":
-        if not self.stages:
-            raise UserError("--stages: give at least one stage")
-        seen = set()
-        for s in self.stages:
-            stage_overlay(s)
-            if s in seen:
-                raise UserError(f"--stages: stage {s!r} given twice")
-            seen.add(s)
-        if self.model not in MODELS:
-            raise UserError(f"--model: {self.model!r} is not one of {', '.join(MODELS)}")
-        for name in ("ranks", "steps", "micro_batch"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise UserError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
-        if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
-            raise UserError(f"--timeout must be seconds > 0, got {self.timeout_s!r}")
-        if self.optimizer not in ("torch", "fused"):
-            raise UserError(f"--optimizer must be torch or fused, got {self.optimizer!r}")
-        if self.hostfile is not None and not Path(self.hostfile).is_file():
-            raise UserError(f"--hostfile: {self.hostfile}: no such file")
-        if self.hostfile is not None and self.ranks is not None:
-            raise UserError("--ranks: give either --ranks or --hostfile (the hostfile's slots set the ranks)")
-        if self.script is not None and not Path(self.script).is_file():
-            raise UserError(f"--script: {self.script}: no such file")
-        for extra in self.extra_configs:
-            from perfcheck.integrations.deepspeed.api import load_config, parse_block
-
-            cfg = load_config(extra)  # unreadable or not JSON: a UserError naming the file
-            if not isinstance(cfg, dict):
-                raise UserError(f"--extra-config: {extra}: expected a JSON object")
-            parse_block(cfg)
-        out = Path(self.out)
-        if out.exists() and not out.is_dir():
-            raise UserError(f"--out: {out} exists and is not a directory")
-        return self
-
+from perfcheck.analysis.stages import log_tail, stage_complete
+from perfcheck.integrations.deepspeed.sweep_options import BASE_CONFIG, LOG_NAME, SweepOptions, stage_overlay
 
 @dataclasses.dataclass
 class StageResult:
@@ -280,14 +205,71 @@ def _progress_text(run_dir: Path, total: Optional[int]) -> str:
     return f"micro-step {rows}" + (f" of {total}" if total else "")
 
 
+def _stopped(proc, run_dir: Path, stage: str, tag: str, t0: float, exc, live: bool, say):
+    """Ctrl-C or SIGTERM while the stage runs: stop the launcher and its ranks (they write their files),
+    note it in the log and raise SweepInterrupted."""
+    signum = getattr(exc, "signum", signal.SIGINT)
+    if live:
+        sys.stdout.write("\n")
+    say(f"{tag}: interrupted by {signal.Signals(signum).name}; stopping the launcher and its ranks "
+        f"(up to {STOP_GRACE_S:.0f} s for them to write their files; Ctrl-C again kills them now)")
+    stop_stage(proc)
+    reason = (f"interrupted by {signal.Signals(signum).name} after {time.monotonic() - t0:.0f} s; the "
+              "launcher and its ranks were stopped (each rank wrote the steps it finished)")
+    with open(run_dir / LOG_NAME, "a") as tail:
+        tail.write(f"perfcheck sweep: stage {stage} {reason}\n")
+    raise SweepInterrupted(signum, f"stage {stage} {reason}") from None
+
+
+def _wait(proc, opts: SweepOptions, run_dir: Path, stage: str, tag: str, t0: float, say):
+    """The launcher's exit status, waited on with a progress line on a terminal; a ``StageResult`` when
+    the stage ran past ``opts.timeout_s`` (its process group killed)."""
+    live = sys.stdout.isatty()
+    rc = None
+    while rc is None:
+        try:
+            rc = proc.wait(timeout=1.0)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (catch_stop_signals)
+            _stopped(proc, run_dir, stage, tag, t0, exc, live, say)
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - t0
+            if elapsed > opts.timeout_s:
+                _kill_group(proc)
+                if live:
+                    sys.stdout.write("\n")
+                reason = (f"timed out after {opts.timeout_s:.0f} s (--timeout); the launcher and its ranks were "
+                          "killed")
+                with open(run_dir / LOG_NAME, "a") as tail:
+                    tail.write(f"perfcheck sweep: stage {stage} {reason}\n")
+                say(f"{tag} FAILED: {reason}")
+                return StageResult(stage, run_dir, "timeout", elapsed, reason)
+            if live:
+                sys.stdout.write(f"\r{tag}: {elapsed:5.0f} s, {_progress_text(run_dir, None)}   ")
+                sys.stdout.flush()
+    if live:
+        sys.stdout.write("\r")
+    return rc
+
+
+def _outcome(rc: int, run_dir: Path, stage: str, tag: str, elapsed: float, say) -> StageResult:
+    """What a finished launcher left: ok only with exit 0 and every rank's run directory complete."""
+    if rc != 0:
+        tail = log_tail(run_dir, lines=5)
+        say(f"{tag} FAILED (exit {rc}) in {elapsed:.1f} s; log {run_dir / LOG_NAME}:\n"
+            + "\n".join("    " + t for t in tail.splitlines()))
+        return StageResult(stage, run_dir, "failed", elapsed, f"launcher exit {rc}")
+    if not stage_complete(run_dir):
+        say(f"{tag} FAILED in {elapsed:.1f} s: the launcher exited 0 but not every rank wrote a complete run "
+            f"directory (see {run_dir / LOG_NAME})")
+        return StageResult(stage, run_dir, "failed", elapsed, "incomplete run directory")
+    say(f"{tag}: ok in {elapsed:.1f} s")
+    return StageResult(stage, run_dir, "ok", elapsed)
+
+
 def run_stage(opts: SweepOptions, stage: str, index: int, count: int, *, gpus: int,
               extra_overlays: Sequence[Path] = (), say: Callable[[str], None] = print) -> StageResult:
     """Launch one stage (or skip it when complete), wait at most ``opts.timeout_s``; never raises for
     a failing run: the result says what happened."""
-    import shutil
-
-    from perfcheck.analysis.stages import stage_complete
-
     run_dir = Path(opts.out) / f"stage{stage}"
     tag = f"[{index}/{count}] stage {stage}"
     if not opts.force and stage_complete(run_dir):
@@ -304,153 +286,10 @@ def run_stage(opts: SweepOptions, stage: str, index: int, count: int, *, gpus: i
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=stage_env(gpus, opts.verbose),
                                 start_new_session=True)
-        live = sys.stdout.isatty()
-        rc = None
-        while rc is None:
-            try:
-                rc = proc.wait(timeout=1.0)
-            except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (catch_stop_signals)
-                signum = getattr(exc, "signum", signal.SIGINT)
-                if live:
-                    sys.stdout.write("\n")
-                say(f"{tag}: interrupted by {signal.Signals(signum).name}; stopping the launcher and its ranks "
-                    f"(up to {STOP_GRACE_S:.0f} s for them to write their files; Ctrl-C again kills them now)")
-                stop_stage(proc)
-                reason = (f"interrupted by {signal.Signals(signum).name} after {time.monotonic() - t0:.0f} s; the "
-                          "launcher and its ranks were stopped (each rank wrote the steps it finished)")
-                with open(run_dir / LOG_NAME, "a") as tail:
-                    tail.write(f"perfcheck sweep: stage {stage} {reason}\n")
-                raise SweepInterrupted(signum, f"stage {stage} {reason}") from None
-            except subprocess.TimeoutExpired:
-                elapsed = time.monotonic() - t0
-                if elapsed > opts.timeout_s:
-                    _kill_group(proc)
-                    if live:
-                        sys.stdout.write("\n")
-                    reason = (f"timed out after {opts.timeout_s:.0f} s (--timeout); the launcher and its ranks were "
-                              "killed")
-                    with open(run_dir / LOG_NAME, "a") as tail:
-                        tail.write(f"perfcheck sweep: stage {stage} {reason}\n")
-                    say(f"{tag} FAILED: {reason}")
-                    return StageResult(stage, run_dir, "timeout", elapsed, reason)
-                if live:
-                    sys.stdout.write(f"\r{tag}: {elapsed:5.0f} s, {_progress_text(run_dir, None)}   ")
-                    sys.stdout.flush()
-        if live:
-            sys.stdout.write("\r")
-    elapsed = time.monotonic() - t0
-    if rc != 0:
-        from perfcheck.analysis.stages import log_tail
-
-        tail = log_tail(run_dir, lines=5)
-        say(f"{tag} FAILED (exit {rc}) in {elapsed:.1f} s; log {run_dir / LOG_NAME}:\n"
-            + "\n".join("    " + t for t in tail.splitlines()))
-        return StageResult(stage, run_dir, "failed", elapsed, f"launcher exit {rc}")
-    if not stage_complete(run_dir):
-        say(f"{tag} FAILED in {elapsed:.1f} s: the launcher exited 0 but not every rank wrote a complete run "
-            f"directory (see {run_dir / LOG_NAME})")
-        return StageResult(stage, run_dir, "failed", elapsed, "incomplete run directory")
-    say(f"{tag}: ok in {elapsed:.1f} s")
-    return StageResult(stage, run_dir, "ok", elapsed)
-
-
-# ----------------------------------------------------------------------- the calibration the sweep needs
-#: Host constants a sweep's prediction takes from this machine's cache, each family with the source key(s)
-#: that say it was measured here (``apply`` of each case writes them): DeepSpeed's own work per ZeRO stage,
-#: the collectives' alpha and link bandwidth (gloo between the ranks), and the slowdown of processes
-#: sharing the host. Measured in this order.
-SWEEP_TERMS = {"concurrency": ("host.process_slowdown_per_peer",),  # first: the DeepSpeed case divides it out
-               "deepspeed": ("host.zero0_fwd_s",),
-               "collectives": ("host.collective_latency_s", "intra_node_bandwidth_bytes_per_s"),
-               "collective sync": ("host.collective_async_call_s", "host.collective_straggler_s")}
-#: Families measured between the ranks of this host: nothing to measure with one rank here.
-MULTI_PROCESS = ("collectives", "collective sync", "concurrency")
-
-
-def missing_terms(spec, ranks: int = None) -> list:
-    """The ``SWEEP_TERMS`` families ``spec`` (a cached calibration) has not measured: a key without a source,
-    or with one a base spec handed down ("from base spec ...": the built-in cpu spec's link is "a rough
-    default"), is host_defaults.json's or the base's, from another machine or another load. Given ``ranks``
-    (the sweep's ranks per host, >= 2), DeepSpeed's terms measured at another rank count are missing too (a
-    one-rank engine moves nothing, so it does not see the host work of a real gather or reduce-scatter)."""
-    from perfcheck.hardware.calibrate.deepspeed_cases import ranks_measured
-    from perfcheck.hardware.calibrate.fit import measured_here
-
-    out = [name for name, keys in SWEEP_TERMS.items() if not measured_here(spec, keys)]
-    if ranks and ranks > 1 and "deepspeed" not in out and ranks_measured(spec) != ranks:
-        out.insert(list(SWEEP_TERMS).index("deepspeed"), "deepspeed")
-    return out
-
-
-def _measure(name: str, spec, *, ranks: int, threads: int, stamp: str):
-    """``spec`` with one family measured (quick mode); raises RuntimeError/UserError when its case fails."""
-    from perfcheck.hardware.calibrate import collectives, concurrency, deepspeed_cases, fit
-
-    if name == "deepspeed":
-        return deepspeed_cases.apply(spec, deepspeed_cases.bench_deepspeed("quick", threads=threads, world_size=ranks),
-                                     stamp)
-    if name == "collectives":
-        from perfcheck.hardware.calibrate.run import MODES
-
-        quick = MODES["quick"]  # what `perfcheck calibrate --quick` measures: all-reduce at 4 KiB, 64 KiB, 4 MiB
-        table = collectives.bench_collectives([k * 1024 for k in quick["comm_kib"]], kinds=quick["comm_kinds"],
-                                              world_size=ranks, device="cpu", repeats=quick["repeats"],
-                                              target_s=quick["target_s"], timeout_s=120.0)
-        out = fit.apply_collectives(spec, table, stamp)
-        if "collectives" in missing_terms(out):
-            raise RuntimeError("the all-reduce timings gave no alpha (fewer than two sizes measured)")
-        return out
-    if name == "collective sync":  # async batches and the wait for the latest rank (collectives.bench_sync_terms)
-        return collectives.apply_sync_terms(spec, collectives.bench_sync_terms(ranks, "quick"), stamp)
-    return concurrency.apply(spec, concurrency.bench_concurrency(ranks, "quick", threads=threads), stamp)
-
-
-def calibrate_sweep_terms(spec, *, ranks: int, threads: int = 1, say: Callable[[str], None] = print):
-    """``spec`` (this CPU's cached calibration) with the families ``missing_terms`` names measured and kept in
-    the cache beside the rest: the DeepSpeed engine case (quick mode, at ``ranks`` ranks, ~20 s here), the gloo
-    all-reduce case at ``ranks`` processes (``perfcheck calibrate --quick``'s: 3 sizes, ~5 s), the ranks'
-    meeting at collectives (an async all-gather batch and the wait for the latest rank, ~4 s) and the
-    process-concurrency case at ``ranks`` processes (~5-10 s). Once per machine; each failure is one
-    line and leaves that family at its defaults (the next sweep tries again). Returns the spec to predict
-    with (None passes through)."""
-    import time as _time
-
-    from perfcheck.hardware.cache import cache_path
-    from perfcheck.hardware.calibrate import deepspeed_cases
-    from perfcheck.hardware.calibrate.run import provenance
-
-    todo = missing_terms(spec, ranks) if spec is not None else []
-    if ranks < 2:
-        todo = [t for t in todo if t not in MULTI_PROCESS]
-    if "deepspeed" in todo and not deepspeed_cases.available():
-        todo.remove("deepspeed")
-    if not todo:
-        return spec
-    import torch
-
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)  # the stamp names the ranks' thread count (cpu_name reads torch's setting)
-    try:
-        stamp = provenance(torch.device("cpu"))
-    finally:
-        torch.set_num_threads(saved)
-    for name in todo:
-        t0 = _time.perf_counter()
-        say(f"perfcheck sweep: measuring this CPU's {name} host terms once (kept in the calibration cache; "
-            f"PERFCHECK_AUTO_CALIBRATE=0 skips it)")
-        try:
-            spec = _measure(name, spec, ranks=ranks, threads=threads, stamp=stamp)
-        except (RuntimeError, UserError) as exc:
-            say(f"perfcheck sweep: {name} case not measured ({exc}); its host terms stay the defaults")
-            continue
-        say(f"perfcheck sweep: {name} case measured in {_time.perf_counter() - t0:.1f} s")
-    origin = getattr(spec, "origin", None)
-    try:
-        spec.save(cache_path("cpu", threads=threads))
-    except OSError as exc:
-        say(f"perfcheck sweep: cannot keep the measured terms in the cache ({exc.strerror}); this sweep uses them")
-    object.__setattr__(spec, "origin", origin)
-    return spec
+        rc = _wait(proc, opts, run_dir, stage, tag, t0, say)
+    if isinstance(rc, StageResult):
+        return rc
+    return _outcome(rc, run_dir, stage, tag, time.monotonic() - t0, say)
 
 
 def run_sweep(opts: SweepOptions, say: Callable[[str], None] = print) -> list:

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from perfcheck.hardware.calibrate.cases import Case, ROW_COUNTS, row_lengths
-from perfcheck.hardware.calibrate.layers import CallModule
+from perfcheck.calibrate.cases import Case, ROW_COUNTS, row_lengths
+from perfcheck.calibrate.layers import CallModule
+from perfcheck.predict.aten_costs import cost_of
+from perfcheck.predict.trace import trace_model
 
 aten = torch.ops.aten
 
@@ -50,9 +52,6 @@ EMBED_ROWS = 4096
 def _costs(fn, inputs, names) -> dict:
     """phase -> (matrix FLOPs, other FLOPs, bytes, kernels) of the ops named ``names`` that ``fn(*inputs)`` runs, by
     the estimator's formulas (traced once on fake tensors, costed through aten_costs.cost_of)."""
-    from perfcheck.predict.aten_costs import cost_of
-    from perfcheck.predict.trace import trace_model
-
     trace = trace_model(CallModule(fn), inputs)
     out = {}
     for phase in ("fwd", "bwd"):

@@ -27,11 +27,12 @@ import warnings
 import pandas as pd
 import torch
 
-from perfcheck.hardware.calibrate.cases import Timer
-from perfcheck.hardware.calibrate import fit
-from perfcheck.hardware.calibrate.fit import COLLECTIVE_KINDS, MEASUREMENT_COLUMNS
+from perfcheck.calibrate.cases import Timer
+from perfcheck.calibrate import fit
+from perfcheck.calibrate.concurrency import chain_workload
+from perfcheck.calibrate.fit import COLLECTIVE_KINDS, MEASUREMENT_COLUMNS
 from perfcheck.errors import UserError
-from perfcheck.predict.collectives import bus_factor
+from perfcheck.predict.collectives import COLLECTIVE_KINDS as MODELLED, bus_factor
 
 
 class CollectiveBenchError(RuntimeError):
@@ -139,8 +140,6 @@ def bench_collectives(sizes, *, kinds=COLLECTIVE_KINDS, world_size: int = 2, dev
     median over repeats of the slowest rank's time per call, ``busbw_bytes_per_s``). Raises
     ``CollectiveBenchError`` when a rank fails or the whole run exceeds ``timeout_s``.
     """
-    from perfcheck.predict.collectives import COLLECTIVE_KINDS as MODELLED
-
     bad = [k for k in kinds if k not in COLLECTIVE_KINDS]
     if bad and bad[0] in MODELLED:
         raise NotImplementedError(f"perfcheck calibrate: {bad[0]} is not benchmarked yet (only "
@@ -185,8 +184,6 @@ SYNC_MODES = {"quick": (25, 150), "default": (40, 250), "full": (60, 400)}
 
 def _sync_worker(rank, world, port, repeats, rounds, out_path):  # pragma: no cover - child process
     import torch.distributed as dist
-
-    from perfcheck.hardware.calibrate.concurrency import chain_workload
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
@@ -275,7 +272,7 @@ def apply_sync_terms(spec, result: dict, stamp: str):
     """``spec`` with ``host.collective_async_call_s`` and ``host.collective_straggler_s`` and their sources."""
     import dataclasses
 
-    where = f"{stamp}: perfcheck/hardware/calibrate/collectives.py bench_sync_terms, {result['world_size']} gloo ranks"
+    where = f"{stamp}: perfcheck/calibrate/collectives.py bench_sync_terms, {result['world_size']} gloo ranks"
     how = {"collective_async_call_s":
            f"{where}: {result['calls']} async all-gathers of {BATCH_BYTES} B waited together "
            f"{result['batch_s'] * 1e3:.3f} ms vs one {result['single_s'] * 1e3:.3f} ms (medians of the slowest "

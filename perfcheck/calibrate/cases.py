@@ -1,6 +1,6 @@
 """The micro-benchmarks of ``perfcheck calibrate``: cases (a closure with the FLOPs and bytes of one
 call), the timer, and the interleaved runner. What each case measures, and why, is described in
-``perfcheck.calibrate``; the arithmetic that turns the timings into a spec is ``perfcheck.hardware.calibrate.fit``.
+``perfcheck.calibrate``; the arithmetic that turns the timings into a spec is ``perfcheck.calibrate.fit``.
 """
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import pandas as pd
 import torch
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.calibrate import repeats as repeats_mod
-from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
-from perfcheck.hardware.calibrate.layers import CallModule, cold_filler, tiny_modules
-from perfcheck.hardware.systems import normalize_dtype
+from perfcheck.calibrate import repeats as repeats_mod
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
+from perfcheck.calibrate.layers import CallModule, cold_filler, tiny_modules
+from perfcheck.hardware.systems import local_simd_bytes, normalize_dtype
+from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of
+from perfcheck.predict.trace import trace_model
 
 _TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
                  "fp64": torch.float64}
@@ -160,7 +162,7 @@ def _tf32(enabled: bool):
 def matmul_cases(dtype: str, squares, linear, device) -> list:
     """``torch.mm`` on n x n x n and ``F.linear`` on (m tokens, k in, n out); bytes = A + B + C once. Each call
     allocates its output, as a model's matmul does and as the tiny ``op_fixed`` "mm" case the fit subtracts
-    (perfcheck.hardware.calibrate.fit): with ``out=`` a 32^3 mm took 6.2 us, without 7.3 us, the tiny 8x16x5 mm
+    (perfcheck.calibrate.fit): with ``out=`` a 32^3 mm took 6.2 us, without 7.3 us, the tiny 8x16x5 mm
     4.9 us on the project's VM, so a preallocated small square read as faster than the peak."""
     d = normalize_dtype(dtype)
     tdt = _TORCH_DTYPES[d]
@@ -449,16 +451,13 @@ def op_cold_cases(device, dtypes=()) -> list:
 
 
 def module_fixed_cases(device) -> list:
-    """One call per standard nn module class (label = the class name, see perfcheck.hardware.calibrate.layers)."""
+    """One call per standard nn module class (label = the class name, see perfcheck.calibrate.layers)."""
     return [Case("modfixed", name, (lambda m=m, x=x: m(*x)), "fp32", host=True)
             for name, (m, x) in tiny_modules(device).items()]
 
 
 def _formula_cost(fn, inputs, name: str) -> tuple:
     """(matrix FLOPs, other FLOPs, bytes) of the forward ``name`` ops ``fn(*inputs)`` runs, by the estimator's formulas."""
-    from perfcheck.predict.aten_costs import cost_of
-    from perfcheck.predict.trace import trace_model
-
     trace = trace_model(CallModule(fn), inputs)
     mf = of = nb = 0.0
     for op in trace.ops:
@@ -498,7 +497,7 @@ ROW_COUNTS = (64, 512)
 #: Row lengths of the row-wise cases on an AVX2 machine (8 floats per SIMD vector; ``row_lengths`` scales them
 #: to the machine's width): half a vector (tail only), one vector, one vector and a quarter (a vector and a
 #: tail), two vectors. A CPU kernel walks a row's full vectors, then its tail element by element; the fit
-#: (perfcheck.hardware.calibrate.fit) solves per op and phase for a row's cost, a vector's and a tail element's.
+#: (perfcheck.calibrate.fit) solves per op and phase for a row's cost, a vector's and a tail element's.
 #: nll_loss reads one element per row: one length.
 ROW_LENGTHS = (4, 8, 10, 16)
 
@@ -506,8 +505,6 @@ ROW_LENGTHS = (4, 8, 10, 16)
 def row_lengths(simd: int = None) -> tuple:
     """``ROW_LENGTHS`` for a SIMD width of ``simd`` bytes (default: this machine's, ``systems.local_simd_bytes``):
     W/2, W, W + W/4 and 2W fp32 elements, W = simd / 4."""
-    from perfcheck.hardware.systems import local_simd_bytes
-
     w = (simd or local_simd_bytes()) // 4
     return (w // 2, w, w + max(w // 4, 1), 2 * w)
 
@@ -557,8 +554,6 @@ def _row_ops(dev):
 def row_op_cost(name: str, rows: int, cols: int, elem_bytes: int = 4):
     """The estimator's cost (formulas.OpCost, through aten_costs.cost_of: the one op-cost path) of the row-wise
     op ``name`` on a (rows, cols) input that needs a gradient."""
-    from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of
-
     aten = torch.ops.aten
     x = TensorMeta((rows, cols), elem_bytes, True, True)
     stat = TensorMeta((rows, 1), 4, False, True)
@@ -577,7 +572,7 @@ def row_cases(device) -> list:
     """Row-wise kernels (label ``"<forward op> fwd|bwd"``) on ``ROW_COUNTS`` rows of ``row_lengths()`` elements
     (nll_loss: one length), fp32; ``m`` = rows, ``k`` = row length, ``flops``/``bytes`` = the estimator's
     other FLOPs and bytes of that phase (``row_op_cost``), so the fit can take the roofline's share out of the
-    slope over rows (perfcheck.hardware.calibrate.fit: ``op_row_s``)."""
+    slope over rows (perfcheck.calibrate.fit: ``op_row_s``)."""
     dev = torch.device(device)
     cases = []
     every = row_lengths()

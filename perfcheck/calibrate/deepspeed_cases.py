@@ -6,7 +6,7 @@ and their copy-back, ZeRO-3's per-module fetch/release hooks and the autograd fu
 around every module's inputs and outputs, the partitioning of gradients. None of it is on a
 datasheet; it is Python, so it is measured here, on this machine.
 
-How. A child process (``python -m perfcheck.hardware.calibrate.deepspeed_cases``: DeepSpeed patches
+How. A child process (``python -m perfcheck.calibrate.deepspeed_cases``: DeepSpeed patches
 process-wide state, e.g. ZeRO-3 replaces ``F.linear``) joins a one-rank gloo (NCCL on a GPU) group and
 builds, for each of three chain models (``MODELS``: 2 and 8 ``Linear(16, 16)``, and 8 without bias, so
 module calls and parameter tensors vary independently), a plain torch run (torch.optim.Adam, the
@@ -51,7 +51,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.errors import UserError
+from perfcheck.hardware.systems import host_constants
+from perfcheck.predict.host import process_slowdown
 
 #: (label, Linear layers, bias) of the chain models: 16 -> 16 features, batch BATCH.
 MODELS = (("chain2", 2, True), ("chain8", 8, True), ("chain8-nobias", 8, False))
@@ -240,7 +243,7 @@ def bench_deepspeed(mode: str = "quick", *, device: str = "cpu", threads: int = 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    root = str(Path(__file__).resolve().parents[3])  # the child imports this perfcheck, installed or not
+    root = str(Path(__file__).resolve().parents[2])  # the child imports this perfcheck, installed or not
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MASTER_PORT": str(port), "PYTHONWARNINGS": "ignore",
            "MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
            "PYTHONPATH": os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
@@ -248,7 +251,7 @@ def bench_deepspeed(mode: str = "quick", *, device: str = "cpu", threads: int = 
         env["DS_ACCELERATOR"] = "cpu"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ds.json"
-        cmd = [sys.executable, "-m", "perfcheck.hardware.calibrate.deepspeed_cases", str(out), mode, device, str(threads)]
+        cmd = [sys.executable, "-m", "perfcheck.calibrate.deepspeed_cases", str(out), mode, device, str(threads)]
         procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, cwd=tmp) for r in range(world_size)]
         deadline, logs = time.monotonic() + timeout_s, []
@@ -333,8 +336,6 @@ def fit(table: pd.DataFrame) -> dict:
 def ranks_measured(spec) -> int:
     """The rank count ``spec``'s DeepSpeed constants were measured at (``host.zero_ranks``, written by ``apply``;
     1 for a default's or a base spec's)."""
-    from perfcheck.hardware.systems import host_constants
-
     return max(int(round(host_constants(spec)["zero_ranks"])), 1)
 
 
@@ -344,8 +345,6 @@ def apply(spec, result: dict, stamp: str):
     (``perfcheck.predict.host.process_slowdown``, from ``spec`` as it stands): divided out here, so it is
     counted once."""
     import dataclasses
-
-    from perfcheck.predict.host import process_slowdown
 
     fitted = fit(result["table"])
     slow = process_slowdown(spec, int(result.get("world_size", 1)))
@@ -364,8 +363,6 @@ def apply(spec, result: dict, stamp: str):
 
 def rows_for_table(result: dict) -> pd.DataFrame:
     """The case's measurements in the calibration's measurement table (kind ``deepspeed``)."""
-    from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
-
     rows = []
     for r in result["table"].itertuples(index=False):
         for ph in PHASES:

@@ -28,8 +28,12 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from perfcheck.calibrate.layers import tiny_modules
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, load_system
+from perfcheck.predict import roofline
+from perfcheck.predict.estimate import estimate
+from perfcheck.schema import ROOT
 
 #: Columns of the measurement table (``Calibration.measurements``, ``perfcheck calibrate --csv``).
 MEASUREMENT_COLUMNS = ("kind", "label", "dtype", "m", "k", "n", "flops", "bytes", "world_size", "seconds",
@@ -242,8 +246,6 @@ def _alignment(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     curve and shape factor) over the measured unaligned time; median over shapes, capped at 1. Relative
     to the model's twin, not the twin's measured time, so the factor does not count the curve's own
     error twice. Absent when not measured (CPU)."""
-    from perfcheck.predict import roofline
-
     rows = table[table["kind"] == "gemm_align"]
     if rows.empty:
         return spec
@@ -271,8 +273,6 @@ def _alignment(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
 def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     """op_fixed_s (tiny call less one plain tiny op) and op_efficiency (the formulas' roofline time on
     the calibrated spec / the measured time less dispatch and fixed cost, capped at 1)."""
-    from perfcheck.predict import roofline
-
     all_fixed, eff_rows = _rows(table, "opfixed"), _rows(table, "opeff")
     if not len(all_fixed) and not len(eff_rows):
         return spec
@@ -324,7 +324,6 @@ def _row_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     rows = _rows(table, "oprows")
     if not len(rows):
         return spec
-    from perfcheck.predict import roofline
 
     lengths = sorted(set(rows["k"].astype(int)))
     width = max(lengths[-1] // 2, 1)
@@ -403,7 +402,6 @@ def _gemm_narrow(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     rows = rows.sort_values("m")
     if rows["m"].iloc[-1] <= rows["m"].iloc[0]:
         return spec
-    from perfcheck.predict import roofline
 
     model = [roofline.op_time_s(float(r["flops"]), float(r["m"] * r["n"]), float(r["bytes"]), 1.0, spec,
                                 r["dtype"] or "fp32", launch_s=0.0, min_dim=float(min(r["m"], r["k"], r["n"])))[0]
@@ -427,9 +425,6 @@ def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     rows = _rows(table, "modfixed")
     if not len(rows):
         return spec
-    from perfcheck.hardware.calibrate.layers import tiny_modules
-    from perfcheck.predict.estimate import estimate
-    from perfcheck.schema import ROOT
 
     mods = tiny_modules("cpu")  # the estimator traces on fake tensors: the device does not matter
     # the cases repeat one module in a tight loop: estimate them as such, without the step's per-op cold cost

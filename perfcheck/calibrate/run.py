@@ -21,23 +21,23 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
             SIMD vectors (``host.gemm_narrow_row_s``);
 * gpu ops   (GPU) LayerNorm, RMSNorm, softmax, embedding, attention and convolution (per dtype) kernels,
             forward and backward, at a few model-like sizes: their efficiency against the roofline by size
-            (``op_efficiency_curve``; ``perfcheck.hardware.calibrate.gpu_ops``);
+            (``op_efficiency_curve``; ``perfcheck.calibrate.gpu_ops``);
 * collectives  all-reduce / all-gather / reduce-scatter bus bandwidth by message size across
-            ranks (``perfcheck.hardware.calibrate.collectives``: gloo on CPU, NCCL on GPU);
+            ranks (``perfcheck.calibrate.collectives``: gloo on CPU, NCCL on GPU);
 * deepspeed  DeepSpeed's own host cost per ZeRO stage and phase, per module call and per parameter
-            tensor (``perfcheck.hardware.calibrate.deepspeed_cases``: a one-rank engine in a child process).
+            tensor (``perfcheck.calibrate.deepspeed_cases``: a one-rank engine in a child process).
 * concurrency  the CPU-time slowdown of one process while N like it run on the host (N: the collectives'
-            ranks; ``perfcheck.hardware.calibrate.concurrency``), with the collectives.
+            ranks; ``perfcheck.calibrate.concurrency``), with the collectives.
 * collective sync  (CPU, with the collectives) what one more async collective adds to a batch waited together,
             and the mean wait for the latest rank at a blocking collective (``collectives.bench_sync_terms``).
 
 Timing: cases of one group are *interleaved* (repeat r of every case, then repeat r+1, ...), so
 a burst of noise on a shared machine hits every case alike; each repeat is a timed loop long
 enough to dwarf the clock (``target_s``); the number kept is the median of the FASTEST HALF of the
-repeats (``perfcheck.hardware.calibrate.repeats``: interference only adds time), and a case whose fastest
+repeats (``perfcheck.calibrate.repeats``: interference only adds time), and a case whose fastest
 half disagrees is timed again (min and max are kept in the table).
 
-Trust (``perfcheck.hardware.calibrate.sanity``): the calibration watches the load while it runs
+Trust (``perfcheck.calibrate.sanity``): the calibration watches the load while it runs
 (``LoadWatch``: the cores other processes kept busy) and stamps the spec with a ``calibration`` record
 (when, clock, threads, cores, load); ``sanity.problems`` then says whether it may be kept in the
 per-user cache (contention, physical bounds, the machine's previous calibration). On GPU the loop is bracketed by CUDA events and the
@@ -57,8 +57,8 @@ tiny-op time subtracted before they enter the curve, because the estimator adds 
 per kernel on top of the roofline time. Not measured, and kept from the base spec (its source
 says so): the inter-node link (one node), ranks per node, GPU vector rates, fp8 GEMMs.
 
-Layout: the cases, timer and runner are in ``perfcheck.hardware.calibrate.cases``, the collectives in
-``perfcheck.hardware.calibrate.collectives``, the timings-to-spec arithmetic in ``perfcheck.hardware.calibrate.fit``.
+Layout: the cases, timer and runner are in ``perfcheck.calibrate.cases``, the collectives in
+``perfcheck.calibrate.collectives``, the timings-to-spec arithmetic in ``perfcheck.calibrate.fit``.
 """
 from __future__ import annotations
 
@@ -72,17 +72,18 @@ from typing import Callable, Optional
 import pandas as pd
 import torch
 
-from perfcheck.hardware.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
+from perfcheck.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
                                                 launch_cases, matmul_cases, module_fixed_cases, op_efficiency_cases,
                                                 op_cold_cases, op_fixed_cases, row_cases, alignment_cases,
                                                 HOST_DTYPES_CUDA,
                                                 gemm_narrow_cases, run_cases, vector_cases)
-from perfcheck.hardware.calibrate import sanity
-from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
-from perfcheck.hardware.calibrate import gpu_ops
-from perfcheck.hardware.calibrate.op_classes import op_class_cases
+from perfcheck.calibrate import collectives as coll
+from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
+from perfcheck.calibrate.op_classes import op_class_cases
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype
+from perfcheck.hardware.cache import cpu_name
+from perfcheck.hardware.systems import SystemSpec, load_system, match_device_name, normalize_dtype
 
 #: Run-length presets. ``target_s``: minimum duration of one timed loop; shapes as (m, k, n).
 MODES = {
@@ -140,23 +141,11 @@ def default_base(device: torch.device) -> str:
     """The built-in spec to start from: ``cpu`` on CPU; on GPU the spec matching the device name."""
     if device.type != "cuda":
         return "cpu"
-    name = torch.cuda.get_device_name(device)
-    try:
-        from perfcheck.hardware.systems import match_device_name
-    except ImportError:
-        match_device_name = None
-    if match_device_name is not None:
-        return match_device_name(name)
-    guess = guess_system(name)
-    if guess is None:
-        raise UserError(f"base: no built-in spec matches GPU {name!r}; give --base SYSTEM (see `perfcheck systems`)")
-    return guess
+    return match_device_name(torch.cuda.get_device_name(device))
 
 
 def guess_system(device_name: str) -> Optional[str]:
     """The built-in spec for a CUDA/ROCm device name, or None (see systems.match_device_name)."""
-    from perfcheck.hardware.systems import match_device_name
-
     try:
         return match_device_name(device_name)
     except UserError:
@@ -218,8 +207,33 @@ def calibrate(base=None, *, mode: str = "default", device=None, dtypes=None, pea
         torch.backends.cuda.matmul.allow_tf32 = saved[1]
 
 
-def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed=None,
-               clock="wall") -> Calibration:
+@dataclasses.dataclass
+class _Run:
+    """One calibration in progress: the device, the mode's settings, the timer, the frames and notes
+    gathered so far (the steps below append to them)."""
+
+    dev: torch.device
+    cfg: dict
+    timer: Timer
+    progress: Optional[Callable[[str], None]]
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+    frames: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
+
+    def say(self, message):
+        _progress(self.progress, f"[{time.perf_counter() - self.start:5.1f} s] {message}")
+
+    def note(self, message):
+        self.notes.append(message)
+        _progress(self.progress, f"note: {message}")
+
+    def group(self, title, cases):
+        self.say(f"{title}: {len(cases)} cases x {self.cfg['repeats']} repeats")
+        self.frames.append(run_cases(cases, self.timer, repeats=self.cfg["repeats"], target_s=self.cfg["target_s"]))
+
+
+def _checked_setup(base, mode, device, peaks, world_size):
+    """(device, base spec, peak convention, mode settings) after checking every argument."""
     if mode not in MODES:
         raise UserError(f"mode: unknown {mode!r} (known: {', '.join(MODES)})")
     dev = torch.device(device or default_device())
@@ -234,98 +248,95 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise UserError(f"world_size: must be an integer >= 2, got {world_size!r}")
     cfg = {**MODES[mode], **(GPU_MODES[mode] if dev.type == "cuda" else {})}
-    timer, start, frames, notes = Timer(dev, clock), time.perf_counter(), [], []
-    measured = _dtypes_to_measure(base_spec, dev, dtypes)
-    busy = _busy_note(dev)
-    if busy:
-        notes.append(busy)
-        _progress(progress, f"note: {busy}")
+    return dev, base_spec, peaks, cfg
 
-    def group(title, cases):
-        _progress(progress, f"[{time.perf_counter() - start:5.1f} s] {title}: {len(cases)} cases x "
-                            f"{cfg['repeats']} repeats")
-        frames.append(run_cases(cases, timer, repeats=cfg["repeats"], target_s=cfg["target_s"]))
 
-    group("launch overhead", launch_cases(dev))
-    group("host (dispatch, autograd, module call, optimizer)", host_cases(dev))
+def _host_groups(run: _Run, measured):
+    """Host constants, per-op and per-module fixed costs, per-row terms, op efficiencies and classes."""
+    dev = run.dev
+    run.group("launch overhead", launch_cases(dev))
+    run.group("host (dispatch, autograd, module call, optimizer)", host_cases(dev))
     # on CUDA also in bf16 with gradients (cases.HOST_DTYPES_CUDA: cuBLAS/cuDNN's bf16 host paths cost more)
     host_dtypes = [d for d in HOST_DTYPES_CUDA if d in measured] if dev.type == "cuda" else []
-    group("per-op fixed costs", op_fixed_cases(dev, host_dtypes))
-    group("per-op cost among other ops (round-robin)", op_cold_cases(dev, host_dtypes))
-    group("per-module fixed costs", module_fixed_cases(dev))
+    run.group("per-op fixed costs", op_fixed_cases(dev, host_dtypes))
+    run.group("per-op cost among other ops (round-robin)", op_cold_cases(dev, host_dtypes))
+    run.group("per-module fixed costs", module_fixed_cases(dev))
     if dev.type == "cpu":  # a GPU kernel spreads rows over its threads: no per-row term is modelled there
-        group("per-row costs of row-wise ops", row_cases(dev))
-        group("narrow-output GEMMs", gemm_narrow_cases(dev))
+        run.group("per-row costs of row-wise ops", row_cases(dev))
+        run.group("narrow-output GEMMs", gemm_narrow_cases(dev))
     # per dtype: a GPU's conv efficiency in bf16 is not its fp32 one (a CPU runs fp32 models: fp32 alone)
-    group("per-op kernel efficiency", op_efficiency_cases(dev, ["fp32"] if dev.type == "cpu" else
-                                                          ["fp32", *[d for d in measured if d in ("bf16", "fp16")]]))
-    group("op classes (convolutions by groups/shape, RNG, activations, embedding rows)", op_class_cases(dev))
+    run.group("per-op kernel efficiency", op_efficiency_cases(dev, ["fp32"] if dev.type == "cpu" else
+                                                              ["fp32", *[d for d in measured if d in ("bf16", "fp16")]]))
+    run.group("op classes (convolutions by groups/shape, RNG, activations, embedding rows)", op_class_cases(dev))
     if dev.type == "cuda":
-        frames.append(device_kernel_rows(dev, cfg["repeats"]))
-    group("memory copy", copy_cases(cfg["copy_mb"], dev))
+        run.frames.append(device_kernel_rows(dev, run.cfg["repeats"]))
+
+
+def _device_groups(run: _Run, measured, base_spec):
+    """Memory copy, elementwise, matmul curves per dtype, and on a GPU alignment and kernel classes."""
+    dev, cfg = run.dev, run.cfg
+    run.group("memory copy", copy_cases(cfg["copy_mb"], dev))
     if dev.type == "cpu":
         vec = [d for d in ("fp32", "bf16") if d in base_spec.vector_flops_per_s]
-        group("vector (elementwise add)", vector_cases(vec, dev))
+        run.group("vector (elementwise add)", vector_cases(vec, dev))
     for d in measured:
         other = dev.type == "cpu" and d != reference_dtype("cpu", measured) and cfg.get("other_squares")
-        group(f"matmul {d}", matmul_cases(d, cfg["other_squares"], (), dev) if other
-              else matmul_cases(d, cfg["squares"], cfg["linear"], dev))
+        run.group(f"matmul {d}", matmul_cases(d, cfg["other_squares"], (), dev) if other
+                  else matmul_cases(d, cfg["squares"], cfg["linear"], dev))
     if dev.type == "cuda" and measured:  # row strides that are not 16-byte multiples (GPT-2's lm_head)
-        group("matmul alignment", alignment_cases("bf16" if "bf16" in measured else measured[0], dev))
+        run.group("matmul alignment", alignment_cases("bf16" if "bf16" in measured else measured[0], dev))
     if dev.type == "cuda":  # kernel classes the datasheet roofline misses: norms, softmax, embeddings, attention, conv
-        _progress(progress, f"[{time.perf_counter() - start:5.1f} s] GPU kernel classes by size (gpu_ops)")
+        run.say("GPU kernel classes by size (gpu_ops)")
         try:  # the newest cases: a failure here leaves the rest of the calibration (and the flat op_efficiency)
-            frames.append(gpu_ops.bench_gpu_ops(dev, ["fp32", *[d for d in measured if d in ("bf16", "fp16")]]))
+            run.frames.append(gpu_ops.bench_gpu_ops(dev, ["fp32", *[d for d in measured if d in ("bf16", "fp16")]]))
         except (RuntimeError, ValueError, TypeError, torch.cuda.OutOfMemoryError) as exc:
-            notes.append(f"GPU kernel-class cases not measured ({type(exc).__name__}: {exc}); "
-                         f"op_efficiency_curve stays empty")
-            _progress(progress, f"note: {notes[-1]}")
-    if comm:
-        from perfcheck.hardware.calibrate.collectives import bench_collectives
+            run.note(f"GPU kernel-class cases not measured ({type(exc).__name__}: {exc}); "
+                     f"op_efficiency_curve stays empty")
 
+
+def _multi_process_groups(run: _Run, mode, world_size, deepspeed, comm):
+    """Collectives, process concurrency, gloo sync terms and the DeepSpeed engine case; returns their
+    results for ``_spec`` (concurrency, sync terms, DeepSpeed; None where not measured)."""
+    dev, cfg, conc, sync, ds, n = run.dev, run.cfg, None, None, None, 0
+    if comm:
         n = world_size if dev.type == "cpu" else torch.cuda.device_count()
         if n < 2:
-            notes.append("collectives not measured: one GPU visible (needs >= 2 for NCCL)")
+            run.notes.append("collectives not measured: one GPU visible (needs >= 2 for NCCL)")
         else:
-            _progress(progress, f"[{time.perf_counter() - start:5.1f} s] collectives: {', '.join(cfg['comm_kinds'])} "
-                                f"on {n} ranks ({'gloo' if dev.type == 'cpu' else 'nccl'}), "
-                                f"{len(cfg['comm_kib'])} sizes")
-            frames.append(bench_collectives([k * 1024 for k in cfg["comm_kib"]], kinds=cfg["comm_kinds"], world_size=n,
-                                            device=dev.type, repeats=cfg["repeats"], target_s=cfg["target_s"]))
-    conc = None
+            run.say(f"collectives: {', '.join(cfg['comm_kinds'])} on {n} ranks ({'gloo' if dev.type == 'cpu' else 'nccl'}),"
+                    f" {len(cfg['comm_kib'])} sizes")
+            run.frames.append(coll.bench_collectives([k * 1024 for k in cfg["comm_kib"]], kinds=cfg["comm_kinds"],
+                                                     world_size=n, device=dev.type, repeats=cfg["repeats"],
+                                                     target_s=cfg["target_s"]))
     if comm and n >= 2:
-        from perfcheck.hardware.calibrate import concurrency
-
-        _progress(progress, f"[{time.perf_counter() - start:5.1f} s] process concurrency: {n} processes at once vs one "
-                            f"(CPU time)")
+        run.say(f"process concurrency: {n} processes at once vs one (CPU time)")
         try:
             conc = concurrency.bench_concurrency(n, mode, threads=torch.get_num_threads())
-            frames.append(concurrency.rows_for_table(conc))
+            run.frames.append(concurrency.rows_for_table(conc))
         except RuntimeError as exc:
-            notes.append(f"process-concurrency case not measured ({exc}); process_slowdown_per_peer stays the default")
-    sync = None
+            run.notes.append(f"process-concurrency case not measured ({exc}); process_slowdown_per_peer stays the default")
     if comm and n >= 2 and dev.type == "cpu":  # gloo only: how the ranks meet at collectives (ZeRO's model)
-        from perfcheck.hardware.calibrate import collectives as coll
-
-        _progress(progress, f"[{time.perf_counter() - start:5.1f} s] collective sync: an async all-gather batch and "
-                            f"the wait for the latest of {n} ranks")
+        run.say(f"collective sync: an async all-gather batch and the wait for the latest of {n} ranks")
         try:
             sync = coll.bench_sync_terms(n, mode if mode in coll.SYNC_MODES else "quick")
         except RuntimeError as exc:
-            notes.append(f"collective sync case not measured ({exc}); collective_async_call_s and "
-                         "collective_straggler_s stay the defaults")
-    from perfcheck.hardware.calibrate import deepspeed_cases
-
-    ds = None
+            run.notes.append(f"collective sync case not measured ({exc}); collective_async_call_s and "
+                             "collective_straggler_s stay the defaults")
     if deepspeed or (deepspeed is None and comm and deepspeed_cases.available()):
-        _progress(progress, f"[{time.perf_counter() - start:5.1f} s] DeepSpeed engine per ZeRO stage (one rank, "
-                            f"{len(deepspeed_cases.MODELS)} chain models x {len(deepspeed_cases.CONFIGS) + 1} runs)")
+        run.say(f"DeepSpeed engine per ZeRO stage (one rank, {len(deepspeed_cases.MODELS)} chain models x "
+                f"{len(deepspeed_cases.CONFIGS) + 1} runs)")
         try:
             ds = deepspeed_cases.bench_deepspeed(mode, device=dev.type, threads=torch.get_num_threads())
-            frames.append(deepspeed_cases.rows_for_table(ds))
+            run.frames.append(deepspeed_cases.rows_for_table(ds))
         except RuntimeError as exc:
-            notes.append(f"DeepSpeed engine case not measured ({exc}); the ZeRO host constants stay the defaults")
-    table = pd.concat(frames, ignore_index=True)
+            run.notes.append(f"DeepSpeed engine case not measured ({exc}); the ZeRO host constants stay the defaults")
+    return conc, sync, ds
+
+
+def _spec(run: _Run, base_spec, peaks, name, conc, sync, ds):
+    """The measurements' table and the spec fitted to it (each optional part applied where measured)."""
+    dev = run.dev
+    table = pd.concat(run.frames, ignore_index=True)
     stamp = provenance(dev)
     spec = build_spec(base_spec, table, peaks=peaks, stamp=stamp, name=name, kind=_device_kind(dev),
                       mem_capacity_bytes=_capacity(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None)
@@ -337,9 +348,25 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
         spec = concurrency.apply(spec, conc, stamp)
     if sync is not None:
         spec = coll.apply_sync_terms(spec, sync, stamp)
-    elapsed = time.perf_counter() - start
+    return table, spec
+
+
+def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed=None,
+               clock="wall") -> Calibration:
+    """The steps of ``calibrate`` in order: check, host groups, device groups, multi-process groups, fit."""
+    dev, base_spec, peaks, cfg = _checked_setup(base, mode, device, peaks, world_size)
+    run = _Run(dev, cfg, Timer(dev, clock), progress)
+    measured = _dtypes_to_measure(base_spec, dev, dtypes)
+    busy = _busy_note(dev)
+    if busy:
+        run.note(busy)
+    _host_groups(run, measured)
+    _device_groups(run, measured, base_spec)
+    conc, sync, ds = _multi_process_groups(run, mode, world_size, deepspeed, comm)
+    table, spec = _spec(run, base_spec, peaks, name, conc, sync, ds)
+    elapsed = time.perf_counter() - run.start
     _progress(progress, f"[{elapsed:5.1f} s] done")
-    return Calibration(spec, table, tuple(notes), elapsed)
+    return Calibration(spec, table, tuple(run.notes), elapsed)
 
 
 def _busy_note(device) -> Optional[str]:
@@ -361,24 +388,6 @@ def provenance(device) -> str:
     return f"measured by perfcheck calibrate on {socket.gethostname()} ({what}), {date}, torch {torch.__version__}"
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
-    except OSError:
-        names = []  # no /proc (not Linux): platform's name below
-    if names:
-        return f"{names[0]}, {_threads()}"
-    import platform
-
-    return f"{platform.processor() or platform.machine()}, {_threads()}"
-
-
-def _threads() -> str:
-    n = torch.get_num_threads()
-    return f"{n} thread{'s' if n != 1 else ''}"
-
-
 def _device_kind(device) -> str:
     return "gpu" if device.type == "cuda" else "cpu"
 
@@ -386,7 +395,7 @@ def _device_kind(device) -> str:
 def _capacity(device) -> float:
     if device.type == "cuda":
         return float(torch.cuda.get_device_properties(device).total_memory)
-    import psutil
+    import psutil  # optional at import time: only a CPU calibration needs it
 
     return float(psutil.virtual_memory().total)
 

@@ -33,8 +33,8 @@ from collections import defaultdict
 
 import torch
 
-from perfcheck.hardware.calibrate.cases import Case, Timer, run_cases
-from perfcheck.hardware.calibrate.layers import CallModule
+from perfcheck.calibrate.cases import Case, Timer, run_cases
+from perfcheck.calibrate.layers import CallModule
 from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype
 from perfcheck.predict import roofline
 from perfcheck.predict.aten_costs import cost_of
@@ -271,7 +271,7 @@ def apply(spec: SystemSpec, table, stamp: str) -> SystemSpec:
     sources = {**dict(spec.sources), "op_efficiency_curve": (
         f"{stamp}: per GPU kernel class and phase, the estimator's roofline time on this spec / the measured "
         f"kernel time (device held while the calls are queued), by roofline seconds per kernel "
-        f"(perfcheck.hardware.calibrate.gpu_ops); efficiency ranges: {spread}")}
+        f"(perfcheck.calibrate.gpu_ops); efficiency ranges: {spread}")}
     return dataclasses.replace(spec, op_efficiency_curve=merged, sources=sources)
 
 

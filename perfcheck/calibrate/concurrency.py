@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.errors import UserError
 
 LAYERS, WIDTH, BATCH = 8, 16, 8
@@ -152,7 +153,7 @@ def apply(spec, result: dict, stamp: str):
     """``spec`` with ``host.process_slowdown_per_peer`` and its source."""
     import dataclasses
 
-    how = (f"{stamp}: process-concurrency case (perfcheck/hardware/calibrate/concurrency.py), chain of {LAYERS} "
+    how = (f"{stamp}: process-concurrency case (perfcheck/calibrate/concurrency.py), chain of {LAYERS} "
            f"Linear({WIDTH}, {WIDTH}) + Adam, process CPU time, {len(result['rounds'])} interleaved rounds: one "
            f"process {result['alone_s'] * 1e3:.3f} ms per step, {result['world_size']} at once "
            f"{result['together_s'] * 1e3:.3f} ms, median ratio {result['factor']:.3f}")
@@ -164,8 +165,6 @@ def rows_for_table(result: dict):
     """The case in the calibration's measurement table (kind ``concurrency``; ``seconds``: the median
     step together, ``seconds_min``: alone; ``world_size``: processes at once)."""
     import pandas as pd
-
-    from perfcheck.hardware.calibrate.fit import MEASUREMENT_COLUMNS
 
     row = {c: np.nan for c in MEASUREMENT_COLUMNS}
     row.update({"kind": "concurrency", "label": f"chain{LAYERS} x{result['world_size']} processes", "dtype": "fp32",

@@ -24,7 +24,7 @@ def tiny_modules(dev):
     """torch.nn class name -> (module, inputs): the standard layers whose Python ``forward`` does work
     beyond its aten ops (argument checks, F.* wrappers, BatchNorm's running-stat bookkeeping, a
     Linear's autograd node saving two tensors), on tiny tensors in training mode with parameters and
-    inputs needing gradients, as a training step calls them. perfcheck.hardware.calibrate.fit
+    inputs needing gradients, as a training step calls them. perfcheck.calibrate.fit
     estimates each with the host model and keeps the measured excess per call (``module_fixed_s``)."""
     nn = torch.nn
     dev = torch.device(dev)
