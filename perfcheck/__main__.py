@@ -1,5 +1,5 @@
 import sys
 
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 
 sys.exit(main())

@@ -23,7 +23,7 @@ from perfcheck.analysis.pipeline import hook_overhead_per_call, reconcile_run
 from perfcheck.analysis.reconcile import reconcile
 from perfcheck.analysis.stages import measured_exposed
 from perfcheck.analysis.system_notes import device_mismatch, system_notes
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 from perfcheck.hardware import cache, labels
 from perfcheck.hardware.calibrate import cases, repeats, sanity
 from perfcheck.hardware.calibrate import run as calrun

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfcheck import cli
+from perfcheck.commands import cli
 from perfcheck.analysis import stages as compare
 from perfcheck.report import stages_html as compare_report
 from perfcheck.analysis.answers import answers

@@ -55,7 +55,7 @@ def test_jsc_tiny_is_predicted_host_bound_everywhere():
 
 
 def test_recorded_lenet_run_keeps_every_module_and_splits_the_step():
-    from perfcheck.measure.rundir import load_run
+    from perfcheck.rundir import load_run
 
     run = load_run(DATA / "run_lenet_cpu")
     pred, info = load_predicted(run.run_dir, run.ranks)

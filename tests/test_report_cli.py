@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 from perfcheck.analysis.reconcile import RECONCILED_COLUMNS, TOTALS_COLUMNS
 
 DATA = Path(__file__).parent / "data"

@@ -9,7 +9,7 @@ import pytest
 from perfcheck.commands.report import build
 from perfcheck.analysis.reconcile import reconcile
 from perfcheck.report.text import render_text
-from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
+from perfcheck.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 from perfcheck.schema import ROOT
 from test_reconcile import meas_row, pred_row
 

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.predict import zero
+import perfcheck.rundir.deepspeed_files as run_files
 
 KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
 
@@ -110,8 +111,6 @@ def stage_steps(run_dir) -> pd.DataFrame:
     steps with DeepSpeed's comms logger on (it synchronizes after every collective) are left out when
     others remain."""
     from pathlib import Path
-
-    from perfcheck.integrations.deepspeed import run_files
 
     parts = [run_files.read_engine_steps(d) for d in sorted(Path(run_dir).glob("rank*"))]
     rows = pd.concat([p for p in parts if p is not None and not p.empty] or [pd.DataFrame()], ignore_index=True)

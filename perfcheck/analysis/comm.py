@@ -32,7 +32,7 @@ from collections import deque, namedtuple
 import pandas as pd
 
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, FINALIZE_OP, SYNC_SUFFIX
-from perfcheck.report.units import fmt_bytes, fmt_time
+from perfcheck.units import fmt_bytes, fmt_time
 from perfcheck.schema import MODULE_COMM_COLUMNS, ROOT, parent_path, strip_wrapper_prefix
 
 PHASES2 = ("fwd", "bwd")

@@ -62,7 +62,7 @@ import pandas as pd
 
 from perfcheck.hardware.calibrate.sanity import contention
 from perfcheck.schema import ROOT
-from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
+from perfcheck.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 
 #: Default hook cost per module call when the run gives no better figure: two clock reads and the
 #: Python dispatch of a pre- and post-hook. Default chosen by perfcheck from public figures for one

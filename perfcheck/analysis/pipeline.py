@@ -35,7 +35,7 @@ from perfcheck.analysis.reconcile import reconcile
 from perfcheck.analysis.system_notes import device_mismatch, run_contention, system_notes
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import load_system
-from perfcheck.measure import rundir
+import perfcheck.rundir as rundir
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
 from perfcheck.predict import for_run
 

@@ -34,7 +34,8 @@ import pandas as pd
 
 from perfcheck.errors import UserError
 from perfcheck.hardware.labels import spec_label
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
+import perfcheck.rundir.deepspeed_files as run_files
 from perfcheck.predict import zero
 
 KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
@@ -123,7 +124,6 @@ def _save_problems(rank_dir: Path, facts: dict) -> list:
 def load_stage(run_dir) -> dict:
     """Everything one stage's run directory holds, per rank, and its status. A rank whose files do
     not read (garbage, another schema version) makes the stage "failed" with that reason."""
-    from perfcheck.integrations.deepspeed import run_files
     from perfcheck.predict.for_run import load_predicted
 
     run_dir = Path(run_dir)
@@ -539,8 +539,6 @@ def merge_node_runs(node_dirs, dest) -> Path:
     exactly once, one world size and one ZeRO stage. Files are copied, sources are left alone.
     """
     import shutil
-
-    from perfcheck.integrations.deepspeed import run_files
 
     dest = Path(dest)
     seen, worlds, stages = {}, set(), set()

@@ -65,7 +65,7 @@ def run(args) -> int:
         raise UserError(f"--sample-interval: {exc}") from None
     import torch
 
-    from perfcheck.measure import rundir as runs
+    import perfcheck.rundir as runs
     from perfcheck.examples.models import EXAMPLES
     from perfcheck.measure.session import PerfCheck
 

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     from perfcheck.predict.zero import dtype_from_deepspeed_config
     from perfcheck.examples.models import EXAMPLES
     from perfcheck.integrations.deepspeed.api import parse_block
-    from perfcheck.measure.rundir import atomic_write_json
+    from perfcheck.rundir import atomic_write_json
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if not args.shm_comm:

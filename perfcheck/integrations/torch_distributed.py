@@ -596,7 +596,7 @@ def read_predicted_collectives(rank_dir):
     """``rank<R>/predicted_collectives.csv`` as a frame (columns checked), None when absent."""
     from pathlib import Path
 
-    from perfcheck.measure import rundir
+    import perfcheck.rundir as rundir
 
     path = Path(rank_dir) / PREDICTED_COLLECTIVES_CSV
     if not path.is_file():
@@ -617,7 +617,7 @@ def per_step_comm(pred, run, n, system, live=None):
     import numpy as np
 
     from perfcheck.hardware.systems import load_system
-    from perfcheck.measure import rundir
+    import perfcheck.rundir as rundir
     from perfcheck.predict import collectives as coll_model
 
     spec = None

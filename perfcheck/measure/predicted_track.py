@@ -22,7 +22,7 @@ import json
 import math
 from pathlib import Path
 
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
 from perfcheck.schema import ROOT
 
 CATEGORY = "perfcheck_predicted"

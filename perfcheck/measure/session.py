@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
 from perfcheck.errors import UserError
 from perfcheck.measure import memory as memory_mod
 from perfcheck.measure.context import (device_name, model_device, model_dtype, model_view, parallel_setup,
@@ -780,9 +780,9 @@ class PerfCheck:
         return [PREDICTED_CSV, PREDICTED_JSON] + extra
 
     def as_run(self):
-        """This rank's run as ``measure.rundir.Run``: exactly the frames ``save()`` writes, as reading
+        """This rank's run as ``rundir.Run``: exactly the frames ``save()`` writes, as reading
         the run directory back gives them (so the live and the saved report are the same)."""
-        from perfcheck.measure.rundir import Run, as_saved
+        from perfcheck.rundir import Run, as_saved
 
         if self._state == "new":
             raise UserError("nothing measured yet: PerfCheck was never started")

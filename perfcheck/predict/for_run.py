@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
 from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, SCHEMA_VERSION, SchemaError, validate_frame
 
 PREDICTED_CSV = "predicted.csv"

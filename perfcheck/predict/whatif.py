@@ -235,14 +235,14 @@ def _run_dtype(run, rank) -> str:
 def whatif(run, target, *, source=None, predicted=None, dtype=None, target_dtype=None, rank: int = 0) -> pd.DataFrame:
     """Predict a measured run on ``target``: WHATIF_COLUMNS per module; the step in ``attrs["step"]``.
 
-    run: a run directory (``perfcheck.measure.rundir.load_run``) or a loaded ``Run``.
+    run: a run directory (``perfcheck.rundir.load_run``) or a loaded ``Run``.
     target: system B (name, JSON path or SystemSpec). source: system A the run was measured on
       (default: the run's device kind: ``cpu``, or the spec named in meta.json's ``system``).
     predicted: the model's prediction on A (DataFrame or CSV path); default: the run's
       predicted.csv, else a built-in example named by meta.json estimated on A (``resolve_predicted``).
     dtype: the run's dtype (default: meta.json's); target_dtype: what B would run (default: the same).
     """
-    from perfcheck.measure import rundir as runs
+    import perfcheck.rundir as runs
 
     run = runs.load_run(run) if not isinstance(run, runs.Run) else run
     if rank not in run.ranks:

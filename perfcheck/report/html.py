@@ -18,7 +18,7 @@ from perfcheck.analysis.reconcile import RECONCILED_COLUMNS, rank_summary, total
 from perfcheck.analysis.kernel_steps import kernel_step_stats
 from perfcheck.report import plots
 from perfcheck.report.text import comm_rows, hook_text
-from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
+from perfcheck.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 from perfcheck.schema import ROOT
 
 _CSS = """

@@ -12,7 +12,7 @@ import io
 import numpy as np
 import pandas as pd
 
-from perfcheck.report.units import fmt_rate, fmt_time
+from perfcheck.units import fmt_rate, fmt_time
 from perfcheck.schema import ROOT
 
 DPI = 90

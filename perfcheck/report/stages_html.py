@@ -10,7 +10,7 @@ import math
 import pandas as pd
 
 from perfcheck.analysis.answers import answers, fmt_bytes, fmt_s
-from perfcheck.measure.rundir import atomic_write_text
+from perfcheck.rundir import atomic_write_text
 from perfcheck.report.plots import literal_text, save_literal
 
 #: Terminal columns: (header, predicted column, measured column, formatter).

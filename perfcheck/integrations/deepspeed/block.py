@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from perfcheck.errors import UserError
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
 from perfcheck.integrations.deepspeed.api import PerfcheckBlock, load_config, parse_block
 
 #: What a callback-driven run does not write, said once when a block is honoured that way.
