@@ -19,7 +19,7 @@ _EXPORTS = {
     "list_systems": "perfcheck.hardware.systems:list_systems",
     "ParallelConfig": "perfcheck.parallel:ParallelConfig",
     "ZeroStage": "perfcheck.parallel:ZeroStage",
-    "PerfCheck": "perfcheck.measure.session:PerfCheck",
+    "PerfCheck": "perfcheck.session.api:PerfCheck",
     "reconcile": "perfcheck.analysis.reconcile:reconcile",
     "UserError": "perfcheck.errors:UserError",
 }

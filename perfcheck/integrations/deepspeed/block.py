@@ -85,7 +85,7 @@ def perfcheck_for_engine(engine, *, config=None, **explicit):
     no enabled block and no ``out_dir``: nothing would say where the run went."""
     import torch.distributed as dist
 
-    from perfcheck.measure.session import PerfCheck
+    from perfcheck.session.api import PerfCheck
 
     cfg = config if config is not None else _engine_config(engine)
     kwargs, block = settings_for(cfg, explicit, where="perfcheck.deepspeed.perfcheck_for_engine")

@@ -102,7 +102,7 @@ class EngineSession:
             return None
         try:
             if pc is None:
-                from perfcheck.measure.session import PerfCheck
+                from perfcheck.session.api import PerfCheck
 
                 p = b.profiler
                 pc = PerfCheck(self._engine.module, warmup=b.warmup_steps, steps=b.steps, profile=p.enabled,
