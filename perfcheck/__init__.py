@@ -1,9 +1,10 @@
 """perfcheck: predict, measure and reconcile the performance of PyTorch models.
 
 The facade. Names are imported on first use so ``import perfcheck`` stays cheap. Where things live:
-``predict/`` (the analytical model), ``measure/`` (PerfCheck and the run directory), ``analysis/``
-(reconcile, findings, stage comparison), ``report/`` (rendering), ``hardware/`` (system specs,
-calibration), ``integrations/`` (DeepSpeed), ``commands/`` (the CLI).
+``predict/`` (the analytical model), ``measure/`` (recording the steps), ``rundir/`` (the run
+directory), ``analysis/`` (reconcile, findings, stage comparison), ``report/`` (rendering), ``session/``
+(``PerfCheck``), ``hardware/`` (system specs, calibration), ``integrations/`` (DeepSpeed),
+``commands/`` (the CLI).
 """
 from __future__ import annotations
 

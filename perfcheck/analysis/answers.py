@@ -8,12 +8,13 @@ conclusion: change the run and the answer changes with it.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from perfcheck.predict import zero
 import perfcheck.rundir.deepspeed_files as run_files
+from perfcheck.predict import zero
 
 KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
 
@@ -110,8 +111,6 @@ def stage_steps(run_dir) -> pd.DataFrame:
     step's micro-steps, bare steps (no module hooks) when the run has them, else the measured ones;
     steps with DeepSpeed's comms logger on (it synchronizes after every collective) are left out when
     others remain."""
-    from pathlib import Path
-
     parts = [run_files.read_engine_steps(d) for d in sorted(Path(run_dir).glob("rank*"))]
     rows = pd.concat([p for p in parts if p is not None and not p.empty] or [pd.DataFrame()], ignore_index=True)
     if rows.empty or "role" not in rows:

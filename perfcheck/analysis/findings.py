@@ -60,6 +60,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from perfcheck.errors import UserError
 from perfcheck.hardware.calibrate.sanity import contention
 from perfcheck.schema import ROOT
 from perfcheck.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
@@ -112,8 +113,6 @@ class Thresholds:
     comm_wait_share: float = 0.05
 
     def __post_init__(self):
-        from perfcheck.errors import UserError
-
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v < 0:

@@ -30,13 +30,13 @@ from pathlib import Path
 
 import pandas as pd
 
+import perfcheck.rundir as rundir
 from perfcheck.analysis.comm import outside_bytes, read_collectives
 from perfcheck.analysis.reconcile import reconcile
 from perfcheck.analysis.system_notes import device_mismatch, run_contention, system_notes
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import load_system
-import perfcheck.rundir as rundir
-from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
+from perfcheck.measure.collectives import COLLECTIVES_CSV, COLLECTIVE_COLUMNS
 from perfcheck.predict import for_run
 
 
@@ -67,8 +67,6 @@ def _other_system(system, info: dict) -> bool:
     """True when ``system`` (given by the user) is not the one the saved prediction was made for."""
     if system is None:
         return False
-    from perfcheck.hardware.systems import load_system
-
     spec = load_system(system)
     saved = info.get("spec")
     return spec != saved if saved is not None else spec.name != info.get("system")

@@ -22,10 +22,13 @@ import re
 import numpy as np
 import pandas as pd
 
-from perfcheck.errors import UserError
-from perfcheck.analysis.findings import DEFAULT_HOOK_OVERHEAD_S, Context, Thresholds, diagnose, diagnose_recompute
 from perfcheck.analysis.comm import ancestors, in_step_waits, module_comm, profiled_step_s, subtree_sums
-from perfcheck.schema import MODULE_COMM_COLUMNS, PREDICTED_COLUMNS, ROOT, module_depth, parent_path, strip_wrapper_prefix
+from perfcheck.analysis.findings import Context, DEFAULT_HOOK_OVERHEAD_S, Thresholds, diagnose, diagnose_recompute
+from perfcheck.errors import UserError
+from perfcheck.hardware.labels import spec_label
+from perfcheck.hardware.systems import load_system
+from perfcheck.schema import (MODULE_COMM_COLUMNS, PREDICTED_COLUMNS, ROOT, module_depth, parent_path,
+                              strip_wrapper_prefix)
 
 PHASES2 = ("fwd", "bwd")
 
@@ -410,8 +413,6 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
       for the words of the waits ("DDP bucket all-reduce", "DTensor all-gather").
     Returns RECONCILED_COLUMNS in tree order per rank; ``attrs["totals"]`` holds TOTALS_COLUMNS records.
     """
-    from perfcheck.hardware.systems import load_system
-
     spec = load_system(system) if system is not None else None
     ctx = Context(thresholds or Thresholds(), spec, dtype,
                   DEFAULT_HOOK_OVERHEAD_S if hook_overhead_s is None else float(hook_overhead_s),
@@ -613,6 +614,4 @@ def rank_summary(rec: pd.DataFrame, tolerance: float | None = None) -> pd.DataFr
 
 def _spec_label(spec):
     """"NAME (calibrated: where | datasheet)" for report headers (perfcheck.hardware.cache.spec_label)."""
-    from perfcheck.hardware.labels import spec_label
-
     return spec_label(spec) if spec is not None else None

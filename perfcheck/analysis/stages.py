@@ -28,15 +28,22 @@ A stage whose run failed keeps its row with ``status`` = failed and the tail of 
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
 
-from perfcheck.errors import UserError
-from perfcheck.hardware.labels import spec_label
 import perfcheck.rundir as runs
 import perfcheck.rundir.deepspeed_files as run_files
-from perfcheck.predict import zero
+from perfcheck.analysis.answers import notes
+from perfcheck.analysis.pipeline import reconcile_run
+from perfcheck.errors import UserError
+from perfcheck.hardware.cache import cached_spec
+from perfcheck.hardware.labels import datasheet_default, spec_label
+from perfcheck.hardware.systems import host_constants, load_system
+from perfcheck.predict import for_run, zero
+from perfcheck.predict.for_run import load_predicted
+from perfcheck.predict.host import deepspeed_host_s, process_slowdown
 
 KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
 PHASES = {"fwd": "fwd", "bwd": "bwd", "step": "optim"}
@@ -124,8 +131,6 @@ def _save_problems(rank_dir: Path, facts: dict) -> list:
 def load_stage(run_dir) -> dict:
     """Everything one stage's run directory holds, per rank, and its status. A rank whose files do
     not read (garbage, another schema version) makes the stage "failed" with that reason."""
-    from perfcheck.predict.for_run import load_predicted
-
     run_dir = Path(run_dir)
     ranks, problems = {}, []
     for d in sorted(run_dir.glob("rank*")):
@@ -208,11 +213,7 @@ def _stage_system(facts: dict, system):
     block = (facts.get("perfcheck_block") or {}).get("system")
     if block:
         return block
-    from perfcheck.hardware.cache import cached_spec
-
     # the sweep's ranks run with one intra-op thread (OMP_NUM_THREADS=1, integrations/deepspeed/sweep.py)
-    from perfcheck.hardware.labels import datasheet_default
-
     return cached_spec("cpu", threads=int(facts.get("torch_threads") or 1), auto=False) or datasheet_default("cpu")
 
 
@@ -221,8 +222,6 @@ def host_terms(facts: dict, predicted: pd.DataFrame, spec) -> dict:
     the engine's fixed and per-parameter-tensor work at this stage, ZeRO-3's hooks per module call
     and, for tensors ZeRO-3 partitions (not persistent), the host side of fetching them. ``optim``
     is the whole engine.step() host time (the optimizer's loop included)."""
-    from perfcheck.predict import host
-
     mods = [sizes for _, sizes in facts.get("module_params", [])]
     tensors = sum(len(m) for m in mods)
     calls = int(predicted["calls"].sum()) if not predicted.empty and "calls" in predicted else len(mods)
@@ -232,8 +231,8 @@ def host_terms(facts: dict, predicted: pd.DataFrame, spec) -> dict:
         settings = zero.ZeroSettings(**facts.get("settings", {}))
         flags = zero.persistent_flags(zero.layout(mods), settings, max(int(facts.get("dp", 1)), 1))
         gathered = sum(not k for row in flags for k in row)
-    return host.deepspeed_host_s(stage=stage, module_calls=calls, param_tensors=tensors, spec=spec,
-                                 partitioned_tensors=gathered)
+    return deepspeed_host_s(stage=stage, module_calls=calls, param_tensors=tensors, spec=spec,
+                            partitioned_tensors=gathered)
 
 
 def zero3_parts(facts: dict, predicted: pd.DataFrame, spec) -> dict:
@@ -241,8 +240,6 @@ def zero3_parts(facts: dict, predicted: pd.DataFrame, spec) -> dict:
     ``hooks_s`` (module calls x the fwd + bwd per-module hook constants, per micro-step x G),
     ``gather_host_s`` (the host side of fetching the partitioned tensors, fwd + bwd + step),
     ``module_calls`` and ``gathered_tensors``. Zeros below stage 3."""
-    from perfcheck.hardware.systems import host_constants
-
     if int(facts["zero_stage"]) != 3:
         return {"hooks_s": 0.0, "gather_host_s": 0.0, "module_calls": 0, "gathered_tensors": 0}
     hc = host_constants(spec)
@@ -263,10 +260,6 @@ def predict(facts: dict, predicted: pd.DataFrame, system=None) -> zero.ZeroEstim
     with the model's compute (host terms included) from predicted.csv and DeepSpeed's host terms, both
     times the host's process slowdown for the ranks sharing it (``perfcheck.predict.host.process_slowdown``;
     on a GPU host only their host parts)."""
-    from perfcheck.hardware.systems import load_system
-
-    from perfcheck.predict.host import process_slowdown
-
     settings = zero.ZeroSettings(**facts.get("settings", {}))
     lay = zero.layout([sizes for _, sizes in facts.get("module_params", [])])
     spec = load_system(_stage_system(facts, system))
@@ -407,10 +400,6 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
     samples = data["samples"]
     for col in ("gpu_util", "cpu_util"):
         row[f"meas_{col}"] = float(samples[col].mean()) if not samples.empty and col in samples else math.nan
-    from perfcheck.hardware.systems import load_system
-
-    from perfcheck.predict.host import process_slowdown
-
     spec = load_system(_stage_system(facts, system))
     # where the spec came from; a calibration: when, with how many threads, under what load (report headers)
     row["system_label"] = spec_label(spec)
@@ -441,8 +430,6 @@ def bytes_within(row, tol: float = BYTES_TOLERANCE) -> bool:
 
 def notes_for(row: dict, facts: dict, est: zero.ZeroEstimate) -> list:
     """Why predicted and measured differ (or agree only up to padding), from the numbers."""
-    from perfcheck.analysis.answers import notes
-
     return notes(row, facts, est)
 
 
@@ -450,8 +437,6 @@ def module_summary(run_dir, system=None) -> dict:
     """Per rank, the module-level view of a stage through the one assembly path
     (``pipeline.reconcile_run``, as ``perfcheck report`` shows it): the module with the largest
     predicted-vs-measured gap and its reason. Empty when the stage has no module tables."""
-    from perfcheck.analysis.pipeline import reconcile_run
-
     if not any(Path(run_dir).glob(f"rank*/{runs.META}")):
         return {}
     try:
@@ -503,9 +488,6 @@ def predicted_on(system, stage: dict) -> pd.DataFrame:
     """The stage's compute prediction on ``system`` (``--system``): the saved one when it was made for that
     system, else re-estimated for a built-in example model named by a rank's meta.json, else a UserError
     with the fix (never the old system's numbers under the new name)."""
-    from perfcheck.hardware.systems import load_system
-    from perfcheck.predict import for_run
-
     spec = load_system(system)
     try:
         _, info = for_run.load_predicted(stage["run_dir"])
@@ -538,8 +520,6 @@ def merge_node_runs(node_dirs, dest) -> Path:
     Each source holds some ``rank*/`` directories of one run; the merged run must have every rank
     exactly once, one world size and one ZeRO stage. Files are copied, sources are left alone.
     """
-    import shutil
-
     dest = Path(dest)
     seen, worlds, stages = {}, set(), set()
     for src in map(Path, node_dirs):

@@ -41,6 +41,7 @@ import re
 import pandas as pd
 from torch.autograd import DeviceType
 
+from perfcheck.predict import collective_bytes
 from perfcheck.schema import ROOT
 
 COLLECTIVES_CSV = "collectives.csv"
@@ -88,8 +89,6 @@ _ELEM = {"float": 4, "float32": 4, "c10::Half": 2, "c10::BFloat16": 2, "double":
 
 
 def _is_collective(name: str) -> str | None:
-    from perfcheck.predict import collective_bytes
-
     if not name.startswith(tuple(ns + "::" for ns in collective_bytes.NAMESPACES)):
         return None
     return collective_bytes.op_kind(name)
@@ -112,8 +111,6 @@ def _arg_sizes(e) -> list:
 
 def _bytes(name: str, kind: str, e) -> float:
     """S from the recorded shapes by the one rule (``predict.collective_bytes.buffer_bytes``), NaN if none."""
-    from perfcheck.predict import collective_bytes
-
     group = None
     if collective_bytes.namespace(name) in collective_bytes.FUNCTIONAL_NAMESPACES:
         group = collective_bytes.functional_group_size(list(e.concrete_inputs or []))

@@ -36,8 +36,7 @@ import perfcheck.rundir as runs
 from perfcheck.errors import UserError
 from perfcheck.hardware.cache import resolve_system
 from perfcheck.hardware.systems import load_system
-from perfcheck.measure import memory as memory_mod
-from perfcheck.measure import selection
+from perfcheck.measure import memory as memory_mod, selection
 from perfcheck.measure.arguments import check_system, nonneg_int, refuse_meta_tensors
 from perfcheck.measure.clocks import clock_for
 from perfcheck.measure.context import model_device, model_view, rank_and_world

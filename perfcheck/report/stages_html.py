@@ -10,8 +10,8 @@ import math
 import pandas as pd
 
 from perfcheck.analysis.answers import answers, fmt_bytes, fmt_s
-from perfcheck.rundir import atomic_write_text
 from perfcheck.report.plots import literal_text, save_literal
+from perfcheck.rundir import atomic_write_text
 
 #: Terminal columns: (header, predicted column, measured column, formatter).
 _TERMINAL = (("allreduce", "pred_allreduce_bytes", "meas_allreduce_bytes", fmt_bytes),

@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.analysis.findings import REASONS, findings_table
-from perfcheck.analysis.reconcile import RANK_SUMMARY_COLUMNS, RECONCILED_COLUMNS, TOTALS_COLUMNS, rank_summary, totals_frame
+from perfcheck.analysis.reconcile import (RANK_SUMMARY_COLUMNS, RECONCILED_COLUMNS, TOTALS_COLUMNS, rank_summary,
+                                          totals_frame)
 from perfcheck.schema import SCHEMA_VERSION
 
 
