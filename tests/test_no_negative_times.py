@@ -5,7 +5,8 @@ import math
 import pandas as pd
 import pytest
 
-from perfcheck.analysis.reconcile import reconcile, totals_frame
+from perfcheck.analysis.reconcile import reconcile
+from perfcheck.analysis.totals import totals_frame
 from perfcheck.report.text import render_text
 from test_reconcile import ROOT, _steps, frames, meas_row, pred_row
 

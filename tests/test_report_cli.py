@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from perfcheck.commands.cli import main
-from perfcheck.analysis.reconcile import RECONCILED_COLUMNS, TOTALS_COLUMNS
+from perfcheck.analysis.columns import RECONCILED_COLUMNS, TOTALS_COLUMNS
 
 DATA = Path(__file__).parent / "data"
 LENET = DATA / "run_lenet_cpu"

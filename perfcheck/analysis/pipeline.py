@@ -44,7 +44,7 @@ from perfcheck.predict import for_run
 class ReconciledRun:
     """The reconciled table of one run and what it was built from."""
 
-    table: pd.DataFrame  # analysis.reconcile.RECONCILED_COLUMNS; attrs["notes"], attrs["totals"]
+    table: pd.DataFrame  # analysis.columns.RECONCILED_COLUMNS; attrs["notes"], attrs["totals"]
     run: rundir.Run
     system: object  # the system name, path or SystemSpec the table was reconciled on
     notes: list

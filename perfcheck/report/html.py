@@ -13,9 +13,10 @@ import html
 
 import pandas as pd
 
+from perfcheck.analysis.columns import RECONCILED_COLUMNS
 from perfcheck.analysis.findings import REASONS, findings_table
 from perfcheck.analysis.kernel_steps import kernel_step_stats
-from perfcheck.analysis.reconcile import RECONCILED_COLUMNS, rank_summary, totals_frame
+from perfcheck.analysis.totals import rank_summary, totals_frame
 from perfcheck.hardware.labels import spec_label
 from perfcheck.hardware.systems import load_system
 from perfcheck.report import plots

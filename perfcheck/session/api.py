@@ -56,7 +56,7 @@ class PerfCheck(Recorder):
     """
 
     def reconciled(self, system=None) -> pd.DataFrame:
-        """Predicted vs measured per module for this run (analysis.reconcile.RECONCILED_COLUMNS), through
+        """Predicted vs measured per module for this run (analysis.columns.RECONCILED_COLUMNS), through
         the same assembly as ``perfcheck report RUN_DIR`` (``analysis.pipeline.reconcile_run``)."""
         return reconcile_run(self, system=system).table
 
