@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import perfcheck
-from perfcheck.analysis import findings
+from perfcheck.analysis import findings, thresholds
 from perfcheck.analysis.pipeline import hook_overhead_per_call, reconcile_run
 from perfcheck.analysis.reconcile import reconcile
 from perfcheck.analysis.stages import measured_exposed
@@ -400,7 +400,7 @@ def test_hook_overhead_from_the_runs_own_measurement():
     assert hook_overhead_per_call({"overhead": "not measured"}, modules)[0] is None
     # the test run predates the interval: the assumed default, and the report says it is assumed
     rec = reconcile_run(DATA / "run_lenet_cpu")
-    assert rec.table.attrs["hook_overhead_s"] == findings.DEFAULT_HOOK_OVERHEAD_S
+    assert rec.table.attrs["hook_overhead_s"] == thresholds.DEFAULT_HOOK_OVERHEAD_S
     assert rec.table.attrs["hook_overhead_source"].startswith("assumed (meta.json overhead has no interval")
 
 

@@ -7,7 +7,9 @@ import pandas as pd
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.analysis.findings import REASONS, RULES, Thresholds
+from perfcheck.analysis.findings import REASONS
+from perfcheck.analysis.rules import RULES
+from perfcheck.analysis.thresholds import Thresholds
 from perfcheck.analysis.columns import RECONCILED_COLUMNS, TOTALS_COLUMNS
 from perfcheck.analysis.kernels import kernel_summary
 from perfcheck.analysis.reconcile import reconcile

@@ -27,9 +27,9 @@ import pandas as pd
 
 import perfcheck.rundir as runs
 from perfcheck.analysis.comm import in_step_waits, sentence, wait_pairs
-from perfcheck.analysis.findings import Thresholds
 from perfcheck.analysis.pipeline import scale_by_micro_batches
 from perfcheck.analysis.stages import KINDS, bytes_within
+from perfcheck.analysis.thresholds import Thresholds
 from perfcheck.integrations.torch_distributed import bytes_per_step
 from perfcheck.measure.collectives import COLLECTIVES_CSV, COLLECTIVE_COLUMNS
 from perfcheck.predict.for_run import load_predicted, system_from_meta

@@ -181,7 +181,7 @@ def _spec_or_none(system):
 
 def hook_overhead_per_call(meta: dict, modules: pd.DataFrame) -> tuple:
     """``(seconds, source)``: the hooks' cost per module call and phase that this run measured, else
-    ``(None, why)`` and the findings use their assumed floor (``findings.DEFAULT_HOOK_OVERHEAD_S``).
+    ``(None, why)`` and the findings use their assumed floor (``thresholds.DEFAULT_HOOK_OVERHEAD_S``).
 
     From meta.json ``overhead`` (adjacent instrumented/bare step pairs): the low end of its 95% interval
     (``ci95[0]`` x the bare step median: a floor rule must not fire on noise, and on a busy machine the

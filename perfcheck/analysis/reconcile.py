@@ -23,12 +23,13 @@ import pandas as pd
 
 from perfcheck.analysis.columns import PHASES2, RECONCILED_COLUMNS, module_paths
 from perfcheck.analysis.comm import in_step_waits, module_comm
-from perfcheck.analysis.findings import Context, DEFAULT_HOOK_OVERHEAD_S, Thresholds, diagnose, diagnose_recompute
+from perfcheck.analysis.findings import diagnose, diagnose_recompute
+from perfcheck.analysis.kernels import kernel_summary
+from perfcheck.analysis.thresholds import Context, DEFAULT_HOOK_OVERHEAD_S, Thresholds
+from perfcheck.analysis.totals import ratio, root_value, totals_records
 from perfcheck.errors import UserError
 from perfcheck.hardware.labels import spec_label
 from perfcheck.hardware.systems import load_system
-from perfcheck.analysis.kernels import kernel_summary
-from perfcheck.analysis.totals import ratio, root_value, totals_records
 from perfcheck.schema import MODULE_COMM_COLUMNS, PREDICTED_COLUMNS, module_depth, parent_path
 
 
@@ -186,7 +187,7 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
       rates no dtype can reach are flagged).
     profile_steps: active profiler steps behind the kernel table (int, or {rank: int}; default
       ``kernels.attrs["profile_steps"]`` or 1).
-    hook_overhead_s: cost of the hooks per module call (default ``findings.DEFAULT_HOOK_OVERHEAD_S``);
+    hook_overhead_s: cost of the hooks per module call (default ``thresholds.DEFAULT_HOOK_OVERHEAD_S``);
       hook_overhead_source: where that figure came from (the evidence quotes it; analysis.pipeline passes
       the run's own measured overhead, meta.json ``overhead``).
     other_device: a sentence when the run was measured on another device than ``system`` describes
@@ -218,7 +219,7 @@ def reconcile(predicted: pd.DataFrame, measured: pd.DataFrame, *, system=None, k
 
 
 def _context(system, dtype, thresholds, hook_overhead_s, hook_overhead_source, other_device, contention):
-    """``(spec, findings.Context)`` of one reconcile call: the system loaded once, the thresholds, the hook
+    """``(spec, thresholds.Context)`` of one reconcile call: the system loaded once, the thresholds, the hook
     overhead and its source, and the run's device and contention sentences."""
     spec = load_system(system) if system is not None else None
     ctx = Context(thresholds or Thresholds(), spec, dtype,

@@ -7,8 +7,8 @@ import pandas as pd
 
 from perfcheck.analysis.columns import PHASES2, RANK_SUMMARY_COLUMNS, TOTALS_COLUMNS
 from perfcheck.analysis.comm import profiled_step_s
-from perfcheck.analysis.findings import Thresholds
 from perfcheck.analysis.kernels import profile_steps_of
+from perfcheck.analysis.thresholds import Thresholds
 from perfcheck.schema import ROOT
 
 def ratio(num, den) -> np.ndarray:
