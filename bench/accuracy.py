@@ -181,7 +181,7 @@ def measure(w: Workload, steps: int, warmup: int, clock: str = "wall"):
     """Median per-module times (PerfCheck, no profiler/sampler/FLOP counting), the step frame and,
     with ``clock="process"``, the Linear/Conv modules' times on the process clock (``leaf_times``;
     else None). Uninstrumented steps are timed on ``clock``."""
-    from perfcheck.measure.session import PerfCheck
+    from perfcheck.session.api import PerfCheck
 
     opt = torch.optim.SGD(w.model.parameters(), lr=1e-4)
     # memory=False: per-module memory tracking costs host time, which a host-bound GPU step pays in full

@@ -44,7 +44,7 @@ def _tree(n_modules: int):
 
 def make_run_dir(path, n_modules: int = 1000, ranks: int = 1, seed: int = 0) -> Path:
     """A complete run directory (schema v1) with predicted.csv, for n_modules modules and `ranks` ranks."""
-    from perfcheck.measure import rundir as runs
+    import perfcheck.rundir as runs
     from perfcheck.predict.for_run import save_predicted
     from perfcheck.schema import KERNEL_COLUMNS, PREDICTED_COLUMNS, SCHEMA_VERSION, module_depth
 

@@ -1,9 +1,10 @@
 """perfcheck: predict, measure and reconcile the performance of PyTorch models.
 
 The facade. Names are imported on first use so ``import perfcheck`` stays cheap. Where things live:
-``predict/`` (the analytical model), ``measure/`` (PerfCheck and the run directory), ``analysis/``
-(reconcile, findings, stage comparison), ``report/`` (rendering), ``hardware/`` (system specs,
-calibration), ``integrations/`` (DeepSpeed), ``commands/`` (the CLI).
+``predict/`` (the analytical model), ``measure/`` (recording the steps), ``rundir/`` (the run
+directory), ``analysis/`` (reconcile, findings, stage comparison), ``report/`` (rendering), ``session/``
+(``PerfCheck``), ``hardware/`` (system specs), ``calibrate/`` (measuring this machine), ``integrations/`` (DeepSpeed),
+``commands/`` (the CLI).
 Where a module's predicted time comes from: docs/model.md.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ _EXPORTS = {
     "list_systems": "perfcheck.hardware.systems:list_systems",
     "ParallelConfig": "perfcheck.parallel:ParallelConfig",
     "ZeroStage": "perfcheck.parallel:ZeroStage",
-    "PerfCheck": "perfcheck.measure.session:PerfCheck",
+    "PerfCheck": "perfcheck.session.api:PerfCheck",
     "reconcile": "perfcheck.analysis.reconcile:reconcile",
     "UserError": "perfcheck.errors:UserError",
 }

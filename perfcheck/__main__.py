@@ -1,6 +1,6 @@
-"""``python -m perfcheck``: the same as the ``perfcheck`` command (perfcheck.cli)."""
+"""``python -m perfcheck``: the same as the ``perfcheck`` command (perfcheck.commands.cli)."""
 import sys
 
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 
 sys.exit(main())

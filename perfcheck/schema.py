@@ -179,7 +179,7 @@ SAMPLE_COLUMNS: Mapping[str, str] = {
 
 #: Columns added to the run-directory tables after files of this schema version were written:
 #: a file (or a hand-built frame) without them reads, and writes, with them filled by the value
-#: here (NaN: not measured by the perfcheck that wrote it). ``measure.rundir`` applies it.
+#: here (NaN: not measured by the perfcheck that wrote it). ``rundir`` applies it.
 ADDED_COLUMNS: Mapping[str, float] = {c: float("nan") for c in (
     "eval_calls", *(f"eval_s_{s}" for s in _STATS), "eval_s", "micro_batches")}
 

@@ -8,28 +8,16 @@ conclusion: change the run and the answer changes with it.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+import perfcheck.rundir.deepspeed_files as run_files
 from perfcheck.predict import zero
+from perfcheck.units import fmt_bytes, fmt_time
 
 KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
-
-
-def fmt_bytes(b) -> str:
-    if b is None or (isinstance(b, float) and math.isnan(b)):
-        return "n/a"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(b) >= scale:
-            return f"{b / scale:.3g} {unit}"
-    return f"{b:.0f} B"
-
-
-def fmt_s(s) -> str:
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return "n/a"
-    return f"{s * 1e3:.3g} ms" if abs(s) < 1 else f"{s:.3g} s"
 
 
 def _padding(facts: dict, est: zero.ZeroEstimate) -> dict:
@@ -86,7 +74,7 @@ def notes(row: dict, facts: dict, est: zero.ZeroEstimate) -> list:
             out.append(f"memory {label}: measured {fmt_bytes(m)} vs predicted {fmt_bytes(p)}: {why}")
     if row.get("other_overlap_s", 0) > 0:
         out.append(f"time outside fwd/bwd/step shown as 0: the phases' per-step medians overlap by "
-                   f"{fmt_s(row['other_overlap_s'])} (medians of separate distributions do not add up exactly)")
+                   f"{fmt_time(row['other_overlap_s'])} (medians of separate distributions do not add up exactly)")
     factor = row.get("pred_process_slowdown", 1.0)
     if factor == factor and factor != 1.0:
         out.append(f"predicted host{' and CPU-compute' if facts.get('device', 'cpu') == 'cpu' else ''} terms x{factor:.3f}: "
@@ -109,10 +97,6 @@ def stage_steps(run_dir) -> pd.DataFrame:
     step's micro-steps, bare steps (no module hooks) when the run has them, else the measured ones;
     steps with DeepSpeed's comms logger on (it synchronizes after every collective) are left out when
     others remain."""
-    from pathlib import Path
-
-    from perfcheck.integrations.deepspeed import run_files
-
     parts = [run_files.read_engine_steps(d) for d in sorted(Path(run_dir).glob("rank*"))]
     rows = pd.concat([p for p in parts if p is not None and not p.empty] or [pd.DataFrame()], ignore_index=True)
     if rows.empty or "role" not in rows:
@@ -131,7 +115,7 @@ def spread(values) -> str:
     if not len(v):
         return "n/a"
     lo, med, hi = np.percentile(v, [25, 50, 75])
-    return f"{fmt_s(med)} ({fmt_s(lo)}-{fmt_s(hi)}, n={len(v)})"
+    return f"{fmt_time(med)} ({fmt_time(lo)}-{fmt_time(hi)}, n={len(v)})"
 
 
 def compare_samples(a, b) -> dict:
@@ -227,7 +211,7 @@ def _stage_samples(table) -> dict:
     return out
 
 
-def _stage_list(s, col, f=fmt_s):
+def _stage_list(s, col, f=fmt_time):
     return ", ".join(f"stage {int(st)} {f(v)}" for st, v in zip(s["stage"], s[col]))
 
 
@@ -248,8 +232,8 @@ def _why_stage3(s, steps=None) -> str:
                 f"{r['meas_reducescatter_count']:.0f} reduce-scatter; its collectives move "
                 f"{fmt_bytes(r['meas_fwd_comm_bytes'])} in forward, {fmt_bytes(r['meas_bwd_comm_bytes'])} in backward "
                 f"and {fmt_bytes(r['meas_step_comm_bytes'])} in the optimizer step, and expose "
-                f"{fmt_s(r['meas_fwd_comm_s'])}, {fmt_s(r['meas_bwd_comm_s'])} and "
-                f"{fmt_s(r['meas_optim_comm_s'])} there.")
+                f"{fmt_time(r['meas_fwd_comm_s'])}, {fmt_time(r['meas_bwd_comm_s'])} and "
+                f"{fmt_time(r['meas_optim_comm_s'])} there.")
     if r["meas_fwd_comm_bytes"] == 0 and r.get("persistent_params", 0) == r.get("params", -1):
         text.append("With DeepSpeed's default stage3_param_persistence_threshold (1e5 elements) every tensor of "
                     "this model is persistent, so no parameter is gathered in forward or backward; instead each "
@@ -259,7 +243,7 @@ def _why_stage3(s, steps=None) -> str:
                     "(and again in backward when released in between).")
     if 0 in s.index:
         d = r["meas_fwd_compute_s"] - s.loc[0, "meas_fwd_compute_s"]
-        text.append(f"Forward time outside communication is {fmt_s(d)} longer than at stage 0: ZeRO-3's per-module "
+        text.append(f"Forward time outside communication is {fmt_time(d)} longer than at stage 0: ZeRO-3's per-module "
                     "fetch/release hooks run on every module call.")
     text.append(_hooks_and_gathers(r, s.loc[0] if 0 in s.index else None))
     if 0 in s.index:
@@ -275,33 +259,33 @@ def _hooks_and_gathers(r, r0=None) -> str:
     if "pred_zero3_hooks_s" not in r or not r["pred_zero3_hooks_s"] == r["pred_zero3_hooks_s"]:
         return ""
     calls, n = r.get("zero3_module_calls", math.nan), r.get("zero3_gathered_tensors", math.nan)
-    text = (f"Predicted ZeRO-3 hooks {fmt_s(r['pred_zero3_hooks_s'])} per step ({calls:.0f} module calls, forward "
-            f"and backward)" + (f" and {fmt_s(r['pred_zero3_gather_host_s'])} of host work fetching and releasing "
+    text = (f"Predicted ZeRO-3 hooks {fmt_time(r['pred_zero3_hooks_s'])} per step ({calls:.0f} module calls, forward "
+            f"and backward)" + (f" and {fmt_time(r['pred_zero3_gather_host_s'])} of host work fetching and releasing "
                                 f"{n:.0f} partitioned tensors" if n > 0 else ", no partitioned tensor to fetch"))
     if r0 is not None:
         meas = (r["meas_fwd_compute_s"] + r["meas_bwd_compute_s"]) - (r0["meas_fwd_compute_s"] + r0["meas_bwd_compute_s"])
         def outside(x):  # predicted fwd + bwd less their collectives and the waits for the later rank
             return sum(x[f"pred_{p}_s"] - x[f"pred_{p}_comm_s"] - _num(x.get(f"pred_{p}_wait_s")) for p in ("fwd", "bwd"))
         pred = outside(r) - outside(r0)
-        text += (f"; forward + backward outside communication, stage 3 less stage 0: measured {fmt_s(meas)}, "
-                 f"predicted {fmt_s(pred)}")
+        text += (f"; forward + backward outside communication, stage 3 less stage 0: measured {fmt_time(meas)}, "
+                 f"predicted {fmt_time(pred)}")
         cpu = [x.get(f"meas_{p}_cpu_s", math.nan) for x in (r, r0) for p in ("fwd", "bwd")]
         if all(c == c for c in cpu):  # runs with the CPU-time columns: the same difference without waiting
-            text += f" (in process CPU time {fmt_s(cpu[0] + cpu[1] - cpu[2] - cpu[3])})"
+            text += f" (in process CPU time {fmt_time(cpu[0] + cpu[1] - cpu[2] - cpu[3])})"
     exposed = [r.get(f"meas_{p}_comm_s", math.nan) for p in ("fwd", "bwd", "optim")]
     meas_comm = sum(exposed) if all(e == e for e in exposed) else math.nan
     text += (f". Its all-gathers ({r['meas_allgather_count']:.0f} per step measured, "
-             f"{r['pred_allgather_count']:.0f} predicted): predicted {fmt_s(r.get('pred_allgather_s', math.nan))}"
+             f"{r['pred_allgather_count']:.0f} predicted): predicted {fmt_time(r.get('pred_allgather_s', math.nan))}"
              + (f" ({_num(r.get('pred_batched_calls')):.0f} of them issued with async_op=True and waited together: "
                 "one latency per batch, then the measured cost of each further queued call)"
                 if _num(r.get("pred_batched_calls")) > 0 else "")
-             + f"; measured exposed communication in forward, backward and step {fmt_s(meas_comm)} (all collectives).")
+             + f"; measured exposed communication in forward, backward and step {fmt_time(meas_comm)} (all collectives).")
     waits = [_num(r.get(f"pred_{p}_wait_s")) for p in ("fwd", "bwd", "optim")]
     syncs = sum(_num(r.get(f"pred_{p}_syncs")) for p in ("fwd", "bwd", "optim"))
     if sum(waits) > 0:
         idle = r.get("meas_step_s", math.nan) - r.get("meas_step_cpu_s", math.nan)
         text += (f" Predicted wait for the later rank at its {syncs:.0f} blocking collectives per step "
-                 f"{fmt_s(sum(waits))}" + (f"; measured elapsed less process CPU time per step {fmt_s(idle)} (that wait "
+                 f"{fmt_time(sum(waits))}" + (f"; measured elapsed less process CPU time per step {fmt_time(idle)} (that wait "
                                            f"and the collectives' own time off the CPU)." if idle == idle else "."))
     return text
 
@@ -325,8 +309,8 @@ def _gathering_runs(table) -> str:
                     f"in forward and {fmt_bytes(r['meas_bwd_comm_bytes'])} in backward per step (predicted "
                     f"{fmt_bytes(r['pred_fwd_comm_bytes'])} and {fmt_bytes(r['pred_bwd_comm_bytes'])}): the extra "
                     f"allgathers before each module's forward and again in backward, exposing "
-                    f"{fmt_s(r['meas_fwd_comm_s'])} and {fmt_s(r['meas_bwd_comm_s'])}; its step takes "
-                    f"{fmt_s(r['meas_step_s'])} (predicted {fmt_s(r['pred_step_s'])}). {_hooks_and_gathers(r)}")
+                    f"{fmt_time(r['meas_fwd_comm_s'])} and {fmt_time(r['meas_bwd_comm_s'])}; its step takes "
+                    f"{fmt_time(r['meas_step_s'])} (predicted {fmt_time(r['pred_step_s'])}). {_hooks_and_gathers(r)}")
     return "".join(text)
 
 
@@ -390,9 +374,9 @@ def _waiting(s) -> str:
         wall, cpu = r["meas_step_s"], r["meas_step_cpu_s"]
         if not (wall == wall and cpu == cpu and wall > 0):
             continue
-        parts.append(f"stage {int(st)} {fmt_s(wall)} elapsed, {fmt_s(cpu)} CPU ({1 - cpu / wall:.0%} waiting; "
-                     f"predicted {fmt_s(r['pred_step_s'])}, of it collectives "
-                     f"{fmt_s(r['pred_fwd_comm_s'] + r['pred_bwd_comm_s'] + r['pred_optim_comm_s'])})")
+        parts.append(f"stage {int(st)} {fmt_time(wall)} elapsed, {fmt_time(cpu)} CPU ({1 - cpu / wall:.0%} waiting; "
+                     f"predicted {fmt_time(r['pred_step_s'])}, of it collectives "
+                     f"{fmt_time(r['pred_fwd_comm_s'] + r['pred_bwd_comm_s'] + r['pred_optim_comm_s'])})")
     if not parts:
         return ""
     worst = (1 - s["meas_step_cpu_s"] / s["meas_step_s"]).max()

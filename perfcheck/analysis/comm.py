@@ -32,8 +32,8 @@ from collections import deque, namedtuple
 import pandas as pd
 
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, FINALIZE_OP, SYNC_SUFFIX
-from perfcheck.report.units import fmt_bytes, fmt_time
 from perfcheck.schema import MODULE_COMM_COLUMNS, ROOT, parent_path, strip_wrapper_prefix
+from perfcheck.units import fmt_bytes, fmt_time
 
 PHASES2 = ("fwd", "bwd")
 _FUNCOL = ("_c10d_functional", "c10d_functional")

@@ -51,312 +51,20 @@ step or more gets a ``comm_wait`` finding (``comm_wait_findings``) naming the co
 bytes, and the module and phase that issued it against the one that waited.
 Recompute (activation checkpointing, timed and predicted apart from backward) is a third phase with
 one rule, ``recompute`` (``diagnose_recompute``).
+
+The thresholds and what else the rules read are ``analysis.thresholds``; the rules themselves
+``analysis.rules``; this module applies them and lists the findings.
 """
 from __future__ import annotations
-
-import dataclasses
-from typing import Callable, Optional
 
 import numpy as np
 import pandas as pd
 
 from perfcheck.calibrate.sanity import contention
+from perfcheck.analysis.rules import RULES, phase_col
+from perfcheck.analysis.thresholds import Context, Thresholds
 from perfcheck.schema import ROOT
-from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
-
-#: Default hook cost per module call when the run gives no better figure: two clock reads and the
-#: Python dispatch of a pre- and post-hook. Default chosen by perfcheck from public figures for one
-#: timing-enabled CUDA event record: ~2.5 us (https://github.com/NVIDIA/NVTX/issues/3) to 5.2 us with
-#: a query (https://github.com/ICLDisco/parsec/pull/576); a floor, not a measurement: bench/RESULTS.md
-#: (issue #15 section) measured 46-54 us of host CPU time per module call for the whole forward +
-#: backward timing on a loaded shared 2-core VM (109-120 us before #15).
-DEFAULT_HOOK_OVERHEAD_S = 5e-6
-
-
-@dataclasses.dataclass(frozen=True)
-class Thresholds:
-    """Every number the diagnoses compare against, with why it has its default."""
-
-    #: gap = measured / predicted above this is "slower than the model" (2x: beyond the 1.7-2.75x
-    #: optimism of roofline models in the wild: LLM-Viewer vs TensorRT-LLM on LLaMA-7B, 1.67x throughput
-    #: and 2.3x first-token latency, https://github.com/hahnyuan/LLM-Viewer/issues/4; llm-analysis at
-    #: ideal efficiency vs MT-NLG's published step time, 2.5-2.75x,
-    #: https://github.com/cli99/llm-analysis/tree/main/examples/megatron-turing-nlg).
-    gap_high: float = 2.0
-    #: gap below this is "faster than the model" (the mirror image of gap_high).
-    gap_low: float = 0.5
-    #: measured time per kernel (per call without a kernel table) under which the work is tiny
-    #: ("tens of us": every module of JSC_Tiny, perfcheck.examples.models).
-    tiny_s: float = 100e-6
-    #: predicted time per kernel under which the roofline work is negligible (a few launch latencies).
-    tiny_pred_s: float = 25e-6
-    #: launch_overhead needs the measured time per kernel within this many launch floors (the system's
-    #: ``launch_overhead_s``): at 3x the fixed cost is a third or more of each kernel's time; at 10x it is a
-    #: tenth, and the other nine tenths are something else (a transformer block at 29 us per kernel against
-    #: a 2.9 us floor is not launch-bound).
-    launch_floor_factor: float = 3.0
-    #: measured per call at or under this many hook costs is the hook floor.
-    hook_floor_factor: float = 2.0
-    #: kernel (or op) time under this share of the wall time means the device waits for the host.
-    host_share: float = 0.5
-    #: irregular kernels (scatter/gather/index/sort) above this share of kernel time dominate.
-    irregular_share: float = 0.25
-    #: communication kernels above this share of the measured time are exposed communication.
-    comm_share: float = 0.25
-    #: achieved rate under this fraction of the datasheet roof is "below the roof".
-    roof_fraction: float = 0.5
-    #: a rank whose step time exceeds the median over ranks by more than this fraction is a straggler.
-    straggler_tolerance: float = 0.05
-    #: a module's own wait on collectives at or above this share of its rank's step is a finding (the
-    #: straggler tolerance's 5%: a wait that moves the step by less is within step-to-step noise here).
-    comm_wait_share: float = 0.05
-
-    def __post_init__(self):
-        from perfcheck.errors import UserError
-
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v < 0:
-                raise UserError(f"thresholds: {f.name} must be a non-negative number, got {v!r}")
-        if not self.gap_low < 1 < self.gap_high:
-            raise UserError(f"thresholds: need gap_low < 1 < gap_high, got {self.gap_low} and {self.gap_high}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Context:
-    """What the rules need besides the rows: thresholds, the system's roofs, the hook floor."""
-
-    thresholds: Thresholds = Thresholds()
-    system: object = None  # a SystemSpec, or None (rules that need a roof then do not match)
-    dtype: Optional[str] = None
-    hook_overhead_s: float = DEFAULT_HOOK_OVERHEAD_S
-    #: where ``hook_overhead_s`` came from: the run's own measured overhead (meta.json, analysis.pipeline)
-    #: or the assumed default; the hook_overhead evidence quotes it
-    hook_overhead_source: str = "assumed default"
-    #: a sentence when the run was measured on another device than ``system`` describes
-    #: (analysis.system_notes.device_mismatch): every large gap is then ``other_device``
-    other_device: str = ""
-    #: a sentence when the run's process waited for a core most of the time (analysis.system_notes.run_contention)
-    contention: str = ""
-
-    def launch_floor(self) -> float:
-        """The spec's fixed time per kernel (``launch_overhead_s``); NaN without a system."""
-        return np.nan if self.system is None else float(self.system.launch_overhead_s)
-
-    def peak_taken_under_load(self) -> bool:
-        """True when the system is a calibration whose record says it was taken under contention: its
-        measured peaks are low, so a real timing above them is no artifact."""
-        record = getattr(self.system, "calibration", None) if self.system is not None else None
-        return bool(record) and contention(record) is not None
-
-    def matrix_peak(self) -> float:
-        if self.system is None:
-            return np.nan
-        if self.dtype is not None:
-            return self.system.matrix_peak(self.dtype)
-        return max(self.system.matrix_flops_per_s.values())
-
-    def mem_bandwidth(self) -> float:
-        return np.nan if self.system is None else self.system.mem_bandwidth_bytes_per_s
-
-
-def _c(rows: pd.DataFrame, name: str, phase: str) -> np.ndarray:
-    """Column ``name`` with ``{p}`` replaced by the phase, as float (NaN where absent)."""
-    col = name.format(p=phase)
-    if col not in rows:
-        return np.full(len(rows), np.nan)
-    return rows[col].to_numpy(dtype=float, na_value=np.nan)
-
-
-def _per_call(rows, phase):
-    calls = rows["calls"].to_numpy(dtype=float, na_value=np.nan) if "calls" in rows else np.ones(len(rows))
-    calls = np.where(np.isfinite(calls) & (calls > 0), calls, 1.0)
-    return _c(rows, "meas_{p}_s", phase) / calls, _c(rows, "pred_{p}_s", phase) / calls
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """One diagnosis: ``match(rows, phase, ctx) -> bool array``; ``evidence(row, phase, ctx) -> str``."""
-
-    name: str
-    description: str
-    match: Callable[[pd.DataFrame, str, Context], np.ndarray]
-    evidence: Callable[[dict, str, Context], str]
-
-
-# ------------------------------------------------------------------------------------ rules
-def _hook_match(rows, phase, ctx):
-    meas, _ = _per_call(rows, phase)
-    floor = ctx.thresholds.hook_floor_factor * ctx.hook_overhead_s
-    no_work = _c(rows, "kernels_{p}", phase) == 0  # the profiler saw nothing run in the module
-    return (meas <= floor) | (no_work & (meas > 0))
-
-
-def _hook_evidence(r, phase, ctx):
-    calls = max(float(r.get("calls") or 1), 1.0)
-    per_call = r[f"meas_{phase}_s"] / calls
-    if r.get(f"kernels_{phase}") == 0:
-        return f"no kernel or op ran in the module; {fmt_time(per_call)} per call is hook and dispatch time"
-    return (f"{fmt_time(per_call)} per call is at the hook floor "
-            f"({ctx.thresholds.hook_floor_factor:g} x {fmt_time(ctx.hook_overhead_s)} per instrumented call, "
-            f"{ctx.hook_overhead_source})")
-
-
-def _per_kernel(rows, phase):
-    """Measured and predicted time per kernel (per call where the kernel count is unknown or 0), and the count."""
-    k = _c(rows, "kernels_{p}", phase)
-    calls = rows["calls"].to_numpy(dtype=float, na_value=np.nan) if "calls" in rows else np.ones(len(rows))
-    n = np.where(np.isfinite(k) & (k > 0), k, np.where(np.isfinite(calls) & (calls > 0), calls, 1.0))
-    return _c(rows, "meas_{p}_s", phase) / n, _c(rows, "pred_{p}_s", phase) / n
-
-
-def _launch_match(rows, phase, ctx):
-    t = ctx.thresholds
-    meas, pred = _per_kernel(rows, phase)
-    bound = rows[f"bound_{phase}"].astype(str).to_numpy() if f"bound_{phase}" in rows else np.full(len(rows), "")
-    floor = ctx.launch_floor()
-    # near the floor: without a system there is no floor to compare with, and the tiny-work test alone decides
-    near = meas <= t.launch_floor_factor * floor if np.isfinite(floor) and floor > 0 else True
-    return (meas <= t.tiny_s) & ((pred <= t.tiny_pred_s) | (bound == "overhead")) & near
-
-
-def _launch_evidence(r, phase, ctx):
-    calls = max(float(r.get("calls") or 1), 1.0)
-    k = r.get(f"kernels_{phase}")
-    has_k = k is not None and k == k and k > 0
-    per = (f"{k / calls:.3g} kernels/ops per call, {fmt_time(r[f'meas_{phase}_s'] / k)} measured per kernel; "
-           if has_k else "")
-    launch = f"; launch floor {fmt_time(ctx.system.launch_overhead_s)} per kernel" if ctx.system is not None else ""
-    return (f"tiny work: {per}{fmt_time(r[f'meas_{phase}_s'] / calls)} measured vs "
-            f"{fmt_time(r[f'pred_{phase}_s'] / calls)} predicted per call{launch}; fixed per-kernel costs dominate")
-
-
-def _comm_match(rows, phase, ctx):
-    meas = _c(rows, "meas_{p}_s", phase)
-    comm_k = _c(rows, "comm_kernel_{p}_s", phase)
-    no_table = ~np.isfinite(_c(rows, "kernel_{p}_s", phase))
-    comm_bytes = _c(rows, "comm_{p}_bytes", phase)
-    waited = _c(rows, "meas_comm_wait_{p}_s", phase)
-    return ((comm_k >= ctx.thresholds.comm_share * meas) | (waited >= ctx.thresholds.comm_share * meas)
-            | (no_table & (comm_bytes > 0)))
-
-
-def _comm_evidence(r, phase, ctx):
-    parts = []
-    ck = r.get(f"comm_kernel_{phase}_s")
-    if ck == ck and ck is not None and ck > 0:
-        parts.append(f"communication kernels {fmt_time(ck)} of {fmt_time(r[f'meas_{phase}_s'])} measured "
-                     f"({fmt_pct(ck / r[f'meas_{phase}_s'])})")
-    w = r.get(f"meas_comm_wait_{phase}_s")
-    if w is not None and w == w and w > 0:
-        parts.append(f"waits on collectives {fmt_time(w)} of {fmt_time(r[f'meas_{phase}_s'])} measured "
-                     f"({fmt_pct(w / r[f'meas_{phase}_s'])})")
-    b = r.get(f"comm_{phase}_bytes")
-    if b == b and b:
-        parts.append(f"{fmt_bytes(b)} {r.get('comm_kind') or 'collective'} predicted")
-    own = r.get(f"comm_waits_{phase}")
-    if own:
-        parts.append(own)
-    return "; ".join(parts) + "; communication not overlapped with compute"
-
-
-def _unmodeled_match(rows, phase, ctx):
-    ops = rows["unmodeled_ops"].fillna("").astype(str).to_numpy() if "unmodeled_ops" in rows else np.full(len(rows), "")
-    irregular = _c(rows, "irregular_kernel_{p}_s", phase)
-    kernel = _c(rows, "kernel_{p}_s", phase)
-    return (ops != "") | ((irregular >= ctx.thresholds.irregular_share * kernel) & (irregular > 0))
-
-
-def _unmodeled_evidence(r, phase, ctx):
-    parts = []
-    if r.get("unmodeled_ops"):
-        parts.append(f"ops costed by bytes only (no formula): {r['unmodeled_ops']}")
-    irr, kern = r.get(f"irregular_kernel_{phase}_s"), r.get(f"kernel_{phase}_s")
-    if irr == irr and irr and kern:
-        names = r.get(f"irregular_kernels_{phase}") or "scatter/gather/index"
-        parts.append(f"irregular-access kernels ({names}) take {fmt_pct(irr / kern)} of kernel time, "
-                     "which the roofline costs as streaming bytes")
-    return "; ".join(parts)
-
-
-def _host_match(rows, phase, ctx):
-    kernel = _c(rows, "kernel_{p}_s", phase)
-    return kernel < ctx.thresholds.host_share * _c(rows, "meas_{p}_s", phase)
-
-
-def _host_evidence(r, phase, ctx):
-    k, m = r[f"kernel_{phase}_s"], r[f"meas_{phase}_s"]
-    return (f"kernels/ops run {fmt_time(k)} of {fmt_time(m)} wall time ({fmt_pct(k / m)}): "
-            "the device waits for the host between kernels")
-
-
-def _memory_match(rows, phase, ctx):
-    bound = rows[f"bound_{phase}"].astype(str).to_numpy() if f"bound_{phase}" in rows else np.full(len(rows), "")
-    bw = _c(rows, "achieved_bytes_{p}_per_s", phase)
-    return (bound == "memory") & (bw < ctx.thresholds.roof_fraction * ctx.mem_bandwidth())
-
-
-def _memory_evidence(r, phase, ctx):
-    bw = r[f"achieved_bytes_{phase}_per_s"]
-    peak = ctx.mem_bandwidth()
-    return (f"memory-bound at {fmt_rate(bw, 'B/s')} = {fmt_pct(bw / peak)} of the {fmt_rate(peak, 'B/s')} "
-            f"bandwidth roof ({fmt_bytes(r[f'bytes_{phase}'])} moved)")
-
-
-def _compute_match(rows, phase, ctx):
-    bound = rows[f"bound_{phase}"].astype(str).to_numpy() if f"bound_{phase}" in rows else np.full(len(rows), "")
-    rate = _c(rows, "achieved_flops_{p}_per_s", phase)
-    return (bound == "compute") & (rate < ctx.thresholds.roof_fraction * ctx.matrix_peak())
-
-
-def _compute_evidence(r, phase, ctx):
-    rate, peak = r[f"achieved_flops_{phase}_per_s"], ctx.matrix_peak()
-    return (f"compute-bound at {fmt_rate(rate)} = {fmt_pct(rate / peak)} of the {fmt_rate(peak)} matrix peak "
-            f"({fmt_count(r[f'flops_{phase}'], 'FLOP')})")
-
-
-def _slow_kernels_match(rows, phase, ctx):
-    return _c(rows, "kernel_{p}_s", phase) > ctx.thresholds.gap_high * _c(rows, "pred_{p}_s", phase)
-
-
-def _slow_kernels_evidence(r, phase, ctx):
-    k, pred = r[f"kernel_{phase}_s"], r[f"pred_{phase}_s"]
-    spec = ctx.system
-    hint = ("" if spec is None else f"; system {spec.name!r} is an uncalibrated default: run `perfcheck calibrate`"
-            if not spec.calibrated else f"; system {spec.name!r} was calibrated on other shapes or another machine")
-    return (f"in the profiled step(s) the kernels/ops alone take {fmt_time(k)} per step (kernel table), "
-            f"{fmt_gap(k / pred if pred else np.inf)} the predicted {fmt_time(pred)}, against "
-            f"{fmt_time(r[f'meas_{phase}_s'])} measured (median over all measured steps): this device runs them "
-            f"slower than the system spec says{hint}")
-
-
-def _contention_match(rows, phase, ctx):
-    return np.full(len(rows), bool(ctx.contention))
-
-
-def _contention_evidence(r, phase, ctx):
-    return f"{fmt_gap(r[f'gap_{phase}'])} slower than predicted, in a run where {ctx.contention}"
-
-
-#: Slow-module rules in priority order (first match wins).
-RULES = (
-    Rule("contention", "the run's process waited for a CPU core (or slept) most of the time: measured times include "
-                       "the wait (other processes on the machine)", _contention_match, _contention_evidence),
-    Rule("hook_overhead", "measured time is the per-call hook floor (or no kernel ran): timer cost, not work",
-         _hook_match, _hook_evidence),
-    Rule("launch_overhead", "launch- or overhead-bound: a tiny module whose time is fixed per-call costs",
-         _launch_match, _launch_evidence),
-    Rule("exposed_comm", "communication kernels take a large share of the time (not overlapped)",
-         _comm_match, _comm_evidence),
-    Rule("unmodeled_work", "work the formulas do not cover (ops without formula, scatter/gather/index kernels)",
-         _unmodeled_match, _unmodeled_evidence),
-    Rule("host_bound", "kernels cover little of the wall time: gaps between kernels (host, Python, syncs)",
-         _host_match, _host_evidence),
-    Rule("memory_below_roof", "memory-bound and well below the bandwidth roof", _memory_match, _memory_evidence),
-    Rule("compute_below_roof", "compute-bound and well below the matrix peak", _compute_match, _compute_evidence),
-    Rule("slow_kernels", "the kernels themselves (the profiled steps' kernel table) take longer than predicted: the "
-                         "system spec is too fast for this device", _slow_kernels_match, _slow_kernels_evidence),
-)
+from perfcheck.units import fmt_count, fmt_gap, fmt_rate, fmt_time
 
 #: Every reason ``diagnose`` can give, with its meaning (the glossary for reports).
 REASONS = {r.name: r.description for r in RULES}
@@ -399,7 +107,7 @@ def diagnose(rows: pd.DataFrame, ctx: Context, phases=("fwd", "bwd")) -> dict:
     out = {}
     cols = {c: rows[c].to_numpy() for c in rows.columns}
     for phase in phases:
-        gap = _c(rows, "gap_{p}", phase)
+        gap = phase_col(rows, "gap_{p}", phase)
         reason = np.full(len(rows), "", dtype=object)
         evidence = np.full(len(rows), "", dtype=object)
         slow = gap > t.gap_high
@@ -475,8 +183,8 @@ def diagnose_recompute(rows: pd.DataFrame, ctx: Context) -> dict:
     Rows without a recompute measurement (NaN) or prediction column get ''.
     """
     t = ctx.thresholds
-    meas, pred = _c(rows, "meas_recompute_s", ""), _c(rows, "pred_recompute_s", "")
-    gap = _c(rows, "gap_recompute", "")
+    meas, pred = phase_col(rows, "meas_recompute_s", ""), phase_col(rows, "pred_recompute_s", "")
+    gap = phase_col(rows, "gap_recompute", "")
     calls = rows["calls"].to_numpy(dtype=float, na_value=np.nan) if "calls" in rows else np.ones(len(rows))
     floor = t.hook_floor_factor * ctx.hook_overhead_s * np.where(np.isfinite(calls) & (calls > 0), calls, 1.0)
     both = np.isfinite(meas) & np.isfinite(pred)

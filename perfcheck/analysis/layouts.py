@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 
-from perfcheck.analysis.findings import Thresholds
-from perfcheck.analysis.stages import KINDS, bytes_within
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
 from perfcheck.analysis.comm import in_step_waits, sentence, wait_pairs
+from perfcheck.analysis.pipeline import scale_by_micro_batches
+from perfcheck.analysis.stages import KINDS, bytes_within
+from perfcheck.analysis.step_comm import per_step_comm
+from perfcheck.analysis.thresholds import Thresholds
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
+from perfcheck.predict.for_run import load_predicted, system_from_meta
 from perfcheck.predict.layout_collectives import bytes_per_step
-from perfcheck.predict.for_run import load_predicted
 
 
 def is_layout_run(run_dir) -> bool:
@@ -66,12 +69,6 @@ def _row(run_dir: Path, rank_dir: Path) -> dict:
     if not predicted.empty and isinstance(n, (int, float)) and not isinstance(n, bool) and n > 1:
         # per optimizer step, as the reconciled report (analysis.pipeline): x micro-batches, less the
         # gradient reductions no_sync() skipped (analysis.step_comm.per_step_comm)
-        from types import SimpleNamespace
-
-        from perfcheck.analysis.pipeline import scale_by_micro_batches
-        from perfcheck.analysis.step_comm import per_step_comm
-        from perfcheck.predict.for_run import system_from_meta
-
         rank = int(meta.get("rank", 0))
         predicted, _ = per_step_comm(scale_by_micro_batches(predicted, n),
                                      SimpleNamespace(ranks=[rank], run_dir=run_dir, meta={rank: meta}), n,

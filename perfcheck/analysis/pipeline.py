@@ -30,13 +30,13 @@ from pathlib import Path
 
 import pandas as pd
 
+import perfcheck.rundir as rundir
 from perfcheck.analysis.comm import outside_bytes, read_collectives
 from perfcheck.analysis.reconcile import reconcile
 from perfcheck.analysis.system_notes import device_mismatch, run_contention, system_notes
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import load_system
-from perfcheck.measure import rundir
-from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
+from perfcheck.measure.collectives import COLLECTIVES_CSV, COLLECTIVE_COLUMNS
 from perfcheck.predict import for_run
 
 
@@ -44,7 +44,7 @@ from perfcheck.predict import for_run
 class ReconciledRun:
     """The reconciled table of one run and what it was built from."""
 
-    table: pd.DataFrame  # analysis.reconcile.RECONCILED_COLUMNS; attrs["notes"], attrs["totals"]
+    table: pd.DataFrame  # analysis.columns.RECONCILED_COLUMNS; attrs["notes"], attrs["totals"]
     run: rundir.Run
     system: object  # the system name, path or SystemSpec the table was reconciled on
     notes: list
@@ -67,8 +67,6 @@ def _other_system(system, info: dict) -> bool:
     """True when ``system`` (given by the user) is not the one the saved prediction was made for."""
     if system is None:
         return False
-    from perfcheck.hardware.systems import load_system
-
     spec = load_system(system)
     saved = info.get("spec")
     return spec != saved if saved is not None else spec.name != info.get("system")
@@ -183,7 +181,7 @@ def _spec_or_none(system):
 
 def hook_overhead_per_call(meta: dict, modules: pd.DataFrame) -> tuple:
     """``(seconds, source)``: the hooks' cost per module call and phase that this run measured, else
-    ``(None, why)`` and the findings use their assumed floor (``findings.DEFAULT_HOOK_OVERHEAD_S``).
+    ``(None, why)`` and the findings use their assumed floor (``thresholds.DEFAULT_HOOK_OVERHEAD_S``).
 
     From meta.json ``overhead`` (adjacent instrumented/bare step pairs): the low end of its 95% interval
     (``ci95[0]`` x the bare step median: a floor rule must not fire on noise, and on a busy machine the

@@ -24,18 +24,27 @@ less waiting for a core or for the peer ranks' collectives), ``meas_other_s`` (s
 the engine calls), ``meas_peak_mem_bytes``,
 ``meas_gpu_util`` / ``meas_cpu_util`` (the sampler) and ``notes`` explaining every remainder.
 A stage whose run failed keeps its row with ``status`` = failed and the tail of its log.
+The prediction side (the ZeRO model for what a rank recorded) is ``analysis.stage_prediction``.
 """
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
 
+import perfcheck.rundir as runs
+import perfcheck.rundir.deepspeed_files as run_files
+from perfcheck.analysis.answers import notes
+from perfcheck.analysis.pipeline import reconcile_run
+from perfcheck.analysis.stage_prediction import local_processes, predict, stage_system, zero3_parts
 from perfcheck.errors import UserError
 from perfcheck.hardware.labels import spec_label
-from perfcheck.measure import rundir as runs
-from perfcheck.predict import zero
+from perfcheck.hardware.systems import load_system
+from perfcheck.predict import for_run, zero
+from perfcheck.predict.for_run import load_predicted
+from perfcheck.predict.host import process_slowdown
 
 KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
 PHASES = {"fwd": "fwd", "bwd": "bwd", "step": "optim"}
@@ -123,9 +132,6 @@ def _save_problems(rank_dir: Path, facts: dict) -> list:
 def load_stage(run_dir) -> dict:
     """Everything one stage's run directory holds, per rank, and its status. A rank whose files do
     not read (garbage, another schema version) makes the stage "failed" with that reason."""
-    from perfcheck.integrations.deepspeed import run_files
-    from perfcheck.predict.for_run import load_predicted
-
     run_dir = Path(run_dir)
     ranks, problems = {}, []
     for d in sorted(run_dir.glob("rank*")):
@@ -156,131 +162,6 @@ def load_stage(run_dir) -> dict:
     return {"run_dir": run_dir, "stage": stage, "status": status, "ranks": ranks, "world_size": world,
             "predicted": predicted if predicted is not None else pd.DataFrame(), "problems": problems,
             "log_tail": "" if complete else log_tail(run_dir)}
-
-
-# ------------------------------------------------------------------------------- predicted
-def _optimizer_key(facts) -> str:
-    name = str((facts.get("optimizer") or {}).get("basic_optimizer") or "adam").lower()
-    for key in ("adamw", "adam", "lamb", "adagrad", "lion", "sgd"):
-        if key in name:
-            return key
-    return "adam"
-
-
-def _compute_times(predicted: pd.DataFrame, factor: float = 1.0, kind: str = "cpu"):
-    """The model's forward and backward seconds on one rank (predicted.csv's root row), with its host share
-    ``factor`` times slower (``process_slowdown``: the other processes on this host). On a CPU the host and
-    the compute are one thread, so the whole time scales; on a GPU only the host timeline does: a
-    host-bound phase (root ``bound_*`` = host) grows by (factor - 1) x its host time, another phase is
-    max(its time, factor x its host time) (NB, perfcheck: an approximation of re-running the two timelines
-    with every host term scaled)."""
-    if predicted.empty or "module" not in predicted:
-        return math.nan, math.nan
-    root = predicted[predicted["depth"] == 0] if "depth" in predicted else predicted.iloc[:1]
-    out = []
-    for ph in ("fwd", "bwd"):
-        t = float(root[f"pred_{ph}_s"].iloc[0])
-        if kind == "cpu":
-            t *= factor
-        else:
-            host = float(root[f"host_{ph}_s"].iloc[0]) if f"host_{ph}_s" in root else 0.0
-            host = 0.0 if math.isnan(host) else host
-            bound = str(root[f"bound_{ph}"].iloc[0]) if f"bound_{ph}" in root else ""
-            t = t + (factor - 1.0) * host if bound == "host" else max(t, factor * host)
-        out.append(t)
-    return out[0], out[1]
-
-
-def local_processes(facts: dict) -> int:
-    """Ranks on this rank's host: the run's ranks_per_node, else world size / nodes (1 when unknown)."""
-    n = facts.get("ranks_per_node")
-    if not n:
-        n = int(facts.get("world_size", 1) or 1) // max(int(facts.get("nodes", 1) or 1), 1)
-    return max(int(n), 1)
-
-
-def _stage_system(facts: dict, system):
-    """The given system, else the run's block's, else this machine's cached calibration (a CPU
-    sweep run here: ``perfcheck sweep`` calibrates before its ranks start), else the labelled datasheet
-    default. Never calibrates: a comparison runs no benchmark."""
-    if system is not None:
-        return system
-    block = (facts.get("perfcheck_block") or {}).get("system")
-    if block:
-        return block
-    from perfcheck.hardware.cache import cached_spec
-
-    # the sweep's ranks run with one intra-op thread (OMP_NUM_THREADS=1, integrations/deepspeed/sweep.py)
-    from perfcheck.hardware.labels import datasheet_default
-
-    return cached_spec("cpu", threads=int(facts.get("torch_threads") or 1)) or datasheet_default("cpu")
-
-
-def host_terms(facts: dict, predicted: pd.DataFrame, spec) -> dict:
-    """DeepSpeed's host seconds per phase beside the model's (``perfcheck.predict.host.deepspeed_host_s``):
-    the engine's fixed and per-parameter-tensor work at this stage, ZeRO-3's hooks per module call
-    and, for tensors ZeRO-3 partitions (not persistent), the host side of fetching them. ``optim``
-    is the whole engine.step() host time (the optimizer's loop included)."""
-    from perfcheck.predict import host
-
-    mods = [sizes for _, sizes in facts.get("module_params", [])]
-    tensors = sum(len(m) for m in mods)
-    calls = int(predicted["calls"].sum()) if not predicted.empty and "calls" in predicted else len(mods)
-    stage = int(facts["zero_stage"])
-    gathered = 0
-    if stage == 3:
-        settings = zero.ZeroSettings(**facts.get("settings", {}))
-        flags = zero.persistent_flags(zero.layout(mods), settings, max(int(facts.get("dp", 1)), 1))
-        gathered = sum(not k for row in flags for k in row)
-    return host.deepspeed_host_s(stage=stage, module_calls=calls, param_tensors=tensors, spec=spec,
-                                 partitioned_tensors=gathered)
-
-
-def zero3_parts(facts: dict, predicted: pd.DataFrame, spec) -> dict:
-    """The predicted ZeRO-3 hook and gather costs per optimizer step, for the comparison's answer:
-    ``hooks_s`` (module calls x the fwd + bwd per-module hook constants, per micro-step x G),
-    ``gather_host_s`` (the host side of fetching the partitioned tensors, fwd + bwd + step),
-    ``module_calls`` and ``gathered_tensors``. Zeros below stage 3."""
-    from perfcheck.hardware.systems import host_constants
-
-    if int(facts["zero_stage"]) != 3:
-        return {"hooks_s": 0.0, "gather_host_s": 0.0, "module_calls": 0, "gathered_tensors": 0}
-    hc = host_constants(spec)
-    mods = [sizes for _, sizes in facts.get("module_params", [])]
-    calls = int(predicted["calls"].sum()) if not predicted.empty and "calls" in predicted else len(mods)
-    flags = zero.persistent_flags(zero.layout(mods), zero.ZeroSettings(**facts.get("settings", {})),
-                                  max(int(facts.get("dp", 1)), 1))
-    gathered = sum(not k for row in flags for k in row)
-    g = int(facts.get("gradient_accumulation_steps", 1))
-    return {"hooks_s": g * calls * (hc["zero3_fwd_module_s"] + hc["zero3_bwd_module_s"]),
-            "gather_host_s": gathered * (g * (hc["zero3_fwd_gather_s"] + hc["zero3_bwd_gather_s"])
-                                         + hc["zero3_step_gather_s"]),
-            "module_calls": calls, "gathered_tensors": gathered}
-
-
-def predict(facts: dict, predicted: pd.DataFrame, system=None) -> zero.ZeroEstimate:
-    """The ZeRO model for the configuration a rank recorded (stage, dp, settings, tensor sizes),
-    with the model's compute (host terms included) from predicted.csv and DeepSpeed's host terms, both
-    times the host's process slowdown for the ranks sharing it (``perfcheck.predict.host.process_slowdown``;
-    on a GPU host only their host parts)."""
-    from perfcheck.hardware.systems import load_system
-
-    from perfcheck.predict.host import process_slowdown
-
-    settings = zero.ZeroSettings(**facts.get("settings", {}))
-    lay = zero.layout([sizes for _, sizes in facts.get("module_params", [])])
-    spec = load_system(_stage_system(facts, system))
-    # one process's prediction, slowed by the rank's peers on its host (host.process_slowdown_per_peer)
-    factor = process_slowdown(spec, local_processes(facts))
-    fwd, bwd = _compute_times(predicted, factor, spec.kind)
-    host_s = {ph: factor * t for ph, t in host_terms(facts, predicted, spec).items()}
-    return zero.estimate_zero(layout=lay, stage=facts["zero_stage"], dp=facts["dp"],
-                              micro_steps=facts["gradient_accumulation_steps"], dtype=facts["dtype"],
-                              optimizer=_optimizer_key(facts), settings=settings, system=spec,
-                              spans_nodes=facts.get("nodes", 1) > 1,
-                              compute_fwd_s=0.0 if math.isnan(fwd) else fwd,
-                              compute_bwd_s=0.0 if math.isnan(bwd) else bwd,
-                              host_s=host_s)
 
 
 # -------------------------------------------------------------------------------- measured
@@ -359,15 +240,37 @@ def measured_exposed(facts: dict, times: dict = None) -> dict:
 
 # ------------------------------------------------------------------------------------ rows
 def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
+    """One (stage, rank) row of the comparison: every ``pred_<what>`` beside its ``meas_<what>``, in the
+    order of the steps below (the table's column order)."""
     facts = data["facts"]
     est = predict(facts, stage["predicted"], system)
-    row = {"stage": stage["stage"], "rank": rank, "node": facts.get("node_rank", 0), "status": stage["status"],
-           "world_size": facts["world_size"], "dp": facts["dp"], "mp_size": facts["mp_size"],
-           "gas": facts["gradient_accumulation_steps"], "dtype": facts["dtype"], "params": facts["params"],
-           "params_local_partition": facts["params_local_partition"],
-           "params_numel_visible": facts["params_numel_visible"], "persistent_params": facts["persistent_params"]}
+    row = _config_cells(stage, rank, facts)
+    _comm_cells(row, est, facts, data["comms"])
+    _memory_cells(row, est, facts)
+    _time_cells(row, est, facts, data["steps"])
+    samples = data["samples"]
+    for col in ("gpu_util", "cpu_util"):
+        row[f"meas_{col}"] = float(samples[col].mean()) if not samples.empty and col in samples else math.nan
+    _host_cells(row, est, facts, stage, system)
+    row["compute_predicted"] = not stage["predicted"].empty
+    row["bytes_ok"] = bytes_within(row)
+    row["notes"] = "; ".join(notes_for(row, facts, est))
+    return row
+
+
+def _config_cells(stage: dict, rank: int, facts: dict) -> dict:
+    """The row's first cells: which stage, rank and node, and the configuration the rank recorded."""
+    return {"stage": stage["stage"], "rank": rank, "node": facts.get("node_rank", 0), "status": stage["status"],
+            "world_size": facts["world_size"], "dp": facts["dp"], "mp_size": facts["mp_size"],
+            "gas": facts["gradient_accumulation_steps"], "dtype": facts["dtype"], "params": facts["params"],
+            "params_local_partition": facts["params_local_partition"],
+            "params_numel_visible": facts["params_numel_visible"], "persistent_params": facts["persistent_params"]}
+
+
+def _comm_cells(row: dict, est: zero.ZeroEstimate, facts: dict, comms) -> None:
+    """Bytes and calls per collective kind and phase, and the totals (the buffer S and the wire bytes)."""
     by_kind, counts = est.bytes_by_kind(), est.count_by_kind()
-    meas = measured_comm(data["comms"])
+    meas = measured_comm(comms)
     for k in KINDS:
         row[f"pred_{k}_bytes"], row[f"meas_{k}_bytes"] = by_kind[k], meas[f"meas_{k}_bytes"]
         row[f"pred_{k}_count"], row[f"meas_{k}_count"] = counts[k], meas[f"meas_{k}_count"]
@@ -378,12 +281,21 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
     row["meas_comm_bytes"] = sum(row[f"meas_{k}_bytes"] for k in KINDS)
     row["pred_wire_bytes"] = float(sum(zero.wire_bytes(k, by_kind[k], facts["dp"]) for k in KINDS))
     row["meas_wire_bytes"] = float(sum(zero.wire_bytes(k, row[f"meas_{k}_bytes"], facts["dp"]) for k in KINDS))
+
+
+def _memory_cells(row: dict, est: zero.ZeroEstimate, facts: dict) -> None:
+    """Model-state bytes per rank (params, grads, optimizer states) and the measured peak."""
     mem = facts.get("model_state_bytes") or {}
     for part, key in (("param", "params"), ("grad", "grads"), ("optim", "optimizer")):
         row[f"pred_{part}_mem_bytes"], row[f"meas_{part}_mem_bytes"] = est.memory[key], mem.get(key, math.nan)
     row["pred_mem_bytes"], row["meas_mem_bytes"] = est.memory["total"], mem.get("model_states", math.nan)
     row["meas_buffer_bytes"], row["meas_peak_mem_bytes"] = mem.get("other", math.nan), facts.get("peak_mem_bytes")
-    t, mt = est.times, measured_times(data["steps"], facts)
+
+
+def _time_cells(row: dict, est: zero.ZeroEstimate, facts: dict, steps) -> None:
+    """Seconds per phase, split into compute and exposed communication, the step, the process CPU times
+    and what the engine calls leave unexplained."""
+    t, mt = est.times, measured_times(steps, facts)
     exp = measured_exposed(facts, mt)
     for ph, name in PHASES.items():
         row[f"pred_{name}_s"], row[f"meas_{name}_s"] = t[f"{name}_s"], mt[f"meas_{name}_s"]
@@ -404,14 +316,12 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
     row["meas_other_s"] = max(other, 0.0) if other == other else other
     row["other_overlap_s"] = -other if other < 0 else 0.0
     row["meas_step_spread"] = mt["meas_step_spread"]
-    samples = data["samples"]
-    for col in ("gpu_util", "cpu_util"):
-        row[f"meas_{col}"] = float(samples[col].mean()) if not samples.empty and col in samples else math.nan
-    from perfcheck.hardware.systems import load_system
 
-    from perfcheck.predict.host import process_slowdown
 
-    spec = load_system(_stage_system(facts, system))
+def _host_cells(row: dict, est: zero.ZeroEstimate, facts: dict, stage: dict, system) -> None:
+    """The spec used, the ranks sharing the host and the slowdown they cause, ZeRO-3's hook and gather host
+    costs, the batched calls and the predicted all-gather time."""
+    spec = load_system(stage_system(facts, system))
     # where the spec came from; a calibration: when, with how many threads, under what load (report headers)
     row["system_label"] = spec_label(spec)
     parts = zero3_parts(facts, stage["predicted"], spec)
@@ -424,11 +334,7 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
     row["pred_batched_calls"] = float(sum(float(c.count) for c in est.collectives if float(c.batch) > 1))
     row["pred_allgather_s"] = float(sum(
         zero.comm_time_s([c for c in est.collectives if c.kind == "allgather"], facts["dp"],
-                         load_system(_stage_system(facts, system)), spans_nodes=facts.get("nodes", 1) > 1).values()))
-    row["compute_predicted"] = not stage["predicted"].empty
-    row["bytes_ok"] = bytes_within(row)
-    row["notes"] = "; ".join(notes_for(row, facts, est))
-    return row
+                         load_system(stage_system(facts, system)), spans_nodes=facts.get("nodes", 1) > 1).values()))
 
 
 def bytes_within(row, tol: float = BYTES_TOLERANCE) -> bool:
@@ -441,8 +347,6 @@ def bytes_within(row, tol: float = BYTES_TOLERANCE) -> bool:
 
 def notes_for(row: dict, facts: dict, est: zero.ZeroEstimate) -> list:
     """Why predicted and measured differ (or agree only up to padding), from the numbers."""
-    from perfcheck.analysis.answers import notes
-
     return notes(row, facts, est)
 
 
@@ -450,8 +354,6 @@ def module_summary(run_dir, system=None) -> dict:
     """Per rank, the module-level view of a stage through the one assembly path
     (``pipeline.reconcile_run``, as ``perfcheck report`` shows it): the module with the largest
     predicted-vs-measured gap and its reason. Empty when the stage has no module tables."""
-    from perfcheck.analysis.pipeline import reconcile_run
-
     if not any(Path(run_dir).glob(f"rank*/{runs.META}")):
         return {}
     try:
@@ -503,9 +405,6 @@ def predicted_on(system, stage: dict) -> pd.DataFrame:
     """The stage's compute prediction on ``system`` (``--system``): the saved one when it was made for that
     system, else re-estimated for a built-in example model named by a rank's meta.json, else a UserError
     with the fix (never the old system's numbers under the new name)."""
-    from perfcheck.hardware.systems import load_system
-    from perfcheck.predict import for_run
-
     spec = load_system(system)
     try:
         _, info = for_run.load_predicted(stage["run_dir"])
@@ -538,10 +437,6 @@ def merge_node_runs(node_dirs, dest) -> Path:
     Each source holds some ``rank*/`` directories of one run; the merged run must have every rank
     exactly once, one world size and one ZeRO stage. Files are copied, sources are left alone.
     """
-    import shutil
-
-    from perfcheck.integrations.deepspeed import run_files
-
     dest = Path(dest)
     seen, worlds, stages = {}, set(), set()
     for src in map(Path, node_dirs):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from perfcheck.hardware.systems import load_system
-from perfcheck.measure import rundir
+import perfcheck.rundir as rundir
 from perfcheck.predict import collectives as coll_model
 from perfcheck.predict.layout_collectives import (COLLECTIVE_FIELDS, PREDICTED_COLLECTIVES_CSV, frame_phase,
                                                   issuer_and_ancestors, per_step_collectives)

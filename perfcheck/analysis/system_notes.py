@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import pandas as pd
+
 from perfcheck.errors import UserError
 from perfcheck.calibrate.sanity import contention
 from perfcheck.hardware.labels import thread_mismatch
@@ -35,8 +37,6 @@ def run_contention(meta: dict, samples) -> Optional[str]:
         return None
     if "cpu_util" not in getattr(samples, "columns", ()) or not len(samples):
         return None
-    import pandas as pd
-
     mine = samples[samples["rank"] == meta.get("rank", 0)] if "rank" in samples else samples
     util = pd.to_numeric(mine["cpu_util"], errors="coerce").dropna()
     if len(util) < 3 or util.median() >= MIN_CORE_SHARE:

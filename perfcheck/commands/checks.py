@@ -3,7 +3,7 @@
 
 A bad value is refused before any work starts, as one line naming the flag (exit 2): argparse
 prints ``perfcheck: error: argument --steps: must be an integer >= 1, got '0'`` for the types below;
-the ``check_*`` functions raise ``UserError`` (printed by perfcheck.cli) for what needs the
+the ``check_*`` functions raise ``UserError`` (printed by perfcheck.commands.cli) for what needs the
 filesystem or the system registry. Nothing here imports torch.
 """
 from __future__ import annotations
@@ -69,7 +69,7 @@ def check_out_dir(value, flag: str = "--out"):
     """A directory to write a run or results into: it, or a directory above it, must not be a file."""
     if value is None:
         return None
-    from perfcheck.measure.rundir import check_run_dir
+    from perfcheck.rundir import check_run_dir
 
     return check_run_dir(value, flag)
 

@@ -59,7 +59,7 @@ def _check_out(out: Path, dirs) -> Path:
 
 def run(args) -> int:
     from perfcheck.analysis import stages as compare
-    from perfcheck.measure.rundir import new_run_dir
+    from perfcheck.rundir import new_run_dir
     from perfcheck.report import stages_html as compare_report
 
     from perfcheck.analysis import layouts

@@ -130,7 +130,7 @@ BREAKDOWN_LABELS = (("compute_time_s", "compute"), ("recompute_time_s", "recompu
 
 def breakdown_text(s) -> str:
     """The step's terms (seconds and share of the step), then MFU / HFU, memory and throughput."""
-    from perfcheck.report.units import fmt_bytes, fmt_count, fmt_pct, fmt_time
+    from perfcheck.units import fmt_bytes, fmt_count, fmt_pct, fmt_time
 
     rows = [[label, fmt_time(s[key]), fmt_pct(s[key] / s["step_time_s"])] for key, label in BREAKDOWN_LABELS]
     rows.append(["step time", fmt_time(s["step_time_s"]), fmt_pct(1.0)])
@@ -162,7 +162,7 @@ def _jsonable(values):
 
 
 def _model_text(model, kw, table, step) -> str:
-    from perfcheck.report.units import fmt_bytes, fmt_count, fmt_pct, fmt_time
+    from perfcheck.units import fmt_bytes, fmt_count, fmt_pct, fmt_time
 
     p = step.parallel
     head = (f"{model.name}: {model.layers} layers, hidden {model.hidden}, {model.heads} heads, ffn {model.ffn_hidden}, "
@@ -294,7 +294,7 @@ def _module_output(args) -> str:
     if args.format == "json":
         return json.dumps({"module": args.module, "system": args.system, "input_shapes": args.input_shape,
                            "modules": json.loads(frame.to_json(orient="records"))}, indent=2) + "\n"
-    from perfcheck.report.units import fmt_bytes, fmt_count, fmt_time
+    from perfcheck.units import fmt_bytes, fmt_count, fmt_time
 
     header = ["module", "type", "params", "FLOP fwd", "FLOP bwd", "act mem", "t fwd", "t bwd", "bound fwd"]
     rows = [["  " * r.depth + r.module, r.type, fmt_count(r.params), fmt_count(r.flops_fwd), fmt_count(r.flops_bwd),

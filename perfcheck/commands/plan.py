@@ -73,7 +73,7 @@ def run(args) -> int:
 def _text(args, result, top) -> str:
     from perfcheck.commands.estimate import BREAKDOWN_LABELS, text_table, breakdown_text
     from perfcheck.predict.planner import why_slower
-    from perfcheck.report.units import fmt_bytes, fmt_pct, fmt_time
+    from perfcheck.units import fmt_bytes, fmt_pct, fmt_time
 
     head = (f"{args.model} on {args.gpus} GPUs of {args.system}, global batch {args.global_batch}: "
             f"{result.searched} layouts searched, {result.fitting} fit in memory.\n\n")

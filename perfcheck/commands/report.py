@@ -75,7 +75,7 @@ def run(args) -> int:
     if args.output is None:
         sys.stdout.write(text)
         return 0
-    from perfcheck.measure.rundir import atomic_write_text
+    from perfcheck.rundir import atomic_write_text
 
     try:
         atomic_write_text(args.output, text)

@@ -65,9 +65,9 @@ def run(args) -> int:
         raise UserError(f"--sample-interval: {exc}") from None
     import torch
 
-    from perfcheck.measure import rundir as runs
+    import perfcheck.rundir as runs
     from perfcheck.examples.models import EXAMPLES
-    from perfcheck.measure.session import PerfCheck
+    from perfcheck.session.api import PerfCheck
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is available")

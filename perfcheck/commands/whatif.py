@@ -63,7 +63,7 @@ def _speed(x) -> str:
 
 def render(frame, depth=None) -> str:
     """The what-if report as text (presentation only)."""
-    from perfcheck.report.units import fmt_time
+    from perfcheck.units import fmt_time
 
     a = frame.attrs
     st = a["step"]

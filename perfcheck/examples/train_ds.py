@@ -25,8 +25,8 @@ from pathlib import Path
 import perfcheck.deepspeed as pds
 from perfcheck.examples.models import EXAMPLES
 from perfcheck.integrations.deepspeed.config import BLOCK_KEY, load_config, merge_configs, parse_block
-from perfcheck.measure.rundir import atomic_write_json
 from perfcheck.predict.zero import dtype_from_deepspeed_config
+from perfcheck.rundir import atomic_write_json
 
 #: --model name -> perfcheck.examples.models.EXAMPLES key.
 MODELS = {"lenet": "lenet", "gpt2": "gpt", "jsc": "jsc"}

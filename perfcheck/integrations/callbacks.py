@@ -14,7 +14,7 @@ from pathlib import Path
 
 from perfcheck.errors import UserError
 from perfcheck.integrations.deepspeed.block import settings_for, shared_run_dir, zero_parallel
-from perfcheck.measure.session import PerfCheck
+from perfcheck.session.api import PerfCheck
 
 LOG = logging.getLogger("perfcheck")
 #: PerfCheck's keyword arguments a callback accepts (everything but the model, which the framework gives).

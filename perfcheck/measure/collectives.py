@@ -41,6 +41,7 @@ import re
 import pandas as pd
 from torch.autograd import DeviceType
 
+from perfcheck.predict import collective_bytes
 from perfcheck.schema import ROOT
 
 COLLECTIVES_CSV = "collectives.csv"
@@ -88,8 +89,6 @@ _ELEM = {"float": 4, "float32": 4, "c10::Half": 2, "c10::BFloat16": 2, "double":
 
 
 def _is_collective(name: str) -> str | None:
-    from perfcheck.predict import collective_bytes
-
     if not name.startswith(tuple(ns + "::" for ns in collective_bytes.NAMESPACES)):
         return None
     return collective_bytes.op_kind(name)
@@ -112,8 +111,6 @@ def _arg_sizes(e) -> list:
 
 def _bytes(name: str, kind: str, e) -> float:
     """S from the recorded shapes by the one rule (``predict.collective_bytes.buffer_bytes``), NaN if none."""
-    from perfcheck.predict import collective_bytes
-
     group = None
     if collective_bytes.namespace(name) in collective_bytes.FUNCTIONAL_NAMESPACES:
         group = collective_bytes.functional_group_size(list(e.concrete_inputs or []))
@@ -159,55 +156,68 @@ def collective_rows(events, ctx: dict, rank: int = 0, steps: int = 1) -> pd.Data
     for e in cpu:
         kind = _is_collective(e.name)
         if kind is not None:
-            parent, nested = e.cpu_parent, False
-            while parent is not None:
-                if _is_collective(parent.name) is not None:
-                    nested = True
-                    break
-                parent = parent.cpu_parent
-            if nested:
-                continue
-            size = _bytes(e.name, kind, e)
-            match = None
-            if e.name.startswith("c10d::"):  # the backend event it started (in order): sizes, synchronous waits
-                match = next((b for b in backend if id(b) not in used and b.time_range.start >= e.time_range.start), None)
-                if match is not None:
-                    used.add(id(match))
-            if math.isnan(size):  # tensor-list op: the backend event it started holds the size
-                if match is not None:
-                    sz = [b for g in _arg_sizes(match) for b in g]
-                    size = float(max(sz)) if sz else math.nan
-            module, phase = ctx.get(id(e), ("unattributed", "unattributed"))
-            target = _fsdp_unit(e)
-            if module == "unattributed" and target and kind == "reducescatter":
-                module, phase = target, "bwd"  # FSDP2's post-backward reduce of the unit, run outside its interval
-            rows.append({"rank": rank, "what": "issued", "module": module, "phase": phase, "kind": kind,
-                         "op": e.name, "bytes": size, "dtype": "", "issue_s": e.cpu_time_total * 1e-6, "wait_s": 0.0,
-                         "target": target})
-            blocked = _blocked_after(e, match, starts)
-            if blocked > 0:  # a synchronous call (async_op=False): work.wait() right after the op, in the issuer
-                rows.append({"rank": rank, "what": "waited", "module": module, "phase": phase, "kind": kind,
-                             "op": e.name + SYNC_SUFFIX, "bytes": 0.0, "dtype": "", "issue_s": 0.0, "wait_s": blocked,
-                             "target": target})
+            rows += _issued_rows(e, kind, ctx, rank, backend, used, starts)
         elif _wait_kind(e.name) is not None:
-            parent = e.cpu_parent
-            while parent is not None and _wait_kind(parent.name) is None:
-                parent = parent.cpu_parent
-            if parent is not None:
-                continue  # inside a counted wait
-            wkind, op = _wait_kind(e.name)
-            if e.name == FINALIZE_RANGE:
-                module, phase = ROOT, "bwd"
-            else:
-                module, phase = ctx.get(id(e), ("unattributed", "unattributed"))
-            rows.append({"rank": rank, "what": "waited", "module": module, "phase": phase, "kind": wkind, "op": op,
-                         "bytes": 0.0, "dtype": "", "issue_s": 0.0, "wait_s": e.cpu_time_total * 1e-6,
-                         "target": _fsdp_unit(e)})
+            rows += _wait_rows(e, ctx, rank)
     if not any(r["what"] == "issued" for r in rows):
         rows = []  # no collective in the window: its end-of-backward callbacks waited on none
     frame = pd.DataFrame(rows, columns=list(COLLECTIVE_COLUMNS))
     frame.attrs["steps"] = int(steps)
     return frame
+
+
+def _issued_rows(e, kind: str, ctx: dict, rank: int, backend: list, used: set, starts: dict) -> list:
+    """The ``issued`` row of a collective op event (none when it is nested in another collective's), and
+    a ``waited`` row when the call blocked its issuer (a synchronous collective). ``used`` collects the
+    backend events already matched to an op, in order."""
+    parent, nested = e.cpu_parent, False
+    while parent is not None:
+        if _is_collective(parent.name) is not None:
+            nested = True
+            break
+        parent = parent.cpu_parent
+    if nested:
+        return []
+    size = _bytes(e.name, kind, e)
+    match = None
+    if e.name.startswith("c10d::"):  # the backend event it started (in order): sizes, synchronous waits
+        match = next((b for b in backend if id(b) not in used and b.time_range.start >= e.time_range.start), None)
+        if match is not None:
+            used.add(id(match))
+    if math.isnan(size):  # tensor-list op: the backend event it started holds the size
+        if match is not None:
+            sz = [b for g in _arg_sizes(match) for b in g]
+            size = float(max(sz)) if sz else math.nan
+    module, phase = ctx.get(id(e), ("unattributed", "unattributed"))
+    target = _fsdp_unit(e)
+    if module == "unattributed" and target and kind == "reducescatter":
+        module, phase = target, "bwd"  # FSDP2's post-backward reduce of the unit, run outside its interval
+    rows = [{"rank": rank, "what": "issued", "module": module, "phase": phase, "kind": kind,
+             "op": e.name, "bytes": size, "dtype": "", "issue_s": e.cpu_time_total * 1e-6, "wait_s": 0.0,
+             "target": target}]
+    blocked = _blocked_after(e, match, starts)
+    if blocked > 0:  # a synchronous call (async_op=False): work.wait() right after the op, in the issuer
+        rows.append({"rank": rank, "what": "waited", "module": module, "phase": phase, "kind": kind,
+                     "op": e.name + SYNC_SUFFIX, "bytes": 0.0, "dtype": "", "issue_s": 0.0, "wait_s": blocked,
+                     "target": target})
+    return rows
+
+
+def _wait_rows(e, ctx: dict, rank: int) -> list:
+    """The ``waited`` row of a wait event (none when it is inside a wait already counted)."""
+    parent = e.cpu_parent
+    while parent is not None and _wait_kind(parent.name) is None:
+        parent = parent.cpu_parent
+    if parent is not None:
+        return []  # inside a counted wait
+    wkind, op = _wait_kind(e.name)
+    if e.name == FINALIZE_RANGE:
+        module, phase = ROOT, "bwd"
+    else:
+        module, phase = ctx.get(id(e), ("unattributed", "unattributed"))
+    return [{"rank": rank, "what": "waited", "module": module, "phase": phase, "kind": wkind, "op": op,
+             "bytes": 0.0, "dtype": "", "issue_s": 0.0, "wait_s": e.cpu_time_total * 1e-6,
+             "target": _fsdp_unit(e)}]
 
 
 def bytes_by_kind(frame: pd.DataFrame, steps: int | None = None) -> dict:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from perfcheck import __version__
+from perfcheck.errors import UserError
 from perfcheck.model_paths import TRANSPARENT_WRAPPERS, clean_path, compiled_call, is_compiled, is_wrapper
 from perfcheck.schema import ROOT
 
@@ -28,8 +30,6 @@ def model_view(model: torch.nn.Module) -> ModelView:
     """Unwrap DDP / DeepSpeed wrappers; a torch.compile'd module is hooked itself, its children not
     (hooks inside a compiled region would add graph breaks or recompiles)."""
     if not isinstance(model, torch.nn.Module):
-        from perfcheck.errors import UserError
-
         raise UserError(f"PerfCheck needs a torch.nn.Module, got {type(model).__name__}")
     wrappers, m = [], model
     while is_wrapper(m):
@@ -147,8 +147,6 @@ def autocast_dtype() -> str | None:
 
 
 def versions() -> dict:
-    from perfcheck import __version__
-
     out = {"torch": torch.__version__, "perfcheck": __version__, "python": platform.python_version()}
     try:  # without importing deepspeed (slow, and it may initialize accelerators)
         out["deepspeed"] = importlib.metadata.version("deepspeed")

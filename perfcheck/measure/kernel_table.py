@@ -38,11 +38,18 @@ total = self = summed duration, and the rows sum to the profiler's total device 
 from __future__ import annotations
 
 import bisect
+import os
 import re
+import tempfile
+import uuid
+from pathlib import Path
 
 import pandas as pd
+import torch
 from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, schedule
 
+from perfcheck.measure.collectives import collective_rows
 from perfcheck.schema import KERNEL_COLUMNS
 
 OPTIMIZER = "(optimizer)"
@@ -252,8 +259,6 @@ class ProfilerWindow:
         self._schedule = (skip_first, wait, pwarm, active)
 
     def start(self):
-        from torch.profiler import ProfilerActivity, profile, schedule
-
         skip, wait, pwarm, active = self._schedule
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
         # record_shapes: collective sizes (measure/collectives.py); the window is not measured
@@ -282,8 +287,6 @@ class ProfilerWindow:
         skip, wait, pwarm, active = self._schedule
         first = skip + wait + pwarm
         if self._steps in (first, first + active):
-            import torch
-
             torch.cuda.synchronize()
 
     def stop(self):
@@ -296,16 +299,9 @@ class ProfilerWindow:
             self.warn(f"torch.profiler failed to stop ({type(exc).__name__}: {exc})")
 
     def _on_trace_ready(self, prof):
-        import os
-        import tempfile
-        import uuid
-        from pathlib import Path
-
         try:
             events = prof.events()
             self.kernels = kernel_rows(events, self.device, self.rank, self.info["steps"][0])
-            from perfcheck.measure.collectives import collective_rows
-
             self.collectives = collective_rows(events, attribute(events), self.rank, self._schedule[3])
             self.info.update({
                 "total_s": profiler_total_s(events, self.device),

@@ -22,7 +22,7 @@ import json
 import math
 from pathlib import Path
 
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
 from perfcheck.schema import ROOT
 
 CATEGORY = "perfcheck_predicted"
@@ -98,7 +98,7 @@ def add_predicted_track(trace_path, pred) -> bool:
     """Rewrite the Chrome trace at ``trace_path`` with the predicted track (replacing an earlier one);
     False (file untouched) when the trace has no measured root forward to anchor it or ``pred`` no root row."""
     path = Path(trace_path)
-    trace = json.loads(path.read_text())
+    trace = json.loads(runs.read_text(path))
     events = trace.get("traceEvents") if isinstance(trace, dict) else trace
     if not isinstance(events, list):
         return False

@@ -24,6 +24,7 @@ import warnings
 from typing import Callable
 
 import psutil
+import torch
 
 from perfcheck.errors import UserError
 from perfcheck.schema import SAMPLE_COLUMNS
@@ -62,8 +63,6 @@ class _Nvml:
             raise
 
     def _find_handle(self, index: int):
-        import torch
-
         nv = self.nv
         props = torch.cuda.get_device_properties(index)
         uuid = str(getattr(props, "uuid", "") or "")

@@ -1,4 +1,8 @@
-"""PerfCheck: measure training steps of a PyTorch model per module, phase and kernel.
+"""The recording core of PerfCheck: measure training steps of a PyTorch model per module, phase and kernel.
+
+``Recorder`` runs the steps and records them; the user-facing ``PerfCheck`` (``perfcheck.session``) adds the
+predicted-vs-measured report on top. Its parts, one file each: ``arguments`` (checks at construction),
+``signals`` (SIGINT/SIGTERM), ``run_files`` (frames and the run directory), ``run_meta`` (meta.json).
 
     pc = PerfCheck(model, warmup=2, steps=20, out_dir="runs/exp1")
     with pc:                                  # or pc.start() ... pc.stop()
@@ -18,103 +22,45 @@ the end of each iteration both work; ``stop()`` keeps a step in flight if the ro
 from __future__ import annotations
 
 import math
-import os
-import signal
-import socket
-import threading
-import statistics
 import time
 import uuid
 import warnings
 import weakref
 from collections import deque
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
 from perfcheck.errors import UserError
-from perfcheck.measure import memory as memory_mod
-from perfcheck.measure.context import (device_name, model_device, model_dtype, model_view, parallel_setup,
-                                       rank_and_world, versions)
-from perfcheck.measure.flops import FlopStep
-from perfcheck.measure.kernel_table import ProfilerWindow, empty_kernel_frame
+from perfcheck.calibrate.auto import resolve_system
+from perfcheck.hardware.systems import load_system
+from perfcheck.measure import memory as memory_mod, selection
+from perfcheck.measure.arguments import check_system, nonneg_int, refuse_meta_tensors
 from perfcheck.measure.clocks import clock_for
-from perfcheck.measure import selection
+from perfcheck.measure.context import model_device, model_view, rank_and_world
+from perfcheck.measure.flops import FlopStep
+from perfcheck.measure.grad_sync import GradSyncCounter
+from perfcheck.measure.kernel_table import ProfilerWindow
 from perfcheck.measure.module_timer import ModuleTimer
-from perfcheck.measure.schedule import StepSchedule
-from perfcheck.measure.sampler import DEFAULT_INTERVAL_S, Sampler, validate_interval
 from perfcheck.measure.optimizers import OptimizerWatch, check_optimizer
-from perfcheck.predict.for_run import factory_of
-from perfcheck.schema import ROOT, SAMPLE_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
+from perfcheck.measure.predicted_track import add_predicted_track
+from perfcheck.measure.run_files import RunFiles
+from perfcheck.measure.run_meta import RunMeta
+from perfcheck.measure.sampler import DEFAULT_INTERVAL_S, Sampler, validate_interval
+from perfcheck.measure.schedule import StepSchedule
+from perfcheck.measure.signals import StopSignals
+from perfcheck.predict.layout_collectives import (PREDICTED_COLLECTIVE_FIELDS, PREDICTED_COLLECTIVES_CSV,
+                                                  per_step_collectives)
+from perfcheck.predict.for_run import PREDICTED_CSV, PREDICTED_JSON, predict_for_run, save_predicted
+from perfcheck.schema import ROOT
 
 #: Per-step module rows kept in memory (about 120 bytes each); older steps are dropped from memory
 #: (counted in meta.json ``module_steps_dropped``), module_steps.csv keeps them all.
 MAX_MODULE_ROWS = 200_000
 #: Finished steps whose CUDA events may still be in flight; past this the oldest is waited for.
 MAX_PENDING_STEPS = 16
-
-#: Signals that end a run gracefully: the step in flight finishes, every file is written, meta.json says
-#: ``interrupted``, then ``RunInterrupted`` is raised (a second signal raises it at once).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Raised by ``PerfCheck.step()`` (or at once, on a second signal) after SIGINT/SIGTERM: the run
-    directory was written and marked ``interrupted``. A KeyboardInterrupt, so it ends the training loop
-    as Ctrl-C does; the CLI prints it as one line."""
-
-    def __init__(self, signum: int, where: str = ""):
-        self.signum = int(signum)
-        self.signame = signal.Signals(signum).name
-        super().__init__(f"interrupted by {self.signame}{where}")
-
-
-BACKWARD_RULE = ("backward of a module = from the first gradient of its outputs to the earliest of: all "
-                 "needed input gradients ready; the backward of a module outside its subtree starting; "
-                 "an enclosing module's backward ending; the end of the backward pass (queue_callback). "
-                 "Recompute inside the interval is subtracted.")
-
-
-def _nonneg_int(name, value, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise UserError(f"{name} must be a non-negative integer, got {value!r}")
-    return value
-
-
-def _refuse_meta_tensors(root) -> None:
-    """A model with parameters or buffers on the meta device (shapes, no data: ``torch.device("meta")``,
-    ``init_empty_weights``) computes nothing, so there is nothing to time: one line naming the first."""
-    for kind, named in (("parameter", root.named_parameters()), ("buffer", root.named_buffers())):
-        for name, t in named:
-            if t.is_meta:
-                raise UserError(f"model: {kind} {name!r} is on the meta device (shapes without data, nothing to "
-                                "measure); materialize the model first (model.to_empty(device=...) and load its "
-                                "weights)")
-
-
-def _micro_batches(step_rows) -> float | int | None:
-    """Root forward calls per step (gradient-accumulation micro-batches between ``step()`` calls), the
-    median over measured, non-failed steps (else over every instrumented step); None before any step.
-    Reports scale the one-micro-batch prediction by it (analysis.pipeline)."""
-    counts = [r["micro_batches"] for r in step_rows if r["role"] == "measured" and not r["failed"]]
-    if not counts:
-        counts = [r["micro_batches"] for r in step_rows if r["role"] != "bare" and r["micro_batches"] > 0]
-    if not counts:
-        return None
-    value = statistics.median(counts)
-    return int(value) if float(value).is_integer() else float(value)
-
-
-def _synced_micro_batches(step_rows, synced: dict):
-    """Median over measured steps of the micro-batches whose backward reduced gradients (DDP/FSDP2;
-    ``measure.grad_sync.GradSyncCounter``), None for other models or before a step."""
-    counts = [synced[r["step"]] for r in step_rows if r["role"] == "measured" and not r["failed"] and r["step"] in synced]
-    return statistics.median(counts) if counts else None
 
 
 def outermost_paths(paths) -> list:
@@ -128,55 +74,9 @@ def outermost_paths(paths) -> list:
     return out
 
 
-def _check_system(system):
-    """``system`` as given, once it loads (a name from ``perfcheck systems``, a JSON file, a SystemSpec):
-    a bad one fails when PerfCheck is built, not after the run."""
-    if system is None:
-        return None
-    from perfcheck.hardware.systems import SystemSpec, load_system
-
-    if not isinstance(system, (str, os.PathLike, SystemSpec)) or isinstance(system, bool):
-        raise UserError(f"system: expected a system name, a JSON path or a SystemSpec, got {system!r}")
-    try:
-        load_system(system)
-    except UserError as exc:
-        raise UserError(f"system: {exc}") from None
-    return system
-
-
-class PerfCheck:
-    """Per-module forward/backward/recompute times, kernel tables, samples and a run directory.
-
-    Args:
-        model: the ``nn.Module`` (DDP / DeepSpeed engine wrappers are unwrapped; paths as the inner
-            model's ``named_modules()``; a torch.compile'd module is timed as a whole).
-        warmup: steps run with hooks but left out of the statistics.
-        steps: measured steps; ``None`` measures until ``stop()``.
-        profile: run one torch.profiler window (kernel table + Chrome trace).
-        profile_window: ``(wait, warmup, active)`` steps of ``torch.profiler.schedule`` after the
-            warm-up (and FLOP) steps.
-        count_flops: one step under ``FlopCounterMode`` (per module, forward and backward).
-        sample_interval: sampler period in seconds (>= 0.1); ``None`` turns the sampler off.
-        out_dir: run directory; rows are appended as steps end and the rest is written at ``stop()``.
-        memory: per-module and per-step peak CUDA memory (default off: reading the allocator's stats at
-            every module boundary costs ~23 us of host time per call on an H100, +5% on GPT-2 small at
-            batch 32, bench/RESULTS.md; NaN on CPU).
-        overhead_pairs: instrumented/bare step pairs for the in-run overhead estimate (meta.json).
-        parallel: what is known about the parallel layout, merged into meta.json's ``parallel``.
-        system: the spec predictions use (a name from ``perfcheck systems``, a JSON file from
-            ``perfcheck calibrate`` or a SystemSpec); default: this device's built-in entry.
-        depth: time only the modules at most ``depth`` levels below the root (0: the root alone),
-            a cheaper always-on mode; the others' time is inside their nearest timed ancestor's.
-        modules: time only these (and the root): module paths, class names, path globs or classes
-            (measure/selection.py). meta.json ``selection`` records either choice.
-        optimizer: the optimizer the loop steps (a torch.optim instance, framework wrappers such as
-            accelerate's or DeepSpeed's unwrapped, or a name such as "adamw-foreach"); default: the
-            one seen stepping the model's parameters (torch.optim's global step hooks, while
-            running). meta.json ``optimizer`` names it; the prediction costs its step.
-
-    ``save()`` also writes the estimator's rows for the shapes, dtype and parallel layout the run
-    saw (``predicted.csv``), so ``perfcheck report RUN_DIR`` needs nothing but the directory.
-    """
+class Recorder(StopSignals, RunFiles, RunMeta):
+    """Per-module forward/backward/recompute times, kernel tables, samples and a run directory: the
+    recording half of ``perfcheck.PerfCheck`` (its arguments are documented there)."""
 
     #: Every module some running PerfCheck has hooks on (weak: no attribute on user modules).
     _attached: "weakref.WeakSet" = weakref.WeakSet()
@@ -186,12 +86,12 @@ class PerfCheck:
                  sample_interval: float | None = DEFAULT_INTERVAL_S, out_dir=None, memory: bool | None = None,
                  overhead_pairs: int = 0, parallel: dict | None = None, system=None, depth: int | None = None,
                  modules=None, optimizer=None):
-        self.warmup = _nonneg_int("warmup", warmup)
-        self.n_steps = _nonneg_int("steps", steps, allow_none=True)
+        self.warmup = nonneg_int("warmup", warmup)
+        self.n_steps = nonneg_int("steps", steps, allow_none=True)
         if self.n_steps == 0:
             raise UserError("steps must be at least 1 (or None to measure until stop())")
         try:
-            window = tuple(_nonneg_int(f"profile_window[{i}]", int(v) if not isinstance(v, bool) else v)
+            window = tuple(nonneg_int(f"profile_window[{i}]", int(v) if not isinstance(v, bool) else v)
                            for i, v in enumerate(profile_window))
         except (TypeError, ValueError):
             raise UserError(f"profile_window must be (wait, warmup, active), got {profile_window!r}") from None
@@ -200,10 +100,10 @@ class PerfCheck:
         self.profile, self.profile_window = bool(profile), window
         self.count_flops = bool(count_flops)
         self.sample_interval = None if sample_interval is None else validate_interval(sample_interval)
-        self.overhead_pairs = _nonneg_int("overhead_pairs", overhead_pairs)
+        self.overhead_pairs = nonneg_int("overhead_pairs", overhead_pairs)
         self.out_dir = runs.check_run_dir(out_dir, "out_dir") if out_dir is not None else None
         self.user_parallel = dict(parallel or {})
-        self.system = _check_system(system)
+        self.system = check_system(system)
         self._optimizer_arg = check_optimizer(optimizer)
         self._schedule = StepSchedule(warmup=self.warmup, steps=self.n_steps, count_flops=self.count_flops,
                                       profile_window=self.profile_window if self.profile else None,
@@ -213,7 +113,7 @@ class PerfCheck:
         self._timed, self._selection = selection.select(self._view.modules, self._view.types, depth=self.depth,
                                                         entries=self.modules_selected)
         self.device = model_device(self._view.root)
-        _refuse_meta_tensors(self._view.root)
+        refuse_meta_tensors(self._view.root)
         self.track_memory = False if memory is None else bool(memory)
         if self.track_memory and self.device.type != "cuda":
             self.track_memory = False  # nothing to read on CPU; meta.json says so
@@ -244,13 +144,13 @@ class PerfCheck:
             warnings.warn(f"perfcheck: {message}", RuntimeWarning, stacklevel=3)
 
     # ---------------------------------------------------------------------------- lifecycle
-    def start(self) -> "PerfCheck":
+    def start(self) -> "Recorder":
         if self._state == "running":
             raise UserError("PerfCheck.start() called twice; call stop() first")
         if self._state == "stopped":
             raise UserError("this PerfCheck has been stopped; create a new one for another run")
         for path, mod in self._view.modules:
-            if mod in PerfCheck._attached:
+            if mod in Recorder._attached:
                 raise UserError(f"module {path!r} ({type(mod).__name__}) is already measured by another running "
                                 "PerfCheck; stop() that one first (one PerfCheck per model)")
         self.rank, self.world_size = rank_and_world()
@@ -264,15 +164,13 @@ class PerfCheck:
         self._index, self._measured_n, self._bare_n, self._last_plain = 0, 0, 0, None
         self._flop_step, self._done, self._sampler = None, False, None
         self._writers: dict = {}
-        from perfcheck.measure.grad_sync import GradSyncCounter
-
         # DDP / FSDP2: micro-batches per step whose backward reduces gradients (no_sync() ones don't)
         self._grad_sync, self._synced = GradSyncCounter.attach(self._view.outer), {}
         if self.out_dir is not None:
             self._open_writers()
         self._optimizers = OptimizerWatch(self._view.root, self._optimizer_arg).attach()  # removed in _teardown
         for _, mod in self._view.modules:
-            PerfCheck._attached.add(mod)
+            Recorder._attached.add(mod)
         self._state = "running"
         try:
             if self.profile:
@@ -366,7 +264,7 @@ class PerfCheck:
             self._flop_step.end()
             self._flop_step = None
         for _, mod in self._view.modules:
-            PerfCheck._attached.discard(mod)
+            Recorder._attached.discard(mod)
         if self._window is not None:
             self._window.stop()
         if self._sampler is not None:
@@ -396,57 +294,6 @@ class PerfCheck:
         self.stop()
         return False
 
-    # ------------------------------------------------------------------ signals (SIGINT, SIGTERM)
-    def _catch_signals(self):
-        """While running, SIGINT/SIGTERM end the run at the next step boundary (``_stop_interrupted``),
-        not mid-step: the step in flight is finished and recorded, every file written. Installed only
-        from the main thread (Python's rule) and only over the default handlers: a handler of the
-        user's (or a framework's) is left alone."""
-        self._signalled, self._stopping, self._saved_handlers, self._delivered = None, False, {}, False
-        if threading.current_thread() is not threading.main_thread():
-            return
-        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-        for sig in STOP_SIGNALS:
-            if signal.getsignal(sig) is defaults[sig]:
-                self._saved_handlers[sig] = signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum, frame):
-        if self._signalled is not None and not self._stopping:  # a second signal: the step is not ending
-            self._signalled = signum
-            raise RunInterrupted(signum, " (second signal, mid-step)")
-        self._signalled = signum
-
-    def _stop_interrupted(self):
-        """Stop (writing every file, meta.json ``interrupted``), then raise ``RunInterrupted``."""
-        self._delivered = True
-        self.stop()
-        self._raise_interrupted()
-
-    def _deliver_signal(self):
-        """A signal no ``RunInterrupted`` answered (``stop()`` called before the next ``step()``) is sent
-        again once the files are written and the handlers restored, so it is never swallowed: SIGTERM then
-        ends the process as it would have, SIGINT raises KeyboardInterrupt from ``stop()``."""
-        if self._signalled is not None and not self._delivered:
-            self._delivered = True
-            os.kill(os.getpid(), self._signalled)
-
-    def _raise_interrupted(self):
-        last = self._step_rows[-1]["step"] if self._step_rows else None
-        where = (f" after step {last}" if last is not None else " before the first step ended") + (
-            f"; every file written to {self.out_dir} (perfcheck report {self.out_dir})" if self.out_dir is not None else "")
-        raise RunInterrupted(self._signalled, where)
-
-    def _restore_signals(self):
-        for sig, handler in getattr(self, "_saved_handlers", {}).items():
-            if signal.getsignal(sig) == self._on_signal:
-                signal.signal(sig, handler)
-        self._saved_handlers = {}
-
-    @property
-    def interrupted(self) -> str | None:
-        """The signal's name ('SIGINT', 'SIGTERM') when one ended the run, else None."""
-        sig = getattr(self, "_signalled", None)
-        return None if sig is None else signal.Signals(sig).name
 
     # ------------------------------------------------------------------------------- steps
     def _role_for(self, i: int) -> str:
@@ -577,136 +424,6 @@ class PerfCheck:
                                     "step's time plus PerfCheck's host time at the step boundary after it; ratio of "
                                     "medians, 95% bootstrap interval over the pairs"}
 
-    # ------------------------------------------------------------------------------ frames
-    def steps(self) -> pd.DataFrame:
-        """One row per recorded step (schema.STEP_COLUMNS)."""
-        return pd.DataFrame(self._step_rows, columns=list(STEP_COLUMNS))
-
-    def module_steps(self) -> pd.DataFrame:
-        """Per-step, per-module rows (runs.MODULE_STEP_COLUMNS): the numbers behind measured()."""
-        rows = [r for _, step_rows in self._module_rows for r in step_rows]
-        return pd.DataFrame(rows, columns=list(runs.MODULE_STEP_COLUMNS))
-
-    def measured(self) -> pd.DataFrame:
-        """One row per module that ran in the measured steps (schema.MEASURED_COLUMNS)."""
-        return runs.summarize_module_steps(self.module_steps(), self.steps(), self.rank if self._state != "new" else 0,
-                                           self._flops)
-
-    def kernels(self) -> pd.DataFrame:
-        """Kernels (GPU) or aten ops (CPU) per module and phase in the profiler window (schema.KERNEL_COLUMNS)."""
-        return self._window.kernels.copy() if self._window is not None else empty_kernel_frame()
-
-    def collectives(self) -> pd.DataFrame:
-        """Collectives of the profiler window: issued (kind, bytes, module and phase that issued
-        them) and waited (module and phase that waited, seconds); measure/collectives.py."""
-        from perfcheck.measure.collectives import COLLECTIVE_COLUMNS
-
-        frame = getattr(self._window, "collectives", None) if self._window is not None else None
-        return frame.copy() if frame is not None else pd.DataFrame(columns=list(COLLECTIVE_COLUMNS))
-
-    def samples(self) -> pd.DataFrame:
-        """Utilization/memory samples (schema.SAMPLE_COLUMNS)."""
-        rows = list(self._sampler.rows) if self._sampler is not None else []
-        return pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
-
-    @property
-    def state(self) -> str:
-        """'new' (not started), 'running' or 'stopped'."""
-        return self._state
-
-    @property
-    def done(self) -> bool:
-        """True once every requested step (warm-up, FLOPs, profiler window, measured, bare) has run."""
-        return self._state == "stopped" or (self._state == "running" and self._done)
-
-    @property
-    def overhead(self):
-        """The in-run A/B overhead (dict) or the string 'not measured'."""
-        return self._overhead
-
-    # -------------------------------------------------------------------------- run files
-    @property
-    def _rank_dir(self) -> Path:
-        return runs.rank_dir(self.out_dir, self.rank)
-
-    def _open_writers(self):
-        """Lock this rank's directory (``rundir.RunLock``: a second run into it is refused, not mixed), then
-        check that it holds no run and open the appended tables; an unwritable directory is one line."""
-        d = self._rank_dir
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            self._lock = runs.RunLock(d).acquire()
-        except OSError as exc:
-            raise UserError(f"out_dir: cannot write into {d} ({exc.strerror or exc})") from None
-        try:
-            for name in (runs.META, runs.TABLES["steps"][0]):
-                if (d / name).exists():
-                    raise UserError(f"{d} already holds a run ({name} exists); choose a new out_dir")
-            runs.clean_stale_temps(d)
-            for key in ("steps", "module_steps", "samples"):
-                fname, cols = runs.TABLES[key]
-                if key == "samples" and self.sample_interval is None:
-                    continue
-                self._writers[key] = runs.CsvAppender(d / fname, cols)
-        except OSError as exc:
-            for w in self._writers.values():
-                w.close()
-            self._release_run_dir()
-            raise UserError(f"out_dir: cannot write into {d} ({exc.strerror or exc})") from None
-        except BaseException:
-            self._release_run_dir()
-            raise
-
-    def _release_run_dir(self):
-        lock = getattr(self, "_lock", None)
-        if lock is not None:
-            lock.release()
-            self._lock = None
-
-    def save(self, run_dir) -> Path:
-        """Write this rank's files under ``run_dir/rank<R>/`` (each atomically); return that directory."""
-        if self._state == "new":
-            raise UserError("nothing to save: PerfCheck was never started")
-        d = runs.rank_dir(run_dir, self.rank)
-        try:
-            return self._save_files(run_dir, d)
-        except OSError as exc:  # read-only or full: one line (atomic writes leave no partial file)
-            raise UserError(f"cannot write the run directory {d} ({exc.strerror or exc}"
-                            f"{': ' + Path(exc.filename).name if getattr(exc, 'filename', None) else ''})") from None
-
-    def _save_files(self, run_dir, d: Path) -> Path:
-        files, rows = [], {}
-        frames = {"modules": self.measured, "steps": self.steps, "module_steps": self.module_steps,
-                  "kernels": self.kernels, "samples": self.samples}
-        for key, frame in frames.items():
-            fname, cols = runs.TABLES[key]
-            files.append(fname)
-            writer = self._writers.get(key)
-            if writer is not None and writer.path.resolve() == (d / fname).resolve():
-                rows[fname] = writer.rows
-                continue  # appended row by row as the run went: already complete (memory may hold less)
-            table = frame()
-            runs.atomic_write_csv(d / fname, table, cols)
-            rows[fname] = len(table)
-        trace = self._window.trace_path if self._window is not None else None
-        if trace is not None and trace.exists():
-            if trace.resolve() != (d / runs.TRACE).resolve():
-                runs.atomic_copy(trace, d / runs.TRACE)
-            files.append(runs.TRACE)
-        coll = self.collectives()
-        if not coll.empty:
-            from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
-
-            runs.atomic_write_csv(d / COLLECTIVES_CSV, coll, list(COLLECTIVE_COLUMNS))
-            files.append(COLLECTIVES_CSV)
-        predicted = self._save_prediction(run_dir)
-        if predicted:
-            rows[predicted[0]] = len(self._predicted)
-        files += predicted
-        if runs.TRACE in files:
-            self._add_predicted_track(d / runs.TRACE)
-        runs.atomic_write_json(d / runs.META, self.meta(complete=self._state == "stopped", files=files, row_counts=rows))
-        return d
 
     # ------------------------------------------------------------------- predicted vs measured
     def system_spec(self, system=None):
@@ -714,14 +431,10 @@ class PerfCheck:
         this machine's, resolved once here at the edge (``calibrate.auto.resolve_system``: the cached
         calibration for the run's device and thread count; a quick automatic one where the cache has none
         and it passes the sanity checks; else the labelled datasheet default)."""
-        from perfcheck.hardware.systems import load_system
-
         chosen = self.system if system is None else system
         if chosen is not None:
             return load_system(chosen)
         if getattr(self, "_resolved_system", None) is None:
-            from perfcheck.calibrate.auto import resolve_system
-
             threads = torch.get_num_threads() if self.device.type == "cpu" else None
             self._resolved_system = resolve_system(self.device, threads, calibrate=True)
         return self._resolved_system
@@ -730,8 +443,6 @@ class PerfCheck:
         """The estimator's rows for this run: the root's recorded input shapes and dtype, the
         parallel layout seen, on ``system`` (default: the one given to PerfCheck, else this device's
         entry) (schema.PREDICTED_COLUMNS)."""
-        from perfcheck.predict.for_run import predict_for_run
-
         if self._state == "new" or not self._timer.first_root_inputs:
             raise UserError("no prediction yet: run at least one step so the input shapes are known")
         spec = self.system_spec(system)
@@ -744,8 +455,6 @@ class PerfCheck:
     def _add_predicted_track(self, trace_path):
         """The prediction as its own track in trace.json (measure/predicted_track.py); a failure leaves
         the measured trace as it was and a warning, never a lost run."""
-        from perfcheck.measure.predicted_track import add_predicted_track
-
         frame = getattr(self, "_predicted", None)
         if frame is None:
             return
@@ -758,8 +467,6 @@ class PerfCheck:
     def _save_prediction(self, run_dir) -> list:
         """Write predicted.csv beside this rank's files; a model the estimator cannot trace leaves a
         warning in meta.json, never a lost run."""
-        from perfcheck.predict.for_run import PREDICTED_CSV, PREDICTED_JSON, save_predicted
-
         try:
             frame = self.predicted()
             save_predicted(run_dir, frame, rank=self.rank, system=self.system_spec(), dtype=frame.attrs.get("dtype"))
@@ -769,9 +476,6 @@ class PerfCheck:
             return []
         extra = []
         if frame.attrs.get("collectives"):  # torch-native layouts: the collectives predicted per module
-            from perfcheck.predict.layout_collectives import (PREDICTED_COLLECTIVE_FIELDS, PREDICTED_COLLECTIVES_CSV,
-                                                              per_step_collectives)
-
             meta = self.meta()  # per optimizer step: x micro-batches, gradient reductions x synced ones
             rows = per_step_collectives(frame.attrs["collectives"], meta.get("micro_batches"),
                                         meta.get("grad_sync_micro_batches"))
@@ -779,99 +483,3 @@ class PerfCheck:
                                   PREDICTED_COLLECTIVE_FIELDS)
             extra.append(PREDICTED_COLLECTIVES_CSV)
         return [PREDICTED_CSV, PREDICTED_JSON] + extra
-
-    def as_run(self):
-        """This rank's run as ``measure.rundir.Run``: exactly the frames ``save()`` writes, as reading
-        the run directory back gives them (so the live and the saved report are the same)."""
-        from perfcheck.measure.rundir import Run, as_saved
-
-        if self._state == "new":
-            raise UserError("nothing measured yet: PerfCheck was never started")
-        frames = {"modules": self.measured(), "steps": self.steps(), "module_steps": self.module_steps(),
-                  "kernels": self.kernels(), "samples": self.samples()}
-        return Run(run_dir=self.out_dir if self.out_dir is not None else Path("."), ranks=[self.rank],
-                   meta={self.rank: self.meta(complete=self._state == "stopped")},
-                   complete=self._state == "stopped", **{k: as_saved(f, k) for k, f in frames.items()})
-
-    def reconciled(self, system=None) -> pd.DataFrame:
-        """Predicted vs measured per module for this run (analysis.reconcile.RECONCILED_COLUMNS), through
-        the same assembly as ``perfcheck report RUN_DIR`` (``analysis.pipeline.reconcile_run``)."""
-        from perfcheck.analysis.pipeline import reconcile_run
-
-        return reconcile_run(self, system=system).table
-
-    def report(self, *, depth: int | None = None, top: int = 3, system=None) -> str:
-        """The terminal report (module tree, predicted vs measured, gaps and reasons) as a string."""
-        from perfcheck.report.text import render_text
-
-        return render_text(self.reconciled(system=system), depth=depth, top=top)
-
-    def _system_name(self):
-        from perfcheck.hardware.systems import SystemSpec, list_systems, load_system
-
-        if self.system is None or isinstance(self.system, SystemSpec):
-            return None if self.system is None else self.system.name
-        return str(load_system(self.system).name if str(self.system) in list_systems() else self.system)
-
-    def _compute_dtype(self, started: bool):
-        """The dtype the model computes in: autocast's when its first call ran under autocast, else the parameters'."""
-        inputs = self._timer.first_root_inputs if started else None
-        return (inputs or {}).get("autocast") or model_dtype(self._view.root)
-
-    def _optimizer_meta(self) -> dict:
-        """meta.json ``optimizer`` (measure/optimizers.py), ``optimizer_source``, ``optimizers_seen``."""
-        watch = getattr(self, "_optimizers", None)
-        return (watch if watch is not None else OptimizerWatch(self._view.root, self._optimizer_arg)).meta()
-
-    def meta(self, complete: bool = True, files=None, row_counts=None) -> dict:
-        """The run's metadata (what meta.json holds)."""
-        view, started = self._view, self._state != "new"
-        rows = self._step_rows
-        roles = {}
-        for r in rows:
-            roles[r["role"]] = roles.get(r["role"], 0) + 1
-        parallel = parallel_setup(view, self.world_size if started else 1)
-        parallel.update(self.user_parallel)
-        notes = [memory_mod.CUDA_NOTE if self.track_memory else (memory_mod.OFF_NOTE if self.device.type == "cuda" else memory_mod.CPU_NOTE),
-                 "gpu_util (NVML) is a duty cycle: the share of a 1/6 s to 1 s window in which any kernel ran; "
-                 "it is not SM occupancy or efficiency."]
-        return {
-            "schema_version": SCHEMA_VERSION, "complete": bool(complete), "files": list(files or []) or [
-                f for k, (f, _) in runs.TABLES.items() if k in getattr(self, "_writers", {})],
-            "rows": dict(row_counts or {}),  # data rows per file as written: a reader tells a truncated file
-            "interrupted": self.interrupted,
-            "run_id": getattr(self, "run_id", None), "hostname": socket.gethostname(), "pid": os.getpid(),
-            "started_unix": getattr(self, "_t_start", None), "rank": getattr(self, "rank", 0),
-            "world_size": getattr(self, "world_size", 1), "versions": versions(),
-            "torch_threads": torch.get_num_threads(),  # CPU intra-op threads (a calibration is per thread count)
-            "device": {"type": self.device.type, "index": self.device.index, "name": device_name(self.device)},
-            "model": {"type": view.types.get(ROOT), "dtype": model_dtype(view.root),
-                      "params": int(sum(getattr(p, "ds_numel", p.numel()) for p in view.root.parameters())),
-                      "wrappers": view.wrappers, "compiled": view.compiled,
-                      "factory": factory_of(view.root)},  # "module:callable" a report rebuilds the model from
-            "dtype": self._compute_dtype(started),
-            "inputs": self._timer.first_root_inputs if started else None,
-            "parallel": parallel,
-            "system": self._system_name(),
-            "options": {"warmup": self.warmup, "steps": self.n_steps, "profile": self.profile,
-                        "profile_window": list(self.profile_window), "count_flops": self.count_flops,
-                        "sample_interval_s": self.sample_interval, "memory": self.track_memory,
-                        "overhead_pairs": self.overhead_pairs, "depth": self.depth,
-                        "modules": None if self._selection is None else self._selection["modules"]},
-            "selection": self._selection or "all modules",
-            "step_count": len(rows), "steps_by_role": roles,
-            "measured_steps": sum(1 for r in rows if r["role"] == "measured" and not r["failed"]),
-            "failed_steps": sum(1 for r in rows if r["failed"]),
-            "module_steps_dropped": self._dropped_steps,
-            **self._optimizer_meta(),
-            "micro_batches": _micro_batches(rows),
-            "grad_sync_micro_batches": _synced_micro_batches(rows, getattr(self, "_synced", {})),
-            "timing": {"clock": "cuda events (pooled, resolved after the step)" if self.device.type == "cuda"
-                       else "time.perf_counter_ns", "backward": BACKWARD_RULE},
-            "overhead": self._overhead,
-            "profile": (self._window.info if self._window is not None else {}) if self.profile else "off",
-            "sampler": ({"interval_s": self.sample_interval, "backend": self._sampler.backend if getattr(self, "_sampler", None) else None}
-                        if self.sample_interval is not None else "off"),
-            "flops": "counted (FlopCounterMode, one step)" if self._flops else ("off" if not self.count_flops else "not reached"),
-            "notes": notes, "warnings": list(self._warnings),
-        }

@@ -18,7 +18,7 @@ from perfcheck.errors import UserError
 from perfcheck.hardware import systems
 from perfcheck.hardware.labels import datasheet_default, spec_label
 from perfcheck.hardware.systems import SystemSpec, load_system
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
 from perfcheck.parallel import ParallelConfig
 from perfcheck.predict import layout, layout_collectives
 from perfcheck.predict.estimate import estimate

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
 from perfcheck.predict import collectives, for_run as predict_run, roofline
 from perfcheck.schema import ROOT, parent_path
 from perfcheck.hardware.systems import load_system, normalize_dtype
@@ -231,7 +231,7 @@ def _run_dtype(run, rank) -> str:
 def whatif(run, target, *, source=None, predicted=None, dtype=None, target_dtype=None, rank: int = 0) -> pd.DataFrame:
     """Predict a measured run on ``target``: WHATIF_COLUMNS per module; the step in ``attrs["step"]``.
 
-    run: a run directory (``perfcheck.measure.rundir.load_run``) or a loaded ``Run``.
+    run: a run directory (``perfcheck.rundir.load_run``) or a loaded ``Run``.
     target: system B (name, JSON path or SystemSpec). source: system A the run was measured on
       (default: the run's device kind: ``cpu``, or the spec named in meta.json's ``system``).
     predicted: the model's prediction on A (DataFrame or CSV path); default: the run's

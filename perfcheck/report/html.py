@@ -13,13 +13,16 @@ import html
 
 import pandas as pd
 
+from perfcheck.analysis.columns import RECONCILED_COLUMNS
 from perfcheck.analysis.findings import REASONS, findings_table
-from perfcheck.analysis.reconcile import RECONCILED_COLUMNS, rank_summary, totals_frame
 from perfcheck.analysis.kernel_steps import kernel_step_stats
+from perfcheck.analysis.totals import rank_summary, totals_frame
+from perfcheck.hardware.labels import spec_label
+from perfcheck.hardware.systems import load_system
 from perfcheck.report import plots
 from perfcheck.report.text import comm_rows, hook_text
-from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 from perfcheck.schema import ROOT
+from perfcheck.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 
 _CSS = """
 body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px;color:#222;background:#fff;max-width:1500px}
@@ -197,9 +200,6 @@ def _kernel_figure(kernels, profile_steps: float) -> str:
 def render_html(rec: pd.DataFrame, *, kernels=None, samples=None, system=None, depth: int | None = None,
                 top: int = 3, profile_steps: float = 1.0, title: str = "perfcheck report", notes=()) -> str:
     """The HTML report as one string (see the module docstring)."""
-    from perfcheck.hardware.labels import spec_label
-    from perfcheck.hardware.systems import load_system
-
     spec = load_system(system) if system is not None else (load_system(rec.attrs["system"]) if rec.attrs.get("system")
                                                             else None)
     dtype = rec.attrs.get("dtype")

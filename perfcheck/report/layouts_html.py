@@ -8,8 +8,8 @@ import pandas as pd
 
 from perfcheck.analysis.layouts import answers
 from perfcheck.analysis.stages import KINDS
-from perfcheck.measure.rundir import atomic_write_text
 from perfcheck.report.stages_html import figure_png, html_page
+from perfcheck.rundir import atomic_write_text
 
 
 def bytes_figure(table: pd.DataFrame) -> str:

@@ -12,8 +12,9 @@ import io
 import numpy as np
 import pandas as pd
 
-from perfcheck.report.units import fmt_rate, fmt_time
+from perfcheck.analysis.kernel_steps import kernel_step_stats
 from perfcheck.schema import ROOT
+from perfcheck.units import fmt_rate, fmt_time
 
 DPI = 90
 _C = {"fwd": "#1f77b4", "bwd": "#d62728", "pred": "#9ecae1", "meas": "#08519c"}
@@ -231,8 +232,6 @@ def kernel_breakdown_figure(kernels: pd.DataFrame | None, k: int = 10, names: in
     each split by kernel name (per-name medians over the steps, analysis.kernel_steps.kernel_step_stats),
     with a whisker from the pair's smallest to its largest per-step total: one noisy step shows as a
     long whisker instead of moving the bar. Returns (Figure, n_steps, per_step) or None."""
-    from perfcheck.analysis.kernel_steps import kernel_step_stats
-
     if kernels is None or kernels.empty:
         return None
     d = kernels[(kernels["name"] != "(outside ops)") & kernels["phase"].isin(("fwd", "bwd", "optim"))]

@@ -9,19 +9,20 @@ import math
 
 import pandas as pd
 
-from perfcheck.analysis.answers import answers, fmt_bytes, fmt_s
-from perfcheck.measure.rundir import atomic_write_text
+from perfcheck.analysis.answers import answers
 from perfcheck.report.plots import literal_text, save_literal
+from perfcheck.rundir import atomic_write_text
+from perfcheck.units import fmt_bytes, fmt_time
 
 #: Terminal columns: (header, predicted column, measured column, formatter).
 _TERMINAL = (("allreduce", "pred_allreduce_bytes", "meas_allreduce_bytes", fmt_bytes),
              ("allgather", "pred_allgather_bytes", "meas_allgather_bytes", fmt_bytes),
              ("reducescatter", "pred_reducescatter_bytes", "meas_reducescatter_bytes", fmt_bytes),
              ("mem/rank", "pred_mem_bytes", "meas_mem_bytes", fmt_bytes),
-             ("fwd", "pred_fwd_s", "meas_fwd_s", fmt_s), ("fwd comm", "pred_fwd_comm_s", "meas_fwd_comm_s", fmt_s),
-             ("bwd", "pred_bwd_s", "meas_bwd_s", fmt_s), ("bwd comm", "pred_bwd_comm_s", "meas_bwd_comm_s", fmt_s),
-             ("optim", "pred_optim_s", "meas_optim_s", fmt_s), ("step", "pred_step_s", "meas_step_s", fmt_s),
-             ("step CPU", "pred_step_s", "meas_step_cpu_s", fmt_s))
+             ("fwd", "pred_fwd_s", "meas_fwd_s", fmt_time), ("fwd comm", "pred_fwd_comm_s", "meas_fwd_comm_s", fmt_time),
+             ("bwd", "pred_bwd_s", "meas_bwd_s", fmt_time), ("bwd comm", "pred_bwd_comm_s", "meas_bwd_comm_s", fmt_time),
+             ("optim", "pred_optim_s", "meas_optim_s", fmt_time), ("step", "pred_step_s", "meas_step_s", fmt_time),
+             ("step CPU", "pred_step_s", "meas_step_cpu_s", fmt_time))
 
 
 def _cell(v, f):
@@ -86,7 +87,7 @@ def time_figure(table: pd.DataFrame) -> str:
         ax.bar(xs, vals, 0.36, color=color, label=label)
         for xi, v in zip(xs, vals):
             if v == v and v > 0:
-                ax.annotate(fmt_s(v / 1e3), (xi, v), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
+                ax.annotate(fmt_time(v / 1e3), (xi, v), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
                             textcoords="offset points")
     pos = per[["pred_step_s", "meas_step_s"]].to_numpy(float).ravel()
     pos = pos[(pos > 0) & (pos == pos)] * 1e3
@@ -165,10 +166,10 @@ def systems(table: pd.DataFrame) -> list:
 
 #: The summary table's columns: (header, predicted column, measured column, formatter); a pair shows when
 #: the table has it. Every other column stays in the CSV the page links to.
-SUMMARY = (("step", "pred_step_s", "meas_step_s", fmt_s),
-           ("step, process CPU time", "pred_step_s", "meas_step_cpu_s", fmt_s),
-           ("fwd", "pred_fwd_s", "meas_fwd_s", fmt_s),
-           ("bwd", "pred_bwd_s", "meas_bwd_s", fmt_s), ("optimizer", "pred_optim_s", "meas_optim_s", fmt_s),
+SUMMARY = (("step", "pred_step_s", "meas_step_s", fmt_time),
+           ("step, process CPU time", "pred_step_s", "meas_step_cpu_s", fmt_time),
+           ("fwd", "pred_fwd_s", "meas_fwd_s", fmt_time),
+           ("bwd", "pred_bwd_s", "meas_bwd_s", fmt_time), ("optimizer", "pred_optim_s", "meas_optim_s", fmt_time),
            ("memory / rank", "pred_mem_bytes", "meas_mem_bytes", fmt_bytes),
            ("allreduce", "pred_allreduce_bytes", "meas_allreduce_bytes", fmt_bytes),
            ("allgather", "pred_allgather_bytes", "meas_allgather_bytes", fmt_bytes),

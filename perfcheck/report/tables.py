@@ -1,6 +1,6 @@
 """CSV and JSON output of a reconciled frame, with the documented columns.
 
-CSV: one row per (module, rank), columns ``perfcheck.reconcile.RECONCILED_COLUMNS`` in that
+CSV: one row per (module, rank), columns ``perfcheck.analysis.columns.RECONCILED_COLUMNS`` in that
 order, SI units, empty cells for NaN, ``inf`` for an infinite gap. ``render_totals_csv`` gives the
 per-rank totals (``TOTALS_COLUMNS``) as a second CSV.
 
@@ -25,8 +25,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from perfcheck.analysis.columns import RANK_SUMMARY_COLUMNS, RECONCILED_COLUMNS, TOTALS_COLUMNS
 from perfcheck.analysis.findings import REASONS, findings_table
-from perfcheck.analysis.reconcile import RANK_SUMMARY_COLUMNS, RECONCILED_COLUMNS, TOTALS_COLUMNS, rank_summary, totals_frame
+from perfcheck.analysis.totals import rank_summary, totals_frame
 from perfcheck.schema import SCHEMA_VERSION
 
 

@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.analysis.findings import REASONS, findings_table
-from perfcheck.analysis.reconcile import rank_summary, totals_frame
-from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
+from perfcheck.analysis.totals import rank_summary, totals_frame
 from perfcheck.schema import ROOT
+from perfcheck.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 
 _BAR = "-" * 100
 

@@ -13,7 +13,8 @@ import pytest
 
 from perfcheck.analysis.comm import module_comm, step_waits, wait_pairs
 from perfcheck.analysis.findings import findings_table
-from perfcheck.analysis.reconcile import reconcile, totals_frame
+from perfcheck.analysis.reconcile import reconcile
+from perfcheck.analysis.totals import totals_frame
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, FINALIZE_OP, SYNC_SUFFIX, _blocked_after
 from perfcheck.schema import ROOT, STEP_COLUMNS
 

@@ -125,7 +125,8 @@ def test_stage_comparison_reads_module_tables_through_the_same_pipeline(lenet_se
 def test_the_optimizer_prediction_reaches_the_totals_and_the_report(lenet_session):
     """The estimator's pred_optim_s (root row) is carried into the totals and named in the report;
     a prediction without it leaves NaN and the report says the optimizer is not predicted."""
-    from perfcheck.analysis.reconcile import reconcile, totals_frame
+    from perfcheck.analysis.reconcile import reconcile
+    from perfcheck.analysis.totals import totals_frame
 
     pc, _ = lenet_session
     pred = pc.predicted()

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from perfcheck.analysis.kernel_steps import kernel_step_stats
-from perfcheck.analysis.reconcile import kernel_summary
-from perfcheck.measure import rundir as runs
+from perfcheck.analysis.kernels import kernel_summary
+import perfcheck.rundir as runs
 from perfcheck.report import plots
 from perfcheck.schema import KERNEL_COLUMNS, ROOT
 

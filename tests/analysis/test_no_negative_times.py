@@ -3,7 +3,8 @@ step's parts need not add up; a negative remainder is shown as 0 with the overla
 
 import pytest
 
-from perfcheck.analysis.reconcile import reconcile, totals_frame
+from perfcheck.analysis.reconcile import reconcile
+from perfcheck.analysis.totals import totals_frame
 from perfcheck.report.text import render_text
 from test_reconcile import ROOT, _steps, frames, meas_row, pred_row
 

@@ -7,9 +7,13 @@ import pandas as pd
 import pytest
 
 from perfcheck.errors import UserError
-from perfcheck.analysis.findings import REASONS, RULES, Thresholds
-from perfcheck.analysis.reconcile import (RECONCILED_COLUMNS, TOTALS_COLUMNS, kernel_summary, rank_summary, reconcile,
-                                 totals_frame)
+from perfcheck.analysis.findings import REASONS
+from perfcheck.analysis.rules import RULES
+from perfcheck.analysis.thresholds import Thresholds
+from perfcheck.analysis.columns import RECONCILED_COLUMNS, TOTALS_COLUMNS
+from perfcheck.analysis.kernels import kernel_summary
+from perfcheck.analysis.reconcile import reconcile
+from perfcheck.analysis.totals import rank_summary, totals_frame
 from perfcheck.schema import MEASURED_COLUMNS, PREDICTED_COLUMNS, ROOT, STEP_COLUMNS, module_depth
 from perfcheck.hardware.systems import load_system
 

@@ -11,7 +11,7 @@ import torch
 
 import perfcheck
 from perfcheck.errors import UserError
-from perfcheck.measure.session import PerfCheck
+from perfcheck.session.api import PerfCheck
 from perfcheck.examples.models import JSC_Tiny, Net
 from perfcheck.predict.for_run import (inputs_from_meta, load_predicted, model_from_meta, parallel_from_meta,
                                    predict_for_run, save_predicted, system_from_meta)
@@ -56,7 +56,7 @@ def test_jsc_tiny_is_predicted_host_bound_everywhere():
 
 
 def test_recorded_lenet_run_keeps_every_module_and_splits_the_step():
-    from perfcheck.measure.rundir import load_run
+    from perfcheck.rundir import load_run
 
     run = load_run(DATA / "run_lenet_cpu")
     pred, info = load_predicted(run.run_dir, run.ranks)

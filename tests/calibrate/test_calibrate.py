@@ -9,7 +9,7 @@ import torch
 
 from perfcheck.calibrate.run import Timer, calibrate, copy_cases, launch_cases, matmul_cases, run_cases
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 from perfcheck.errors import UserError
 from perfcheck.predict import roofline
 from perfcheck.hardware.systems import load_system
@@ -236,7 +236,7 @@ def test_building_the_cli_parser_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, perfcheck.cli as c; c.build_parser(); assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, perfcheck.commands.cli as c; c.build_parser(); assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 import perfcheck
-from perfcheck.analysis import findings
+from perfcheck.analysis import findings, thresholds
 from perfcheck.analysis.pipeline import hook_overhead_per_call, reconcile_run
 from perfcheck.analysis.reconcile import reconcile
 from perfcheck.analysis.stages import measured_exposed
 from perfcheck.analysis.system_notes import device_mismatch, system_notes
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 from perfcheck.calibrate import auto
 from perfcheck.hardware import cache, labels
 from perfcheck.calibrate import cases, repeats, sanity
@@ -404,7 +404,7 @@ def test_hook_overhead_from_the_runs_own_measurement():
     assert hook_overhead_per_call({"overhead": "not measured"}, modules)[0] is None
     # the test run predates the interval: the assumed default, and the report says it is assumed
     rec = reconcile_run(DATA / "run_lenet_cpu")
-    assert rec.table.attrs["hook_overhead_s"] == findings.DEFAULT_HOOK_OVERHEAD_S
+    assert rec.table.attrs["hook_overhead_s"] == thresholds.DEFAULT_HOOK_OVERHEAD_S
     assert rec.table.attrs["hook_overhead_source"].startswith("assumed (meta.json overhead has no interval")
 
 

@@ -3,7 +3,7 @@ line naming the field and exit code 2 (no traceback, nothing written, nothing si
 the public API raises UserError naming the argument.
 
 The first cases are the ones the issue listed; the table then walks every flag of every command.
-Each CLI case runs in this process through ``perfcheck.cli.main`` (fast; a case that started work
+Each CLI case runs in this process through ``perfcheck.commands.cli.main`` (fast; a case that started work
 before failing would show up as a slow test or a written file).
 """
 import shutil
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 from perfcheck.errors import UserError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -158,7 +158,7 @@ def test_cli_refuses_with_one_line(env, capsys, argv, words):
 
 
 def test_every_command_has_cases():
-    from perfcheck.cli import SUBCOMMANDS
+    from perfcheck.commands.cli import SUBCOMMANDS
 
     covered = {argv[0] for argv, _ in ISSUE_CASES + FLAG_CASES}
     assert covered == set(SUBCOMMANDS)

@@ -1,4 +1,4 @@
-"""`perfcheck estimate` through perfcheck.cli.main: both front-ends, formats, and every bad input
+"""`perfcheck estimate` through perfcheck.commands.cli.main: both front-ends, formats, and every bad input
 (exit code 2, one line naming the field)."""
 import io
 import json
@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 
 
 def run(capsys, *argv):

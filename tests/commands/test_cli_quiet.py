@@ -26,11 +26,11 @@ def test_profiler_lines_only_with_verbose(tmp_path):
 
 
 def test_in_process_main_restores_the_environment_and_warning_filters(monkeypatch, capsys):
-    """perfcheck.cli.main() called from Python (a notebook, a test) hides the profiler's log lines only while
+    """perfcheck.commands.cli.main() called from Python (a notebook, a test) hides the profiler's log lines only while
     the command runs: KINETO_LOG_LEVEL and the FutureWarning filter are as before once it returns."""
     import warnings
 
-    from perfcheck.cli import main
+    from perfcheck.commands.cli import main
 
     monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
     filters_before = list(warnings.filters)

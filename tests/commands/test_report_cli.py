@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfcheck.cli import main
-from perfcheck.analysis.reconcile import RECONCILED_COLUMNS, TOTALS_COLUMNS
+from perfcheck.commands.cli import main
+from perfcheck.analysis.columns import RECONCILED_COLUMNS, TOTALS_COLUMNS
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LENET = DATA / "run_lenet_cpu"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import perfcheck
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 from perfcheck.examples.models import Net
 from perfcheck.hardware.systems import load_system
 from perfcheck.predict.for_run import save_predicted

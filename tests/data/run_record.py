@@ -26,7 +26,7 @@ def record(out: Path, example: str, steps: int, sleep_s: float = 0.0):
     import torch
 
     from perfcheck.examples.models import EXAMPLES
-    from perfcheck.measure.session import PerfCheck
+    from perfcheck.session.api import PerfCheck
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # 2 shared cores: OpenMP barriers under contention turned a 16-feature BatchNorm into 70 ms

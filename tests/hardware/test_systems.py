@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import EFFICIENCY_KEYS, list_systems, load_system, systems_table
 

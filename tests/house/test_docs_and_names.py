@@ -177,7 +177,7 @@ def test_every_system_source_is_public_or_says_perfcheck_chose_it(spec):
 
 # -------------------------------------------------------------------------- CLI help
 def _subparsers():
-    from perfcheck.cli import build_parser
+    from perfcheck.commands.cli import build_parser
 
     parser = build_parser()
     action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -185,7 +185,7 @@ def _subparsers():
 
 
 def test_every_subcommand_is_listed_with_a_one_line_help():
-    from perfcheck.cli import SUBCOMMANDS
+    from perfcheck.commands.cli import SUBCOMMANDS
 
     listed = {a.dest: a.help for a in _subparsers()._choices_actions}
     assert set(listed) == set(SUBCOMMANDS)

@@ -16,7 +16,7 @@ from _frameworks import hide_broken_torchvision  # noqa: E402
 hide_broken_torchvision()
 transformers = pytest.importorskip("transformers")
 
-from perfcheck.cli import main  # noqa: E402
+from perfcheck.commands.cli import main  # noqa: E402
 
 from _frameworks import tiny_gpt2, tokens, training_args  # noqa: E402
 

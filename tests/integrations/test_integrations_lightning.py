@@ -14,7 +14,7 @@ from _frameworks import hide_broken_torchvision
 hide_broken_torchvision()
 L = pytest.importorskip("lightning.pytorch")
 
-from perfcheck.cli import main  # noqa: E402
+from perfcheck.commands.cli import main  # noqa: E402
 
 
 class Lit(L.LightningModule):

@@ -129,7 +129,7 @@ def test_collective_kernels_are_communication_not_irregular_access():
     """FSDP2's all-gathers used to be diagnosed as "irregular-access kernels" (the name has 'gather')."""
     import pandas as pd
 
-    from perfcheck.analysis.reconcile import kernel_summary
+    from perfcheck.analysis.kernels import kernel_summary
 
     k = pd.DataFrame({"module": ["0", "0"], "phase": ["fwd", "fwd"], "device": ["cpu", "cpu"],
                       "name": ["c10d::_allgather_base_", "aten::index_select"], "count": [1, 1],

@@ -116,7 +116,7 @@ def test_compare_reconciles_the_three_layouts(runs, capsys):
 
 
 def test_compare_command_writes_the_layout_page(runs, tmp_path, capsys):
-    from perfcheck.cli import main
+    from perfcheck.commands.cli import main
 
     out, _ = runs
     dest = tmp_path / "cmp"

@@ -124,7 +124,7 @@ def run_dir(runs_dir):
 
 def test_report_names_the_delayed_rank_by_compute_time(run_dir):
     from perfcheck.analysis.pipeline import reconcile_run
-    from perfcheck.analysis.reconcile import totals_frame
+    from perfcheck.analysis.totals import totals_frame
     from perfcheck.report.text import render_text
 
     rec = reconcile_run(run_dir).table
@@ -191,7 +191,7 @@ def test_ddp_bucket_bytes_on_the_issuers_and_the_wait_on_the_root(run_dir):
 def test_fsdp2_prefetched_all_gather_bytes_on_the_issuer_wait_on_the_waiter(runs_dir, variant):
     from perfcheck.analysis.findings import findings_table
     from perfcheck.analysis.pipeline import reconcile_run
-    from perfcheck.analysis.reconcile import totals_frame
+    from perfcheck.analysis.totals import totals_frame
     from perfcheck.report.text import render_text
 
     run = os.path.join(runs_dir, variant)

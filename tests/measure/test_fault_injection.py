@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from perfcheck import PerfCheck
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 from perfcheck.errors import UserError
 from perfcheck.examples.models import Net
-from perfcheck.measure import rundir
+import perfcheck.rundir as rundir
 
 FILES = ("modules.csv", "steps.csv", "module_steps.csv", "kernels.csv", "samples.csv", "predicted.csv",
          "meta.json", "predicted.json")
@@ -280,7 +280,7 @@ def test_a_full_disk_at_save_is_one_line_and_leaves_no_temp_file(tmp_path, monke
     def no_space(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(rundir.os, "fsync", no_space)
+    monkeypatch.setattr(os, "fsync", no_space)
     with pytest.raises(UserError, match="No space left on device") as err:
         pc.stop()
     assert "\n" not in str(err.value)
@@ -311,7 +311,7 @@ def test_a_read_only_out_dir_is_one_line(tmp_path, monkeypatch, capsys):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(rundir.os, "open", read_only)
+    monkeypatch.setattr(os, "open", read_only)
     code = main(["run", "--out", str(tmp_path / "ro"), "--steps", "1", "--warmup", "0", "--no-profile", "--no-flops",
                  "--overhead-pairs", "0"])
     err = capsys.readouterr().err

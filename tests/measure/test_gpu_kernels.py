@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from perfcheck import PerfCheck
 from perfcheck.examples.models import GPT
 from perfcheck.measure.kernel_table import OPTIMIZER, UNATTRIBUTED
-from perfcheck.measure.rundir import load_run
+from perfcheck.rundir import load_run
 from perfcheck.schema import ROOT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

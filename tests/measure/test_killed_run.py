@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 
 SCRIPT = textwrap.dedent('''
     import os, signal, sys, torch

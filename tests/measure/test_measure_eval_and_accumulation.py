@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from perfcheck import PerfCheck
 from perfcheck.analysis.pipeline import PER_MICRO_BATCH, reconcile_run, scale_by_micro_batches
-from perfcheck.measure import rundir
+import perfcheck.rundir as rundir
 from perfcheck.report.text import render_text
 from perfcheck.schema import ROOT
 
@@ -210,7 +210,7 @@ def test_accumulation_scales_the_prediction_by_the_micro_batches(accumulation_ru
 
 
 def test_report_and_live_report_agree_and_say_scaled(accumulation_runs, capsys):
-    from perfcheck.cli import main
+    from perfcheck.commands.cli import main
 
     pc4, d4 = accumulation_runs[4]
     live = pc4.reconciled().set_index("module")

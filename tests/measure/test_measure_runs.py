@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from perfcheck import PerfCheck, UserError
-from perfcheck.measure import rundir as runs
-from perfcheck.cli import main
+import perfcheck.rundir as runs
+from perfcheck.commands.cli import main
 from perfcheck.examples.models import Net
 from perfcheck.schema import KERNEL_COLUMNS, MEASURED_COLUMNS, ROOT, SAMPLE_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from perfcheck import PerfCheck
-from perfcheck.cli import main
+from perfcheck.commands.cli import main
 from perfcheck.errors import UserError
 
 

@@ -145,7 +145,7 @@ def test_host_terms_count_gathered_tensors_from_the_recorded_configs():
     gather config (persistence threshold 0); hooks = G x calls x (fwd + bwd per-module constants)."""
     from pathlib import Path
 
-    from perfcheck.analysis import stages
+    from perfcheck.analysis import stage_prediction, stages
 
     data = Path(__file__).resolve().parents[1] / "data" / "deepspeed_sweep"
     spec = _spec(zero3_fwd_module_s=600 * US, zero3_bwd_module_s=300 * US, zero3_fwd_gather_s=200 * US,
@@ -153,12 +153,12 @@ def test_host_terms_count_gathered_tensors_from_the_recorded_configs():
     for run, gathered in (("stage3", 0), ("stage3-gather", 10)):
         st = stages.load_stage(data / run)
         facts = next(iter(st["ranks"].values()))["facts"]
-        parts = stages.zero3_parts(facts, st["predicted"], spec)
+        parts = stage_prediction.zero3_parts(facts, st["predicted"], spec)
         assert parts["gathered_tensors"] == gathered and parts["module_calls"] == 8
         # 8 calls x (600 + 300) us = 7.2 ms; gathers 10 x (200 + 100) us = 3 ms
         assert parts["hooks_s"] == pytest.approx(8 * 900 * US)
         assert parts["gather_host_s"] == pytest.approx(gathered * 300 * US)
-        terms = stages.host_terms(facts, st["predicted"], spec)
+        terms = stage_prediction.host_terms(facts, st["predicted"], spec)
         assert terms["fwd"] == pytest.approx(8 * 600 * US + gathered * 200 * US)
 
 

@@ -155,7 +155,7 @@ def test_bad_grid_layouts_are_one_line_errors_naming_the_field(call, message):
 
 
 def test_cli_tp_scheme_flags(capsys):
-    from perfcheck.cli import main
+    from perfcheck.commands.cli import main
 
     assert main(["estimate", "--model", "gpt3-175b", "--tp", "16", "--tp-scheme", "2.5d", "--tp-depth", "4",
                  "--batch", "8", "--format", "json"]) == 0

@@ -18,7 +18,8 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from perfcheck.analysis.findings import REASONS, findings_table
-from perfcheck.analysis.reconcile import RECONCILED_COLUMNS, reconcile
+from perfcheck.analysis.columns import RECONCILED_COLUMNS
+from perfcheck.analysis.reconcile import reconcile
 from perfcheck.predict.module_estimator import estimate
 from perfcheck.predict.transformer import transformer_step
 from perfcheck.schema import ROOT

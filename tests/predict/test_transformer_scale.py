@@ -248,7 +248,7 @@ def test_plan_of_70b_on_512_gpus_takes_under_10_s_of_cpu():
     (["--seq", "4096"], "--seq"),
 ])
 def test_plan_bad_input_is_one_line_naming_the_field(capsys, argv, field):
-    from perfcheck.cli import main
+    from perfcheck.commands.cli import main
 
     base = {"--model": "gpt2-124m", "--gpus": "8", "--global-batch": "16", "--system": "a100-80gb-sxm"}
     for k, v in zip(argv[::2], argv[1::2]):
@@ -259,7 +259,7 @@ def test_plan_bad_input_is_one_line_naming_the_field(capsys, argv, field):
 
 
 def test_plan_cli_prints_the_best_its_breakdown_and_the_runner_up(capsys):
-    from perfcheck.cli import main
+    from perfcheck.commands.cli import main
 
     code = main(["plan", "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "16", "--system", "a100-80gb-sxm",
                  "--top", "3"])
@@ -270,7 +270,7 @@ def test_plan_cli_prints_the_best_its_breakdown_and_the_runner_up(capsys):
 
 
 def test_estimate_breakdown_flag(capsys):
-    from perfcheck.cli import main
+    from perfcheck.commands.cli import main
 
     code = main(["estimate", "--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "2", "--micro-batches", "16",
                  "--virtual-stages", "2", "--recompute", "full", "--system", "a100-80gb-sxm", "--breakdown"])

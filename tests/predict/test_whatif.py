@@ -12,10 +12,10 @@ import torch
 
 import perfcheck
 from perfcheck.predict.for_run import save_predicted
-from perfcheck.measure import rundir as runs
-from perfcheck.cli import main
+import perfcheck.rundir as runs
+from perfcheck.commands.cli import main
 from perfcheck.errors import UserError
-from perfcheck.measure.rundir import MODULE_STEP_COLUMNS
+from perfcheck.rundir import MODULE_STEP_COLUMNS
 from perfcheck.schema import (KERNEL_COLUMNS, MEASURED_COLUMNS, PREDICTED_COLUMNS, ROOT, SAMPLE_COLUMNS,
                               SCHEMA_VERSION, STEP_COLUMNS)
 from perfcheck.hardware.systems import load_system

@@ -54,37 +54,39 @@ def _stage0():
 def test_stage_prediction_scales_host_and_cpu_compute_by_the_ranks_on_the_host():
     """Stage 0 of the recorded sweep (LeNet, 10 tensors, dp 2) on a CPU spec with known DeepSpeed terms:
     fwd = factor x (model fwd + 100 us + 10 x 2 us); the collectives (alpha 1 ms here) are not scaled."""
-    stages, st, facts = _stage0()
+    from perfcheck.analysis import stage_prediction
+
+    _, st, facts = _stage0()
     predicted = st["predicted"]
     model_fwd = float(predicted.loc[predicted["depth"] == 0, "pred_fwd_s"].iloc[0])
     spec = _spec(process_slowdown_per_peer=0.25, zero0_fwd_s=100 * US, zero0_fwd_tensor_s=2 * US,
                  zero0_bwd_s=300 * US, collective_latency_s=1 * MS)
-    one = stages.predict({**facts, "ranks_per_node": 1}, predicted, spec)
-    two = stages.predict({**facts, "ranks_per_node": 2}, predicted, spec)
+    one = stage_prediction.predict({**facts, "ranks_per_node": 1}, predicted, spec)
+    two = stage_prediction.predict({**facts, "ranks_per_node": 2}, predicted, spec)
     assert one.times["fwd_s"] == pytest.approx(model_fwd + 120 * US)
     assert two.times["fwd_s"] == pytest.approx(1.25 * (model_fwd + 120 * US))
     assert two.times["bwd_host_s"] == pytest.approx(1.25 * 300 * US)
     assert two.times["bwd_comm_s"] == one.times["bwd_comm_s"] > 1 * MS  # 1 all-reduce: alpha + bytes / bandwidth
     # without ranks_per_node: world size / nodes
-    assert stages.local_processes({"world_size": 8, "nodes": 2}) == 4
-    assert stages.local_processes({"world_size": 2, "nodes": 1, "ranks_per_node": 2}) == 2
-    assert stages.local_processes({}) == 1
+    assert stage_prediction.local_processes({"world_size": 8, "nodes": 2}) == 4
+    assert stage_prediction.local_processes({"world_size": 2, "nodes": 1, "ranks_per_node": 2}) == 2
+    assert stage_prediction.local_processes({}) == 1
 
 
 def test_gpu_host_scales_only_the_host_timeline():
     """factor 1.5. Host-bound forward (10 ms, host 8 ms): 10 + 0.5 x 8 = 14 ms. Device-bound backward
     (20 ms, host 5 ms): max(20, 1.5 x 5) = 20 ms; with host 15 ms: max(20, 22.5) = 22.5 ms. On a CPU both
     scale whole: 15 and 30 ms."""
-    from perfcheck.analysis import stages
+    from perfcheck.analysis import stage_prediction
 
     frame = pd.DataFrame([{"module": "(root)", "depth": 0, "pred_fwd_s": 10 * MS, "pred_bwd_s": 20 * MS,
                            "host_fwd_s": 8 * MS, "host_bwd_s": 5 * MS, "bound_fwd": "host", "bound_bwd": "compute"}])
-    assert stages._compute_times(frame, 1.5, "gpu") == pytest.approx((14 * MS, 20 * MS))
+    assert stage_prediction.compute_times(frame, 1.5, "gpu") == pytest.approx((14 * MS, 20 * MS))
     frame["host_bwd_s"] = 15 * MS
-    assert stages._compute_times(frame, 1.5, "gpu") == pytest.approx((14 * MS, 22.5 * MS))
-    assert stages._compute_times(frame, 1.5, "cpu") == pytest.approx((15 * MS, 30 * MS))
-    assert stages._compute_times(frame, 1.0, "gpu") == pytest.approx((10 * MS, 20 * MS))  # factor 1: unchanged
-    assert all(math.isnan(x) for x in stages._compute_times(pd.DataFrame(), 1.5, "cpu"))
+    assert stage_prediction.compute_times(frame, 1.5, "gpu") == pytest.approx((14 * MS, 22.5 * MS))
+    assert stage_prediction.compute_times(frame, 1.5, "cpu") == pytest.approx((15 * MS, 30 * MS))
+    assert stage_prediction.compute_times(frame, 1.0, "gpu") == pytest.approx((10 * MS, 20 * MS))  # factor 1: unchanged
+    assert all(math.isnan(x) for x in stage_prediction.compute_times(pd.DataFrame(), 1.5, "cpu"))
 
 
 def test_summarize_and_apply_by_hand(tmp_path):

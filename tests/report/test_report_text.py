@@ -10,7 +10,7 @@ import pytest
 from perfcheck.commands.report import build
 from perfcheck.analysis.reconcile import reconcile
 from perfcheck.report.text import render_text
-from perfcheck.report.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
+from perfcheck.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 from perfcheck.schema import ROOT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))  # test_reconcile's row builders

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Optional
 
 from perfcheck.errors import UserError
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
 from perfcheck.integrations.deepspeed.config import PerfcheckBlock, load_config, parse_block
-from perfcheck.measure.session import PerfCheck
+from perfcheck.session.api import PerfCheck
 
 #: What a callback-driven run does not write, said once when a block is honoured that way.
 NOT_WRITTEN = ("zero.json, comms.csv and engine_steps.csv (DeepSpeed's comms logger, comms_steps) are written only "

@@ -24,21 +24,8 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.predict.collectives import bytes_from_deepspeed_log, normalize_kind
+from perfcheck.rundir.deepspeed_files import COMMS_COLUMNS
 
-COMMS_COLUMNS = {
-    "rank": "distributed rank",
-    "step": "optimizer step index (0-based from attach)",
-    "micro_step": "micro-step within the optimizer step (gradient accumulation)",
-    "phase": "fwd | bwd | step | other (between engine calls)",
-    "op": "deepspeed.comm function (all_gather_into_tensor, reduce_scatter_tensor, all_reduce, ...)",
-    "caller": "DeepSpeed function that issued it (comms logger debug name), '' if unknown",
-    "kind": "canonical kind: allreduce | allgather | reducescatter | reduce | broadcast | alltoall | sendrecv",
-    "msg_bytes": "size the comms logger records per call: each rank's input tensor, bytes",
-    "bytes": "full buffer S per call (nccl-tests convention): msg * group for allgather, else msg, bytes",
-    "count": "calls with this size in this phase",
-    "logger_s": "summed comms-logger latency of these calls (synchronized, isolated op time), seconds",
-    "group_size": "ranks in the communicating group (the data-parallel group)",
-}
 _NAME = re.compile(r"^\s*(?P<op>[^|]+?)\s*(\|\s*\[Caller Func:\s*(?P<caller>[^\]]*)\])?\s*$")
 
 

@@ -19,9 +19,9 @@ import torch
 
 from perfcheck.measure.clocks import clock_for
 from perfcheck.measure.schedule import StepSchedule
-from perfcheck.measure import rundir as runs
+import perfcheck.rundir as runs
 from perfcheck.integrations.deepspeed import comms as ds_comms, facts as ds_facts, run_files
-from perfcheck.measure.session import PerfCheck
+from perfcheck.session.api import PerfCheck
 
 
 #: Sessions not yet finished; at interpreter exit each is written, marked incomplete.

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     except UserError as exc:
         print(f"perfcheck {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGINT/SIGTERM ending a run (measure.session.RunInterrupted)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGINT/SIGTERM ending a run (measure.signals.RunInterrupted)
         signum = getattr(exc, "signum", 2)
         print(f"perfcheck {args.command}: {exc or 'interrupted by SIGINT'}", file=sys.stderr)
         return 128 + signum

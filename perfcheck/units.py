@@ -1,5 +1,8 @@
 """Human units for reports: seconds, counts, bytes, rates and ratios, with SI prefixes.
 
+The one formatter of these for every page perfcheck prints (the console report, the HTML pages, the
+ZeRO comparison and its answers, the CLI tables), so one number reads the same everywhere.
+
 Inputs are SI (seconds, bytes, FLOPs, FLOP/s). Times never get a prefix above the second
 (DeepSpeed's profiler printed "1.8 Gs" for a CPU forward); NaN and None print as "-".
 """
