@@ -1,0 +1,88 @@
+"""One writer per predicted number: the estimate's columns are unchanged by the refactor that gave each
+``pred_*`` column a single writer, and the system spec is resolved at most once per estimate.
+
+Refactor equivalence: ``tests/data/pred_golden.csv`` holds every numeric and label column of
+``perfcheck.predict.estimate.estimate`` on the example models (``perfcheck.examples.models``), on datasheet
+specs (no calibration cache is read), as computed by the code before the refactor (commit 7bdd97e), with
+
+    git -C /work/main checkout 7bdd97e   # the code before the refactor
+    PYTHONPATH=/work/main python3 tests/test_pred_writers.py --write   # run from this checkout's root
+
+This pins numbers, not a model: a change that means to move a prediction (a new roofline factor, a new host
+term) regenerates the file with the same command on the new code and says so in its commit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+GOLDEN = Path(__file__).parent / "data" / "pred_golden.csv"
+
+#: (case, example, system, dtype, parallel (dp, zero stage) or None, optimizer)
+CASES = (
+    ("lenet-h100", "lenet", "h100-sxm", None, None, "sgd"),
+    ("lenet-cpu", "lenet", "cpu", None, None, "adam"),
+    ("jsc-cpu", "jsc", "cpu", None, None, "sgd"),
+    ("jsc-l4-dp2-z1", "jsc", "l4", None, (2, 1), "adamw"),
+    ("gpt-h100-bf16", "gpt", "h100-sxm", "bf16", None, "adamw"),
+    ("gpt-a100-dp4-z3", "gpt", "a100-80gb-sxm", "bf16", (4, 3), "adam-fused"),
+    ("gpt-cpu", "gpt", "cpu", None, (2, 0), "sgd_momentum"),
+)
+
+
+def _spec(name):
+    from perfcheck.hardware.systems import load_system
+
+    spec = load_system(name)
+    # a CPU spec without simd_bytes asks the machine running the estimate: fix it so the file is portable
+    return dataclasses.replace(spec, simd_bytes=64) if spec.kind == "cpu" else spec
+
+
+def _predict(case):
+    from perfcheck.examples.models import EXAMPLES
+    from perfcheck.parallel import ParallelConfig, ZeroStage
+    from perfcheck.predict.estimate import estimate
+
+    name, example, system, dtype, parallel, optimizer = case
+    ex = EXAMPLES[example]
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = ex.build()
+    inputs, _ = ex.batch(2, torch.Generator().manual_seed(0))
+    par = None if parallel is None else ParallelConfig(dp=parallel[0], zero_stage=ZeroStage(parallel[1]))
+    frame = estimate(model, inputs, system=_spec(system), dtype=dtype, parallel=par, optimizer=optimizer)
+    frame.insert(0, "case", name)
+    return frame
+
+
+def _all() -> pd.DataFrame:
+    return pd.concat([_predict(c) for c in CASES], ignore_index=True)
+
+
+def test_estimate_columns_equal_the_pre_refactor_values():
+    golden = pd.read_csv(GOLDEN, keep_default_na=False, na_values=[""], dtype={"module": str})
+    now = _all()
+    assert list(now.columns) == list(golden.columns)
+    assert now[["case", "module"]].values.tolist() == golden[["case", "module"]].values.tolist()
+    for col in now.columns:
+        if pd.api.types.is_numeric_dtype(golden[col]) and pd.api.types.is_numeric_dtype(now[col]):
+            # the CSV keeps each float's shortest round-trip repr: equal to the last bit, a tolerance of 1e-12
+            # only absorbs a summation reordered across the refactor
+            np.testing.assert_allclose(now[col].to_numpy(float), golden[col].to_numpy(float), rtol=1e-12, atol=0,
+                                       err_msg=col)
+        else:
+            got = now[col].fillna("").astype(str).tolist()
+            want = golden[col].fillna("").astype(str).tolist()
+            assert got == want, col
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+    _all().to_csv(GOLDEN, index=False)
+    print(f"wrote {GOLDEN}")
