@@ -86,3 +86,51 @@ if __name__ == "__main__" and "--write" in sys.argv:
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
     _all().to_csv(GOLDEN, index=False)
     print(f"wrote {GOLDEN}")
+
+
+# ------------------------------------------------------------------------------ the spec, resolved once
+def _count_resolutions(run):
+    """``(load_system calls, spec_of calls given a name or path)`` while ``run()`` runs: counted on the
+    functions' code objects (sys.setprofile), so every module that imported them by name is seen."""
+    from perfcheck.hardware import systems
+
+    counts = {"load": 0, "coerce": 0}
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        if frame.f_code is systems.load_system.__code__:
+            counts["load"] += 1
+        elif frame.f_code is systems.spec_of.__code__ and not isinstance(frame.f_locals.get("system"),
+                                                                          systems.SystemSpec):
+            counts["coerce"] += 1
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(previous)
+    return counts["load"], counts["coerce"]
+
+
+@pytest.mark.parametrize("example,system,parallel", [
+    ("lenet", None, None),            # the facade resolves this machine's spec (datasheet default: empty cache)
+    ("gpt", "h100-sxm", None),        # a name, resolved by the estimator's edge
+    ("jsc", "l4", (2, 3)),            # ZeRO-3 communication on top
+])
+def test_one_estimate_resolves_its_spec_at_most_once(example, system, parallel):
+    """Before the spec was passed down typed, one estimate called load_system 69 times (LeNet; GPT-small: 400),
+    68 of them to re-coerce the spec it already had; now once, at the edge, and nothing below it resolves a name."""
+    import perfcheck
+    from perfcheck.examples.models import EXAMPLES
+    from perfcheck.parallel import ParallelConfig, ZeroStage
+
+    ex = EXAMPLES[example]
+    with torch.device("meta"):
+        model = ex.build()
+    inputs, _ = ex.batch(2, torch.Generator().manual_seed(0))
+    par = None if parallel is None else ParallelConfig(dp=parallel[0], zero_stage=ZeroStage(parallel[1]))
+    loads, coerced = _count_resolutions(lambda: perfcheck.estimate(model, inputs, system=system, parallel=par))
+    assert loads <= 1
+    assert coerced <= 1  # the edge's own resolution of a name; none below it

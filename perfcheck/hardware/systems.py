@@ -602,6 +602,16 @@ def load_system(name_or_path) -> SystemSpec:
     return spec
 
 
+def spec_of(system) -> SystemSpec:
+    """``system`` itself when it is a ``SystemSpec``, else ``load_system(system)``.
+
+    Why: a prediction resolves its spec once, at its edge (``perfcheck.estimate``, PerfCheck, the CLI), and
+    passes the typed spec down; the formulas below it take that spec as it is. Their public forms also take
+    a name or a path (a direct call, a test), which this resolves; on the prediction path it is never one
+    (tests/test_pred_writers.py counts the resolutions of one estimate)."""
+    return system if isinstance(system, SystemSpec) else load_system(system)
+
+
 # ---- tables -------------------------------------------------------------------------------------
 def system_row(spec: SystemSpec) -> dict:
     """One flat row (SI units, NaN where a dtype is absent) describing ``spec``."""

@@ -465,12 +465,12 @@ def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=F
     """
     import torch.distributed as dist
 
-    from perfcheck.hardware.systems import load_system
+    from perfcheck.hardware.systems import spec_of
     from perfcheck.integrations import torch_distributed as native
     from perfcheck.model_paths import unwrap
     from perfcheck.predict.module_estimator import default_system_name, estimate
 
-    spec = load_system(system if system is not None else default_system_name())
+    spec = spec_of(system if system is not None else default_system_name())
     tp = native.has_tensor_parallel(model)
     twin = native.meta_tp_twin(model) if tp else native.meta_twin(model)
     frame = estimate(twin, example_inputs, system=spec, dtype=dtype, causal=causal, kwargs=kwargs,

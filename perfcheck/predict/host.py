@@ -64,7 +64,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import LOW_HOST_DTYPES, host_constants, load_system, normalize_dtype
+from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, normalize_dtype, spec_of
 from perfcheck.predict import optimizers
 from perfcheck.predict.aten_costs import op_class
 from perfcheck.predict.roofline import compute_time_s, memory_time_s
@@ -247,7 +247,7 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     the stack up to that module (so it counts in the module and its ancestors, not in the child
     whose first op follows); the module's AccumulateGrad nodes ride on its first call item.
     """
-    spec = load_system(spec)
+    spec = spec_of(spec)
     hc = host_constants(spec)
     seq, op_stacks = op_sequence(trace, ops)
     op_fixed, cold = dtype_host_terms(spec, hc, dtype)
@@ -404,7 +404,7 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     whole list); Muon's Newton-Schulz matmuls: n^1.5 MACs each (a square parameter) at the matrix rate.
     CPU: host + device (same thread); GPU: max(host, device) (the step's kernels queue behind it).
     """
-    spec = load_system(spec)
+    spec = spec_of(spec)
     hc = host_constants(spec)
     kind, impl = optimizer_kind(optimizer)
     impl = impl or ("for-loop" if spec.kind == "cpu" else "foreach")
@@ -453,13 +453,13 @@ def process_slowdown(spec, processes: int) -> float:
     host_defaults.json's. Linear in the peers: an assumption, exact at the N the case ran with."""
     if isinstance(processes, bool) or not isinstance(processes, (int, np.integer)) or processes < 1:
         raise UserError(f"processes: must be an integer >= 1, got {processes!r}")
-    return 1.0 + (int(processes) - 1) * host_constants(load_system(spec))["process_slowdown_per_peer"]
+    return 1.0 + (int(processes) - 1) * host_constants(spec_of(spec))["process_slowdown_per_peer"]
 
 
 # ------------------------------------------------------------------------------ collectives, DeepSpeed
 def collective_latency_s(calls, spec) -> float:
     """Alpha term: ``calls`` collectives x the fixed time of one (collective_latency_s)."""
-    return float(calls) * host_constants(load_system(spec))["collective_latency_s"]
+    return float(calls) * host_constants(spec_of(spec))["collective_latency_s"]
 
 
 def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec, partitioned_tensors: int = 0) -> dict:
@@ -487,7 +487,7 @@ def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec,
             raise UserError(f"{name}: must be an integer >= 0, got {value!r}")
     if partitioned_tensors > param_tensors:
         raise UserError(f"partitioned_tensors: {partitioned_tensors} is more than the {param_tensors} parameter tensors")
-    hc = host_constants(load_system(spec))
+    hc = host_constants(spec_of(spec))
     part = partitioned_tensors if stage == 3 else 0
     out = {}
     for ph, key in (("fwd", "fwd"), ("bwd", "bwd"), ("step", "optim")):
@@ -509,7 +509,7 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, module
     frame: the estimator's per-module frame (before communication is added); ops: its timed op
     table; modules: path -> nn.Module. ``optimizer``: name or torch.optim instance (``optimizer_kind``).
     """
-    spec = load_system(spec)
+    spec = spec_of(spec)
     own = {p: sum(1 for q in m.parameters(recurse=False) if q.requires_grad) for p, m in modules.items()}
     times = module_times(trace, ops, spec, own, dtype).set_index("module")
     for phase in ("fwd", "bwd"):

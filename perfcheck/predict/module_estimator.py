@@ -19,7 +19,7 @@ from perfcheck.model_paths import module_paths, unwrap
 from perfcheck.predict import trace as tracing
 from perfcheck.predict.aten_costs import cost_of, op_class, sdpa_cost
 from perfcheck.predict.formulas import ZERO
-from perfcheck.hardware.systems import load_system
+from perfcheck.hardware.systems import SystemSpec, host_constants, spec_of
 from perfcheck.predict.host import add_host_columns
 from perfcheck.predict.roofline import gemm_dims, gemm_min_dim, gemm_unaligned
 from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, module_depth
@@ -99,12 +99,11 @@ def _is_causal(call) -> bool:
     return bool(call.arg(4, "is_causal", False))
 
 
-def _time_ops(ops: pd.DataFrame, system, dtype) -> pd.DataFrame:
+def _time_ops(ops: pd.DataFrame, spec: SystemSpec, dtype) -> pd.DataFrame:
     """Device time per op: roofline + the device-side per-kernel time (host work is perfcheck.predict.host's)."""
-    from perfcheck.hardware.systems import host_constants
     from perfcheck.predict import roofline
 
-    return roofline.op_device_times(ops, system, dtype, launch_s=host_constants(load_system(system))["device_kernel_s"])
+    return roofline.op_device_times(ops, spec, dtype, launch_s=host_constants(spec)["device_kernel_s"])
 
 
 def _membership(trace, ops: pd.DataFrame) -> pd.DataFrame:
@@ -148,9 +147,8 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     ``PREDICTED_EXTRA_COLUMNS`` (``unmodeled_ops``, ``kernels_fwd``, ``kernels_bwd``); ``attrs``
     names the system, whether it was calibrated, and the dtype.
     """
-    from perfcheck.hardware.systems import load_system
     check_model(model)
-    spec = load_system(system if system is not None else default_system_name())
+    spec = spec_of(system if system is not None else default_system_name())  # resolved once, passed down typed
     dt = _dtype_of(model, dtype)
     elem_bytes = torch.tensor([], dtype=dt).element_size() if dtype is not None else None
     model = unwrap(model)

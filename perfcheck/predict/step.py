@@ -26,7 +26,7 @@ import pandas as pd
 from perfcheck.predict import collectives, pipeline, roofline, sharding
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
                                            make_options, single_layout, validate_layouts)
-from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, load_system
+from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, spec_of
 
 
 # ---- evaluation ------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def _time_rows(out, group_sizes, system, dtype, opts):
     ``device_kernel_s`` per kernel): one path, so the two front-ends agree on every layer under any spec.
     ``group_sizes``: ranks per group name (``Shape.group_sizes``), one entry per layout.
     """
-    spec = load_system(system)
+    spec = spec_of(system)
     both = {f: np.concatenate([out[f"{f}_fwd"], out[f"{f}_bwd"]])
             for f in ("macs", "flops", "bytes", "kernels", "rows", "row_elems")}
     rows = len(out["name"])
@@ -238,7 +238,7 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     and per optimizer step (gas pipeline flushes of m micro-batches; ``pipeline.bubble_fraction``):
         step = gas * m * t_mb + gas * (p - 1)/v * t_mb + exposed DP + embedding sync + optimizer
     """
-    spec = load_system(system)
+    spec = spec_of(system)
     out = evaluate(model, cfg, system, dtype, opts)
     stage = out["stage"]
     lay, first, last = stage == "layer", stage == "first", stage == "last"

@@ -419,10 +419,10 @@ def comm_time_s(collectives, dp, system, spans_nodes=None) -> dict:
     """Seconds per phase: per line, ``count / batch`` batches of ``batch`` calls of S / count each,
     every batch timed by ``collectives.batch_time_s`` (alpha once per batch, ``collective_async_call_s`` per
     further call issued with it, every call's bytes; a batch of 1 is ``collective_time_s``: alpha + bytes)."""
-    from perfcheck.hardware.systems import load_system
+    from perfcheck.hardware.systems import spec_of
     from perfcheck.predict.collectives import batch_time_s
 
-    spec = load_system(system)
+    spec = spec_of(system)
     out = {ph: 0.0 for ph in PHASES}
     for c in collectives:
         count = np.asarray(c.count, dtype=float)
@@ -531,9 +531,9 @@ def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimi
         flags = persistent_flags(layout, settings, n)
         persist = sum(t for m, f in zip(layout.modules, flags) for t, k in zip(m, f) if k)
     memory = memory_per_rank(P, st, n, precision_=prec, persistent_params=persist)
-    from perfcheck.hardware.systems import load_system
+    from perfcheck.hardware.systems import spec_of
 
-    spec = load_system(system)
+    spec = spec_of(system)
     comm = comm_time_s(colls, n, spec, spans_nodes=spans_nodes)
     hide = 1.0 - float(comm_overlap)
     times = {"fwd_compute_s": g * float(compute_fwd_s), "fwd_comm_s": hide * float(comm["fwd"]),
