@@ -468,21 +468,21 @@ def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=F
     from perfcheck.hardware.systems import spec_of
     from perfcheck.integrations import torch_distributed as native
     from perfcheck.model_paths import unwrap
-    from perfcheck.predict.module_estimator import default_system_name, estimate
+    from perfcheck.predict.module_estimator import default_system_name, estimate_terms, finish
 
     spec = spec_of(system if system is not None else default_system_name())
     tp = native.has_tensor_parallel(model)
     twin = native.meta_tp_twin(model) if tp else native.meta_twin(model)
-    frame = estimate(twin, example_inputs, system=spec, dtype=dtype, causal=causal, kwargs=kwargs,
-                     optimizer=optimizer)
+    terms = estimate_terms(twin, example_inputs, system=spec, dtype=dtype, causal=causal, kwargs=kwargs,
+                           optimizer=optimizer)
     if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake"):
         extra = live_dtensor_collectives(unwrap(model), example_inputs, kwargs) if tp else []
-        out = native.add_live_collectives(frame, model, spec, extra)
+        out = finish(native.add_live_collectives(terms, model, spec, extra))
         out.attrs["collectives_source"] = ("live layout (FSDP2 units, DDP buckets) and TP/SP redistributes traced on "
                                            "a twin with fake shards")
         return out
     coll, flops = trace_collectives(model, example_inputs, kwargs=kwargs)
-    out = native.add_collectives(frame, [Collective(**r) for r in coll.to_dict("records")], spec)
+    out = finish(native.add_collectives(terms, [Collective(**r) for r in coll.to_dict("records")], spec))
     out.attrs["flops_traced"] = flops
     out.attrs["collectives_source"] = "traced on the fake process group"
     return out

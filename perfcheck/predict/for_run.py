@@ -109,9 +109,7 @@ def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
     """The predicted frame (schema.PREDICTED_COLUMNS) for the run described by ``meta`` (meta.json);
     ``attrs["optimizer"]`` names the optimizer costed (``optimizer_for_run``)."""
     optimizer, label = optimizer_for_run(meta)
-    frame = _estimate_for_run(model, meta, system, optimizer or "sgd")
-    if optimizer is None:
-        frame["pred_optim_s"] = float("nan")  # not modelled: no number rather than another optimizer's
+    frame = _estimate_for_run(model, meta, system, optimizer)  # None: not modelled, pred_optim_s NaN
     frame.attrs["optimizer"] = label
     return frame
 
@@ -128,9 +126,13 @@ def _estimate_for_run(model, meta: dict, system, optimizer) -> pd.DataFrame:
         return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                         kwargs=kwargs or None, optimizer=optimizer)
     if kind == "ddp" and native.has_buckets(model):
-        frame = estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
-                         parallel=None, kwargs=kwargs or None, optimizer=optimizer)
-        return native.add_live_collectives(frame, model, system_from_meta(meta, system))
+        from perfcheck.hardware.systems import spec_of
+        from perfcheck.predict.module_estimator import estimate_terms, finish
+
+        spec = spec_of(system_from_meta(meta, system))  # resolved once, for the compute and the collectives
+        terms = estimate_terms(model, args, system=spec, dtype=meta.get("dtype") or None, parallel=None,
+                               kwargs=kwargs or None, optimizer=optimizer)
+        return finish(native.add_live_collectives(terms, model, spec))
     return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                     parallel=parallel_from_meta(meta), kwargs=kwargs or None, optimizer=optimizer)
 

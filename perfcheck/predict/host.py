@@ -500,28 +500,29 @@ def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec,
 
 
 # ------------------------------------------------------------------------------ estimator columns
-def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, modules: dict,
+def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: SystemSpec, modules: dict,
                      optimizer="sgd", dtype=None) -> pd.DataFrame:
-    """The module estimator's host terms: ``host_fwd_s``, ``host_bwd_s``, ``pred_optim_s``, and
-    ``pred_fwd_s``/``pred_bwd_s`` replaced by the two-timeline time (device terms + host terms);
-    ``bound_*`` becomes ``host`` where the host total exceeds the device total.
+    """The module estimator's host and timeline terms, per module and phase p: ``host_p_s`` and ``device_p_s``
+    (totals), ``timeline_p_s`` (both on the two timelines: ``module_times``), ``tied_bwd_s`` (``tied_gradient_s``),
+    and ``pred_optim_s`` (its only writer). ``perfcheck.predict.combine.predicted_times`` makes the module's
+    time and bound of them.
 
-    frame: the estimator's per-module frame (before communication is added); ops: its timed op
-    table; modules: path -> nn.Module. ``optimizer``: name or torch.optim instance (``optimizer_kind``).
+    frame: the estimator's per-module frame; ops: its timed op table; modules: path -> nn.Module.
+    ``optimizer``: name or torch.optim instance (``optimizer_kind``), or None for one that is not modelled
+    (``pred_optim_s`` NaN: no number rather than another optimizer's).
     """
-    spec = spec_of(spec)
     own = {p: sum(1 for q in m.parameters(recurse=False) if q.requires_grad) for p, m in modules.items()}
     times = module_times(trace, ops, spec, own, dtype).set_index("module")
     for phase in ("fwd", "bwd"):
-        host = frame["module"].map(times[f"host_{phase}_s"]).fillna(0.0).to_numpy(float)
-        device = frame["module"].map(times[f"device_{phase}_s"]).fillna(0.0).to_numpy(float)
-        frame[f"host_{phase}_s"] = host
-        frame[f"pred_{phase}_s"] = frame["module"].map(times[f"time_{phase}_s"]).fillna(0.0).to_numpy(float)
-        frame[f"bound_{phase}"] = np.where(host_bound(host, device), "host", frame[f"bound_{phase}"])
+        for term in ("host", "device", "time"):
+            column = f"timeline_{phase}_s" if term == "time" else f"{term}_{phase}_s"
+            frame[column] = frame["module"].map(times[f"{term}_{phase}_s"]).fillna(0.0).to_numpy(float)
     tied = tied_gradient_s(modules, spec)
-    if tied:
-        extra = frame["module"].map(lambda m: sum(t for p, t in tied.items() if _contains(m, p))).to_numpy(float)
-        frame["pred_bwd_s"] = frame["pred_bwd_s"].to_numpy(float) + extra
+    frame["tied_bwd_s"] = (frame["module"].map(lambda m: sum(t for p, t in tied.items() if _contains(m, p)))
+                           .to_numpy(float) if tied else 0.0)
+    if optimizer is None:  # an optimizer the model does not know (predict.for_run): no number rather than another's
+        frame["pred_optim_s"] = float("nan")
+        return frame
     optim = []
     for path in frame["module"]:
         mod = modules.get(path)
