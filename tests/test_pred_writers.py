@@ -134,3 +134,60 @@ def test_one_estimate_resolves_its_spec_at_most_once(example, system, parallel):
     loads, coerced = _count_resolutions(lambda: perfcheck.estimate(model, inputs, system=system, parallel=par))
     assert loads <= 1
     assert coerced <= 1  # the edge's own resolution of a name; none below it
+
+
+# ------------------------------------------------------------------------------ one writer, found by an AST scan
+#: The modules of ``perfcheck.estimate``'s path (predict/ and the layout's collectives).
+_ESTIMATE_PATH = ("predict/module_estimator.py", "predict/host.py", "predict/combine.py", "predict/estimate.py",
+                  "predict/distributed.py", "predict/for_run.py", "integrations/torch_distributed.py")
+#: column -> the one function that writes it (module, function).
+_WRITERS = {"pred_fwd_s": ("predict/combine.py", "predicted_times"),
+            "pred_bwd_s": ("predict/combine.py", "predicted_times"),
+            "bound_fwd": ("predict/combine.py", "predicted_times"),
+            "bound_bwd": ("predict/combine.py", "predicted_times"),
+            "pred_optim_s": ("predict/host.py", "add_host_columns")}
+#: Writers of a pred column outside the estimate: analysis' rescale of a prediction to the run's micro-batches
+#: takes the collectives issued fewer times per step back out of pred_<phase>_s (a derived table, not the
+#: estimate's).
+_DERIVED = {("integrations/torch_distributed.py", "per_step_comm")}
+
+
+def _column_writes(path: Path):
+    """(function, column) for each ``x[<col>] = / += ...`` and ``x.loc[..., <col>] = / += ...`` in ``path``;
+    an f-string column ``f"pred_{phase}_s"`` is expanded over fwd/bwd."""
+    import ast
+
+    def names(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [node.value]
+        if isinstance(node, ast.JoinedStr):
+            parts = ["".join(p.value if isinstance(p, ast.Constant) else ph for p in node.values)
+                     for ph in ("fwd", "bwd")]
+            return parts
+        if isinstance(node, ast.Tuple):
+            return [n for e in node.elts[-1:] for n in names(e)]
+        return []
+
+    tree = ast.parse(path.read_text())
+    out = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AugAssign) else []
+            for t in targets:
+                for sub in ([t] if not isinstance(t, ast.Tuple) else t.elts):
+                    if isinstance(sub, ast.Subscript):
+                        out += [(fn.name, c) for c in names(sub.slice)]
+    return out
+
+
+def test_each_predicted_column_has_one_writer():
+    root = Path(__file__).resolve().parents[1] / "perfcheck"
+    found = {}
+    for rel in _ESTIMATE_PATH:
+        for fn, col in _column_writes(root / rel):
+            if col in _WRITERS and (rel, fn) not in _DERIVED:
+                found.setdefault(col, set()).add((rel, fn))
+    assert found == {col: {w} for col, w in _WRITERS.items()}

@@ -13,8 +13,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.predict import zero
-
-KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
+from perfcheck.predict.zero import KINDS
 
 
 def fmt_bytes(b) -> str:

@@ -25,11 +25,12 @@ from pathlib import Path
 import pandas as pd
 
 from perfcheck.analysis.findings import Thresholds
-from perfcheck.analysis.stages import KINDS, bytes_within
+from perfcheck.analysis.stages import bytes_within
 from perfcheck.measure import rundir as runs
 from perfcheck.analysis.comm import in_step_waits, sentence, wait_pairs
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
 from perfcheck.integrations.torch_distributed import bytes_per_step
+from perfcheck.predict.zero import KINDS
 from perfcheck.predict.for_run import load_predicted
 
 

@@ -36,8 +36,7 @@ from perfcheck.errors import UserError
 from perfcheck.hardware.labels import spec_label
 from perfcheck.measure import rundir as runs
 from perfcheck.predict import zero
-
-KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
+from perfcheck.predict.zero import KINDS
 PHASES = {"fwd": "fwd", "bwd": "bwd", "step": "optim"}
 #: Predicted parts with no measured twin: no clock separates them from the rest of their phase on a run
 #: (the host share of each phase; ZeRO-3's hooks and fetches; all-gather time, of which the profiler sees

@@ -64,6 +64,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
+from perfcheck.hardware.host_keys import op_cold_key, optim_line, optim_per_tensor_key, optim_step_key, zero_key
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, normalize_dtype, spec_of
 from perfcheck.predict import optimizers
 from perfcheck.predict.aten_costs import op_class
@@ -193,7 +194,7 @@ def dtype_host_terms(spec, hc: dict, dtype) -> tuple:
     if key in LOW_HOST_DTYPES:
         suffix = f"@{key}"
         fixed.update({name[: -len(suffix)]: v for name, v in fixed.items() if name.endswith(suffix)})
-        cold = dict(spec.host).get(f"op_cold_{key}_s", cold)
+        cold = dict(spec.host).get(op_cold_key(key), cold)
     return fixed, cold
 
 
@@ -368,8 +369,8 @@ def optimizer_kind(optimizer) -> tuple:
 
 
 #: Calibrated per-tensor host costs the others are read from: (implementation line, kind) -> host key.
-_HOST_POINTS = {"for-loop": (("sgd", "optim_sgd_per_tensor_s"), ("adam", "optim_adam_per_tensor_s")),
-                "foreach": (("sgd", "optim_sgd_foreach_per_tensor_s"), ("adam", "optim_adam_foreach_per_tensor_s"))}
+_HOST_POINTS = {impl: tuple((base, optim_per_tensor_key(optim_line(base, impl))) for base in ("sgd", "adam"))
+                for impl in ("for-loop", "foreach")}
 
 
 def optimizer_host_per_tensor(kind: str, impl: str, hc) -> float:
@@ -436,9 +437,9 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
 
 
 def step_key(base: str, impl: str) -> str:
-    """The host constant of an optimizer implementation's fixed cost per step (base: sgd | adam)."""
-    name = f"{base}_foreach" if impl != "for-loop" else base
-    return "optim_step_s" if name == "sgd" else f"optim_{name}_step_s"
+    """The host constant of an optimizer implementation's fixed cost per step (base: sgd | adam;
+    ``perfcheck.hardware.host_keys``)."""
+    return optim_step_key(optim_line(base, impl))
 
 
 # ------------------------------------------------------------------------------ processes sharing a host
@@ -491,10 +492,10 @@ def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec,
     part = partitioned_tensors if stage == 3 else 0
     out = {}
     for ph, key in (("fwd", "fwd"), ("bwd", "bwd"), ("step", "optim")):
-        t = hc[f"zero{stage}_{ph}_s"] + (param_tensors - part) * hc[f"zero{stage}_{ph}_tensor_s"]
+        t = hc[zero_key(stage, ph)] + (param_tensors - part) * hc[zero_key(stage, ph, "tensor")]
         if stage == 3:
-            t += (module_calls * hc[f"zero3_{ph}_module_s"] if ph != "step" else 0.0)
-            t += part * hc[f"zero3_{ph}_gather_s"]
+            t += (module_calls * hc[zero_key(3, ph, "module")] if ph != "step" else 0.0)
+            t += part * hc[zero_key(3, ph, "gather")]
         out[key] = float(t)
     return out
 

@@ -22,7 +22,7 @@ from perfcheck.predict import trace as tracing
 from perfcheck.predict.aten_costs import cost_of, op_class, sdpa_cost
 from perfcheck.predict.combine import predicted_times
 from perfcheck.predict.formulas import ZERO
-from perfcheck.hardware.systems import SystemSpec, host_constants, spec_of
+from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, spec_of, torch_dtype
 from perfcheck.predict.host import add_host_columns
 from perfcheck.predict.roofline import gemm_dims, gemm_min_dim, gemm_unaligned
 from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, module_depth
@@ -32,21 +32,15 @@ _BOUND_ORDER = ("compute", "memory", "overhead", "comm")
 
 def _dtype_of(model, dtype):
     if dtype is not None:
-        return dtype if isinstance(dtype, torch.dtype) else _parse_dtype(dtype)
+        dt = torch_dtype(dtype)
+        if not isinstance(dtype, torch.dtype) and normalize_dtype(dtype) == "tf32":
+            # its peaks would be read as fp32's (the dtype is taken from the tensors): refused, as before
+            raise UserError(f"dtype: {dtype!r} is fp32 tensors with TF32 matmuls, not a tensor dtype; give fp32")
+        return dt
     for p in model.parameters():
         if p.is_floating_point():
             return p.dtype
     return torch.float32
-
-
-def _parse_dtype(name: str) -> torch.dtype:
-    aliases = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
-               "half": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-               "fp64": torch.float64, "float64": torch.float64}
-    try:
-        return aliases[str(name).lower()]
-    except KeyError:
-        raise UserError(f"dtype: unknown {name!r}; use one of {sorted(aliases)}") from None
 
 
 def default_system_name():

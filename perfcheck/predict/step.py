@@ -83,7 +83,7 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     out["comm_groups"] = {key: (_stack(f, n), _stack(b, n)) for key, (f, b) in sorted(acc.items())}
     zero = np.zeros((len(rows), n))
     for i, phase in enumerate(("fwd", "bwd")):
-        for kind in sharding.COLLECTIVE_KINDS:
+        for kind in sharding.SUBLAYER_KINDS:
             out[f"comm_{phase}_{kind}"] = sum((v[i] for (k, _), v in out["comm_groups"].items() if k == kind), zero)
     if not tp1:
         sizes = {g: np.broadcast_to(np.asarray(v, dtype=float), (n,)) for g, v in x.group_sizes().items()}
@@ -288,11 +288,11 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     res["pp_comm_time_s"] = micro * p2p
     res["bubble_time_s"] = gas * (pp - 1) / v * stage_t
     res["bubble_fraction"] = pipeline.bubble_share(pp, v, m)
-    comm_bytes = sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.COLLECTIVE_KINDS)
+    comm_bytes = sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.SUBLAYER_KINDS)
     res["tp_comm_bytes"] = micro * stage_sum(comm_bytes)
     if opts.recompute == "full":  # the re-run forward issues its TP collectives again
         res["tp_comm_bytes"] = res["tp_comm_bytes"] + micro * per_stage * _select(
-            sum(out[f"comm_fwd_{k}"] for k in sharding.COLLECTIVE_KINDS), lay)
+            sum(out[f"comm_fwd_{k}"] for k in sharding.SUBLAYER_KINDS), lay)
     _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last)
     res["step_time_s"] = sum(res[k] for k in BREAKDOWN)
     unsharded = evaluate(model, cfg, system, dtype, opts, tp1=True)

@@ -48,7 +48,8 @@ import numpy as np
 
 from perfcheck.errors import UserError
 
-#: Collective kinds this model emits (a subset of collectives.COLLECTIVE_KINDS).
+#: The ZeRO collective kinds: those this model emits (a subset of collectives.COLLECTIVE_KINDS, the one list of
+#: kinds); the ZeRO comparison (analysis.stages, analysis.answers, analysis.layouts) reads them from here.
 KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
 PHASES = ("fwd", "bwd", "step")
 #: fp32 optimizer-state bytes per parameter (besides the master copy).

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from perfcheck.hardware.calibrate import case_names as names
 from perfcheck.hardware.calibrate.cases import Case, ROW_COUNTS, row_lengths
 from perfcheck.hardware.calibrate.layers import CallModule
 
@@ -69,7 +70,7 @@ def _opeff(label, fn, cost, fwd_kernels=1.0, dtype="fp32") -> Case:
     """An ``opeff`` row: flops = matrix FLOPs, bytes, n = other FLOPs, m/k = the forward's and this phase's
     kernels (the fit takes the op's fixed cost per kernel out of the time, as the estimator adds it)."""
     mf, of, nb, k = cost
-    return Case("opeff", label, fn, dtype, mf, nb, (int(max(fwd_kernels, 1)), int(max(k, 1)), int(of)))
+    return Case(names.OPEFF, label, fn, dtype, mf, nb, (int(max(fwd_kernels, 1)), int(max(k, 1)), int(of)))
 
 
 def conv_cases(dev) -> list:
@@ -124,7 +125,7 @@ def conv_weight_cases(dev) -> list:
                           ("bwd", lambda g=g, xd=xd, wd=wd: aten.convolution_backward(
                               g, xd, wd, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]))):
             _, of, nb, k = cost[phase]
-            out.append(Case("oprows", f"convolution {phase}", fn, "fp32", float(of), float(nb),
+            out.append(Case(names.OPROWS, f"convolution {phase}", fn, "fp32", float(of), float(nb),
                             (c * c * 9, row_lengths()[2], int(max(k, 1)))))
     return out
 
@@ -179,7 +180,8 @@ def embedding_row_cases(dev) -> list:
                                 ("_embedding_bag", "fwd", lambda b=bag: b(table)),
                                 ("_embedding_bag", "bwd", bag_bwd)):
             _, of, nb, k = cost[name][phase]
-            out.append(Case("oprows", f"{name} {phase}", fn, "fp32", float(of), float(nb), (n, dim, int(max(k, 1)))))
+            out.append(Case(names.OPROWS, f"{name} {phase}", fn, "fp32", float(of), float(nb),
+                            (n, dim, int(max(k, 1)))))
     return out
 
 
