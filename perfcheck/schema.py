@@ -52,10 +52,12 @@ PREDICTED_COLUMNS: Mapping[str, str] = {
     "comm_bwd_bytes": "bytes moved by collectives in backward (per rank, payload size)",
     "comm_kind": "collective kinds, '+'-joined (e.g. 'allreduce', 'allgather+reducescatter'), '' if none",
     "pred_fwd_s": "predicted forward time: device (roofline + per-kernel) and host (dispatch, autograd, module "
-                  "calls) terms on two timelines (they add on a CPU), + communication, seconds",
-    "pred_bwd_s": "predicted backward time, seconds (same model)",
-    "bound_fwd": "what limits the forward time: compute | memory | comm | overhead | host",
-    "bound_bwd": "what limits the backward time",
+                  "calls) terms on two timelines (they add on a CPU), + communication, seconds; written only by "
+                  "perfcheck.predict.combine.predicted_times",
+    "pred_bwd_s": "predicted backward time, seconds (same model, + summing tied parameters' gradients); written only "
+                  "by perfcheck.predict.combine.predicted_times",
+    "bound_fwd": "what limits the forward time: compute | memory | comm | overhead | host (combine.predicted_times)",
+    "bound_bwd": "what limits the backward time (combine.predicted_times)",
     "source": "modeled (perfcheck formulas) | counted (torch.utils.flop_counter fallback for an op without a formula)",
 }
 
@@ -67,12 +69,16 @@ PREDICTED_EXTRA_COLUMNS: Mapping[str, str] = {
     "macs_recompute": "matrix MACs re-run in backward by activation checkpointing (torch.utils.checkpoint): the "
                       "forward MACs of the module's checkpointed ops; 0 without checkpointing",
     "flops_recompute": "all FLOPs re-run in backward by activation checkpointing (2*macs_recompute + other)",
-    "pred_recompute_s": "predicted time of that recompute, seconds (measured as recompute_s; not in pred_bwd_s)",
-    "host_fwd_s": "predicted host (CPU framework) seconds of the forward: aten dispatch, autograd nodes, module calls",
+    "pred_recompute_s": "predicted time of that recompute, seconds (measured as recompute_s; not in pred_bwd_s); "
+                        "written only by perfcheck.predict.module_estimator.estimate_terms (the device time of the "
+                        "checkpointed ops)",
+    "host_fwd_s": "predicted host (CPU framework) seconds of the forward: aten dispatch, autograd nodes, module calls "
+                  "(perfcheck.predict.host.add_host_columns)",
     "host_bwd_s": "predicted host seconds of the backward: autograd engine per node, backward kernels' dispatch, "
                   "AccumulateGrad per parameter tensor (the root adds loss.backward()'s fixed cost)",
     "pred_optim_s": "predicted optimizer.step() + zero_grad() for the parameters of the module and its children, "
-                    "seconds (the root adds the step's fixed cost; estimate(optimizer=...) names the implementation)",
+                    "seconds (the root adds the step's fixed cost; estimate(optimizer=...) names the implementation); "
+                    "written only by perfcheck.predict.host.add_host_columns",
 }
 
 # --------------------------------------------------------------------------------------------

@@ -15,9 +15,8 @@ import pandas as pd
 
 import perfcheck.rundir.deepspeed_files as run_files
 from perfcheck.predict import zero
+from perfcheck.predict.zero import KINDS
 from perfcheck.units import fmt_bytes, fmt_time
-
-KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
 
 
 def _padding(facts: dict, est: zero.ZeroEstimate) -> dict:

@@ -60,7 +60,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfcheck.calibrate.sanity import contention
 from perfcheck.analysis.rules import RULES, phase_col
 from perfcheck.analysis.thresholds import Context, Thresholds
 from perfcheck.schema import ROOT

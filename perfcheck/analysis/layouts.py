@@ -28,12 +28,13 @@ import pandas as pd
 import perfcheck.rundir as runs
 from perfcheck.analysis.comm import in_step_waits, sentence, wait_pairs
 from perfcheck.analysis.pipeline import scale_by_micro_batches
-from perfcheck.analysis.stages import KINDS, bytes_within
+from perfcheck.analysis.stages import bytes_within
 from perfcheck.analysis.step_comm import per_step_comm
 from perfcheck.analysis.thresholds import Thresholds
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, COLLECTIVES_CSV
 from perfcheck.predict.for_run import load_predicted, system_from_meta
 from perfcheck.predict.layout_collectives import bytes_per_step
+from perfcheck.predict.zero import KINDS
 
 
 def is_layout_run(run_dir) -> bool:

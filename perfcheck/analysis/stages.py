@@ -45,8 +45,7 @@ from perfcheck.hardware.systems import load_system
 from perfcheck.predict import for_run, zero
 from perfcheck.predict.for_run import load_predicted
 from perfcheck.predict.host import process_slowdown
-
-KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
+from perfcheck.predict.zero import KINDS
 PHASES = {"fwd": "fwd", "bwd": "bwd", "step": "optim"}
 #: Predicted parts with no measured twin: no clock separates them from the rest of their phase on a run
 #: (the host share of each phase; ZeRO-3's hooks and fetches; all-gather time, of which the profiler sees

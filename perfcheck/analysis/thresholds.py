@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.calibrate.sanity import contention
+from perfcheck.calibrate.sanity import contention
 
 #: Default hook cost per module call when the run gives no better figure: two clock reads and the
 #: Python dispatch of a pre- and post-hook. Default chosen by perfcheck from public figures for one

@@ -14,15 +14,12 @@ import pandas as pd
 import torch
 
 from perfcheck.errors import UserError
-from perfcheck.calibrate import repeats as repeats_mod
+from perfcheck.calibrate import case_names as names, repeats as repeats_mod
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.calibrate.layers import CallModule, cold_filler, tiny_modules
-from perfcheck.hardware.systems import local_simd_bytes, normalize_dtype
+from perfcheck.hardware.systems import local_simd_bytes, normalize_dtype, torch_dtype
 from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of
 from perfcheck.predict.trace import trace_model
-
-_TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-                 "fp64": torch.float64}
 
 
 @dataclasses.dataclass
@@ -165,7 +162,7 @@ def matmul_cases(dtype: str, squares, linear, device) -> list:
     (perfcheck.calibrate.fit): with ``out=`` a 32^3 mm took 6.2 us, without 7.3 us, the tiny 8x16x5 mm
     4.9 us on the project's VM, so a preallocated small square read as faster than the peak."""
     d = normalize_dtype(dtype)
-    tdt = _TORCH_DTYPES[d]
+    tdt = torch_dtype(d)
     setup = _tf32(d == "tf32") if device.type == "cuda" else None
     cases = []
     for m, k, n in [(s, s, s) for s in squares] + [tuple(s) for s in linear]:
@@ -177,7 +174,7 @@ def matmul_cases(dtype: str, squares, linear, device) -> list:
         else:
             fn, label = (lambda a=a, w=w: torch.nn.functional.linear(a, w)), f"linear {m}x{k}x{n}"
         nbytes = (m * k + k * n + m * n) * a.element_size()
-        cases.append(Case("matmul", label, fn, d, 2.0 * m * k * n, nbytes, (m, k, n), setup=setup))
+        cases.append(Case(names.MATMUL, label, fn, d, 2.0 * m * k * n, nbytes, (m, k, n), setup=setup))
     return cases
 
 
@@ -193,11 +190,11 @@ def alignment_cases(dtype: str, device) -> list:
     to 8 elements; ``aligned fwd MxKxN``, named by the unaligned shape). ``fit`` compares the
     unaligned times with the estimator's time for the twin (``efficiency.matrix_unaligned``, ``_bwd``)."""
     d = normalize_dtype(dtype)
-    tdt = _TORCH_DTYPES[d]
+    tdt = torch_dtype(d)
     setup = _tf32(d == "tf32") if device.type == "cuda" else None
     cases = []
     for m, k, n in ALIGN_SHAPES:
-        for label, width in (("unaligned", n), ("aligned", -(-n // 8) * 8)):
+        for aligned, width in ((False, n), (True, -(-n // 8) * 8)):
             a = torch.randn(m, k, device=device, dtype=tdt, requires_grad=True)
             w = torch.randn(width, k, device=device, dtype=tdt, requires_grad=True)
             y = torch.nn.functional.linear(a, w)
@@ -212,10 +209,10 @@ def alignment_cases(dtype: str, device) -> list:
                 y.backward(g, retain_graph=True)
                 a.grad = w.grad = None  # no accumulation kernels: the two GEMMs alone
 
-            cases += [Case("gemm_align", f"{label} fwd {m}x{k}x{n}", fwd, d, 2.0 * m * k * width, nbytes,
-                           (m, k, width), setup=setup),
-                      Case("gemm_align", f"{label} bwd {m}x{k}x{n}", bwd, d, 4.0 * m * k * width, 2 * nbytes,
-                           (m, k, width), setup=setup)]
+            cases += [Case(names.GEMM_ALIGN, names.gemm_align_label(aligned, "fwd", m, k, n), fwd, d,
+                           2.0 * m * k * width, nbytes, (m, k, width), setup=setup),
+                      Case(names.GEMM_ALIGN, names.gemm_align_label(aligned, "bwd", m, k, n), bwd, d,
+                           4.0 * m * k * width, 2 * nbytes, (m, k, width), setup=setup)]
     return cases
 
 
@@ -224,7 +221,7 @@ def copy_cases(sizes_mb, device) -> list:
     for mb in sizes_mb:
         n = int(mb * 2 ** 20) // 4
         src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
-        cases.append(Case("copy", f"copy {mb} MiB", lambda s=src, d=dst: d.copy_(s), "fp32", 0.0, 2.0 * n * 4,
+        cases.append(Case(names.COPY, f"copy {mb} MiB", lambda s=src, d=dst: d.copy_(s), "fp32", 0.0, 2.0 * n * 4,
                           (n, 0, 0)))
     return cases
 
@@ -237,9 +234,10 @@ def vector_cases(dtypes, device, numel: int = 1 << 18) -> list:
     in-L2 rate. It leaves LayerNorm (7 FLOPs per element) ~2x over-predicted."""
     cases = []
     for d in dtypes:
-        tdt = _TORCH_DTYPES[normalize_dtype(d)]
+        tdt = torch_dtype(d)
         a, b, c = (torch.randn(numel, device=device).to(tdt) for _ in range(3))
-        cases.append(Case("vector", f"add {numel}", lambda a=a, b=b, c=c: torch.add(a, b, out=c), normalize_dtype(d),
+        cases.append(Case(names.VECTOR, f"add {numel}", lambda a=a, b=b, c=c: torch.add(a, b, out=c),
+                          normalize_dtype(d),
                           float(numel), 3.0 * numel * a.element_size(), (numel, 0, 0)))
     return cases
 
@@ -255,8 +253,8 @@ def launch_cases(device, chain: int = 32) -> list:
             y = y * b  # estimator: 1 forward kernel + 1 backward kernel (only y needs a gradient)
         y.backward()
 
-    return [Case("launch", "op", lambda: torch.add(a, b), "fp32"),
-            Case("launch", "autograd", fwd_bwd, "fp32", per_call=2 * chain)]
+    return [Case(names.LAUNCH, names.LAUNCH_OP, lambda: torch.add(a, b), "fp32"),
+            Case(names.LAUNCH, names.LAUNCH_AUTOGRAD, fwd_bwd, "fp32", per_call=2 * chain)]
 
 
 # ------------------------------------------------------------------------------ host (framework) costs
@@ -312,17 +310,18 @@ def host_cases(device, chain: int = 32) -> list:
             y = noop(y)
         return y
 
-    cases = [Case("host", "view", lambda: m2.t(), "fp32", host=True),
-             Case("host", f"autograd forward x{chain}", fwd_grad, "fp32", per_call=chain, host=True),
-             Case("host", f"plain forward x{chain}", fwd_plain, "fp32", per_call=chain, host=True),
-             Case("host", "module call", calls, "fp32", per_call=16, host=True)]
+    cases = [Case(names.HOST, names.HOST_VIEW, lambda: m2.t(), "fp32", host=True),
+             Case(names.HOST, names.chain_label(True, chain), fwd_grad, "fp32", per_call=chain, host=True),
+             Case(names.HOST, names.chain_label(False, chain), fwd_plain, "fp32", per_call=chain, host=True),
+             Case(names.HOST, names.HOST_MODULE_CALL, calls, "fp32", per_call=16, host=True)]
     # once-per-step costs (loss.backward()'s start: the chains' intercept; the optimizer step) are timed
     # once per filler call, after other code, as a step runs them (``cold_filler``), on the host clock on a
     # GPU too (Timer.loop); per-op costs stay tight loops: a step's ops follow one another. Before, a GPU
     # timed these in a tight loop with events: the optimizer inside a step then ran 176-215 us against 41
     # predicted on an H100 VM (bench/RESULTS.md, "On a GPU, second visit", section 4)
     cold = cold_filler(dev)
-    cases += [Case("host", f"forward+backward x{n}", fwd_bwd(n), "fp32", shape=(n, 0, 0), between=cold, host=True)
+    cases += [Case(names.HOST, names.forward_backward_label(n), fwd_bwd(n), "fp32", shape=(n, 0, 0), between=cold,
+                   host=True)
               for n in BACKWARD_CHAINS]
     for label, cls, foreach in OPTIM_CASES:
         for n in OPTIM_TENSORS:
@@ -331,7 +330,7 @@ def host_cases(device, chain: int = 32) -> list:
             # CPU tensors, through ~20 us of checks that foreach=False skips; the host model's default)
             impl = None if (foreach is False and dev.type == "cpu") else foreach
             opt = getattr(torch.optim, cls)(params, lr=1e-9, foreach=impl)
-            cases.append(Case("host", f"optim {label} x{n}", _step_and_zero_grad(opt, params, dev), "fp32",
+            cases.append(Case(names.HOST, names.optim_label(label, n), _step_and_zero_grad(opt, params, dev), "fp32",
                               shape=(n, 0, 0), between=cold, host=True))
     return cases
 
@@ -369,7 +368,8 @@ def device_kernel_rows(device, repeats: int, kernels: int = 256) -> pd.DataFrame
         samples.append(start.elapsed_time(end) / 1e3 / kernels)
     s = samples[1:]  # the first is a warm-up
     sec = repeats_mod.fastest_half(s)
-    return pd.DataFrame([{"kind": "host", "label": "device kernel", "dtype": "fp32", "m": kernels, "k": 0, "n": 0,
+    return pd.DataFrame([{"kind": names.HOST, "label": names.HOST_DEVICE_KERNEL, "dtype": "fp32", "m": kernels, "k": 0,
+                          "n": 0,
                           "flops": 0.0, "bytes": 0.0, "world_size": 1, "seconds": sec, "seconds_min": min(s),
                           "seconds_max": max(s), "repeats": len(s), "iters": kernels, "flops_per_s": math.nan,
                           "bytes_per_s": math.nan, "busbw_bytes_per_s": math.nan}], columns=list(MEASUREMENT_COLUMNS))
@@ -423,10 +423,10 @@ def op_fixed_cases(device, dtypes=()) -> list:
     ``dtypes`` (bf16, fp16) adds the same calls in that dtype on tensors that need a gradient, as a training
     step's forward runs them (dtype column = that dtype; fit.py keys them ``<op>@<dtype>``)."""
     dev = torch.device(device)
-    out = [Case("opfixed", name, fn, "fp32", host=True) for name, fn in _tiny_ops(dev).items()]
+    out = [Case(names.OPFIXED, name, fn, "fp32", host=True) for name, fn in _tiny_ops(dev).items()]
     for dt in dtypes:
-        out += [Case("opfixed", name, fn, dt, host=True)
-                for name, fn in _tiny_ops(dev, _TORCH_DTYPES[dt], grad=True).items()]
+        out += [Case(names.OPFIXED, name, fn, dt, host=True)
+                for name, fn in _tiny_ops(dev, torch_dtype(dt), grad=True).items()]
     return out
 
 
@@ -443,16 +443,16 @@ def op_cold_cases(device, dtypes=()) -> list:
         def round_robin():
             for fn in ops:
                 fn()
-        return Case("opcold", f"round-robin x{len(ops)}", round_robin, dt, per_call=len(ops), host=True)
+        return Case(names.OPCOLD, names.round_robin_label(len(ops)), round_robin, dt, per_call=len(ops), host=True)
     dev = torch.device(device)
     # per dtype of ``dtypes``: the same ops in that dtype with gradients, as op_fixed_cases' cases of that dtype
     return [case("fp32", list(_tiny_ops(dev).values()))] + [
-        case(dt, list(_tiny_ops(dev, _TORCH_DTYPES[dt], grad=True).values())) for dt in dtypes]
+        case(dt, list(_tiny_ops(dev, torch_dtype(dt), grad=True).values())) for dt in dtypes]
 
 
 def module_fixed_cases(device) -> list:
     """One call per standard nn module class (label = the class name, see perfcheck.calibrate.layers)."""
-    return [Case("modfixed", name, (lambda m=m, x=x: m(*x)), "fp32", host=True)
+    return [Case(names.MODFIXED, name, (lambda m=m, x=x: m(*x)), "fp32", host=True)
             for name, (m, x) in tiny_modules(device).items()]
 
 
@@ -480,14 +480,15 @@ def op_efficiency_cases(device, dtypes=("fp32",)) -> list:
     wanted = [normalize_dtype(d) for d in ((dtypes,) if isinstance(dtypes, str) else dtypes)]
     out = []
     for dtype in dict.fromkeys("fp32" if d == "tf32" else d for d in wanted):
-        tdt = _TORCH_DTYPES[dtype]
+        tdt = torch_dtype(dtype)
         x, w, b = (torch.randn(batch, 3, 32, 32, device=dev, dtype=tdt),
                    torch.randn(6, 3, 5, 5, device=dev, dtype=tdt), torch.randn(6, device=dev, dtype=tdt))
         y = torch.randn(batch, 6, 28, 28, device=dev, dtype=tdt)
         for name, fn, inputs in (("convolution", F.conv2d, (x, w, b)),
                                  ("max_pool2d_with_indices", lambda t: F.max_pool2d(t, 2, 2), (y,))):
             mf, of, nb = _formula_cost(fn, inputs, name)
-            out.append(Case("opeff", name, (lambda fn=fn, inputs=inputs: fn(*inputs)), dtype, mf, nb, (0, 0, int(of))))
+            out.append(Case(names.OPEFF, name, (lambda fn=fn, inputs=inputs: fn(*inputs)), dtype, mf, nb,
+                            (0, 0, int(of))))
     return out
 
 
@@ -582,7 +583,7 @@ def row_cases(device) -> list:
             for cols in lengths:
                 for rows in ROW_COUNTS:
                     cost = getattr(row_op_cost(name, rows, cols), phase)
-                    cases.append(Case("oprows", f"{name} {phase}", make(rows, cols), "fp32", float(cost.flops),
+                    cases.append(Case(names.OPROWS, f"{name} {phase}", make(rows, cols), "fp32", float(cost.flops),
                                       float(cost.bytes), (rows, cols, int(cost.kernels))))
     return cases
 
@@ -603,6 +604,6 @@ def gemm_narrow_cases(device) -> list:
     cases = []
     for m, k, n in NARROW_SHAPES:
         x, w, b = torch.randn(m, k, device=dev), torch.randn(n, k, device=dev), torch.randn(n, device=dev)
-        cases.append(Case("gemm_narrow", f"narrow fwd {m}x{k}x{n}", (lambda x=x, w=w, b=b: torch.nn.functional.linear(
-            x, w, b)), "fp32", 2.0 * m * k * n, (m * k + k * n + m * n + n) * 4.0, (m, k, n)))
+        cases.append(Case(names.GEMM_NARROW, f"narrow fwd {m}x{k}x{n}",
+                          (lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b)), "fp32", 2.0 * m * k * n, (m * k + k * n + m * n + n) * 4.0, (m, k, n)))
     return cases

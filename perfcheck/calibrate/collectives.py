@@ -30,9 +30,9 @@ import torch
 from perfcheck.calibrate.cases import Timer
 from perfcheck.calibrate import fit
 from perfcheck.calibrate.concurrency import chain_workload
-from perfcheck.calibrate.fit import COLLECTIVE_KINDS, MEASUREMENT_COLUMNS
+from perfcheck.calibrate.fit import BENCHMARKED_KINDS, MEASUREMENT_COLUMNS
 from perfcheck.errors import UserError
-from perfcheck.predict.collectives import COLLECTIVE_KINDS as MODELLED, bus_factor
+from perfcheck.predict.collectives import COLLECTIVE_KINDS, bus_factor
 
 
 class CollectiveBenchError(RuntimeError):
@@ -62,7 +62,7 @@ def _op(kind: str, nbytes: int, world: int, device):
         inp, out = torch.ones(full, device=device), torch.empty(shard, device=device)
         fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         return (lambda: fn(out, inp)), full * 4
-    raise UserError(f"kinds: unknown collective {kind!r} (known: {', '.join(COLLECTIVE_KINDS)})")
+    raise UserError(f"kinds: unknown collective {kind!r} (known: {', '.join(BENCHMARKED_KINDS)})")
 
 
 def _max_over_ranks(value: float, device) -> float:
@@ -132,7 +132,7 @@ def _spawn_ranks(worker, args_for, world_size: int, timeout_s: float, what: str)
             return json.load(fh)
 
 
-def bench_collectives(sizes, *, kinds=COLLECTIVE_KINDS, world_size: int = 2, device: str = "cpu", repeats: int = 5,
+def bench_collectives(sizes, *, kinds=BENCHMARKED_KINDS, world_size: int = 2, device: str = "cpu", repeats: int = 5,
                       target_s: float = 0.02, timeout_s: float = 180.0) -> pd.DataFrame:
     """Measure ``kinds`` at every size (bytes, full buffer S) across ``world_size`` spawned ranks.
 
@@ -140,12 +140,12 @@ def bench_collectives(sizes, *, kinds=COLLECTIVE_KINDS, world_size: int = 2, dev
     median over repeats of the slowest rank's time per call, ``busbw_bytes_per_s``). Raises
     ``CollectiveBenchError`` when a rank fails or the whole run exceeds ``timeout_s``.
     """
-    bad = [k for k in kinds if k not in COLLECTIVE_KINDS]
-    if bad and bad[0] in MODELLED:
+    bad = [k for k in kinds if k not in BENCHMARKED_KINDS]
+    if bad and bad[0] in COLLECTIVE_KINDS:
         raise NotImplementedError(f"perfcheck calibrate: {bad[0]} is not benchmarked yet (only "
-                                  f"{', '.join(COLLECTIVE_KINDS)}); the link bandwidth comes from all-reduce")
+                                  f"{', '.join(BENCHMARKED_KINDS)}); the link bandwidth comes from all-reduce")
     if bad:
-        raise UserError(f"kinds: unknown collective {bad[0]!r} (known: {', '.join(COLLECTIVE_KINDS)})")
+        raise UserError(f"kinds: unknown collective {bad[0]!r} (known: {', '.join(BENCHMARKED_KINDS)})")
     if any((not isinstance(s, int)) or s <= 0 for s in sizes):
         raise UserError(f"sizes: message sizes must be positive integers (bytes), got {list(sizes)!r}")
     backend = "nccl" if device == "cuda" else "gloo"

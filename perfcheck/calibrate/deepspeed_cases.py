@@ -55,6 +55,7 @@ from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import host_constants
 from perfcheck.predict.host import process_slowdown
+from perfcheck.hardware.host_keys import ZERO_PHASES as PHASES, ZERO_STAGES as STAGES, zero_key
 
 #: (label, Linear layers, bias) of the chain models: 16 -> 16 features, batch BATCH.
 MODELS = (("chain2", 2, True), ("chain8", 8, True), ("chain8-nobias", 8, False))
@@ -64,12 +65,10 @@ WIDTH, BATCH = 16, 8
 CONFIGS = {"0": {"stage": 0}, "1": {"stage": 1}, "2": {"stage": 2}, "3": {"stage": 3},
            "3g": {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0,
                   "stage3_prefetch_bucket_size": 0}}
-PHASES = ("fwd", "bwd", "step")
-STAGES = (0, 1, 2, 3)
 #: Host-constant keys this case fits (``perfcheck.hardware.systems.HOST_KEYS``); ``apply`` also writes
 #: ``zero_ranks``, the ranks per host they were measured at.
-KEYS = tuple([f"zero{s}_{ph}{part}_s" for s in STAGES for ph in PHASES for part in ("", "_tensor")]
-             + [f"zero3_{ph}_module_s" for ph in ("fwd", "bwd")] + [f"zero3_{ph}_gather_s" for ph in PHASES])
+KEYS = tuple([zero_key(s, ph, part) for s in STAGES for ph in PHASES for part in ("", "tensor")]
+             + [zero_key(3, ph, "module") for ph in ("fwd", "bwd")] + [zero_key(3, ph, "gather") for ph in PHASES])
 #: Steps per mode: warm-up steps, rounds, steps per round.
 MODES = {"quick": (3, 3, 4), "default": (4, 5, 6), "full": (5, 9, 8)}
 COLUMNS = ("model", "config", "calls", "tensors", "fwd_s", "bwd_s", "step_s", "steps")
@@ -314,8 +313,8 @@ def fit(table: pd.DataFrame) -> dict:
                 f"engine {'forward' if ph == 'fwd' else 'backward'} less the plain model's")
         for stage in (0, 1, 2):
             a, c = _lstsq([ones, tensors], phase_y(str(stage), ph))
-            put(f"zero{stage}_{ph}_s", a, f"ZeRO-{stage} {what}: fixed part, least squares over {shape}")
-            put(f"zero{stage}_{ph}_tensor_s", c, f"ZeRO-{stage} {what}: per parameter tensor, same fit")
+            put(zero_key(stage, ph), a, f"ZeRO-{stage} {what}: fixed part, least squares over {shape}")
+            put(zero_key(stage, ph, "tensor"), c, f"ZeRO-{stage} {what}: per parameter tensor, same fit")
         y = np.concatenate([phase_y("3", ph), phase_y("3g", ph)])
         cols = [np.concatenate([ones, ones]), np.concatenate([tensors, zeros]), np.concatenate([zeros, tensors])]
         if ph != "step":
@@ -324,12 +323,12 @@ def fit(table: pd.DataFrame) -> dict:
         a, (c, g) = coef[0], coef[-2:]
         both = (f"least squares over {shape}, with every tensor persistent and with every tensor partitioned "
                 f"(persistence threshold 0, reuse 0, prefetch 0)")
-        put(f"zero3_{ph}_s", a, f"ZeRO-3 {what}: fixed part, {both}")
-        put(f"zero3_{ph}_tensor_s", c, f"ZeRO-3 {what}: per persistent parameter tensor, same fit")
-        put(f"zero3_{ph}_gather_s", g, f"ZeRO-3 {what}: per partitioned parameter tensor (the host side of its "
+        put(zero_key(3, ph), a, f"ZeRO-3 {what}: fixed part, {both}")
+        put(zero_key(3, ph, "tensor"), c, f"ZeRO-3 {what}: per persistent parameter tensor, same fit")
+        put(zero_key(3, ph, "gather"), g, f"ZeRO-3 {what}: per partitioned parameter tensor (the host side of its "
                                        f"fetch and release, not the all-gather itself), same fit")
         if ph != "step":
-            put(f"zero3_{ph}_module_s", coef[1], f"ZeRO-3 {what}: per module call, same fit")
+            put(zero_key(3, ph, "module"), coef[1], f"ZeRO-3 {what}: per module call, same fit")
     return out
 
 

@@ -30,6 +30,8 @@ import pandas as pd
 
 from perfcheck.calibrate.layers import tiny_modules
 from perfcheck.errors import UserError
+from perfcheck.calibrate import case_names as names
+from perfcheck.hardware.host_keys import OPTIM_LINES, op_cold_key, optim_per_tensor_key, optim_step_key
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, load_system
 from perfcheck.predict import roofline
 from perfcheck.predict.estimate import estimate
@@ -39,7 +41,9 @@ from perfcheck.schema import ROOT
 MEASUREMENT_COLUMNS = ("kind", "label", "dtype", "m", "k", "n", "flops", "bytes", "world_size", "seconds",
                        "seconds_min", "seconds_max", "repeats", "iters", "flops_per_s", "bytes_per_s",
                        "busbw_bytes_per_s")
-COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter")
+#: The collective kinds calibration benchmarks (a subset of perfcheck.predict.collectives.COLLECTIVE_KINDS, the
+#: one list of kinds; tests/test_pred_writers.py checks it): the link bandwidth comes from all-reduce.
+BENCHMARKED_KINDS = ("allreduce", "allgather", "reducescatter")
 #: Which measured dtype's matmuls set a spec's efficiency curves, in order of preference per device kind
 #: (a GPU's tensor-core dtypes first; a CPU's fp32, the dtype CPU training runs in).
 REFERENCE_ORDER = {"gpu": ("bf16", "fp16", "tf32", "fp32"), "cpu": ("fp32", "bf16", "fp16", "tf32")}
@@ -246,7 +250,7 @@ def _alignment(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     curve and shape factor) over the measured unaligned time; median over shapes, capped at 1. Relative
     to the model's twin, not the twin's measured time, so the factor does not count the curve's own
     error twice. Absent when not measured (CPU)."""
-    rows = table[table["kind"] == "gemm_align"]
+    rows = table[table["kind"] == names.GEMM_ALIGN]
     if rows.empty:
         return spec
     meas = {r.label: r for r in rows.itertuples()}
@@ -254,8 +258,8 @@ def _alignment(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     for phase, key in (("fwd", "matrix_unaligned"), ("bwd", "matrix_unaligned_bwd")):
         ratios = []
         for lab, r in meas.items():
-            twin = meas.get(lab.replace("unaligned ", "aligned ", 1))
-            if not lab.startswith(f"unaligned {phase} ") or twin is None or r.seconds <= 0:
+            twin = meas.get(names.aligned_twin(lab))
+            if not names.is_unaligned(lab, phase) or twin is None or r.seconds <= 0:
                 continue
             gemms = 1 if phase == "fwd" else 2  # dX = dY W, dW = dY^T X: each the forward's FLOPs
             model, _ = roofline.op_time_s(float(twin.flops), 0.0, float(twin.bytes), float(gemms), spec, r.dtype,
@@ -273,7 +277,7 @@ def _alignment(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
 def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     """op_fixed_s (tiny call less one plain tiny op) and op_efficiency (the formulas' roofline time on
     the calibrated spec / the measured time less dispatch and fixed cost, capped at 1)."""
-    all_fixed, eff_rows = _rows(table, "opfixed"), _rows(table, "opeff")
+    all_fixed, eff_rows = _rows(table, names.OPFIXED), _rows(table, names.OPEFF)
     if not len(all_fixed) and not len(eff_rows):
         return spec
     fp32 = _fp32(all_fixed)
@@ -321,7 +325,7 @@ def _row_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     ``<phase>``, ``<phase>_vector``, ``<phase>_tail``, ``<phase>_partial``. W (fp32 elements per SIMD vector) is
     half the longest length and sets the spec's ``simd_bytes``. One length (nll_loss): its slope, floored at 0, prices every row alike.
     Slopes leave out every fixed cost (dispatch, op_fixed_s), which the model prices apart."""
-    rows = _rows(table, "oprows")
+    rows = _rows(table, names.OPROWS)
     if not len(rows):
         return spec
 
@@ -396,7 +400,7 @@ def _gemm_narrow(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     outputs than two SIMD vectors hold, on two row counts), the slope over output rows of the measured time less
     the estimator's time for the same GEMM on ``spec`` (FLOPs at its calibrated curve and shape factor, bytes,
     without the narrow term), floored at 0. Per output row of a narrow GEMM (perfcheck.predict.roofline)."""
-    rows = _rows(table, "gemm_narrow")
+    rows = _rows(table, names.GEMM_NARROW)
     if len(rows) < 2:
         return spec
     rows = rows.sort_values("m")
@@ -422,7 +426,7 @@ def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     """module_fixed_s: per standard nn module class, its measured call (``layers.tiny_modules``) less the
     estimator's forward for it on ``spec`` (whose host constants and per-op costs are already fitted),
     floored at 0: the Python and autograd work of that layer the per-op host model does not see."""
-    rows = _rows(table, "modfixed")
+    rows = _rows(table, names.MODFIXED)
     if not len(rows):
         return spec
 
@@ -450,7 +454,7 @@ def op_cold_excess(table, dtype: str = "fp32") -> Optional[tuple]:
     tight loop): the round-robin's time per op less the tight loops' mean, floored at 0 (a negative excess
     is noise: an op cannot run faster for following another). None without both. ``dtype``: the cases of
     that dtype (fp32: also untyped rows of older tables)."""
-    rr, fixed = _rows(table, "opcold"), _rows(table, "opfixed")
+    rr, fixed = _rows(table, names.OPCOLD), _rows(table, names.OPFIXED)
     if dtype == "fp32":
         rr, fixed = rr[_fp32(rr)], fixed[_fp32(fixed)]
     else:
@@ -458,7 +462,7 @@ def op_cold_excess(table, dtype: str = "fp32") -> Optional[tuple]:
     if not len(rr) or not len(fixed):
         return None
     r = rr.iloc[0]
-    n = int(str(r["label"]).rsplit("x", 1)[-1]) if str(r["label"]).rsplit("x", 1)[-1].isdigit() else 0
+    n = names.count_of(r["label"])
     if n != len(fixed):  # not the same set of ops (a table from another version): no matched subtraction
         return None
     tight = float(fixed["seconds"].mean())
@@ -466,8 +470,8 @@ def op_cold_excess(table, dtype: str = "fp32") -> Optional[tuple]:
 
 
 def _launch(d: _Draft, table, threads):
-    d.op_s = _seconds(table, "launch", "op") or 0.0
-    launch = _seconds(table, "launch", "autograd") or (d.op_s or None)
+    d.op_s = _seconds(table, names.LAUNCH, names.LAUNCH_OP) or 0.0
+    launch = _seconds(table, names.LAUNCH, names.LAUNCH_AUTOGRAD) or (d.op_s or None)
     if launch:
         where = f" with {threads} thread{'s' if threads != 1 else ''}" if threads else ""
         d.fields["launch_overhead_s"] = launch
@@ -478,7 +482,7 @@ def _launch(d: _Draft, table, threads):
 def _host(d: _Draft, table, threads):
     """The host block (perfcheck.predict.host): each constant from its case, slopes and intercepts
     from the cases of two sizes; constants without a case keep the base's (or the defaults)."""
-    host = _rows(table, "host")
+    host = _rows(table, names.HOST)
     if not len(host):
         return
     sec = {r.label: float(r.seconds) for r in host.itertuples(index=False)}
@@ -492,10 +496,10 @@ def _host(d: _Draft, table, threads):
     op = d.op_s
     if op:
         put("op_dispatch_s", op, "one torch.add of 1-element tensors (nothing to compute: all dispatch)")
-    if "view" in sec:
-        put("view_dispatch_s", sec["view"], "Tensor.t() of a 1x1 tensor")
-    chain = next((lab for lab in sec if lab.startswith("autograd forward x")), None)
-    plain = sec.get(chain.replace("autograd", "plain")) if chain else None
+    if names.HOST_VIEW in sec:
+        put("view_dispatch_s", sec[names.HOST_VIEW], "Tensor.t() of a 1x1 tensor")
+    chain = next((lab for lab in sec if names.is_label(lab, names.chain_label, True)), None)
+    plain = sec.get(names.chain_label(False, names.count_of(chain))) if chain else None
     if chain and plain:
         # the same ``y * b`` chain without autograd: subtracting torch.add's dispatch instead (a Python
         # function call, ~1-2 us dearer than the ``*`` operator's slot) read 1.0 us where a node costs 2.9
@@ -505,7 +509,7 @@ def _host(d: _Draft, table, threads):
     elif chain and op:
         put("autograd_node_s", sec[chain] - op, f"per op of a chain of 1-element multiplies under autograd "
                                                 f"({sec[chain] * 1e6:.2f} us), minus the plain op")
-    fb = _rows(host, "host")[host["label"].str.startswith("forward+backward x")].sort_values("m")
+    fb = host[[names.is_label(lab, names.forward_backward_label) for lab in host["label"]]].sort_values("m")
     if len(fb) >= 2 and chain and op:
         per_fwd = sec[chain]
         n = fb["m"].to_numpy(float)
@@ -515,30 +519,30 @@ def _host(d: _Draft, table, threads):
                                            f"(forward part subtracted): slope {slope * 1e6:.2f} us per node, minus "
                                            f"one op's dispatch (its grad kernel)")
         put("backward_call_s", bwd[0] - n[0] * slope, "intercept of the same line: loss.backward()'s fixed cost")
-    if "module call" in sec:
-        put("module_call_s", sec["module call"], "calling an nn.Module whose forward returns its input")
-    for dt, key in (("fp32", "op_cold_s"), *((x, f"op_cold_{x}_s") for x in LOW_HOST_DTYPES)):
+    if names.HOST_MODULE_CALL in sec:
+        put("module_call_s", sec[names.HOST_MODULE_CALL], "calling an nn.Module whose forward returns its input")
+    for dt, key in (("fp32", op_cold_key()), *((x, op_cold_key(x)) for x in LOW_HOST_DTYPES)):
         cold = op_cold_excess(table, dt)
         if cold is not None:
             put(key, cold[0], f"the {cold[1]} tiny ops of the op_fixed cases called one after another, "
                               f"{cold[2] * 1e6:.2f} us per op, less the same ops each in a tight loop, "
                               f"{cold[3] * 1e6:.2f} us per op (mean)"
                               + ("" if dt == "fp32" else f"; {dt}, on tensors needing a gradient"))
-    for label in ("sgd", "sgd_foreach", "adam", "adam_foreach"):
-        rows = host[host["label"].str.fullmatch(f"optim {label} x\\d+")].sort_values("m")
+    for label in OPTIM_LINES:
+        rows = host[[names.is_label(lab, names.optim_label, label) for lab in host["label"]]].sort_values("m")
         if len(rows) < 2:
             continue
         n, t = rows["m"].to_numpy(float), rows["seconds"].to_numpy(float)
         per = (t[-1] - t[0]) / (n[-1] - n[0])
-        put(f"optim_{label}_per_tensor_s", per, f"torch.optim.{'SGD' if 'sgd' in label else 'Adam'}"
+        put(optim_per_tensor_key(label), per, f"torch.optim.{'SGD' if 'sgd' in label else 'Adam'}"
             f"(foreach={'foreach' in label}).step() + zero_grad(set_to_none=True) on {int(n[0])} and "
             f"{int(n[-1])} 1-element tensors: slope")
         # each implementation's own intercept: SGD foreach's was 139 us against the for-loop's 63 us on the H100
         # VM of 2026-11-26 (grouping by device and dtype, one launch per _foreach_ op), Adam's for-loop 211 us
-        put("optim_step_s" if label == "sgd" else f"optim_{label}_step_s", t[0] - n[0] * per,
+        put(optim_step_key(label), t[0] - n[0] * per,
             f"intercept of the same line: step() + zero_grad()'s fixed cost ({label})")
-    if "device kernel" in sec:
-        put("device_kernel_s", sec["device kernel"], "GPU time per tiny add queued behind torch.cuda._sleep "
+    if names.HOST_DEVICE_KERNEL in sec:
+        put("device_kernel_s", sec[names.HOST_DEVICE_KERNEL], "GPU time per tiny add queued behind torch.cuda._sleep "
                                                      "(device alone, CUDA events)")
     elif d.kind == "cpu":
         put("device_kernel_s", 0.0, "0 on a CPU by definition: the op runs on the dispatching thread, "
@@ -569,14 +573,14 @@ def _collective_latency(out, src, table, stamp):
 
 def _matrix(d: _Draft, table):
     """Peaks (measured convention), efficiency at the largest shapes per dtype, the reference dtype's curve."""
-    mm = _rows(table, "matmul")
+    mm = _rows(table, names.MATMUL)
     measured = [x for x in dict.fromkeys(mm["dtype"]) if x]
     large, curves, shapes = {}, {}, {}
     # On a CPU the estimator prices a GEMM as dispatch + op_fixed_s["mm"] (host) + FLOPs / (peak x eff), one after
     # the other on one thread: the curve takes out both fixed parts, so a small GEMM's efficiency is its compute
     # alone (a 32^3 mm: ~9.6 us of which ~4.8 us fixed on the project's VM). On a GPU the loop is timed on the
     # device, where the host's fixed cost overlaps; only the tiny-op time comes out, as before.
-    fixed_mm = _seconds(table[(table["kind"] != "opfixed") | _fp32(table)], "opfixed", "mm")
+    fixed_mm = _seconds(table[(table["kind"] != names.OPFIXED) | _fp32(table)], names.OPFIXED, "mm")
     mm_fixed = max(fixed_mm - d.op_s, 0.0) if (fixed_mm is not None and d.kind == "cpu") else 0.0
     for dt in measured:
         rows = mm[mm["dtype"] == dt].sort_values("flops", kind="stable")
@@ -625,7 +629,7 @@ def _matrix(d: _Draft, table):
 
 
 def _vector(d: _Draft, table):
-    vec = _rows(table, "vector")
+    vec = _rows(table, names.VECTOR)
     for r in vec.itertuples(index=False):
         rate = r.flops / max(r.seconds - d.op_s, r.seconds * 0.05)
         if d.peaks == "measured":
@@ -640,7 +644,7 @@ def _vector(d: _Draft, table):
 
 
 def _memory(d: _Draft, table):
-    cp = _rows(table, "copy").sort_values("bytes", kind="stable")
+    cp = _rows(table, names.COPY).sort_values("bytes", kind="stable")
     if not len(cp):
         return
     big = cp.iloc[-1]
@@ -682,7 +686,7 @@ def bandwidth_curve(copies: pd.DataFrame, op_s: float = 0.0) -> tuple:
 
 def _collectives(d: _Draft, table):
     """The intra-node link: all-reduce bus bandwidth at the largest size; every size kept in the source text."""
-    comm = table[table["kind"].isin(COLLECTIVE_KINDS)]
+    comm = table[table["kind"].isin(BENCHMARKED_KINDS)]
     if not len(comm):
         return
     ar = comm[comm["kind"] == "allreduce"] if (comm["kind"] == "allreduce").any() else comm
@@ -722,7 +726,7 @@ def summary_rows(spec: SystemSpec, table: pd.DataFrame) -> list:
         out.append(("memory curve", f"{_size(b)} moved per kernel -> {f:.2f} x the memory rate"))
     for name, phases in spec.op_row_s.items():
         out.append((f"per row {name}", ", ".join(f"{ph} {v * 1e9:.0f} ns" for ph, v in phases.items())))
-    comm = table[table["kind"].isin(COLLECTIVE_KINDS)] if "kind" in table else table.iloc[0:0]
+    comm = table[table["kind"].isin(BENCHMARKED_KINDS)] if "kind" in table else table.iloc[0:0]
     for r in comm.itertuples(index=False):
         out.append((f"{r.kind} {_size(r.bytes)}",
                     f"{r.seconds * 1e6:.1f} us, busbw {_fmt_rate(r.busbw_bytes_per_s, 'B/s')}"))

@@ -35,14 +35,12 @@ import torch
 
 from perfcheck.calibrate.cases import Case, Timer, run_cases
 from perfcheck.calibrate.layers import CallModule
-from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype
+from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, torch_dtype
 from perfcheck.predict import roofline
 from perfcheck.predict.aten_costs import cost_of
 from perfcheck.predict.trace import trace_model
 
 KIND = "gpuop"
-#: torch dtype per perfcheck dtype name (tf32 runs on fp32 tensors and is measured as fp32 here)
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 #: Sizes per family: GPT-2 small's shapes at batch 8 and 32 x 1024 tokens (d 768, 12 heads of 64, vocabulary
 #: 50257, 1024 positions) and a wider model's (d 4096); convolutions: LeNet's two layers at batch 256 and a
@@ -153,7 +151,7 @@ def gpu_op_cases(device, dtypes=("bf16",), sizes: str = "gpu", families=None) ->
         if families is not None and family not in families:
             continue
         for dname in (wanted if family in PER_DTYPE else [low]):
-            tdt = TORCH_DTYPES[dname]
+            tdt = torch_dtype(dname)  # tf32 runs on fp32 tensors and is measured as fp32 here
             for size in shapes:
                 fn, inputs, grads = _builders(family, size, tdt, dev)
                 found = family_cost(family, fn, inputs)

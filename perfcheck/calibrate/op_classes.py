@@ -27,6 +27,7 @@ from perfcheck.calibrate.cases import Case, ROW_COUNTS, row_lengths
 from perfcheck.calibrate.layers import CallModule
 from perfcheck.predict.aten_costs import cost_of
 from perfcheck.predict.trace import trace_model
+from perfcheck.calibrate import case_names as names
 
 aten = torch.ops.aten
 
@@ -68,7 +69,7 @@ def _opeff(label, fn, cost, fwd_kernels=1.0, dtype="fp32") -> Case:
     """An ``opeff`` row: flops = matrix FLOPs, bytes, n = other FLOPs, m/k = the forward's and this phase's
     kernels (the fit takes the op's fixed cost per kernel out of the time, as the estimator adds it)."""
     mf, of, nb, k = cost
-    return Case("opeff", label, fn, dtype, mf, nb, (int(max(fwd_kernels, 1)), int(max(k, 1)), int(of)))
+    return Case(names.OPEFF, label, fn, dtype, mf, nb, (int(max(fwd_kernels, 1)), int(max(k, 1)), int(of)))
 
 
 def conv_cases(dev) -> list:
@@ -123,7 +124,7 @@ def conv_weight_cases(dev) -> list:
                           ("bwd", lambda g=g, xd=xd, wd=wd: aten.convolution_backward(
                               g, xd, wd, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]))):
             _, of, nb, k = cost[phase]
-            out.append(Case("oprows", f"convolution {phase}", fn, "fp32", float(of), float(nb),
+            out.append(Case(names.OPROWS, f"convolution {phase}", fn, "fp32", float(of), float(nb),
                             (c * c * 9, row_lengths()[2], int(max(k, 1)))))
     return out
 
@@ -178,7 +179,8 @@ def embedding_row_cases(dev) -> list:
                                 ("_embedding_bag", "fwd", lambda b=bag: b(table)),
                                 ("_embedding_bag", "bwd", bag_bwd)):
             _, of, nb, k = cost[name][phase]
-            out.append(Case("oprows", f"{name} {phase}", fn, "fp32", float(of), float(nb), (n, dim, int(max(k, 1)))))
+            out.append(Case(names.OPROWS, f"{name} {phase}", fn, "fp32", float(of), float(nb),
+                            (n, dim, int(max(k, 1)))))
     return out
 
 

@@ -79,7 +79,8 @@ from perfcheck.calibrate.cases import (Case, Timer, copy_cases, device_kernel_ro
                                                 gemm_narrow_cases, run_cases, vector_cases)
 from perfcheck.calibrate import collectives as coll
 from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity
-from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, reference_dtype  # noqa: F401
+from perfcheck.calibrate.fit import (BENCHMARKED_KINDS, MEASUREMENT_COLUMNS, build_spec,  # noqa: F401
+                                     reference_dtype)
 from perfcheck.calibrate.op_classes import op_class_cases
 from perfcheck.errors import UserError
 from perfcheck.hardware.cache import cpu_name
@@ -95,12 +96,12 @@ MODES = {
                     linear=((2048, 512, 512), (2048, 512, 2048), (2048, 2048, 512), (256, 512, 1536),
                             (96, 1024, 1024), (24, 1024, 1024), (8, 1024, 1024)), other_squares=(128, 512, 1024),
                     copy_mb=(0.25, 1, 2, 4, 8, 16, 256), comm_kib=(4, 64, 1024, 16384),
-                    comm_kinds=("allreduce", "allgather", "reducescatter")),
+                    comm_kinds=BENCHMARKED_KINDS),
     "full": dict(repeats=9, target_s=0.05, squares=(16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096),
                  linear=((2048, 512, 512), (2048, 512, 2048), (2048, 2048, 512), (256, 512, 1536),
                          (8192, 768, 3072), (8192, 3072, 768), (512, 4096, 4096)), other_squares=None,
                  copy_mb=(0.25, 0.5, 1, 2, 4, 8, 16, 64, 256, 1024), comm_kib=(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536),
-                 comm_kinds=("allreduce", "allgather", "reducescatter")),
+                 comm_kinds=BENCHMARKED_KINDS),
 }
 #: ``other_squares``: on a CPU, the matmul shapes of the dtypes other than the reference (fp32): they
 #: set only that dtype's peak (the curve and shape factors are the reference dtype's), and a CPU

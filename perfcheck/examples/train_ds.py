@@ -25,6 +25,7 @@ from pathlib import Path
 import perfcheck.deepspeed as pds
 from perfcheck.examples.models import EXAMPLES
 from perfcheck.integrations.deepspeed.config import BLOCK_KEY, load_config, merge_configs, parse_block
+from perfcheck.hardware.systems import torch_dtype
 from perfcheck.predict.zero import dtype_from_deepspeed_config
 from perfcheck.rundir import atomic_write_json
 
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     cfg = build_config(args)
     block = parse_block(cfg)
     example = EXAMPLES[MODELS[args.model]]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_from_deepspeed_config(cfg), torch.float32)
+    dtype = torch_dtype(dtype_from_deepspeed_config(cfg))
     torch.manual_seed(args.seed)
     model = example.build()
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)

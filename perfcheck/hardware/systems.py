@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping, Tuple
 
 from perfcheck.errors import UserError, check_keys, parse_json
+from perfcheck.hardware.host_keys import ZERO_PHASES, ZERO_STAGES, op_cold_key, zero_key
 
 #: Canonical dtype names a system can list peaks for.
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
@@ -90,7 +91,7 @@ HOST_KEYS = {
                  "the one run before it, as in a training step, over the same op repeated in a tight loop (its code "
                  "and data are no longer in the core's caches and predictors; perfcheck.predict.host.op_switches; "
                  "perfcheck/calibrate/cases.py op_cold_cases)",
-    **{f"op_cold_{dt}_s": f"op_cold_s for a model run in {dt} (measured on tensors needing a gradient; a spec that "
+    **{op_cold_key(dt): f"op_cold_s for a model run in {dt} (measured on tensors needing a gradient; a spec that "
                           f"has no measured value uses op_cold_s)" for dt in ("bf16", "fp16")},
     "autograd_node_s": "extra forward host time of an op whose input needs a gradient (grad_fn node, saved tensors)",
     "backward_node_s": "autograd engine time per node evaluated in backward, beside its kernels' dispatch",
@@ -122,16 +123,16 @@ HOST_KEYS = {
                                  "on the same host (dimensionless; perfcheck/calibrate/concurrency.py)",
     # DeepSpeed's own host work per ZeRO stage S (0-3) and phase (fwd/bwd beyond the plain model's; step:
     # the whole engine.step(), optimizer included), measured by perfcheck/calibrate/deepspeed_cases.py
-    **{f"zero{s}_{ph}_s": f"ZeRO-{s} engine {ph}: fixed host seconds per {'step' if ph == 'step' else 'micro-step'}"
-       for s in range(4) for ph in ("fwd", "bwd", "step")},
-    **{f"zero{s}_{ph}_tensor_s": f"ZeRO-{s} engine {ph}: host seconds per parameter tensor"
-                                 f"{' (ZeRO-3: per persistent one)' if s == 3 else ''}"
-       for s in range(4) for ph in ("fwd", "bwd", "step")},
-    "zero3_fwd_module_s": "ZeRO-3 pre/post-forward hooks (fetch, release, autograd wrappers) per module call",
-    "zero3_bwd_module_s": "ZeRO-3 pre/post-backward hooks per module call",
-    **{f"zero3_{ph}_gather_s": f"ZeRO-3 {ph}: host seconds per partitioned (non-persistent) parameter tensor, its "
+    **{zero_key(s, ph): f"ZeRO-{s} engine {ph}: fixed host seconds per {'step' if ph == 'step' else 'micro-step'}"
+       for s in ZERO_STAGES for ph in ZERO_PHASES},
+    **{zero_key(s, ph, "tensor"): f"ZeRO-{s} engine {ph}: host seconds per parameter tensor"
+                                  f"{' (ZeRO-3: per persistent one)' if s == 3 else ''}"
+       for s in ZERO_STAGES for ph in ZERO_PHASES},
+    zero_key(3, "fwd", "module"): "ZeRO-3 pre/post-forward hooks (fetch, release, autograd wrappers) per module call",
+    zero_key(3, "bwd", "module"): "ZeRO-3 pre/post-backward hooks per module call",
+    **{zero_key(3, ph, "gather"): f"ZeRO-3 {ph}: host seconds per partitioned (non-persistent) parameter tensor, its "
                                f"fetch and release included (the all-gather itself is the collective model's)"
-       for ph in ("fwd", "bwd", "step")},
+       for ph in ZERO_PHASES},
 }
 _FIELDS = _REQUIRED + _OPTIONAL
 
@@ -172,6 +173,26 @@ _ELEMENT_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 
 def element_bytes(dtype) -> int:
     """Bytes per element of ``dtype`` (a torch dtype or a name ``normalize_dtype`` accepts)."""
     return _ELEMENT_BYTES[normalize_dtype(dtype)]
+
+
+#: The torch dtype (its attribute name) tensors of each canonical dtype are made of: TF32 is FP32 storage
+#: computed in tensor cores. FP8 has no one storage dtype (e4m3 and e5m2): a model cannot be built in it.
+TORCH_DTYPE_NAMES = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def torch_dtype(dtype, field: str = "dtype"):
+    """The torch dtype of ``dtype`` (a torch dtype, or a name ``normalize_dtype`` accepts: the one parser of
+    dtype names); a UserError naming ``field`` for anything else."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        name = TORCH_DTYPE_NAMES[normalize_dtype(dtype)]
+    except (UserError, KeyError):
+        raise UserError(f"{field}: unknown {dtype!r}; use one of {', '.join(TORCH_DTYPE_NAMES)} "
+                        "or a torch floating dtype") from None
+    return getattr(torch, name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -600,6 +621,16 @@ def load_system(name_or_path) -> SystemSpec:
     spec = SystemSpec.from_dict(parse_json(content, str(path)), str(path))
     object.__setattr__(spec, "origin", f"file {path}")  # for report headers (perfcheck.hardware.cache.spec_label)
     return spec
+
+
+def spec_of(system) -> SystemSpec:
+    """``system`` itself when it is a ``SystemSpec``, else ``load_system(system)``.
+
+    Why: a prediction resolves its spec once, at its edge (``perfcheck.estimate``, PerfCheck, the CLI), and
+    passes the typed spec down; the formulas below it take that spec as it is. Their public forms also take
+    a name or a path (a direct call, a test), which this resolves; on the prediction path it is never one
+    (tests/test_pred_writers.py counts the resolutions of one estimate)."""
+    return system if isinstance(system, SystemSpec) else load_system(system)
 
 
 # ---- tables -------------------------------------------------------------------------------------

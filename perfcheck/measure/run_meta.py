@@ -39,7 +39,7 @@ def micro_batches(step_rows) -> float | int | None:
 
 def synced_micro_batches(step_rows, synced: dict):
     """Median over measured steps of the micro-batches whose backward reduced gradients (DDP/FSDP2;
-    ``integrations.torch_distributed.GradSyncCounter``), None for other models or before a step."""
+    ``measure.grad_sync.GradSyncCounter``), None for other models or before a step."""
     counts = [synced[r["step"]] for r in step_rows if r["role"] == "measured" and not r["failed"] and r["step"] in synced]
     return statistics.median(counts) if counts else None
 

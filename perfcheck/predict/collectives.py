@@ -26,7 +26,7 @@ import re
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import host_constants, load_system
+from perfcheck.hardware.systems import host_constants, spec_of
 
 #: Canonical collective names.
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "sendrecv")
@@ -127,7 +127,7 @@ def link_bandwidth_bytes_per_s(system, group_size, spans_nodes=None):
     (``group_size <= gpus_per_node``) and ``spans_nodes`` is not True; else the inter-node NIC.
     ``spans_nodes=None`` infers it from the group size alone (ranks packed into nodes).
     """
-    system = load_system(system)
+    system = spec_of(system)
     inter = _spans(system, group_size, spans_nodes)
     bw = np.where(inter,
                   system.inter_node_bandwidth_bytes_per_s * system.efficiency["inter_node"],
@@ -144,7 +144,7 @@ def collective_time_s(kind, bytes, group_size, system, spans_nodes=None):  # noq
     ``bytes`` is the full buffer size S (see the module docstring). Zero bytes or a group of one
     costs nothing. All of kind, bytes, group_size and spans_nodes may be arrays of one shape.
     """
-    system = load_system(system)
+    system = spec_of(system)
     size = np.asarray(bytes, dtype=float)
     if np.any(size < 0):
         raise UserError("collective bytes must be >= 0 (got a negative value)")
@@ -182,7 +182,7 @@ def batch_time_s(kind, bytes_per_call, calls, group_size, system, spans_nodes=No
     k = 1 is ``collective_time_s``. ``calls`` may be fractional in vectorised use (a mean over steps); 0
     calls, 0 bytes or a group of one cost nothing. Arrays broadcast like ``collective_time_s``'s.
     """
-    system = load_system(system)
+    system = spec_of(system)
     k = np.asarray(calls, dtype=float)
     if np.any(k < 0) or np.any(~np.isfinite(k)):
         raise UserError(f"calls: the number of collectives in a batch must be a finite number >= 0, got {calls!r}")
@@ -233,7 +233,7 @@ def straggler_wait_s(syncs, ranks, system):
     s = np.asarray(syncs, dtype=float)
     if np.any(s < 0) or np.any(~np.isfinite(s)):
         raise UserError(f"syncs: blocking collectives per step must be a finite number >= 0, got {syncs!r}")
-    hc = host_constants(load_system(system))
+    hc = host_constants(spec_of(system))
     n0 = hc["collective_straggler_ranks"]
     if hc["collective_straggler_s"] == 0:  # no wait measured (or a spec that sets every host term to 0)
         return 0.0 if np.ndim(s) == 0 else np.zeros_like(s)

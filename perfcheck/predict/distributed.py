@@ -46,12 +46,12 @@ import pandas as pd
 import torch
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import load_system
+from perfcheck.hardware.systems import spec_of
 from perfcheck.model_paths import clean_path, module_paths, unwrap
 from perfcheck.predict import collective_bytes, layout_collectives, twins
 from perfcheck.predict.layout import detect_layout, fsdp_modules
 from perfcheck.predict.layout_collectives import Collective, ddp_bucket_collectives
-from perfcheck.predict.module_estimator import default_system_name, estimate
+from perfcheck.predict.module_estimator import default_system_name, estimate_terms, finish
 from perfcheck.predict.twins import dtensor_twin
 from perfcheck.schema import ROOT
 
@@ -463,19 +463,19 @@ def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=F
     """
     import torch.distributed as dist
 
-    spec = load_system(system if system is not None else default_system_name())
+    spec = spec_of(system if system is not None else default_system_name())
     tp = twins.has_tensor_parallel(model)
     twin = twins.meta_tp_twin(model) if tp else twins.meta_twin(model)
-    frame = estimate(twin, example_inputs, system=spec, dtype=dtype, causal=causal, kwargs=kwargs,
-                     optimizer=optimizer)
+    terms = estimate_terms(twin, example_inputs, system=spec, dtype=dtype, causal=causal, kwargs=kwargs,
+                           optimizer=optimizer)
     if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake"):
         extra = live_dtensor_collectives(unwrap(model), example_inputs, kwargs) if tp else []
-        out = layout_collectives.add_live_collectives(frame, model, spec, extra)
+        out = finish(layout_collectives.add_live_collectives(terms, model, spec, extra))
         out.attrs["collectives_source"] = ("live layout (FSDP2 units, DDP buckets) and TP/SP redistributes traced on "
                                            "a twin with fake shards")
         return out
     coll, flops = trace_collectives(model, example_inputs, kwargs=kwargs)
-    out = layout_collectives.add_collectives(frame, [Collective(**r) for r in coll.to_dict("records")], spec)
+    out = finish(layout_collectives.add_collectives(terms, [Collective(**r) for r in coll.to_dict("records")], spec))
     out.attrs["flops_traced"] = flops
     out.attrs["collectives_source"] = "traced on the fake process group"
     return out

@@ -17,12 +17,13 @@ import pandas as pd
 from perfcheck.errors import UserError
 from perfcheck.hardware import systems
 from perfcheck.hardware.labels import datasheet_default, spec_label
-from perfcheck.hardware.systems import SystemSpec, load_system
+from perfcheck.hardware.systems import SystemSpec, load_system, spec_of
 import perfcheck.rundir as runs
 from perfcheck.parallel import ParallelConfig
 from perfcheck.predict import layout, layout_collectives
 from perfcheck.predict.estimate import estimate
 from perfcheck.predict.host import optimizer_kind
+from perfcheck.predict.module_estimator import estimate_terms, finish
 from perfcheck.schema import PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS, SCHEMA_VERSION, SchemaError, validate_frame
 
 PREDICTED_CSV = "predicted.csv"
@@ -110,9 +111,7 @@ def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
     """The predicted frame (schema.PREDICTED_COLUMNS) for the run described by ``meta`` (meta.json);
     ``attrs["optimizer"]`` names the optimizer costed (``optimizer_for_run``)."""
     optimizer, label = optimizer_for_run(meta)
-    frame = _estimate_for_run(model, meta, system, optimizer or "sgd")
-    if optimizer is None:
-        frame["pred_optim_s"] = float("nan")  # not modelled: no number rather than another optimizer's
+    frame = _estimate_for_run(model, meta, system, optimizer)  # None: not modelled, pred_optim_s NaN
     frame.attrs["optimizer"] = label
     return frame
 
@@ -126,9 +125,10 @@ def _estimate_for_run(model, meta: dict, system, optimizer) -> pd.DataFrame:
         return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                         kwargs=kwargs or None, optimizer=optimizer)
     if kind == "ddp" and layout.has_buckets(model):
-        frame = estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
-                         parallel=None, kwargs=kwargs or None, optimizer=optimizer)
-        return layout_collectives.add_live_collectives(frame, model, system_from_meta(meta, system))
+        spec = spec_of(system_from_meta(meta, system))  # resolved once, for the compute and the collectives
+        terms = estimate_terms(model, args, system=spec, dtype=meta.get("dtype") or None, parallel=None,
+                               kwargs=kwargs or None, optimizer=optimizer)
+        return finish(layout_collectives.add_live_collectives(terms, model, spec))
     return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                     parallel=parallel_from_meta(meta), kwargs=kwargs or None, optimizer=optimizer)
 

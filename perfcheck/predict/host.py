@@ -65,7 +65,8 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import LOW_HOST_DTYPES, host_constants, load_system, normalize_dtype
+from perfcheck.hardware.host_keys import op_cold_key, optim_line, optim_per_tensor_key, optim_step_key, zero_key
+from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, normalize_dtype, spec_of
 from perfcheck.predict import optimizers
 from perfcheck.predict.aten_costs import op_class
 from perfcheck.predict.roofline import compute_time_s, memory_time_s
@@ -194,7 +195,7 @@ def dtype_host_terms(spec, hc: dict, dtype) -> tuple:
     if key in LOW_HOST_DTYPES:
         suffix = f"@{key}"
         fixed.update({name[: -len(suffix)]: v for name, v in fixed.items() if name.endswith(suffix)})
-        cold = dict(spec.host).get(f"op_cold_{key}_s", cold)
+        cold = dict(spec.host).get(op_cold_key(key), cold)
     return fixed, cold
 
 
@@ -248,7 +249,7 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     the stack up to that module (so it counts in the module and its ancestors, not in the child
     whose first op follows); the module's AccumulateGrad nodes ride on its first call item.
     """
-    spec = load_system(spec)
+    spec = spec_of(spec)
     hc = host_constants(spec)
     seq, op_stacks = op_sequence(trace, ops)
     op_fixed, cold = dtype_host_terms(spec, hc, dtype)
@@ -369,8 +370,8 @@ def optimizer_kind(optimizer) -> tuple:
 
 
 #: Calibrated per-tensor host costs the others are read from: (implementation line, kind) -> host key.
-_HOST_POINTS = {"for-loop": (("sgd", "optim_sgd_per_tensor_s"), ("adam", "optim_adam_per_tensor_s")),
-                "foreach": (("sgd", "optim_sgd_foreach_per_tensor_s"), ("adam", "optim_adam_foreach_per_tensor_s"))}
+_HOST_POINTS = {impl: tuple((base, optim_per_tensor_key(optim_line(base, impl))) for base in ("sgd", "adam"))
+                for impl in ("for-loop", "foreach")}
 
 
 def optimizer_host_per_tensor(kind: str, impl: str, hc) -> float:
@@ -405,7 +406,7 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     whole list); Muon's Newton-Schulz matmuls: n^1.5 MACs each (a square parameter) at the matrix rate.
     CPU: host + device (same thread); GPU: max(host, device) (the step's kernels queue behind it).
     """
-    spec = load_system(spec)
+    spec = spec_of(spec)
     hc = host_constants(spec)
     kind, impl = optimizer_kind(optimizer)
     impl = impl or ("for-loop" if spec.kind == "cpu" else "foreach")
@@ -437,9 +438,9 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
 
 
 def step_key(base: str, impl: str) -> str:
-    """The host constant of an optimizer implementation's fixed cost per step (base: sgd | adam)."""
-    name = f"{base}_foreach" if impl != "for-loop" else base
-    return "optim_step_s" if name == "sgd" else f"optim_{name}_step_s"
+    """The host constant of an optimizer implementation's fixed cost per step (base: sgd | adam;
+    ``perfcheck.hardware.host_keys``)."""
+    return optim_step_key(optim_line(base, impl))
 
 
 # ------------------------------------------------------------------------------ processes sharing a host
@@ -454,13 +455,13 @@ def process_slowdown(spec, processes: int) -> float:
     host_defaults.json's. Linear in the peers: an assumption, exact at the N the case ran with."""
     if isinstance(processes, bool) or not isinstance(processes, (int, np.integer)) or processes < 1:
         raise UserError(f"processes: must be an integer >= 1, got {processes!r}")
-    return 1.0 + (int(processes) - 1) * host_constants(load_system(spec))["process_slowdown_per_peer"]
+    return 1.0 + (int(processes) - 1) * host_constants(spec_of(spec))["process_slowdown_per_peer"]
 
 
 # ------------------------------------------------------------------------------ collectives, DeepSpeed
 def collective_latency_s(calls, spec) -> float:
     """Alpha term: ``calls`` collectives x the fixed time of one (collective_latency_s)."""
-    return float(calls) * host_constants(load_system(spec))["collective_latency_s"]
+    return float(calls) * host_constants(spec_of(spec))["collective_latency_s"]
 
 
 def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec, partitioned_tensors: int = 0) -> dict:
@@ -488,41 +489,42 @@ def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec,
             raise UserError(f"{name}: must be an integer >= 0, got {value!r}")
     if partitioned_tensors > param_tensors:
         raise UserError(f"partitioned_tensors: {partitioned_tensors} is more than the {param_tensors} parameter tensors")
-    hc = host_constants(load_system(spec))
+    hc = host_constants(spec_of(spec))
     part = partitioned_tensors if stage == 3 else 0
     out = {}
     for ph, key in (("fwd", "fwd"), ("bwd", "bwd"), ("step", "optim")):
-        t = hc[f"zero{stage}_{ph}_s"] + (param_tensors - part) * hc[f"zero{stage}_{ph}_tensor_s"]
+        t = hc[zero_key(stage, ph)] + (param_tensors - part) * hc[zero_key(stage, ph, "tensor")]
         if stage == 3:
-            t += (module_calls * hc[f"zero3_{ph}_module_s"] if ph != "step" else 0.0)
-            t += part * hc[f"zero3_{ph}_gather_s"]
+            t += (module_calls * hc[zero_key(3, ph, "module")] if ph != "step" else 0.0)
+            t += part * hc[zero_key(3, ph, "gather")]
         out[key] = float(t)
     return out
 
 
 # ------------------------------------------------------------------------------ estimator columns
-def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec, modules: dict,
+def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: SystemSpec, modules: dict,
                      optimizer="sgd", dtype=None) -> pd.DataFrame:
-    """The module estimator's host terms: ``host_fwd_s``, ``host_bwd_s``, ``pred_optim_s``, and
-    ``pred_fwd_s``/``pred_bwd_s`` replaced by the two-timeline time (device terms + host terms);
-    ``bound_*`` becomes ``host`` where the host total exceeds the device total.
+    """The module estimator's host and timeline terms, per module and phase p: ``host_p_s`` and ``device_p_s``
+    (totals), ``timeline_p_s`` (both on the two timelines: ``module_times``), ``tied_bwd_s`` (``tied_gradient_s``),
+    and ``pred_optim_s`` (its only writer). ``perfcheck.predict.combine.predicted_times`` makes the module's
+    time and bound of them.
 
-    frame: the estimator's per-module frame (before communication is added); ops: its timed op
-    table; modules: path -> nn.Module. ``optimizer``: name or torch.optim instance (``optimizer_kind``).
+    frame: the estimator's per-module frame; ops: its timed op table; modules: path -> nn.Module.
+    ``optimizer``: name or torch.optim instance (``optimizer_kind``), or None for one that is not modelled
+    (``pred_optim_s`` NaN: no number rather than another optimizer's).
     """
-    spec = load_system(spec)
     own = {p: sum(1 for q in m.parameters(recurse=False) if q.requires_grad) for p, m in modules.items()}
     times = module_times(trace, ops, spec, own, dtype).set_index("module")
     for phase in ("fwd", "bwd"):
-        host = frame["module"].map(times[f"host_{phase}_s"]).fillna(0.0).to_numpy(float)
-        device = frame["module"].map(times[f"device_{phase}_s"]).fillna(0.0).to_numpy(float)
-        frame[f"host_{phase}_s"] = host
-        frame[f"pred_{phase}_s"] = frame["module"].map(times[f"time_{phase}_s"]).fillna(0.0).to_numpy(float)
-        frame[f"bound_{phase}"] = np.where(host_bound(host, device), "host", frame[f"bound_{phase}"])
+        for term in ("host", "device", "time"):
+            column = f"timeline_{phase}_s" if term == "time" else f"{term}_{phase}_s"
+            frame[column] = frame["module"].map(times[f"{term}_{phase}_s"]).fillna(0.0).to_numpy(float)
     tied = tied_gradient_s(modules, spec)
-    if tied:
-        extra = frame["module"].map(lambda m: sum(t for p, t in tied.items() if _contains(m, p))).to_numpy(float)
-        frame["pred_bwd_s"] = frame["pred_bwd_s"].to_numpy(float) + extra
+    frame["tied_bwd_s"] = (frame["module"].map(lambda m: sum(t for p, t in tied.items() if _contains(m, p)))
+                           .to_numpy(float) if tied else 0.0)
+    if optimizer is None:  # an optimizer the model does not know (predict.for_run): no number rather than another's
+        frame["pred_optim_s"] = float("nan")
+        return frame
     optim = []
     for path in frame["module"]:
         mod = modules.get(path)

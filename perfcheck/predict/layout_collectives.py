@@ -113,13 +113,15 @@ def issuer_and_ancestors(module: str, index: dict):
 
 
 def add_collectives(frame, rows, system):
-    """Fill the predicted frame's communication columns from the Collectives ``rows``: each counts
-    in the module that issues it and in its ancestors (like FLOPs); its time on ``system``'s links
-    is added to pred_<phase>_s (optimizer-time reductions count with backward). A copy;
-    ``attrs['collectives']`` lists the rows (predicted_collectives.csv)."""
+    """Fill the communication columns of an estimate's terms (``predict.module_estimator.estimate_terms``)
+    from the Collectives ``rows``: each counts in the module that issues it and in its ancestors (like
+    FLOPs); its time on ``system``'s links is added to comm_<phase>_s, which
+    ``predict.combine.predicted_times`` puts in pred_<phase>_s (optimizer-time reductions count with
+    backward). A copy; ``attrs['collectives']`` lists the rows (predicted_collectives.csv)."""
     rows = list(rows)
     frame = frame.copy()
     frame["comm_fwd_bytes"], frame["comm_bwd_bytes"] = 0.0, 0.0
+    frame["comm_fwd_s"], frame["comm_bwd_s"] = 0.0, 0.0
     kinds = {p: set() for p in frame["module"]}
     index = {p: i for i, p in enumerate(frame["module"])}
     for r in rows:
@@ -127,7 +129,7 @@ def add_collectives(frame, rows, system):
         phase = frame_phase(r.phase)
         for path in issuer_and_ancestors(str(r.module), index):
             frame.loc[frame.index[index[path]], f"comm_{phase}_bytes"] += r.bytes
-            frame.loc[frame.index[index[path]], f"pred_{phase}_s"] += t
+            frame.loc[frame.index[index[path]], f"comm_{phase}_s"] += t
             kinds[path].add(r.kind)
     frame["comm_kind"] = [",".join(sorted(kinds.get(p, ()))) for p in frame["module"]]
     frame.attrs["collectives"] = [dict(r.__dict__) for r in rows]

@@ -1,14 +1,13 @@
 """perfcheck.estimate(model, example_inputs, ...): the predicted table, one row per module.
 
 Pipeline: trace one fake forward (trace.py) -> cost every aten op with the registry
-(aten_costs.py -> formulas.py) -> time each op's device side on the system's roofline
-(roofline.py) -> add each op into every module on the stack when it ran, so a container's row
-includes its children *and* the functional ops its own forward calls (a residual add, F.relu, a
-matmul) -> put host and device work on two timelines (host.py: ``add_host_columns`` replaces the
-device sums in ``pred_fwd_s``/``pred_bwd_s`` with the two-timeline time, adds ``host_*_s`` and
-``pred_optim_s``) -> add data-parallel / ZeRO collectives (``_add_communication``). Where each term
-of a module's time comes from: docs/model.md. Columns are documented in
-perfcheck.schema.PREDICTED_COLUMNS.
+(aten_costs.py -> formulas.py) -> time each op on the system's roofline (roofline.py) -> add each
+op into every module on the stack when it ran, so a container's row includes its children *and*
+the functional ops its own forward calls (a residual add, F.relu, a matmul) -> put each op's host
+cost (dispatch, autograd, module calls) beside its device time on two timelines (host.py:
+``timeline_*_s``) -> add communication (``comm_*_s``) -> ``combine.predicted_times``, the one writer
+of ``pred_fwd_s``/``pred_bwd_s``. Columns are documented in perfcheck.schema.PREDICTED_COLUMNS.
+Where each term of a module's time comes from: docs/model.md.
 """
 from __future__ import annotations
 
@@ -23,8 +22,9 @@ from perfcheck.hardware.labels import datasheet_default, spec_label
 from perfcheck.model_paths import module_paths, unwrap
 from perfcheck.predict import collectives, roofline, trace as tracing, zero
 from perfcheck.predict.aten_costs import cost_of, op_class, sdpa_cost
+from perfcheck.predict.combine import predicted_times
 from perfcheck.predict.formulas import ZERO
-from perfcheck.hardware.systems import host_constants, load_system
+from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, spec_of, torch_dtype
 from perfcheck.predict.host import add_host_columns
 from perfcheck.predict.roofline import gemm_dims, gemm_min_dim, gemm_unaligned
 from perfcheck.schema import module_depth, parent_path, PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS
@@ -32,21 +32,15 @@ from perfcheck.schema import module_depth, parent_path, PREDICTED_COLUMNS, PREDI
 
 def _dtype_of(model, dtype):
     if dtype is not None:
-        return dtype if isinstance(dtype, torch.dtype) else _parse_dtype(dtype)
+        dt = torch_dtype(dtype)
+        if not isinstance(dtype, torch.dtype) and normalize_dtype(dtype) == "tf32":
+            # its peaks would be read as fp32's (the dtype is taken from the tensors): refused, as before
+            raise UserError(f"dtype: {dtype!r} is fp32 tensors with TF32 matmuls, not a tensor dtype; give fp32")
+        return dt
     for p in model.parameters():
         if p.is_floating_point():
             return p.dtype
     return torch.float32
-
-
-def _parse_dtype(name: str) -> torch.dtype:
-    aliases = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
-               "half": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-               "fp64": torch.float64, "float64": torch.float64}
-    try:
-        return aliases[str(name).lower()]
-    except KeyError:
-        raise UserError(f"dtype: unknown {name!r}; use one of {sorted(aliases)}") from None
 
 
 def default_system_name():
@@ -100,9 +94,9 @@ def _is_causal(call) -> bool:
     return bool(call.arg(4, "is_causal", False))
 
 
-def _time_ops(ops: pd.DataFrame, system, dtype) -> pd.DataFrame:
+def _time_ops(ops: pd.DataFrame, spec: SystemSpec, dtype) -> pd.DataFrame:
     """Device time per op: roofline + the device-side per-kernel time (host work is perfcheck.predict.host's)."""
-    return roofline.op_device_times(ops, system, dtype, launch_s=host_constants(load_system(system))["device_kernel_s"])
+    return roofline.op_device_times(ops, spec, dtype, launch_s=host_constants(spec)["device_kernel_s"])
 
 
 def _membership(trace, ops: pd.DataFrame) -> pd.DataFrame:
@@ -141,13 +135,24 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     causal: count causal SDPA calls at half their products (FlopCounterMode counts them in full).
     optimizer: the optimizer whose step ``pred_optim_s`` predicts: a name (any torch.optim class in lower case
       with its variants, e.g. sgd, sgd_momentum, adamw, rmsprop_momentum; suffix -foreach/-fused/-for-loop:
-      perfcheck.predict.optimizers) or a torch.optim instance (perfcheck.predict.host.optimizer_kind).
+      perfcheck.predict.optimizers) or a torch.optim instance (perfcheck.predict.host.optimizer_kind); None
+      for one that is not modelled (``pred_optim_s`` NaN).
     Returns a DataFrame with the columns of ``perfcheck.schema.PREDICTED_COLUMNS`` plus
     ``PREDICTED_EXTRA_COLUMNS`` (``unmodeled_ops``, ``kernels_fwd``, ``kernels_bwd``); ``attrs``
     names the system, whether it was calibrated, and the dtype.
     """
+    return finish(estimate_terms(model, example_inputs, system=system, dtype=dtype, parallel=parallel,
+                                 causal=causal, kwargs=kwargs, optimizer=optimizer))
+
+
+def estimate_terms(model: torch.nn.Module, example_inputs, *, system=None, dtype=None, parallel=None,
+                   causal: bool = False, kwargs=None, optimizer="sgd") -> pd.DataFrame:
+    """``estimate``'s per-module frame before its time is combined: every column but ``pred_fwd_s``,
+    ``pred_bwd_s``, ``bound_fwd`` and ``bound_bwd``, plus the terms ``combine.predicted_times`` makes them of
+    (``combine.TERM_COLUMNS``). ``finish`` turns it into ``estimate``'s table; a torch-native layout adds its
+    collectives to the comm columns in between (``distributed.estimate_sharded``)."""
     check_model(model)
-    spec = load_system(system if system is not None else default_system_name())
+    spec = spec_of(system if system is not None else default_system_name())  # resolved once, passed down typed
     dt = _dtype_of(model, dtype)
     elem_bytes = torch.tensor([], dtype=dt).element_size() if dtype is not None else None
     model = unwrap(model)
@@ -166,7 +171,7 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     sums = joined.groupby("module").agg(
         macs_fwd=("macs_fwd", "sum"), macs_bwd=("macs_bwd", "sum"), other_fwd=("other_fwd", "sum"),
         other_bwd=("other_bwd", "sum"), bytes_fwd=("bytes_fwd", "sum"), bytes_bwd=("bytes_bwd", "sum"),
-        pred_fwd_s=("t_fwd", "sum"), pred_bwd_s=("t_bwd", "sum"), counted=("counted", "any"),
+        counted=("counted", "any"),
         kernels_fwd=("kernels_fwd", "sum"), kernels_bwd=("kernels_bwd", "sum"),
         macs_recompute=("macs_rec", "sum"), other_rec=("other_rec", "sum"), pred_recompute_s=("t_rec", "sum"))
     # Names of the ops costed by bytes alone, per module: grouped over those rows only (a Python
@@ -181,26 +186,33 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
     frame["calls"] = [trace.calls[p] for p in trace.order]
     frame["params"] = [_param_count(modules[p]) if p in modules else 0 for p in trace.order]
     frame = frame.join(sums, on="module")
-    for col in ("macs_fwd", "macs_bwd", "other_fwd", "other_bwd", "bytes_fwd", "bytes_bwd", "pred_fwd_s", "pred_bwd_s",
-                "kernels_fwd", "kernels_bwd", "macs_recompute", "other_rec", "pred_recompute_s"):
+    for col in ("macs_fwd", "macs_bwd", "other_fwd", "other_bwd", "bytes_fwd", "bytes_bwd", "kernels_fwd", "kernels_bwd", "macs_recompute", "other_rec", "pred_recompute_s"):
         frame[col] = frame[col].fillna(0.0)
     frame["flops_recompute"] = 2 * frame["macs_recompute"] + frame["other_rec"]
     frame["flops_fwd"] = 2 * frame["macs_fwd"] + frame["other_fwd"]
     frame["flops_bwd"] = 2 * frame["macs_bwd"] + frame["other_bwd"]
     frame["act_mem"] = [float(sum(trace.saved.get(p, {}).values())) for p in trace.order]
-    frame["bound_fwd"] = frame["module"].map(_dominant_bound(members, ops, "fwd")).fillna("overhead")
-    frame["bound_bwd"] = frame["module"].map(_dominant_bound(members, ops, "bwd")).fillna("overhead")
+    frame["roofline_bound_fwd"] = frame["module"].map(_dominant_bound(members, ops, "fwd")).fillna("overhead")
+    frame["roofline_bound_bwd"] = frame["module"].map(_dominant_bound(members, ops, "bwd")).fillna("overhead")
     frame["source"] = np.where(frame["counted"].fillna(False).astype(bool), "counted", "modeled")
     frame["unmodeled_ops"] = frame["unmodeled_ops"].fillna("")
     frame = add_host_columns(frame, trace, ops, spec, modules, optimizer, dt)  # host terms, two timelines
     frame = _add_communication(frame, model, modules, parallel, spec, dt)
-    cols = list(PREDICTED_COLUMNS) + list(PREDICTED_EXTRA_COLUMNS)
-    frame = frame[cols].reset_index(drop=True)
     # Which ceilings produced the times: every report prints "NAME (calibrated|datasheet)".
 
     frame.attrs.update(system=spec.name, calibrated=bool(spec.calibrated), dtype=str(dt).replace("torch.", ""),
                        system_label=spec_label(spec))
     return frame
+
+
+def finish(terms: pd.DataFrame) -> pd.DataFrame:
+    """The predicted table from ``estimate_terms``' frame (after any collectives a layout adds to its
+    ``comm_*`` columns): each module's time and bound written by ``combine.predicted_times``, then the
+    columns of ``PREDICTED_COLUMNS`` and ``PREDICTED_EXTRA_COLUMNS``."""
+    frame = predicted_times(terms)
+    out = frame[list(PREDICTED_COLUMNS) + list(PREDICTED_EXTRA_COLUMNS)].reset_index(drop=True)
+    out.attrs.update(terms.attrs)
+    return out
 
 
 def _named(model):
@@ -210,10 +222,13 @@ def _named(model):
 
 
 def _add_communication(frame, model, modules, parallel, spec, dtype) -> pd.DataFrame:
-    """Data-parallel / ZeRO collectives per module (by the parameters it owns directly)."""
+    """Data-parallel / ZeRO collectives per module (by the parameters it owns directly): ``comm_p_bytes``,
+    ``comm_kind`` and their seconds ``comm_p_s`` (a term of ``combine.predicted_times``)."""
     frame["comm_fwd_bytes"] = 0.0
     frame["comm_bwd_bytes"] = 0.0
     frame["comm_kind"] = ""
+    frame["comm_fwd_s"] = 0.0
+    frame["comm_bwd_s"] = 0.0
     if parallel is None:
         return frame
     if parallel.tp > 1 or parallel.pp > 1:
@@ -238,9 +253,7 @@ def _add_communication(frame, model, modules, parallel, spec, dtype) -> pd.DataF
     for phase in ("fwd", "bwd"):
         t_comm = collectives.collective_time_s(comm[f"{phase}_kind"], frame[f"comm_{phase}_bytes"].to_numpy(float),
                                                parallel.dp, spec)
-        t_comm = np.where(frame[f"comm_{phase}_bytes"].to_numpy() > 0, t_comm, 0.0)
-        frame[f"pred_{phase}_s"] = frame[f"pred_{phase}_s"] + t_comm
-        frame[f"bound_{phase}"] = np.where(t_comm > 0.5 * frame[f"pred_{phase}_s"], "comm", frame[f"bound_{phase}"])
+        frame[f"comm_{phase}_s"] = np.where(frame[f"comm_{phase}_bytes"].to_numpy() > 0, t_comm, 0.0)
     return frame
 
 

@@ -31,7 +31,7 @@ import os
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, host_constants, load_system, normalize_dtype, row_costs, simd_bytes
+from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, row_costs, simd_bytes, spec_of
 
 
 def _array(x, name: str) -> np.ndarray:
@@ -64,7 +64,7 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
     scales the curve by ``matrix_<dtype> / matrix``. ``align`` (optional, per GEMM) multiplies it:
     ``alignment_factor`` of GEMMs whose row strides are not 16-byte multiples. Result is capped at 1.
     """
-    system = load_system(system)
+    system = spec_of(system)
     flat = system.matrix_efficiency(dtype)
     curve = system.matrix_efficiency_curve
     if not curve or flops_per_kernel is None:
@@ -83,7 +83,7 @@ def alignment_factor(system, unaligned, phase: str = "fwd"):
     the spec's ``efficiency.matrix_unaligned`` in the forward, ``matrix_unaligned_bwd`` in the backward
     (its two GEMMs lose less: GPT-2's lm_head ran 6.3x fwd, 3.9x bwd below the aligned model on an
     H100), falling back to the forward's; 1 without either key."""
-    eff = load_system(system).efficiency
+    eff = spec_of(system).efficiency
     f = eff.get("matrix_unaligned", 1.0)
     if phase == "bwd":
         f = eff.get("matrix_unaligned_bwd", f)
@@ -94,7 +94,7 @@ def alignment_factor(system, unaligned, phase: str = "fwd"):
 
 def shape_factor(system, min_dim):
     """The ``matrix_shape_curve`` multiplier for GEMMs whose smallest dimension is ``min_dim`` (1 without a curve)."""
-    system = load_system(system)
+    system = spec_of(system)
     curve = system.matrix_shape_curve
     if min_dim is None or not curve:
         return 1.0 if min_dim is None else np.ones(np.shape(min_dim))[()]
@@ -113,7 +113,7 @@ def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, mi
     ``min_dim`` (optional): the GEMMs' smallest dimension, for the shape curve; ``align`` (optional):
     the GEMMs' ``alignment_factor``.
     """
-    system = load_system(system)
+    system = spec_of(system)
     mf = _array(matrix_flops, "matrix_flops")
     of = _array(other_flops, "other_flops")
     per_kernel = mf if kernels is None else mf / np.maximum(_array(kernels, "kernels"), 1.0)
@@ -130,7 +130,7 @@ def bandwidth_factor(system, bytes_per_kernel):
     its ends: a working set that stays in a cache moves faster than the DRAM-sized copy the
     bandwidth ceiling is measured on (3.5x at 2 MiB on the project's EPYC VM, 1.0 from 8 MiB on).
     """
-    system = load_system(system)
+    system = spec_of(system)
     curve = system.mem_bandwidth_curve
     if bytes_per_kernel is None or not curve:
         return 1.0 if bytes_per_kernel is None else np.ones(np.shape(bytes_per_kernel))[()]
@@ -145,7 +145,7 @@ def memory_time_s(bytes_moved, system, *, kernels=None):
     ``kernels`` (optional) splits the bytes into equal kernels for the ``mem_bandwidth_curve`` lookup
     (bytes per kernel); without it the bandwidth is the large-copy ceiling, whatever the size.
     """
-    system = load_system(system)
+    system = spec_of(system)
     b = _array(bytes_moved, "bytes_moved")
     factor = 1.0 if kernels is None else bandwidth_factor(system, b / np.maximum(_array(kernels, "kernels"), 1.0))
     t = b / (system.mem_bandwidth_bytes_per_s * system.efficiency["memory"] * factor)
@@ -162,7 +162,7 @@ def op_time_s(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *,
     device-side ``device_kernel_s`` because it costs dispatch on the host timeline itself.
     ``min_dim``, ``align``: GEMM smallest dimension and alignment factor per op (see ``matrix_efficiency``).
     """
-    system = load_system(system)
+    system = spec_of(system)
     k = _array(kernels, "kernels")
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=kernels, min_dim=min_dim,
                                         align=align))
@@ -187,7 +187,7 @@ def ideal_time_s(matrix_flops, other_flops, bytes_moved, kernels=None, system=No
         kernels, system, dtype = None, kernels, system
     if system is None or dtype is None:
         raise UserError("ideal_time_s: give system and dtype")
-    system = load_system(system)
+    system = spec_of(system)
     normalize_dtype(dtype)
     mf = _array(matrix_flops, "matrix_flops")
     of = _array(other_flops, "other_flops")
@@ -204,7 +204,7 @@ def flag_rate_above_peak(achieved_flops_per_s, system, dtype, tolerance: float =
     performance: DeepSpeed's tutorial prints 1310 TFLOPS for a Linear on a 312 TFLOPS A100.
     NaN gives False.
     """
-    system = load_system(system)
+    system = spec_of(system)
     rate = np.asarray(achieved_flops_per_s, dtype=float)
     flags = rate > system.matrix_peak(dtype) * tolerance
     return _scalar_out(np.asarray(flags), achieved_flops_per_s)
@@ -212,7 +212,7 @@ def flag_rate_above_peak(achieved_flops_per_s, system, dtype, tolerance: float =
 
 def flag_bandwidth_above_peak(achieved_bytes_per_s, system, tolerance: float = 1.0):
     """True where a measured device-memory B/s exceeds the datasheet bandwidth (artifact, or cache hits)."""
-    system = load_system(system)
+    system = spec_of(system)
     rate = np.asarray(achieved_bytes_per_s, dtype=float)
     flags = rate > system.mem_bandwidth_bytes_per_s * tolerance
     return _scalar_out(np.asarray(flags), achieved_bytes_per_s)
@@ -322,7 +322,7 @@ def row_time_s(system, names, phase: str, rows, row_elems) -> np.ndarray:
     than one vector goes element by element. log_softmax forward on the project's AVX2 VM (per row, beyond its
     elements' roofline): 2, 4, 5, 7 floats 52, 91, 108, 151 ns (~20 ns per element); 8 and 16 floats 24 and 33 ns
     (9 per vector); 10, 12 and 20 floats 68, 70, 77 ns (a partial vector ~44 ns, whatever its count)."""
-    system = load_system(system)
+    system = spec_of(system)
     rows = np.asarray(rows, dtype=float)
     elems = np.asarray(row_elems, dtype=float)
     width = simd_bytes(system) // 4
@@ -372,7 +372,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     (``gemm_narrow_rows`` of the ``gemm`` column's ``gemm_dims``) x the spec's ``gemm_narrow_row_s``.
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it.
     """
-    system = load_system(system)
+    system = spec_of(system)
     names = ops["name"].to_numpy(object)
     classes = ops["op_class"].to_numpy(object) if "op_class" in ops else names
     narrow_s = host_constants(system)["gemm_narrow_row_s"]
@@ -476,7 +476,7 @@ def row_prices(system, names, phase: str) -> np.ndarray:
     beyond its elements: a 256x5 log_softmax took 34 us and a 4096x5 one 472 us on the project's VM
     (~115 ns per 5-element row), where the vector roofline gives ~2 us.
     """
-    table = row_costs(load_system(system))
+    table = row_costs(spec_of(system))
     return np.array([table.get(ROW_PRICE_ALIASES.get(n, n), {}).get(phase, 0.0) for n in names], dtype=float)
 
 
@@ -484,7 +484,7 @@ def row_terms(system, names, phase: str) -> tuple:
     """``(row_s, vector_s, tail_s, partial_s)`` arrays for ops ``names`` in ``phase``: the ``op_row_s`` entry's
     ``<phase>``, ``<phase>_vector``, ``<phase>_tail``, ``<phase>_partial`` (0 where absent; see ``row_prices``
     for the table and aliases)."""
-    table = row_costs(load_system(system))
+    table = row_costs(spec_of(system))
     entries = [table.get(ROW_PRICE_ALIASES.get(n, n), {}) for n in names]
     return tuple(np.array([e.get(key, 0.0) for e in entries], dtype=float)
                  for key in (phase, f"{phase}_vector", f"{phase}_tail", f"{phase}_partial"))

@@ -39,12 +39,15 @@ from typing import Tuple
 import numpy as np
 
 from perfcheck.predict import formulas as F
+from perfcheck.predict.collectives import COLLECTIVE_KINDS
 
 #: The unfused attention core: what selective recompute recomputes (Korthikanti et al. 2022, 5.1).
 CORE_ATTENTION = ("logits", "softmax", "dropout_softmax", "attend", "core_attention")
 
-#: all-to-all: MoE token dispatch; broadcast and reduce: the SUMMA steps of 2D / 2.5D tensor parallelism.
-COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+#: The collective kinds a sublayer issues: every kind of the one list (perfcheck.predict.collectives) but the
+#: pipeline's point-to-point hand-offs (perfcheck.predict.pipeline costs those). all-to-all: MoE token dispatch;
+#: broadcast and reduce: the SUMMA steps of 2D / 2.5D tensor parallelism.
+SUBLAYER_KINDS = tuple(k for k in COLLECTIVE_KINDS if k != "sendrecv")
 #: Tensor-parallel schemes (``tp_scheme``): Megatron 1D, and the grid schemes of ``grid_*`` below.
 TP_SCHEMES = ("1d", "2d", "2.5d", "3d")
 
@@ -54,7 +57,7 @@ class Collective:
     """One tensor-parallel collective a sublayer issues: phase, kind, full buffer bytes (array)."""
 
     phase: str  # "fwd" | "bwd"
-    kind: str  # one of COLLECTIVE_KINDS
+    kind: str  # one of SUBLAYER_KINDS
     bytes: object
     group: str = "tp"  # which ranks: a key of Shape.group_sizes ("tp", "ep", "q", "d", "q2")
 

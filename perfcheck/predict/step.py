@@ -27,7 +27,7 @@ import pandas as pd
 from perfcheck.predict import collectives, pipeline, roofline, sharding
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
                                            make_options, single_layout, validate_layouts)
-from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, load_system
+from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, spec_of
 
 
 # ---- evaluation ------------------------------------------------------------------------------------
@@ -84,7 +84,7 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     out["comm_groups"] = {key: (_stack(f, n), _stack(b, n)) for key, (f, b) in sorted(acc.items())}
     zero = np.zeros((len(rows), n))
     for i, phase in enumerate(("fwd", "bwd")):
-        for kind in sharding.COLLECTIVE_KINDS:
+        for kind in sharding.SUBLAYER_KINDS:
             out[f"comm_{phase}_{kind}"] = sum((v[i] for (k, _), v in out["comm_groups"].items() if k == kind), zero)
     if not tp1:
         sizes = {g: np.broadcast_to(np.asarray(v, dtype=float), (n,)) for g, v in x.group_sizes().items()}
@@ -116,7 +116,7 @@ def _time_rows(out, group_sizes, system, dtype, opts):
     ``device_kernel_s`` per kernel): one path, so the two front-ends agree on every layer under any spec.
     ``group_sizes``: ranks per group name (``Shape.group_sizes``), one entry per layout.
     """
-    spec = load_system(system)
+    spec = spec_of(system)
     both = {f: np.concatenate([out[f"{f}_fwd"], out[f"{f}_bwd"]])
             for f in ("macs", "flops", "bytes", "kernels", "rows", "row_elems")}
     rows = len(out["name"])
@@ -239,7 +239,7 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     and per optimizer step (gas pipeline flushes of m micro-batches; ``pipeline.bubble_fraction``):
         step = gas * m * t_mb + gas * (p - 1)/v * t_mb + exposed DP + embedding sync + optimizer
     """
-    spec = load_system(system)
+    spec = spec_of(system)
     out = evaluate(model, cfg, system, dtype, opts)
     stage = out["stage"]
     lay, first, last = stage == "layer", stage == "first", stage == "last"
@@ -289,11 +289,11 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     res["pp_comm_time_s"] = micro * p2p
     res["bubble_time_s"] = gas * (pp - 1) / v * stage_t
     res["bubble_fraction"] = pipeline.bubble_share(pp, v, m)
-    comm_bytes = sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.COLLECTIVE_KINDS)
+    comm_bytes = sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.SUBLAYER_KINDS)
     res["tp_comm_bytes"] = micro * stage_sum(comm_bytes)
     if opts.recompute == "full":  # the re-run forward issues its TP collectives again
         res["tp_comm_bytes"] = res["tp_comm_bytes"] + micro * per_stage * _select(
-            sum(out[f"comm_fwd_{k}"] for k in sharding.COLLECTIVE_KINDS), lay)
+            sum(out[f"comm_fwd_{k}"] for k in sharding.SUBLAYER_KINDS), lay)
     _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last)
     res["step_time_s"] = sum(res[k] for k in BREAKDOWN)
     unsharded = evaluate(model, cfg, system, dtype, opts, tp1=True)

@@ -354,7 +354,7 @@ TABLE_COLUMNS: Mapping[str, str] = {
 
 
 def _kinds(out, phase, i):
-    return "+".join(k for k in sharding.COLLECTIVE_KINDS if out[f"comm_{phase}_{k}"][i, 0] > 0)
+    return "+".join(k for k in sharding.SUBLAYER_KINDS if out[f"comm_{phase}_{k}"][i, 0] > 0)
 
 
 def sublayer_table(model, batch, seq, parallel, system, dtype, opts) -> pd.DataFrame:
@@ -367,7 +367,7 @@ def sublayer_table(model, batch, seq, parallel, system, dtype, opts) -> pd.DataF
            "act_mem": out["act_mem"][:, 0]}
     for p in ("fwd", "bwd"):
         col[f"flops_{p}"] = 2 * out[f"macs_{p}"][:, 0] + out[f"flops_{p}"][:, 0]
-        col[f"comm_{p}_bytes"] = sum(out[f"comm_{p}_{k}"][:, 0] for k in sharding.COLLECTIVE_KINDS)
+        col[f"comm_{p}_bytes"] = sum(out[f"comm_{p}_{k}"][:, 0] for k in sharding.SUBLAYER_KINDS)
         for f in ("macs", "bytes", "kernels"):
             col[f"{f}_{p}"] = out[f"{f}_{p}"][:, 0]
         for k in ("compute", "memory", "overhead", "comm"):

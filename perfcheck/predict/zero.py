@@ -48,11 +48,12 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import element_bytes, load_system
+from perfcheck.hardware.systems import element_bytes, spec_of
 from perfcheck.predict.collectives import batch_time_s, bus_factor, straggler_wait_s
 from perfcheck.predict.roofline import memory_time_s
 
-#: Collective kinds this model emits (a subset of collectives.COLLECTIVE_KINDS).
+#: The ZeRO collective kinds: those this model emits (a subset of collectives.COLLECTIVE_KINDS, the one list of
+#: kinds); the ZeRO comparison (analysis.stages, analysis.answers, analysis.layouts) reads them from here.
 KINDS = ("allreduce", "allgather", "reducescatter", "reduce")
 PHASES = ("fwd", "bwd", "step")
 #: fp32 optimizer-state bytes per parameter (besides the master copy).
@@ -419,7 +420,7 @@ def comm_time_s(collectives, dp, system, spans_nodes=None) -> dict:
     """Seconds per phase: per line, ``count / batch`` batches of ``batch`` calls of S / count each,
     every batch timed by ``collectives.batch_time_s`` (alpha once per batch, ``collective_async_call_s`` per
     further call issued with it, every call's bytes; a batch of 1 is ``collective_time_s``: alpha + bytes)."""
-    spec = load_system(system)
+    spec = spec_of(system)
     out = {ph: 0.0 for ph in PHASES}
     for c in collectives:
         count = np.asarray(c.count, dtype=float)
@@ -519,7 +520,7 @@ def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimi
         persist = sum(t for m, f in zip(layout.modules, flags) for t, k in zip(m, f) if k)
     memory = memory_per_rank(P, st, n, precision_=prec, persistent_params=persist)
 
-    spec = load_system(system)
+    spec = spec_of(system)
     comm = comm_time_s(colls, n, spec, spans_nodes=spans_nodes)
     hide = 1.0 - float(comm_overlap)
     times = {"fwd_compute_s": g * float(compute_fwd_s), "fwd_comm_s": hide * float(comm["fwd"]),

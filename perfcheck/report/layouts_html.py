@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from perfcheck.analysis.layouts import answers
-from perfcheck.analysis.stages import KINDS
+from perfcheck.predict.zero import KINDS
 from perfcheck.report.stages_html import figure_png, html_page
 from perfcheck.rundir import atomic_write_text
 

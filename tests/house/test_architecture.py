@@ -149,10 +149,8 @@ def test_no_private_names_reached_across_modules():
 FLOORS = ("base", "hardware", "predict", "calibrate", "measure", "analysis", "report", "session",
           "integrations", "examples", "commands", "facade")
 
-#: Module or folder -> its floor; the longest matching prefix wins. Paths that other changes of the
-#: same step create (perfcheck.rundir, perfcheck.units, perfcheck.session, measure/timer/) are listed
-#: ahead so that the table holds on either side of a move; an entry for a path that does not exist is
-#: harmless, a module with no entry fails ``test_every_module_has_a_floor``.
+#: Module or folder -> its floor; the longest matching prefix wins; a module with no entry fails
+#: ``test_every_module_has_a_floor``.
 FLOOR_OF = {
     "perfcheck.schema": "base", "perfcheck.errors": "base", "perfcheck.units": "base",
     "perfcheck.model_paths": "base", "perfcheck.parallel": "base", "perfcheck.rundir": "base",
@@ -162,10 +160,10 @@ FLOOR_OF = {
     "perfcheck.measure": "measure",
     "perfcheck.analysis": "analysis",
     "perfcheck.report": "report",
-    "perfcheck.measure.session": "session", "perfcheck.session": "session",
+    "perfcheck.session": "session",
     "perfcheck.integrations": "integrations",
     "perfcheck.examples": "examples",
-    "perfcheck.commands": "commands", "perfcheck.cli": "commands",
+    "perfcheck.commands": "commands",
     "perfcheck": "facade", "perfcheck.__main__": "facade", "perfcheck.deepspeed": "facade",
 }
 
@@ -178,14 +176,6 @@ UPWARD = {
         "(perfcheck.deepspeed.initialize) exactly as a user writes it",
     ("perfcheck.measure.context", "perfcheck"):
         "pending: the run's facts record perfcheck.__version__ (to be read from a base-floor module)",
-    ("perfcheck.predict.for_run", "perfcheck.measure.rundir"):
-        "pending: the one run-directory reader moves to perfcheck/rundir/ (base)",
-    ("perfcheck.predict.whatif", "perfcheck.measure.rundir"):
-        "pending: the one run-directory reader moves to perfcheck/rundir/ (base)",
-    ("perfcheck.analysis", "perfcheck.integrations.deepspeed.run_files"):
-        "pending: the DeepSpeed run files are read through the run-directory reader (perfcheck/rundir/)",
-    ("perfcheck.analysis", "perfcheck.report.units"):
-        "pending: report/units.py (byte and second formats) moves to perfcheck/units.py (base)",
 }
 
 

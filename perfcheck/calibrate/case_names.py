@@ -1,0 +1,72 @@
+"""The kinds and labels of the calibration cases: the contract between ``cases.py`` (and ``op_classes.py``),
+which write them into the measurement table (``fit.MEASUREMENT_COLUMNS``: ``kind``, ``label``), and ``fit.py``,
+which reads each constant off its row. One definition each: a case renamed here is renamed on both sides.
+"""
+from __future__ import annotations
+
+# ---- kinds (the ``kind`` column)
+MATMUL = "matmul"            # torch.mm squares and F.linear shapes: the matrix efficiency curve
+GEMM_ALIGN = "gemm_align"    # a GEMM with an unaligned row stride and its aligned twin
+GEMM_NARROW = "gemm_narrow"  # GEMMs narrower than two SIMD vectors (gemm_narrow_row_s)
+COPY = "copy"                # a buffer copy per size: the bandwidth curve
+VECTOR = "vector"            # an elementwise add: the vector rate
+LAUNCH = "launch"            # one tiny op, and a tiny autograd chain: op_dispatch_s, launch_overhead_s
+HOST = "host"                # the framework's costs (predict.host): view, chains, module call, optimizer steps
+OPFIXED = "opfixed"          # each tiny op family in its own tight loop (op_fixed_s)
+OPCOLD = "opcold"            # the same tiny ops one after another (op_cold_s)
+MODFIXED = "modfixed"        # a standard layer's Python beyond its aten ops (module_fixed_s)
+OPEFF = "opeff"              # an op efficiency class (op_classes.py)
+OPROWS = "oprows"            # per-row op costs (op_classes.py)
+
+# ---- labels (the ``label`` column) of the LAUNCH and HOST cases
+LAUNCH_OP = "op"                       # torch.add of 1-element tensors
+LAUNCH_AUTOGRAD = "autograd"           # a chain of tiny multiplies, forward and backward
+HOST_VIEW = "view"                     # Tensor.t() of a 1x1 tensor
+HOST_MODULE_CALL = "module call"       # an nn.Module whose forward returns its input
+HOST_DEVICE_KERNEL = "device kernel"   # a tiny add queued behind torch.cuda._sleep (GPU only)
+
+
+def count_of(label: str) -> int:
+    """The ``n`` of a label ending in ``x<n>`` (a chain's length, a case's tensors or ops), else 0."""
+    tail = str(label).rsplit("x", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def chain_label(grad: bool, n: int) -> str:
+    """A HOST chain of ``n`` 1-element multiplies, forward only, under autograd (``grad``) or without."""
+    return f"{'autograd' if grad else 'plain'} forward x{n}"
+
+
+def forward_backward_label(n: int) -> str:
+    """A HOST chain of ``n`` 1-element multiplies, forward and backward."""
+    return f"forward+backward x{n}"
+
+
+def optim_label(line: str, n: int) -> str:
+    """A HOST optimizer step + zero_grad on ``n`` 1-element tensors, line ``line`` (host_keys.OPTIM_LINES)."""
+    return f"optim {line} x{n}"
+
+
+def round_robin_label(n: int) -> str:
+    """The OPCOLD case: ``n`` tiny ops called one after another."""
+    return f"round-robin x{n}"
+
+
+def is_label(label: str, builder, *args) -> bool:
+    """True when ``label`` is ``builder(*args, n)`` for its own ``count_of`` n (a family of labels by size)."""
+    return count_of(label) > 0 and str(label) == builder(*args, count_of(label))
+
+
+def gemm_align_label(aligned: bool, phase: str, m: int, k: int, n: int) -> str:
+    """A GEMM_ALIGN case: the ``phase`` (fwd | bwd) of an m x k x n GEMM, its row stride aligned or not."""
+    return f"{'aligned' if aligned else 'unaligned'} {phase} {m}x{k}x{n}"
+
+
+def aligned_twin(label: str) -> str:
+    """The aligned twin's label of an unaligned GEMM_ALIGN case."""
+    return str(label).replace("unaligned ", "aligned ", 1)
+
+
+def is_unaligned(label: str, phase: str) -> bool:
+    """True for an unaligned GEMM_ALIGN case of ``phase``."""
+    return str(label).startswith(f"unaligned {phase} ")
