@@ -43,7 +43,7 @@ from perfcheck.measure.flops import FlopStep
 from perfcheck.measure.kernel_table import ProfilerWindow, empty_kernel_frame
 from perfcheck.measure.clocks import clock_for
 from perfcheck.measure import selection
-from perfcheck.measure.module_timer import ModuleTimer
+from perfcheck.measure.timer import ModuleTimer
 from perfcheck.measure.schedule import StepSchedule
 from perfcheck.measure.sampler import DEFAULT_INTERVAL_S, Sampler, validate_interval
 from perfcheck.measure.optimizers import OptimizerWatch, check_optimizer
