@@ -22,8 +22,11 @@ How each interval is taken (nothing here changes inputs, outputs or grads)
     (never one that would run the original module), and ``inspect.signature`` sees the real
     signature.
   - the lean path of either (a forward call with one tensor argument, the common case) only
-    appends a ``CallStart`` and a ``CallEnd`` (records.py) to a flat log per call; the per-call records are built from it when the
-    outermost call returns (``ForwardMixin._materialize``), in one loop.
+    appends a ``CallStart`` and a ``CallEnd`` (records.py) to a flat log per call; the per-call
+    records are built from it when the outermost call returns (``ForwardMixin._materialize``), in
+    one loop. The general path (``_pre``/``_finish``) builds the same records as each call starts
+    and returns: it is the reference implementation (``ModuleTimer(reference=True)``;
+    tests/measure/test_timer_paths.py checks the two agree on random module trees).
   - forward hooks: a pre-hook with ``prepend=True`` (it runs before the module's other pre-hooks,
     so their work, e.g. DeepSpeed ZeRO-3's parameter gather or FSDP2's all-gather, is inside the
     interval) and a forward hook with ``always_call=True`` (last; also when forward raises). Used

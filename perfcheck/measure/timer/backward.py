@@ -14,7 +14,7 @@ import types
 
 import torch
 
-from perfcheck.measure.timer import torch_internals as ti
+import perfcheck.measure.timer.torch_internals as ti
 from perfcheck.measure.timer.records import END, END_ALL, FIRE, START, TASK_END, Bwd, Final
 
 _Tensor = torch.Tensor
@@ -31,7 +31,8 @@ class BackwardMixin:
         if not pending:
             return
         self._pending = []
-        hook, groups, leaf_handles, bind, hooked = self._node_hook(), {}, self._leaf_handles, types.MethodType, self._hooked
+        hook, groups, bind = self._node_hook(), {}, types.MethodType
+        leaf_handles, hooked = self._leaf_handles, self._hooked
         carrier, put = ti.hook_carrier(), ti.put_node_prehook  # carrier None: the public route
         last_key = last_actions = None
         try:

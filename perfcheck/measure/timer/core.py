@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from perfcheck.measure.timer import torch_internals as ti
+import perfcheck.measure.timer.torch_internals as ti
 from perfcheck.measure.timer.backward import BackwardMixin
 from perfcheck.measure.timer.forward import ForwardMixin, TimedForward
 from perfcheck.measure.timer.records import FIRE, Call, Bwd

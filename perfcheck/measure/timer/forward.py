@@ -21,8 +21,8 @@ import types
 
 import torch
 
+import perfcheck.measure.timer.torch_internals as ti
 from perfcheck.measure.context import autocast_dtype, describe
-from perfcheck.measure.timer import torch_internals as ti
 from perfcheck.measure.timer.records import (END, END_ALL, EVAL, FWD, RC, RECOMPUTE, START, CallEnd, CallStart,
                                              EndAll, new_call, new_entry)
 from perfcheck.schema import ROOT
@@ -33,7 +33,8 @@ _grad_enabled = torch.is_grad_enabled
 # The torch internals the lean path reads inline (one frame fewer per module call; what they are,
 # and the versions they were checked on: torch_internals.py).
 _graph_task_id, _module_globals, _tracing_state = ti.graph_task_id, ti.module_globals, ti.tracing_state
-_dynamo_compiling, _compiler, _is_compiling, _profiler = ti.dynamo_compiling, ti.compiler_flags, ti.is_compiling, ti.profiler
+_dynamo_compiling, _compiler = ti.dynamo_compiling, ti.compiler_flags
+_is_compiling, _profiler = ti.is_compiling, ti.profiler
 
 
 def grad_tensors(obj, out: list):
