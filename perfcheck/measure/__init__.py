@@ -1,7 +1,7 @@
 """Measure: time a real training run per module, phase and kernel, and write its run directory.
 
-``session.PerfCheck`` drives a run (steps, warm-up, profiler window, sampler);
-``module_timer`` times every module's forward/backward/recompute with hooks (CUDA events on GPUs);
+``session.Recorder`` records a run (steps, warm-up, profiler window, sampler) for ``perfcheck.session``'s PerfCheck;
+``timer`` times every module's forward/backward/recompute with hooks (CUDA events on GPUs);
 ``kernel_table`` attributes profiler kernels to modules; ``sampler`` records utilization and memory;
 ``memory`` per-module CUDA memory; ``flops`` one FlopCounterMode step; ``context`` what the run is
-(device, wrappers, parallel layout); ``rundir`` is the one reader/writer of a run directory."""
+(device, wrappers, parallel layout); ``perfcheck.rundir`` is the one reader/writer of a run directory."""

@@ -48,7 +48,7 @@ COLLECTIVES_CSV = "collectives.csv"
 COLLECTIVE_COLUMNS = ("rank", "what", "module", "phase", "kind", "op", "bytes", "dtype", "issue_s", "wait_s", "target")
 _BACKENDS = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:")
 _WAITS = ("_c10d_functional::wait_tensor", "c10d::wait", "c10d_functional::wait_tensor")
-#: The module timer's range around the frameworks' end-of-backward callbacks (module_timer._after_backward).
+#: The module timer's range around the frameworks' end-of-backward callbacks (measure/timer/backward.py, _after_backward).
 FINALIZE_RANGE = "perfcheck/wait/bwd_finalize"
 #: The ``op`` of its waited rows.
 FINALIZE_OP = "end-of-backward callbacks (DDP finalize_backward / FSDP2 post-backward)"

@@ -43,7 +43,7 @@ from perfcheck.measure.context import model_device, model_view, rank_and_world
 from perfcheck.measure.flops import FlopStep
 from perfcheck.measure.grad_sync import GradSyncCounter
 from perfcheck.measure.kernel_table import ProfilerWindow
-from perfcheck.measure.module_timer import ModuleTimer
+from perfcheck.measure.timer import ModuleTimer
 from perfcheck.measure.optimizers import OptimizerWatch, check_optimizer
 from perfcheck.measure.predicted_track import add_predicted_track
 from perfcheck.measure.run_files import RunFiles

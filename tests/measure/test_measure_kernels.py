@@ -12,7 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 from perfcheck import PerfCheck
 from perfcheck.examples.models import GPT, Net
 from perfcheck.measure.kernel_table import OPTIMIZER, OUTSIDE_OPS, UNATTRIBUTED, kernel_rows
-from perfcheck.measure.module_timer import CpuClock, ModuleTimer
+from perfcheck.measure.timer import CpuClock, ModuleTimer
 from perfcheck.measure.context import model_view
 from perfcheck.schema import KERNEL_COLUMNS, PHASES, ROOT
 

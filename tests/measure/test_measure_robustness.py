@@ -24,7 +24,7 @@ GLOBAL_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_b
 
 def hook_snapshot(model):
     # hooks, and the instance ``_compiled_call_impl`` or ``forward`` PerfCheck times most modules through
-    # (module_timer._TimedForward)
+    # (measure.timer.forward.TimedForward)
     per_module = {name: {**{d: dict(getattr(m, d, {})) for d in HOOK_DICTS}, "forward": vars(m).get("forward"),
                          "_compiled_call_impl": vars(m).get("_compiled_call_impl")}
                   for name, m in model.named_modules()}

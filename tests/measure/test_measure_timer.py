@@ -364,10 +364,10 @@ class FakeEvent:
 @pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
 def test_cuda_clock_path_defers_resolution_and_pools_events(monkeypatch):
     """The CUDA event path on CPU with fake events: deferred resolution, pooling, same numbers."""
-    from perfcheck.measure import module_timer as mt
+    from perfcheck.measure import timer as mt
 
-    monkeypatch.setattr(mt.torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(mt.torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     model = TwoSleepy()
     clock = mt.CudaClock("cuda:0")
     timer = mt.ModuleTimer([(p or ROOT, m) for p, m in model.named_modules()], clock)
@@ -398,7 +398,7 @@ def test_cuda_clock_path_defers_resolution_and_pools_events(monkeypatch):
 
 # ------------------------------------------------------------------ the timed forward and node hooks
 def _timed_forwards(model):
-    from perfcheck.measure.module_timer import _TimedForward
+    from perfcheck.measure.timer.forward import TimedForward as _TimedForward
 
     return {n for n, m in model.named_modules()
             if isinstance(vars(m).get("forward"), _TimedForward) or isinstance(vars(m).get("_compiled_call_impl"), _TimedForward)}
@@ -408,12 +408,12 @@ def _timed_forwards(model):
 def route(request, monkeypatch):
     """Both ways a module is timed without hooks: ``_compiled_call_impl`` (torch's Module.__call__
     calls it instead of ``_call_impl``) and an instance ``forward``."""
-    from perfcheck.measure import module_timer
+    from perfcheck.measure.timer import torch_internals
 
     if request.param == "forward":
-        monkeypatch.setattr(module_timer, "_DIRECT_ROUTE", False)
+        monkeypatch.setattr(torch_internals, "DIRECT_ROUTE", False)
     else:
-        assert module_timer._DIRECT_ROUTE  # torch 2.13: Module.__call__ looks at _compiled_call_impl
+        assert torch_internals.DIRECT_ROUTE  # torch 2.13: Module.__call__ looks at _compiled_call_impl
     return request.param
 
 
@@ -519,9 +519,9 @@ def test_two_input_module_backward_ends_at_its_inputs():
 def test_a_wrapper_put_over_ours_keeps_working_after_stop(monkeypatch):
     import functools
 
-    from perfcheck.measure import module_timer
+    from perfcheck.measure.timer import torch_internals
 
-    monkeypatch.setattr(module_timer, "_DIRECT_ROUTE", False)  # the forward route: ours is model.a.forward
+    monkeypatch.setattr(torch_internals, "DIRECT_ROUTE", False)  # the forward route: ours is model.a.forward
 
     model, x = TwoSleepy(), torch.randn(2, 4)
     pc = PerfCheck(model, warmup=0, steps=None, profile=False, sample_interval=None).start()
@@ -544,7 +544,7 @@ def test_a_wrapper_put_over_ours_keeps_working_after_stop(monkeypatch):
 def test_overhead_estimate_counts_the_step_boundary_and_has_an_interval(monkeypatch):
     """A planted 15 ms in PerfCheck's own step-boundary work (outside step_s) must show in meta.json
     overhead: the estimate adds the boundary back, and carries a 95% interval around its value."""
-    from perfcheck.measure import module_timer as mt
+    from perfcheck.measure import timer as mt
 
     real_end = mt.ModuleTimer.end_step
 
@@ -576,12 +576,12 @@ def test_both_node_hook_routes_give_the_planted_backward_times(route, monkeypatc
     The probe must pick the fast route on the torch this suite runs (the benchmark's numbers are
     that route's), and both routes must give the planted backward sleeps, including a two-input
     module (rule (a) over two nodes), and leave the user's tensors and gradients untouched."""
-    from perfcheck.measure import module_timer as mt
+    from perfcheck.measure.timer import torch_internals as ti
 
-    carrier = mt._probe_tensor_prehook_route()
+    carrier = ti.probe_tensor_prehook_route()
     assert carrier is not None
-    monkeypatch.setattr(mt, "_CARRIER", carrier if route == "tensor-hook route" else False)  # False: public route
-    assert mt._hook_carrier() is (carrier if route == "tensor-hook route" else None)
+    monkeypatch.setattr(ti, "_CARRIER", carrier if route == "tensor-hook route" else False)  # False: public route
+    assert ti.hook_carrier() is (carrier if route == "tensor-hook route" else None)
     pc = run_steps(Join(), lambda: (torch.randn(2, 4),))
     assert_close(row(pc, "join")["bwd_s_median"], 0.010, "join backward")
     assert_close(row(pc, "left")["bwd_s_median"], 0.020, "left backward")

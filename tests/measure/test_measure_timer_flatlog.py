@@ -13,13 +13,14 @@ import torch
 import torch.nn as nn
 
 from perfcheck import PerfCheck
-from perfcheck.measure import module_timer
+from perfcheck.measure import timer as mt
+from perfcheck.measure.timer.forward import TimedForward
 from perfcheck.measure.clocks import CpuClock
 from perfcheck.schema import ROOT
 
 from test_measure_timer import STRETCH, Sleepy, TwoSleepy, assert_close, route, row, run_steps  # noqa: F401 (route: fixture)
 
-FWD, EVAL = module_timer.FWD, module_timer.EVAL
+FWD, EVAL = mt.FWD, mt.EVAL
 
 
 class Double(nn.Module):
@@ -63,7 +64,7 @@ class Top(nn.Module):
 
 def _timer(model):
     mods = [(ROOT if n == "" else n, m) for n, m in model.named_modules()]
-    timer = module_timer.ModuleTimer(mods, CpuClock(), ranges=False)
+    timer = mt.ModuleTimer(mods, CpuClock(), ranges=False)
     timer.attach()
     timer.begin_step()  # the first root call goes the general path (it records the input spec)
     model(torch.randn(2, 3, requires_grad=True)).sum().backward()
@@ -170,7 +171,7 @@ class Catcher(nn.Module):
 def test_a_child_that_raises_inside_a_forward_that_goes_on(route):
     model = Catcher()
     mods = [(ROOT if n == "" else n, m) for n, m in model.named_modules()]
-    timer = module_timer.ModuleTimer(mods, CpuClock(), ranges=False)
+    timer = mt.ModuleTimer(mods, CpuClock(), ranges=False)
     timer.attach()
     try:
         for _ in range(2):  # the second step takes the lean path (the root's inputs are recorded)
@@ -258,7 +259,7 @@ def test_a_class_with_its_own_call_is_timed_through_its_forward():
     model = WithOwnCall()
     pc = PerfCheck(model, warmup=1, steps=2, profile=False, sample_interval=None)
     with pc:
-        assert isinstance(vars(model.a).get("forward"), module_timer._TimedForward)
+        assert isinstance(vars(model.a).get("forward"), TimedForward)
         assert "_compiled_call_impl" not in vars(model.a) and "_compiled_call_impl" in vars(model.b)
         while not pc.done:
             model(torch.randn(2, 4)).sum().backward()
