@@ -4,7 +4,7 @@ From NVIDIA nccl-tests ``doc/PERFORMANCE.md``: ``algbw = S / t`` and ``busbw = a
 where busbw "should reflect the speed of the hardware bottleneck". Inverting it, a collective on a
 link of achievable bandwidth B takes
 
-    t = S * bus_factor(kind, n) / B  (+ launch_overhead_s, one latency term per collective)
+    t = S * bus_factor(kind, n) / B  (+ host.collective_latency_s, one latency term per collective)
 
 with S the FULL buffer size in nccl-tests' convention: the tensor for allreduce/broadcast/reduce,
 the gathered OUTPUT for allgather (n x each rank's input), the unreduced INPUT for reducescatter
@@ -14,8 +14,9 @@ Bus factors (PERFORMANCE.md): allreduce 2(n-1)/n; allgather, reducescatter, allt
 broadcast and reduce 1 (NCCL pipelines them along a ring, so every link carries the whole
 buffer once: busbw = algbw); send/recv 1. A group of one rank moves nothing: factor 0.
 
-NB (perfcheck): the latency term is one launch_overhead_s per collective, not the alpha-beta
-model's 2(n-1)*alpha; it matters only for small messages, which nccl-tests shows are latency-bound.
+NB (perfcheck): the latency term is one ``collective_latency_s`` per collective (measured by
+``perfcheck calibrate`` at a small message), not the alpha-beta model's 2(n-1)*alpha; it matters only
+for small messages, which nccl-tests shows are latency-bound.
 Where these times enter a module's and a stage's prediction: docs/model.md (section 5).
 """
 from __future__ import annotations

@@ -347,7 +347,7 @@ TABLE_COLUMNS: Mapping[str, str] = {
         ("memory", "{p} bytes at achievable memory bandwidth, seconds"),
         ("overhead", "{p} kernel launches x launch overhead, seconds"),
         ("comm", "{p} TP collective time (before overlap), seconds"))},
-    "pred_fwd_s": "max(compute, memory) + overhead + (1 - tp_overlap) * comm, forward, seconds",
+    "pred_fwd_s": "device time (roofline.device_times) + (1 - tp_overlap) * comm, forward, seconds",
     "pred_bwd_s": "same, backward",
     "bound_fwd": "compute | memory | overhead | comm: what limits pred_fwd_s", "bound_bwd": "same, backward",
 }

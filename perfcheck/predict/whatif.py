@@ -22,7 +22,8 @@ time without predicted work ("host": hooks, Python) and modules the prediction l
 are kept as measured. A container's predicted time is the sum of the scaled own times in its
 subtree; the step is the root's forward + backward + recompute (scaled like the root's forward),
 the optimizer (memory-bound: it streams parameters, gradients and states) and the rest of the
-step (data, loss, Python: host time, kept as measured).
+step (data, loss, Python: host time, kept as measured). The estimator's full model of a predicted
+time (efficiency factors, host timeline): docs/model.md.
 """
 from __future__ import annotations
 
