@@ -168,6 +168,11 @@ KERNEL_COLUMNS: Mapping[str, str] = {
 }
 
 #: Utilization/memory samples: PerfCheck.samples().
+#: The sampler's shortest period, seconds (samples.csv rows; measure.sampler): NVML's utilization counter is a
+#: duty cycle over its own 1/6-1 s window, so faster polling only repeats it. Here, not in the sampler, so the
+#: torch-free DeepSpeed block parser can check the "perfcheck" block's sampler_interval_s.
+MIN_INTERVAL_S = 0.1
+
 SAMPLE_COLUMNS: Mapping[str, str] = {
     "time_s": "seconds since the sampler started",
     "step": "training step in flight when sampled",

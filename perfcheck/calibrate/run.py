@@ -145,13 +145,6 @@ def default_base(device: torch.device) -> str:
     return match_device_name(torch.cuda.get_device_name(device))
 
 
-def guess_system(device_name: str) -> Optional[str]:
-    """The built-in spec for a CUDA/ROCm device name, or None (see systems.match_device_name)."""
-    try:
-        return match_device_name(device_name)
-    except UserError:
-        return None
-
 
 def _dtypes_to_measure(base: SystemSpec, device: torch.device, dtypes) -> list:
     if dtypes is not None:

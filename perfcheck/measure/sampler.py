@@ -27,9 +27,8 @@ import psutil
 import torch
 
 from perfcheck.errors import UserError
-from perfcheck.schema import SAMPLE_COLUMNS
+from perfcheck.schema import MIN_INTERVAL_S, SAMPLE_COLUMNS
 
-MIN_INTERVAL_S = 0.1
 DEFAULT_INTERVAL_S = 0.5
 NAN = float("nan")
 

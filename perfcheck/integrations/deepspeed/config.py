@@ -12,7 +12,7 @@ from typing import Mapping, Optional
 
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import load_system
-from perfcheck.measure.sampler import MIN_INTERVAL_S
+from perfcheck.schema import MIN_INTERVAL_S
 
 BLOCK_KEY = "perfcheck"
 
