@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+from perfcheck.schema import PACKAGE_VERSION as __version__
 
 #: Public name -> "module:attribute" it lives in.
 _EXPORTS = {

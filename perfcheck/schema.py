@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 SCHEMA_VERSION = 1
+#: The perfcheck release that writes these files (meta.json ``versions.perfcheck``); also ``perfcheck.__version__``
+#: and the package version (setup.cfg ``attr:``): one definition.
+PACKAGE_VERSION = "0.1.0"
 
 #: Path used for the root module (``named_modules()`` names it ``""``, which CSV cannot round-trip).
 ROOT = "(root)"

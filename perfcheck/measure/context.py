@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from perfcheck import __version__
 from perfcheck.errors import UserError
 from perfcheck.model_paths import TRANSPARENT_WRAPPERS, clean_path, compiled_call, is_compiled, is_wrapper
-from perfcheck.schema import ROOT
+from perfcheck.schema import PACKAGE_VERSION, ROOT
 
 @dataclass
 class ModelView:
@@ -147,7 +146,7 @@ def autocast_dtype() -> str | None:
 
 
 def versions() -> dict:
-    out = {"torch": torch.__version__, "perfcheck": __version__, "python": platform.python_version()}
+    out = {"torch": torch.__version__, "perfcheck": PACKAGE_VERSION, "python": platform.python_version()}
     try:  # without importing deepspeed (slow, and it may initialize accelerators)
         out["deepspeed"] = importlib.metadata.version("deepspeed")
     except importlib.metadata.PackageNotFoundError:

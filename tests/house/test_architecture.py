@@ -174,8 +174,6 @@ UPWARD = {
     ("perfcheck.examples.train_ds", "perfcheck.deepspeed"):
         "the example is the user's training script: it shows the public entry point "
         "(perfcheck.deepspeed.initialize) exactly as a user writes it",
-    ("perfcheck.measure.context", "perfcheck"):
-        "pending: the run's facts record perfcheck.__version__ (to be read from a base-floor module)",
 }
 
 
