@@ -494,6 +494,25 @@ def _host(d: _Draft, table, threads):
         put("op_dispatch_s", op, "one torch.add of 1-element tensors (nothing to compute: all dispatch)")
     if "view" in sec:
         put("view_dispatch_s", sec["view"], "Tensor.t() of a 1x1 tensor")
+    _host_autograd(host, sec, op, put)
+    if "module call" in sec:
+        put("module_call_s", sec["module call"], "calling an nn.Module whose forward returns its input")
+    _host_cold(table, put)
+    _host_optimizers(host, put)
+    if "device kernel" in sec:
+        put("device_kernel_s", sec["device kernel"], "GPU time per tiny add queued behind torch.cuda._sleep "
+                                                     "(device alone, CUDA events)")
+    elif d.kind == "cpu":
+        put("device_kernel_s", 0.0, "0 on a CPU by definition: the op runs on the dispatching thread, "
+                                    "so its fixed cost is op_dispatch_s")
+    _collective_latency(out, src, table, d.stamp)
+    d.fields["host"] = out
+    d.sources.update(src)
+
+
+def _host_autograd(host, sec: dict, op, put):
+    """autograd_node_s (a chain under autograd less the same chain without), backward_node_s and
+    backward_call_s (the slope and intercept of forward+backward over two chain lengths)."""
     chain = next((lab for lab in sec if lab.startswith("autograd forward x")), None)
     plain = sec.get(chain.replace("autograd", "plain")) if chain else None
     if chain and plain:
@@ -515,8 +534,10 @@ def _host(d: _Draft, table, threads):
                                            f"(forward part subtracted): slope {slope * 1e6:.2f} us per node, minus "
                                            f"one op's dispatch (its grad kernel)")
         put("backward_call_s", bwd[0] - n[0] * slope, "intercept of the same line: loss.backward()'s fixed cost")
-    if "module call" in sec:
-        put("module_call_s", sec["module call"], "calling an nn.Module whose forward returns its input")
+
+
+def _host_cold(table, put):
+    """op_cold_s per dtype: the tiny ops called one after another less each in a tight loop."""
     for dt, key in (("fp32", "op_cold_s"), *((x, f"op_cold_{x}_s") for x in LOW_HOST_DTYPES)):
         cold = op_cold_excess(table, dt)
         if cold is not None:
@@ -524,6 +545,10 @@ def _host(d: _Draft, table, threads):
                               f"{cold[2] * 1e6:.2f} us per op, less the same ops each in a tight loop, "
                               f"{cold[3] * 1e6:.2f} us per op (mean)"
                               + ("" if dt == "fp32" else f"; {dt}, on tensors needing a gradient"))
+
+
+def _host_optimizers(host, put):
+    """Per optimizer implementation: the per-tensor slope and the step's intercept over two tensor counts."""
     for label in ("sgd", "sgd_foreach", "adam", "adam_foreach"):
         rows = host[host["label"].str.fullmatch(f"optim {label} x\\d+")].sort_values("m")
         if len(rows) < 2:
@@ -537,15 +562,6 @@ def _host(d: _Draft, table, threads):
         # VM of 2026-11-26 (grouping by device and dtype, one launch per _foreach_ op), Adam's for-loop 211 us
         put("optim_step_s" if label == "sgd" else f"optim_{label}_step_s", t[0] - n[0] * per,
             f"intercept of the same line: step() + zero_grad()'s fixed cost ({label})")
-    if "device kernel" in sec:
-        put("device_kernel_s", sec["device kernel"], "GPU time per tiny add queued behind torch.cuda._sleep "
-                                                     "(device alone, CUDA events)")
-    elif d.kind == "cpu":
-        put("device_kernel_s", 0.0, "0 on a CPU by definition: the op runs on the dispatching thread, "
-                                    "so its fixed cost is op_dispatch_s")
-    _collective_latency(out, src, table, d.stamp)
-    d.fields["host"] = out
-    d.sources.update(src)
 
 
 def _collective_latency(out, src, table, stamp):
