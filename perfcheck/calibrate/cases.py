@@ -597,7 +597,7 @@ NARROW_SHAPES = ((64, 32, 6), (512, 32, 6))
 def gemm_narrow_cases(device) -> list:
     """``F.linear`` forward on ``NARROW_SHAPES`` (label ``"narrow fwd MxKxN"``, kind ``gemm_narrow``; bias, as an
     nn.Linear), fp32; flops = 2 m k n, bytes = the estimator's (perfcheck.predict.formulas.matmul). The fit
-    (``fit._gemm_narrow``) sets ``host.gemm_narrow_row_s``: the slope over rows of the measured time less the
+    (``fit_host.gemm_narrow``) sets ``host.gemm_narrow_row_s``: the slope over rows of the measured time less the
     estimator's time for the same GEMMs (FLOPs at the calibrated curve), per output row."""
     dev = torch.device(device)
     cases = []
