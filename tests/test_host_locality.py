@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import perfcheck
-from perfcheck.calibrate import cases, fit, fit_host
+from perfcheck.calibrate import fit, fit_host, op_cases
 from perfcheck.calibrate.cases import Case, Timer, run_cases
 from perfcheck.hardware.systems import host_constants, host_source, load_system
 
@@ -58,8 +58,8 @@ def test_build_spec_keeps_the_measured_cold_cost_with_its_source():
 
 
 def test_round_robin_case_calls_each_op_fixed_op_once_per_call():
-    (case,) = cases.op_cold_cases("cpu")
-    ops = cases._tiny_ops(torch.device("cpu"))
+    (case,) = op_cases.op_cold_cases("cpu")
+    ops = op_cases.tiny_ops(torch.device("cpu"))
     assert case.kind == "opcold" and case.per_call == len(ops) and case.label == f"round-robin x{len(ops)}"
     seen = []
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -158,7 +158,7 @@ def test_convolution_fixed_cost_case_runs_a_batch_of_two():
     project's VM): the op_fixed case and the Conv module cases use a batch of 2, the path of a training batch."""
     from perfcheck.calibrate.layers import tiny_modules
 
-    conv = cases._tiny_ops(torch.device("cpu"))["convolution"]
+    conv = op_cases.tiny_ops(torch.device("cpu"))["convolution"]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         conv()
     shapes = [e.input_shapes[0] for e in prof.key_averages(group_by_input_shape=True) if e.key == "aten::conv2d"]

@@ -58,7 +58,7 @@ def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
     fp32 = fp32_rows(all_fixed)
     fixed_rows = all_fixed[fp32]
     fixed = {r.label: max(float(r.seconds) - d.op_s, 0.0) for r in fixed_rows.itertuples(index=False)}
-    # other dtypes (cases.op_fixed_cases' ``dtypes``) ran with gradients: less the dispatch and the autograd node,
+    # other dtypes (op_cases.op_fixed_cases' ``dtypes``) ran with gradients: less the dispatch and the autograd node,
     # each priced apart in the estimator; keyed <op>@<dtype> (the estimator falls back to <op> for a dtype
     # calibration did not run)
     node = float(host_constants(spec)["autograd_node_s"])
@@ -91,12 +91,12 @@ def fp32_rows(rows: pd.DataFrame) -> pd.Series:
 
 
 def row_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
-    """op_row_s: per row-wise op and phase (``cases.row_cases``, label "<op> fwd|bwd", m = rows, k = row length),
+    """op_row_s: per row-wise op and phase (``op_cases.row_cases``, label "<op> fwd|bwd", m = rows, k = row length),
     per row length L the slope of the measured time over the row count less the slope of the estimator's roofline
     time for the same calls on ``spec`` (its elements' share: the model adds that itself); then the row's cost by
     its length, ``slope(L) = row + vector x floor(L/W) + tail x L x [L < W] + partial x [L > W, L mod W > 0]``
     (perfcheck.predict.roofline.row_time_s), by least squares over the lengths with every term >= 0
-    (``row_terms_fit``; ``cases.row_lengths``' four lengths W/2, W, W + W/4, 2W determine the four terms):
+    (``row_terms_fit``; ``op_cases.row_lengths``' four lengths W/2, W, W + W/4, 2W determine the four terms):
     ``<phase>``, ``<phase>_vector``, ``<phase>_tail``, ``<phase>_partial``. W (fp32 elements per SIMD vector) is
     half the longest length and sets the spec's ``simd_bytes``. One length (nll_loss): its slope, floored at 0, prices every row alike.
     Slopes leave out every fixed cost (dispatch, op_fixed_s), which the model prices apart."""
@@ -171,7 +171,7 @@ def row_terms_fit(slopes: dict, width: int) -> tuple:
 
 
 def gemm_narrow(spec: SystemSpec, table, d: Draft) -> SystemSpec:
-    """host.gemm_narrow_row_s: from the narrow-output GEMM cases (``cases.gemm_narrow_cases``: F.linear to fewer
+    """host.gemm_narrow_row_s: from the narrow-output GEMM cases (``op_cases.gemm_narrow_cases``: F.linear to fewer
     outputs than two SIMD vectors hold, on two row counts), the slope over output rows of the measured time less
     the estimator's time for the same GEMM on ``spec`` (FLOPs at its calibrated curve and shape factor, bytes,
     without the narrow term), floored at 0. Per output row of a narrow GEMM (perfcheck.predict.roofline)."""

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from perfcheck.calibrate.cases import Case, ROW_COUNTS, row_lengths
+from perfcheck.calibrate.cases import Case
+from perfcheck.calibrate.op_cases import ROW_COUNTS, row_lengths
 from perfcheck.calibrate.layers import CallModule
 from perfcheck.predict.aten_costs import cost_of
 from perfcheck.predict.trace import trace_model
