@@ -2,8 +2,9 @@
 
 The facade. Names are imported on first use so ``import perfcheck`` stays cheap. Where things live:
 ``predict/`` (the analytical model), ``measure/`` (PerfCheck and the run directory), ``analysis/``
-(reconcile, findings, stage comparison), ``report/`` (rendering), ``hardware/`` (system specs,
-calibration), ``integrations/`` (DeepSpeed), ``commands/`` (the CLI).
+(reconcile, findings, stage comparison), ``report/`` (rendering), ``hardware/`` (system specs, the
+calibration cache), ``calibrate/`` (the micro-benchmarks and their fit), ``integrations/`` (DeepSpeed,
+HF, Lightning), ``commands/`` (the CLI). The floors and what may import what: tests/test_architecture.py.
 """
 from __future__ import annotations
 
