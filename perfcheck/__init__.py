@@ -6,6 +6,7 @@ directory), ``analysis/`` (reconcile, findings, stage comparison), ``report/`` (
 (``PerfCheck``), ``hardware/`` (system specs), ``calibrate/`` (measuring this machine), ``integrations/`` (DeepSpeed),
 ``commands/`` (the CLI).
 Where a module's predicted time comes from: docs/model.md.
+The floors and what may import what: tests/house/test_architecture.py.
 """
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ import math
 
 import pandas as pd
 
-from perfcheck.hardware.cache import cached_spec
 from perfcheck.hardware.labels import datasheet_default
 from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict import zero
@@ -54,17 +53,19 @@ def local_processes(facts: dict) -> int:
     return max(int(n), 1)
 
 
-def stage_system(facts: dict, system):
-    """The given system, else the run's block's, else this machine's cached calibration (a CPU
-    sweep run here: ``perfcheck sweep`` calibrates before its ranks start), else the labelled datasheet
-    default. Never calibrates: a comparison runs no benchmark."""
+def stage_system(facts: dict, system, local=None):
+    """The given system, else the run's block's, else ``local(threads)`` (the edge's spec for this machine at
+    the rank's thread count: ``perfcheck compare`` passes the cached calibration, which a CPU sweep run here
+    took before its ranks started; analysis itself reads no cache), else the labelled datasheet default.
+    Never calibrates: a comparison runs no benchmark."""
     if system is not None:
         return system
     block = (facts.get("perfcheck_block") or {}).get("system")
     if block:
         return block
     # the sweep's ranks run with one intra-op thread (OMP_NUM_THREADS=1, integrations/deepspeed/sweep.py)
-    return cached_spec("cpu", threads=int(facts.get("torch_threads") or 1)) or datasheet_default("cpu")
+    found = local(int(facts.get("torch_threads") or 1)) if local is not None else None
+    return found or datasheet_default("cpu")
 
 
 def host_terms(facts: dict, predicted: pd.DataFrame, spec) -> dict:
@@ -105,14 +106,14 @@ def zero3_parts(facts: dict, predicted: pd.DataFrame, spec) -> dict:
             "module_calls": calls, "gathered_tensors": gathered}
 
 
-def predict(facts: dict, predicted: pd.DataFrame, system=None) -> zero.ZeroEstimate:
+def predict(facts: dict, predicted: pd.DataFrame, system=None, local=None) -> zero.ZeroEstimate:
     """The ZeRO model for the configuration a rank recorded (stage, dp, settings, tensor sizes),
     with the model's compute (host terms included) from predicted.csv and DeepSpeed's host terms, both
     times the host's process slowdown for the ranks sharing it (``perfcheck.predict.host.process_slowdown``;
     on a GPU host only their host parts)."""
     settings = zero.ZeroSettings(**facts.get("settings", {}))
     lay = zero.layout([sizes for _, sizes in facts.get("module_params", [])])
-    spec = load_system(stage_system(facts, system))
+    spec = load_system(stage_system(facts, system, local))
     # one process's prediction, slowed by the rank's peers on its host (host.process_slowdown_per_peer)
     factor = process_slowdown(spec, local_processes(facts))
     fwd, bwd = compute_times(predicted, factor, spec.kind)

@@ -238,11 +238,11 @@ def measured_exposed(facts: dict, times: dict = None) -> dict:
 
 
 # ------------------------------------------------------------------------------------ rows
-def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
+def _row(stage: dict, rank: int, data: dict, system=None, local=None) -> dict:
     """One (stage, rank) row of the comparison: every ``pred_<what>`` beside its ``meas_<what>``, in the
     order of the steps below (the table's column order)."""
     facts = data["facts"]
-    est = predict(facts, stage["predicted"], system)
+    est = predict(facts, stage["predicted"], system, local)
     row = _config_cells(stage, rank, facts)
     _comm_cells(row, est, facts, data["comms"])
     _memory_cells(row, est, facts)
@@ -250,7 +250,7 @@ def _row(stage: dict, rank: int, data: dict, system=None) -> dict:
     samples = data["samples"]
     for col in ("gpu_util", "cpu_util"):
         row[f"meas_{col}"] = float(samples[col].mean()) if not samples.empty and col in samples else math.nan
-    _host_cells(row, est, facts, stage, system)
+    _host_cells(row, est, facts, stage, system, local)
     row["compute_predicted"] = not stage["predicted"].empty
     row["bytes_ok"] = bytes_within(row)
     row["notes"] = "; ".join(notes_for(row, facts, est))
@@ -317,10 +317,10 @@ def _time_cells(row: dict, est: zero.ZeroEstimate, facts: dict, steps) -> None:
     row["meas_step_spread"] = mt["meas_step_spread"]
 
 
-def _host_cells(row: dict, est: zero.ZeroEstimate, facts: dict, stage: dict, system) -> None:
+def _host_cells(row: dict, est: zero.ZeroEstimate, facts: dict, stage: dict, system, local=None) -> None:
     """The spec used, the ranks sharing the host and the slowdown they cause, ZeRO-3's hook and gather host
     costs, the batched calls and the predicted all-gather time."""
-    spec = load_system(stage_system(facts, system))
+    spec = load_system(stage_system(facts, system, local))
     # where the spec came from; a calibration: when, with how many threads, under what load (report headers)
     row["system_label"] = spec_label(spec)
     parts = zero3_parts(facts, stage["predicted"], spec)
@@ -333,7 +333,7 @@ def _host_cells(row: dict, est: zero.ZeroEstimate, facts: dict, stage: dict, sys
     row["pred_batched_calls"] = float(sum(float(c.count) for c in est.collectives if float(c.batch) > 1))
     row["pred_allgather_s"] = float(sum(
         zero.comm_time_s([c for c in est.collectives if c.kind == "allgather"], facts["dp"],
-                         load_system(stage_system(facts, system)), spans_nodes=facts.get("nodes", 1) > 1).values()))
+                         load_system(stage_system(facts, system, local)), spans_nodes=facts.get("nodes", 1) > 1).values()))
 
 
 def bytes_within(row, tol: float = BYTES_TOLERANCE) -> bool:
@@ -371,8 +371,10 @@ def module_summary(run_dir, system=None) -> dict:
     return out
 
 
-def reconcile_stages(run_dirs, system=None) -> pd.DataFrame:
-    """The comparison table: one row per (stage, rank); failed stages keep a row with their log tail."""
+def reconcile_stages(run_dirs, system=None, local=None) -> pd.DataFrame:
+    """The comparison table: one row per (stage, rank); failed stages keep a row with their log tail.
+    ``local``: threads -> this machine's SystemSpec or None, for a stage that recorded no system
+    (``stage_prediction.stage_system``; resolved by the caller, the edge)."""
     rows = []
     for run_dir in expand_run_dirs(run_dirs):
         stage = load_stage(run_dir)
@@ -386,7 +388,7 @@ def reconcile_stages(run_dirs, system=None) -> pd.DataFrame:
             continue
         modules = module_summary(run_dir, system)
         for rank, data in sorted(stage["ranks"].items()):
-            row = {"run": run_dir.name, **_row(stage, rank, data, system), "run_dir": str(run_dir)}
+            row = {"run": run_dir.name, **_row(stage, rank, data, system, local), "run_dir": str(run_dir)}
             row["module_top_gap"] = modules.get(rank, modules.get("error", ""))
             if stage["status"] != "ok":
                 missing = sorted(set(range(stage["world_size"])) - set(stage["ranks"]))

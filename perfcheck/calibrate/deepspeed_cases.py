@@ -130,12 +130,13 @@ def _time_collectives(dist, spent: dict, clock) -> None:  # pragma: no cover - r
             setattr(dist, name, timed(getattr(dist, name)))
 
 
-def _child(out_path: str, mode: str, device: str) -> None:  # pragma: no cover - runs in the child process
+def _init_child(device: str):
+    """Rank environment defaults, the collectives' timing wrapper (world size > 1), DeepSpeed imported
+    with its logger quiet and no JIT build, the process group up; returns (deepspeed, rank, world,
+    clock, spent)."""
     import logging
 
-    import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
                        ("MASTER_PORT", "29511")):
@@ -145,7 +146,7 @@ def _child(out_path: str, mode: str, device: str) -> None:  # pragma: no cover -
     spent = {"cpu": 0.0}
     if world > 1:
         _time_collectives(dist, spent, clock)
-    import deepspeed
+    import deepspeed  # optional package, imported only in the child (after the collectives are wrapped)
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 
@@ -153,15 +154,28 @@ def _child(out_path: str, mode: str, device: str) -> None:  # pragma: no cover -
     if get_accelerator().device_name() == "cpu":  # never JIT-build the shared-memory op (train_ds does the same)
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
-    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if device == "cuda" else torch.device("cpu")
-    warm, rounds, per_round = MODES[mode]
-    sync = (lambda: torch.cuda.synchronize(dev)) if device == "cuda" else (lambda: None)
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(BATCH, WIDTH, generator=gen).to(dev), torch.randint(0, WIDTH, (BATCH,), generator=gen).to(dev)
+    return deepspeed, rank, world, clock, spent
 
-    def build(label, n, bias, config):
+
+class _ChildBench:
+    """The child's timed runs: one batch, the phase clock less what the collectives took, and a
+    (model, call, backward, step) per chain model and configuration."""
+
+    def __init__(self, deepspeed, device: str, clock, spent):
+        import torch
+
+        self.deepspeed, self.clock, self.spent = deepspeed, clock, spent
+        self.dev = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if device == "cuda" else torch.device("cpu")
+        self.sync = (lambda: torch.cuda.synchronize(self.dev)) if device == "cuda" else (lambda: None)
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(BATCH, WIDTH, generator=gen).to(self.dev)
+        self.y = torch.randint(0, WIDTH, (BATCH,), generator=gen).to(self.dev)
+
+    def build(self, n, bias, config):
+        import torch
+
         torch.manual_seed(0)
-        model = _chain(n, bias).to(dev)
+        model = _chain(n, bias).to(self.dev)
         if config == "torch":
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
@@ -172,46 +186,61 @@ def _child(out_path: str, mode: str, device: str) -> None:  # pragma: no cover -
         cfg = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1,
                "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
                "zero_optimization": CONFIGS[config], "steps_per_print": 10 ** 9}
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        engine, _, _, _ = self.deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         return model, engine, engine.backward, engine.step
 
-    def now():  # the phase clock less what the collectives took (0 at world size 1: nothing to subtract)
-        return clock() - spent["cpu"]
+    def now(self):  # the phase clock less what the collectives took (0 at world size 1: nothing to subtract)
+        return self.clock() - self.spent["cpu"]
 
-    def one(run, times):
+    def one(self, run, times):
+        import torch.nn.functional as F
+
         _, call, backward, step = run
-        sync()
-        t0 = now()
-        out = call(x)
-        sync()
-        t1 = now()
-        backward(F.cross_entropy(out.float(), y))
-        sync()
-        t2 = now()
+        self.sync()
+        t0 = self.now()
+        out = call(self.x)
+        self.sync()
+        t1 = self.now()
+        backward(F.cross_entropy(out.float(), self.y))
+        self.sync()
+        t2 = self.now()
         step()
-        sync()
-        t3 = now()
+        self.sync()
+        t3 = self.now()
         if times is not None:
             for ph, a, b in (("fwd", t0, t1), ("bwd", t1, t2), ("step", t2, t3)):
                 times[ph].append(b - a)
 
-    rows = []
-    # torch and stages 0-2 first: a stage-3 engine replaces F.linear for the whole process
-    for group in (("torch", "0", "1", "2"), ("3", "3g")):
-        runs = {(m, c): build(m, n, b, c) for m, n, b in MODELS for c in group}
+    def group_rows(self, group, mode: str) -> list:
+        """Median seconds per phase of every chain model under each configuration of ``group``,
+        interleaved round by round."""
+        warm, rounds, per_round = MODES[mode]
+        runs = {(m, c): self.build(n, b, c) for m, n, b in MODELS for c in group}
         times = {k: {ph: [] for ph in PHASES} for k in runs}
         for k, run in runs.items():
             for _ in range(warm):
-                one(run, None)
+                self.one(run, None)
         for _ in range(rounds):
             for k, run in runs.items():
                 for _ in range(per_round):
-                    one(run, times[k])
+                    self.one(run, times[k])
+        rows = []
         for (m, c), t in times.items():
             n, bias = next((n, b) for lab, n, b in MODELS if lab == m)
             rows.append({"model": m, "config": c, "calls": n + 1, "tensors": n * (2 if bias else 1),
                          **{f"{ph}_s": statistics.median(t[ph]) for ph in PHASES}, "steps": len(t["fwd"])})
-        del runs
+        return rows
+
+
+def _child(out_path: str, mode: str, device: str) -> None:  # pragma: no cover - runs in the child process
+    import torch
+
+    deepspeed, rank, world, clock, spent = _init_child(device)
+    bench = _ChildBench(deepspeed, device, clock, spent)
+    rows = []
+    # torch and stages 0-2 first: a stage-3 engine replaces F.linear for the whole process
+    for group in (("torch", "0", "1", "2"), ("3", "3g")):
+        rows += bench.group_rows(group, mode)
     Path(f"{out_path}.rank{rank}" if world > 1 else out_path).write_text(json.dumps(
         {"rows": rows, "deepspeed": deepspeed.__version__, "torch": torch.__version__, "clock": clock.__name__,
          "world_size": world}))

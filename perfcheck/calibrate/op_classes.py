@@ -8,11 +8,11 @@ whole dense (vocab x dim) gradient and then adds one row per index, at ~60-100 n
 The estimator looks each op's efficiency up by its class first (perfcheck.predict.aten_costs.op_class,
 perfcheck.predict.roofline.class_efficiency), so each case here sets one class's number:
 
-  kind ``opeff``   label ``<class>`` or ``<class>:<phase>``: ``fit._per_op_costs`` sets
+  kind ``opeff``   label ``<class>`` or ``<class>:<phase>``: ``fit_host.per_op_costs`` sets
                    op_efficiency[label] = the estimator's roofline time for the call (flops = its matrix FLOPs,
                    n = its other FLOPs, bytes: perfcheck.predict.formulas through aten_costs.cost_of, the one
                    op-cost path) / (measured time - one tiny op's dispatch)
-  kind ``oprows``  label ``<op> fwd|bwd``, m = rows (indices), k = row length: ``fit._row_costs`` sets the
+  kind ``oprows``  label ``<op> fwd|bwd``, m = rows (indices), k = row length: ``fit_host.row_costs`` sets the
                    per-row price op_row_s[op][phase] = the slope over the row counts less the roofline's slope
 
 Each call below is one aten kernel where torch has one (``aten.convolution_backward``: no autograd engine in the
@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from perfcheck.calibrate.cases import Case, ROW_COUNTS, row_lengths
+from perfcheck.calibrate.cases import Case
+from perfcheck.calibrate.op_cases import ROW_COUNTS, row_lengths
 from perfcheck.calibrate.layers import CallModule
 from perfcheck.predict.aten_costs import cost_of
 from perfcheck.predict.trace import trace_model

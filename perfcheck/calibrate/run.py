@@ -72,15 +72,14 @@ from typing import Callable, Optional
 import pandas as pd
 import torch
 
-from perfcheck.calibrate.cases import (Case, Timer, copy_cases, device_kernel_rows, host_cases,  # noqa: F401
-                                                launch_cases, matmul_cases, module_fixed_cases, op_efficiency_cases,
-                                                op_cold_cases, op_fixed_cases, row_cases, alignment_cases,
-                                                HOST_DTYPES_CUDA,
-                                                gemm_narrow_cases, run_cases, vector_cases)
+from perfcheck.calibrate.cases import (Case, Timer, alignment_cases, copy_cases, device_kernel_rows,  # noqa: F401
+                                      host_cases, launch_cases, matmul_cases, run_cases, vector_cases)
 from perfcheck.calibrate import collectives as coll
 from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity
 from perfcheck.calibrate.fit import (BENCHMARKED_KINDS, MEASUREMENT_COLUMNS, build_spec,  # noqa: F401
                                      reference_dtype)
+from perfcheck.calibrate.op_cases import (HOST_DTYPES_CUDA, gemm_narrow_cases, module_fixed_cases, op_cold_cases,
+                                         op_efficiency_cases, op_fixed_cases, row_cases)
 from perfcheck.calibrate.op_classes import op_class_cases
 from perfcheck.errors import UserError
 from perfcheck.hardware.cache import cpu_name
@@ -250,7 +249,7 @@ def _host_groups(run: _Run, measured):
     dev = run.dev
     run.group("launch overhead", launch_cases(dev))
     run.group("host (dispatch, autograd, module call, optimizer)", host_cases(dev))
-    # on CUDA also in bf16 with gradients (cases.HOST_DTYPES_CUDA: cuBLAS/cuDNN's bf16 host paths cost more)
+    # on CUDA also in bf16 with gradients (op_cases.HOST_DTYPES_CUDA: cuBLAS/cuDNN's bf16 host paths cost more)
     host_dtypes = [d for d in HOST_DTYPES_CUDA if d in measured] if dev.type == "cuda" else []
     run.group("per-op fixed costs", op_fixed_cases(dev, host_dtypes))
     run.group("per-op cost among other ops (round-robin)", op_cold_cases(dev, host_dtypes))

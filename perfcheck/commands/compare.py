@@ -83,7 +83,11 @@ def run(args) -> int:
             layouts_html.write_html(table, out / "comparison.html")
         print(f"wrote {out / 'comparison.csv'}" + ("" if args.no_html else f" and {out / 'comparison.html'}"))
         return 0 if table["bytes_ok"].astype(bool).all() and (table["status"] == "ok").all() else 1
-    table = compare.reconcile_stages([str(d) for d in dirs], system=args.system)
+    from perfcheck.hardware.cache import cached_spec
+
+    # a stage without a recorded system is priced on this machine's cached calibration (the edge reads the cache)
+    table = compare.reconcile_stages([str(d) for d in dirs], system=args.system,
+                                     local=lambda threads: cached_spec("cpu", threads=threads))
     out.mkdir(parents=True, exist_ok=True)
     compare_report.write_csv(table, out / "comparison.csv")
     if not args.no_html:

@@ -3,7 +3,7 @@ shadowed the first, so `perfcheck calibrate` on an H100 failed at its tf32 matmu
 import pytest
 import torch
 
-from perfcheck.calibrate import cases
+from perfcheck.calibrate import cases, op_cases
 from perfcheck.hardware.systems import load_system, normalize_dtype
 
 GPU_SPECS = ("h100-sxm", "a100-80gb-sxm", "h200")
@@ -22,5 +22,5 @@ def test_matmul_cases_build_for_every_dtype_a_gpu_spec_lists(name):
 
 
 def test_host_cases_in_bf16_build_with_gradients():
-    built = cases.op_fixed_cases(torch.device("cpu"), ("bf16",))
+    built = op_cases.op_fixed_cases(torch.device("cpu"), ("bf16",))
     assert any(c.dtype == "bf16" for c in built)

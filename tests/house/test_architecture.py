@@ -3,6 +3,7 @@ functions), no import up the floors (``FLOORS``, ``FLOOR_OF``, ``UPWARD``), impo
 file, small functions and files, no module made callable, no private name reached across modules, a
 small top level."""
 import ast
+import functools
 import pathlib
 import subprocess
 import sys
@@ -186,10 +187,17 @@ def _floor(module):
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _parsed(path):
+    """(source text, AST) of a file, parsed once for all the scans below."""
+    text = path.read_text(encoding="utf-8")
+    return text, ast.parse(text)
+
+
 def _import_nodes(name, path):
     """(node, perfcheck modules it imports, inside a function?) for every import statement of
     ``name`` (relative imports resolved; ``from a import b`` names the module a.b where there is one)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _parsed(path)[1]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                    for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
@@ -254,9 +262,9 @@ def _upward_pairs():
     return sorted({(fa, fb) for _, _, fa, fb in upward_imports()})
 
 
-@pytest.mark.xfail(strict=False, reason="3 upward floor pairs on this branch (examples->facade, measure->facade, "
-                   "predict->measure, analysis->report): the base-floor moves of perfcheck/rundir/ and units land "
-                   "in a parallel change")
+@pytest.mark.xfail(strict=False, reason="5 upward floor pairs on this branch (analysis->integrations, analysis->report, "
+                   "examples->facade, measure->facade, predict->measure), 3 of them the run-directory and units moves "
+                   "to the base floor that land in a parallel change")
 def test_at_most_two_upward_floor_pairs():
     assert len(_upward_pairs()) <= 2, _upward_pairs()
 
@@ -290,30 +298,34 @@ def inner_imports():
 def long_functions():
     out = []
     for name, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_parsed(path)[1]):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
                 out.append(f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     return out
 
 
 def big_files():
-    return [f"{n} ({len(p.read_text(encoding='utf-8').splitlines())} lines)" for n, p in MODULES.items()
-            if len(p.read_text(encoding="utf-8").splitlines()) > BIG_FILE_LINES]
+    return [f"{n} ({len(_parsed(p)[0].splitlines())} lines)" for n, p in MODULES.items()
+            if len(_parsed(p)[0].splitlines()) > BIG_FILE_LINES]
 
 
-@pytest.mark.xfail(strict=False, reason="perfcheck-internal imports inside functions: 161 at the start of this step; "
-                   "each folder's owner moves them to the top")
+@pytest.mark.xfail(strict=False, reason="perfcheck-internal imports inside functions outside commands/: 161 at the "
+                   "start of this step, 52 on this branch (none in hardware/, calibrate/, integrations/, examples/; 3 in "
+                   "predict/ files under accuracy work); measure/, analysis/, report/ land in a parallel change")
 def test_few_imports_inside_functions():
     found = inner_imports()
     assert len(found) <= MAX_INNER_IMPORTS, f"{len(found)} imports inside functions: {found}"
 
 
-@pytest.mark.xfail(strict=False, reason="functions over 60 lines: 14 at the start of this step")
+@pytest.mark.xfail(strict=False, reason="functions over 60 lines: 14 at the start of this step, 8 on this branch "
+                   "(measure/, analysis/ and two predict/ files under other work)")
 def test_no_long_functions():
     assert not long_functions(), long_functions()
 
 
-@pytest.mark.xfail(strict=False, reason="files over 500 lines: 15 at the start of this step")
+@pytest.mark.xfail(strict=False, reason="files over 500 lines: 15 at the start of this step, 10 on this branch "
+                   "(measure/, analysis/ under other work; predict/aten_costs.py, host.py, zero.py and hardware/systems.py "
+                   "are being changed in parallel)")
 def test_few_big_files():
     assert len(big_files()) <= MAX_BIG_FILES, big_files()
 
@@ -327,3 +339,38 @@ def test_size_scanners_find_planted_cases(tmp_path, monkeypatch):
     assert inner_imports() == ["perfcheck.predict.planted:2"]
     assert long_functions() == ["perfcheck.predict.planted.f (72 lines)"]
     assert big_files() == ["perfcheck.predict.planted (522 lines)"]  # 72 lines of code + 450 blank
+
+
+# ------------------------------------------------------------------------ prediction without side effects
+#: What prediction and analysis never import: the calibration cache (the edges resolve the system once
+#: and pass it in) and the calibration runs. ``calibrate.sanity.contention`` (a text about a recorded
+#: load) is allowed to analysis; a run directory is read only through the one reader.
+NO_SIDE_EFFECTS = {"perfcheck.predict": ("perfcheck.hardware.cache", "perfcheck.calibrate"),
+                   "perfcheck.analysis": ("perfcheck.hardware.cache", "perfcheck.calibrate.auto",
+                                          "perfcheck.calibrate.run")}
+#: (importer, imported) -> why it is still there.
+SIDE_EFFECT_PENDING: dict = {}
+
+
+def side_effect_imports(modules=None):
+    found = []
+    for name, path in (modules or MODULES).items():
+        for folder, banned in NO_SIDE_EFFECTS.items():
+            if not _under(name, folder):
+                continue
+            for _node, targets, _inner in _import_nodes(name, path):
+                found += [(name, t) for t in targets if any(_under(t, b) for b in banned)]
+    return sorted(set(found))
+
+
+def test_prediction_and_analysis_import_no_cache_and_no_calibration():
+    bad = [f"{a} -> {b}" for a, b in side_effect_imports()
+           if not any(_under(a, x) and _under(b, y) for x, y in SIDE_EFFECT_PENDING)]
+    assert not bad, bad
+
+
+def test_side_effect_scanner_finds_a_planted_cache_read(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from perfcheck.hardware.cache import cached_spec\n    return cached_spec()\n")
+    assert side_effect_imports({"perfcheck.predict.planted": planted}) == [
+        ("perfcheck.predict.planted", "perfcheck.hardware.cache")]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import perfcheck
-from perfcheck.calibrate import cases, fit
+from perfcheck.calibrate import fit, op_cases
 from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict import host
 
@@ -32,18 +32,18 @@ def _spec(kind="gpu", **host_values):
 
 # ---------------------------------------------------------------------------- the cases
 def test_bf16_cases_run_each_op_in_bf16_with_gradients():
-    fixed = cases.op_fixed_cases("cpu", ["bf16"])
-    n = len(cases._tiny_ops(torch.device("cpu")))
+    fixed = op_cases.op_fixed_cases("cpu", ["bf16"])
+    n = len(op_cases.tiny_ops(torch.device("cpu")))
     assert [c.dtype for c in fixed] == ["fp32"] * n + ["bf16"] * n
     by = {(c.label, c.dtype): c for c in fixed}
     out = by[("addmm", "bf16")].fn()
     assert out.dtype == torch.bfloat16 and out.grad_fn is not None  # builds its autograd node, as a forward does
     plain = by[("addmm", "fp32")].fn()
     assert plain.dtype == torch.float32 and plain.grad_fn is None  # the fp32 cases stay as before
-    cold = cases.op_cold_cases("cpu", ["bf16"])
+    cold = op_cases.op_cold_cases("cpu", ["bf16"])
     assert [(c.kind, c.dtype, c.per_call) for c in cold] == [("opcold", "fp32", n), ("opcold", "bf16", n)]
     cold[1].fn()  # runs
-    assert cases.op_fixed_cases("cpu") == [] or all(c.dtype == "fp32" for c in cases.op_fixed_cases("cpu"))
+    assert op_cases.op_fixed_cases("cpu") == [] or all(c.dtype == "fp32" for c in op_cases.op_fixed_cases("cpu"))
 
 
 # ---------------------------------------------------------------------------- the fit, by hand

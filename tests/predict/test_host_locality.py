@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import perfcheck
-from perfcheck.calibrate import cases, fit
+from perfcheck.calibrate import fit, fit_host, op_cases
 from perfcheck.calibrate.cases import Case, Timer, run_cases
 from perfcheck.hardware.systems import host_constants, host_source, load_system
 
@@ -35,15 +35,15 @@ def test_cold_excess_is_round_robin_per_op_less_the_tight_loops_mean():
     # tight loops of 3 ops: 4, 6 and 8 us (mean 6); the three one after another: 16 us per op -> 10 us each
     table = pd.DataFrame([_row("opfixed", "a", 4 * US), _row("opfixed", "b", 6 * US), _row("opfixed", "c", 8 * US),
                           _row("opcold", "round-robin x3", 16 * US)])
-    cold, n, rr, tight = fit.op_cold_excess(table)
+    cold, n, rr, tight = fit_host.op_cold_excess(table)
     assert (n, rr, tight) == (3, pytest.approx(16 * US), pytest.approx(6 * US))
     assert cold == pytest.approx(10 * US)
     # faster in a round-robin than in loops is noise, not a negative cost: floored at 0
     faster = table.assign(seconds=[4 * US, 6 * US, 8 * US, 5 * US])
-    assert fit.op_cold_excess(faster)[0] == 0.0
+    assert fit_host.op_cold_excess(faster)[0] == 0.0
     # another set of ops than the tight loops (a table from another version): no matched subtraction
-    assert fit.op_cold_excess(table.iloc[1:]) is None
-    assert fit.op_cold_excess(table.iloc[:3]) is None
+    assert fit_host.op_cold_excess(table.iloc[1:]) is None
+    assert fit_host.op_cold_excess(table.iloc[:3]) is None
 
 
 def test_build_spec_keeps_the_measured_cold_cost_with_its_source():
@@ -58,8 +58,8 @@ def test_build_spec_keeps_the_measured_cold_cost_with_its_source():
 
 
 def test_round_robin_case_calls_each_op_fixed_op_once_per_call():
-    (case,) = cases.op_cold_cases("cpu")
-    ops = cases._tiny_ops(torch.device("cpu"))
+    (case,) = op_cases.op_cold_cases("cpu")
+    ops = op_cases.tiny_ops(torch.device("cpu"))
     assert case.kind == "opcold" and case.per_call == len(ops) and case.label == f"round-robin x{len(ops)}"
     seen = []
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -148,7 +148,7 @@ def test_planted_switch_cost_is_measured_by_the_round_robin():
     for c in planted[:2]:
         c.setup = reset  # each tight loop starts without a planted switch from the case before
     table = run_cases(planted, Timer(torch.device("cpu"), clock="process"), repeats=3, target_s=0.005)
-    cold, n, rr, tight = fit.op_cold_excess(table)
+    cold, n, rr, tight = fit_host.op_cold_excess(table)
     assert n == 2 and tight == pytest.approx(60 * US, rel=0.3)
     assert cold == pytest.approx(100 * US, rel=0.3)
 
@@ -158,7 +158,7 @@ def test_convolution_fixed_cost_case_runs_a_batch_of_two():
     project's VM): the op_fixed case and the Conv module cases use a batch of 2, the path of a training batch."""
     from perfcheck.calibrate.layers import tiny_modules
 
-    conv = cases._tiny_ops(torch.device("cpu"))["convolution"]
+    conv = op_cases.tiny_ops(torch.device("cpu"))["convolution"]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         conv()
     shapes = [e.input_shapes[0] for e in prof.key_averages(group_by_input_shape=True) if e.key == "aten::conv2d"]

@@ -11,7 +11,7 @@ import torch
 
 import perfcheck
 from perfcheck.errors import UserError
-from perfcheck.calibrate.cases import ROW_COUNTS, row_cases, row_lengths, row_op_cost
+from perfcheck.calibrate.op_cases import ROW_COUNTS, row_cases, row_lengths, row_op_cost
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
 from perfcheck.hardware.systems import SystemSpec, load_system
 from perfcheck.predict import roofline

@@ -10,8 +10,9 @@ import torch
 
 import perfcheck
 from perfcheck.errors import UserError
-from perfcheck.calibrate.cases import NARROW_SHAPES, gemm_narrow_cases, row_lengths
-from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec, row_terms_fit
+from perfcheck.calibrate.op_cases import NARROW_SHAPES, gemm_narrow_cases, row_lengths
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
+from perfcheck.calibrate.fit_host import row_terms_fit
 from perfcheck.hardware.systems import SIMD_BYTES, SystemSpec, host_constants, load_system, local_simd_bytes, simd_bytes
 from perfcheck.predict import roofline
 from perfcheck.predict.aten_costs import OpCall, TensorMeta

@@ -1,0 +1,364 @@
+"""The host-side and per-op terms ``calibrate.fit.build_spec`` fits from the measurement table: launch
+and host constants (dispatch, autograd, backward, module call, optimizer steps, collective latency),
+per-op fixed costs, per-row costs of row-wise ops, narrow-output and unaligned GEMMs, per-module
+costs. Each term's source names the cases and the arithmetic.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from perfcheck.calibrate import case_names as names
+from perfcheck.calibrate.fit_draft import Draft, cap, rows_of, seconds_of, size_text
+from perfcheck.calibrate.layers import tiny_modules
+from perfcheck.hardware.host_keys import OPTIM_LINES, op_cold_key, optim_per_tensor_key, optim_step_key
+from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants
+from perfcheck.predict import roofline
+from perfcheck.predict.estimate import estimate
+from perfcheck.schema import ROOT
+
+
+def alignment(spec: SystemSpec, table, d: Draft) -> SystemSpec:
+    """``efficiency.matrix_unaligned`` (forward) and ``matrix_unaligned_bwd``: per ``alignment_cases``
+    shape, the estimator's time on this spec for the aligned twin's GEMMs (FLOPs at the calibrated
+    curve and shape factor) over the measured unaligned time; median over shapes, capped at 1. Relative
+    to the model's twin, not the twin's measured time, so the factor does not count the curve's own
+    error twice. Absent when not measured (CPU)."""
+    rows = table[table["kind"] == names.GEMM_ALIGN]
+    if rows.empty:
+        return spec
+    meas = {r.label: r for r in rows.itertuples()}
+    eff, sources = dict(spec.efficiency), dict(spec.sources)
+    for phase, key in (("fwd", "matrix_unaligned"), ("bwd", "matrix_unaligned_bwd")):
+        ratios = []
+        for lab, r in meas.items():
+            twin = meas.get(names.aligned_twin(lab))
+            if not names.is_unaligned(lab, phase) or twin is None or r.seconds <= 0:
+                continue
+            gemms = 1 if phase == "fwd" else 2  # dX = dY W, dW = dY^T X: each the forward's FLOPs
+            model, _ = roofline.op_time_s(float(twin.flops), 0.0, float(twin.bytes), float(gemms), spec, r.dtype,
+                                          launch_s=0.0, min_dim=float(min(twin.m, twin.k, twin.n)))
+            ratios.append(model / float(r.seconds))
+        if ratios:
+            eff[key] = cap(float(np.median(ratios)))
+            sources[f"efficiency.{key}"] = (
+                f"{d.stamp}: F.linear {phase} with n not a multiple of 16 bytes, the estimator's time for its aligned "
+                f"twin (n rounded up to 8) over the measured time, median of {len(ratios)} shapes "
+                f"({', '.join(f'{x:.3f}' for x in sorted(ratios))})")
+    return dataclasses.replace(spec, efficiency=eff, sources=sources)
+
+
+def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
+    """op_fixed_s (tiny call less one plain tiny op) and op_efficiency (the formulas' roofline time on
+    the calibrated spec / the measured time less dispatch and fixed cost, capped at 1)."""
+    all_fixed, eff_rows = rows_of(table, names.OPFIXED), rows_of(table, names.OPEFF)
+    if not len(all_fixed) and not len(eff_rows):
+        return spec
+    fp32 = fp32_rows(all_fixed)
+    fixed_rows = all_fixed[fp32]
+    fixed = {r.label: max(float(r.seconds) - d.op_s, 0.0) for r in fixed_rows.itertuples(index=False)}
+    # other dtypes (op_cases.op_fixed_cases' ``dtypes``) ran with gradients: less the dispatch and the autograd node,
+    # each priced apart in the estimator; keyed <op>@<dtype> (the estimator falls back to <op> for a dtype
+    # calibration did not run)
+    node = float(host_constants(spec)["autograd_node_s"])
+    low = {roofline.op_efficiency_key(r.label, r.dtype): max(float(r.seconds) - d.op_s - node, 0.0)
+           for r in all_fixed[~fp32].itertuples(index=False)}
+    eff, sources = {}, dict(spec.sources)
+    for r in eff_rows.itertuples(index=False):
+        roof, _ = roofline.op_time_s(float(r.flops), float(r.n), float(r.bytes), 1.0, spec, r.dtype or "fp32",
+                                     launch_s=0.0)
+        kernel_s = max(float(r.seconds) - d.op_s - fixed.get(r.label, 0.0), 1e-9)
+        eff[roofline.op_efficiency_key(r.label, r.dtype or "fp32")] = float(min(max(roof / kernel_s, 1e-4), 1.0))
+    if fixed:
+        sources["op_fixed_s"] = (f"{d.stamp}: per aten op, one call on tiny tensors (8x16, 1x1x6x6; a convolution "
+                                 f"on 2x1x6x6, the path of a batch >= 2) less one plain tiny op ({d.op_s * 1e6:.2f} us): the op family's fixed cost beyond a "
+                                 f"tiny add's dispatch (host time in the estimator)")
+    if eff:
+        sources["op_efficiency"] = (f"{d.stamp}: the estimator's roofline time on this spec / the measured time "
+                                    f"less dispatch and fixed cost, at a LeNet-like size (conv 3->6 ch 5x5 on "
+                                    f"8x3x32x32; 2x2 max-pool of 8x6x28x28), per dtype measured (op@bf16: bf16)")
+    if low:
+        sources["op_fixed_s"] = sources.get("op_fixed_s", "") + (
+            f"; <op>@<dtype>: the same calls in that dtype on tensors needing a gradient less the tiny op and "
+            f"autograd_node_s ({node * 1e6:.2f} us)")
+    return dataclasses.replace(spec, op_fixed_s={**fixed, **low}, op_efficiency=eff, sources=sources)
+
+
+def fp32_rows(rows: pd.DataFrame) -> pd.Series:
+    """Rows of the fp32 (or untyped: older tables) host cases."""
+    return rows["dtype"].fillna("").astype(str).isin(("fp32", "", "nan"))
+
+
+def row_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
+    """op_row_s: per row-wise op and phase (``op_cases.row_cases``, label "<op> fwd|bwd", m = rows, k = row length),
+    per row length L the slope of the measured time over the row count less the slope of the estimator's roofline
+    time for the same calls on ``spec`` (its elements' share: the model adds that itself); then the row's cost by
+    its length, ``slope(L) = row + vector x floor(L/W) + tail x L x [L < W] + partial x [L > W, L mod W > 0]``
+    (perfcheck.predict.roofline.row_time_s), by least squares over the lengths with every term >= 0
+    (``row_terms_fit``; ``op_cases.row_lengths``' four lengths W/2, W, W + W/4, 2W determine the four terms):
+    ``<phase>``, ``<phase>_vector``, ``<phase>_tail``, ``<phase>_partial``. W (fp32 elements per SIMD vector) is
+    half the longest length and sets the spec's ``simd_bytes``. One length (nll_loss): its slope, floored at 0, prices every row alike.
+    Slopes leave out every fixed cost (dispatch, op_fixed_s), which the model prices apart."""
+    rows = rows_of(table, names.OPROWS)
+    if not len(rows):
+        return spec
+
+    lengths = sorted(set(rows["k"].astype(int)))
+    width = max(lengths[-1] // 2, 1)
+    table_out, shown = {}, []
+    for label, group in rows.groupby("label", sort=False):
+        name, phase = str(label).rsplit(" ", 1)
+        eff = roofline.op_efficiency(spec, name, "fp32")  # the row cases run in fp32
+        slopes = {}
+        for cols, g in group.groupby("k", sort=True):
+            g = g.sort_values("m")
+            if len(g) < 2 or g["m"].iloc[-1] <= g["m"].iloc[0]:
+                continue
+            roof = [roofline.op_time_s(0.0, float(r["flops"]), float(r["bytes"]), float(max(r["n"], 1)), spec,
+                                       r["dtype"] or "fp32", launch_s=0.0)[0] / eff for r in (g.iloc[0], g.iloc[-1])]
+            span = float(g["m"].iloc[-1] - g["m"].iloc[0])
+            slopes[int(cols)] = (float(g["seconds"].iloc[-1] - g["seconds"].iloc[0]) - (roof[1] - roof[0])) / span
+        if not slopes:
+            continue
+        terms = row_terms_fit(slopes, width) if len(slopes) >= 4 else (float(max(np.median(list(slopes.values())),
+                                                                                   0.0)), None, None, None)
+        entry = table_out.setdefault(name, {})
+        entry[phase] = terms[0]
+        text = f"{name} {phase} {terms[0] * 1e9:.0f} ns"
+        if terms[1] is not None:
+            entry[f"{phase}_vector"], entry[f"{phase}_tail"], entry[f"{phase}_partial"] = terms[1:]
+            text += (f" + {terms[1] * 1e9:.1f} per vector, {terms[2] * 1e9:.1f} per element under a vector, "
+                     f"{terms[3] * 1e9:.1f} per partial vector")
+        shown.append(text)
+    if not table_out:
+        return spec
+    counts = sorted(set(rows["m"].astype(int)))
+    sources = dict(spec.sources)
+    sources["op_row_s"] = (f"{d.stamp}: per row-wise kernel, the slope of its time over {counts[0]} -> {counts[-1]} rows "
+                           f"less the slope of the estimator's roofline time for the same calls, per row length "
+                           f"{', '.join(map(str, lengths))} (fp32), fitted as row + vector x floor(L/{width}) + tail x L "
+                           f"[L < {width}] + partial [L > {width}, L mod {width} > 0] (least squares, terms >= 0): "
+                           + "; ".join(shown))
+    sources["simd_bytes"] = (f"{d.stamp}: the row cases' SIMD width ({width} fp32 elements: "
+                             f"torch.backends.cpu.get_cpu_capability(), perfcheck.hardware.systems.SIMD_BYTES)")
+    return dataclasses.replace(spec, op_row_s=table_out, simd_bytes=4 * width, sources=sources)
+
+
+def row_terms_fit(slopes: dict, width: int) -> tuple:
+    """``(row, vector, tail, partial)`` seconds, each >= 0, minimising the squared error of
+    ``row + vector x floor(L/width) + tail x L x [L < width] + partial x [L > width and L mod width > 0]`` against
+    ``slopes`` (row length L -> seconds per row): ordinary least squares on every subset of the four terms (the
+    others 0), the best one with no negative term."""
+    import itertools
+
+    lengths = np.array(sorted(slopes), dtype=float)
+    y = np.array([slopes[int(L)] for L in lengths], dtype=float)
+    x = np.stack([np.ones_like(lengths), np.floor(lengths / width), lengths * (lengths < width),
+                  ((lengths > width) & (np.mod(lengths, width) > 0)).astype(float)], axis=1)
+    best, best_err = (0.0, 0.0, 0.0, 0.0), float(np.sum(y ** 2))
+    for size in (1, 2, 3, 4):
+        for cols in itertools.combinations(range(4), size):
+            coef, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+            if np.any(coef < 0):
+                continue
+            full = np.zeros(4)
+            full[list(cols)] = coef
+            err = float(np.sum((x @ full - y) ** 2))
+            if err < best_err - 1e-30:
+                best, best_err = tuple(float(c) for c in full), err
+    return best
+
+
+def gemm_narrow(spec: SystemSpec, table, d: Draft) -> SystemSpec:
+    """host.gemm_narrow_row_s: from the narrow-output GEMM cases (``op_cases.gemm_narrow_cases``: F.linear to fewer
+    outputs than two SIMD vectors hold, on two row counts), the slope over output rows of the measured time less
+    the estimator's time for the same GEMM on ``spec`` (FLOPs at its calibrated curve and shape factor, bytes,
+    without the narrow term), floored at 0. Per output row of a narrow GEMM (perfcheck.predict.roofline)."""
+    rows = rows_of(table, names.GEMM_NARROW)
+    if len(rows) < 2:
+        return spec
+    rows = rows.sort_values("m")
+    if rows["m"].iloc[-1] <= rows["m"].iloc[0]:
+        return spec
+
+    model = [roofline.op_time_s(float(r["flops"]), float(r["m"] * r["n"]), float(r["bytes"]), 1.0, spec,
+                                r["dtype"] or "fp32", launch_s=0.0, min_dim=float(min(r["m"], r["k"], r["n"])))[0]
+             for _, r in (("a", rows.iloc[0]), ("b", rows.iloc[-1]))]
+    span = float(rows["m"].iloc[-1] - rows["m"].iloc[0])
+    slope = (float(rows["seconds"].iloc[-1] - rows["seconds"].iloc[0]) - (model[1] - model[0])) / span
+    host, sources = dict(spec.host), dict(spec.sources)
+    host["gemm_narrow_row_s"] = float(max(slope, 0.0))
+    first, last = rows.iloc[0], rows.iloc[-1]
+    sources["host.gemm_narrow_row_s"] = (
+        f"{d.stamp}: F.linear {int(first['m'])} and {int(last['m'])} rows x {int(first['k'])} -> {int(first['n'])} "
+        f"({first['seconds'] * 1e6:.2f}, {last['seconds'] * 1e6:.2f} us): slope over output rows less the estimator's "
+        f"FLOPs-and-bytes slope ({(model[1] - model[0]) / span * 1e9:.1f} ns per row)")
+    return dataclasses.replace(spec, host=host, sources=sources)
+
+
+def module_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
+    """module_fixed_s: per standard nn module class, its measured call (``layers.tiny_modules``) less the
+    estimator's forward for it on ``spec`` (whose host constants and per-op costs are already fitted),
+    floored at 0: the Python and autograd work of that layer the per-op host model does not see."""
+    rows = rows_of(table, names.MODFIXED)
+    if not len(rows):
+        return spec
+
+    mods = tiny_modules("cpu")  # the estimator traces on fake tensors: the device does not matter
+    # the cases repeat one module in a tight loop: estimate them as such, without the step's per-op cold cost
+    tight = dataclasses.replace(spec, host={**dict(spec.host), "op_cold_s": 0.0})
+    fixed = {}
+    for r in rows.itertuples(index=False):
+        if r.label not in mods:
+            continue  # a table from another perfcheck version
+        m, x = mods[r.label]
+        pred = estimate(m, x, system=tight)
+        fixed[r.label] = max(float(r.seconds) - float(pred.loc[pred["module"] == ROOT, "pred_fwd_s"].iloc[0]), 0.0)
+    sources = dict(spec.sources)
+    sources["module_fixed_s"] = (f"{d.stamp}: per nn module class, one training-mode call on tiny tensors "
+                                 f"(8x16, 1x1x6x6, convolutions on a batch of 2; parameters and inputs needing "
+                                 f"gradients) less the estimator's "
+                                 f"forward for it on this spec (dispatch, autograd nodes, per-op fixed costs, module call)")
+    return dataclasses.replace(spec, module_fixed_s=fixed, sources=sources)
+
+
+def op_cold_excess(table, dtype: str = "fp32") -> Optional[tuple]:
+    """``(op_cold_s, ops, round-robin s per op, tight-loop s per op)`` from the ``opcold`` case (the tiny
+    ops called one after another, seconds per op) and the ``opfixed`` cases of the same ops (each in its own
+    tight loop): the round-robin's time per op less the tight loops' mean, floored at 0 (a negative excess
+    is noise: an op cannot run faster for following another). None without both. ``dtype``: the cases of
+    that dtype (fp32: also untyped rows of older tables)."""
+    rr, fixed = rows_of(table, names.OPCOLD), rows_of(table, names.OPFIXED)
+    if dtype == "fp32":
+        rr, fixed = rr[fp32_rows(rr)], fixed[fp32_rows(fixed)]
+    else:
+        rr, fixed = rr[rr["dtype"] == dtype], fixed[fixed["dtype"] == dtype]
+    if not len(rr) or not len(fixed):
+        return None
+    r = rr.iloc[0]
+    n = names.count_of(r["label"])
+    if n != len(fixed):  # not the same set of ops (a table from another version): no matched subtraction
+        return None
+    tight = float(fixed["seconds"].mean())
+    return max(float(r["seconds"]) - tight, 0.0), n, float(r["seconds"]), tight
+
+
+def launch(d: Draft, table, threads):
+    d.op_s = seconds_of(table, names.LAUNCH, names.LAUNCH_OP) or 0.0
+    launch = seconds_of(table, names.LAUNCH, names.LAUNCH_AUTOGRAD) or (d.op_s or None)
+    if launch:
+        where = f" with {threads} thread{'s' if threads != 1 else ''}" if threads else ""
+        d.fields["launch_overhead_s"] = launch
+        d.sources["launch_overhead_s"] = (f"{d.stamp}: per-kernel time of a chain of tiny multiplies run forward and "
+                                          f"backward under autograd{where} (one plain tiny op: {d.op_s * 1e6:.2f} us)")
+
+
+def host_terms(d: Draft, table, threads):
+    """The host block (perfcheck.predict.host): each constant from its case, slopes and intercepts
+    from the cases of two sizes; constants without a case keep the base's (or the defaults)."""
+    host = rows_of(table, names.HOST)
+    if not len(host):
+        return
+    sec = {r.label: float(r.seconds) for r in host.itertuples(index=False)}
+    where = f" with {threads} thread{'s' if threads != 1 else ''}" if threads else ""
+    out, src = dict(d.base.host), {}
+
+    def put(key, value, how):
+        out[key] = float(max(value, 0.0))
+        src[f"host.{key}"] = f"{d.stamp}{where}: {how}"
+
+    op = d.op_s
+    if op:
+        put("op_dispatch_s", op, "one torch.add of 1-element tensors (nothing to compute: all dispatch)")
+    if names.HOST_VIEW in sec:
+        put("view_dispatch_s", sec[names.HOST_VIEW], "Tensor.t() of a 1x1 tensor")
+    _host_autograd(host, sec, op, put)
+    if names.HOST_MODULE_CALL in sec:
+        put("module_call_s", sec[names.HOST_MODULE_CALL], "calling an nn.Module whose forward returns its input")
+    _host_cold(table, put)
+    _host_optimizers(host, put)
+    if names.HOST_DEVICE_KERNEL in sec:
+        put("device_kernel_s", sec[names.HOST_DEVICE_KERNEL], "GPU time per tiny add queued behind torch.cuda._sleep "
+                                                     "(device alone, CUDA events)")
+    elif d.kind == "cpu":
+        put("device_kernel_s", 0.0, "0 on a CPU by definition: the op runs on the dispatching thread, "
+                                    "so its fixed cost is op_dispatch_s")
+    collective_latency(out, src, table, d.stamp)
+    d.fields["host"] = out
+    d.sources.update(src)
+
+
+def _host_autograd(host, sec: dict, op, put):
+    """autograd_node_s (a chain under autograd less the same chain without), backward_node_s and
+    backward_call_s (the slope and intercept of forward+backward over two chain lengths)."""
+    chain = next((lab for lab in sec if names.is_label(lab, names.chain_label, True)), None)
+    plain = sec.get(names.chain_label(False, names.count_of(chain))) if chain else None
+    if chain and plain:
+        # the same ``y * b`` chain without autograd: subtracting torch.add's dispatch instead (a Python
+        # function call, ~1-2 us dearer than the ``*`` operator's slot) read 1.0 us where a node costs 2.9
+        put("autograd_node_s", sec[chain] - plain, f"per op of a chain of 1-element multiplies under autograd "
+                                                   f"({sec[chain] * 1e6:.2f} us), minus the same chain without "
+                                                   f"autograd ({plain * 1e6:.2f} us)")
+    elif chain and op:
+        put("autograd_node_s", sec[chain] - op, f"per op of a chain of 1-element multiplies under autograd "
+                                                f"({sec[chain] * 1e6:.2f} us), minus the plain op")
+    fb = host[[names.is_label(lab, names.forward_backward_label) for lab in host["label"]]].sort_values("m")
+    if len(fb) >= 2 and chain and op:
+        per_fwd = sec[chain]
+        n = fb["m"].to_numpy(float)
+        bwd = fb["seconds"].to_numpy(float) - n * per_fwd
+        slope = (bwd[-1] - bwd[0]) / (n[-1] - n[0])
+        put("backward_node_s", slope - op, f"backward of 1-element multiply chains of {int(n[0])} and {int(n[-1])} "
+                                           f"(forward part subtracted): slope {slope * 1e6:.2f} us per node, minus "
+                                           f"one op's dispatch (its grad kernel)")
+        put("backward_call_s", bwd[0] - n[0] * slope, "intercept of the same line: loss.backward()'s fixed cost")
+
+
+def _host_cold(table, put):
+    """op_cold_s per dtype: the tiny ops called one after another less each in a tight loop."""
+    for dt, key in (("fp32", op_cold_key()), *((x, op_cold_key(x)) for x in LOW_HOST_DTYPES)):
+        cold = op_cold_excess(table, dt)
+        if cold is not None:
+            put(key, cold[0], f"the {cold[1]} tiny ops of the op_fixed cases called one after another, "
+                              f"{cold[2] * 1e6:.2f} us per op, less the same ops each in a tight loop, "
+                              f"{cold[3] * 1e6:.2f} us per op (mean)"
+                              + ("" if dt == "fp32" else f"; {dt}, on tensors needing a gradient"))
+
+
+def _host_optimizers(host, put):
+    """Per optimizer implementation: the per-tensor slope and the step's intercept over two tensor counts."""
+    for label in OPTIM_LINES:
+        rows = host[[names.is_label(lab, names.optim_label, label) for lab in host["label"]]].sort_values("m")
+        if len(rows) < 2:
+            continue
+        n, t = rows["m"].to_numpy(float), rows["seconds"].to_numpy(float)
+        per = (t[-1] - t[0]) / (n[-1] - n[0])
+        put(optim_per_tensor_key(label), per, f"torch.optim.{'SGD' if 'sgd' in label else 'Adam'}"
+            f"(foreach={'foreach' in label}).step() + zero_grad(set_to_none=True) on {int(n[0])} and "
+            f"{int(n[-1])} 1-element tensors: slope")
+        # each implementation's own intercept: SGD foreach's was 139 us against the for-loop's 63 us on the H100
+        # VM of 2026-11-26 (grouping by device and dtype, one launch per _foreach_ op), Adam's for-loop 211 us
+        put(optim_step_key(label), t[0] - n[0] * per,
+            f"intercept of the same line: step() + zero_grad()'s fixed cost ({label})")
+
+
+def collective_latency(out, src, table, stamp):
+    """alpha of all-reduce: a smaller message's time less its bandwidth term (scaled from the largest),
+    the least over the smaller sizes: on a shared machine one size's median can be a scheduler stall
+    (4 KiB 5.8 ms beside 64 KiB 0.9 ms on the project's loaded 2-core VM), and alpha is a floor."""
+    ar = table[table["kind"] == "allreduce"].sort_values("bytes", kind="stable")
+    if len(ar) < 2:
+        return
+    big = ar.iloc[-1]
+    alphas = [(float(r["seconds"]) - float(r["bytes"]) / float(big["bytes"]) * float(big["seconds"]), i)
+              for i, (_, r) in enumerate(ar.iloc[:-1].iterrows())]
+    alpha, i = min(alphas)
+    small = ar.iloc[i]
+    alpha = min(max(alpha, 0.0), float(small["seconds"]))
+    out["collective_latency_s"] = alpha
+    src["host.collective_latency_s"] = (f"{stamp}: all-reduce of {size_text(small['bytes'])} "
+                                        f"({small['seconds'] * 1e6:.1f} us) less its bandwidth term at the "
+                                        f"{size_text(big['bytes'])} rate, across {int(small['world_size'])} ranks")

@@ -1,0 +1,251 @@
+"""The per-op cases of ``perfcheck calibrate`` on a CPU (and the per-op fixed costs on a GPU): each
+aten op's fixed cost alone and among other ops, per-module fixed costs, per-op kernel efficiency,
+the per-row costs of row-wise ops (softmax, norms, losses: a row's cost depends on its length against
+the SIMD width) and narrow-output GEMMs. The timer, the runner and the device cases are
+``calibrate.cases``; the fit of these rows is ``calibrate.fit_host``.
+"""
+from __future__ import annotations
+
+import torch
+
+from perfcheck.calibrate import case_names as names
+from perfcheck.calibrate.cases import Case
+from perfcheck.calibrate.layers import CallModule, tiny_modules
+from perfcheck.hardware.systems import local_simd_bytes, normalize_dtype, torch_dtype
+from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of
+from perfcheck.predict.trace import trace_model
+
+
+# ------------------------------------------------------------------------------ per-op kernel costs (CPU)
+def tiny_ops(dev, dtype=torch.float32, grad: bool = False):
+    """aten op name -> a call of it on tiny tensors (nothing to compute: dispatch + the kernel's fixed cost).
+    ``dtype``/``grad``: the floating tensors' dtype and whether they need a gradient (each call then builds its
+    autograd node, as a training step's forward does; the graph is freed with the call's output)."""
+    F = torch.nn.functional
+
+    def t(*shape, fill=None):
+        x = torch.randn(*shape, device=dev) if fill is None else torch.full(shape, float(fill), device=dev)
+        return x.to(dtype).requires_grad_(grad)
+    y, w, b = t(8, 16), t(16, 5), t(5)
+    img, k = t(1, 1, 6, 6), t(1, 1, 3, 3)
+    img2 = t(2, 1, 6, 6)
+    # running statistics are buffers (never need a gradient), in the model's dtype
+    rm, rv = torch.zeros(16, device=dev, dtype=dtype), torch.ones(16, device=dev, dtype=dtype)
+    g, beta = t(16, fill=1), t(16, fill=0)
+    bat = t(2, 4, 4)
+    idx, table = torch.arange(8, device=dev), t(16, 4)
+    return {
+        "addmm": lambda: torch.addmm(b, y, w), "mm": lambda: torch.mm(y, w), "bmm": lambda: torch.bmm(bat, bat),
+        # a batch of 2, the path a training batch takes: on a CPU a batch-1 convolution runs another kernel
+        # (10 us for this 1->1 channel 3x3 on 6x6 on the project's VM) than batch >= 2 (119 us, the same at
+        # batch 8): the fixed cost a LeNet-size convolution pays, which the op_efficiency fit subtracts
+        "convolution": lambda: F.conv2d(img2, k),
+        "native_batch_norm": lambda: F.batch_norm(y, rm, rv, g, beta, training=True),
+        "native_layer_norm": lambda: F.layer_norm(y, (16,)), "sum": lambda: y.sum(0), "mean": lambda: y.mean(0),
+        "_log_softmax": lambda: F.log_softmax(y, 1), "_softmax": lambda: F.softmax(y, 1),
+        "max_pool2d_with_indices": lambda: F.max_pool2d(img, 2), "relu": lambda: F.relu(y),
+        "gelu": lambda: F.gelu(y), "embedding": lambda: F.embedding(idx, table),
+    }
+
+
+#: Low-precision dtypes whose per-op host costs calibration measures apart on CUDA (``op_fixed_cases``'
+#: ``dtypes``): on the H100 VM of 2026-11-26 a LeNet forward with gradients cost 467 us of host time per call in
+#: bf16 against 209 us in fp32 (cuBLAS/cuDNN bf16 paths: Linear 30 vs 17 us, LeNet's conv2 73 vs 25 us; even
+#: relu/max-pool with autograd +4 us), while the fp32 cases priced it at ~200 us
+#: (bench/gpu_results/2026-11-26-h100/diag_ops.log).
+HOST_DTYPES_CUDA = ("bf16",)
+
+
+def op_fixed_cases(device, dtypes=()) -> list:
+    """One tiny call per aten op family (label = the op's name): its time less one plain tiny op's
+    is that family's fixed cost (``op_fixed_s``): on a CPU the kernel's set-up, on a GPU the host's
+    (cuDNN/cuBLAS heuristics and descriptors: a loop of tiny calls is host-bound there).
+    fp32 cases run without gradients (the autograd node is priced apart, autograd_node_s); each dtype of
+    ``dtypes`` (bf16, fp16) adds the same calls in that dtype on tensors that need a gradient, as a training
+    step's forward runs them (dtype column = that dtype; fit.py keys them ``<op>@<dtype>``)."""
+    dev = torch.device(device)
+    out = [Case(names.OPFIXED, name, fn, "fp32", host=True) for name, fn in tiny_ops(dev).items()]
+    for dt in dtypes:
+        out += [Case(names.OPFIXED, name, fn, dt, host=True)
+                for name, fn in tiny_ops(dev, torch_dtype(dt), grad=True).items()]
+    return out
+
+
+def op_cold_cases(device, dtypes=()) -> list:
+    """The op_fixed cases' tiny ops called one after another (label ``round-robin xN``, time per op): each
+    call follows a different op, as a training step runs its ops, where the op_fixed cases repeat one op in
+    a tight loop that keeps its code, its branch history and its tensors in the core. Per op, this case less
+    the mean of the same ops' tight loops is the host time an op costs beyond its tight-loop price inside a
+    step (``op_cold_s``, fit.py). Why: on the project's VM the 14 ops took 268.6 us in a round-robin against
+    124.1 us summed over their tight loops (+10.3 us per op; 11.1-13.5 us once the convolution ran a batch of
+    2), and the same excess is what a LeNet or JSC
+    forward inside a training step costs beyond a warm per-op model (bench/RESULTS.md, issue 12)."""
+    def case(dt, ops):
+        def round_robin():
+            for fn in ops:
+                fn()
+        return Case(names.OPCOLD, names.round_robin_label(len(ops)), round_robin, dt, per_call=len(ops), host=True)
+    dev = torch.device(device)
+    # per dtype of ``dtypes``: the same ops in that dtype with gradients, as op_fixed_cases' cases of that dtype
+    return [case("fp32", list(tiny_ops(dev).values()))] + [
+        case(dt, list(tiny_ops(dev, torch_dtype(dt), grad=True).values())) for dt in dtypes]
+
+
+def module_fixed_cases(device) -> list:
+    """One call per standard nn module class (label = the class name, see perfcheck.calibrate.layers)."""
+    return [Case(names.MODFIXED, name, (lambda m=m, x=x: m(*x)), "fp32", host=True)
+            for name, (m, x) in tiny_modules(device).items()]
+
+
+def _formula_cost(fn, inputs, name: str) -> tuple:
+    """(matrix FLOPs, other FLOPs, bytes) of the forward ``name`` ops ``fn(*inputs)`` runs, by the estimator's formulas."""
+    trace = trace_model(CallModule(fn), inputs)
+    mf = of = nb = 0.0
+    for op in trace.ops:
+        if op.call.name == name:
+            c = cost_of(op.call).cost.fwd
+            mf, of, nb = mf + 2 * c.macs, of + c.flops, nb + c.bytes
+    return mf, of, nb
+
+
+def op_efficiency_cases(device, dtypes=("fp32",)) -> list:
+    """Kernels that run far below the roofline at small channel counts, at a LeNet-like size (label =
+    the op's name): a 3->6 channel 5x5 convolution on CIFAR images (8 on a CPU, 256 on a GPU, so
+    the GPU's kernel, not its host, is timed) and a 2x2 max-pool of its output, in each of ``dtypes``
+    (a str or several; tf32 runs on fp32 tensors and is left to fp32: a kernel's efficiency depends on its
+    dtype, and the fit keeps one per dtype). ``flops`` holds the matrix FLOPs, ``bytes`` the bytes and ``n``
+    the other FLOPs of the formulas."""
+    F = torch.nn.functional
+    dev = torch.device(device)
+    batch = 256 if dev.type == "cuda" else 8
+    wanted = [normalize_dtype(d) for d in ((dtypes,) if isinstance(dtypes, str) else dtypes)]
+    out = []
+    for dtype in dict.fromkeys("fp32" if d == "tf32" else d for d in wanted):
+        tdt = torch_dtype(dtype)
+        x, w, b = (torch.randn(batch, 3, 32, 32, device=dev, dtype=tdt),
+                   torch.randn(6, 3, 5, 5, device=dev, dtype=tdt), torch.randn(6, device=dev, dtype=tdt))
+        y = torch.randn(batch, 6, 28, 28, device=dev, dtype=tdt)
+        for name, fn, inputs in (("convolution", F.conv2d, (x, w, b)),
+                                 ("max_pool2d_with_indices", lambda t: F.max_pool2d(t, 2, 2), (y,))):
+            mf, of, nb = _formula_cost(fn, inputs, name)
+            out.append(Case(names.OPEFF, name, (lambda fn=fn, inputs=inputs: fn(*inputs)), dtype, mf, nb, (0, 0, int(of))))
+    return out
+
+
+# ------------------------------------------------------------------------------ per-row costs of row-wise ops (CPU)
+#: Row counts of the row-wise cases: the per-row cost is the slope between them.
+ROW_COUNTS = (64, 512)
+
+
+#: Row lengths of the row-wise cases on an AVX2 machine (8 floats per SIMD vector; ``row_lengths`` scales them
+#: to the machine's width): half a vector (tail only), one vector, one vector and a quarter (a vector and a
+#: tail), two vectors. A CPU kernel walks a row's full vectors, then its tail element by element; the fit
+#: (perfcheck.calibrate.fit) solves per op and phase for a row's cost, a vector's and a tail element's.
+#: nll_loss reads one element per row: one length.
+ROW_LENGTHS = (4, 8, 10, 16)
+
+
+def row_lengths(simd: int = None) -> tuple:
+    """``ROW_LENGTHS`` for a SIMD width of ``simd`` bytes (default: this machine's, ``systems.local_simd_bytes``):
+    W/2, W, W + W/4 and 2W fp32 elements, W = simd / 4."""
+    w = (simd or local_simd_bytes()) // 4
+    return (w // 2, w, w + max(w // 4, 1), 2 * w)
+
+
+def _row_ops(dev):
+    """Forward aten op name -> (forward kernel, backward kernel) builders: ``make(rows, cols)`` returns a call of
+    that kernel on fresh tensors, with the kernel's arguments as autograd passes them."""
+    aten = torch.ops.aten
+    f32 = torch.float32
+
+    def softmax_family(kernel, backward_kernel, output):
+        """(forward, backward) builders of softmax or log-softmax over the last dimension."""
+        def fwd(r, c):
+            x = torch.randn(r, c, device=dev)
+            return lambda: kernel(x, 1, False)
+
+        def bwd(r, c):
+            g, y = torch.randn(r, c, device=dev), output(torch.randn(r, c, device=dev), 1)
+            return lambda: backward_kernel(g, y, 1, f32)
+        return fwd, bwd
+
+    def ln(r, c):
+        x, w, b = torch.randn(r, c, device=dev), torch.ones(c, device=dev), torch.zeros(c, device=dev)
+        return lambda: torch.native_layer_norm(x, (c,), w, b, 1e-5)
+
+    def ln_b(r, c):
+        x, g, w, b = (torch.randn(r, c, device=dev), torch.randn(r, c, device=dev), torch.ones(c, device=dev),
+                      torch.zeros(c, device=dev))
+        _, mean, rstd = torch.native_layer_norm(x, (c,), w, b, 1e-5)
+        return lambda: aten.native_layer_norm_backward(g, x, (c,), mean, rstd, w, b, [True, True, True])
+
+    def nll(r, c):
+        y, t = torch.log_softmax(torch.randn(r, c, device=dev), 1), torch.randint(0, c, (r,), device=dev)
+        return lambda: aten.nll_loss_forward(y, t, None, 1, -100)
+
+    def nll_b(r, c):
+        y, t = torch.log_softmax(torch.randn(r, c, device=dev), 1), torch.randint(0, c, (r,), device=dev)
+        g, total = torch.ones((), device=dev), torch.tensor(float(r), device=dev)
+        return lambda: aten.nll_loss_backward(g, y, t, None, 1, -100, total)
+
+    return {"_log_softmax": softmax_family(torch._log_softmax, torch._log_softmax_backward_data, torch.log_softmax),
+            "_softmax": softmax_family(torch._softmax, torch._softmax_backward_data, torch.softmax),
+            "native_layer_norm": (ln, ln_b),
+            "nll_loss_forward": (nll, nll_b)}
+
+
+def row_op_cost(name: str, rows: int, cols: int, elem_bytes: int = 4):
+    """The estimator's cost (formulas.OpCost, through aten_costs.cost_of: the one op-cost path) of the row-wise
+    op ``name`` on a (rows, cols) input that needs a gradient."""
+    aten = torch.ops.aten
+    x = TensorMeta((rows, cols), elem_bytes, True, True)
+    stat = TensorMeta((rows, 1), 4, False, True)
+    vec = TensorMeta((cols,), elem_bytes, True, True)
+    target = TensorMeta((rows,), 8, False, False)
+    scalar = TensorMeta((), elem_bytes, True, True)
+    calls = {"_log_softmax": (aten._log_softmax.default, (x, 1, False), (x,)),
+             "_softmax": (aten._softmax.default, (x, 1, False), (x,)),
+             "native_layer_norm": (aten.native_layer_norm.default, (x, [cols], vec, vec, 1e-5), (x, stat, stat)),
+             "nll_loss_forward": (aten.nll_loss_forward.default, (x, target, None, 1, -100), (scalar, scalar))}
+    func, args, outs = calls[name]
+    return cost_of(OpCall(func, args, {}, outs)).cost
+
+
+def row_cases(device) -> list:
+    """Row-wise kernels (label ``"<forward op> fwd|bwd"``) on ``ROW_COUNTS`` rows of ``row_lengths()`` elements
+    (nll_loss: one length), fp32; ``m`` = rows, ``k`` = row length, ``flops``/``bytes`` = the estimator's
+    other FLOPs and bytes of that phase (``row_op_cost``), so the fit can take the roofline's share out of the
+    slope over rows (perfcheck.calibrate.fit: ``op_row_s``)."""
+    dev = torch.device(device)
+    cases = []
+    every = row_lengths()
+    for name, builders in _row_ops(dev).items():
+        lengths = every[2:3] if name.startswith("nll") else every
+        for phase, make in zip(("fwd", "bwd"), builders):
+            for cols in lengths:
+                for rows in ROW_COUNTS:
+                    cost = getattr(row_op_cost(name, rows, cols), phase)
+                    cases.append(Case(names.OPROWS, f"{name} {phase}", make(rows, cols), "fp32", float(cost.flops),
+                                      float(cost.bytes), (rows, cols, int(cost.kernels))))
+    return cases
+
+
+# ------------------------------------------------------------------------------ narrow GEMM outputs (CPU)
+#: (rows, in, out) of the narrow-output GEMM cases: F.linear to 6 outputs (under two AVX2 vectors, not a multiple
+#: of one) from 32 inputs, on two row counts; the fit keeps the slope over rows beyond the model's FLOPs time.
+#: Shapes in no other case (JSC_Tiny's 256x16 -> 5 is checked against the fit, not fitted).
+NARROW_SHAPES = ((64, 32, 6), (512, 32, 6))
+
+
+def gemm_narrow_cases(device) -> list:
+    """``F.linear`` forward on ``NARROW_SHAPES`` (label ``"narrow fwd MxKxN"``, kind ``gemm_narrow``; bias, as an
+    nn.Linear), fp32; flops = 2 m k n, bytes = the estimator's (perfcheck.predict.formulas.matmul). The fit
+    (``fit_host.gemm_narrow``) sets ``host.gemm_narrow_row_s``: the slope over rows of the measured time less the
+    estimator's time for the same GEMMs (FLOPs at the calibrated curve), per output row."""
+    dev = torch.device(device)
+    cases = []
+    for m, k, n in NARROW_SHAPES:
+        x, w, b = torch.randn(m, k, device=dev), torch.randn(n, k, device=dev), torch.randn(n, device=dev)
+        cases.append(Case(names.GEMM_NARROW, f"narrow fwd {m}x{k}x{n}",
+                          (lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b)), "fp32", 2.0 * m * k * n, (m * k + k * n + m * n + n) * 4.0, (m, k, n)))
+    return cases

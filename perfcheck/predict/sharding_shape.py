@@ -1,0 +1,169 @@
+"""The per-GPU shape of one micro-batch under tensor parallelism (``Shape``: Megatron 1D, or the 2D,
+2.5D and 3D grids, ``grid_side``), what a sublayer is (``Sublayer``: its cost and the collectives it
+issues, ``Collective``), the sublayer names, and the cost helpers the 1D and the grid front-ends
+share. The sublayers themselves: ``predict.sharding`` (1D) and ``predict.sharding_grid``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Tuple
+
+import numpy as np
+
+from perfcheck.predict import formulas as F
+from perfcheck.predict.collectives import COLLECTIVE_KINDS
+
+
+
+#: The unfused attention core: what selective recompute recomputes (Korthikanti et al. 2022, 5.1).
+CORE_ATTENTION = ("logits", "softmax", "dropout_softmax", "attend", "core_attention")
+
+
+#: The collective kinds a sublayer issues: every kind of the one list (perfcheck.predict.collectives) but the
+#: pipeline's point-to-point hand-offs (perfcheck.predict.pipeline costs those). all-to-all: MoE token dispatch;
+#: broadcast and reduce: the SUMMA steps of 2D / 2.5D tensor parallelism.
+SUBLAYER_KINDS = tuple(k for k in COLLECTIVE_KINDS if k != "sendrecv")
+
+
+#: Tensor-parallel schemes (``tp_scheme``): Megatron 1D, and the grid schemes of ``grid_*`` below.
+TP_SCHEMES = ("1d", "2d", "2.5d", "3d")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One tensor-parallel collective a sublayer issues: phase, kind, full buffer bytes (array)."""
+
+    phase: str  # "fwd" | "bwd"
+    kind: str  # one of SUBLAYER_KINDS
+    bytes: object
+    group: str = "tp"  # which ranks: a key of Shape.group_sizes ("tp", "ep", "q", "d", "q2")
+
+
+@dataclass(frozen=True)
+class Sublayer:
+    """A row of the per-layer table: the formula used, its cost on this GPU, its collectives.
+
+    ``stage``: "layer" (one per transformer layer), "first" (first pipeline stage only) or "last".
+    ``recomputed_act``: activation bytes that selective recompute does not keep (the attention
+    core's s x s tensors).
+    """
+
+    name: str
+    formula: str
+    cost: F.OpCost
+    stage: str = "layer"
+    comms: Tuple[Collective, ...] = ()
+    recomputed_act: object = 0.0
+    #: (m, k, n) of the row's GEMM (a: m x k, b: k x n; scalars or arrays), None for other rows: the
+    #: roofline's matrix_shape_curve (by min(m, k, n)) and alignment factor (k, n) need them, as they
+    #: need ``roofline.gemm_min_dim`` / ``gemm_unaligned`` of the traced op in ``perfcheck.estimate``
+    gemm: object = None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Per-GPU sizes of one micro-batch; any field may be a numpy array (one entry per config)."""
+
+    b: object  # micro-batch size
+    s: object  # sequence length
+    t: object  # tensor-parallel degree
+    sp: object  # sequence parallelism on (bool array)
+    elem_bytes: float  # activation / weight element size
+    ep: int = 1  # expert-parallel degree (MoE): experts/ep experts per GPU
+    scheme: str = "1d"  # tensor-parallel scheme, one of TP_SCHEMES
+    depth: object = 1  # 2.5D: the depth d of the q x q x d grid (1 otherwise)
+
+    @property
+    def tokens(self):
+        return self.b * self.s
+
+    @property
+    def norm_tokens(self):
+        """Tokens in the norm/dropout/residual regions: T/t with SP, else T (replicated)."""
+        return self.tokens / np.where(self.sp, self.t, 1)
+
+    # ---- the grid schemes (2D, 2.5D, 3D): t = q*q, q*q*d, q**3 GPUs ----------------------------
+    @property
+    def grid(self) -> bool:
+        return self.scheme != "1d"
+
+    @property
+    def q(self):
+        """Side of the grid: sqrt(t) (2D), sqrt(t/d) (2.5D), cbrt(t) (3D); t for 1D."""
+        return grid_side(self.t, self.scheme, self.depth)
+
+    @property
+    def row_split(self):
+        """Ways the tokens (batch) are split: 1 (1D), q (2D), d*q (2.5D), q*q (3D)."""
+        q = self.q
+        return {"1d": 1, "2d": q, "2.5d": self.depth * q, "3d": q * q}[self.scheme]
+
+    @property
+    def b_local(self):
+        """Sequences of the micro-batch on this GPU: b (1D), b / row_split (grid schemes)."""
+        return self.b / self.row_split
+
+    def inner(self, features):
+        """Elements on this GPU of a (T, features) activation whose features are TP-split:
+        T*features/t (1D: the MLP's inner activation, q/k/v), T/row_split * features/q (grid)."""
+        if not self.grid:
+            return self.tokens * features / self.t
+        return self.tokens / self.row_split * features / self.q
+
+    def local(self, features):
+        """Elements on this GPU of a (T, features) residual-stream activation: Tn*features (1D:
+        replicated, or sequence-split with SP), T/row_split * features/q (grid: split both ways)."""
+        return self.inner(features) if self.grid else self.norm_tokens * features
+
+    def group_sizes(self) -> dict:
+        """Ranks in each kind of group a Collective names."""
+        q = self.q
+        return {"tp": self.t, "ep": self.ep, "q": q, "d": self.depth, "q2": q * q}
+
+    def tp_bytes(self, elements, on):
+        """Full-buffer bytes of a TP collective of ``elements`` elements, where ``on``; 0 at t = 1."""
+        return elements * self.elem_bytes * (self.t > 1) * on
+
+
+def grid_side(t, scheme, depth=1):
+    """Side q of the grid: sqrt(t) (2D), sqrt(t/depth) (2.5D), cbrt(t) (3D), t (1D). Rounded:
+    ``grid_problems`` reports a t that is not a perfect square / cube."""
+    t = np.asarray(t, dtype=float) if np.ndim(t) else float(t)
+    if scheme == "1d":
+        return t
+    if scheme == "3d":
+        return np.rint(np.cbrt(t))
+    return np.rint(np.sqrt(t / (depth if scheme == "2.5d" else 1)))
+
+
+def norm_cost(model, rows, cols, eb) -> F.OpCost:
+    rms = model.norm == "rmsnorm"
+    return F.layer_norm(rows, cols, bias=model.bias and not rms, rms=rms, elem_bytes=eb)
+
+
+def scaled_softmax(rows, cols, eb) -> F.OpCost:
+    """softmax(scores / sqrt(q)) over ``rows`` rows of ``cols`` scores: Megatron's fused scale + softmax
+    (FusedScaleMaskSoftmax): one kernel, ``formulas.softmax``'s bytes, plus the scaling's 1 FLOP per
+    score forward and backward (what an unfused ``scores / sqrt(q)`` costs; the module estimator
+    counts that divide on the same block, so the two front-ends agree FLOP for FLOP)."""
+    cost = F.softmax(rows, cols, elem_bytes=eb)
+    n = rows * cols
+    return replace(cost, fwd=replace(cost.fwd, flops=cost.fwd.flops + n), bwd=replace(cost.bwd, flops=cost.bwd.flops + n))
+
+
+def residual_add(numel, eb) -> F.OpCost:
+    # x + branch(x): 1 FLOP per element; backward passes the gradient to both inputs. Saves nothing.
+    return F.elementwise(numel, inputs=2, flops_per_elem=1, bwd_flops_per_elem=1, saves=0, elem_bytes=eb)
+
+
+def scale_macs(cost: F.OpCost, frac) -> F.OpCost:
+    """Causal attention: count half the products of the score matmuls (what a causal kernel skips)."""
+    if frac == 1.0:
+        return cost
+    return replace(cost, fwd=replace(cost.fwd, macs=cost.fwd.macs * frac),
+                   bwd=replace(cost.bwd, macs=cost.bwd.macs * frac))
+
+
+def padded_vocab(model, t):
+    """Vocabulary rows per TP rank: ceil(V/t) (Megatron pads the vocabulary to a multiple of t)."""
+    return np.ceil(model.vocab / np.asarray(t, dtype=float))

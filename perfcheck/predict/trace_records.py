@@ -1,0 +1,59 @@
+"""What one fake forward pass records (``Trace``: the ops, the modules they ran in, the tensors
+autograd saved) and how a tensor becomes its shape record (``meta_of``: a DTensor costed at its local
+shard). ``predict.trace.trace_model`` fills a Trace; ``predict.trace_modes`` holds the dispatch and
+function modes that record into it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from perfcheck.predict.aten_costs import OpCall, TensorMeta
+
+
+@dataclass
+class TracedOp:
+    """One op: the call (tensors as TensorMeta) and the module paths on the stack when it ran."""
+
+    call: OpCall
+    stack: tuple  # module paths, outermost first
+    sdpa: bool = False  # a fused F.scaled_dot_product_attention call
+    causal: bool = False
+    backward: bool = True  # autograd differentiates this op (its grad_fn reaches the outputs)
+    recompute: bool = False  # inside an activation-checkpointed region: forward re-runs in backward
+
+
+@dataclass
+class Trace:
+    """Everything one fake forward pass saw."""
+
+    ops: list = field(default_factory=list)
+    calls: dict = field(default_factory=dict)  # path -> number of forward calls
+    types: dict = field(default_factory=dict)  # path -> class name
+    order: list = field(default_factory=list)  # paths in first-call order
+    saved: dict = field(default_factory=dict)  # path -> {storage key: bytes} saved while inside it
+    dtype_override: object = None
+    opaque: list = field(default_factory=list)  # (path, reason) of work the trace could not see into
+
+
+def local_of(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what this rank computes on and holds), any other tensor itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) and hasattr(t, "placements") else t
+
+
+def meta_of(t: torch.Tensor, elem_bytes_override, grad=None) -> TensorMeta:
+    """``grad``: a function tensor -> bool for ``requires_grad`` (default: the tensor's own flag).
+    A DTensor (tensor parallel) is costed at its local shard's shape: one rank's work."""
+    rg = bool(t.requires_grad) if grad is None else grad(t)
+    t = local_of(t)
+    is_float = t.is_floating_point() or t.is_complex()
+    eb = elem_bytes_override if (is_float and elem_bytes_override) else t.element_size()
+    distinct = math.prod(n for n, st in zip(t.shape, t.stride()) if st != 0) if t.layout == torch.strided else -1
+    return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct)
+
+
+def to_meta(x, elem_bytes, grad=None):
+    return meta_of(x, elem_bytes, grad) if isinstance(x, torch.Tensor) else x
