@@ -221,3 +221,23 @@ def test_each_predicted_column_has_one_writer():
             if col in _WRITERS and (rel, fn) not in _DERIVED:
                 found.setdefault(col, set()).add((rel, fn))
     assert found == {col: {w} for col, w in _WRITERS.items()}
+
+
+def test_a_layout_estimate_resolves_its_spec_at_most_once():
+    """The FSDP2/DTensor path too: the estimate of a TP/SP layout and the time of its collectives share one spec."""
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import _torch_dist_models as layouts
+    import perfcheck
+    from perfcheck.predict import distributed
+
+    created = distributed.fake_process_group(2)
+    try:
+        model = layouts.tp_sp()
+        loads, coerced = _count_resolutions(lambda: perfcheck.estimate(model, (torch.randn(2, 8, 16),),
+                                                                       system="h100-sxm"))
+    finally:
+        if created:
+            dist.destroy_process_group()
+    assert loads <= 1 and coerced <= 1
