@@ -3,10 +3,10 @@
 
 Refactor equivalence: ``tests/data/pred_golden.csv`` holds every numeric and label column of
 ``perfcheck.predict.estimate.estimate`` on the example models (``perfcheck.examples.models``), on datasheet
-specs (no calibration cache is read), as computed by the code before the refactor (commit 7bdd97e), with
+specs (no calibration cache is read) and on FSDP2 / DTensor TP+SP layouts in a fake process group, as computed
+by the code before the refactor (commit 7bdd97e): from this checkout's root, with OLD a checkout of 7bdd97e,
 
-    git -C /work/main checkout 7bdd97e   # the code before the refactor
-    PYTHONPATH=/work/main python3 tests/test_pred_writers.py --write   # run from this checkout's root
+    PYTHONPATH=OLD DS_ACCELERATOR=cpu python3 tests/test_pred_writers.py --write
 
 This pins numbers, not a model: a change that means to move a prediction (a new roofline factor, a new host
 term) regenerates the file with the same command on the new code and says so in its commit.
