@@ -16,6 +16,10 @@ Rule (written here only):
     pred_fwd_s = timeline_fwd_s + comm_fwd_s
     pred_bwd_s = timeline_bwd_s + tied_bwd_s + comm_bwd_s
     bound_p    = comm  where comm_p_s > pred_p_s / 2, else host where host_p_s > device_p_s, else roofline_bound_p
+
+NB: the ``comm`` label is given to the estimator's ZeRO/data-parallel communication only; a torch-native
+layout's collectives (FSDP2, DTensor, DDP buckets) add their time but leave the bound as the host/roofline rule
+says (``comm_bound=False``), as the estimate has always labelled them.
 """
 from __future__ import annotations
 
@@ -33,9 +37,10 @@ def _term(frame: pd.DataFrame, col: str) -> np.ndarray:
     return frame[col].to_numpy(float) if col in frame else np.zeros(len(frame))
 
 
-def predicted_times(frame: pd.DataFrame) -> pd.DataFrame:
+def predicted_times(frame: pd.DataFrame, comm_bound: bool = True) -> pd.DataFrame:
     """``frame`` with ``pred_fwd_s``, ``pred_bwd_s``, ``bound_fwd`` and ``bound_bwd`` written from its terms
-    (the module docstring's rule). The only place these four columns are written."""
+    (the module docstring's rule; ``comm_bound``: whether communication can be the bound). The only place these
+    four columns are written."""
     extra = {"fwd": np.zeros(len(frame)), "bwd": _term(frame, "tied_bwd_s")}
     for phase in ("fwd", "bwd"):
         comm = _term(frame, f"comm_{phase}_s")
@@ -43,5 +48,5 @@ def predicted_times(frame: pd.DataFrame) -> pd.DataFrame:
         bound = np.where(host_bound(frame[f"host_{phase}_s"], frame[f"device_{phase}_s"]), "host",
                          frame[f"roofline_bound_{phase}"].to_numpy(object))
         frame[f"pred_{phase}_s"] = pred
-        frame[f"bound_{phase}"] = np.where(comm > 0.5 * pred, "comm", bound)
+        frame[f"bound_{phase}"] = np.where(comm_bound & (comm > 0.5 * pred), "comm", bound)
     return frame

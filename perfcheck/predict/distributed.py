@@ -470,12 +470,13 @@ def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=F
                            optimizer=optimizer)
     if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake"):
         extra = live_dtensor_collectives(unwrap(model), example_inputs, kwargs) if tp else []
-        out = finish(layout_collectives.add_live_collectives(terms, model, spec, extra))
+        out = finish(layout_collectives.add_live_collectives(terms, model, spec, extra), comm_bound=False)
         out.attrs["collectives_source"] = ("live layout (FSDP2 units, DDP buckets) and TP/SP redistributes traced on "
                                            "a twin with fake shards")
         return out
     coll, flops = trace_collectives(model, example_inputs, kwargs=kwargs)
-    out = finish(layout_collectives.add_collectives(terms, [Collective(**r) for r in coll.to_dict("records")], spec))
+    out = finish(layout_collectives.add_collectives(terms, [Collective(**r) for r in coll.to_dict("records")], spec),
+                 comm_bound=False)
     out.attrs["flops_traced"] = flops
     out.attrs["collectives_source"] = "traced on the fake process group"
     return out

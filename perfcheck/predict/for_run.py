@@ -128,7 +128,7 @@ def _estimate_for_run(model, meta: dict, system, optimizer) -> pd.DataFrame:
         spec = spec_of(system_from_meta(meta, system))  # resolved once, for the compute and the collectives
         terms = estimate_terms(model, args, system=spec, dtype=meta.get("dtype") or None, parallel=None,
                                kwargs=kwargs or None, optimizer=optimizer)
-        return finish(layout_collectives.add_live_collectives(terms, model, spec))
+        return finish(layout_collectives.add_live_collectives(terms, model, spec), comm_bound=False)
     return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
                     parallel=parallel_from_meta(meta), kwargs=kwargs or None, optimizer=optimizer)
 

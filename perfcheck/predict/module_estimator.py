@@ -205,11 +205,12 @@ def estimate_terms(model: torch.nn.Module, example_inputs, *, system=None, dtype
     return frame
 
 
-def finish(terms: pd.DataFrame) -> pd.DataFrame:
+def finish(terms: pd.DataFrame, comm_bound: bool = True) -> pd.DataFrame:
     """The predicted table from ``estimate_terms``' frame (after any collectives a layout adds to its
-    ``comm_*`` columns): each module's time and bound written by ``combine.predicted_times``, then the
-    columns of ``PREDICTED_COLUMNS`` and ``PREDICTED_EXTRA_COLUMNS``."""
-    frame = predicted_times(terms)
+    ``comm_*`` columns): each module's time and bound written by ``combine.predicted_times`` (``comm_bound``:
+    False for a torch-native layout's collectives, see there), then the columns of ``PREDICTED_COLUMNS`` and
+    ``PREDICTED_EXTRA_COLUMNS``."""
+    frame = predicted_times(terms, comm_bound)
     out = frame[list(PREDICTED_COLUMNS) + list(PREDICTED_EXTRA_COLUMNS)].reset_index(drop=True)
     out.attrs.update(terms.attrs)
     return out

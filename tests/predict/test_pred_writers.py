@@ -3,10 +3,10 @@
 
 Refactor equivalence: ``tests/data/pred_golden.csv`` holds every numeric and label column of
 ``perfcheck.predict.estimate.estimate`` on the example models (``perfcheck.examples.models``), on datasheet
-specs (no calibration cache is read), as computed by the code before the refactor (commit 7bdd97e), with
+specs (no calibration cache is read) and on FSDP2 / DTensor TP+SP layouts in a fake process group, as computed
+by the code before the refactor (commit 7bdd97e): from this checkout's root, with OLD a checkout of 7bdd97e,
 
-    git -C /work/main checkout 7bdd97e   # the code before the refactor
-    PYTHONPATH=/work/main python3 tests/test_pred_writers.py --write   # run from this checkout's root
+    PYTHONPATH=OLD DS_ACCELERATOR=cpu python3 tests/test_pred_writers.py --write
 
 This pins numbers, not a model: a change that means to move a prediction (a new roofline factor, a new host
 term) regenerates the file with the same command on the new code and says so in its commit.
@@ -33,6 +33,10 @@ CASES = (
     ("gpt-h100-bf16", "gpt", "h100-sxm", "bf16", None, "adamw"),
     ("gpt-a100-dp4-z3", "gpt", "a100-80gb-sxm", "bf16", (4, 3), "adam-fused"),
     ("gpt-cpu", "gpt", "cpu", None, (2, 0), "sgd_momentum"),
+    # torch-native layouts on PyTorch's fake process group (2 ranks): their collectives join the estimate's
+    ("fsdp2-h100", "dist:fsdp2", "h100-sxm", None, None, "adam"),
+    ("tp_sp-h100", "dist:tp_sp", "h100-sxm", None, None, "sgd"),
+    ("tp_sp-cpu", "dist:tp_sp", "cpu", None, None, "sgd"),
 )
 
 
@@ -50,6 +54,8 @@ def _predict(case):
     from perfcheck.predict.estimate import estimate
 
     name, example, system, dtype, parallel, optimizer = case
+    if example.startswith("dist:"):
+        return _predict_layout(case)
     ex = EXAMPLES[example]
     torch.manual_seed(0)
     with torch.device("meta"):
@@ -57,6 +63,30 @@ def _predict(case):
     inputs, _ = ex.batch(2, torch.Generator().manual_seed(0))
     par = None if parallel is None else ParallelConfig(dp=parallel[0], zero_stage=ZeroStage(parallel[1]))
     frame = estimate(model, inputs, system=_spec(system), dtype=dtype, parallel=par, optimizer=optimizer)
+    frame.insert(0, "case", name)
+    return frame
+
+
+def _predict_layout(case):
+    """A torch-native layout (tests/_torch_dist_models.py) built in a 2-rank fake process group."""
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import _torch_dist_models as layouts
+    from perfcheck.predict import distributed
+    from perfcheck.predict.estimate import estimate
+
+    name, example, system, dtype, _, optimizer = case
+    layout = example.split(":", 1)[1]
+    created = distributed.fake_process_group(2)
+    try:
+        build, shape = layouts.LAYOUTS[layout]
+        model = build()
+        torch.manual_seed(0)
+        frame = estimate(model, (torch.randn(*shape),), system=_spec(system), dtype=dtype, optimizer=optimizer)
+    finally:
+        if created:
+            dist.destroy_process_group()
     frame.insert(0, "case", name)
     return frame
 
@@ -191,3 +221,23 @@ def test_each_predicted_column_has_one_writer():
             if col in _WRITERS and (rel, fn) not in _DERIVED:
                 found.setdefault(col, set()).add((rel, fn))
     assert found == {col: {w} for col, w in _WRITERS.items()}
+
+
+def test_a_layout_estimate_resolves_its_spec_at_most_once():
+    """The FSDP2/DTensor path too: the estimate of a TP/SP layout and the time of its collectives share one spec."""
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import _torch_dist_models as layouts
+    import perfcheck
+    from perfcheck.predict import distributed
+
+    created = distributed.fake_process_group(2)
+    try:
+        model = layouts.tp_sp()
+        loads, coerced = _count_resolutions(lambda: perfcheck.estimate(model, (torch.randn(2, 8, 16),),
+                                                                       system="h100-sxm"))
+    finally:
+        if created:
+            dist.destroy_process_group()
+    assert loads <= 1 and coerced <= 1
