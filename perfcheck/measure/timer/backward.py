@@ -98,10 +98,7 @@ class BackwardMixin:
             if event == FIRE:
                 for kind, call in obj:
                     if kind == END_ALL:  # rule (a) for several inputs: when the last of their nodes runs
-                        if call.task != task:
-                            call.task, call.left = task, call.n
-                        call.left -= 1
-                        if call.left:
+                        if not call.last_node_ran(task):
                             continue
                         call, kind = call.call, END
                     if kind == START:
