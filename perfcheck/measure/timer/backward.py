@@ -98,10 +98,7 @@ class BackwardMixin:
             if event == FIRE:
                 for kind, call in obj:
                     if kind == END_ALL:  # rule (a) for several inputs: when the last of their nodes runs
-                        if call.task != task:
-                            call.task, call.left = task, call.n
-                        call.left -= 1
-                        if call.left:
+                        if not call.last_node_ran(task):
                             continue
                         call, kind = call.call, END
                     if kind == START:
@@ -114,12 +111,11 @@ class BackwardMixin:
                     k = len(bstack) - 1
                     while k >= 0 and bstack[k].call is not call:
                         k -= 1
-                    if k >= 0:
-                        if markers:
-                            self._close_above(k, now, markers)
-                        else:
-                            while len(bstack) > k:
-                                bstack.pop().b1 = now
+                    if k >= 0 and markers:
+                        self._close_above(k, now, markers)
+                    elif k >= 0:
+                        while len(bstack) > k:
+                            bstack.pop().b1 = now
                     elif call.bwd_task != task:
                         call.ended_task = task
             elif event == TASK_END:

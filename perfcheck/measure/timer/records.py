@@ -72,6 +72,13 @@ class EndAll:
     def __init__(self, call, n):
         self.call, self.n, self.task, self.left = call, n, None, n
 
+    def last_node_ran(self, task) -> bool:
+        """One of the nodes ran in backward pass ``task``: True once all ``n`` have (in that pass)."""
+        if self.task != task:
+            self.task, self.left = task, self.n
+        self.left -= 1
+        return not self.left
+
 
 class CallStart(NamedTuple):
     """The lean path's entry when a call starts: its wrapper (``TimedForward``: path, module id),
