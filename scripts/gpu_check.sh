@@ -104,7 +104,7 @@ CAL=()
 [ -n "${CALIBRATED:-}" ] && CAL=(--calibrated "$CALIBRATED" --no-ceilings)
 if want accuracy; then  # budget 50 + 25 s
   if [ -n "$DRY" ]; then ACC=(--models lenet,jsc --rounds 1 --steps 2 --threads 1); ACC32=(--models jsc --rounds 1 --steps 2 --threads 1)
-  else ACC=(--models lenet,jsc,gpt,graph --rounds 3 --steps 10); ACC32=(--models gpt --gpt-batch 32 --rounds 3 --steps 5); fi
+  else ACC=(--models "${ACC_MODELS:-lenet,jsc,gpt,graph}" --rounds 3 --steps 10); ACC32=(--models gpt --gpt-batch 32 --rounds 3 --steps 5); fi
   [ ${#CAL[@]} -eq 0 ] && CAL=(--no-ceilings)  # no calibration file: each round calibrates (quick)
   step accuracy 50 "$PY" bench/accuracy.py --device $DEV "${ACC[@]}" "${CAL[@]}" \
     --csv "$WORK/accuracy.csv" --write "$WORK/accuracy.md"
@@ -175,6 +175,12 @@ if f.exists():
         print(f"curve {k:<58} " + " ".join(f"{x * 1e6:.0f}us:{e:.2f}" for x, e in pts))
     eff = d.get("op_efficiency", {})
     print("op_efficiency: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(eff.items())))
+c = w / "calibration.csv"
+if c.exists():  # the round-robin tight vs after the cold filler (op_cold_s is fitted from the latter on a GPU)
+    import csv
+    for r in csv.DictReader(open(c)):
+        if r["kind"] == "opcold":
+            print(f"opcold {r['label']} {r['dtype']}: {float(r['seconds']) * 1e6:.2f} us per op")
 EOF
   grep -h "passed\|failed" "$WORK"/pytest_gpu.log 2>/dev/null | tail -1
 } | tee -a "$WORK/summary.txt"

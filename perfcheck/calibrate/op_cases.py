@@ -10,7 +10,7 @@ import torch
 
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.cases import Case
-from perfcheck.calibrate.layers import CallModule, tiny_modules
+from perfcheck.calibrate.layers import AFTER_FILLER, CallModule, cold_filler, tiny_modules
 from perfcheck.hardware.systems import local_simd_bytes, normalize_dtype, torch_dtype
 from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of
 from perfcheck.predict.trace import trace_model
@@ -78,17 +78,37 @@ def op_cold_cases(device, dtypes=()) -> list:
     the mean of the same ops' tight loops is the host time an op costs beyond its tight-loop price inside a
     step (``op_cold_s``, fit.py). Why: on the project's VM the 14 ops took 268.6 us in a round-robin against
     124.1 us summed over their tight loops (+10.3 us per op; 11.1-13.5 us once the convolution ran a batch of
-    2), and the same excess is what a LeNet or JSC
-    forward inside a training step costs beyond a warm per-op model (bench/RESULTS.md, issue 12)."""
-    def case(dt, ops):
-        def round_robin():
-            for fn in ops:
-                fn()
-        return Case(names.OPCOLD, names.round_robin_label(len(ops)), round_robin, dt, per_call=len(ops), host=True)
+    2), and the same excess is what a LeNet or JSC forward inside a training step costs beyond a warm per-op
+    model (bench/RESULTS.md, issue 12). Followed by the same round-robins after a cold filler
+    (``op_cold_filler_cases``)."""
     dev = torch.device(device)
     # per dtype of ``dtypes``: the same ops in that dtype with gradients, as op_fixed_cases' cases of that dtype
-    return [case("fp32", list(tiny_ops(dev).values()))] + [
-        case(dt, list(tiny_ops(dev, torch_dtype(dt), grad=True).values())) for dt in dtypes]
+    per_dtype = [("fp32", list(tiny_ops(dev).values()))] + [
+        (dt, list(tiny_ops(dev, torch_dtype(dt), grad=True).values())) for dt in dtypes]
+    return [_round_robin(dt, ops) for dt, ops in per_dtype] + op_cold_filler_cases(dev, per_dtype)
+
+
+def _round_robin(dt: str, ops, between=None, label: str = "round-robin") -> Case:
+    """One call of each of ``ops`` in turn (time per op: ``per_call`` = the ops)."""
+    def round_robin():
+        for fn in ops:
+            fn()
+    return Case(names.OPCOLD, f"{label} x{len(ops)}", round_robin, dt, per_call=len(ops), between=between,
+                host=True)
+
+
+def op_cold_filler_cases(device, per_dtype) -> list:
+    """The round-robin of ``op_cold_cases`` again, each call timed alone after the cold filler
+    (``layers.cold_filler``: a forward and backward through other layers, untimed; ``Case.between``, as the
+    once-per-step cases run), per (dtype, ops) of ``per_dtype``: label ``round-robin after filler xN``, time per
+    op. Why: a step runs each op once, after a backward and an optimizer step have run other code, not after
+    the other tiny ops a moment ago; on the H100 VM of 2026-11-26 a bf16 LeNet forward with gradients cost 216
+    us of host time in a forward-only loop and 382 us as a training step's forward (diag_ops.log,
+    diag_phases.log), while the tight round-robin's excess was 2.5-3.3 us per op (12 ops: +14 us of the +166).
+    Run on every device; fit.op_cold_excess takes op_cold_s from it for a GPU spec (fit_host.AFTER_FILLER_KINDS;
+    a CPU keeps the tight round-robin's, this row recorded beside it)."""
+    cold = cold_filler(device)
+    return [_round_robin(dt, ops, between=cold, label=AFTER_FILLER) for dt, ops in per_dtype]
 
 
 def module_fixed_cases(device) -> list:
