@@ -163,6 +163,8 @@ FLOOR_OF = {
     "perfcheck.measure": "measure",
     "perfcheck.analysis": "analysis",
     "perfcheck.report": "report",
+    # PerfCheck (reconcile and report of its own run) stands above report; where the recording core and
+    # the user-facing class are apart, the core (measure/session.py) is measure's and this entry goes
     "perfcheck.measure.session": "session", "perfcheck.session": "session",
     "perfcheck.integrations": "integrations",
     "perfcheck.examples": "examples",
