@@ -45,7 +45,7 @@ def test_run_directory_files_and_meta(tmp_path):
     assert meta["inputs"] == {"args": [{"shape": [2, 3, 32, 32], "dtype": "float32", "device": "cpu",
                                         "requires_grad": False}], "kwargs": {}}
     assert meta["model"] == {"type": "Net", "dtype": "float32", "params": 62006, "wrappers": [], "compiled": [],
-                             "factory": "perfcheck.examples.models:Net"}
+                             "factory": "perfcheck.examples.models:Net"}  # what a report rebuilds the model from
     assert meta["dtype"] == "float32" and meta["parallel"]["kind"] == "none"
     assert meta["overhead"]["pairs"] == 2 and "fraction" in meta["overhead"]
     assert meta["measured_steps"] == 2 and meta["step_count"] == len(pc.steps())
