@@ -11,7 +11,7 @@ scatter/gather, dropout 0.1, unfused attention (Megatron 2021 had no flash atten
 
 The system: the shipped ``a100-80gb-sxm`` (datasheet peaks, MAMF 0.87 GEMM efficiency, nccl-tests
 NVLink/IB efficiencies) plus what GEMMs do inside training, from micro-benchmarks run for this
-purpose on an H100 (``H100_MEASURED``; fp16 cuBLAS, torch 2.11): (1) the sustained rate of a
+purpose on an H100 and shipped as data in the h100-sxm spec (``h100_measured``; fp16 cuBLAS, torch 2.11): (1) the sustained rate of a
 40-second GEMM loop over the first second (power/clock: 657/727 = 0.904), and (2) each transformer
 GEMM shape's rate over the 8192^3 reference (``matrix_shape_curve`` by the GEMM's smallest
 dimension). Transferring H100 ratios to an A100 is an assumption: the attention score products
@@ -37,37 +37,20 @@ sys.path.insert(0, str(ROOT))
 
 DATA = ROOT / "bench" / "data" / "published_runs.csv"  # a copy of ../shared/data/published_runs.csv (README beside it)
 
-#: fp16 cuBLAS TFLOP/s on one H100 80GB HBM3 (torch 2.11, CUDA 13; 2026-11-26): bench/gemm_shapes_gpu.py's output,
-#: bench/results/h100_gemm_shapes.json. The shapes are the A100 runs' per-GPU GEMMs at s = 2048.
-H100_RAW = json.loads((ROOT / "bench" / "results" / "h100_gemm_shapes.json").read_text())
-_SHAPES = ((2304, 1), (3072, 2), (4096, 4), (6144, 8), (8192, 8), (12288, 8), (16384, 8), (20480, 8), (25600, 8))
+#: What GEMMs do inside training, as the shipped h100-sxm spec carries it (data with its source there:
+#: bench/results/h100_gemm_shapes.json, derived by bench/h100_shape_curve.py): the shape curve (smallest GEMM
+#: dimension -> rate / the 8192^3 reference) and the sustained factor (a 40-second GEMM loop / its first second).
+ATTENTION_DIMS_BELOW = 768  # curve points under this are the attention score products' head dims (96-160)
 
 
-def _h100_ratios():
-    """Median rate / the 8192^3 reference: projection GEMMs (qkv, out, fc1, fc2, fc1 dW, fc2 dX) by their smallest
-    dimension, attention score products ((2048 x q) @ (q x 2048), (2048 x 2048) @ (2048 x q)) by head dim q."""
-    import statistics
+def h100_measured():
+    from perfcheck.hardware.systems import load_system
 
-    ref, T, by_dim = H100_RAW["ref8192"], 2048, {}
-    for h, t in _SHAPES:
-        for nm, (m, k, n) in {"qkv": (T, h, 3 * h // t), "out": (T, h // t, h), "fc1": (T, h, 4 * h // t),
-                              "fc2": (T, 4 * h // t, h), "fc1_dw": (h, T, 4 * h // t),
-                              "fc2_dx": (T, h, 4 * h // t)}.items():
-            by_dim.setdefault(min(m, k, n), []).append(H100_RAW[f"{nm}_h{h}_t{t}"] / ref)
-    attn = {q: [v / ref for key, v in H100_RAW.items() if key.startswith((f"logits_q{q}_", f"attend_q{q}_"))]
-            for q in (96, 128, 160)}
-    return ({d: round(statistics.median(v), 3) for d, v in sorted(by_dim.items())},
-            {q: round(statistics.median(v), 3) for q, v in attn.items()})
-
-
-_PROJ, _ATTN = _h100_ratios()
-H100_MEASURED = {
-    "reference_8192_cubed": H100_RAW["ref8192"],
-    "sustained_first_s": H100_RAW["sustained_first"], "sustained_after_40_s": H100_RAW["sustained_last5"],
-    "projection_ratio_by_min_dim": _PROJ,  # {768: 0.715, 1024: 0.724, 1536: 0.782, 2048: 0.904}
-    "attention_ratio_by_head_dim": _ATTN,  # {96: 0.287, 128: 0.29, 160: 0.43}
-}
-SUSTAINED = H100_MEASURED["sustained_after_40_s"] / H100_MEASURED["sustained_first_s"]
+    h100 = load_system("h100-sxm")
+    curve = dict(h100.matrix_shape_curve)
+    return {"sustained": h100.efficiency["matrix_sustained"],
+            "projection_ratio_by_min_dim": {d: f for d, f in curve.items() if d >= ATTENTION_DIMS_BELOW},
+            "attention_ratio_by_head_dim": {d: f for d, f in curve.items() if d < ATTENTION_DIMS_BELOW}}
 
 
 #: HELD OUT (never fitted or tuned on; scored once, after everything else was fixed): Korthikanti et al. 2022
@@ -101,18 +84,19 @@ def score_held_out(alpha) -> pd.DataFrame:
 
 
 def training_spec(alpha: float):
-    """a100-80gb-sxm with the sustained GEMM factor and the shape curve (attention ratios ** alpha)."""
-    from perfcheck.hardware.systems import SystemSpec, load_system
+    """a100-80gb-sxm with h100-sxm's measured sustained factor and shape curve (attention ratios ** alpha)."""
+    from perfcheck.hardware.systems import SystemSpec
 
-    base = load_system("a100-80gb-sxm")
+    measured = h100_measured()
     d = json.loads((ROOT / "perfcheck" / "hardware" / "specs" / "a100-80gb-sxm.json").read_text())
     d["name"] = "a100-80gb-sxm-training"
-    d["efficiency"] = dict(base.efficiency, matrix=base.efficiency["matrix"] * SUSTAINED)
-    curve = {k: v ** alpha for k, v in H100_MEASURED["attention_ratio_by_head_dim"].items()}
-    curve.update(H100_MEASURED["projection_ratio_by_min_dim"])
+    d["efficiency"] = dict(d["efficiency"], matrix_sustained=measured["sustained"])
+    curve = {k: v ** alpha for k, v in measured["attention_ratio_by_head_dim"].items()}
+    curve.update(measured["projection_ratio_by_min_dim"])
     d["matrix_shape_curve"] = [[float(k), float(v)] for k, v in sorted(curve.items())]
-    d["sources"] = dict(d.get("sources", {}), matrix_shape_curve="bench/published_runs.py H100_MEASURED (H100 "
-                        "micro-benchmark ratios; attention ratios ** alpha)")
+    d["sources"] = dict(d.get("sources", {}), matrix_shape_curve="h100-sxm's matrix_shape_curve (an H100 "
+                        "measurement), attention-shape ratios ** alpha", **{"efficiency.matrix_sustained":
+                                                                            "h100-sxm's (an H100 measurement)"})
     return SystemSpec.from_dict(d)
 
 
@@ -173,7 +157,7 @@ def report(df, alpha, fixed) -> str:
              "`bench/data/published_runs.csv`; measured s/iteration = eq. (3) / (GPUs x TFLOP/s).", "",
              f"Fitted: alpha = {alpha} (exponent of the H100 attention-shape ratios on the A100), on the four pp = 1 "
              "runs (marked fit); scored on the six pipelined runs. Every other constant: datasheets, nccl-tests "
-             "efficiencies already in the spec, and the H100 micro-benchmarks in `H100_MEASURED`.", "",
+             "efficiencies already in the spec, and the H100 micro-benchmarks shipped in the h100-sxm spec (matrix_shape_curve, efficiency.matrix_sustained).", "",
              "| run | tp | pp | dp | GPUs | measured s | predicted s | error | compute | recompute | TP | PP p2p "
              "| bubble | DP | MFU | HFU | set |", "|" + "---|" * 17]
     for _, r in df.iterrows():
