@@ -83,6 +83,13 @@ def test_bubble_of_1f1b_and_interleaved_by_hand():
     assert pipeline.bubble_fraction(8, 1, 64) == 7 / 64
     assert pipeline.bubble_fraction(8, 4, 64) == 7 / 256
     assert pipeline.bubble_share(4, 2, 8) == pytest.approx((3 / 16) / (1 + 3 / 16))
+    # unequal stages 1, 1, 1, 1.2 s (the last critical): fill and drain at each other stage's own pace, 3 s,
+    # not 3 x 1.2; interleaved with v = 2 half of it; equal stages give Narayanan's (p - 1) * t
+    assert pipeline.flush_bubble_s(4, 1, 1.0, 1.0) == pytest.approx(3.0)
+    assert pipeline.flush_bubble_s(4, 2, 1.0, 1.0) == pytest.approx(1.5)
+    assert pipeline.flush_bubble_s(4, 1, 1.0, 1.1) == pytest.approx(3.1)  # the other end's own rows count
+    assert pipeline.flush_bubble_s(2, 1, 1.0, 1.1) == pytest.approx(1.1)
+    assert pipeline.flush_bubble_s(1, 1, 1.0, 1.1) == 0.0
     assert pipeline.p2p_sends_per_micro_batch(8, 3) == 3 and pipeline.p2p_sends_per_micro_batch(1, 3) == 0
 
 
@@ -128,8 +135,14 @@ def test_step_breakdown_adds_up_and_interleaving_divides_the_bubble():
     # 2 sends per micro-batch (activations, gradients) x v, each one hand-off
     assert inter["pp_comm_time_s"] == pytest.approx(2 * plain["pp_comm_time_s"], rel=1e-12)
     stage = lambda v: sum(v[k] for k in terms[:5]) / 8  # noqa: E731 - per micro-batch
-    assert plain["bubble_time_s"] == pytest.approx(3 * stage(plain), rel=1e-12)
-    assert inter["bubble_time_s"] == pytest.approx(3 / 2 * stage(inter), rel=1e-12)
+    # the other 3 stages' own times: each is the critical stage less its end rows (the last stage's LM head
+    # and loss, the critical one here), and the first adds its embedding rows
+    rows = estimate_transformer(GPT, batch=1, parallel=par, system="a100-80gb-sxm", dtype="fp16")
+    t = rows["pred_fwd_s"] + rows["pred_bwd_s"]
+    first, last = t[rows["stage"] == "first"].sum(), t[rows["stage"] == "last"].sum()
+    assert last > first
+    assert plain["bubble_time_s"] == pytest.approx(3 * (stage(plain) - last) + first, rel=1e-9)
+    assert inter["bubble_time_s"] == pytest.approx((3 * (stage(inter) - last) + first) / 2, rel=1e-9)
     assert inter["compute_time_s"] == pytest.approx(plain["compute_time_s"], rel=1e-12)
 
 

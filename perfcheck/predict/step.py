@@ -7,9 +7,11 @@ One evaluation (``evaluate``) costs every sublayer of ``sharding.py`` for n layo
 
     per micro-batch  t_mb = layers/pp * (fwd + bwd of one layer) + the slower end stage's rows
                             + recompute + exposed TP/SP + exposed CP + v pipeline hand-offs each way
-    step time        = gas * m * t_mb + gas * (pp - 1)/v * t_mb   (interleaved 1F1B, m micro-batches)
+    step time        = gas * m * t_mb + gas * bubble                (interleaved 1F1B, m micro-batches)
                        + exposed DP collectives + optimizer update
-    bubble           = (pp - 1)/(v * m) of the ideal (Narayanan et al. 2021, arXiv 2104.04473, sec. 2.2)
+    bubble           = ((pp - 2) * t_middle + t_other_end) / v: each other stage fills and drains in its
+                       own time (``pipeline.flush_bubble_s``); (pp - 1)/(v * m) of the ideal when the
+                       stages are equal (Narayanan et al. 2021, arXiv 2104.04473, sec. 2.2)
     MFU              = model FLOPs per step / (step time * world size * dense matrix peak)
 
 Model FLOPs are the unsharded model's forward + backward (no recompute, no TP-replicated work);
@@ -162,7 +164,8 @@ STEP_COLUMNS: Mapping[str, str] = {
                       "or Ulysses all-to-alls), seconds",
     "pp_comm_time_s": "pipeline hand-offs of activations and their gradients (v per micro-batch interleaved; "
                       "scatter/gather without SP), seconds",
-    "bubble_time_s": "pipeline bubble: grad_accum * (pp - 1) / virtual_stages * stage time per micro-batch, seconds",
+    "bubble_time_s": "pipeline bubble: grad_accum * ((pp - 2) * middle stage + the faster end stage) / virtual_stages, "
+                     "per micro-batch times (pipeline.flush_bubble_s), seconds",
     "dp_comm_time_s": "exposed DP / ZeRO collectives: (1 - dp_overlap) * (fwd + bwd ones) + post-step ones, seconds",
     "optimizer_time_s": "optimizer update of this GPU's partition at memory bandwidth (zero.optimizer_time_s), seconds",
     "bubble_fraction": "share of a flush in the bubble: (pp - 1)/v / (micro_batches + (pp - 1)/v)",
@@ -236,7 +239,8 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     Per micro-batch on the critical stage (its layers, plus the slower end stage's rows):
         compute (without recompute) + recompute + exposed TP/SP + exposed CP + p2p hand-offs
     and per optimizer step (gas pipeline flushes of m micro-batches; ``pipeline.bubble_fraction``):
-        step = gas * m * t_mb + gas * (p - 1)/v * t_mb + exposed DP + embedding sync + optimizer
+        step = gas * m * t_mb + gas * flush_bubble_s(p, v, t_middle, t_other_end) + exposed DP
+               + embedding sync + optimizer
     """
     spec = load_system(system)
     out = evaluate(model, cfg, system, dtype, opts)
@@ -251,6 +255,10 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     def stage_sum(a):  # per micro-batch on the critical stage: layers + the slower end-stage rows
         layer, f, l_ = _select(a, lay), _select(a, first), _select(a, last)
         return per_stage * layer + np.where(one, f + l_, np.where(f_time >= l_time, f, l_))
+
+    def other_end(a):  # the faster end stage's own rows (no such stage without pipelining)
+        f, l_ = _select(a, first), _select(a, last)
+        return np.where(one, 0.0, np.where(f_time >= l_time, l_, f))
 
     f_time = _select(out["pred_fwd_s"] + out["pred_bwd_s"], first)
     l_time = _select(out["pred_fwd_s"] + out["pred_bwd_s"], last)
@@ -286,7 +294,10 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     res["tp_comm_time_s"] = micro * tp_mb
     res["cp_comm_time_s"] = micro * cp_mb
     res["pp_comm_time_s"] = micro * p2p
-    res["bubble_time_s"] = gas * (pp - 1) / v * stage_t
+    # the critical stage's time less its end rows is a middle stage's; the other end adds its own rows
+    critical_end = stage_sum(roof + exposed_tp) - per_stage * _select(roof + exposed_tp, lay)
+    middle_t = stage_t - critical_end
+    res["bubble_time_s"] = gas * pipeline.flush_bubble_s(pp, v, middle_t, middle_t + other_end(roof + exposed_tp))
     res["bubble_fraction"] = pipeline.bubble_share(pp, v, m)
     comm_bytes = sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.COLLECTIVE_KINDS)
     res["tp_comm_bytes"] = micro * stage_sum(comm_bytes)
