@@ -67,7 +67,16 @@ HELD_OUT = [
 ]
 
 
-def score_held_out(alpha) -> pd.DataFrame:
+#: Megatron-LM's column-parallel backward runs its collectives beside the GEMMs (``tp_async_backward``) from
+#: Sept. 2021 (commit 16c90445; default on by March 2022, commit 02bb1f5c, with the SP pair): Korthikanti et al.
+#: 2022's code has it, Narayanan et al. 2021's (April 2021) does not. A software fact, not a fitted constant.
+HELD_OUT_ASYNC_BACKWARD = True
+DESIGN_ASYNC_BACKWARD = False
+BREAKDOWN_SHOWN = ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "pp_comm_time_s", "bubble_time_s",
+                   "dp_comm_time_s", "optimizer_time_s", "mfu", "hfu")
+
+
+def score_held_out(alpha, async_backward=HELD_OUT_ASYNC_BACKWARD) -> pd.DataFrame:
     from perfcheck.predict.transformer import transformer_step
 
     spec = training_spec(alpha)
@@ -77,9 +86,11 @@ def score_held_out(alpha) -> pd.DataFrame:
                      seq_len=2048, norm="layernorm", activation="gelu", bias=True, tied_embeddings=True, dropout=0.1)
         for mode, measured, sp, recompute in (("full", t_full, False, "full"), ("seqsel", t_seqsel, True, "selective")):
             st = transformer_step(model, batch=mb, parallel=dict(tp=tp, sp=sp, pp=pp, dp=1, micro_batches=batch // mb),
-                                  system=spec, dtype="fp16", recompute=recompute, dp_engine="megatron", virtual_stages=v)
+                                  system=spec, dtype="fp16", recompute=recompute, dp_engine="megatron", virtual_stages=v,
+                                  tp_async_backward=async_backward)
             rows.append(dict(name=name, mode=mode, tp=tp, pp=pp, v=v, measured_s=measured, predicted_s=st.step_time_s,
-                             error=st.step_time_s / measured - 1))
+                             error=st.step_time_s / measured - 1,
+                             **{k: st.values[k] for k in BREAKDOWN_SHOWN}))
     return pd.DataFrame(rows)
 
 
@@ -119,7 +130,8 @@ def predict(row, spec) -> dict:
     m = int(row["global_batch"]) // int(row["dp"])
     step = transformer_step(model, batch=1, parallel=dict(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
                                                            micro_batches=m, zero_stage=0),
-                            system=spec, dtype="fp16", recompute="full", dp_engine="megatron")
+                            system=spec, dtype="fp16", recompute="full", dp_engine="megatron",
+                            tp_async_backward=DESIGN_ASYNC_BACKWARD)
     return step.values
 
 

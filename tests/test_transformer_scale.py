@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, load_system
 from perfcheck.predict.module_estimator import estimate
 from perfcheck.predict.transformer import estimate_transformer
@@ -314,3 +315,29 @@ def test_published_megatron_runs_within_the_issue_targets():
     scored = bench.score(runs[~runs["fit"]], alpha)["error"]
     assert scored.abs().mean() <= 0.035 and scored.abs().max() <= 0.08
     assert (scored > 0).any() and (scored < 0).any()
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_async_column_parallel_backward_exposes_only_the_excess_over_its_gemm(sp):
+    """Megatron-LM's column-parallel backward: dX's all-reduce (reduce-scatter with SP) runs beside the dW GEMM,
+    SP's re-gather of the input beside the dX GEMM (each half of the row's backward device time); a
+    row-parallel linear's collectives stay on the critical path."""
+    model = dict(name="g", layers=4, hidden=6144, heads=48, ffn_hidden=4 * 6144, vocab=51200, seq_len=2048,
+                 norm="layernorm", activation="gelu", bias=True, tied_embeddings=True)
+    kw = dict(batch=1, parallel=dict(tp=8, sp=sp), system="a100-80gb-sxm", dtype="fp16")
+    plain = estimate_transformer(model, **kw).set_index("sublayer")
+    asyn = estimate_transformer(model, tp_async_backward=True, **kw).set_index("sublayer")
+    for name in ("qkv_proj", "fc1"):
+        comm, device = plain.loc[name, "t_comm_bwd_s"], plain.loc[name, "pred_bwd_s"] - plain.loc[name, "t_comm_bwd_s"]
+        assert comm > 0
+        if sp:  # reduce-scatter and all-gather of one size: half the collective time each, beside half the GEMMs
+            want = device + 2 * max(comm / 2 - device / 2, 0.0)
+        else:
+            want = device + max(comm - device / 2, 0.0)
+        assert asyn.loc[name, "pred_bwd_s"] == pytest.approx(want, rel=1e-9)
+        assert asyn.loc[name, "pred_fwd_s"] == plain.loc[name, "pred_fwd_s"]
+    for name in ("out_proj", "fc2"):
+        assert asyn.loc[name, "pred_bwd_s"] == plain.loc[name, "pred_bwd_s"]
+        assert asyn.loc[name, "pred_fwd_s"] == plain.loc[name, "pred_fwd_s"]
+    with pytest.raises(UserError, match="tp_async_backward"):
+        estimate_transformer(model, tp_async_backward="yes", **kw)

@@ -64,6 +64,9 @@ class Collective:
     kind: str  # one of COLLECTIVE_KINDS
     bytes: object
     group: str = "tp"  # which ranks: a key of Shape.group_sizes ("tp", "ep", "q", "d", "q2")
+    #: the backward GEMM Megatron-LM runs it beside with ``async_op=True`` (``Options.tp_async_backward``):
+    #: "dw" the weight-gradient GEMM, "dx" the input-gradient GEMM; "" none (on the critical path)
+    beside: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,12 +161,18 @@ class Shape:
 
 
 def _col_parallel_comms(x: Shape, elements):
-    """Collectives around a column-parallel linear (qkv_proj, fc1, lm_head): operator f / g."""
+    """Collectives around a column-parallel linear (qkv_proj, fc1, lm_head): operator f / g.
+
+    Megatron-LM's backward of this linear (``LinearWithGradAccumulationAndAsyncCommunication``; the
+    all-reduce since Sept. 2021, commit 16c90445, on by default by March 2022; the SP pair since commit
+    02bb1f5c, March 2022) issues the input gradient's all-reduce (reduce-scatter with SP) with
+    ``async_op=True`` and computes the weight gradient while it runs ("dw"); with SP the re-gather of
+    the saved input shard runs while the input gradient is computed ("dx")."""
     sp, nsp = np.asarray(x.sp), ~np.asarray(x.sp)
     return (Collective("fwd", "allgather", x.tp_bytes(elements, sp)),
-            Collective("bwd", "reducescatter", x.tp_bytes(elements, sp)),
-            Collective("bwd", "allgather", x.tp_bytes(elements, sp)),  # re-gather of the saved shard
-            Collective("bwd", "allreduce", x.tp_bytes(elements, nsp)))
+            Collective("bwd", "reducescatter", x.tp_bytes(elements, sp), beside="dw"),
+            Collective("bwd", "allgather", x.tp_bytes(elements, sp), beside="dx"),  # re-gather of the saved shard
+            Collective("bwd", "allreduce", x.tp_bytes(elements, nsp), beside="dw"))
 
 
 def _row_parallel_comms(x: Shape, elements):

@@ -77,16 +77,17 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
                              for r in rows], n)
     out["unaligned"] = _stack([nan if r.gemm is None else _unaligned(r.gemm, x.elem_bytes) for r in rows], n)
     # bytes per (kind, group) for timing (each group has its own size), summed over groups per kind
-    acc = {}  # (kind, group) -> ([fwd bytes per row], [bwd bytes per row]), one pass over the collectives
+    acc = {}  # (kind, group, beside) -> ([fwd bytes per row], [bwd bytes per row]), one pass over the collectives
     for i, r in enumerate(rows):
         for c in r.comms:
-            per_row = acc.setdefault((c.kind, c.group), ([0.0] * len(rows), [0.0] * len(rows)))[c.phase == "bwd"]
+            key = (c.kind, c.group, c.beside)
+            per_row = acc.setdefault(key, ([0.0] * len(rows), [0.0] * len(rows)))[c.phase == "bwd"]
             per_row[i] = per_row[i] + c.bytes
     out["comm_groups"] = {key: (_stack(f, n), _stack(b, n)) for key, (f, b) in sorted(acc.items())}
     zero = np.zeros((len(rows), n))
     for i, phase in enumerate(("fwd", "bwd")):
         for kind in sharding.COLLECTIVE_KINDS:
-            out[f"comm_{phase}_{kind}"] = sum((v[i] for (k, _), v in out["comm_groups"].items() if k == kind), zero)
+            out[f"comm_{phase}_{kind}"] = sum((v[i] for (k, _, _), v in out["comm_groups"].items() if k == kind), zero)
     if not tp1:
         sizes = {g: np.broadcast_to(np.asarray(v, dtype=float), (n,)) for g, v in x.group_sizes().items()}
         _time_rows(out, sizes, system, dtype, opts)
@@ -137,10 +138,20 @@ def _time_rows(out, group_sizes, system, dtype, opts):
                               min_dim=np.concatenate([out["min_dim"], out["min_dim"]]), align=align,
                               op_eff=eff, rows_s=extra)
     compute, memory, launch = d["compute"], d["memory"], d["launch"]
-    comm = sum((np.asarray(collectives.collective_time_s(kind, np.concatenate([fwd, bwd]), group_sizes[group], spec))
-                for (kind, group), (fwd, bwd) in out["comm_groups"].items()), np.zeros_like(compute))
+    by_beside = {"": np.zeros_like(compute), "dw": np.zeros_like(compute), "dx": np.zeros_like(compute)}
+    for (kind, group, beside), (fwd, bwd) in out["comm_groups"].items():
+        by_beside[beside] = by_beside[beside] + np.asarray(
+            collectives.collective_time_s(kind, np.concatenate([fwd, bwd]), group_sizes[group], spec))
+    comm = by_beside[""] + by_beside["dw"] + by_beside["dx"]
     device = d["time"]
-    exposed = (1 - opts.tp_overlap) * comm
+    if opts.tp_async_backward:
+        # a linear's backward is two GEMMs of equal FLOPs (dX = dY W, dW = dY^T X): half its device time each;
+        # a collective issued beside one is exposed only for what it takes beyond it (SM sharing not modelled)
+        half = 0.5 * np.concatenate([np.zeros_like(device[:rows]), device[rows:]])
+        on_path = by_beside[""] + np.maximum(by_beside["dw"] - half, 0.0) + np.maximum(by_beside["dx"] - half, 0.0)
+    else:
+        on_path = comm
+    exposed = (1 - opts.tp_overlap) * on_path
     bound = np.where(exposed > device, "comm", d["bound"])
     for phase, part in (("fwd", slice(0, rows)), ("bwd", slice(rows, 2 * rows))):
         out[f"t_compute_{phase}_s"], out[f"t_memory_{phase}_s"] = compute[part], memory[part]
