@@ -31,7 +31,7 @@ from importlib import resources  # noqa: E402
 ROOT_SPECS = resources.files("perfcheck.hardware") / "specs"
 
 
-@pytest.mark.parametrize("system", ["a100-80gb-sxm", "curve"])
+@pytest.mark.parametrize("system", ["a100-80gb-sxm", "curve", "h100-sxm"])  # h100-sxm ships a measured shape curve
 def test_two_front_ends_time_every_layer_alike(system):
     """Issue 23's defect: estimate_transformer ignored matrix_shape_curve (3.17 ms where estimate() gave
     6.35 ms for a tp-8 fc1). Now both time through roofline.device_times: every sublayer within 1%."""

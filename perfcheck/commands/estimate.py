@@ -53,7 +53,7 @@ def add_parser(subparsers):
     tr.add_argument("--tp-overlap", type=float, default=0.0, help="hidden fraction of TP communication (0-1)")
     tr.add_argument("--dp-overlap", type=float, default=0.0, help="hidden fraction of DP/ZeRO communication (0-1)")
     tr.add_argument("--tp-async-backward", action="store_true",
-                    help="Megatron-LM's asynchronous column-parallel backward (its default since 2022): the input "
+                    help="Megatron-LM's asynchronous column-parallel backward (its default since Sept. 2021): the input "
                          "gradient's all-reduce/reduce-scatter beside the weight-gradient GEMM, SP's re-gather beside "
                          "the input-gradient GEMM")
     tr.add_argument("--virtual-stages", type=int, default=1,

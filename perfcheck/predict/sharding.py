@@ -164,8 +164,8 @@ def _col_parallel_comms(x: Shape, elements):
     """Collectives around a column-parallel linear (qkv_proj, fc1, lm_head): operator f / g.
 
     Megatron-LM's backward of this linear (``LinearWithGradAccumulationAndAsyncCommunication``; the
-    all-reduce since Sept. 2021, commit 16c90445, on by default by March 2022; the SP pair since commit
-    02bb1f5c, March 2022) issues the input gradient's all-reduce (reduce-scatter with SP) with
+    all-reduce added 2021-08-30, commit cf7efd4f, on by default from 2021-09-02, commit 3f652469 (its
+    ``--no-async-tensor-model-parallel-allreduce`` turns it off); the SP pair 2022-03-02, commit 02bb1f5c) issues the input gradient's all-reduce (reduce-scatter with SP) with
     ``async_op=True`` and computes the weight gradient while it runs ("dw"); with SP the re-gather of
     the saved input shard runs while the input gradient is computed ("dx")."""
     sp, nsp = np.asarray(x.sp), ~np.asarray(x.sp)

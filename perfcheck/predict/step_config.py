@@ -25,7 +25,7 @@ class Options:
     recompute: activation checkpointing per layer: "none", "selective" (the attention core,
       Korthikanti et al. 2022) or "full" (keep each layer's input, redo its forward in backward).
     tp_overlap, dp_overlap: fraction of TP / DP collective time hidden behind compute.
-    tp_async_backward: Megatron-LM's asynchronous column-parallel backward (default there since 2022;
+    tp_async_backward: Megatron-LM's asynchronous column-parallel backward (default there since Sept. 2021;
       Narayanan et al. 2021's runs predate it): the input gradient's all-reduce / reduce-scatter runs
       beside the weight-gradient GEMM and SP's re-gather beside the input-gradient GEMM, so only what
       each collective takes beyond that GEMM is exposed (``sharding._col_parallel_comms``, ``step._time_rows``).
