@@ -327,14 +327,17 @@ def test_async_column_parallel_backward_exposes_only_the_excess_over_its_gemm(sp
     kw = dict(batch=1, parallel=dict(tp=8, sp=sp), system="a100-80gb-sxm", dtype="fp16")
     plain = estimate_transformer(model, **kw).set_index("sublayer")
     asyn = estimate_transformer(model, tp_async_backward=True, **kw).set_index("sublayer")
+    r = 84 / 108  # a100-80gb-sxm: a GEMM keeps 84 of 108 SMs beside NCCL's 24 channels
     for name in ("qkv_proj", "fc1"):
         comm, device = plain.loc[name, "t_comm_bwd_s"], plain.loc[name, "pred_bwd_s"] - plain.loc[name, "t_comm_bwd_s"]
         assert comm > 0
-        if sp:  # reduce-scatter and all-gather of one size: half the collective time each, beside half the GEMMs
-            want = device + 2 * max(comm / 2 - device / 2, 0.0)
+        g = device / 2  # each backward GEMM
+        if sp:  # reduce-scatter and all-gather of one size: half the collective time each, one beside each GEMM
+            want = device + 2 * (comm / 2 - min(r * comm / 2, g))
         else:
-            want = device + max(comm - device / 2, 0.0)
-        assert asyn.loc[name, "pred_bwd_s"] == pytest.approx(want, rel=1e-9)
+            want = device + comm - min(r * comm, g)
+        assert asyn.loc[name, "pred_bwd_s"] == pytest.approx(want, rel=2e-3)  # r stored to 3 digits
+        assert plain.loc[name, "pred_bwd_s"] > asyn.loc[name, "pred_bwd_s"]
         assert asyn.loc[name, "pred_fwd_s"] == plain.loc[name, "pred_fwd_s"]
     for name in ("out_proj", "fc2"):
         assert asyn.loc[name, "pred_bwd_s"] == plain.loc[name, "pred_bwd_s"]

@@ -46,8 +46,11 @@ EFFICIENCY_KEYS = ("matrix", "vector", "memory", "intra_node", "inter_node")
 #: back for minutes, as training does (power and thermal limits lower the clock): it multiplies every matrix
 #: efficiency of the spec (``SystemSpec.matrix_efficiency``). Measured, not fitted: a 40-second loop of
 #: 8192^3 fp16 products (bench/gemm_shapes_gpu.py; 0.904 on one H100 80GB HBM3, bench/results/h100_gemm_shapes.json).
+#: ``matrix_beside_collective``: the fraction of its rate a GEMM keeps while an NCCL collective runs beside it
+#: (the collective's kernels hold SMs: (SMs - NCCL channels) / SMs; perfcheck.predict.step's asynchronous
+#: backward). Absent: 1 (perfect concurrency).
 OPTIONAL_EFFICIENCY_KEYS = tuple(f"matrix_{d}" for d in DTYPES) + ("matrix_unaligned", "matrix_unaligned_bwd",
-                                                                   "matrix_sustained")
+                                                                   "matrix_sustained", "matrix_beside_collective")
 
 SYSTEM_KINDS = ("gpu", "cpu")
 

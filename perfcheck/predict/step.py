@@ -145,10 +145,15 @@ def _time_rows(out, group_sizes, system, dtype, opts):
     comm = by_beside[""] + by_beside["dw"] + by_beside["dx"]
     device = d["time"]
     if opts.tp_async_backward:
-        # a linear's backward is two GEMMs of equal FLOPs (dX = dY W, dW = dY^T X): half its device time each;
-        # a collective issued beside one is exposed only for what it takes beyond it (SM sharing not modelled)
+        # A linear's backward is two GEMMs of equal FLOPs (dX = dY W, dW = dY^T X): half its device time g each.
+        # A collective of time c issued beside one holds SMs while it runs, so the GEMM advances at r of its
+        # rate (``efficiency.matrix_beside_collective``; 1 without it) and does r*c of its work meanwhile:
+        #     row time = g + c - min(r * c, g)   i.e. exposed = c - min(r c, g)
+        # (r = 1: max(c - g, 0); HBM sharing not modelled)
+        r = spec.efficiency.get("matrix_beside_collective", 1.0)
         half = 0.5 * np.concatenate([np.zeros_like(device[:rows]), device[rows:]])
-        on_path = by_beside[""] + np.maximum(by_beside["dw"] - half, 0.0) + np.maximum(by_beside["dx"] - half, 0.0)
+        on_path = (by_beside[""] + by_beside["dw"] - np.minimum(r * by_beside["dw"], half)
+                   + by_beside["dx"] - np.minimum(r * by_beside["dx"], half))
     else:
         on_path = comm
     exposed = (1 - opts.tp_overlap) * on_path
