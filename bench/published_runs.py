@@ -222,7 +222,7 @@ def report(df, alpha, fixed) -> str:
 
 #: Written by hand (2026-11-26) from the runs above and the evidence named; the history numbers are as scored then.
 ANALYSIS = """
-## Changes of 2026-11-26 and the evidence for each (none taken from the held-out rows' totals)
+## Changes of 2026-11-26 and the evidence for each (no constant taken from the held-out rows)
 
 1. **H100 GEMM data in the shipped spec.** `h100-sxm.json` now carries `matrix_shape_curve` (smallest GEMM
    dimension -> median rate / the 8192^3 product's: 96: 0.287, 128: 0.29, 160: 0.43, 768: 0.715, 1024: 0.724,
