@@ -225,6 +225,10 @@ def _matrix(d: Draft, table):
     if not measured:
         return
     ref = reference_dtype(d.kind, measured)
+    # the rate measured here is this GPU's over the calibration's own run: the base spec's sustained factor
+    # (another GPU's long GEMM loop) does not carry over onto it
+    d.eff.pop("matrix_sustained", None)
+    d.sources.pop("efficiency.matrix_sustained", None)
     d.eff["matrix"] = cap(large[ref]) or d.eff["matrix"]
     for dt in measured:
         d.eff[f"matrix_{dt}"] = cap(large[dt]) or d.eff["matrix"]

@@ -52,6 +52,10 @@ def add_parser(subparsers):
                     help="activation checkpointing (default none)")
     tr.add_argument("--tp-overlap", type=float, default=0.0, help="hidden fraction of TP communication (0-1)")
     tr.add_argument("--dp-overlap", type=float, default=0.0, help="hidden fraction of DP/ZeRO communication (0-1)")
+    tr.add_argument("--tp-async-backward", action="store_true",
+                    help="Megatron-LM's asynchronous column-parallel backward (its default since Sept. 2021): the input "
+                         "gradient's all-reduce/reduce-scatter beside the weight-gradient GEMM, SP's re-gather beside "
+                         "the input-gradient GEMM")
     tr.add_argument("--virtual-stages", type=int, default=1,
                     help="model chunks per GPU of the interleaved 1F1B schedule (default 1: plain 1F1B)")
     tr.add_argument("--cp", type=int, default=1, help="context-parallel size (sequence split over GPUs; default 1)")
@@ -101,7 +105,8 @@ def _model_output(args) -> str:
     parallel["sp"] = bool(args.sp)
     kw = dict(batch=1 if args.batch is None else args.batch, seq=args.seq, parallel=parallel, system=args.system,
               dtype=args.dtype or "bf16", causal=args.causal, flash=args.flash, recompute=args.recompute,
-              tp_overlap=args.tp_overlap, dp_overlap=args.dp_overlap, tp_scheme=args.tp_scheme,
+              tp_overlap=args.tp_overlap, dp_overlap=args.dp_overlap, tp_async_backward=args.tp_async_backward,
+              tp_scheme=args.tp_scheme,
               virtual_stages=args.virtual_stages, cp=args.cp, cp_kind=args.cp_kind, dp_engine=args.dp_engine,
               scatter_gather=not args.no_scatter_gather)
     if args.tp_depth != 1:

@@ -43,7 +43,15 @@ EFFICIENCY_KEYS = ("matrix", "vector", "memory", "intra_node", "inter_node")
 #: cuBLAS then cannot use its fastest (16-byte vector load) tensor-core kernels. Measured by ``perfcheck
 #: calibrate`` on a GPU (GPT-2's 50257-wide lm_head ran ~6x below the model on an H100, 2026-11-23).
 #: ``matrix_unaligned_bwd``: the same for the backward's two GEMMs (default: ``matrix_unaligned``).
-OPTIONAL_EFFICIENCY_KEYS = tuple(f"matrix_{d}" for d in DTYPES) + ("matrix_unaligned", "matrix_unaligned_bwd")
+#: ``matrix_sustained``: the fraction of its first-second GEMM rate a GPU holds once it has run GEMMs back to
+#: back for minutes, as training does (power and thermal limits lower the clock): it multiplies every matrix
+#: efficiency of the spec (``SystemSpec.matrix_efficiency``). Measured, not fitted: a 40-second loop of
+#: 8192^3 fp16 products (bench/gemm_shapes_gpu.py; 0.904 on one H100 80GB HBM3, bench/results/h100_gemm_shapes.json).
+#: ``matrix_beside_collective``: the fraction of its rate a GEMM keeps while an NCCL collective runs beside it
+#: (the collective's kernels hold SMs: (SMs - NCCL channels) / SMs; perfcheck.predict.step's asynchronous
+#: backward). Absent: 1 (perfect concurrency).
+OPTIONAL_EFFICIENCY_KEYS = tuple(f"matrix_{d}" for d in DTYPES) + ("matrix_unaligned", "matrix_unaligned_bwd",
+                                                                   "matrix_sustained", "matrix_beside_collective")
 
 SYSTEM_KINDS = ("gpu", "cpu")
 
@@ -281,9 +289,10 @@ class SystemSpec:
             f"(it lists: {', '.join(self.vector_flops_per_s)})")
 
     def matrix_efficiency(self, dtype) -> float:
-        """Flat achievable fraction of the matrix peak for ``dtype`` (``matrix_<dtype>`` override, else ``matrix``)."""
+        """Flat achievable fraction of the matrix peak for ``dtype``: the ``matrix_<dtype>`` override, else
+        ``matrix``, times ``matrix_sustained`` (1 when absent: the rate a GPU holds in minutes of training)."""
         d = normalize_dtype(dtype)
-        return self.efficiency.get(f"matrix_{d}", self.efficiency["matrix"])
+        return self.efficiency.get(f"matrix_{d}", self.efficiency["matrix"]) * self.efficiency.get("matrix_sustained", 1.0)
 
     # ---- serialisation ---------------------------------------------------------------------
     def to_json_dict(self) -> dict:

@@ -34,6 +34,30 @@ def bubble_share(p, v, m):
     return (f / (1 + f))[()]
 
 
+def flush_bubble_s(p, v, t_middle, t_other_end):
+    """Bubble seconds of one pipeline flush when the stages are not equally fast, 1F1B and interleaved.
+
+    A flush of m identical micro-batches through p stages that take t_1 .. t_p each (forward + backward
+    of one micro-batch) lasts, in 1F1B,
+
+        T = m * t_max + sum over the other p - 1 stages of t_i
+
+    the flow-shop makespan of identical jobs: the first micro-batch's forward crosses the stages before
+    the slowest, the slowest then runs all m back to back (the faster stages keep it fed), and the last
+    backward crosses the stages before it again; each other stage's fill and drain is ITS time, not the
+    slowest's. Equal stages give Narayanan et al. 2021's bubble (p - 1) * t (sec. 2.2.1). In a Megatron
+    GPT the middle stages hold only layers (``t_middle``); the first adds the embedding, the last the LM
+    head and loss: the slower end is the critical stage (``step.stage_sum``) and the other end adds its
+    own rows (``t_other_end`` = t_middle + those rows). Interleaved (v model chunks per GPU, sec. 2.2.2)
+    divides the fill and drain by v:
+
+        bubble = ((p - 2) * t_middle + t_other_end) / v      (p >= 2; 0 for p = 1)
+    """
+    p, v = np.asarray(p, dtype=float), np.asarray(v, dtype=float)
+    t_mid, t_end = np.asarray(t_middle, dtype=float), np.asarray(t_other_end, dtype=float)
+    return np.where(p > 1, (np.maximum(p - 2, 0.0) * t_mid + t_end) / v, 0.0)[()]
+
+
 def p2p_sends_per_micro_batch(p, v):
     """Activation sends per micro-batch per GPU in one direction: v with the interleaved schedule (each
     of the v chunks hands its output on), 1 with 1F1B, 0 without pipelining (Narayanan et al. 2021,

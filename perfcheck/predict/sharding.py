@@ -51,12 +51,18 @@ from perfcheck.predict.sharding_shape import (CORE_ATTENTION, SUBLAYER_KINDS, TP
 
 
 def _col_parallel_comms(x: Shape, elements):
-    """Collectives around a column-parallel linear (qkv_proj, fc1, lm_head): operator f / g."""
+    """Collectives around a column-parallel linear (qkv_proj, fc1, lm_head): operator f / g.
+
+    Megatron-LM's backward of this linear (``LinearWithGradAccumulationAndAsyncCommunication``; the
+    all-reduce added 2021-08-30, commit cf7efd4f, on by default from 2021-09-02, commit 3f652469 (its
+    ``--no-async-tensor-model-parallel-allreduce`` turns it off); the SP pair 2022-03-02, commit 02bb1f5c) issues the input gradient's all-reduce (reduce-scatter with SP) with
+    ``async_op=True`` and computes the weight gradient while it runs ("dw"); with SP the re-gather of
+    the saved input shard runs while the input gradient is computed ("dx")."""
     sp, nsp = np.asarray(x.sp), ~np.asarray(x.sp)
     return (Collective("fwd", "allgather", x.tp_bytes(elements, sp)),
-            Collective("bwd", "reducescatter", x.tp_bytes(elements, sp)),
-            Collective("bwd", "allgather", x.tp_bytes(elements, sp)),  # re-gather of the saved shard
-            Collective("bwd", "allreduce", x.tp_bytes(elements, nsp)))
+            Collective("bwd", "reducescatter", x.tp_bytes(elements, sp), beside="dw"),
+            Collective("bwd", "allgather", x.tp_bytes(elements, sp), beside="dx"),  # re-gather of the saved shard
+            Collective("bwd", "allreduce", x.tp_bytes(elements, nsp), beside="dw"))
 
 
 def _row_parallel_comms(x: Shape, elements):
@@ -235,5 +241,3 @@ def model_sublayers(model, x: Shape, *, tied_copy):
     rows.append(Sublayer("cross_entropy", "cross_entropy", F.cross_entropy(T, v_t, elem_bytes=eb), "last",
                          (Collective("fwd", "allreduce", ce_bytes * np.ones_like(np.asarray(T, dtype=float))),)))
     return rows
-
-

@@ -79,6 +79,15 @@ def grid_problems(model, tp, scheme, depth, batch, sp):
     ]
 
 
+def grid_gemm(x: Shape, tokens, in_f, out_f):
+    """(m, k, n) of one kernel of ``grid_linear``: 3D (T/q, in_f/q) @ (in_f/q, out_f/q) on the gathered blocks;
+    2D/2.5D one SUMMA step (T/row_split, in_f/q) @ (in_f/q, out_f/q). At q = 1 it is 1D's (T, in_f, out_f),
+    so the roofline's shape curve and alignment see the same GEMM under every scheme."""
+    q = x.q
+    rows = tokens / q if x.scheme == "3d" else tokens / x.row_split
+    return rows, in_f / q, out_f / q
+
+
 def grid_linear(x: Shape, tokens, in_f, out_f, *, bias, elem_bytes):
     """One linear (tokens, in_f) @ (in_f, out_f) on one GPU of a grid scheme: (OpCost, collectives).
 
@@ -131,7 +140,8 @@ def grid_layer_sublayers(model, x: Shape, *, causal=False, flash=False):
     hd, hq, kvq, b = model.head_dim, model.heads / x.q, model.kv_heads / x.q, x.b_local
     rows = [_grid_norm(model, x, "layer_norm_1")]
     qkv, comms = grid_linear(x, T, e, (model.heads + 2 * model.kv_heads) * hd, bias=model.bias, elem_bytes=eb)
-    rows.append(Sublayer("qkv_proj", "linear", qkv, comms=comms))
+    rows.append(Sublayer("qkv_proj", "linear", qkv, comms=comms,
+                         gemm=grid_gemm(x, T, e, (model.heads + 2 * model.kv_heads) * hd)))
     if model.position == "rotary":
         rows.append(Sublayer("rotary", "elementwise", F.elementwise(b * x.s * (hq + kvq) * hd, flops_per_elem=3,
                                                                      bwd_flops_per_elem=3, saves=0, elem_bytes=eb)))
@@ -143,27 +153,29 @@ def grid_layer_sublayers(model, x: Shape, *, causal=False, flash=False):
         rows.append(Sublayer("core_attention", "attention", core))
     else:
         probs = b * hq * x.s * x.s
-        rows.append(Sublayer("logits", "matmul", scale_macs(F.matmul(x.s, hd, x.s, batch=b * hq, elem_bytes=eb), frac)))
+        rows.append(Sublayer("logits", "matmul", scale_macs(F.matmul(x.s, hd, x.s, batch=b * hq, elem_bytes=eb), frac),
+                             gemm=(x.s, hd, x.s)))
         rows.append(Sublayer("softmax", "softmax", scaled_softmax(b * hq * x.s, x.s, eb), recomputed_act=probs * eb))
         if model.dropout > 0:
             rows.append(Sublayer("dropout_softmax", "dropout", F.dropout(probs, elem_bytes=eb), recomputed_act=probs))
         rows.append(Sublayer("attend", "matmul", scale_macs(F.matmul(x.s, x.s, hd, batch=b * hq, elem_bytes=eb), frac),
-                             recomputed_act=probs * eb))
+                             recomputed_act=probs * eb, gemm=(x.s, x.s, hd)))
     out, comms = grid_linear(x, T, e, e, bias=model.bias, elem_bytes=eb)
-    rows.append(Sublayer("out_proj", "linear", out, comms=comms))
+    rows.append(Sublayer("out_proj", "linear", out, comms=comms, gemm=grid_gemm(x, T, e, e)))
     if model.dropout > 0:
         rows.append(Sublayer("dropout_attn", "dropout", F.dropout(x.local(e), elem_bytes=eb)))
     rows.append(Sublayer("residual_attn", "elementwise", residual_add(x.local(e), eb)))
     rows.append(_grid_norm(model, x, "layer_norm_2"))
     glu = model.activation == "swiglu"
     fc1, comms = grid_linear(x, T, e, (2 if glu else 1) * model.ffn_hidden, bias=model.bias, elem_bytes=eb)
-    rows.append(Sublayer("fc1", "linear", fc1, comms=comms))
+    rows.append(Sublayer("fc1", "linear", fc1, comms=comms,
+                         gemm=grid_gemm(x, T, e, (2 if glu else 1) * model.ffn_hidden)))
     inner = x.inner(model.ffn_hidden)
     act = (F.activation(inner, "silu", elem_bytes=eb) + F.elementwise(inner, inputs=2, saves=2, elem_bytes=eb)
            if glu else F.activation(inner, model.activation, elem_bytes=eb))
     rows.append(Sublayer("act", "activation", act))
     fc2, comms = grid_linear(x, T, model.ffn_hidden, e, bias=model.bias, elem_bytes=eb)
-    rows.append(Sublayer("fc2", "linear", fc2, comms=comms))
+    rows.append(Sublayer("fc2", "linear", fc2, comms=comms, gemm=grid_gemm(x, T, model.ffn_hidden, e)))
     if model.dropout > 0:
         rows.append(Sublayer("dropout_mlp", "dropout", F.dropout(x.local(e), elem_bytes=eb)))
     rows.append(Sublayer("residual_mlp", "elementwise", residual_add(x.local(e), eb)))
@@ -196,7 +208,7 @@ def grid_model_sublayers(model, x: Shape, *, tied_copy):
     rows.append(_grid_norm(model, x, "final_norm", "last"))
     head, comms = grid_linear(x, T, e, v_q * q, bias=False, elem_bytes=eb)
     head = replace(head, params=head.params * tied_copy)
-    rows.append(Sublayer("lm_head", "linear", head, "last", comms))
+    rows.append(Sublayer("lm_head", "linear", head, "last", comms, gemm=grid_gemm(x, T, e, v_q * q)))
     ce_bytes = 3 * tokens_local * 4 * (q > 1)
     rows.append(Sublayer("cross_entropy", "cross_entropy", F.cross_entropy(tokens_local, v_q, elem_bytes=eb), "last",
                          (Collective("fwd", "allreduce", ce_bytes * np.ones_like(np.asarray(T, dtype=float)), "q"),)))

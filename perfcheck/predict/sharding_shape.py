@@ -37,6 +37,9 @@ class Collective:
     kind: str  # one of SUBLAYER_KINDS
     bytes: object
     group: str = "tp"  # which ranks: a key of Shape.group_sizes ("tp", "ep", "q", "d", "q2")
+    #: the backward GEMM Megatron-LM runs it beside with ``async_op=True`` (``Options.tp_async_backward``):
+    #: "dw" the weight-gradient GEMM, "dx" the input-gradient GEMM; "" none (on the critical path)
+    beside: str = ""
 
 
 @dataclass(frozen=True)

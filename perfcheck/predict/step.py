@@ -7,9 +7,11 @@ One evaluation (``evaluate``) costs every sublayer of ``sharding.py`` for n layo
 
     per micro-batch  t_mb = layers/pp * (fwd + bwd of one layer) + the slower end stage's rows
                             + recompute + exposed TP/SP + exposed CP + v pipeline hand-offs each way
-    step time        = gas * m * t_mb + gas * (pp - 1)/v * t_mb   (interleaved 1F1B, m micro-batches)
+    step time        = gas * m * t_mb + gas * bubble                (interleaved 1F1B, m micro-batches)
                        + exposed DP collectives + optimizer update
-    bubble           = (pp - 1)/(v * m) of the ideal (Narayanan et al. 2021, arXiv 2104.04473, sec. 2.2)
+    bubble           = ((pp - 2) * t_middle + t_other_end) / v: each other stage fills and drains in its
+                       own time (``pipeline.flush_bubble_s``); (pp - 1)/(v * m) of the ideal when the
+                       stages are equal (Narayanan et al. 2021, arXiv 2104.04473, sec. 2.2)
     MFU              = model FLOPs per step / (step time * world size * dense matrix peak)
 
 Model FLOPs are the unsharded model's forward + backward (no recompute, no TP-replicated work);
@@ -76,16 +78,17 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
                              for r in rows], n)
     out["unaligned"] = _stack([nan if r.gemm is None else _unaligned(r.gemm, x.elem_bytes) for r in rows], n)
     # bytes per (kind, group) for timing (each group has its own size), summed over groups per kind
-    acc = {}  # (kind, group) -> ([fwd bytes per row], [bwd bytes per row]), one pass over the collectives
+    acc = {}  # (kind, group, beside) -> ([fwd bytes per row], [bwd bytes per row]), one pass over the collectives
     for i, r in enumerate(rows):
         for c in r.comms:
-            per_row = acc.setdefault((c.kind, c.group), ([0.0] * len(rows), [0.0] * len(rows)))[c.phase == "bwd"]
+            key = (c.kind, c.group, c.beside)
+            per_row = acc.setdefault(key, ([0.0] * len(rows), [0.0] * len(rows)))[c.phase == "bwd"]
             per_row[i] = per_row[i] + c.bytes
     out["comm_groups"] = {key: (_stack(f, n), _stack(b, n)) for key, (f, b) in sorted(acc.items())}
     zero = np.zeros((len(rows), n))
     for i, phase in enumerate(("fwd", "bwd")):
         for kind in sharding.SUBLAYER_KINDS:
-            out[f"comm_{phase}_{kind}"] = sum((v[i] for (k, _), v in out["comm_groups"].items() if k == kind), zero)
+            out[f"comm_{phase}_{kind}"] = sum((v[i] for (k, _, _), v in out["comm_groups"].items() if k == kind), zero)
     if not tp1:
         sizes = {g: np.broadcast_to(np.asarray(v, dtype=float), (n,)) for g, v in x.group_sizes().items()}
         _time_rows(out, sizes, system, dtype, opts)
@@ -136,10 +139,25 @@ def _time_rows(out, group_sizes, system, dtype, opts):
                               min_dim=np.concatenate([out["min_dim"], out["min_dim"]]), align=align,
                               op_eff=eff, rows_s=extra)
     compute, memory, launch = d["compute"], d["memory"], d["launch"]
-    comm = sum((np.asarray(collectives.collective_time_s(kind, np.concatenate([fwd, bwd]), group_sizes[group], spec))
-                for (kind, group), (fwd, bwd) in out["comm_groups"].items()), np.zeros_like(compute))
+    by_beside = {"": np.zeros_like(compute), "dw": np.zeros_like(compute), "dx": np.zeros_like(compute)}
+    for (kind, group, beside), (fwd, bwd) in out["comm_groups"].items():
+        by_beside[beside] = by_beside[beside] + np.asarray(
+            collectives.collective_time_s(kind, np.concatenate([fwd, bwd]), group_sizes[group], spec))
+    comm = by_beside[""] + by_beside["dw"] + by_beside["dx"]
     device = d["time"]
-    exposed = (1 - opts.tp_overlap) * comm
+    if opts.tp_async_backward:
+        # A linear's backward is two GEMMs of equal FLOPs (dX = dY W, dW = dY^T X): half its device time g each.
+        # A collective of time c issued beside one holds SMs while it runs, so the GEMM advances at r of its
+        # rate (``efficiency.matrix_beside_collective``; 1 without it) and does r*c of its work meanwhile:
+        #     row time = g + c - min(r * c, g)   i.e. exposed = c - min(r c, g)
+        # (r = 1: max(c - g, 0); HBM sharing not modelled)
+        r = spec.efficiency.get("matrix_beside_collective", 1.0)
+        half = 0.5 * np.concatenate([np.zeros_like(device[:rows]), device[rows:]])
+        on_path = (by_beside[""] + by_beside["dw"] - np.minimum(r * by_beside["dw"], half)
+                   + by_beside["dx"] - np.minimum(r * by_beside["dx"], half))
+    else:
+        on_path = comm
+    exposed = (1 - opts.tp_overlap) * on_path
     bound = np.where(exposed > device, "comm", d["bound"])
     for phase, part in (("fwd", slice(0, rows)), ("bwd", slice(rows, 2 * rows))):
         out[f"t_compute_{phase}_s"], out[f"t_memory_{phase}_s"] = compute[part], memory[part]
@@ -163,7 +181,8 @@ STEP_COLUMNS: Mapping[str, str] = {
                       "or Ulysses all-to-alls), seconds",
     "pp_comm_time_s": "pipeline hand-offs of activations and their gradients (v per micro-batch interleaved; "
                       "scatter/gather without SP), seconds",
-    "bubble_time_s": "pipeline bubble: grad_accum * (pp - 1) / virtual_stages * stage time per micro-batch, seconds",
+    "bubble_time_s": "pipeline bubble: grad_accum * ((pp - 2) * middle stage + the faster end stage) / virtual_stages, "
+                     "per micro-batch times (pipeline.flush_bubble_s), seconds",
     "dp_comm_time_s": "exposed DP / ZeRO collectives: (1 - dp_overlap) * (fwd + bwd ones) + post-step ones, seconds",
     "optimizer_time_s": "optimizer update of this GPU's partition at memory bandwidth (zero.optimizer_time_s), seconds",
     "bubble_fraction": "share of a flush in the bubble: (pp - 1)/v / (micro_batches + (pp - 1)/v)",
@@ -237,7 +256,8 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     Per micro-batch on the critical stage (its layers, plus the slower end stage's rows):
         compute (without recompute) + recompute + exposed TP/SP + exposed CP + p2p hand-offs
     and per optimizer step (gas pipeline flushes of m micro-batches; ``pipeline.bubble_fraction``):
-        step = gas * m * t_mb + gas * (p - 1)/v * t_mb + exposed DP + embedding sync + optimizer
+        step = gas * m * t_mb + gas * flush_bubble_s(p, v, t_middle, t_other_end) + exposed DP
+               + embedding sync + optimizer
     """
     spec = spec_of(system)
     out = evaluate(model, cfg, system, dtype, opts)
@@ -252,6 +272,10 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     def stage_sum(a):  # per micro-batch on the critical stage: layers + the slower end-stage rows
         layer, f, l_ = _select(a, lay), _select(a, first), _select(a, last)
         return per_stage * layer + np.where(one, f + l_, np.where(f_time >= l_time, f, l_))
+
+    def other_end(a):  # the faster end stage's own rows (no such stage without pipelining)
+        f, l_ = _select(a, first), _select(a, last)
+        return np.where(one, 0.0, np.where(f_time >= l_time, l_, f))
 
     f_time = _select(out["pred_fwd_s"] + out["pred_bwd_s"], first)
     l_time = _select(out["pred_fwd_s"] + out["pred_bwd_s"], last)
@@ -287,7 +311,10 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     res["tp_comm_time_s"] = micro * tp_mb
     res["cp_comm_time_s"] = micro * cp_mb
     res["pp_comm_time_s"] = micro * p2p
-    res["bubble_time_s"] = gas * (pp - 1) / v * stage_t
+    # the critical stage's time less its end rows is a middle stage's; the other end adds its own rows
+    critical_end = stage_sum(roof + exposed_tp) - per_stage * _select(roof + exposed_tp, lay)
+    middle_t = stage_t - critical_end
+    res["bubble_time_s"] = gas * pipeline.flush_bubble_s(pp, v, middle_t, middle_t + other_end(roof + exposed_tp))
     res["bubble_fraction"] = pipeline.bubble_share(pp, v, m)
     comm_bytes = sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.SUBLAYER_KINDS)
     res["tp_comm_bytes"] = micro * stage_sum(comm_bytes)

@@ -25,6 +25,10 @@ class Options:
     recompute: activation checkpointing per layer: "none", "selective" (the attention core,
       Korthikanti et al. 2022) or "full" (keep each layer's input, redo its forward in backward).
     tp_overlap, dp_overlap: fraction of TP / DP collective time hidden behind compute.
+    tp_async_backward: Megatron-LM's asynchronous column-parallel backward (default there since Sept. 2021;
+      Narayanan et al. 2021's runs predate it): the input gradient's all-reduce / reduce-scatter runs
+      beside the weight-gradient GEMM and SP's re-gather beside the input-gradient GEMM, so only what
+      each collective takes beyond that GEMM is exposed (``sharding._col_parallel_comms``, ``step._time_rows``).
     optimizer, master_weights: model states per parameter (``zero.precision``: "adam" keeps fp32
       momentum and variance; master_weights None = DeepSpeed's choice of an fp32 master copy).
     ep: expert-parallel degree (MoE).
@@ -46,6 +50,7 @@ class Options:
     recompute: str = "none"
     tp_overlap: float = 0.0
     dp_overlap: float = 0.0
+    tp_async_backward: bool = False
     optimizer: str = "adam"
     master_weights: object = None
     ep: int = 1
@@ -67,7 +72,7 @@ class Options:
             raise UserError(f"tp_depth must be a positive integer (the 2.5D grid's depth d), got {d!r}")
         if d > 1 and scheme != "2.5d":
             raise UserError(f"tp_depth = {d} needs tp_scheme='2.5d' (got tp_scheme={scheme!r})")
-        for f in ("causal", "flash", "master_weights"):
+        for f in ("causal", "flash", "master_weights", "tp_async_backward"):
             value = getattr(self, f)
             if not isinstance(value, (bool, np.bool_)) and not (f == "master_weights" and value is None):
                 raise UserError(f"{f} must be true or false, got {getattr(self, f)!r}")

@@ -267,7 +267,8 @@ def estimate_transformer(model="gpt2-124m", *, batch: int = 1, seq: int = None, 
     "3d" (tp = q**3); ``sharding.grid_linear`` and docs/transformer.md give the per-GPU split.
     options (``step.Options``): tp_depth (2.5D's d), causal (halve the score matmuls), flash (one fused attention row),
     recompute ("none" | "selective" | "full"), tp_overlap and dp_overlap (hidden fraction of
-    communication, default 0), optimizer ("adam" | "sgd"), master_weights (fp32 copy, default True).
+    communication, default 0), tp_async_backward (Megatron-LM's column-parallel backward collectives beside
+    a GEMM, exposed only beyond it; default False), optimizer ("adam" | "sgd"), master_weights (fp32 copy, default True).
 
     Rows: the sublayers of ONE transformer layer (``stage`` = "layer", ``count`` = layers/pp), then
     the embedding rows (``stage`` = "first") and the head rows (``stage`` = "last"). Columns are
@@ -347,7 +348,8 @@ TABLE_COLUMNS: Mapping[str, str] = {
         ("memory", "{p} bytes at achievable memory bandwidth, seconds"),
         ("overhead", "{p} kernel launches x launch overhead, seconds"),
         ("comm", "{p} TP collective time (before overlap), seconds"))},
-    "pred_fwd_s": "device time (roofline.device_times) + (1 - tp_overlap) * comm, forward, seconds",
+    "pred_fwd_s": "device time (roofline.device_times) + (1 - tp_overlap) * comm, forward, seconds (with "
+                  "tp_async_backward a backward collective beside a GEMM counts only beyond what the GEMM hides)",
     "pred_bwd_s": "same, backward",
     "bound_fwd": "compute | memory | overhead | comm: what limits pred_fwd_s", "bound_bwd": "same, backward",
 }

@@ -74,8 +74,9 @@ def test_memory_figures():
 def test_efficiencies_follow_the_mamf_table():
     assert load_system("a100-80gb-sxm").efficiency["matrix"] == 0.87   # 271.2 / 312
     assert load_system("h100-sxm").efficiency["matrix"] == 0.8         # 794.5 / 989
-    assert load_system("h100-sxm").matrix_efficiency("fp8") == 0.71    # 1402.6 / 1979
-    assert load_system("h100-sxm").matrix_efficiency(torch.bfloat16) == 0.8
+    # times the sustained factor 0.904 (a 40-second GEMM loop on an H100: bench/results/h100_gemm_shapes.json)
+    assert load_system("h100-sxm").matrix_efficiency("fp8") == pytest.approx(0.71 * 0.904)    # 1402.6 / 1979
+    assert load_system("h100-sxm").matrix_efficiency(torch.bfloat16) == pytest.approx(0.8 * 0.904)
     assert load_system("mi300x").efficiency["matrix"] == 0.514          # 668.4 / 1300
 
 

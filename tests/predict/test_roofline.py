@@ -14,16 +14,25 @@ from perfcheck.predict.roofline import (compute_time_s, flag_bandwidth_above_pea
 from perfcheck.hardware.systems import list_systems, load_system
 
 H100 = load_system("h100-sxm")
+#: h100-sxm's efficiency.matrix_sustained: 657 / 727 TFLOP/s, last 5 s / first second of a 40-second GEMM loop
+#: (bench/results/h100_gemm_shapes.json), multiplying every matrix efficiency
+SUSTAINED = 0.904
 
 
 def test_gemm_on_h100_by_hand():
-    # 1e12-FLOP bf16 GEMM at 0.8 of 989.4e12 FLOP/s.
-    assert compute_time_s(1e12, 0, "h100-sxm", torch.bfloat16) == pytest.approx(1e12 / (0.8 * 989.4e12))
-    # FP8 uses its own MAMF efficiency, 0.71 of 1978.9e12.
-    assert compute_time_s(1e12, 0, H100, "fp8") == pytest.approx(1e12 / (0.71 * 1978.9e12))
+    # 1e12-FLOP bf16 GEMM at 0.8 x 0.904 (sustained) of 989.4e12 FLOP/s; no shape given: no shape factor.
+    assert compute_time_s(1e12, 0, "h100-sxm", torch.bfloat16) == pytest.approx(1e12 / (0.8 * SUSTAINED * 989.4e12))
+    # FP8 uses its own MAMF efficiency, 0.71 of 1978.9e12, sustained likewise.
+    assert compute_time_s(1e12, 0, H100, "fp8") == pytest.approx(1e12 / (0.71 * SUSTAINED * 1978.9e12))
     # Elementwise FLOPs run on the vector units: 1e9 / (0.8 * 133.8e12).
     assert compute_time_s(0, 1e9, H100, "bf16") == pytest.approx(1e9 / (0.8 * 133.8e12))
-    assert compute_time_s(1e12, 1e9, H100, "bf16") == pytest.approx(1e12 / (0.8 * 989.4e12) + 1e9 / (0.8 * 133.8e12))
+    assert compute_time_s(1e12, 1e9, H100, "bf16") == pytest.approx(1e12 / (0.8 * SUSTAINED * 989.4e12)
+                                                                     + 1e9 / (0.8 * 133.8e12))
+    # A GEMM whose smallest dimension is 1024 runs at the measured 0.724 of the reference (shape curve point);
+    # 128 (an attention score product's head dim) at 0.29; 8192 (the reference) at 1.
+    for dim, ratio in ((1024, 0.724), (128, 0.29), (8192, 1.0)):
+        assert compute_time_s(1e12, 0, H100, "bf16", min_dim=dim) == pytest.approx(
+            1e12 / (0.8 * SUSTAINED * ratio * 989.4e12))
 
 
 def test_memory_time_by_hand():
@@ -35,7 +44,7 @@ def test_op_time_bounds_by_hand():
     # 8192^3 GEMM: 2*8192^3 FLOPs, reads/writes 3 bf16 matrices = 3*2*8192^2 bytes -> compute-bound.
     flops, nbytes = 2 * 8192 ** 3, 3 * 2 * 8192 ** 2
     t, bound = op_time_s(flops, 0, nbytes, 1, H100, "bf16")
-    assert bound == "compute" and t == pytest.approx(flops / (0.8 * 989.4e12) + 5e-6)
+    assert bound == "compute" and t == pytest.approx(flops / (0.8 * SUSTAINED * 989.4e12) + 5e-6)
     # LayerNorm-like op: 1 GB moved, 5e8 FLOPs -> memory-bound.
     t, bound = op_time_s(0, 5e8, 1e9, 1, H100, "bf16")
     assert bound == "memory" and t == pytest.approx(1e9 / (0.88 * 3.35e12) + 5e-6)
@@ -85,7 +94,8 @@ def test_negative_inputs_are_user_errors():
         compute_time_s(1, 0, "v100-sxm", "bf16")
 
 
-CURVED = dataclasses.replace(H100, name="h100-curved", calibrated=True,
+CURVED = dataclasses.replace(H100, name="h100-curved", calibrated=True,  # without the sustained factor
+                             efficiency={k: v for k, v in H100.efficiency.items() if k != "matrix_sustained"},
                              matrix_efficiency_curve=[[1e6, 0.1], [1e9, 0.5], [1e12, 0.9]])
 
 
@@ -101,7 +111,7 @@ def test_efficiency_curve_interpolates_in_log_flops():
     t, _ = op_time_s(1e9, 0, 0, 1000, CURVED, "bf16")
     assert t == pytest.approx(1e9 / (0.1 * 989.4e12) + 1000 * 5e-6)
     # Without a curve the flat figure applies at any size.
-    assert matrix_efficiency(H100, "bf16", np.array([1e3, 1e12])).tolist() == [0.8, 0.8]
+    assert matrix_efficiency(H100, "bf16", np.array([1e3, 1e12])).tolist() == pytest.approx([0.8 * SUSTAINED] * 2)
 
 
 def test_flag_rates_above_peak():

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, load_system
 from perfcheck.predict.module_estimator import estimate
 from perfcheck.predict.transformer import estimate_transformer
@@ -30,7 +31,7 @@ from importlib import resources  # noqa: E402
 ROOT_SPECS = resources.files("perfcheck.hardware") / "specs"
 
 
-@pytest.mark.parametrize("system", ["a100-80gb-sxm", "curve"])
+@pytest.mark.parametrize("system", ["a100-80gb-sxm", "curve", "h100-sxm"])  # h100-sxm ships a measured shape curve
 def test_two_front_ends_time_every_layer_alike(system):
     """Issue 23's defect: estimate_transformer ignored matrix_shape_curve (3.17 ms where estimate() gave
     6.35 ms for a tp-8 fc1). Now both time through roofline.device_times: every sublayer within 1%."""
@@ -83,6 +84,13 @@ def test_bubble_of_1f1b_and_interleaved_by_hand():
     assert pipeline.bubble_fraction(8, 1, 64) == 7 / 64
     assert pipeline.bubble_fraction(8, 4, 64) == 7 / 256
     assert pipeline.bubble_share(4, 2, 8) == pytest.approx((3 / 16) / (1 + 3 / 16))
+    # unequal stages 1, 1, 1, 1.2 s (the last critical): fill and drain at each other stage's own pace, 3 s,
+    # not 3 x 1.2; interleaved with v = 2 half of it; equal stages give Narayanan's (p - 1) * t
+    assert pipeline.flush_bubble_s(4, 1, 1.0, 1.0) == pytest.approx(3.0)
+    assert pipeline.flush_bubble_s(4, 2, 1.0, 1.0) == pytest.approx(1.5)
+    assert pipeline.flush_bubble_s(4, 1, 1.0, 1.1) == pytest.approx(3.1)  # the other end's own rows count
+    assert pipeline.flush_bubble_s(2, 1, 1.0, 1.1) == pytest.approx(1.1)
+    assert pipeline.flush_bubble_s(1, 1, 1.0, 1.1) == 0.0
     assert pipeline.p2p_sends_per_micro_batch(8, 3) == 3 and pipeline.p2p_sends_per_micro_batch(1, 3) == 0
 
 
@@ -128,8 +136,14 @@ def test_step_breakdown_adds_up_and_interleaving_divides_the_bubble():
     # 2 sends per micro-batch (activations, gradients) x v, each one hand-off
     assert inter["pp_comm_time_s"] == pytest.approx(2 * plain["pp_comm_time_s"], rel=1e-12)
     stage = lambda v: sum(v[k] for k in terms[:5]) / 8  # noqa: E731 - per micro-batch
-    assert plain["bubble_time_s"] == pytest.approx(3 * stage(plain), rel=1e-12)
-    assert inter["bubble_time_s"] == pytest.approx(3 / 2 * stage(inter), rel=1e-12)
+    # the other 3 stages' own times: each is the critical stage less its end rows (the last stage's LM head
+    # and loss, the critical one here), and the first adds its embedding rows
+    rows = estimate_transformer(GPT, batch=1, parallel=par, system="a100-80gb-sxm", dtype="fp16")
+    t = rows["pred_fwd_s"] + rows["pred_bwd_s"]
+    first, last = t[rows["stage"] == "first"].sum(), t[rows["stage"] == "last"].sum()
+    assert last > first
+    assert plain["bubble_time_s"] == pytest.approx(3 * (stage(plain) - last) + first, rel=1e-9)
+    assert inter["bubble_time_s"] == pytest.approx((3 * (stage(inter) - last) + first) / 2, rel=1e-9)
     assert inter["compute_time_s"] == pytest.approx(plain["compute_time_s"], rel=1e-12)
 
 
@@ -301,3 +315,32 @@ def test_published_megatron_runs_within_the_issue_targets():
     scored = bench.score(runs[~runs["fit"]], alpha)["error"]
     assert scored.abs().mean() <= 0.035 and scored.abs().max() <= 0.08
     assert (scored > 0).any() and (scored < 0).any()
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_async_column_parallel_backward_exposes_only_the_excess_over_its_gemm(sp):
+    """Megatron-LM's column-parallel backward: dX's all-reduce (reduce-scatter with SP) runs beside the dW GEMM,
+    SP's re-gather of the input beside the dX GEMM (each half of the row's backward device time); a
+    row-parallel linear's collectives stay on the critical path."""
+    model = dict(name="g", layers=4, hidden=6144, heads=48, ffn_hidden=4 * 6144, vocab=51200, seq_len=2048,
+                 norm="layernorm", activation="gelu", bias=True, tied_embeddings=True)
+    kw = dict(batch=1, parallel=dict(tp=8, sp=sp), system="a100-80gb-sxm", dtype="fp16")
+    plain = estimate_transformer(model, **kw).set_index("sublayer")
+    asyn = estimate_transformer(model, tp_async_backward=True, **kw).set_index("sublayer")
+    r = 84 / 108  # a100-80gb-sxm: a GEMM keeps 84 of 108 SMs beside NCCL's 24 channels
+    for name in ("qkv_proj", "fc1"):
+        comm, device = plain.loc[name, "t_comm_bwd_s"], plain.loc[name, "pred_bwd_s"] - plain.loc[name, "t_comm_bwd_s"]
+        assert comm > 0
+        g = device / 2  # each backward GEMM
+        if sp:  # reduce-scatter and all-gather of one size: half the collective time each, one beside each GEMM
+            want = device + 2 * (comm / 2 - min(r * comm / 2, g))
+        else:
+            want = device + comm - min(r * comm, g)
+        assert asyn.loc[name, "pred_bwd_s"] == pytest.approx(want, rel=2e-3)  # r stored to 3 digits
+        assert plain.loc[name, "pred_bwd_s"] > asyn.loc[name, "pred_bwd_s"]
+        assert asyn.loc[name, "pred_fwd_s"] == plain.loc[name, "pred_fwd_s"]
+    for name in ("out_proj", "fc2"):
+        assert asyn.loc[name, "pred_bwd_s"] == plain.loc[name, "pred_bwd_s"]
+        assert asyn.loc[name, "pred_fwd_s"] == plain.loc[name, "pred_fwd_s"]
+    with pytest.raises(UserError, match="tp_async_backward"):
+        estimate_transformer(model, tp_async_backward="yes", **kw)
