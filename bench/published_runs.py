@@ -255,7 +255,7 @@ ANALYSIS = """
 
 ## Why the held-out set was all one sign
 
-- Before this round: mean 4.6%, max 9.5%, 7 of 8 predicted too slow, the error growing with size (22B +1.5 /
+- Before these changes: mean 4.6%, max 9.5%, 7 of 8 predicted too slow, the error growing with size (22B +1.5 /
   -2.2%, 175B +3.0 / +1.2%, 530B +6.6 / +3.5%, 1T +9.5 / +9.2%).
 - The same layout measured twice: Narayanan et al.'s 1T (tp 8, pp 64, 512 micro-batches per pipeline, full
   recompute, 2021 code) took 102.63 s; Korthikanti et al.'s 1T full-recompute baseline, the same per-pipeline
@@ -297,7 +297,7 @@ times a collective running alone.
 - Two front-ends, one roofline: tests/predict/test_transformer_scale.py::test_two_front_ends_time_every_layer_alike
   compares `perfcheck.estimate` of two Megatron blocks with `estimate_transformer`, every sublayer forward and
   backward within 1%, on a100-80gb-sxm, a spec with a flat 0.5 shape curve and a bandwidth curve (the
-  issue's reproduction), and the shipped h100-sxm with its measured curve (added this round); the grid TP
+  issue's reproduction), and the shipped h100-sxm with its measured curve (added with them); the grid TP
   schemes now give their GEMM shapes too, so 2D/2.5D/3D at q = 1 equal 1D under a shape curve.
 - `perfcheck plan` for llama3-70b on 512 h100-sxm, global batch 512 (2026-11-26, this VM, one thread, under
   the bench lock, /tmp script calling `planner.plan`): pruned search 5,836 layouts (2,573 fit) in 0.11 s of

@@ -47,9 +47,14 @@ def optim_label(line: str, n: int) -> str:
     return f"optim {line} x{n}"
 
 
-def round_robin_label(n: int) -> str:
-    """The OPCOLD case: ``n`` tiny ops called one after another."""
-    return f"round-robin x{n}"
+#: Label prefix of the OPCOLD round-robin timed after the cold filler (op_cases.op_cold_filler_cases;
+#: fit_host.op_cold_excess prefers it to the tight round-robin on a GPU spec).
+AFTER_FILLER = "round-robin after filler"
+
+
+def round_robin_label(n: int, after_filler: bool = False) -> str:
+    """The OPCOLD case: ``n`` tiny ops called one after another (``after_filler``: each round after the cold filler)."""
+    return f"{AFTER_FILLER if after_filler else 'round-robin'} x{n}"
 
 
 def is_label(label: str, builder, *args) -> bool:

@@ -1,4 +1,4 @@
-"""The spec being built by ``calibrate.fit.build_spec`` (``Draft``) and the small helpers every fitting
+"""The spec being built by ``calibrate.fit.build_spec`` (``Draft``) and the small functions every fitting
 step shares: rows of one kind of the measurement table, a case's seconds, an efficiency capped at 1,
 and the rate and size texts of the sources.
 """

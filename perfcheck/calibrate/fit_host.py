@@ -13,7 +13,7 @@ import pandas as pd
 
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.fit_draft import Draft, cap, rows_of, seconds_of, size_text
-from perfcheck.calibrate.layers import AFTER_FILLER, tiny_modules
+from perfcheck.calibrate.layers import tiny_modules
 from perfcheck.hardware.host_keys import OPTIM_LINES, op_cold_key, optim_per_tensor_key, optim_step_key
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants
 from perfcheck.predict import roofline
@@ -240,7 +240,7 @@ def op_cold_excess(table, dtype: str = "fp32", after_filler: bool = True) -> Opt
     is noise: an op cannot run faster for following another). None without both. ``dtype``: the cases of
     that dtype (fp32: also untyped rows of older tables).
 
-    Which round-robin: with ``after_filler`` the one timed after the cold filler (``layers.AFTER_FILLER``) where the
+    Which round-robin: with ``after_filler`` the one timed after the cold filler (``case_names.AFTER_FILLER``) where the
     table has it, else the tight one (tables before it; ``AFTER_FILLER_KINDS``: which specs use which).
     Derivation: a step's op i costs its tight-loop price p_i plus what it pays for running among other code, c; the host model adds c once per op whose family differs from
     the op before (``perfcheck.predict.host.op_switches``: in a step nearly every op). A step's forward runs
@@ -258,8 +258,8 @@ def op_cold_excess(table, dtype: str = "fp32", after_filler: bool = True) -> Opt
         rr, fixed = rr[rr["dtype"] == dtype], fixed[fixed["dtype"] == dtype]
     if not len(rr) or not len(fixed):
         return None
-    after = rr[rr["label"].astype(str).str.startswith(AFTER_FILLER)]
-    tight_rr = rr[~rr["label"].astype(str).str.startswith(AFTER_FILLER)]
+    after = rr[rr["label"].astype(str).str.startswith(names.AFTER_FILLER)]
+    tight_rr = rr[~rr["label"].astype(str).str.startswith(names.AFTER_FILLER)]
     if not len(tight_rr) and not len(after):
         return None
     r = (after if (after_filler and len(after)) or not len(tight_rr) else tight_rr).iloc[0]
@@ -348,7 +348,7 @@ def _host_cold(table, put, kind: str):
         use_after = kind in AFTER_FILLER_KINDS
         cold = op_cold_excess(table, dt, after_filler=use_after)
         if cold is not None:
-            after = use_after and rows_of(table, names.OPCOLD)["label"].astype(str).str.startswith(AFTER_FILLER).any()
+            after = use_after and rows_of(table, names.OPCOLD)["label"].astype(str).str.startswith(names.AFTER_FILLER).any()
             put(key, cold[0], f"the {cold[1]} tiny ops of the op_fixed cases called one after another"
                               f"{', each round timed alone after a cold filler (a forward and backward of other layers)' if after else ''}, "
                               f"{cold[2] * 1e6:.2f} us per op, less the same ops each in a tight loop, "

@@ -46,11 +46,6 @@ def tiny_modules(dev):
             for name, (m, x) in mods.items()}
 
 
-#: Label of the op_fixed round-robin timed after ``cold_filler`` (cases.op_cold_filler_cases; fit.op_cold_excess
-#: prefers it to the tight round-robin).
-AFTER_FILLER = "round-robin after filler"
-
-
 def cold_filler(dev):
     """A call that runs other framework code (a forward and backward through Linear, LayerNorm, GELU,
     Dropout; ~0.1-0.2 ms on a CPU): the cases that a training step runs once per step (the optimizer

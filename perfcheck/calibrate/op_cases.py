@@ -10,7 +10,7 @@ import torch
 
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.cases import Case
-from perfcheck.calibrate.layers import AFTER_FILLER, CallModule, cold_filler, tiny_modules
+from perfcheck.calibrate.layers import CallModule, cold_filler, tiny_modules
 from perfcheck.hardware.systems import local_simd_bytes, normalize_dtype, torch_dtype
 from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of
 from perfcheck.predict.trace import trace_model
@@ -88,13 +88,13 @@ def op_cold_cases(device, dtypes=()) -> list:
     return [_round_robin(dt, ops) for dt, ops in per_dtype] + op_cold_filler_cases(dev, per_dtype)
 
 
-def _round_robin(dt: str, ops, between=None, label: str = "round-robin") -> Case:
+def _round_robin(dt: str, ops, between=None) -> Case:
     """One call of each of ``ops`` in turn (time per op: ``per_call`` = the ops)."""
     def round_robin():
         for fn in ops:
             fn()
-    return Case(names.OPCOLD, f"{label} x{len(ops)}", round_robin, dt, per_call=len(ops), between=between,
-                host=True)
+    return Case(names.OPCOLD, names.round_robin_label(len(ops), after_filler=between is not None), round_robin, dt,
+                per_call=len(ops), between=between, host=True)
 
 
 def op_cold_filler_cases(device, per_dtype) -> list:
@@ -108,7 +108,7 @@ def op_cold_filler_cases(device, per_dtype) -> list:
     Run on every device; fit.op_cold_excess takes op_cold_s from it for a GPU spec (fit_host.AFTER_FILLER_KINDS;
     a CPU keeps the tight round-robin's, this row recorded beside it)."""
     cold = cold_filler(device)
-    return [_round_robin(dt, ops, between=cold, label=AFTER_FILLER) for dt, ops in per_dtype]
+    return [_round_robin(dt, ops, between=cold) for dt, ops in per_dtype]
 
 
 def module_fixed_cases(device) -> list:

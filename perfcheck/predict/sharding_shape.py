@@ -1,6 +1,6 @@
 """The per-GPU shape of one micro-batch under tensor parallelism (``Shape``: Megatron 1D, or the 2D,
 2.5D and 3D grids, ``grid_side``), what a sublayer is (``Sublayer``: its cost and the collectives it
-issues, ``Collective``), the sublayer names, and the cost helpers the 1D and the grid front-ends
+issues, ``Collective``), the sublayer names, and the cost functions the 1D and the grid front-ends
 share. The sublayers themselves: ``predict.sharding`` (1D) and ``predict.sharding_grid``.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ Refactor equivalence: ``tests/data/pred_golden.csv`` holds every numeric and lab
 specs (no calibration cache is read) and on FSDP2 / DTensor TP+SP layouts in a fake process group, as computed
 by the code before the refactor (commit 7bdd97e): from this checkout's root, with OLD a checkout of 7bdd97e,
 
-    PYTHONPATH=OLD DS_ACCELERATOR=cpu python3 tests/test_pred_writers.py --write
+    PYTHONPATH=OLD:OLD/tests DS_ACCELERATOR=cpu python3 tests/predict/test_pred_writers.py --write
 
 This pins numbers, not a model: a change that means to move a prediction (a new roofline factor, a new host
 term) regenerates the file with the same command on the new code and says so in its commit.
