@@ -265,7 +265,7 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     lay, first, last = stage == "layer", stage == "first", stage == "last"
     core = np.isin(out["name"], sharding.CORE_ATTENTION)
     pp, m, gas = cfg.pp.astype(float), cfg.micro_batches.astype(float), cfg.grad_accum_steps.astype(float)
-    v, c = cfg.virtual_stages.astype(float), cfg.cp.astype(float)
+    v = cfg.virtual_stages.astype(float)
     per_stage = model.layers / pp
     one = pp == 1
 
@@ -281,24 +281,10 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     l_time = _select(out["pred_fwd_s"] + out["pred_bwd_s"], last)
     roof = out["t_roof_fwd_s"] + out["t_roof_bwd_s"]
     exposed_tp = out["pred_fwd_s"] + out["pred_bwd_s"] - roof
-    # recompute: re-run forward (with its TP collectives) of the whole layer, or of the attention core
-    if opts.recompute == "full":
-        rec_roof = _select(out["t_roof_fwd_s"], lay)
-        rec_comm = _select(out["pred_fwd_s"] - out["t_roof_fwd_s"], lay)
-        rec_flops = _select(2 * out["macs_fwd"] + out["flops_fwd"], lay)
-    elif opts.recompute == "selective" and not opts.flash:
-        rec_roof, rec_comm = _select(out["t_roof_fwd_s"], core), 0.0
-        rec_flops = _select(2 * out["macs_fwd"] + out["flops_fwd"], core)
-    else:
-        rec_roof = rec_comm = rec_flops = 0.0
+    rec_roof, rec_comm, rec_flops = _recompute_terms(out, opts, lay, core)
     eb = elem_bytes(dtype)
     cp_mb = per_stage * _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute=opts.recompute == "full")
-    # pipeline hand-offs: v sends per micro-batch and direction (interleaved), scatter/gather without SP
-    sent, gathered = pipeline.p2p_bytes(cfg.micro_batch, cfg.seq / c, model.hidden, eb, cfg.tp,
-                                        cfg.sp | (opts.tp_scheme != "1d"), opts.scatter_gather)
-    pp_spans = cfg.tp * cfg.dp * cfg.cp >= spec.gpus_per_node  # pp outermost (Megatron's rank order)
-    hand_off = np.asarray(pipeline.p2p_time_s(sent, gathered, cfg.tp, spec, pp_spans))
-    p2p = 2 * pipeline.p2p_sends_per_micro_batch(pp, v) * hand_off  # activations forward, gradients backward
+    p2p = _p2p_per_micro_batch(model, cfg, spec, eb, opts)
     compute_mb = stage_sum(roof)
     tp_mb = stage_sum(exposed_tp) + per_stage * rec_comm
     rec_mb = per_stage * rec_roof
@@ -316,25 +302,60 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     middle_t = stage_t - critical_end
     res["bubble_time_s"] = gas * pipeline.flush_bubble_s(pp, v, middle_t, middle_t + other_end(roof + exposed_tp))
     res["bubble_fraction"] = pipeline.bubble_share(pp, v, m)
-    comm_bytes = sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.SUBLAYER_KINDS)
-    res["tp_comm_bytes"] = micro * stage_sum(comm_bytes)
-    if opts.recompute == "full":  # the re-run forward issues its TP collectives again
-        res["tp_comm_bytes"] = res["tp_comm_bytes"] + micro * per_stage * _select(
-            sum(out[f"comm_fwd_{k}"] for k in sharding.SUBLAYER_KINDS), lay)
+    res["tp_comm_bytes"] = micro * _tp_comm_bytes(out, opts, stage_sum, per_stage, lay)
     _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last)
     res["step_time_s"] = sum(res[k] for k in BREAKDOWN)
-    unsharded = evaluate(model, cfg, system, dtype, opts, tp1=True)
-    flops1 = 2 * (unsharded["macs_fwd"] + unsharded["macs_bwd"]) + unsharded["flops_fwd"] + unsharded["flops_bwd"]
-    ul = unsharded["stage"] == "layer"
-    res["model_flops_per_step"] = micro * cfg.dp * c * (model.layers * flops1[ul].sum(axis=0) + flops1[~ul].sum(axis=0))
     flops = 2 * (out["macs_fwd"] + out["macs_bwd"]) + out["flops_fwd"] + out["flops_bwd"]
     res["hardware_flops_per_gpu"] = micro * (stage_sum(flops) + per_stage * rec_flops)
     res["recompute_flops_per_gpu"] = micro * per_stage * rec_flops * np.ones(len(pp))
+    _flops_and_rates(res, model, cfg, system, spec, dtype, opts, micro)
+    return res
+
+
+def _tp_comm_bytes(out: dict, opts: Options, stage_sum, per_stage, lay):
+    """TP/SP collective bytes per micro-batch on the critical stage; with full recompute the re-run forward
+    issues its collectives again."""
+    total = stage_sum(sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.SUBLAYER_KINDS))
+    if opts.recompute == "full":
+        total = total + per_stage * _select(sum(out[f"comm_fwd_{k}"] for k in sharding.SUBLAYER_KINDS), lay)
+    return total
+
+
+def _recompute_terms(out: dict, opts: Options, lay, core) -> tuple:
+    """(device seconds, exposed TP seconds, FLOPs) that activation recompute adds per layer and micro-batch: the
+    forward (with its TP collectives) of the whole layer again ("full"), or of the attention core
+    ("selective", not with flash attention, which recomputes inside its own backward), else nothing."""
+    if opts.recompute == "full":
+        return (_select(out["t_roof_fwd_s"], lay), _select(out["pred_fwd_s"] - out["t_roof_fwd_s"], lay),
+                _select(2 * out["macs_fwd"] + out["flops_fwd"], lay))
+    if opts.recompute == "selective" and not opts.flash:
+        return _select(out["t_roof_fwd_s"], core), 0.0, _select(2 * out["macs_fwd"] + out["flops_fwd"], core)
+    return 0.0, 0.0, 0.0
+
+
+def _p2p_per_micro_batch(model, cfg: Layouts, spec, eb, opts: Options):
+    """Pipeline hand-off seconds per micro-batch: v sends per micro-batch and direction (interleaved; activations
+    forward, gradients backward), scatter/gather without SP (``pipeline.p2p_bytes``, ``p2p_time_s``)."""
+    pp, v, c = cfg.pp.astype(float), cfg.virtual_stages.astype(float), cfg.cp.astype(float)
+    sent, gathered = pipeline.p2p_bytes(cfg.micro_batch, cfg.seq / c, model.hidden, eb, cfg.tp,
+                                        cfg.sp | (opts.tp_scheme != "1d"), opts.scatter_gather)
+    pp_spans = cfg.tp * cfg.dp * cfg.cp >= spec.gpus_per_node  # pp outermost (Megatron's rank order)
+    hand_off = np.asarray(pipeline.p2p_time_s(sent, gathered, cfg.tp, spec, pp_spans))
+    return 2 * pipeline.p2p_sends_per_micro_batch(pp, v) * hand_off
+
+
+def _flops_and_rates(res: dict, model, cfg: Layouts, system, spec, dtype, opts: Options, micro) -> None:
+    """Model FLOPs per step (the unsharded model's, Megatron's MFU numerator), MFU, HFU and tokens per second,
+    into ``res`` (which holds the step time and the hardware FLOPs per GPU)."""
+    unsharded = evaluate(model, cfg, system, dtype, opts, tp1=True)
+    flops1 = 2 * (unsharded["macs_fwd"] + unsharded["macs_bwd"]) + unsharded["flops_fwd"] + unsharded["flops_bwd"]
+    ul = unsharded["stage"] == "layer"
+    res["model_flops_per_step"] = micro * cfg.dp * cfg.cp.astype(float) * (
+        model.layers * flops1[ul].sum(axis=0) + flops1[~ul].sum(axis=0))
     peak = spec.matrix_peak(dtype)
     res["mfu"] = res["model_flops_per_step"] / (res["step_time_s"] * cfg.world * peak)
     res["hfu"] = res["hardware_flops_per_gpu"] / (res["step_time_s"] * peak)
     res["tokens_per_s"] = res["tokens_per_step"] / res["step_time_s"]
-    return res
 
 
 #: The additive terms of the step time, in the order the breakdown prints them.
