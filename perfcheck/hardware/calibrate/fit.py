@@ -273,7 +273,8 @@ def _per_op_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
     the calibrated spec / the measured time less dispatch and fixed cost, capped at 1)."""
     from perfcheck.predict import roofline
 
-    all_fixed, eff_rows = _rows(table, "opfixed"), _rows(table, "opeff")
+    # classfixed: a CPU op class's tiny call (op_classes.conv_fixed_cases), fitted as an op family's
+    all_fixed, eff_rows = pd.concat([_rows(table, "opfixed"), _rows(table, "classfixed")]), _rows(table, "opeff")
     if not len(all_fixed) and not len(eff_rows):
         return spec
     fp32 = _fp32(all_fixed)
