@@ -287,23 +287,6 @@ def gemm_dims(call):
         return None
 
 
-def gemm_narrow_rows(dims, simd: int) -> tuple:
-    """``(fwd, bwd)``: output rows of a GEMM (``gemm_dims``) whose output is narrower than two SIMD vectors of
-    ``simd`` bytes (16 fp32 with AVX2), per phase; (0, 0) for None.
-
-    Why: a CPU GEMM kernel walks the output in register tiles of two vectors' width; a narrower output row runs
-    a slower path whose cost goes with its rows, not its FLOPs. Measured on the project's AVX2 VM (F.linear, 1
-    thread, 2026-11-23): 256x16 -> 5 took 18.8 us, the FLOPs-and-fixed-cost model 9.5 us (~36 ns per output row
-    more); 1024x16 -> 5, 8, 9, 15 took 28-41 ns per row more, -> 16, 24, 32 8-11 ns."""
-    if dims is None:
-        return 0.0, 0.0
-    batch, m, k, n, a_grad, b_grad, elem = dims
-    wide = 2 * simd / max(elem, 1)
-    fwd = batch * m * (n < wide)
-    bwd = a_grad * batch * m * (k < wide) + b_grad * batch * k * (n < wide)
-    return float(fwd), float(bwd)
-
-
 def row_time_s(system, names, phase: str, rows, row_elems) -> np.ndarray:
     """Seconds of the per-row terms of row-wise ops ``names`` in ``phase`` with ``rows`` rows of ``row_elems``
     elements in all (arrays of one length):
@@ -365,15 +348,12 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     the spec has one (``op_efficiency()``: a kernel measured slower than the
     roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
     that op (``row_time_s``: a row-wise kernel's cost per row by its length, from ``row_elems_<phase>``; without
-    that column every row at the flat price) when the table has those columns, plus a GEMM's narrow output rows
-    (``gemm_narrow_rows`` of the ``gemm`` column's ``gemm_dims``) x the spec's ``gemm_narrow_row_s``.
+    that column every row at the flat price) when the table has those columns.
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it.
     """
     system = load_system(system)
     names = ops["name"].to_numpy(object)
     classes = ops["op_class"].to_numpy(object) if "op_class" in ops else names
-    narrow_s = host_constants(system)["gemm_narrow_row_s"]
-    simd = simd_bytes(system)
     for phase in ("fwd", "bwd"):
         k = ops[f"kernels_{phase}"].to_numpy(float)
         launch = system.launch_overhead_s if launch_s is None else launch_s
@@ -383,9 +363,6 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
             elems = ops[f"row_elems_{phase}"].to_numpy(float) if f"row_elems_{phase}" in ops else None
             extra = extra + (row_time_s(system, names, phase, rows, elems) if elems is not None
                              else rows * row_prices(system, names, phase))
-        if "gemm" in ops and narrow_s:
-            extra = extra + narrow_s * np.array([gemm_narrow_rows(d, simd)[phase == "bwd"] for d in ops["gemm"]],
-                                                dtype=float)
         args = (ops[f"macs_{phase}"].to_numpy(float) * 2, ops[f"other_{phase}"].to_numpy(float),
                 ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype)
         shape = dict(launch_s=launch, min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None,

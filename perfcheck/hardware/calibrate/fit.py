@@ -208,7 +208,7 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
         base, name=name or f"{base.name}-calibrated", description=description, kind=d.kind,
         matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
         sources=sources, **d.fields)
-    spec = _gemm_narrow(_row_costs(_per_op_costs(spec, table, d), table, d), table, d)
+    spec = _row_costs(_per_op_costs(spec, table, d), table, d)
     return _alignment(_module_costs(spec, table, d), table, d)
 
 
@@ -391,34 +391,6 @@ def row_terms_fit(slopes: dict, width: int) -> tuple:
             if err < best_err - 1e-30:
                 best, best_err = tuple(float(c) for c in full), err
     return best
-
-
-def _gemm_narrow(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
-    """host.gemm_narrow_row_s: from the narrow-output GEMM cases (``cases.gemm_narrow_cases``: F.linear to fewer
-    outputs than two SIMD vectors hold, on two row counts), the slope over output rows of the measured time less
-    the estimator's time for the same GEMM on ``spec`` (FLOPs at its calibrated curve and shape factor, bytes,
-    without the narrow term), floored at 0. Per output row of a narrow GEMM (perfcheck.predict.roofline)."""
-    rows = _rows(table, "gemm_narrow")
-    if len(rows) < 2:
-        return spec
-    rows = rows.sort_values("m")
-    if rows["m"].iloc[-1] <= rows["m"].iloc[0]:
-        return spec
-    from perfcheck.predict import roofline
-
-    model = [roofline.op_time_s(float(r["flops"]), float(r["m"] * r["n"]), float(r["bytes"]), 1.0, spec,
-                                r["dtype"] or "fp32", launch_s=0.0, min_dim=float(min(r["m"], r["k"], r["n"])))[0]
-             for _, r in (("a", rows.iloc[0]), ("b", rows.iloc[-1]))]
-    span = float(rows["m"].iloc[-1] - rows["m"].iloc[0])
-    slope = (float(rows["seconds"].iloc[-1] - rows["seconds"].iloc[0]) - (model[1] - model[0])) / span
-    host, sources = dict(spec.host), dict(spec.sources)
-    host["gemm_narrow_row_s"] = float(max(slope, 0.0))
-    first, last = rows.iloc[0], rows.iloc[-1]
-    sources["host.gemm_narrow_row_s"] = (
-        f"{d.stamp}: F.linear {int(first['m'])} and {int(last['m'])} rows x {int(first['k'])} -> {int(first['n'])} "
-        f"({first['seconds'] * 1e6:.2f}, {last['seconds'] * 1e6:.2f} us): slope over output rows less the estimator's "
-        f"FLOPs-and-bytes slope ({(model[1] - model[0]) / span * 1e9:.1f} ns per row)")
-    return dataclasses.replace(spec, host=host, sources=sources)
 
 
 def _module_costs(spec: SystemSpec, table, d: _Draft) -> SystemSpec:
