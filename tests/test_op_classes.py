@@ -52,6 +52,9 @@ def test_class_efficiency_looks_up_phase_then_class_then_name():
     assert roofline.class_efficiency(spec, "convolution_depthwise", "convolution", "fp32", "fwd") == 0.1
     assert roofline.class_efficiency(spec, "convolution_wide", "convolution", "fp32", "fwd") == 0.5
     assert roofline.class_efficiency(spec, "relu", "relu", "fp32", "fwd") == 1.0
+    # a calibration from before the 1x1 class existed: its 1x1 convolutions read as convolution_wide, as then
+    old = dataclasses.replace(spec, op_efficiency={"convolution": 0.5, "convolution_wide": 0.9})
+    assert roofline.class_efficiency(old, "convolution_1x1", "convolution", "fp32", "fwd") == 0.9
 
 
 def test_fixed_cost_is_the_class_entry_or_the_name_for_its_own_class():

@@ -417,16 +417,23 @@ def op_curve_at(points, roof_s: float) -> float:
     return float(np.interp(math.log(max(float(roof_s), 1e-12)), xs, ys))
 
 
+#: A class split out of another, read as that one where a spec has no entry of its own (a calibration taken before
+#: the split): the 1x1 matrix-product convolutions were ``convolution_wide``.
+CLASS_PARENTS = {"convolution_1x1": "convolution_wide"}
+
+
 def class_efficiency(system, op_class: str, name: str, dtype, phase: str, roof_s: float = None) -> float:
     """The efficiency of an op of efficiency class ``op_class`` (perfcheck.predict.aten_costs.op_class) and aten name
     ``name`` in ``phase``: the first key the spec has of ``<class>:<phase>``, ``<class>``, ``<name>:<phase>``,
-    ``<name>``, each in ``dtype`` first (``op_efficiency_key``: a GPU's bf16 convolution is not its fp32 one), then
-    as measured in fp32; per key a measured curve (``op_efficiency_curve``, GPU kernel classes by size, read at the
+    ``<name>`` (after the class, its ``CLASS_PARENTS`` entry's keys), each in ``dtype`` first
+    (``op_efficiency_key``: a GPU's bf16 convolution is not its fp32 one), then as measured in fp32; per key a measured curve (``op_efficiency_curve``, GPU kernel classes by size, read at the
     kernel's roofline seconds ``roof_s``: ``op_curve_at``) before a flat ``op_efficiency``; else 1. A phase key
     exists where calibration timed the backward apart (a depthwise convolution's or a LayerNorm's backward runs at
     another rate than its forward)."""
     curves, flat = getattr(system, "op_efficiency_curve", {}) or {}, system.op_efficiency
-    keys = list(dict.fromkeys((f"{op_class}:{phase}", op_class, f"{name}:{phase}", name)))
+    parent = CLASS_PARENTS.get(op_class, op_class)
+    keys = list(dict.fromkeys((f"{op_class}:{phase}", op_class, f"{parent}:{phase}", parent, f"{name}:{phase}",
+                               name)))
     for key in dict.fromkeys([op_efficiency_key(k, dtype) for k in keys] + keys):
         if curves.get(key):
             points = curves[key]
