@@ -382,7 +382,7 @@ def _bandwidth_curve(value, where) -> tuple:
 
 
 #: Host constants perfcheck no longer uses, dropped when an older spec file or calibration cache carries them:
-#: gemm_narrow_row_s (a CPU GEMM's price per narrow output row) moved no held-out model's step in three runs
+#: gemm_narrow_row_s (a CPU GEMM's price per narrow output row) moved no held-out model's step in four runs
 #: (bench/results/heldout.md, pruning).
 RETIRED_HOST_KEYS = frozenset({"gemm_narrow_row_s"})
 

@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, host_constants, load_system, normalize_dtype, row_costs, simd_bytes
+from perfcheck.hardware.systems import SystemSpec, load_system, normalize_dtype, row_costs, simd_bytes
 
 
 def _array(x, name: str) -> np.ndarray:
