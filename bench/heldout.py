@@ -508,14 +508,32 @@ def calibration(path_in, path_out, progress):
 
 def merged(calibrations):
     """The spec of quick calibrations taken either side of a measurement (per case the median,
-    ``merge_measurements``): a shared machine's speed drifts, and the pair brackets the measurement."""
+    ``merge_measurements``): a shared machine's speed drifts, and the pair brackets the measurement. The merged
+    table rides on the spec's ``table`` attribute for the re-fitted ablations (``refitted``)."""
     from perfcheck.hardware.cache import AUTO_NAME
     from perfcheck.calibrate.fit import build_spec, merge_measurements
     from perfcheck.calibrate.run import provenance
 
     table = merge_measurements([c.measurements for c in calibrations])
+    spec = _fit(table)
+    object.__setattr__(spec, "_heldout_table", table)
+    return spec
+
+
+def _fit(table):
+    from perfcheck.hardware.cache import AUTO_NAME
+    from perfcheck.hardware.calibrate.fit import build_spec
+    from perfcheck.hardware.calibrate.run import provenance
+
     return build_spec("cpu", table, peaks="measured", stamp=provenance(torch.device("cpu")), name=AUTO_NAME,
                       kind="cpu", threads=1)
+
+
+#: The module classes the ablation table shows per spec (the issue's targets that move with host terms).
+ABLATION_CLASSES = ("Conv dense", "Conv grouped", "Embedding", "attention", "Linear", "Norm", "optimizer")
+#: Ablations that re-fit the calibration without some of its cases (a term whose removal changes the other fits:
+#: a convolution class's fixed cost is taken out of its efficiency before the efficiency is fitted).
+REFITTED = {"-conv class fixed costs (re-fitted)": lambda t: t[t["kind"] != "classfixed"]}
 
 
 # ------------------------------------------------------------------------------ ablation
@@ -528,7 +546,6 @@ def ablations(spec) -> dict:
         h = {**host, **zero}
         return dataclasses.replace(spec, host=h)
     out["-op_cold_s"] = with_host(op_cold_s=0.0)
-    out["-gemm_narrow_row_s"] = with_host(gemm_narrow_row_s=0.0)
     out["-op_row_s"] = dataclasses.replace(spec, op_row_s={k: {ph: 0.0 for ph in v} for k, v in
                                                           _row_table(spec).items()})
     out["-module_fixed_s"] = dataclasses.replace(spec, module_fixed_s={})
@@ -541,6 +558,16 @@ def ablations(spec) -> dict:
         k: v for k, v in spec.op_efficiency.items() if k in ("convolution", "max_pool2d_with_indices")})
     out["-op_row_s (op classes: embedding, conv weight)"] = dataclasses.replace(spec, op_row_s={
         k: v for k, v in _row_table(spec).items() if k not in ("embedding", "_embedding_bag", "convolution")})
+    # the row-wise ops' per-row terms (issue 12: softmax, log_softmax, layer norm, nll_loss), then only their
+    # by-length terms (a full vector, a tail element, a partial vector: the flat per-row price kept)
+    row_ops = ("_log_softmax", "_softmax", "native_layer_norm", "nll_loss_forward")
+    out["-op_row_s (row-wise ops)"] = dataclasses.replace(spec, op_row_s={
+        k: ({ph: 0.0 for ph in v} if k in row_ops else v) for k, v in _row_table(spec).items()})
+    out["-op_row_s length terms"] = dataclasses.replace(spec, op_row_s={
+        k: {ph: (0.0 if "_" in ph else x) for ph, x in dict(v).items()} for k, v in _row_table(spec).items()})
+    table = getattr(spec, "_heldout_table", None)
+    if table is not None:
+        out.update({label: _fit(drop(table)) for label, drop in REFITTED.items()})
     return out
 
 
@@ -610,7 +637,7 @@ def main(argv=None):
         say(f"{s} {name}: measured in {time.perf_counter() - t0:.0f} s")
     if not args.calibration:
         cal_note += " before and after each model, merged per model (the brackets of a shared machine's drift)"
-    rows, mods, abl = [], [], []
+    rows, mods, abl, abl_mods = [], [], [], []
     for s, name, w, meas, model_spec in measured:
         specs = ablations(model_spec) if args.ablate else {"full": model_spec}
         t0 = time.perf_counter()
@@ -625,6 +652,7 @@ def main(argv=None):
                 rows.append(row)
                 mods += m
             abl.append({"model": name, "set": s, "spec": label, "ratio_step": row["ratio_step"]})
+            abl_mods += [{**x, "spec": label} for x in m]
         r = rows[-1]
         say(f"{s} {name}: step {r['meas_step_ms']:.1f} ms meas / {r['pred_step_ms']:.1f} pred = {r['ratio_step']:.2f}"
             f" (fwd {r['ratio_fwd']:.2f}, bwd {r['ratio_bwd']:.2f}, optim {r['ratio_optim']:.2f}) "
@@ -640,6 +668,14 @@ def main(argv=None):
         for label, g in a.groupby("spec", sort=False):
             out.append(f"| {label} | " + " | ".join(
                 f"{np.median(np.abs(g[g['set'] == s]['ratio_step'] - 1)):.1%}" for s in rows["set"].unique()) + " |")
+        out += ["", "Per-module-class medians per ablation (same measurements), design / scoring:", "",
+                "| spec | " + " | ".join(ABLATION_CLASSES) + " |", "|---|" + "---|" * len(ABLATION_CLASSES)]
+        am = pd.DataFrame(abl_mods)
+        for label, g in am.groupby("spec", sort=False):
+            cells = [" / ".join(f"{np.median(c['ratio'].dropna()):.2f}" if len(c["ratio"].dropna()) else "-"
+                                for c in (g[(g["class"] == k) & (g["set"] == s)] for s in rows["set"].unique()))
+                     for k in ABLATION_CLASSES]
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
     print("\n".join(out))
     if args.csv:
         rows.to_csv(args.csv, index=False)

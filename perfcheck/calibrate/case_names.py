@@ -7,7 +7,7 @@ from __future__ import annotations
 # ---- kinds (the ``kind`` column)
 MATMUL = "matmul"            # torch.mm squares and F.linear shapes: the matrix efficiency curve
 GEMM_ALIGN = "gemm_align"    # a GEMM with an unaligned row stride and its aligned twin
-GEMM_NARROW = "gemm_narrow"  # GEMMs narrower than two SIMD vectors (gemm_narrow_row_s)
+CLASSFIXED = "classfixed"  # a CPU op class's tiny call, forward and backward (op_classes.conv_fixed_cases)
 COPY = "copy"                # a buffer copy per size: the bandwidth curve
 VECTOR = "vector"            # an elementwise add: the vector rate
 LAUNCH = "launch"            # one tiny op, and a tiny autograd chain: op_dispatch_s, launch_overhead_s

@@ -30,7 +30,7 @@ import pandas as pd
 
 from perfcheck.calibrate.fit_draft import Draft, cap, fmt_rate, rows_of, seconds_of, size_text
 from perfcheck.calibrate import case_names as names
-from perfcheck.calibrate.fit_host import (alignment, collective_latency, fp32_rows, gemm_narrow, host_terms, launch,
+from perfcheck.calibrate.fit_host import (alignment, collective_latency, fp32_rows, host_terms, launch,
                                           module_costs, per_op_costs, row_costs)
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, load_system
@@ -163,7 +163,7 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
         base, name=name or f"{base.name}-calibrated", description=description, kind=d.kind,
         matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
         sources=sources, **d.fields)
-    spec = gemm_narrow(row_costs(per_op_costs(spec, table, d), table, d), table, d)
+    spec = row_costs(per_op_costs(spec, table, d), table, d)
     return alignment(module_costs(spec, table, d), table, d)
 
 

@@ -54,7 +54,9 @@ def alignment(spec: SystemSpec, table, d: Draft) -> SystemSpec:
 def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
     """op_fixed_s (tiny call less one plain tiny op) and op_efficiency (the formulas' roofline time on
     the calibrated spec / the measured time less dispatch and fixed cost, capped at 1)."""
-    all_fixed, eff_rows = rows_of(table, names.OPFIXED), rows_of(table, names.OPEFF)
+    # CLASSFIXED: a CPU op class's tiny call (op_classes.conv_fixed_cases), fitted as an op family's fixed cost
+    all_fixed = pd.concat([rows_of(table, names.OPFIXED), rows_of(table, names.CLASSFIXED)])
+    eff_rows = rows_of(table, names.OPEFF)
     if not len(all_fixed) and not len(eff_rows):
         return spec
     fp32 = fp32_rows(all_fixed)
@@ -170,33 +172,6 @@ def row_terms_fit(slopes: dict, width: int) -> tuple:
             if err < best_err - 1e-30:
                 best, best_err = tuple(float(c) for c in full), err
     return best
-
-
-def gemm_narrow(spec: SystemSpec, table, d: Draft) -> SystemSpec:
-    """host.gemm_narrow_row_s: from the narrow-output GEMM cases (``op_cases.gemm_narrow_cases``: F.linear to fewer
-    outputs than two SIMD vectors hold, on two row counts), the slope over output rows of the measured time less
-    the estimator's time for the same GEMM on ``spec`` (FLOPs at its calibrated curve and shape factor, bytes,
-    without the narrow term), floored at 0. Per output row of a narrow GEMM (perfcheck.predict.roofline)."""
-    rows = rows_of(table, names.GEMM_NARROW)
-    if len(rows) < 2:
-        return spec
-    rows = rows.sort_values("m")
-    if rows["m"].iloc[-1] <= rows["m"].iloc[0]:
-        return spec
-
-    model = [roofline.op_time_s(float(r["flops"]), float(r["m"] * r["n"]), float(r["bytes"]), 1.0, spec,
-                                r["dtype"] or "fp32", launch_s=0.0, min_dim=float(min(r["m"], r["k"], r["n"])))[0]
-             for _, r in (("a", rows.iloc[0]), ("b", rows.iloc[-1]))]
-    span = float(rows["m"].iloc[-1] - rows["m"].iloc[0])
-    slope = (float(rows["seconds"].iloc[-1] - rows["seconds"].iloc[0]) - (model[1] - model[0])) / span
-    host, sources = dict(spec.host), dict(spec.sources)
-    host["gemm_narrow_row_s"] = float(max(slope, 0.0))
-    first, last = rows.iloc[0], rows.iloc[-1]
-    sources["host.gemm_narrow_row_s"] = (
-        f"{d.stamp}: F.linear {int(first['m'])} and {int(last['m'])} rows x {int(first['k'])} -> {int(first['n'])} "
-        f"({first['seconds'] * 1e6:.2f}, {last['seconds'] * 1e6:.2f} us): slope over output rows less the estimator's "
-        f"FLOPs-and-bytes slope ({(model[1] - model[0]) / span * 1e9:.1f} ns per row)")
-    return dataclasses.replace(spec, host=host, sources=sources)
 
 
 def module_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:

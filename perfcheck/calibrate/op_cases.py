@@ -248,24 +248,3 @@ def row_cases(device) -> list:
                     cases.append(Case(names.OPROWS, f"{name} {phase}", make(rows, cols), "fp32", float(cost.flops),
                                       float(cost.bytes), (rows, cols, int(cost.kernels))))
     return cases
-
-
-# ------------------------------------------------------------------------------ narrow GEMM outputs (CPU)
-#: (rows, in, out) of the narrow-output GEMM cases: F.linear to 6 outputs (under two AVX2 vectors, not a multiple
-#: of one) from 32 inputs, on two row counts; the fit keeps the slope over rows beyond the model's FLOPs time.
-#: Shapes in no other case (JSC_Tiny's 256x16 -> 5 is checked against the fit, not fitted).
-NARROW_SHAPES = ((64, 32, 6), (512, 32, 6))
-
-
-def gemm_narrow_cases(device) -> list:
-    """``F.linear`` forward on ``NARROW_SHAPES`` (label ``"narrow fwd MxKxN"``, kind ``gemm_narrow``; bias, as an
-    nn.Linear), fp32; flops = 2 m k n, bytes = the estimator's (perfcheck.predict.formulas.matmul). The fit
-    (``fit_host.gemm_narrow``) sets ``host.gemm_narrow_row_s``: the slope over rows of the measured time less the
-    estimator's time for the same GEMMs (FLOPs at the calibrated curve), per output row."""
-    dev = torch.device(device)
-    cases = []
-    for m, k, n in NARROW_SHAPES:
-        x, w, b = torch.randn(m, k, device=dev), torch.randn(n, k, device=dev), torch.randn(n, device=dev)
-        cases.append(Case(names.GEMM_NARROW, f"narrow fwd {m}x{k}x{n}",
-                          (lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b)), "fp32", 2.0 * m * k * n, (m * k + k * n + m * n + n) * 4.0, (m, k, n)))
-    return cases

@@ -14,6 +14,10 @@ perfcheck.predict.roofline.class_efficiency), so each case here sets one class's
                    op-cost path) / (measured time - one tiny op's dispatch)
   kind ``oprows``  label ``<op> fwd|bwd``, m = rows (indices), k = row length: ``fit_host.row_costs`` sets the
                    per-row price op_row_s[op][phase] = the slope over the row counts less the roofline's slope
+  kind ``classfixed`` label ``<class>`` or ``<class>:bwd`` (CPU): one tiny call of the class; ``fit._per_op_costs``
+                   sets op_fixed_s[label] = its time less one tiny op's dispatch (the class's fixed cost per call,
+                   host time in the estimator) and takes it out of the class's ``opeff`` case before the
+                   efficiency, so a class's time is fixed + roofline / efficiency (two sizes, two unknowns)
 
 Each call below is one aten kernel where torch has one (``aten.convolution_backward``: no autograd engine in the
 timing), so a single case's time less one dispatch is that kernel. The same cases run on a GPU (fp32 tensors on
@@ -23,12 +27,12 @@ from __future__ import annotations
 
 import torch
 
+from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.cases import Case
 from perfcheck.calibrate.op_cases import ROW_COUNTS, row_lengths
 from perfcheck.calibrate.layers import CallModule
 from perfcheck.predict.aten_costs import cost_of
 from perfcheck.predict.trace import trace_model
-from perfcheck.calibrate import case_names as names
 
 aten = torch.ops.aten
 
@@ -41,8 +45,24 @@ CONV_CASES = {
     "convolution_depthwise_large": ((4, 64, 16, 16), (64, 1, 5, 5), 64, 1, 2),
     "convolution_grouped": ((4, 64, 16, 16), (64, 8, 3, 3), 8, 1, 1),
     "convolution_wide": ((4, 64, 16, 16), (64, 64, 3, 3), 1, 1, 1),
+    "convolution_1x1": ((4, 64, 16, 16), (64, 64, 1, 1), 1, 1, 0),
     "convolution_1d": ((4, 64, 128), (64, 64, 3), 1, 1, 1),
     "convolution_transposed": ((4, 64, 8, 8), (64, 32, 4, 4), 1, 2, 1),
+}
+#: The same classes at the smallest shape of each (batch 2, 8 channels, 4x4 pixels; grouped: 2 groups of 8): the
+#: time of such a call is its class's fixed cost. Why: on the project's Xeon (1 thread, process time, 2026-11-26)
+#: every oneDNN convolution call took 57-104 us forward and ~130 us backward (both gradients) whatever its size,
+#: a depthwise 3x3 on 8 channels 4x4 as long as one on 64 channels 16x16 (73-111 us); the 1x1 matrix-product
+#: path 4.5 / 14.5 us. One efficiency per class at a mid size had spread that fixed cost over the FLOPs, so a
+#: MobileNet 5x5 depthwise forward read 1.3-2.6x and ResNet's strided 1x1 downsample 1.9-4.2x under.
+CONV_FIXED_CASES = {
+    "convolution_depthwise": ((2, 8, 4, 4), (8, 1, 3, 3), 8, 1, 1),
+    "convolution_depthwise_large": ((2, 8, 4, 4), (8, 1, 5, 5), 8, 1, 2),
+    "convolution_grouped": ((2, 16, 4, 4), (16, 8, 3, 3), 2, 1, 1),
+    "convolution_wide": ((2, 8, 4, 4), (8, 8, 3, 3), 1, 1, 1),
+    "convolution_1x1": ((2, 8, 4, 4), (8, 8, 1, 1), 1, 1, 0),
+    "convolution_1d": ((2, 8, 8), (8, 8, 3), 1, 1, 1),
+    "convolution_transposed": ((2, 8, 4, 4), (8, 8, 4, 4), 1, 2, 1),
 }
 #: Elements of the elementwise cases (1 MiB of fp32: in L2, as a layer's activations of a small batch are).
 ELEMENTWISE = 1 << 18
@@ -73,31 +93,48 @@ def _opeff(label, fn, cost, fwd_kernels=1.0, dtype="fp32") -> Case:
     return Case(names.OPEFF, label, fn, dtype, mf, nb, (int(max(fwd_kernels, 1)), int(max(k, 1)), int(of)))
 
 
+def _conv_calls(label, shape, dev) -> tuple:
+    """``(forward(x, w), forward(), backward(), x, w)`` of a ``CONV_CASES``-style shape: the functional call, it on
+    fixed tensors, and aten.convolution_backward (input and weight gradients) on a gradient of its output."""
+    xs, ws, groups, stride, pad = shape
+    x = torch.randn(*xs, device=dev, requires_grad=True)
+    w = torch.randn(*ws, device=dev, requires_grad=True)
+    transposed = label == "convolution_transposed"
+    nd = len(xs) - 2
+    conv = (torch.nn.functional.conv_transpose2d if transposed else
+            torch.nn.functional.conv1d if nd == 1 else torch.nn.functional.conv2d)
+
+    def fwd_fn(x, w, conv=conv, stride=stride, pad=pad, groups=groups, transposed=transposed):
+        return conv(x, w, None, stride, pad) if transposed else conv(x, w, None, stride, pad, groups=groups)
+    with torch.no_grad():
+        y = fwd_fn(x, w)
+    g = torch.randn_like(y)
+    xd, wd = x.detach(), w.detach()
+    args = dict(bias_sizes=None, stride=[stride] * nd, padding=[pad] * nd, dilation=[1] * nd,
+                transposed=transposed, output_padding=[0] * nd, groups=groups, output_mask=[True, True, False])
+    return (fwd_fn, lambda: fwd_fn(xd, wd), lambda: aten.convolution_backward(g, xd, wd, **args), x, w)
+
+
 def conv_cases(dev) -> list:
     """Forward (label = class) and backward (``<class>:bwd``: aten.convolution_backward, input and weight
     gradients) of each ``CONV_CASES`` shape."""
     out = []
-    for label, (xs, ws, groups, stride, pad) in CONV_CASES.items():
-        cls = label
-        x = torch.randn(*xs, device=dev, requires_grad=True)
-        w = torch.randn(*ws, device=dev, requires_grad=True)
-        transposed = label == "convolution_transposed"
-        nd = len(xs) - 2
-        conv = (torch.nn.functional.conv_transpose2d if transposed else
-                torch.nn.functional.conv1d if nd == 1 else torch.nn.functional.conv2d)
-
-        def fwd_fn(x, w, conv=conv, stride=stride, pad=pad, groups=groups, transposed=transposed):
-            return conv(x, w, None, stride, pad) if transposed else conv(x, w, None, stride, pad, groups=groups)
-        with torch.no_grad():
-            y = fwd_fn(x, w)
-        g = torch.randn_like(y)
-        xd, wd = x.detach(), w.detach()
-        args = dict(bias_sizes=None, stride=[stride] * nd, padding=[pad] * nd, dilation=[1] * nd,
-                    transposed=transposed, output_padding=[0] * nd, groups=groups, output_mask=[True, True, False])
+    for label, shape in CONV_CASES.items():
+        fwd_fn, fwd, bwd, x, w = _conv_calls(label, shape, dev)
         cost = _costs(fwd_fn, (x, w), ("convolution",))
-        out.append(_opeff(cls, lambda xd=xd, wd=wd, f=fwd_fn: f(xd, wd), cost["fwd"], cost["fwd"][3]))
-        out.append(_opeff(f"{cls}:bwd", lambda g=g, xd=xd, wd=wd, a=args: aten.convolution_backward(g, xd, wd, **a),
-                          cost["bwd"], cost["fwd"][3]))
+        out.append(_opeff(label, fwd, cost["fwd"], cost["fwd"][3]))
+        out.append(_opeff(f"{label}:bwd", bwd, cost["bwd"], cost["fwd"][3]))
+    return out
+
+
+def conv_fixed_cases(dev) -> list:
+    """``classfixed`` rows: each ``CONV_FIXED_CASES`` class's tiny call, forward (label = class) and backward
+    (``<class>:bwd``, both gradients): its fixed cost per call (``op_fixed_s``; see ``CONV_FIXED_CASES``)."""
+    out = []
+    for label, shape in CONV_FIXED_CASES.items():
+        _, fwd, bwd, _, _ = _conv_calls(label, shape, dev)
+        out += [Case(names.CLASSFIXED, label, fwd, "fp32", host=True),
+                Case(names.CLASSFIXED, f"{label}:bwd", bwd, "fp32", host=True)]
     return out
 
 
@@ -189,5 +226,6 @@ def op_class_cases(device) -> list:
     """Every op-class case on ``device`` (fp32)."""
     dev = torch.device(device)
     # per-row prices are a CPU term (a GPU kernel spreads rows over its threads: roofline.row_prices)
+    # a CPU convolution class's fixed cost per call is its kernel's (a GPU's is the host's, per op family)
     return conv_cases(dev) + elementwise_cases(dev) + (embedding_row_cases(dev) + conv_weight_cases(dev)
-                                                       if dev.type == "cpu" else [])
+                                                       + conv_fixed_cases(dev) if dev.type == "cpu" else [])

@@ -172,7 +172,8 @@ def _conv(c: OpCall):
     return F.conv(x.shape[0], x.shape[1], c_out, math.prod(w.shape[2:]), math.prod(out.shape[2:]),
                   math.prod(x.shape[2:]), groups=groups, bias=isinstance(bias, TensorMeta),
                   transposed=transposed, x_grad=x.requires_grad, w_grad=w.requires_grad,
-                  elem_bytes=_eb(x))
+                  elem_bytes=_eb(x), reorder=not (c.name in ("convolution", "_convolution") and groups == 1
+                                                  and not transposed and _is_1x1_matmul_path(c, w)))
 
 
 def sdpa_cost(q: TensorMeta, k: TensorMeta, v: TensorMeta, causal=False) -> F.OpCost:
@@ -532,10 +533,14 @@ def op_class(c: OpCall) -> str:
                     ``convolution_depthwise_large`` above 3x3, 5x5 and 7x7: their backward leaves oneDNN's 3x3
                     kernel, 0.7 ns per MAC against 0.26-0.5 on the project's Xeon),
                     ``convolution_grouped`` (1 < groups < C_in: ResNeXt, ShuffleNet's grouped 1x1),
-                    ``convolution_transposed``; with input or output channels not multiples of 8 (3 or 6: the
-                    LeNet-size case, padded and reordered, with the op family's fixed cost
-                    op_fixed_s["convolution"]) ``convolution``; else ``convolution_1d`` (one spatial dim) or
-                    ``convolution_wide`` (2-D: oneDNN's blocked layouts take the channels as they are)
+                    ``convolution_transposed``; ``convolution_1x1`` for a 1x1 kernel, stride 1, no dilation,
+                    batch < 16 (torch's ConvParams::use_mkldnn sends it to the matmul path, not oneDNN, on one
+                    thread: 4.5 us forward for a tiny call where a oneDNN call takes 57-100 us on the project's
+                    Xeon); with input or output channels not multiples of 8 (3 or 6: the LeNet-size case, padded
+                    and reordered) ``convolution``; else ``convolution_1d`` (one spatial dim) or
+                    ``convolution_wide`` (2-D: oneDNN's blocked layouts take the channels as they are).
+                    Each class has its own fixed cost per call (op_fixed_s[<class>], and <class>:bwd for the
+                    backward: calibration's tiny call of the class, op_classes.conv_fixed_cases)
       gelu          ``gelu_tanh`` for approximate="tanh" (a polynomial and tanh, not erf)
       others        the op's name
     """
@@ -548,6 +553,8 @@ def op_class(c: OpCall) -> str:
             return "convolution_depthwise" if math.prod(w.shape[2:]) <= 9 else "convolution_depthwise_large"
         if groups > 1:
             return "convolution_grouped"
+        if _is_1x1_matmul_path(c, w):
+            return "convolution_1x1"
         if x.shape[1] % 8 or w.shape[0] % 8:
             return "convolution"
         return "convolution_1d" if len(x.shape) == 3 else "convolution_wide"
@@ -555,4 +562,14 @@ def op_class(c: OpCall) -> str:
         return "gelu_tanh"
     return c.name
 
+
+def _is_1x1_matmul_path(c: OpCall, w: TensorMeta) -> bool:
+    """A 2-D convolution torch runs as a matrix product on a CPU thread, not through oneDNN: 1x1 kernel, stride 1,
+    no dilation, batch < 16 (aten/src/ATen/native/Convolution.cpp, ConvParams::use_mkldnn: "For 1x1 filters,
+    MKLDNN is faster than THNN when multi-threaded, but THNN is faster when single-threaded")."""
+    x = c.args[0]
+    if len(w.shape) != 4 or tuple(w.shape[2:]) != (1, 1) or x.shape[0] >= 16:
+        return False
+    stride, dilation = c.arg(3, "stride", [1]), c.arg(5, "dilation", [1])
+    return all(int(s) == 1 for s in stride) and all(int(d) == 1 for d in dilation)
 

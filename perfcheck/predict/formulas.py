@@ -119,7 +119,7 @@ def linear(tokens, in_features, out_features, *, bias=True, x_grad=True, w_grad=
 
 
 def conv(batch, c_in, c_out, kernel_numel, out_spatial, in_spatial, *, groups=1, bias=False,
-         transposed=False, x_grad=True, w_grad=True, elem_bytes=4) -> OpCost:
+         transposed=False, x_grad=True, w_grad=True, elem_bytes=4, reorder=True) -> OpCost:
     """Convolution (1d/2d/3d, any stride/padding/dilation) of (N, C_in, *in) -> (N, C_out, *out).
 
     Every output element of a regular conv is a dot product over (C_in/groups)*prod(kernel):
@@ -133,20 +133,22 @@ def conv(batch, c_in, c_out, kernel_numel, out_spatial, in_spatial, *, groups=1,
     layout on every call, and its backward reorders both ways (data gradient with the weight transposed, weight
     gradient back to OIHW), at a cost per weight element beyond its bytes (op_row_s["convolution"], calibrated by
     op_classes.conv_weight_cases: a 512->512 3x3 backward on 2x2 pixels took 15 ms on the project's Xeon where its
-    FLOPs take 2 ms, ~12 ms of it independent of the pixels).
+    FLOPs take 2 ms, ~12 ms of it independent of the pixels). ``reorder=False``: no rows, for a convolution torch
+    runs as a plain matrix product (aten_costs: a 1x1 kernel at stride 1 on one CPU thread), which reorders nothing.
     """
     spatial = in_spatial if transposed else out_spatial
     c_other = c_in if transposed else c_out
     c_red = (c_out if transposed else c_in) / groups
     macs = batch * c_other * spatial * c_red * kernel_numel
     x, w, y = batch * c_in * in_spatial, c_out * (c_in / groups) * kernel_numel, batch * c_out * out_spatial
-    fwd = Cost(macs=macs, flops=y * bias, bytes=(x + w + y + c_out * bias) * elem_bytes, kernels=1, rows=w,
-               row_elems=w)
+    rows = w if reorder else 0
+    fwd = Cost(macs=macs, flops=y * bias, bytes=(x + w + y + c_out * bias) * elem_bytes, kernels=1, rows=rows,
+               row_elems=rows)
     grad_x = Cost(macs=macs, bytes=(y + w + x) * elem_bytes, kernels=1)
     grad_w = Cost(macs=macs, bytes=(y + x + w) * elem_bytes, kernels=1)
     grad_b = Cost(flops=y, bytes=(y + c_out) * elem_bytes, kernels=1)
     bwd = (grad_x.scale(x_grad) + grad_w.scale(w_grad) + grad_b.scale(bias * w_grad)
-           + Cost(rows=w, row_elems=w).scale(bool(x_grad or w_grad)))
+           + Cost(rows=rows, row_elems=rows).scale(bool(x_grad or w_grad)))
     return OpCost(fwd, bwd, x * w_grad * elem_bytes, w + c_out * bias)
 
 

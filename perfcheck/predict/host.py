@@ -204,7 +204,8 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
 
     ``op_fixed``: aten name -> fixed cost of that op family beyond a tiny add's dispatch (the
     spec's ``op_fixed_s``: cuDNN/cuBLAS set-up, a reduction's set-up); backward kernels of an op
-    are costed like its forward kernel (fixed x backward kernels / forward kernels; NB, an approximation).
+    are costed like its forward kernel (fixed x backward kernels / forward kernels; NB, an approximation), except
+    for a class whose backward call calibration timed (``<class>:bwd``, ``_fixed_bwd``).
     ``hc["op_cold_s"]``: the per-switch cost (``dtype_host_terms`` puts the dtype's there).
     """
     view = seq["view"].to_numpy(bool)
@@ -213,6 +214,8 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     k_bwd = seq["kernels_bwd"].to_numpy(float)
     fixed = np.array([_fixed_cost(op_fixed or {}, n, c if by_class else n) for n, c in zip(seq["name"], seq["op_class"])],
                      dtype=float)
+    fixed_bwd = np.array([_fixed_bwd(op_fixed or {}, c, f, kb, kf) if by_class else f * kb / max(kf, 1.0)
+                          for c, f, kb, kf in zip(seq["op_class"], fixed, k_bwd, k_fwd)], dtype=float)
     # a step runs each op after other ops, not in the tight loop its prices were measured in: a computing op
     # whose family differs from the computing op before it pays op_cold_s once, in the forward and again for its
     # backward node (whose kernels after the first run the same backward's code); views are metadata only
@@ -221,9 +224,19 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     fwd = (np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + fwd_switch * cold
            + node * hc["autograd_node_s"])
     bwd_kernels = np.where(view, hc["view_dispatch_s"],
-                           np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed * k_bwd / np.maximum(k_fwd, 1.0))
+                           np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed_bwd)
     bwd = node * (hc["backward_node_s"] + bwd_kernels + bwd_switch * cold)
     return fwd, bwd
+
+
+def _fixed_bwd(op_fixed: dict, op_class: str, fixed: float, k_bwd: float, k_fwd: float) -> float:
+    """An op's backward fixed cost: its class's measured ``<class>:bwd`` (a tiny aten.convolution_backward of the
+    class computing both gradients: op_classes.conv_fixed_cases) x min(backward kernels, 2) / 2 (a first layer's
+    input needs no gradient: the weight's alone, half; a bias's sum is priced by its bytes), else the forward's
+    fixed cost per forward kernel x backward kernels."""
+    if k_bwd > 0 and f"{op_class}:bwd" in op_fixed:
+        return float(op_fixed[f"{op_class}:bwd"]) * min(k_bwd, 2.0) / 2.0
+    return fixed * k_bwd / max(k_fwd, 1.0)
 
 
 def _fixed_cost(op_fixed: dict, name: str, op_class: str) -> float:

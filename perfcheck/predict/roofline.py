@@ -14,7 +14,7 @@ Model (Williams et al., "Roofline", CACM 2009), as ``device_times`` applies it t
 e_matrix = the efficiency curve by FLOPs per kernel x ``shape_factor`` (GEMM smallest dimension) x
 ``alignment_factor`` (GEMM row strides); ``op_efficiency`` = ``class_efficiency`` (the op's class, phase
 and dtype; a measured curve read at the kernel's roofline seconds); ``rows_s`` = ``row_time_s`` (row-wise
-CPU kernels by row length) + ``gemm_narrow_rows`` x ``gemm_narrow_row_s``. The host side of each op
+CPU kernels by row length). The host side of each op
 (dispatch, autograd, module calls) is on a second timeline that replaces this result per module
 (perfcheck.predict.host). Every factor with its formula: docs/model.md.
 
@@ -31,7 +31,7 @@ import os
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, row_costs, simd_bytes, spec_of
+from perfcheck.hardware.systems import SystemSpec, normalize_dtype, row_costs, simd_bytes, spec_of
 
 
 def _array(x, name: str) -> np.ndarray:
@@ -290,23 +290,6 @@ def gemm_dims(call):
         return None
 
 
-def gemm_narrow_rows(dims, simd: int) -> tuple:
-    """``(fwd, bwd)``: output rows of a GEMM (``gemm_dims``) whose output is narrower than two SIMD vectors of
-    ``simd`` bytes (16 fp32 with AVX2), per phase; (0, 0) for None.
-
-    Why: a CPU GEMM kernel walks the output in register tiles of two vectors' width; a narrower output row runs
-    a slower path whose cost goes with its rows, not its FLOPs. Measured on the project's AVX2 VM (F.linear, 1
-    thread, 2026-11-23): 256x16 -> 5 took 18.8 us, the FLOPs-and-fixed-cost model 9.5 us (~36 ns per output row
-    more); 1024x16 -> 5, 8, 9, 15 took 28-41 ns per row more, -> 16, 24, 32 8-11 ns."""
-    if dims is None:
-        return 0.0, 0.0
-    batch, m, k, n, a_grad, b_grad, elem = dims
-    wide = 2 * simd / max(elem, 1)
-    fwd = batch * m * (n < wide)
-    bwd = a_grad * batch * m * (k < wide) + b_grad * batch * k * (n < wide)
-    return float(fwd), float(bwd)
-
-
 def row_time_s(system, names, phase: str, rows, row_elems) -> np.ndarray:
     """Seconds of the per-row terms of row-wise ops ``names`` in ``phase`` with ``rows`` rows of ``row_elems``
     elements in all (arrays of one length):
@@ -368,15 +351,12 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     the spec has one (``op_efficiency()``: a kernel measured slower than the
     roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
     that op (``row_time_s``: a row-wise kernel's cost per row by its length, from ``row_elems_<phase>``; without
-    that column every row at the flat price) when the table has those columns, plus a GEMM's narrow output rows
-    (``gemm_narrow_rows`` of the ``gemm`` column's ``gemm_dims``) x the spec's ``gemm_narrow_row_s``.
+    that column every row at the flat price) when the table has those columns.
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it.
     """
     system = spec_of(system)
     names = ops["name"].to_numpy(object)
     classes = ops["op_class"].to_numpy(object) if "op_class" in ops else names
-    narrow_s = host_constants(system)["gemm_narrow_row_s"]
-    simd = simd_bytes(system)
     for phase in ("fwd", "bwd"):
         k = ops[f"kernels_{phase}"].to_numpy(float)
         launch = system.launch_overhead_s if launch_s is None else launch_s
@@ -386,9 +366,6 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
             elems = ops[f"row_elems_{phase}"].to_numpy(float) if f"row_elems_{phase}" in ops else None
             extra = extra + (row_time_s(system, names, phase, rows, elems) if elems is not None
                              else rows * row_prices(system, names, phase))
-        if "gemm" in ops and narrow_s:
-            extra = extra + narrow_s * np.array([gemm_narrow_rows(d, simd)[phase == "bwd"] for d in ops["gemm"]],
-                                                dtype=float)
         args = (ops[f"macs_{phase}"].to_numpy(float) * 2, ops[f"other_{phase}"].to_numpy(float),
                 ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype)
         shape = dict(launch_s=launch, min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None,
@@ -443,16 +420,23 @@ def op_curve_at(points, roof_s: float) -> float:
     return float(np.interp(math.log(max(float(roof_s), 1e-12)), xs, ys))
 
 
+#: A class split out of another, read as that one where a spec has no entry of its own (a calibration taken before
+#: the split): the 1x1 matrix-product convolutions were ``convolution_wide``.
+CLASS_PARENTS = {"convolution_1x1": "convolution_wide"}
+
+
 def class_efficiency(system, op_class: str, name: str, dtype, phase: str, roof_s: float = None) -> float:
     """The efficiency of an op of efficiency class ``op_class`` (perfcheck.predict.aten_costs.op_class) and aten name
     ``name`` in ``phase``: the first key the spec has of ``<class>:<phase>``, ``<class>``, ``<name>:<phase>``,
-    ``<name>``, each in ``dtype`` first (``op_efficiency_key``: a GPU's bf16 convolution is not its fp32 one), then
-    as measured in fp32; per key a measured curve (``op_efficiency_curve``, GPU kernel classes by size, read at the
+    ``<name>`` (after the class, its ``CLASS_PARENTS`` entry's keys), each in ``dtype`` first
+    (``op_efficiency_key``: a GPU's bf16 convolution is not its fp32 one), then as measured in fp32; per key a measured curve (``op_efficiency_curve``, GPU kernel classes by size, read at the
     kernel's roofline seconds ``roof_s``: ``op_curve_at``) before a flat ``op_efficiency``; else 1. A phase key
     exists where calibration timed the backward apart (a depthwise convolution's or a LayerNorm's backward runs at
     another rate than its forward)."""
     curves, flat = getattr(system, "op_efficiency_curve", {}) or {}, system.op_efficiency
-    keys = list(dict.fromkeys((f"{op_class}:{phase}", op_class, f"{name}:{phase}", name)))
+    parent = CLASS_PARENTS.get(op_class, op_class)
+    keys = list(dict.fromkeys((f"{op_class}:{phase}", op_class, f"{parent}:{phase}", parent, f"{name}:{phase}",
+                               name)))
     for key in dict.fromkeys([op_efficiency_key(k, dtype) for k in keys] + keys):
         if curves.get(key):
             points = curves[key]

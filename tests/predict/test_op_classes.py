@@ -34,6 +34,12 @@ def test_convolution_classes_by_groups_kernel_and_channels():
     assert op_class(_conv(_t(4, 64, 32), _t(64, 64, 3))) == "convolution_1d"
     assert op_class(_conv(_t(4, 64, 8, 8), _t(64, 32, 4, 4), transposed=True)) == "convolution_transposed"
     assert op_class(_conv(_t(4, 3, 32, 32), _t(6, 3, 5, 5))) == "convolution"  # LeNet's: 3 channels
+    # 1x1, stride 1, batch < 16: torch's matrix-product path (ConvParams::use_mkldnn); strided or batch 16: oneDNN
+    assert op_class(_conv(_t(4, 16, 1, 1), _t(8, 16, 1, 1))) == "convolution_1x1"
+    assert op_class(_conv(_t(16, 16, 8, 8), _t(8, 16, 1, 1))) == "convolution_wide"
+    strided = _conv(_t(4, 64, 16, 16), _t(128, 64, 1, 1))
+    strided = OpCall(strided.func, (*strided.args[:3], [2, 2], *strided.args[4:]), {}, strided.outputs)
+    assert op_class(strided) == "convolution_wide"
     gelu = OpCall(aten.gelu.default, (_t(8, 16),), {"approximate": "tanh"}, (_t(8, 16),))
     assert op_class(gelu) == "gelu_tanh"
     assert op_class(OpCall(aten.gelu.default, (_t(8, 16),), {}, (_t(8, 16),))) == "gelu"
@@ -46,6 +52,9 @@ def test_class_efficiency_looks_up_phase_then_class_then_name():
     assert roofline.class_efficiency(spec, "convolution_depthwise", "convolution", "fp32", "fwd") == 0.1
     assert roofline.class_efficiency(spec, "convolution_wide", "convolution", "fp32", "fwd") == 0.5
     assert roofline.class_efficiency(spec, "relu", "relu", "fp32", "fwd") == 1.0
+    # a calibration from before the 1x1 class existed: its 1x1 convolutions read as convolution_wide, as then
+    old = dataclasses.replace(spec, op_efficiency={"convolution": 0.5, "convolution_wide": 0.9})
+    assert roofline.class_efficiency(old, "convolution_1x1", "convolution", "fp32", "fwd") == 0.9
 
 
 def test_fixed_cost_is_the_class_entry_or_the_name_for_its_own_class():
@@ -77,6 +86,11 @@ def test_convolution_rows_are_its_weight_elements():
     c = F.conv(4, 64, 64, 9, 256, 256)
     assert c.fwd.rows == 64 * 64 * 9 and c.bwd.rows == 64 * 64 * 9
     assert F.conv(4, 64, 64, 9, 256, 256, x_grad=False, w_grad=False).bwd.rows == 0
+    # the 1x1 matrix-product path reorders no weight: no rows (aten_costs decides it by op_class's rule)
+    assert F.conv(4, 64, 64, 1, 256, 256, reorder=False).fwd.rows == 0
+    one = cost_of(_conv(_t(4, 16, 1, 1), _t(8, 16, 1, 1))).cost
+    assert (one.fwd.rows, one.bwd.rows) == (0, 0)
+    assert cost_of(_conv(_t(16, 16, 1, 1), _t(8, 16, 1, 1))).cost.fwd.rows == 8 * 16  # batch 16: oneDNN
 
 
 def test_tied_weights_add_their_gradients_once_per_extra_owner():
@@ -102,5 +116,38 @@ def test_op_class_cases_are_rows_the_fits_read():
     assert {"convolution_depthwise", "convolution_depthwise:bwd", "bernoulli_", "gelu_tanh:bwd"} <= labels
     assert {"embedding bwd", "_embedding_bag bwd", "convolution bwd"} <= labels
     for c in cases:
-        assert c.kind in ("opeff", "oprows") and (c.flops > 0 or c.bytes > 0 or c.shape[2] > 0)
+        assert c.kind == "classfixed" or (c.kind in ("opeff", "oprows") and (c.flops > 0 or c.bytes > 0 or c.shape[2] > 0))
         c.fn()  # each runs
+
+
+def test_class_backward_fixed_cost_is_its_measured_call_per_gradient():
+    # a tiny depthwise backward (both gradients) measured 130 us: both gradients pay it, a first layer's (weight
+    # only) half, a third (bias) kernel no more; without a :bwd entry the forward's 90 us per forward kernel x 2
+    fixed = {"convolution_depthwise": 90 * US, "convolution_depthwise:bwd": 130 * US}
+    assert host._fixed_bwd(fixed, "convolution_depthwise", 90 * US, 2, 1) == pytest.approx(130 * US)
+    assert host._fixed_bwd(fixed, "convolution_depthwise", 90 * US, 1, 1) == pytest.approx(65 * US)
+    assert host._fixed_bwd(fixed, "convolution_depthwise", 90 * US, 3, 1) == pytest.approx(130 * US)
+    assert host._fixed_bwd(fixed, "convolution_wide", 90 * US, 2, 1) == pytest.approx(180 * US)
+    assert host._fixed_bwd(fixed, "convolution_depthwise", 90 * US, 0, 1) == 0.0
+
+
+def test_class_fixed_case_is_taken_out_before_the_class_efficiency():
+    # classfixed row: 90 us (nothing subtracted: no dispatch rows) -> op_fixed_s; the class's mid-size opeff row
+    # took 90 us + 4 x its roofline -> efficiency 0.25, not roofline / (90 us + 4 x roofline)
+    import pandas as pd
+
+    from perfcheck.hardware.calibrate import fit
+
+    base = load_system("cpu")
+    roof, _ = roofline.op_time_s(2e6, 0.0, 1e5, 1.0, base, "fp32", launch_s=0.0)
+    table = pd.DataFrame({"kind": ["classfixed", "opeff", "classfixed", "opeff"],
+                          "label": ["convolution_depthwise", "convolution_depthwise"] * 1
+                          + ["convolution_depthwise:bwd", "convolution_depthwise:bwd"],
+                          "dtype": ["fp32"] * 4, "flops": [0.0, 2e6, 0.0, 2e6], "bytes": [0.0, 1e5, 0.0, 1e5],
+                          "n": [0.0] * 4,
+                          "seconds": [90 * US, 90 * US + 4 * float(roof), 130 * US, 130 * US + 2 * float(roof)]})
+    out = fit.build_spec(base, table, peaks="base", stamp="test")
+    assert out.op_fixed_s["convolution_depthwise"] == pytest.approx(90 * US)
+    assert out.op_fixed_s["convolution_depthwise:bwd"] == pytest.approx(130 * US)
+    assert out.op_efficiency["convolution_depthwise"] == pytest.approx(0.25)
+    assert out.op_efficiency["convolution_depthwise:bwd"] == pytest.approx(0.5)
