@@ -136,7 +136,7 @@ def test_class_fixed_case_is_taken_out_before_the_class_efficiency():
     # took 90 us + 4 x its roofline -> efficiency 0.25, not roofline / (90 us + 4 x roofline)
     import pandas as pd
 
-    from perfcheck.hardware.calibrate import fit
+    from perfcheck.calibrate import fit
 
     base = load_system("cpu")
     roof, _ = roofline.op_time_s(2e6, 0.0, 1e5, 1.0, base, "fp32", launch_s=0.0)
