@@ -35,15 +35,14 @@ ACCUMULATE_NAME = "grad_accumulate"
 
 
 def node_ops(outs: dict) -> dict:
-    """id(autograd node) -> index of the traced op that made it (an in-place op later applied to the same
-    tensor takes over its node: the latest index wins)."""
+    """id(autograd node) -> index of the traced op that made it: its output's own ``grad_fn`` (a view's is its
+    view node, never its base's; an in-place op later applied to the same tensor takes over the tensor's node:
+    the latest index wins)."""
     made = {}
     for index, tensors in outs.items():
         for t in tensors or ():
-            base = t._base if t._is_view() and t._base is not None else t
-            for node in (t.grad_fn, base.grad_fn):
-                if node is not None:
-                    made[id(node)] = max(made.get(id(node), -1), index)
+            if t.grad_fn is not None:
+                made[id(t.grad_fn)] = max(made.get(id(t.grad_fn), -1), index)
     return made
 
 

@@ -97,6 +97,17 @@ def test_residual_one_add_in_the_layernorm():
     assert _adds(Residual(), torch.randn(4, 16)) == [("ln", 64)]
 
 
+def test_gpt_block_adds_in_its_layernorms():
+    # the block's input feeds ln_1 and the first residual add, their sum feeds ln_2 and the second one: both
+    # LayerNorms pay one add of the residual stream (2 x 8 x 16), not the Linear after them (whose input is a
+    # view of the LayerNorm's output)
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    assert _adds(Block(2, 16, 8, True, 0.0, True), x) == [("ln_1", 256), ("ln_2", 256)]
+    # nn.MultiheadAttention slices its 48 x 16 in_proj weight three times (q, k, v: one parameter, 3 edges, 2 adds)
+    assert sorted(_adds(Block(2, 16, 8, False, 0.0, True), x)) == [("attn.mha", 768)] * 2 + [("ln_1", 256),
+                                                                                             ("ln_2", 256)]
+
+
 def test_three_uses_two_adds():
     adds = _adds(ThreeUses(), torch.randn(4, 16))
     assert sorted(adds) == [("a", 64), ("b", 64)]
