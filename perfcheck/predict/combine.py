@@ -4,7 +4,10 @@ what bounds it (``bound_fwd``, ``bound_bwd``), from the terms the estimator comp
 Terms (columns of the estimator's frame before it is trimmed to ``schema.PREDICTED_COLUMNS``), per phase p:
 
     timeline_p_s    device (roofline + per-kernel) and host (dispatch, autograd, module calls) work of the
-                    module's ops on the two timelines (``perfcheck.predict.host.module_times``; they add on a CPU)
+                    module's ops on the two timelines (``perfcheck.predict.host.module_times``; they add on a CPU);
+                    the backward's includes autograd's gradient accumulation, the ``grad_accumulate`` ops (k - 1 adds
+                    where an activation feeds k autograd edges, in the backward of every consumer but the last:
+                    ``perfcheck.predict.grad_accumulation``)
     tied_bwd_s      summing the gradients of tied parameters (``perfcheck.predict.host.tied_gradient_s``)
     comm_p_s        the module's collectives on the system's links: ZeRO/data-parallel ones from the parallel
                     config (``module_estimator``), or those a torch-native layout issues (``integrations.

@@ -18,6 +18,8 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
                                     + op_cold_s once when its family differs from the node before
                                     (view_dispatch_s for a view's node)
     backward, per parameter tensor  backward_node_s + view_dispatch_s (AccumulateGrad: a node and a detach)
+    backward, per gradient add      op_dispatch_s (a tensor feeding k autograd edges: k - 1 adds by the engine,
+                                    between nodes; perfcheck.predict.grad_accumulation)
     backward, once (root)           backward_call_s (engine start for loss.backward())
     optimizer step                  optim_<impl>_step_s (the implementation's fixed cost; optim_step_s is
                                     SGD for-loop's) + per tensor its implementation's calibrated line at the
@@ -69,6 +71,7 @@ from perfcheck.hardware.host_keys import op_cold_key, optim_line, optim_per_tens
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, normalize_dtype, spec_of
 from perfcheck.predict import optimizers
 from perfcheck.predict.aten_costs import op_class
+from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.predict.roofline import compute_time_s, memory_time_s
 
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
@@ -146,7 +149,7 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
     ``ops``: the estimator's timed op table (columns ``op`` = index into ``trace.ops``, ``t_fwd``,
     ``t_bwd``, ``kernels_fwd``, ``kernels_bwd``); an op absent from it (a view, free on the device)
     costs only host time. Columns: op, view, node (an input needs a gradient), kernels_bwd,
-    t_fwd, t_bwd.
+    t_fwd, t_bwd, op_class, accumulate (a backward-only gradient add, ``predict.grad_accumulation``).
     """
     timed = {int(i): (float(kf), float(k), float(f), float(b)) for i, kf, k, f, b in
              zip(ops["op"], ops["kernels_fwd"], ops["kernels_bwd"], ops["t_fwd"], ops["t_bwd"])}
@@ -155,13 +158,15 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
         if not _is_recorded(op):
             continue
         node = any(t.requires_grad for t in op.call.tensors())
-        if i in timed:
-            rows.append((i, op.call.name, False, node) + timed[i] + (op_class(op.call),))
+        if op.grad_accumulate:
+            rows.append((i, ACCUMULATE_NAME, False, False) + timed.get(i, (0.0,) * 4) + (op_class(op.call), True))
+        elif i in timed:
+            rows.append((i, op.call.name, False, node) + timed[i] + (op_class(op.call), False))
         else:
-            rows.append((i, op.call.name, True, node, 0.0, 0.0, 0.0, 0.0, op.call.name))
+            rows.append((i, op.call.name, True, node, 0.0, 0.0, 0.0, 0.0, op.call.name, False))
         stacks.append(op.stack)
     seq = pd.DataFrame(rows, columns=["op", "name", "view", "node", "kernels_fwd", "kernels_bwd", "t_fwd", "t_bwd",
-                                      "op_class"])
+                                      "op_class", "accumulate"])
     return seq, stacks
 
 
@@ -220,13 +225,16 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     # whose family differs from the computing op before it pays op_cold_s once, in the forward and again for its
     # backward node (whose kernels after the first run the same backward's code); views are metadata only
     cold = hc["op_cold_s"]
-    fwd_switch, bwd_switch = op_switches(seq["name"].to_numpy(object), view)
+    # a gradient accumulation (the engine's add between two nodes) is one backward kernel's dispatch and nothing
+    # in the forward; it is no node and takes no part in the family switches around it
+    acc = seq["accumulate"].to_numpy(bool) if "accumulate" in seq else np.zeros(len(seq), dtype=bool)
+    fwd_switch, bwd_switch = op_switches(seq["name"].to_numpy(object), view | acc)
     fwd = (np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + fwd_switch * cold
            + node * hc["autograd_node_s"])
     bwd_kernels = np.where(view, hc["view_dispatch_s"],
                            np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed_bwd)
     bwd = node * (hc["backward_node_s"] + bwd_kernels + bwd_switch * cold)
-    return fwd, bwd
+    return np.where(acc, 0.0, fwd), np.where(acc, hc["op_dispatch_s"], bwd)
 
 
 def _fixed_bwd(op_fixed: dict, op_class: str, fixed: float, k_bwd: float, k_fwd: float) -> float:

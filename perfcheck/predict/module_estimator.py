@@ -24,6 +24,7 @@ from perfcheck.predict import collectives, roofline, trace as tracing, zero
 from perfcheck.predict.aten_costs import cost_of, op_class, sdpa_cost
 from perfcheck.predict.combine import predicted_times
 from perfcheck.predict.formulas import ZERO
+from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, spec_of, torch_dtype
 from perfcheck.predict.host import add_host_columns
 from perfcheck.predict.roofline import gemm_dims, gemm_min_dim, gemm_unaligned
@@ -72,9 +73,11 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
             cost, source = resolved.cost, resolved.source
         if source == "free":
             continue
-        if not op.backward:  # autograd never differentiates it (no_grad, .detach()'d, frozen)
+        if op.grad_accumulate:  # backward only: the engine's add of two gradients (predict.grad_accumulation)
+            cost = replace(cost, fwd=ZERO, bwd=cost.fwd)
+        elif not op.backward:  # autograd never differentiates it (no_grad, .detach()'d, frozen)
             cost = replace(cost, bwd=ZERO)
-        rows.append((i, op.call.name, source, cost.fwd.macs, cost.fwd.flops, cost.fwd.bytes, cost.fwd.kernels,
+        rows.append((i, ACCUMULATE_NAME if op.grad_accumulate else op.call.name, source, cost.fwd.macs, cost.fwd.flops, cost.fwd.bytes, cost.fwd.kernels,
                      cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels, gemm_min_dim(op.call),
                      op.recompute, cost.fwd.rows, cost.bwd.rows, gemm_unaligned(op.call), cost.fwd.row_elems,
                      cost.bwd.row_elems, gemm_dims(op.call), op_class(op.call)))

@@ -174,7 +174,7 @@ def mlp_sublayers(model, x: Shape):
     e, eb, T = model.hidden, x.elem_bytes, x.tokens
     f_t = model.ffn_hidden / x.t
     glu = model.activation == "swiglu"
-    rows = [Sublayer("layer_norm_2", "layer_norm", norm_cost(model, x.norm_tokens, e, eb))]
+    rows = [Sublayer("layer_norm_2", "layer_norm", norm_cost(model, x.norm_tokens, e, eb, residual=True))]
     if model.experts:
         rows += moe_sublayers(model, x)
         if model.dropout > 0:
@@ -201,7 +201,8 @@ def layer_sublayers(model, x: Shape, *, causal=False, flash=False):
     """All sublayers of one transformer layer on one GPU, in execution order."""
     if x.grid:
         return grid_layer_sublayers(model, x, causal=causal, flash=flash)
-    ln1 = Sublayer("layer_norm_1", "layer_norm", norm_cost(model, x.norm_tokens, model.hidden, x.elem_bytes))
+    ln1 = Sublayer("layer_norm_1", "layer_norm", norm_cost(model, x.norm_tokens, model.hidden, x.elem_bytes,
+                                                          residual=True))
     return [ln1, *attention_sublayers(model, x, causal=causal, flash=flash), *mlp_sublayers(model, x)]
 
 

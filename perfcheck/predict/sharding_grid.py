@@ -128,7 +128,8 @@ def _grid_norm(model, x: Shape, name, stage="layer"):
     mean of squares: two values per token) all-reduced over the q feature ranks, fwd and bwd."""
     rows, eb = x.tokens / x.row_split, x.elem_bytes
     stats = 2 * rows * eb * (x.q > 1)
-    return Sublayer(name, "layer_norm", norm_cost(model, rows, model.hidden / x.q, eb), stage,
+    return Sublayer(name, "layer_norm", norm_cost(model, rows, model.hidden / x.q, eb, residual=stage == "layer"),
+                    stage,
                     (Collective("fwd", "allreduce", stats, "q"), Collective("bwd", "allreduce", stats, "q")))
 
 

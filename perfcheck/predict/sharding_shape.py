@@ -139,9 +139,17 @@ def grid_side(t, scheme, depth=1):
     return np.rint(np.sqrt(t / (depth if scheme == "2.5d" else 1)))
 
 
-def norm_cost(model, rows, cols, eb) -> F.OpCost:
+def norm_cost(model, rows, cols, eb, residual: bool = False) -> F.OpCost:
+    """A LayerNorm/RMSNorm over ``rows`` x ``cols``. ``residual``: its input is the residual stream, which also
+    feeds the residual add, so backward sums the two gradients after the norm's node (autograd's InputBuffer:
+    one add of the stream, read 2 write 1; the module estimator's ``grad_accumulate`` op charged to the same
+    norm, perfcheck.predict.grad_accumulation): the two front-ends agree on the norm's backward."""
     rms = model.norm == "rmsnorm"
-    return F.layer_norm(rows, cols, bias=model.bias and not rms, rms=rms, elem_bytes=eb)
+    cost = F.layer_norm(rows, cols, bias=model.bias and not rms, rms=rms, elem_bytes=eb)
+    if not residual:
+        return cost
+    n = rows * cols
+    return replace(cost, bwd=cost.bwd + F.Cost(flops=n, bytes=3 * n * eb, kernels=1))
 
 
 def scaled_softmax(rows, cols, eb) -> F.OpCost:

@@ -15,7 +15,9 @@ Backward follows autograd, not the forward: an op gets a backward only when its 
 ``torch.no_grad()``, behind ``.detach()`` or on frozen parameters costs no backward, and the
 tensors such work saved are freed with its graph and are not activation memory. Ops inside an
 activation-checkpointed region (``torch.utils.checkpoint``, either flavour) are marked
-``recompute``: backward runs their forward again.
+``recompute``: backward runs their forward again. Where a tensor feeds several autograd edges, backward
+sums its gradients: one backward-only ``grad_accumulate`` op per add, before the consumer that pays it
+(``perfcheck.predict.grad_accumulation``).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from torch.utils._pytree import tree_map
 
 from perfcheck.errors import UserError
 from perfcheck.model_paths import module_paths, unwrap
+from perfcheck.predict import grad_accumulation
 from perfcheck.predict.trace_modes import FusedCatcher, GradRule, Recorder, Saved, early_stop, mark_backward
 from perfcheck.predict.trace_records import Trace, local_of
 from perfcheck.predict.zero3_twin import aten_linear, shape_twin
@@ -142,13 +145,26 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         es.enter_context(Recorder(trace, stack, elem_bytes, hidden, grad_rule, outs, ckpt))
         # keyword tensors (model(x, labels=y)) are faked and moved like positional ones
         result = _forward(model, state, tuple(inputs), _fake_inputs(dict(kwargs or {}), fake_mode, device))
-    mark_backward(trace, outs, result)
+    seen = mark_backward(trace, outs, result)
     early_stop(trace, ckpt)
     ckpt.clear()
+    adds = grad_accumulation.accumulations(seen, grad_accumulation.node_ops(outs), _owners(model, state),
+                                           elem_bytes)
+    del seen
     outs.clear()  # frees the graphs backward never reaches, and with them their saved tensors
     saved.finish()
     del result
+    grad_accumulation.insert(trace, adds)  # after saved.finish(): its liveness checks read ops by index
     return trace
+
+
+def _owners(model, state: dict) -> dict:
+    """id(parameter twin) -> number of modules registering that parameter (tied weights: more than one)."""
+    count: dict = {}
+    for mod in model.modules():
+        for q in mod.parameters(recurse=False):
+            count[id(q)] = count.get(id(q), 0) + 1
+    return {id(state[name]): count.get(id(q), 1) for name, q in model.named_parameters() if name in state}
 
 
 class _ModuleStack:

@@ -391,12 +391,13 @@ def output_tensors(result, _depth: int = 0) -> list:
     return out
 
 
-def mark_backward(trace: Trace, outs: dict, result) -> None:
+def mark_backward(trace: Trace, outs: dict, result) -> dict:
     """``TracedOp.backward``: whether autograd's backward from the model's outputs reaches the op.
 
     Walks ``grad_fn.next_functions`` from every output tensor that requires grad; an op is
     differentiated when the node that made its output is on that walk (an in-place op later
-    applied to the same tensor stands for it: backward reaches the first through the second)."""
+    applied to the same tensor stands for it: backward reaches the first through the second).
+    Returns the walk: id -> node for every node backward reaches."""
     seen: dict = {}
     todo = [t.grad_fn for t in output_tensors(result) if t.grad_fn is not None]
     while todo:
@@ -415,3 +416,4 @@ def mark_backward(trace: Trace, outs: dict, result) -> None:
             if node is not None:
                 break
         trace.ops[index].backward = node is not None and id(node) in seen
+    return seen

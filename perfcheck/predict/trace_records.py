@@ -23,6 +23,7 @@ class TracedOp:
     causal: bool = False
     backward: bool = True  # autograd differentiates this op (its grad_fn reaches the outputs)
     recompute: bool = False  # inside an activation-checkpointed region: forward re-runs in backward
+    grad_accumulate: bool = False  # backward only: autograd summing two gradients (predict.grad_accumulation)
 
 
 @dataclass
