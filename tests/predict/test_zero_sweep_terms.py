@@ -234,6 +234,7 @@ def test_sweep_measures_missing_terms_once_into_the_cache(tmp_path, monkeypatch)
     assert sweep.missing_terms(out) == ["concurrency", "deepspeed", "collectives", "collective sync"]
 
 
+@pytest.mark.deepspeed  # the deepspeed case runs for real (a child engine, ~12 s): not the fast lane
 def test_sweep_collectives_failure_leaves_the_defaults_and_says_so_once(tmp_path, monkeypatch):
     """The collectives' processes fail (CollectiveBenchError, a RuntimeError): one line names the case, alpha
     and the link stay the defaults' (the 248 KB all-reduce's prediction is unchanged), the other families are
