@@ -147,6 +147,7 @@ def main(argv=None):
             stages[f"render {fmt}"], text = _time(lambda: cmd.render(result, fmt), args.repeat)
             (Path(tmp) / f"out.{fmt}").write_text(text)
         total = sum(stages.values())
+        rec, run = result.table, result.run
         print(f"modules: {rec['module'].nunique()}, ranks: {rec['rank'].nunique()}, rows: {len(rec)}, "
               f"kernel rows: {len(run.kernels)}")
         print(f"imports (perfcheck report + matplotlib): {t_import:.3f} s")

@@ -522,8 +522,8 @@ def merged(calibrations):
 
 def _fit(table):
     from perfcheck.hardware.cache import AUTO_NAME
-    from perfcheck.hardware.calibrate.fit import build_spec
-    from perfcheck.hardware.calibrate.run import provenance
+    from perfcheck.calibrate.fit import build_spec
+    from perfcheck.calibrate.run import provenance
 
     return build_spec("cpu", table, peaks="measured", stamp=provenance(torch.device("cpu")), name=AUTO_NAME,
                       kind="cpu", threads=1)
