@@ -3,13 +3,7 @@
 ``Recorder`` runs the steps and records them; the user-facing ``PerfCheck`` (``perfcheck.session``) adds the
 predicted-vs-measured report on top. Its parts, one file each: ``arguments`` (checks at construction),
 ``signals`` (SIGINT/SIGTERM), ``run_files`` (frames and the run directory), ``run_meta`` (meta.json).
-
-    pc = PerfCheck(model, warmup=2, steps=20, out_dir="runs/exp1")
-    with pc:                                  # or pc.start() ... pc.stop()
-        for x, y in loader:
-            loss_fn(model(x), y).backward(); opt.step(); opt.zero_grad()
-            pc.step()                         # marks the end of a training step
-    pc.measured(); pc.steps(); pc.kernels(); pc.samples(); pc.save("runs/exp1")
+How a training loop uses it: ``perfcheck.session.api``'s docstring.
 
 Steps, in order from ``start()``: ``warmup`` steps; one FlopCounterMode step if ``count_flops``;
 the profiler window ``profile_window=(wait, warmup, active)`` (its wait steps are measured, its

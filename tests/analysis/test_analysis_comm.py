@@ -4,8 +4,6 @@ profiled step; hand-built collectives.csv rows with the numbers worked out in th
 real 2-rank gloo runs (DDP buckets, FSDP2 prefetch with a planted delay) are in
 test_torch_distributed_straggler.py."""
 import math
-import os
-import sys
 from types import SimpleNamespace
 
 import pandas as pd
@@ -18,8 +16,7 @@ from perfcheck.analysis.totals import totals_frame
 from perfcheck.measure.collectives import COLLECTIVE_COLUMNS, FINALIZE_OP, SYNC_SUFFIX, _blocked_after
 from perfcheck.schema import ROOT, STEP_COLUMNS
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_reconcile import meas_row, one, pred_row  # noqa: E402
+from _reconcile_rows import meas_row, one, pred_row
 
 COPY_OUT = "FSDP::all_gather_copy_out"
 

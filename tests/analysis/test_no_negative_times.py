@@ -6,7 +6,8 @@ import pytest
 from perfcheck.analysis.reconcile import reconcile
 from perfcheck.analysis.totals import totals_frame
 from perfcheck.report.text import render_text
-from test_reconcile import ROOT, _steps, frames, meas_row, pred_row
+from perfcheck.schema import ROOT
+from _reconcile_rows import frames, meas_row, pred_row, steps_frame as _steps
 
 
 def test_overlapping_medians_give_zero_other_time_and_a_note():

@@ -14,43 +14,11 @@ from perfcheck.analysis.columns import RECONCILED_COLUMNS, TOTALS_COLUMNS
 from perfcheck.analysis.kernels import kernel_summary
 from perfcheck.analysis.reconcile import reconcile
 from perfcheck.analysis.totals import rank_summary, totals_frame
-from perfcheck.schema import MEASURED_COLUMNS, PREDICTED_COLUMNS, ROOT, STEP_COLUMNS, module_depth
+from perfcheck.schema import ROOT
 from perfcheck.hardware.systems import load_system
+from _reconcile_rows import frames, kernel_row, meas_row, one, pred_row, steps_frame as _steps  # noqa: F401
 
 CPU = load_system("cpu")  # 1e12 FLOP/s matrix, 5e10 B/s, efficiency memory 0.7, launch 10 us
-
-
-def pred_row(module, pred_fwd, pred_bwd=0.0, **kw):
-    row = {c: 0.0 for c in PREDICTED_COLUMNS}
-    row.update(module=module, type=kw.pop("type", "Linear"), depth=module_depth(module), calls=1, params=10,
-               comm_kind="", bound_fwd="overhead", bound_bwd="overhead", source="modeled",
-               pred_fwd_s=pred_fwd, pred_bwd_s=pred_bwd)
-    row.update(kw)
-    return row
-
-
-def meas_row(module, fwd, bwd=0.0, rank=0, **kw):
-    row = {c: math.nan for c in MEASURED_COLUMNS}
-    row.update(module=module, type=kw.pop("type", "Linear"), depth=module_depth(module), calls=1.0, steps=5, rank=rank,
-               fwd_s_median=fwd, bwd_s_median=bwd, fwd_s_min=fwd, fwd_s_max=fwd, bwd_s_min=bwd, bwd_s_max=bwd,
-               recompute_s_median=0.0)
-    row.update(kw)
-    return row
-
-
-def kernel_row(module, phase, name, total_s, count=1, rank=0, device="cuda"):
-    return {"module": module, "phase": phase, "name": name, "device": device, "count": count, "total_s": total_s,
-            "self_s": total_s, "rank": rank}
-
-
-def frames(preds, meas):
-    return pd.DataFrame(preds), pd.DataFrame(meas)
-
-
-def one(rec, module, rank=0):
-    r = rec[(rec["module"] == module) & (rec["rank"] == rank)]
-    assert len(r) == 1, (module, rank, len(r))
-    return r.iloc[0]
 
 
 # ------------------------------------------------------------------------------------ join
@@ -275,15 +243,6 @@ def test_cpu_op_rows_outside_ops_is_not_kernel_time():
 
 
 # ------------------------------------------------------------------------------------ totals
-def _steps(rows, rank=0):
-    out = []
-    for i, (role, fwd, bwd, optim, step, failed) in enumerate(rows):
-        out.append({"step": i, "measured": role == "measured", "fwd_s": fwd, "bwd_s": bwd, "optim_s": optim,
-                    "step_s": step, "recompute_s": 0.0, "peak_mem_bytes": math.nan, "role": role, "failed": failed,
-                    "rank": rank})
-    return pd.DataFrame(out, columns=list(STEP_COLUMNS))
-
-
 def test_totals_unexplained_share_by_hand():
     steps = _steps([("warmup", 9, 9, 9, 99, False),           # ignored: warm-up
                     ("measured", 3e-3, 5e-3, 1.0e-3, 10e-3, False),

@@ -68,7 +68,7 @@ def test_json_is_strict_and_complete(capsys):
 def test_json_writes_inf_and_nan_as_null():
     from perfcheck.analysis.reconcile import reconcile
     from perfcheck.report.tables import render_json
-    from test_reconcile import meas_row, pred_row
+    from _reconcile_rows import meas_row, pred_row
 
     rec = reconcile(pd.DataFrame([pred_row("drop", 0.0), pred_row("only", 1e-3)]),
                     pd.DataFrame([meas_row("drop", 4e-6)]))

@@ -117,7 +117,7 @@ def _steps(rank, step_s, finalize_s, n=3):
 def test_straggler_is_the_rank_with_most_compute_not_the_longest_step():
     from perfcheck.analysis.reconcile import reconcile
     from perfcheck.analysis.totals import totals_frame
-    from test_reconcile import frames, meas_row, pred_row
+    from _reconcile_rows import frames, meas_row, pred_row
 
     # DDP equalises step times (50 ms on both ranks); rank 1 computed 48 ms, rank 0 computed 8 ms
     # and waited 42 ms for rank 1's gradients at the end of backward

@@ -117,7 +117,7 @@ def test_fit_clips_a_negative_slope_to_zero_and_apply_makes_a_valid_spec():
 
 
 def test_old_engine_steps_files_read_with_nan_cpu_columns(tmp_path):
-    from perfcheck.integrations.deepspeed import run_files
+    import perfcheck.rundir.deepspeed_files as run_files
 
     old = pd.DataFrame([{"rank": 0, "step": 0, "micro_step": 0, "role": "measured", "comms_logged": False,
                          "boundary": True, "fwd_s": 0.002, "bwd_s": 0.004, "step_s": 0.003, "total_s": 0.009}])

@@ -90,7 +90,7 @@ def test_missing_inputs_give_a_sentence_not_a_broken_figure():
 
     from perfcheck.analysis.reconcile import reconcile
     from perfcheck.report.html import render_html
-    from test_reconcile import meas_row, pred_row
+    from _reconcile_rows import meas_row, pred_row
 
     rec = reconcile(pd.DataFrame([pred_row("(root)", 1e-3, 2e-3, flops_fwd=1e9, bytes_fwd=1e6),
                                   pred_row("a", 1e-3, 2e-3), pred_row("gone", 1e-4)]),

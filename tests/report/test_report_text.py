@@ -1,7 +1,6 @@
 """Terminal tree and units: DeepSpeed's shape, without DeepSpeed's mistakes."""
 import math
 import re
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,8 +12,7 @@ from perfcheck.report.text import render_text
 from perfcheck.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 from perfcheck.schema import ROOT
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))  # test_reconcile's row builders
-from test_reconcile import meas_row, pred_row  # noqa: E402
+from _reconcile_rows import meas_row, pred_row
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

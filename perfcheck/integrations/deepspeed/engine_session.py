@@ -20,7 +20,8 @@ import torch
 from perfcheck.measure.clocks import clock_for
 from perfcheck.measure.schedule import StepSchedule
 import perfcheck.rundir as runs
-from perfcheck.integrations.deepspeed import comms as ds_comms, facts as ds_facts, run_files
+import perfcheck.rundir.deepspeed_files as run_files
+from perfcheck.integrations.deepspeed import comms as ds_comms, facts as ds_facts
 from perfcheck.session.api import PerfCheck
 
 
