@@ -70,7 +70,10 @@ def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
            for r in all_fixed[~fp32].itertuples(index=False)}
     eff, sources = {}, dict(spec.sources)
     for r in eff_rows.itertuples(index=False):
-        roof, _ = roofline.op_time_s(float(r.flops), float(r.n), float(r.bytes), 1.0, spec, r.dtype or "fp32",
+        # the case's kernels (k; 0 in older tables: one), as the estimator splits an op's bytes over its kernels
+        # for the bandwidth curve (a _safe_softmax runs four)
+        kernels = max(float(getattr(r, "k", 0) or 0), 1.0)
+        roof, _ = roofline.op_time_s(float(r.flops), float(r.n), float(r.bytes), kernels, spec, r.dtype or "fp32",
                                      launch_s=0.0)
         kernel_s = max(float(r.seconds) - d.op_s - fixed.get(r.label, 0.0), 1e-9)
         eff[roofline.op_efficiency_key(r.label, r.dtype or "fp32")] = float(min(max(roof / kernel_s, 1e-4), 1.0))

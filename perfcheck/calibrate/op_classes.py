@@ -170,7 +170,7 @@ def conv_weight_cases(dev) -> list:
 def elementwise_cases(dev) -> list:
     """Dropout's mask (``bernoulli_``: the RNG, priced as generator work by formulas.rng) and the activations whose
     kernels differ most from a plain pointwise op, forward and backward (``<op>:bwd``): erf-GELU, tanh-GELU
-    (class ``gelu_tanh``), SiLU, on ``ELEMENTWISE`` fp32 elements."""
+    (class ``gelu_tanh``), SiLU, on ``ELEMENTWISE`` fp32 elements; and the attention path's ``_safe_softmax``."""
     x = torch.randn(ELEMENTWISE, device=dev)
     g = torch.randn(ELEMENTWISE, device=dev)
     xg = x.clone().requires_grad_(True)
@@ -185,7 +185,22 @@ def elementwise_cases(dev) -> list:
         cost = _costs(fwd, (xg,), name)
         out.append(_opeff(label, lambda f=fwd: f(x), cost["fwd"]))
         out.append(_opeff(f"{label}:bwd", bwd, cost["bwd"]))  # 1 kernel each way
-    return out
+    return out + [safe_softmax_case(dev)]
+
+
+#: Attention scores of the ``_safe_softmax`` case: (batch, heads, queries, keys), ``ELEMENTWISE`` / 4 elements.
+SCORES = (4, 4, 64, 64)
+
+
+def safe_softmax_case(dev) -> Case:
+    """``_safe_softmax`` (label of its own: the math attention path's softmax, which SDPA runs with dropout or a
+    mask): its four kernels (formulas.safe_softmax) include a boolean ``all`` over each row, whose CPU kernel is
+    far from the vector roofline (0.7-9 ns per element on the project's Xeon, against 0.13 for a copy), so the
+    class's measured rate, not the plain softmax's, prices it. Its backward is softmax's (``_softmax:bwd``)."""
+    x = torch.randn(*SCORES, device=dev)
+    xg = x.clone().requires_grad_(True)
+    cost = _costs(lambda t: aten._safe_softmax(t, -1), (xg,), ("_safe_softmax",))
+    return _opeff("_safe_softmax", lambda: aten._safe_softmax(x, -1), cost["fwd"], cost["fwd"][3])
 
 
 def embedding_row_cases(dev) -> list:

@@ -240,8 +240,10 @@ def _group_norm(c: OpCall):
 def _softmax(c: OpCall):
     x, dim = c.args[0], c.args[1]
     cols = x.shape[dim] if x.shape else 1
-    return F.softmax(x.numel // max(cols, 1), cols, x_grad=x.requires_grad, elem_bytes=_eb(c.outputs[0]),
-                     log=c.name == "_log_softmax")
+    rows, eb = x.numel // max(cols, 1), _eb(c.outputs[0])
+    if c.name == "_safe_softmax":  # four kernels: softmax, eq(-inf), all, where (formulas.safe_softmax)
+        return F.safe_softmax(rows, cols, x_grad=x.requires_grad, elem_bytes=eb)
+    return F.softmax(rows, cols, x_grad=x.requires_grad, elem_bytes=eb, log=c.name == "_log_softmax")
 
 
 @register(aten.native_dropout)
@@ -382,6 +384,41 @@ def _nll(c: OpCall):
     return F.OpCost(fwd, bwd.scale(x.requires_grad), 0, 0)
 
 
+# ------------------------------------------------------------------- views whose backward runs kernels
+# A view's forward is metadata, but autograd's formula for some views builds the input's gradient with kernels
+# (torch/csrc/autograd/FunctionsManual.cpp); their forward stays a view for the host terms (``is_view_op``).
+
+@register(*_packets("select", "slice", "diagonal", "as_strided", "unfold"))
+def _view_scatter(c: OpCall):
+    x = c.args[0]
+    return F.view_scatter(x.numel, c.outputs[0].numel, x_grad=x.requires_grad, elem_bytes=_eb(x))
+
+
+@register(*_packets("split", "split_with_sizes", "chunk", "unbind"))
+def _view_gather(c: OpCall):
+    x = c.args[0]
+    return F.view_gather(x.numel, x_grad=x.requires_grad, elem_bytes=_eb(x))
+
+
+@register(aten.expand)
+def _expand(c: OpCall):
+    x = c.args[0]
+    return F.view_reduce(x.numel, c.outputs[0].numel, x_grad=x.requires_grad, elem_bytes=_eb(x))
+
+
+def is_view_op(c: OpCall) -> bool:
+    """True when the op's forward only makes a view (aliasing output, an in-place view, or a zero-cost op):
+    no kernel and a view's dispatch in the forward, whatever its backward runs."""
+    return (_is_view(c.func) or torch.Tag.inplace_view in getattr(c.func, "tags", ())
+            or c.func.overloadpacket in ZERO_COST_OPS)
+
+
+#: Copies whose backward runs no kernel (derivatives.yaml): ``clone`` passes the gradient through; ``cat`` /
+#: ``stack`` hand each input a narrow / select view of it; ``constant_pad_nd``'s backward is a narrow of it;
+#: ``_to_copy`` to the same element size returns it (a cast back otherwise).
+_GRAD_PASSTHROUGH = frozenset(("clone", "contiguous", "cat", "stack", "constant_pad_nd"))
+
+
 @register(*_packets("clone", "_to_copy", "copy_", "contiguous", "cat", "stack", "repeat", "constant_pad_nd",
                     "flip", "roll", "expand_copy", "permute_copy", "_reshape_copy", "tril", "triu",
                     "reflection_pad1d", "reflection_pad2d", "reflection_pad3d", "replication_pad1d",
@@ -393,7 +430,10 @@ def _copy(c: OpCall):
         sum(t.numel * t.elem_bytes for t in ins)
     out = c.outputs[0]
     grad = any(t.requires_grad for t in c.tensors())
-    return F.copy(src, out.numel * out.elem_bytes, x_grad=grad, elem_bytes=1, out_elem_bytes=1)
+    cost = F.copy(src, out.numel * out.elem_bytes, x_grad=grad, elem_bytes=1, out_elem_bytes=1)
+    if c.name in _GRAD_PASSTHROUGH or (c.name == "_to_copy" and ins and ins[0].elem_bytes == out.elem_bytes):
+        return F.OpCost(cost.fwd, F.ZERO, cost.act_mem, cost.params)
+    return cost
 
 
 #: FLOPs per output element of an interpolation (weights x neighbours, plus index arithmetic).

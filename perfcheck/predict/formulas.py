@@ -257,6 +257,23 @@ def softmax(rows, cols, *, x_grad=True, elem_bytes=4, log=False) -> OpCost:
     return OpCost(fwd, bwd.scale(x_grad), n * elem_bytes * bool(x_grad), 0)
 
 
+def safe_softmax(rows, cols, *, x_grad=True, elem_bytes=4, mask_bytes=1) -> OpCost:
+    """aten ``_safe_softmax`` (the attention math path's softmax, SDPA with dropout or a mask): a softmax whose rows
+    that are all -inf give 0, not NaN. torch runs it as four kernels (aten/src/ATen/native/transformers/attention.cpp):
+    ``softmax``; ``eq(x, -inf)`` (read x, write a bool mask); ``all(mask, dim, keepdim)`` (read the mask, write one
+    bool per row); ``where(rows, 0, out)`` (read the softmax and the row flags, write the result).
+
+    fwd: the softmax's (5 FLOPs, 2 streams per element) + 1 FLOP per element for each of the three others, which
+    move 3n elements of ``elem_bytes`` (eq reads x; where reads the softmax and writes the result) and 2n + 2 rows
+    mask bytes (eq writes the mask and all reads it; all writes a flag per row and where reads it); ``rows`` = the
+    softmax's. bwd (derivatives.yaml: ``_softmax_backward_data`` of the result): ``softmax``'s.
+    Saves the output, as softmax does."""
+    n = rows * cols
+    plain = softmax(rows, cols, x_grad=x_grad, elem_bytes=elem_bytes)
+    mask = Cost(flops=3 * n, bytes=(3 * n) * elem_bytes + (2 * n + 2 * rows) * mask_bytes, kernels=3)
+    return OpCost(plain.fwd + mask, plain.bwd, plain.act_mem, 0)
+
+
 def layer_norm(rows, cols, *, affine=True, bias=True, x_grad=True, w_grad=True, elem_bytes=4,
                rms=False) -> OpCost:
     """LayerNorm (or RMSNorm with ``rms``) over the last ``cols`` of ``rows`` rows.
@@ -407,6 +424,40 @@ def rnn(steps, batch, input_size, hidden, gates, *, x_grad=True, w_grad=True, bi
     saved = (tb * (gh + 2 * hidden) + tb * input_size / directions) * elem_bytes
     params = (w_ih + w_hh + 2 * gh * directions * bias)
     return OpCost(fwd, grad_act + grad_w.scale(w_grad), saved, params)
+
+
+def view_scatter(in_numel, out_numel, *, x_grad=True, elem_bytes=4) -> OpCost:
+    """A view whose backward builds its input's whole gradient: ``select``, ``slice`` (``narrow``, ``x[..., :k]``),
+    ``diagonal``, ``as_strided``, ``unfold``.
+
+    fwd: no kernel (the output aliases the input). bwd (torch/csrc/autograd/FunctionsManual.cpp:
+    ``select_backward``, ``slice_backward``, ``diagonal_backward``: ``zeros(input_sizes)`` then
+    ``grad_input.<view>(...).copy_(grad)``): the input-sized zeros (FILL_STREAMS per element) and the output gradient
+    copied into its window (read + write the output's elements); 2 kernels. Three selects of one packed q/k/v
+    projection (``nn.MultiheadAttention``) so make three input-sized gradients, which autograd then adds
+    (``perfcheck.predict.grad_accumulation``)."""
+    bwd = Cost(bytes=(FILL_STREAMS * in_numel + 2 * out_numel) * elem_bytes, kernels=2)
+    return OpCost(ZERO, bwd.scale(x_grad), 0, 0)
+
+
+def view_gather(in_numel, *, x_grad=True, elem_bytes=4) -> OpCost:
+    """A view that splits its input into pieces: ``split``, ``split_with_sizes``, ``chunk``, ``unbind``.
+
+    fwd: no kernel. bwd (FunctionsManual.cpp ``split_backward`` / ``unbind_backward``: ``cat`` / ``stack`` of the
+    pieces' gradients): read and write the input's elements, one kernel (a piece without a gradient is a zeros
+    first: not counted)."""
+    bwd = Cost(bytes=2 * in_numel * elem_bytes, kernels=1)
+    return OpCost(ZERO, bwd.scale(x_grad), 0, 0)
+
+
+def view_reduce(in_numel, out_numel, *, x_grad=True, elem_bytes=4) -> OpCost:
+    """``expand`` (a broadcast view): fwd no kernel; bwd ``grad.sum_to_size(input)`` (derivatives.yaml), a reduction
+    reading the output's elements and writing the input's, 1 FLOP per element read; nothing when the view broadcasts
+    nothing (same element count: torch returns the gradient as it is)."""
+    if out_numel == in_numel:
+        return OpCost()
+    bwd = Cost(flops=out_numel, bytes=(out_numel + in_numel) * elem_bytes, kernels=1)
+    return OpCost(ZERO, bwd.scale(x_grad), 0, 0)
 
 
 def copy(numel_in, numel_out=None, *, x_grad=True, elem_bytes=4, out_elem_bytes=None) -> OpCost:

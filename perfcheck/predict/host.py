@@ -70,7 +70,7 @@ from perfcheck.errors import UserError
 from perfcheck.hardware.host_keys import op_cold_key, optim_line, optim_per_tensor_key, optim_step_key, zero_key
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, normalize_dtype, spec_of
 from perfcheck.predict import optimizers
-from perfcheck.predict.aten_costs import op_class
+from perfcheck.predict.aten_costs import is_view_op, op_class
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.predict.roofline import compute_time_s, memory_time_s
 
@@ -160,8 +160,8 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
         node = any(t.requires_grad for t in op.call.tensors())
         if op.grad_accumulate:
             rows.append((i, ACCUMULATE_NAME, False, False) + timed.get(i, (0.0,) * 4) + (op_class(op.call), True))
-        elif i in timed:
-            rows.append((i, op.call.name, False, node) + timed[i] + (op_class(op.call), False))
+        elif i in timed:  # a view whose backward runs kernels (aten_costs.is_view_op) stays a view forward
+            rows.append((i, op.call.name, is_view_op(op.call), node) + timed[i] + (op_class(op.call), False))
         else:
             rows.append((i, op.call.name, True, node, 0.0, 0.0, 0.0, 0.0, op.call.name, False))
         stacks.append(op.stack)
@@ -231,7 +231,9 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     fwd_switch, bwd_switch = op_switches(seq["name"].to_numpy(object), view | acc)
     fwd = (np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + fwd_switch * cold
            + node * hc["autograd_node_s"])
-    bwd_kernels = np.where(view, hc["view_dispatch_s"],
+    # a view's backward node is a view of the gradient unless autograd's formula runs kernels (select_backward's
+    # zeros and copy: formulas.view_scatter), which dispatch as any op's
+    bwd_kernels = np.where(view & (k_bwd == 0), hc["view_dispatch_s"],
                            np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed_bwd)
     bwd = node * (hc["backward_node_s"] + bwd_kernels + bwd_switch * cold)
     return np.where(acc, 0.0, fwd), np.where(acc, hc["op_dispatch_s"], bwd)
