@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 import time
 from typing import Callable, Optional
@@ -175,6 +176,54 @@ def matmul_cases(dtype: str, squares, linear, device) -> list:
         nbytes = (m * k + k * n + m * n) * a.element_size()
         cases.append(Case(names.MATMUL, label, fn, d, 2.0 * m * k * n, nbytes, (m, k, n), setup=setup))
     return cases
+
+
+#: Linux's description of CPU 0's caches (one folder per cache: level, type, size such as "2048K").
+CPU_CACHES = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def l2_cache_bytes(root: str = CPU_CACHES) -> int:
+    """A core's L2 cache in bytes, from Linux's sysfs (``<root>/index*/level`` 2, ``size``); 0 where the
+    platform does not say (the cold matmul cases are then skipped)."""
+    try:
+        for entry in sorted(os.listdir(root)):
+            folder = os.path.join(root, entry)
+            with open(os.path.join(folder, "level")) as f:
+                if f.read().strip() != "2":
+                    continue
+            with open(os.path.join(folder, "size")) as f:
+                text = f.read().strip().upper()
+            scale = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1:], 1)
+            return int(text.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        return 0
+    return 0
+
+
+#: Largest GEMM the cold cases time: from ~2.7e8 FLOPs on the refetch hides behind the compute (0.99 at 2.1e9 on
+#: the project's Xeon), and a call timed alone after an eviction costs the calibration its whole duration.
+COLD_MAX_FLOPS = 3e8
+
+
+def matmul_cold_cases(dtype: str, squares, linear, device) -> list:
+    """``matmul_cases``' shapes timed call by call two ways: after the same call (label ``hot <label>``) and after
+    streaming ``case_names.EVICT_L2_MULTIPLE`` x the core's L2 (label as ``matmul_cases``'), each filler untimed
+    (``Case.between``); and a row ``l2`` whose ``m`` is that L2 size: ``fit`` makes the pairs' ratio the
+    ``matrix_cold_curve``. Why: in a training step a GEMM's weight and (backward) its saved
+    activation were last touched before the rest of the step's work; on the project's Xeon GEMMs of 17-67 MFLOP
+    then ran 1.2-1.8x their tight-loop time, a 2.4 GFLOP one unchanged (bench/results/cold_operands.md). CPU only:
+    none where the L2 size is unknown."""
+    l2 = l2_cache_bytes()
+    if device.type != "cpu" or l2 <= 0:
+        return []
+    flush = torch.empty(names.EVICT_L2_MULTIPLE * l2 // 4, device=device)
+    cases = []
+    for c in matmul_cases(dtype, squares, linear, device):  # both timed call by call, adjacent in every round
+        if c.flops > COLD_MAX_FLOPS:
+            continue
+        cases += [dataclasses.replace(c, kind=names.MATMUL_COLD, label=f"hot {c.label}", between=c.fn),
+                  dataclasses.replace(c, kind=names.MATMUL_COLD, between=lambda f=flush: f.add_(1.0))]
+    return cases + [Case(names.MATMUL_COLD, "l2", lambda: None, normalize_dtype(dtype), 0.0, 0.0, (l2, 0, 0))]
 
 
 #: GEMMs timed with n not a multiple of 16 bytes and with their aligned twin (n rounded up to 8

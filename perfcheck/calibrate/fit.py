@@ -33,7 +33,7 @@ from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.fit_host import (alignment, collective_latency, fp32_rows, host_terms, launch,
                                           module_costs, per_op_costs, row_costs)
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, load_system
+from perfcheck.hardware.systems import SystemSpec, host_constants, load_system
 
 #: Columns of the measurement table (``Calibration.measurements``, ``perfcheck calibrate --csv``).
 MEASUREMENT_COLUMNS = ("kind", "label", "dtype", "m", "k", "n", "flops", "bytes", "world_size", "seconds",
@@ -250,6 +250,35 @@ def _matrix(d: Draft, table):
         + "; other dtypes scale it by efficiency.matrix_<dtype> / efficiency.matrix")
     d.sources["efficiency.matrix"] = (f"{d.stamp}: {ref} matmul rate {d.relative}, median of the {_LARGEST} largest "
                                       f"shapes" + "".join(f"; {x}: {large[x]:.3f}" for x in measured if x != ref))
+    _matrix_cold(d, table, d.op_s + mm_fixed)
+
+
+def _matrix_cold(d: Draft, table: pd.DataFrame, fixed_s: float):
+    """``matrix_cold_curve``: per shape of ``matmul_cold_cases`` (each call timed alone after the same call, label
+    ``hot <shape>``, and after L2 was evicted, label ``<shape>``), hot / cold compute time (less the ``fixed_s``
+    dispatch and fixed cost), capped at 1, by FLOPs per kernel (``efficiency_curve``). The smallest shape's extra
+    The estimator's per-op code coldness (``host.op_cold_s``, added to an op whose family differs from the one
+    before: a GEMM in a step) is taken out of every cold time first, so it is not counted twice; the rest (the
+    operands' and the library's buffers' refetch, and the translation entries the eviction dropped: a 32^3 GEMM,
+    a few KiB of data, took ~26 us more after it on the project's Xeon, op_cold_s ~8 us) is the curve's. Also ``calibration.l2_bytes``, the L2 those cases evicted (their ``l2`` row): the
+    working set above which the estimator applies the curve (``roofline.step_is_cold``)."""
+    rows = rows_of(table, names.MATMUL_COLD)
+    l2 = rows[rows["label"] == "l2"]
+    hot = rows[rows["label"].str.startswith("hot ")].assign(label=lambda t: t["label"].str[4:])
+    pairs = hot.merge(rows[["label", "seconds"]], on="label", suffixes=("", "_cold")).sort_values("flops")
+    if not len(l2) or len(pairs) < 3:
+        return
+    hot_s = pairs["seconds"].to_numpy(float)
+    cold_s = pairs["seconds_cold"].to_numpy(float)
+    code_s = float(dict(d.fields.get("host", {}) or {}).get("op_cold_s", host_constants(d.base)["op_cold_s"]))
+    ratio = np.maximum(hot_s - fixed_s, 1e-12) / np.maximum(np.maximum(cold_s - code_s, hot_s) - fixed_s, 1e-12)
+    d.fields["matrix_cold_curve"] = efficiency_curve(pairs, np.minimum(ratio, 1.0))
+    d.fields["calibration"] = {**dict(d.base.calibration or {}), "l2_bytes": int(l2["m"].iloc[0])}
+    d.sources["matrix_cold_curve"] = (
+        f"{d.stamp}: the matmul shapes timed call by call after the same call and after streaming "
+        f"{names.EVICT_L2_MULTIPLE} x the {int(l2['m'].iloc[0]) // 1024} KiB L2 (untimed): hot / cold time less "
+        f"{fixed_s * 1e6:.2f} us dispatch and fixed cost, the cold time also less op_cold_s "
+        f"({code_s * 1e6:.1f} us, priced per op apart), by FLOPs per kernel")
 
 
 def _vector(d: Draft, table):

@@ -71,7 +71,8 @@ import pandas as pd
 import torch
 
 from perfcheck.calibrate.cases import (Case, Timer, alignment_cases, copy_cases, device_kernel_rows,  # noqa: F401
-                                      host_cases, launch_cases, matmul_cases, run_cases, vector_cases)
+                                      host_cases, launch_cases, matmul_cases, matmul_cold_cases, run_cases,
+                                      vector_cases)
 from perfcheck.calibrate import collectives as coll
 from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity
 from perfcheck.calibrate.fit import (BENCHMARKED_KINDS, MEASUREMENT_COLUMNS, build_spec,  # noqa: F401
@@ -273,6 +274,8 @@ def _device_groups(run: _Run, measured, base_spec):
         other = dev.type == "cpu" and d != reference_dtype("cpu", measured) and cfg.get("other_squares")
         run.group(f"matmul {d}", matmul_cases(d, cfg["other_squares"], (), dev) if other
                   else matmul_cases(d, cfg["squares"], cfg["linear"], dev))
+        if dev.type == "cpu" and not other:  # the reference dtype's shapes again, operands evicted from L2
+            run.group(f"matmul {d}, operands evicted from L2", matmul_cold_cases(d, cfg["squares"], cfg["linear"], dev))
     if dev.type == "cuda" and measured:  # row strides that are not 16-byte multiples (GPT-2's lm_head)
         run.group("matmul alignment", alignment_cases("bf16" if "bf16" in measured else measured[0], dev))
     if dev.type == "cuda":  # kernel classes the datasheet roofline misses: norms, softmax, embeddings, attention, conv

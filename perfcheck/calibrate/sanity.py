@@ -159,8 +159,8 @@ def busy_now(threads: int, seconds: float = BUSY_PROBE_S) -> Optional[str]:
 
 
 def stamped(spec: SystemSpec, record: dict) -> SystemSpec:
-    """``spec`` with its ``calibration`` record (origin kept)."""
-    out = dataclasses.replace(spec, calibration=record)
+    """``spec`` with its ``calibration`` record (origin kept; a key the fit measured, ``l2_bytes``, stays)."""
+    out = dataclasses.replace(spec, calibration={**dict(spec.calibration or {}), **record})
     if getattr(spec, "origin", None):
         object.__setattr__(out, "origin", spec.origin)
     return out

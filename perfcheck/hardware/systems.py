@@ -60,7 +60,7 @@ _REQUIRED = (
     "mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
-_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
+_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
              "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "simd_bytes", "calibrated", "sources",
              "calibration")
 #: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
@@ -76,6 +76,8 @@ CALIBRATION_KEYS = {
                     "over the wall time)",
     "wall_s": "seconds it took",
     "forced": "true when it was kept in the cache against the sanity checks (perfcheck calibrate --force)",
+    "l2_bytes": "a core's L2 cache in bytes (Linux sysfs; CPU): a step whose working set exceeds "
+                "it runs its GEMMs on evicted operands (``matrix_cold_curve``)",
 }
 #: Phases an ``op_row_s`` entry prices: the op's forward kernel and its backward kernel.
 ROW_PHASES = ("fwd", "bwd")
@@ -223,6 +225,11 @@ class SystemSpec:
     efficiency: Mapping[str, float]
     matrix_efficiency_curve: Tuple[Tuple[float, float], ...] = ()
     matrix_shape_curve: Tuple[Tuple[float, float], ...] = ()
+    #: ((FLOPs per kernel, factor), ...): a GEMM's rate with its operands evicted from the core's L2 (as in a
+    #: training step whose working set exceeds it: weights and saved activations come back from the last-level
+    #: cache) over its rate in a tight loop; CPU calibration measures it (``perfcheck.calibrate.cases``'s
+    #: ``matmul_cold_cases``), applied by ``perfcheck.predict.roofline.matrix_efficiency(cold=True)``
+    matrix_cold_curve: Tuple[Tuple[float, float], ...] = ()
     #: ((bytes moved per kernel, bandwidth factor), ...): a working set that fits a cache moves faster
     #: than the DRAM/HBM-sized copy ``mem_bandwidth_bytes_per_s`` is measured on (perfcheck.predict.roofline)
     mem_bandwidth_curve: Tuple[Tuple[float, float], ...] = ()
@@ -297,14 +304,14 @@ class SystemSpec:
         out = {}
         for f in _FIELDS:
             value = getattr(self, f)
-            if f in ("matrix_shape_curve", "mem_bandwidth_curve", "host", "op_fixed_s", "op_efficiency",
+            if f in ("matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve", "host", "op_fixed_s", "op_efficiency",
                      "op_efficiency_curve", "module_fixed_s", "op_row_s", "simd_bytes", "calibration") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if f == "op_efficiency_curve":
                 value = {k: [list(p) for p in v] for k, v in value.items()}
             elif isinstance(value, types.MappingProxyType):
                 value = {k: dict(v) if isinstance(v, types.MappingProxyType) else v for k, v in value.items()}
-            elif f in ("matrix_efficiency_curve", "matrix_shape_curve", "mem_bandwidth_curve"):
+            elif f in ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve"):
                 value = [list(p) for p in value]
             out[f] = value
         return out
@@ -570,6 +577,8 @@ def _validated_fields(spec, where: str) -> dict:
         "efficiency": _efficiency(spec.efficiency, where),
         "matrix_efficiency_curve": _curve(spec.matrix_efficiency_curve, where),
         "matrix_shape_curve": _shape_curve(getattr(spec, "matrix_shape_curve", ()), where),
+        "matrix_cold_curve": _points(getattr(spec, "matrix_cold_curve", ()), where, "matrix_cold_curve",
+                                     "flops_per_kernel", "factor", _fraction),
         "mem_bandwidth_curve": _bandwidth_curve(getattr(spec, "mem_bandwidth_curve", ()), where),
         "host": _host(getattr(spec, "host", {}) or {}, where),
         "op_fixed_s": _per_op(getattr(spec, "op_fixed_s", {}) or {}, "op_fixed_s", where, fraction=False),

@@ -52,7 +52,7 @@ def _scalar_out(value, *inputs):
     return value
 
 
-def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=None):
+def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=None, cold=False):
     """Achievable fraction of the matrix peak; from the calibrated curves when the system has them.
 
     ``matrix_efficiency_curve`` gives efficiency by kernel size (FLOPs per kernel), interpolated
@@ -62,7 +62,8 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
     FLOPs on a CPU), interpolated in log(min_dim) and clamped; NaN or absent ``min_dim`` (a
     convolution, an unknown shape) uses factor 1. A per-dtype override (``efficiency.matrix_fp8``)
     scales the curve by ``matrix_<dtype> / matrix``. ``align`` (optional, per GEMM) multiplies it:
-    ``alignment_factor`` of GEMMs whose row strides are not 16-byte multiples. Result is capped at 1.
+    ``alignment_factor`` of GEMMs whose row strides are not 16-byte multiples. ``cold`` (a step whose working set
+    exceeds the core's L2: ``step_is_cold``) multiplies it by ``cold_factor``. Result is capped at 1.
     """
     system = spec_of(system)
     flat = system.matrix_efficiency(dtype)
@@ -75,7 +76,35 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
         x = np.log(np.maximum(np.asarray(flops_per_kernel, dtype=float), 1.0))
         eff = np.interp(x, xs, ys) * (flat / system.efficiency["matrix"])
     return np.minimum(np.asarray(eff, dtype=float) * shape_factor(system, min_dim)
-                      * (1.0 if align is None else np.asarray(align, dtype=float)), 1.0)[()]
+                      * (1.0 if align is None else np.asarray(align, dtype=float))
+                      * np.where(cold, cold_factor(system, flops_per_kernel), 1.0), 1.0)[()]
+
+
+def cold_factor(system, flops_per_kernel):
+    """The ``matrix_cold_curve`` multiplier at ``flops_per_kernel`` (interpolated in log(FLOPs), clamped at its
+    ends; 1 without a curve): a GEMM whose operands were evicted from L2 runs this fraction of its tight-loop
+    rate (0.56-0.78 at 17-67 MFLOP, 1.0 at 2.4 GFLOP on the project's Xeon: bench/results/cold_operands.md)."""
+    curve = spec_of(system).matrix_cold_curve
+    if not curve or flops_per_kernel is None:
+        return 1.0
+    xs = np.log(np.array([p[0] for p in curve]))
+    ys = np.array([p[1] for p in curve])
+    return np.interp(np.log(np.maximum(np.asarray(flops_per_kernel, dtype=float), 1.0)), xs, ys)[()]
+
+
+#: Matrix products whose rate the ``matrix_cold_curve`` scales when the step is cold: torch.mm / F.linear's kernels
+#: and their batched forms (a convolution's class efficiencies are calibrated apart and keep their own).
+COLD_GEMMS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_addmm_activation")
+
+
+def step_is_cold(system, working_set_bytes: float) -> bool:
+    """True when a training step's working set (parameters, their gradients and the activations kept for the
+    backward, bytes) exceeds the core's L2 cache that calibration recorded (``calibration.l2_bytes``): its GEMMs
+    then read weights and saved activations back from the last-level cache. False without a record (a datasheet
+    spec, a GPU: no cold curve either)."""
+    spec = spec_of(system)
+    l2 = float((spec.calibration or {}).get("l2_bytes", 0) or 0)
+    return bool(spec.matrix_cold_curve) and l2 > 0 and float(working_set_bytes) > l2
 
 
 def alignment_factor(system, unaligned, phase: str = "fwd"):
@@ -105,19 +134,19 @@ def shape_factor(system, min_dim):
     return np.where(np.isfinite(d) & (d > 0), f, 1.0)[()]
 
 
-def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, min_dim=None, align=None):
+def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, min_dim=None, align=None, cold=False):
     """Seconds to execute the FLOPs at achievable rates.
 
     ``kernels`` (optional) splits ``matrix_flops`` into equal kernels for the efficiency-curve
     lookup (FLOPs per kernel = matrix_flops / kernels); without it the whole is one kernel.
     ``min_dim`` (optional): the GEMMs' smallest dimension, for the shape curve; ``align`` (optional):
-    the GEMMs' ``alignment_factor``.
+    the GEMMs' ``alignment_factor``; ``cold``: operands evicted from L2 (``matrix_efficiency``).
     """
     system = spec_of(system)
     mf = _array(matrix_flops, "matrix_flops")
     of = _array(other_flops, "other_flops")
     per_kernel = mf if kernels is None else mf / np.maximum(_array(kernels, "kernels"), 1.0)
-    eff = matrix_efficiency(system, dtype, per_kernel, min_dim, align)
+    eff = matrix_efficiency(system, dtype, per_kernel, min_dim, align, cold)
     t = mf / (system.matrix_peak(dtype) * eff) + of / (system.vector_peak(dtype) * system.efficiency["vector"])
     return _scalar_out(t, matrix_flops, other_flops, kernels)
 
@@ -316,7 +345,7 @@ def row_time_s(system, names, phase: str, rows, row_elems) -> np.ndarray:
 
 
 def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
-                 align=None, op_eff=1.0, rows_s=0.0) -> dict:
+                 align=None, op_eff=1.0, rows_s=0.0, cold=False) -> dict:
     """The device timeline of ops, the ONE timing path of every front-end (``perfcheck.estimate``'s op table via
     ``op_device_times``, the transformer front-end's sublayer rows via ``predict.step``): arrays of one shape in,
     a dict of arrays of that shape out:
@@ -331,7 +360,7 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
     """
     k = _array(kernels, "kernels")
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=k, min_dim=min_dim,
-                                        align=align), dtype=float)
+                                        align=align, cold=cold), dtype=float)
     memory = np.asarray(memory_time_s(bytes_moved, system, kernels=k), dtype=float)
     top = np.maximum(compute, memory)
     launch = k * _array(launch_s, "launch_s")
@@ -341,7 +370,7 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
             "time": roof + launch + np.asarray(rows_s, dtype=float), "bound": bound}
 
 
-def op_device_times(ops, system, dtype, launch_s: float = None):
+def op_device_times(ops, system, dtype, launch_s: float = None, cold: bool = False):
     """Device seconds and bound per op and phase for the estimator's op table (a DataFrame with
     name, macs_*, other_*, bytes_*, kernels_*, min_dim, optionally unaligned): adds columns ``t_fwd``, ``t_bwd``,
     ``bound_fwd``, ``bound_bwd`` and returns the frame.
@@ -352,7 +381,8 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
     that op (``row_time_s``: a row-wise kernel's cost per row by its length, from ``row_elems_<phase>``; without
     that column every row at the flat price) when the table has those columns.
-    An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it.
+    An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it. ``cold``: the step's
+    GEMMs (``COLD_GEMMS``: the ops calibration's cold cases time) run on operands evicted from L2 (``step_is_cold``).
     """
     system = spec_of(system)
     names = ops["name"].to_numpy(object)
@@ -370,7 +400,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
                 ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype)
         shape = dict(launch_s=launch, min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None,
                      align=alignment_factor(system, ops["unaligned"].to_numpy(float), phase)
-                     if "unaligned" in ops else None)
+                     if "unaligned" in ops else None, cold=cold & np.isin(names, COLD_GEMMS))
         # op_efficiency per op and phase; a measured curve (op_efficiency_curve) is read at the kernel's roofline
         # seconds, so the roofline is taken once at efficiency 1 and once with the efficiency found
         per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)

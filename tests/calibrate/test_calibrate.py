@@ -9,6 +9,7 @@ import torch
 
 from perfcheck.calibrate.run import Timer, calibrate, copy_cases, launch_cases, matmul_cases, run_cases
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
+from perfcheck.calibrate.cases import l2_cache_bytes
 from perfcheck.commands.cli import main
 from perfcheck.errors import UserError
 from perfcheck.predict import roofline
@@ -138,8 +139,12 @@ def test_quick_calibration_through_the_cli(tmp_path, capsys):
     assert spec.matrix_flops_per_s["bf16"] == load_system("cpu").matrix_flops_per_s["bf16"]  # not measured
     captured = capsys.readouterr()
     assert "matrix fp32" in captured.out and "calibrate [" in captured.err
+    cold = {"matmul_cold"} if l2_cache_bytes() > 0 else set()  # GEMMs after an L2 eviction, where sysfs gives L2
     assert set(pd.read_csv(csv)["kind"]) == {"launch", "host", "opfixed", "opcold", "modfixed", "oprows", "classfixed",
-                                             "opeff", "copy", "vector", "matmul"}
+                                             "opeff", "copy", "vector", "matmul"} | cold
+    if cold:
+        assert len(spec.matrix_cold_curve) >= 3 and spec.calibration["l2_bytes"] == l2_cache_bytes()
+        assert all(0 < f <= 1 for _, f in spec.matrix_cold_curve)
     assert 0 <= spec.host["op_cold_s"] < 1e-3  # the round-robin's excess per op: ~10 us on the project's VM
     assert spec.simd_bytes in (32, 64) and "gemm_narrow_row_s" not in spec.host  # retired (bench/results/heldout.md)
     # the row-wise cases' ops, and the op-class cases' per-index and per-weight-element prices (op_classes.py)

@@ -1,0 +1,133 @@
+"""GEMMs on operands evicted from L2 (``matrix_cold_curve``): the calibration cases and their fit, the step's
+working set against the L2 record, and where the estimator applies the curve; all by hand, on planted specs and
+planted measurement tables (no timing)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+
+import perfcheck
+from perfcheck.calibrate import case_names as names, fit
+from perfcheck.calibrate.cases import l2_cache_bytes, matmul_cold_cases
+from perfcheck.hardware.systems import host_constants, load_system
+from perfcheck.predict import roofline
+from perfcheck.predict.module_estimator import working_set_bytes
+from perfcheck.predict.trace import trace_model
+
+US = 1e-6
+
+
+def _row(kind, label, seconds, m=0, k=0, n=0, flops=0.0):
+    return {"kind": kind, "label": label, "dtype": "fp32", "m": m, "k": k, "n": n, "flops": flops, "bytes": 0.0,
+            "world_size": 1, "seconds": seconds}
+
+
+def _table(op_cold_us=0.0):
+    """Tiny-op and host rows, three square matmuls, each timed hot and cold, and the L2 row."""
+    rows = [_row("launch", "op", 2 * US), _row("host", "view", 1 * US), _row("host", "module call", 1 * US)]
+    if op_cold_us:
+        rows += [_row("opfixed", "a", 2 * US), _row("opcold", "round-robin x1", (2 + op_cold_us) * US)]
+    for s, hot_us, cold_us in ((64, 10.0, 30.0), (256, 102.0, 152.0), (1024, 1002.0, 1012.0)):
+        label, flops = f"mm {s}x{s}x{s}", 2.0 * s ** 3
+        rows += [_row(names.MATMUL, label, hot_us * US, s, s, s, flops),
+                 _row(names.MATMUL_COLD, f"hot {label}", hot_us * US, s, s, s, flops),
+                 _row(names.MATMUL_COLD, label, cold_us * US, s, s, s, flops)]
+    return pd.DataFrame(rows + [_row(names.MATMUL_COLD, "l2", 0.0, 2 ** 21)])
+
+
+def test_fit_is_hot_over_cold_compute_time_by_flops():
+    spec = fit.build_spec("cpu", _table(), peaks="measured", stamp="test")
+    # fixed part = the tiny op's 2 us (no mm op_fixed row); op_cold_s here is the default's, taken out of cold
+    code = host_constants(spec)["op_cold_s"]
+    expect = [(10 - 2) / (30 - code / US - 2), (102 - 2) / (152 - code / US - 2), (1002 - 2) / (1012 - code / US - 2)]
+    got = [f for _, f in spec.matrix_cold_curve]
+    assert [x for x, _ in spec.matrix_cold_curve] == [2.0 * 64 ** 3, 2.0 * 256 ** 3, 2.0 * 1024 ** 3]
+    assert got == pytest.approx([min(e, 1.0) for e in expect], abs=1e-4)
+    assert spec.calibration["l2_bytes"] == 2 ** 21
+
+
+def test_the_measured_op_cold_s_is_not_counted_twice():
+    spec = fit.build_spec("cpu", _table(op_cold_us=8.0), peaks="measured", stamp="test")
+    assert spec.host["op_cold_s"] == pytest.approx(8 * US)
+    assert spec.matrix_cold_curve[0][1] == pytest.approx((10 - 2) / (30 - 8 - 2), abs=1e-4)
+
+
+def test_no_cold_rows_no_curve():
+    table = _table()
+    spec = fit.build_spec("cpu", table[table["kind"] != names.MATMUL_COLD], peaks="measured", stamp="test")
+    assert spec.matrix_cold_curve == () and "l2_bytes" not in spec.calibration
+
+
+def test_cold_factor_interpolates_in_log_flops_and_clamps():
+    spec = dataclasses.replace(load_system("cpu"), matrix_cold_curve=((1e6, 0.5), (1e8, 1.0)))
+    assert roofline.cold_factor(spec, 1e7) == pytest.approx(0.75)
+    assert roofline.cold_factor(spec, 1e3) == pytest.approx(0.5) and roofline.cold_factor(spec, 1e10) == 1.0
+    assert roofline.cold_factor(load_system("cpu"), 1e7) == 1.0
+
+
+def test_step_is_cold_only_above_the_recorded_l2():
+    base = dataclasses.replace(load_system("cpu"), matrix_cold_curve=((1e6, 0.5), (1e8, 1.0)))
+    spec = dataclasses.replace(base, calibration={"l2_bytes": 1000})
+    assert roofline.step_is_cold(spec, 1001) and not roofline.step_is_cold(spec, 1000)
+    assert not roofline.step_is_cold(base, 10 ** 9)  # no L2 record: never
+    assert not roofline.step_is_cold(dataclasses.replace(load_system("cpu"), calibration={"l2_bytes": 1}), 10 ** 9)
+
+
+def test_working_set_is_parameters_twice_plus_saved_activations():
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    x = torch.randn(16, 32)
+    params = (32 * 64 + 64 + 64 * 8 + 8) * 4
+    trace = trace_model(model, (x,))
+    saved = {}
+    for per_path in trace.saved.values():
+        saved.update(per_path)
+    assert working_set_bytes(model, trace) == 2 * params + sum(saved.values())
+    assert sum(saved.values()) >= 16 * 64 * 4  # at least the ReLU's output, kept for the second Linear's weight grad
+
+
+def test_estimator_scales_matrix_products_only_when_the_step_is_cold():
+    """A flat factor 0.5: a cold step's Linear takes twice the compute time, a convolution is untouched."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+            self.fc = torch.nn.Linear(512, 512)
+
+        def forward(self, x):
+            return self.fc(self.conv(x).flatten(1)[:, :512])
+    model, x = Net(), torch.randn(64, 8, 8, 8)
+    base = dataclasses.replace(load_system("cpu"), matrix_cold_curve=((1.0, 0.5), (1e12, 0.5)),
+                               host={k: 0.0 for k in load_system("cpu").host})
+    hot = perfcheck.estimate(model, (x,), system=dataclasses.replace(base, calibration={"l2_bytes": 10 ** 12}))
+    cold = perfcheck.estimate(model, (x,), system=dataclasses.replace(base, calibration={"l2_bytes": 1}))
+    h, c = hot.set_index("module"), cold.set_index("module")
+    assert c.loc["conv", "pred_fwd_s"] == pytest.approx(h.loc["conv", "pred_fwd_s"])
+    fc_flops = 2 * 64 * 512 * 512
+    peak = base.matrix_peak("fp32") * roofline.matrix_efficiency(base, "fp32", fc_flops, 64)
+    compute = fc_flops / peak
+    assert c.loc["fc", "pred_fwd_s"] - h.loc["fc", "pred_fwd_s"] == pytest.approx(compute, rel=0.02)
+
+
+def test_l2_size_read_from_a_sysfs_tree(tmp_path):
+    for index, level, size in ((0, 1, "48K"), (1, 1, "32K"), (2, 2, "2048K"), (3, 3, "300M")):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        (folder / "level").write_text(f"{level}\n")
+        (folder / "size").write_text(f"{size}\n")
+    assert l2_cache_bytes(str(tmp_path)) == 2048 * 1024
+    assert l2_cache_bytes(str(tmp_path / "absent")) == 0
+
+
+def test_cold_cases_pair_every_shape_and_record_the_l2():
+    cases = matmul_cold_cases("fp32", (16, 32), ((24, 16, 8),), torch.device("cpu"))
+    if l2_cache_bytes() <= 0:
+        assert cases == []
+        return
+    labels = [c.label for c in cases]
+    assert labels == ["hot mm 16x16x16", "mm 16x16x16", "hot mm 32x32x32", "mm 32x32x32", "hot linear 24x16x8",
+                      "linear 24x16x8", "l2"]
+    assert all(c.kind == names.MATMUL_COLD and c.between is not None for c in cases[:-1])
+    assert cases[-1].shape[0] == l2_cache_bytes()
