@@ -86,6 +86,9 @@ ROW_PHASES = ("fwd", "bwd")
 RETIRED_ROW_OPS = frozenset({"_log_softmax", "_softmax", "native_layer_norm", "nll_loss_forward"})
 RETIRED_ROW_TERMS = frozenset(f"{ph}_{t}" for ph in ROW_PHASES for t in ("vector", "tail", "partial"))
 RETIRED_FIELDS = frozenset({"simd_bytes"})
+#: ``module_fixed_s`` classes retired by the same pruning: removing each class's entry moved no held-out model's
+#: step in three runs (Conv1d/Conv2d and BatchNorm1d/2d stay). An older file's entries for them are dropped.
+RETIRED_MODULE_FIXED = frozenset({"Linear", "LayerNorm", "Embedding", "ReLU", "GELU", "Dropout", "MaxPool2d"})
 
 #: Low-precision dtypes with host terms of their own (``op_cold_<dtype>_s``; ``op_fixed_s`` keys ``<op>@<dtype>``):
 #: measured by perfcheck calibrate on CUDA (perfcheck/calibrate/cases.py HOST_DTYPES_CUDA); a spec
@@ -237,7 +240,8 @@ class SystemSpec:
     #: ``op_efficiency`` for that key.
     op_efficiency_curve: Mapping[str, Tuple[Tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
     #: torch.nn class name -> host seconds per call beyond its aten ops' predicted host terms (a
-    #: standard module's Python: BatchNorm's running-stat bookkeeping, F.* wrappers; perfcheck.predict.host)
+    #: standard module's Python: BatchNorm's running-stat bookkeeping, a convolution's checks;
+    #: perfcheck.predict.host; the classes of RETIRED_MODULE_FIXED are dropped)
     module_fixed_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
     #: aten op name -> {"fwd": s, "bwd": s} per row its forward / backward CPU kernel walks beyond its elements'
     #: roofline (an embedding's index, a convolution weight's reorder; perfcheck.predict.roofline.row_prices)
@@ -447,6 +451,12 @@ def _op_curves(value, where) -> types.MappingProxyType:
                                                    _fraction) for k, v in value.items()})
 
 
+def _unretired_modules(value):
+    """``module_fixed_s`` less the retired classes (``RETIRED_MODULE_FIXED``); anything not a mapping as it is,
+    for ``_per_op`` to reject."""
+    return {k: v for k, v in value.items() if k not in RETIRED_MODULE_FIXED} if isinstance(value, Mapping) else value
+
+
 def _per_row(value, where) -> types.MappingProxyType:
     """op_row_s: aten op name -> {"fwd": seconds, "bwd": seconds} per row (each >= 0; a phase may be left out).
     Retired entries (``RETIRED_ROW_OPS``, ``RETIRED_ROW_TERMS``) of an older file are dropped."""
@@ -555,7 +565,8 @@ def _validated_fields(spec, where: str) -> dict:
         "op_fixed_s": _per_op(getattr(spec, "op_fixed_s", {}) or {}, "op_fixed_s", where, fraction=False),
         "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True),
         "op_efficiency_curve": _op_curves(getattr(spec, "op_efficiency_curve", {}) or {}, where),
-        "module_fixed_s": _per_op(getattr(spec, "module_fixed_s", {}) or {}, "module_fixed_s", where, fraction=False),
+        "module_fixed_s": _per_op(_unretired_modules(getattr(spec, "module_fixed_s", {}) or {}), "module_fixed_s",
+                                  where, fraction=False),
         "op_row_s": _per_row(getattr(spec, "op_row_s", {}) or {}, where),
         "sources": _sources(spec.sources, where),
         "calibration": _calibration(getattr(spec, "calibration", {}) or {}, where),
