@@ -536,6 +536,14 @@ ABLATION_CLASSES = ("Conv dense", "Conv grouped", "Embedding", "attention", "Lin
 REFITTED = {"-conv class fixed costs (re-fitted)": lambda t: t[t["kind"] != "classfixed"]}
 
 
+#: op_row_s entries ablated together, by the op they price (aten op names as ``row_costs`` keys them). The
+#: row-wise ops' entries (softmax, log_softmax, layer norm, nll_loss) were retired (bench/results/pruning.md).
+ROW_OP_GROUPS = {"embedding, embedding bag": ("embedding", "_embedding_bag"), "convolution weight": ("convolution",)}
+#: module_fixed_s entries ablated together, by module class (``calibrate.layers.tiny_modules``' names; the other
+#: classes' entries were retired, bench/results/pruning.md).
+MODULE_FIXED_GROUPS = {"Conv1d, Conv2d": ("Conv1d", "Conv2d"), "BatchNorm1d, BatchNorm2d": ("BatchNorm1d", "BatchNorm2d")}
+
+
 # ------------------------------------------------------------------------------ ablation
 def ablations(spec) -> dict:
     """Specs with one family of host terms removed each (prediction-only ablation)."""
@@ -556,15 +564,15 @@ def ablations(spec) -> dict:
         k: 2.38 * v for k, v in spec.vector_flops_per_s.items()})
     out["-op-class efficiencies"] = dataclasses.replace(spec, op_efficiency={
         k: v for k, v in spec.op_efficiency.items() if k in ("convolution", "max_pool2d_with_indices")})
-    out["-op_row_s (op classes: embedding, conv weight)"] = dataclasses.replace(spec, op_row_s={
-        k: v for k, v in _row_table(spec).items() if k not in ("embedding", "_embedding_bag", "convolution")})
-    # the row-wise ops' per-row terms (issue 12: softmax, log_softmax, layer norm, nll_loss), then only their
-    # by-length terms (a full vector, a tail element, a partial vector: the flat per-row price kept)
-    row_ops = ("_log_softmax", "_softmax", "native_layer_norm", "nll_loss_forward")
-    out["-op_row_s (row-wise ops)"] = dataclasses.replace(spec, op_row_s={
-        k: ({ph: 0.0 for ph in v} if k in row_ops else v) for k, v in _row_table(spec).items()})
-    out["-op_row_s length terms"] = dataclasses.replace(spec, op_row_s={
-        k: {ph: (0.0 if "_" in ph else x) for ph, x in dict(v).items()} for k, v in _row_table(spec).items()})
+    # op_row_s by the op it prices (issue 26's pruning: a family is kept or removed op by op)
+    for label, ops in ROW_OP_GROUPS.items():
+        out[f"-op_row_s ({label})"] = dataclasses.replace(spec, op_row_s={
+            k: ({ph: 0.0 for ph in v} if k in ops else v) for k, v in _row_table(spec).items()})
+    # module_fixed_s by module class group
+    fixed = dict(spec.module_fixed_s or {})
+    for label, classes in MODULE_FIXED_GROUPS.items():
+        out[f"-module_fixed_s ({label})"] = dataclasses.replace(spec, module_fixed_s={
+            k: v for k, v in fixed.items() if k not in classes})
     table = getattr(spec, "_heldout_table", None)
     if table is not None:
         out.update({label: _fit(drop(table)) for label, drop in REFITTED.items()})
@@ -680,6 +688,8 @@ def main(argv=None):
     if args.csv:
         rows.to_csv(args.csv, index=False)
         mods.to_csv(args.csv + ".modules.csv", index=False)
+        if args.ablate:
+            pd.DataFrame(abl).to_csv(args.csv + ".ablation.csv", index=False)
     return rows, mods
 
 

@@ -1,6 +1,6 @@
 """The host-side and per-op terms ``calibrate.fit.build_spec`` fits from the measurement table: launch
 and host constants (dispatch, autograd, backward, module call, optimizer steps, collective latency),
-per-op fixed costs, per-row costs of row-wise ops, narrow-output and unaligned GEMMs, per-module
+per-op fixed costs, per-row costs (an embedding's index, a convolution weight), unaligned GEMMs, per-module
 costs. Each term's source names the cases and the arithmetic.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.fit_draft import Draft, cap, rows_of, seconds_of, size_text
 from perfcheck.calibrate.layers import tiny_modules
 from perfcheck.hardware.host_keys import OPTIM_LINES, op_cold_key, optim_per_tensor_key, optim_step_key
-from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants
+from perfcheck.hardware.systems import LOW_HOST_DTYPES, RETIRED_ROW_OPS, SystemSpec, host_constants
 from perfcheck.predict import roofline
 from perfcheck.predict.estimate import estimate
 from perfcheck.schema import ROOT
@@ -98,83 +98,45 @@ def fp32_rows(rows: pd.DataFrame) -> pd.Series:
 
 
 def row_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
-    """op_row_s: per row-wise op and phase (``op_cases.row_cases``, label "<op> fwd|bwd", m = rows, k = row length),
-    per row length L the slope of the measured time over the row count less the slope of the estimator's roofline
-    time for the same calls on ``spec`` (its elements' share: the model adds that itself); then the row's cost by
-    its length, ``slope(L) = row + vector x floor(L/W) + tail x L x [L < W] + partial x [L > W, L mod W > 0]``
-    (perfcheck.predict.roofline.row_time_s), by least squares over the lengths with every term >= 0
-    (``row_terms_fit``; ``op_cases.row_lengths``' four lengths W/2, W, W + W/4, 2W determine the four terms):
-    ``<phase>``, ``<phase>_vector``, ``<phase>_tail``, ``<phase>_partial``. W (fp32 elements per SIMD vector) is
-    half the longest length and sets the spec's ``simd_bytes``. One length (nll_loss): its slope, floored at 0, prices every row alike.
-    Slopes leave out every fixed cost (dispatch, op_fixed_s), which the model prices apart."""
+    """op_row_s: per op and phase of the op-class row cases (``op_classes.embedding_row_cases``,
+    ``conv_weight_cases``; label "<op> fwd|bwd", m = rows, k = row length), the slope of the measured time over
+    the row count less the slope of the estimator's roofline time for the same calls on ``spec`` (its elements'
+    share: the model adds that itself), floored at 0 (the median over row lengths where a table has several).
+    Slopes leave out every fixed cost (dispatch, op_fixed_s), which the model prices apart. Rows of the retired
+    row-wise ops (softmax, log_softmax, layer norm, nll_loss: ``systems.RETIRED_ROW_OPS``) in an older table
+    are skipped."""
     rows = rows_of(table, names.OPROWS)
     if not len(rows):
         return spec
 
-    lengths = sorted(set(rows["k"].astype(int)))
-    width = max(lengths[-1] // 2, 1)
     table_out, shown = {}, []
     for label, group in rows.groupby("label", sort=False):
         name, phase = str(label).rsplit(" ", 1)
+        if name in RETIRED_ROW_OPS:
+            continue
         eff = roofline.op_efficiency(spec, name, "fp32")  # the row cases run in fp32
-        slopes = {}
-        for cols, g in group.groupby("k", sort=True):
+        slopes = []
+        for _, g in group.groupby("k", sort=True):
             g = g.sort_values("m")
             if len(g) < 2 or g["m"].iloc[-1] <= g["m"].iloc[0]:
                 continue
             roof = [roofline.op_time_s(0.0, float(r["flops"]), float(r["bytes"]), float(max(r["n"], 1)), spec,
                                        r["dtype"] or "fp32", launch_s=0.0)[0] / eff for r in (g.iloc[0], g.iloc[-1])]
             span = float(g["m"].iloc[-1] - g["m"].iloc[0])
-            slopes[int(cols)] = (float(g["seconds"].iloc[-1] - g["seconds"].iloc[0]) - (roof[1] - roof[0])) / span
+            slopes.append((float(g["seconds"].iloc[-1] - g["seconds"].iloc[0]) - (roof[1] - roof[0])) / span)
         if not slopes:
             continue
-        terms = row_terms_fit(slopes, width) if len(slopes) >= 4 else (float(max(np.median(list(slopes.values())),
-                                                                                   0.0)), None, None, None)
-        entry = table_out.setdefault(name, {})
-        entry[phase] = terms[0]
-        text = f"{name} {phase} {terms[0] * 1e9:.0f} ns"
-        if terms[1] is not None:
-            entry[f"{phase}_vector"], entry[f"{phase}_tail"], entry[f"{phase}_partial"] = terms[1:]
-            text += (f" + {terms[1] * 1e9:.1f} per vector, {terms[2] * 1e9:.1f} per element under a vector, "
-                     f"{terms[3] * 1e9:.1f} per partial vector")
-        shown.append(text)
+        price = float(max(np.median(slopes), 0.0))
+        table_out.setdefault(name, {})[phase] = price
+        shown.append(f"{name} {phase} {price * 1e9:.1f} ns")
     if not table_out:
         return spec
     counts = sorted(set(rows["m"].astype(int)))
     sources = dict(spec.sources)
-    sources["op_row_s"] = (f"{d.stamp}: per row-wise kernel, the slope of its time over {counts[0]} -> {counts[-1]} rows "
-                           f"less the slope of the estimator's roofline time for the same calls, per row length "
-                           f"{', '.join(map(str, lengths))} (fp32), fitted as row + vector x floor(L/{width}) + tail x L "
-                           f"[L < {width}] + partial [L > {width}, L mod {width} > 0] (least squares, terms >= 0): "
+    sources["op_row_s"] = (f"{d.stamp}: per op and phase, the slope of its time over {counts[0]} -> {counts[-1]} rows "
+                           f"less the slope of the estimator's roofline time for the same calls (fp32), floored at 0: "
                            + "; ".join(shown))
-    sources["simd_bytes"] = (f"{d.stamp}: the row cases' SIMD width ({width} fp32 elements: "
-                             f"torch.backends.cpu.get_cpu_capability(), perfcheck.hardware.systems.SIMD_BYTES)")
-    return dataclasses.replace(spec, op_row_s=table_out, simd_bytes=4 * width, sources=sources)
-
-
-def row_terms_fit(slopes: dict, width: int) -> tuple:
-    """``(row, vector, tail, partial)`` seconds, each >= 0, minimising the squared error of
-    ``row + vector x floor(L/width) + tail x L x [L < width] + partial x [L > width and L mod width > 0]`` against
-    ``slopes`` (row length L -> seconds per row): ordinary least squares on every subset of the four terms (the
-    others 0), the best one with no negative term."""
-    import itertools
-
-    lengths = np.array(sorted(slopes), dtype=float)
-    y = np.array([slopes[int(L)] for L in lengths], dtype=float)
-    x = np.stack([np.ones_like(lengths), np.floor(lengths / width), lengths * (lengths < width),
-                  ((lengths > width) & (np.mod(lengths, width) > 0)).astype(float)], axis=1)
-    best, best_err = (0.0, 0.0, 0.0, 0.0), float(np.sum(y ** 2))
-    for size in (1, 2, 3, 4):
-        for cols in itertools.combinations(range(4), size):
-            coef, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
-            if np.any(coef < 0):
-                continue
-            full = np.zeros(4)
-            full[list(cols)] = coef
-            err = float(np.sum((x @ full - y) ** 2))
-            if err < best_err - 1e-30:
-                best, best_err = tuple(float(c) for c in full), err
-    return best
+    return dataclasses.replace(spec, op_row_s=table_out, sources=sources)
 
 
 def module_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:

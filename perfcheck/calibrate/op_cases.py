@@ -1,7 +1,6 @@
 """The per-op cases of ``perfcheck calibrate`` on a CPU (and the per-op fixed costs on a GPU): each
-aten op's fixed cost alone and among other ops, per-module fixed costs, per-op kernel efficiency,
-the per-row costs of row-wise ops (softmax, norms, losses: a row's cost depends on its length against
-the SIMD width) and narrow-output GEMMs. The timer, the runner and the device cases are
+aten op's fixed cost alone and among other ops, per-module fixed costs, per-op kernel efficiency; the row
+counts and length of the per-row cases (perfcheck.calibrate.op_classes). The timer, the runner and the device cases are
 ``calibrate.cases``; the fit of these rows is ``calibrate.fit_host``.
 """
 from __future__ import annotations
@@ -11,8 +10,8 @@ import torch
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.cases import Case
 from perfcheck.calibrate.layers import CallModule, cold_filler, tiny_modules
-from perfcheck.hardware.systems import local_simd_bytes, normalize_dtype, torch_dtype
-from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of
+from perfcheck.hardware.systems import normalize_dtype, torch_dtype
+from perfcheck.predict.aten_costs import cost_of
 from perfcheck.predict.trace import trace_model
 
 
@@ -152,99 +151,11 @@ def op_efficiency_cases(device, dtypes=("fp32",)) -> list:
     return out
 
 
-# ------------------------------------------------------------------------------ per-row costs of row-wise ops (CPU)
-#: Row counts of the row-wise cases: the per-row cost is the slope between them.
+# ------------------------------------------------------------------------------ per-row costs (CPU; op_classes' row cases)
+#: Row counts of the per-row cases (perfcheck.calibrate.op_classes: embedding indices, convolution weights): the
+#: per-row cost is the slope between them.
 ROW_COUNTS = (64, 512)
-
-
-#: Row lengths of the row-wise cases on an AVX2 machine (8 floats per SIMD vector; ``row_lengths`` scales them
-#: to the machine's width): half a vector (tail only), one vector, one vector and a quarter (a vector and a
-#: tail), two vectors. A CPU kernel walks a row's full vectors, then its tail element by element; the fit
-#: (perfcheck.calibrate.fit) solves per op and phase for a row's cost, a vector's and a tail element's.
-#: nll_loss reads one element per row: one length.
-ROW_LENGTHS = (4, 8, 10, 16)
-
-
-def row_lengths(simd: int = None) -> tuple:
-    """``ROW_LENGTHS`` for a SIMD width of ``simd`` bytes (default: this machine's, ``systems.local_simd_bytes``):
-    W/2, W, W + W/4 and 2W fp32 elements, W = simd / 4."""
-    w = (simd or local_simd_bytes()) // 4
-    return (w // 2, w, w + max(w // 4, 1), 2 * w)
-
-
-def _row_ops(dev):
-    """Forward aten op name -> (forward kernel, backward kernel) builders: ``make(rows, cols)`` returns a call of
-    that kernel on fresh tensors, with the kernel's arguments as autograd passes them."""
-    aten = torch.ops.aten
-    f32 = torch.float32
-
-    def softmax_family(kernel, backward_kernel, output):
-        """(forward, backward) builders of softmax or log-softmax over the last dimension."""
-        def fwd(r, c):
-            x = torch.randn(r, c, device=dev)
-            return lambda: kernel(x, 1, False)
-
-        def bwd(r, c):
-            g, y = torch.randn(r, c, device=dev), output(torch.randn(r, c, device=dev), 1)
-            return lambda: backward_kernel(g, y, 1, f32)
-        return fwd, bwd
-
-    def ln(r, c):
-        x, w, b = torch.randn(r, c, device=dev), torch.ones(c, device=dev), torch.zeros(c, device=dev)
-        return lambda: torch.native_layer_norm(x, (c,), w, b, 1e-5)
-
-    def ln_b(r, c):
-        x, g, w, b = (torch.randn(r, c, device=dev), torch.randn(r, c, device=dev), torch.ones(c, device=dev),
-                      torch.zeros(c, device=dev))
-        _, mean, rstd = torch.native_layer_norm(x, (c,), w, b, 1e-5)
-        return lambda: aten.native_layer_norm_backward(g, x, (c,), mean, rstd, w, b, [True, True, True])
-
-    def nll(r, c):
-        y, t = torch.log_softmax(torch.randn(r, c, device=dev), 1), torch.randint(0, c, (r,), device=dev)
-        return lambda: aten.nll_loss_forward(y, t, None, 1, -100)
-
-    def nll_b(r, c):
-        y, t = torch.log_softmax(torch.randn(r, c, device=dev), 1), torch.randint(0, c, (r,), device=dev)
-        g, total = torch.ones((), device=dev), torch.tensor(float(r), device=dev)
-        return lambda: aten.nll_loss_backward(g, y, t, None, 1, -100, total)
-
-    return {"_log_softmax": softmax_family(torch._log_softmax, torch._log_softmax_backward_data, torch.log_softmax),
-            "_softmax": softmax_family(torch._softmax, torch._softmax_backward_data, torch.softmax),
-            "native_layer_norm": (ln, ln_b),
-            "nll_loss_forward": (nll, nll_b)}
-
-
-def row_op_cost(name: str, rows: int, cols: int, elem_bytes: int = 4):
-    """The estimator's cost (formulas.OpCost, through aten_costs.cost_of: the one op-cost path) of the row-wise
-    op ``name`` on a (rows, cols) input that needs a gradient."""
-    aten = torch.ops.aten
-    x = TensorMeta((rows, cols), elem_bytes, True, True)
-    stat = TensorMeta((rows, 1), 4, False, True)
-    vec = TensorMeta((cols,), elem_bytes, True, True)
-    target = TensorMeta((rows,), 8, False, False)
-    scalar = TensorMeta((), elem_bytes, True, True)
-    calls = {"_log_softmax": (aten._log_softmax.default, (x, 1, False), (x,)),
-             "_softmax": (aten._softmax.default, (x, 1, False), (x,)),
-             "native_layer_norm": (aten.native_layer_norm.default, (x, [cols], vec, vec, 1e-5), (x, stat, stat)),
-             "nll_loss_forward": (aten.nll_loss_forward.default, (x, target, None, 1, -100), (scalar, scalar))}
-    func, args, outs = calls[name]
-    return cost_of(OpCall(func, args, {}, outs)).cost
-
-
-def row_cases(device) -> list:
-    """Row-wise kernels (label ``"<forward op> fwd|bwd"``) on ``ROW_COUNTS`` rows of ``row_lengths()`` elements
-    (nll_loss: one length), fp32; ``m`` = rows, ``k`` = row length, ``flops``/``bytes`` = the estimator's
-    other FLOPs and bytes of that phase (``row_op_cost``), so the fit can take the roofline's share out of the
-    slope over rows (perfcheck.calibrate.fit: ``op_row_s``)."""
-    dev = torch.device(device)
-    cases = []
-    every = row_lengths()
-    for name, builders in _row_ops(dev).items():
-        lengths = every[2:3] if name.startswith("nll") else every
-        for phase, make in zip(("fwd", "bwd"), builders):
-            for cols in lengths:
-                for rows in ROW_COUNTS:
-                    cost = getattr(row_op_cost(name, rows, cols), phase)
-                    cases.append(Case(names.OPROWS, f"{name} {phase}", make(rows, cols), "fp32", float(cost.flops),
-                                      float(cost.bytes), (rows, cols, int(cost.kernels))))
-    return cases
+#: Row length (columns) of the per-row cases: 20 fp32 elements, the length the embedding and convolution-weight
+#: cases ran at on the project's AVX-512 machine when the row-wise ops' length terms were retired
+#: (bench/results/pruning.md; they had tied it to the SIMD width).
+ROW_CASE_LENGTH = 20

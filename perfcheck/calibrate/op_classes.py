@@ -29,7 +29,7 @@ import torch
 
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.cases import Case
-from perfcheck.calibrate.op_cases import ROW_COUNTS, row_lengths
+from perfcheck.calibrate.op_cases import ROW_CASE_LENGTH, ROW_COUNTS
 from perfcheck.calibrate.layers import CallModule
 from perfcheck.predict.aten_costs import cost_of
 from perfcheck.predict.trace import trace_model
@@ -163,7 +163,7 @@ def conv_weight_cases(dev) -> list:
                               g, xd, wd, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]))):
             _, of, nb, k = cost[phase]
             out.append(Case(names.OPROWS, f"convolution {phase}", fn, "fp32", float(of), float(nb),
-                            (c * c * 9, row_lengths()[2], int(max(k, 1)))))
+                            (c * c * 9, ROW_CASE_LENGTH, int(max(k, 1)))))
     return out
 
 
@@ -207,8 +207,8 @@ def embedding_row_cases(dev) -> list:
     """Per index: ``nn.Embedding`` (aten ``embedding``: a row gather; backward aten.embedding_dense_backward: the
     dense gradient, then one row added per index) and ``nn.EmbeddingBag`` (``_embedding_bag``, sum over bags of 4;
     backward through autograd), each on ``ROW_COUNTS`` indices into an ``EMBED_ROWS``-row table of
-    ``row_lengths()[2]`` columns (a length the row cases already use, so the fit's SIMD width is unchanged)."""
-    dim = row_lengths()[2]
+    ``ROW_CASE_LENGTH`` columns."""
+    dim = ROW_CASE_LENGTH
     table = torch.randn(EMBED_ROWS, dim, device=dev)
     tg = table.clone().requires_grad_(True)
     gen = torch.Generator(device="cpu").manual_seed(0)

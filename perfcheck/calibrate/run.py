@@ -14,9 +14,6 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
 * launch    ``op``: one tiny ``torch.add``; ``autograd``: a chain of tiny multiplies run forward
             and backward, per kernel the estimator counts (1 forward + 1 backward each): what one
             more small op costs in a training step. ``launch_overhead_s`` is the latter;
-* rows      (CPU) row-wise kernels (softmax, log_softmax, layer norm, nll_loss; forward and backward) on
-            64 and 512 short rows of lengths around the SIMD width: the per-row cost beyond the roofline by
-            row length (``op_row_s``: a row, a full vector, a tail element; ``simd_bytes``);
 * gpu ops   (GPU) LayerNorm, RMSNorm, softmax, embedding, attention and convolution (per dtype) kernels,
             forward and backward, at a few model-like sizes: their efficiency against the roofline by size
             (``op_efficiency_curve``; ``perfcheck.calibrate.gpu_ops``);
@@ -78,7 +75,7 @@ from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity
 from perfcheck.calibrate.fit import (BENCHMARKED_KINDS, MEASUREMENT_COLUMNS, build_spec,  # noqa: F401
                                      reference_dtype)
 from perfcheck.calibrate.op_cases import (HOST_DTYPES_CUDA, module_fixed_cases, op_cold_cases,
-                                         op_efficiency_cases, op_fixed_cases, row_cases)
+                                         op_efficiency_cases, op_fixed_cases)
 from perfcheck.calibrate.op_classes import op_class_cases
 from perfcheck.errors import UserError
 from perfcheck.hardware.cache import cpu_name
@@ -253,8 +250,6 @@ def _host_groups(run: _Run, measured):
     run.group("per-op fixed costs", op_fixed_cases(dev, host_dtypes))
     run.group("per-op cost among other ops (round-robin)", op_cold_cases(dev, host_dtypes))
     run.group("per-module fixed costs", module_fixed_cases(dev))
-    if dev.type == "cpu":  # a GPU kernel spreads rows over its threads: no per-row term is modelled there
-        run.group("per-row costs of row-wise ops", row_cases(dev))
     # per dtype: a GPU's conv efficiency in bf16 is not its fp32 one (a CPU runs fp32 models: fp32 alone)
     run.group("per-op kernel efficiency", op_efficiency_cases(dev, ["fp32"] if dev.type == "cpu" else
                                                               ["fp32", *[d for d in measured if d in ("bf16", "fp16")]]))

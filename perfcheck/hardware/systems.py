@@ -61,7 +61,7 @@ _REQUIRED = (
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
 _OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
-             "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "simd_bytes", "calibrated", "sources",
+             "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "calibrated", "sources",
              "calibration")
 #: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
 #: it (perfcheck/calibrate/sanity.py writes and checks it; every report header prints it).
@@ -79,13 +79,18 @@ CALIBRATION_KEYS = {
     "l2_bytes": "a core's L2 cache in bytes (Linux sysfs; CPU): a step whose working set exceeds "
                 "it runs its GEMMs on evicted operands (``matrix_cold_curve``)",
 }
-#: Phases an ``op_row_s`` entry prices: the op's forward kernel and its backward kernel.
+#: Phases an ``op_row_s`` entry prices: the op's forward kernel and its backward kernel (seconds per row).
 ROW_PHASES = ("fwd", "bwd")
-#: Keys of an ``op_row_s`` entry: per phase the cost of a row (``fwd``/``bwd``), of each full SIMD vector in it
-#: (``<phase>_vector``), of each element of a row shorter than one vector (``<phase>_tail``: walked element by
-#: element) and of the partial vector after a longer row's full vectors (``<phase>_partial``, once per row)
-#: (perfcheck.predict.roofline.row_time_s); an entry with the phase keys alone prices every row alike.
-ROW_TERMS = ROW_PHASES + tuple(f"{ph}_{t}" for ph in ROW_PHASES for t in ("vector", "tail", "partial"))
+#: Retired by the held-out pruning (bench/results/pruning.md): the row-wise ops' per-row terms (softmax,
+#: log_softmax, layer norm, nll_loss: a row, a full SIMD vector, a tail element, a partial vector) and the SIMD
+#: width they were priced with moved no held-out model's step. An older spec file or calibration cache carrying
+#: them loads without them.
+RETIRED_ROW_OPS = frozenset({"_log_softmax", "_softmax", "native_layer_norm", "nll_loss_forward"})
+RETIRED_ROW_TERMS = frozenset(f"{ph}_{t}" for ph in ROW_PHASES for t in ("vector", "tail", "partial"))
+RETIRED_FIELDS = frozenset({"simd_bytes"})
+#: ``module_fixed_s`` classes retired by the same pruning: removing each class's entry moved no held-out model's
+#: step in three runs (Conv1d/Conv2d and BatchNorm1d/2d stay). An older file's entries for them are dropped.
+RETIRED_MODULE_FIXED = frozenset({"Linear", "LayerNorm", "Embedding", "ReLU", "GELU", "Dropout", "MaxPool2d"})
 
 #: Low-precision dtypes with host terms of their own (``op_cold_<dtype>_s``; ``op_fixed_s`` keys ``<op>@<dtype>``):
 #: measured by perfcheck calibrate on CUDA (perfcheck/calibrate/cases.py HOST_DTYPES_CUDA); a spec
@@ -242,14 +247,12 @@ class SystemSpec:
     #: ``op_efficiency`` for that key.
     op_efficiency_curve: Mapping[str, Tuple[Tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
     #: torch.nn class name -> host seconds per call beyond its aten ops' predicted host terms (a
-    #: standard module's Python: BatchNorm's running-stat bookkeeping, F.* wrappers; perfcheck.predict.host)
+    #: standard module's Python: BatchNorm's running-stat bookkeeping, a convolution's checks;
+    #: perfcheck.predict.host; the classes of RETIRED_MODULE_FIXED are dropped)
     module_fixed_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    #: row-wise aten op name -> {"fwd": s, "bwd": s} per row its forward / backward kernel walks (a CPU
-    #: kernel's per-row cost on short rows: softmax, log_softmax, layer norm, nll_loss; perfcheck.predict.roofline)
+    #: aten op name -> {"fwd": s, "bwd": s} per row its forward / backward CPU kernel walks beyond its elements'
+    #: roofline (an embedding's index, a convolution weight's reorder; perfcheck.predict.roofline.row_prices)
     op_row_s: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
-    #: bytes in one SIMD register of the CPU's vectorized kernels (PyTorch's ``Vectorized``: 64 with AVX-512, 32
-    #: otherwise); 0: not given, the machine running the estimate is asked (``simd_bytes``). CPU specs only.
-    simd_bytes: int = 0
     calibrated: bool = False
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: when and under what load a calibrated spec was measured (``CALIBRATION_KEYS``); empty for a datasheet
@@ -304,8 +307,8 @@ class SystemSpec:
         out = {}
         for f in _FIELDS:
             value = getattr(self, f)
-            if f in ("matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve", "host", "op_fixed_s", "op_efficiency",
-                     "op_efficiency_curve", "module_fixed_s", "op_row_s", "simd_bytes", "calibration") and not value:
+            if f in ("matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
+                     "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "calibration") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if f == "op_efficiency_curve":
                 value = {k: [list(p) for p in v] for k, v in value.items()}
@@ -332,6 +335,10 @@ class SystemSpec:
         """Validate a parsed JSON object (unknown/missing keys, types, ranges) and build a spec."""
         if not isinstance(data, dict):
             raise UserError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        if isinstance(data.get("sources"), Mapping):  # a retired field's source text goes with it
+            data = {**data, "sources": {k: v for k, v in data["sources"].items()
+                                        if not isinstance(k, str) or k.split(".", 1)[0] not in RETIRED_FIELDS}}
+        data = {k: v for k, v in data.items() if k not in RETIRED_FIELDS}
         check_keys(data, _FIELDS, _REQUIRED, where, "the system")
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
         _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, "op_fixed_s": {},
@@ -451,26 +458,30 @@ def _op_curves(value, where) -> types.MappingProxyType:
                                                    _fraction) for k, v in value.items()})
 
 
+def _unretired_modules(value):
+    """``module_fixed_s`` less the retired classes (``RETIRED_MODULE_FIXED``); anything not a mapping as it is,
+    for ``_per_op`` to reject."""
+    return {k: v for k, v in value.items() if k not in RETIRED_MODULE_FIXED} if isinstance(value, Mapping) else value
+
+
 def _per_row(value, where) -> types.MappingProxyType:
-    """op_row_s: aten op name -> {"fwd": seconds, "bwd": seconds} per row (each >= 0; a phase may be left out)."""
+    """op_row_s: aten op name -> {"fwd": seconds, "bwd": seconds} per row (each >= 0; a phase may be left out).
+    Retired entries (``RETIRED_ROW_OPS``, ``RETIRED_ROW_TERMS``) of an older file are dropped."""
     if not isinstance(value, Mapping):
         raise UserError(f"{where}: op_row_s must be an object of aten op name -> {{fwd, bwd}} seconds per row")
     out = {}
     for name, phases in value.items():
         if not isinstance(phases, Mapping):
-            raise UserError(f"{where}: op_row_s.{name} must be an object with keys {', '.join(ROW_TERMS)}")
+            raise UserError(f"{where}: op_row_s.{name} must be an object with keys {', '.join(ROW_PHASES)}")
+        if name in RETIRED_ROW_OPS:
+            continue
+        phases = {ph: v for ph, v in phases.items() if ph not in RETIRED_ROW_TERMS}
         for ph in phases:
-            if ph not in ROW_TERMS:
-                raise UserError(f"{where}: op_row_s.{name} has unknown phase {ph!r} (allowed: {', '.join(ROW_TERMS)})")
+            if ph not in ROW_PHASES:
+                raise UserError(f"{where}: op_row_s.{name} has unknown phase {ph!r} (allowed: {', '.join(ROW_PHASES)})")
         out[str(name)] = types.MappingProxyType({ph: _number(v, f"op_row_s.{name}.{ph}", where, allow_zero=True)
                                                  for ph, v in phases.items()})
     return types.MappingProxyType(out)
-
-
-def _simd(value, where) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % 4:
-        raise UserError(f"{where}: simd_bytes must be a non-negative multiple of 4 (bytes), got {value!r}")
-    return value
 
 
 @lru_cache(maxsize=None)
@@ -487,27 +498,6 @@ def _host_defaults() -> dict:
     out["op_row_s"] = {kind: dict(_per_row(rows.get(kind, {}), f"{where} op_row_s.{kind}")) for kind in SYSTEM_KINDS}
     out["sources"] = dict(data.get("sources", {}))
     return out
-
-
-#: PyTorch's SIMD register width in bytes per ``torch.backends.cpu.get_cpu_capability()``: its vectorized CPU
-#: kernels use 512-bit ``Vectorized`` types with AVX-512 and 256-bit ones otherwise (aten/src/ATen/cpu/vec/vec.h
-#: includes vec512 under CPU_CAPABILITY_AVX512, else vec256; the DEFAULT and NEON builds keep vec256's 8-float
-#: loop structure).
-SIMD_BYTES = {"AVX512": 64}
-DEFAULT_SIMD_BYTES = 32
-
-
-def local_simd_bytes() -> int:
-    """The SIMD register width (bytes) of this machine's PyTorch CPU kernels (``SIMD_BYTES``)."""
-    import torch
-
-    return SIMD_BYTES.get(str(torch.backends.cpu.get_cpu_capability()).upper(), DEFAULT_SIMD_BYTES)
-
-
-def simd_bytes(spec: "SystemSpec") -> int:
-    """``spec``'s SIMD register width in bytes: its own ``simd_bytes`` (set by ``perfcheck calibrate``), else this
-    machine's (``local_simd_bytes``: a spec file written for another CPU should give its own)."""
-    return int(spec.simd_bytes) or local_simd_bytes()
 
 
 def row_costs(spec: "SystemSpec") -> dict:
@@ -584,9 +574,9 @@ def _validated_fields(spec, where: str) -> dict:
         "op_fixed_s": _per_op(getattr(spec, "op_fixed_s", {}) or {}, "op_fixed_s", where, fraction=False),
         "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True),
         "op_efficiency_curve": _op_curves(getattr(spec, "op_efficiency_curve", {}) or {}, where),
-        "module_fixed_s": _per_op(getattr(spec, "module_fixed_s", {}) or {}, "module_fixed_s", where, fraction=False),
+        "module_fixed_s": _per_op(_unretired_modules(getattr(spec, "module_fixed_s", {}) or {}), "module_fixed_s",
+                                  where, fraction=False),
         "op_row_s": _per_row(getattr(spec, "op_row_s", {}) or {}, where),
-        "simd_bytes": _simd(getattr(spec, "simd_bytes", 0), where),
         "sources": _sources(spec.sources, where),
         "calibration": _calibration(getattr(spec, "calibration", {}) or {}, where),
     }

@@ -79,11 +79,11 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
             cost = replace(cost, bwd=ZERO)
         rows.append((i, ACCUMULATE_NAME if op.grad_accumulate else op.call.name, source, cost.fwd.macs, cost.fwd.flops, cost.fwd.bytes, cost.fwd.kernels,
                      cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels, gemm_min_dim(op.call),
-                     op.recompute, cost.fwd.rows, cost.bwd.rows, gemm_unaligned(op.call), cost.fwd.row_elems,
-                     cost.bwd.row_elems, gemm_dims(op.call), op_class(op.call)))
+                     op.recompute, cost.fwd.rows, cost.bwd.rows, gemm_unaligned(op.call),
+                     gemm_dims(op.call), op_class(op.call)))
     return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
                                        "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "min_dim", "recompute",
-                                       "rows_fwd", "rows_bwd", "unaligned", "row_elems_fwd", "row_elems_bwd", "gemm",
+                                       "rows_fwd", "rows_bwd", "unaligned", "gemm",
                                        "op_class"])
 
 

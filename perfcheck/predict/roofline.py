@@ -13,8 +13,8 @@ Model (Williams et al., "Roofline", CACM 2009), as ``device_times`` applies it t
 
 e_matrix = the efficiency curve by FLOPs per kernel x ``shape_factor`` (GEMM smallest dimension) x
 ``alignment_factor`` (GEMM row strides); ``op_efficiency`` = ``class_efficiency`` (the op's class, phase
-and dtype; a measured curve read at the kernel's roofline seconds); ``rows_s`` = ``row_time_s`` (row-wise
-CPU kernels by row length). The host side of each op
+and dtype; a measured curve read at the kernel's roofline seconds); ``rows_s`` = rows x ``row_prices`` (a CPU
+kernel's price per row beyond its elements: an embedding's index, a convolution weight's reorder). The host side of each op
 (dispatch, autograd, module calls) is on a second timeline that replaces this result per module
 (perfcheck.predict.host). Every factor with its formula: docs/model.md.
 
@@ -31,7 +31,7 @@ import os
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, normalize_dtype, row_costs, simd_bytes, spec_of
+from perfcheck.hardware.systems import SystemSpec, normalize_dtype, row_costs, spec_of
 
 
 def _array(x, name: str) -> np.ndarray:
@@ -319,31 +319,6 @@ def gemm_dims(call):
         return None
 
 
-def row_time_s(system, names, phase: str, rows, row_elems) -> np.ndarray:
-    """Seconds of the per-row terms of row-wise ops ``names`` in ``phase`` with ``rows`` rows of ``row_elems``
-    elements in all (arrays of one length):
-
-        rows x (row_s + vector_s x floor(L / W) + tail_s x L x [L < W] + partial_s x [L > W and L mod W > 0]),
-        L = row_elems / rows,
-
-    W = the spec's SIMD width in fp32 elements (``systems.simd_bytes`` / 4; a reduced-precision row is computed
-    in fp32 vectors), row_s/vector_s/tail_s/partial_s = the op's ``op_row_s`` entry ``<phase>``,
-    ``<phase>_vector``, ``<phase>_tail``, ``<phase>_partial`` (``row_terms``; an entry with ``<phase>`` alone
-    prices every row alike).
-    Why: a CPU row-wise kernel walks a row's full vectors, then the rest as one partial vector; a row shorter
-    than one vector goes element by element. log_softmax forward on the project's AVX2 VM (per row, beyond its
-    elements' roofline): 2, 4, 5, 7 floats 52, 91, 108, 151 ns (~20 ns per element); 8 and 16 floats 24 and 33 ns
-    (9 per vector); 10, 12 and 20 floats 68, 70, 77 ns (a partial vector ~44 ns, whatever its count)."""
-    system = spec_of(system)
-    rows = np.asarray(rows, dtype=float)
-    elems = np.asarray(row_elems, dtype=float)
-    width = simd_bytes(system) // 4
-    length = np.where(rows > 0, np.round(elems / np.where(rows > 0, rows, 1.0)), 0.0)
-    per, vec, tail, partial = row_terms(system, names, phase)
-    return rows * (per + vec * np.floor(length / width) + tail * length * (length < width)
-                   + partial * ((length > width) & (np.mod(length, width) > 0)))
-
-
 def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
                  align=None, op_eff=1.0, rows_s=0.0, cold=False) -> dict:
     """The device timeline of ops, the ONE timing path of every front-end (``perfcheck.estimate``'s op table via
@@ -355,7 +330,7 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
         memory   = ``memory_time_s`` (mem_bandwidth_curve by bytes per kernel)
         roof     = max(compute, memory) / op_eff          (``op_efficiency`` of the op's kernel, 1 by default)
         launch   = kernels * launch_s                     (the device-side per-kernel time, ``device_kernel_s``)
-        time     = roof + launch + rows_s                 (``rows_s``: per-row prices of row-wise CPU kernels)
+        time     = roof + launch + rows_s                 (``rows_s``: per-row prices of CPU kernels, ``row_prices``)
         bound    = "overhead" if launch > max(compute, memory), else the larger of compute and memory
     """
     k = _array(kernels, "kernels")
@@ -379,8 +354,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None, cold: bool = Fal
     ``op_efficiency`` of that op in ``dtype`` and phase, read off its curve at the kernel's roofline seconds where
     the spec has one (``op_efficiency()``: a kernel measured slower than the
     roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
-    that op (``row_time_s``: a row-wise kernel's cost per row by its length, from ``row_elems_<phase>``; without
-    that column every row at the flat price) when the table has those columns.
+    that op (``row_prices``) when the table has that column.
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it. ``cold``: the step's
     GEMMs (``COLD_GEMMS``: the ops calibration's cold cases time) run on operands evicted from L2 (``step_is_cold``).
     """
@@ -392,10 +366,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None, cold: bool = Fal
         launch = system.launch_overhead_s if launch_s is None else launch_s
         extra = np.zeros(len(ops))
         if f"rows_{phase}" in ops:
-            rows = ops[f"rows_{phase}"].to_numpy(float)
-            elems = ops[f"row_elems_{phase}"].to_numpy(float) if f"row_elems_{phase}" in ops else None
-            extra = extra + (row_time_s(system, names, phase, rows, elems) if elems is not None
-                             else rows * row_prices(system, names, phase))
+            extra = extra + ops[f"rows_{phase}"].to_numpy(float) * row_prices(system, names, phase)
         args = (ops[f"macs_{phase}"].to_numpy(float) * 2, ops[f"other_{phase}"].to_numpy(float),
                 ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype)
         shape = dict(launch_s=launch, min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None,
@@ -476,29 +447,16 @@ def class_efficiency(system, op_class: str, name: str, dtype, phase: str, roof_s
     return 1.0
 
 
-#: Row-wise ops priced with another op's per-row cost (the same CPU kernel behind another name).
-ROW_PRICE_ALIASES = {"_safe_softmax": "_softmax", "nll_loss2d_forward": "nll_loss_forward"}
-
-
 def row_prices(system, names, phase: str) -> np.ndarray:
     """Seconds per row of each op in ``names`` in ``phase`` ("fwd"/"bwd"): the spec's ``op_row_s``
-    (measured by ``perfcheck calibrate``'s row-wise cases) over the defaults for its kind
-    (``systems.row_costs``: host_defaults.json; none on a GPU, whose kernels spread rows over their
-    threads); 0 for an op neither lists.
+    (measured by ``perfcheck calibrate``'s op-class cases, perfcheck/calibrate/op_classes.py) over the defaults
+    for its kind (``systems.row_costs``: host_defaults.json, none today); 0 for an op neither lists.
 
-    Why: a CPU row-wise kernel (softmax, log_softmax, layer norm, nll_loss) pays a fixed cost per row
-    beyond its elements: a 256x5 log_softmax took 34 us and a 4096x5 one 472 us on the project's VM
-    (~115 ns per 5-element row), where the vector roofline gives ~2 us.
+    Why: some CPU kernels pay a fixed cost per row beyond their elements' roofline: an embedding's backward
+    per index (its index sort and scatter), a convolution's weight gradient per weight element (the reorder of
+    the gradient back to OIHW); perfcheck.predict.formulas counts the rows. The row-wise ops' per-row terms
+    (softmax, log_softmax, layer norm, nll_loss, by row length) were retired: no held-out model moved without
+    them (bench/results/pruning.md).
     """
     table = row_costs(spec_of(system))
-    return np.array([table.get(ROW_PRICE_ALIASES.get(n, n), {}).get(phase, 0.0) for n in names], dtype=float)
-
-
-def row_terms(system, names, phase: str) -> tuple:
-    """``(row_s, vector_s, tail_s, partial_s)`` arrays for ops ``names`` in ``phase``: the ``op_row_s`` entry's
-    ``<phase>``, ``<phase>_vector``, ``<phase>_tail``, ``<phase>_partial`` (0 where absent; see ``row_prices``
-    for the table and aliases)."""
-    table = row_costs(spec_of(system))
-    entries = [table.get(ROW_PRICE_ALIASES.get(n, n), {}) for n in names]
-    return tuple(np.array([e.get(key, 0.0) for e in entries], dtype=float)
-                 for key in (phase, f"{phase}_vector", f"{phase}_tail", f"{phase}_partial"))
+    return np.array([table.get(n, {}).get(phase, 0.0) for n in names], dtype=float)

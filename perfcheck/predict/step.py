@@ -72,7 +72,6 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     for phase in ("fwd", "bwd"):
         costs = [getattr(r.cost, phase) for r in rows]
         out[f"rows_{phase}"] = _stack([c.rows for c in costs], n)
-        out[f"row_elems_{phase}"] = _stack([c.row_elems for c in costs], n)
     nan = float("nan")
     out["min_dim"] = _stack([nan if r.gemm is None else np.minimum(np.minimum(r.gemm[0], r.gemm[1]), r.gemm[2])
                              for r in rows], n)
@@ -121,19 +120,17 @@ def _time_rows(out, group_sizes, system, dtype, opts):
     """
     spec = spec_of(system)
     both = {f: np.concatenate([out[f"{f}_fwd"], out[f"{f}_bwd"]])
-            for f in ("macs", "flops", "bytes", "kernels", "rows", "row_elems")}
+            for f in ("macs", "flops", "bytes", "kernels", "rows")}
     rows = len(out["name"])
     names = np.array([ATEN_OF_FORMULA.get(f, f) for f in out["formula"]], dtype=object)
     eff = np.tile(np.array([roofline.op_efficiency(spec, nm, dtype) for nm in names]), 2)[:, None]
     align = np.concatenate([roofline.alignment_factor(spec, out["unaligned"], "fwd"),  # 1 for non-GEMM (NaN) rows
                             roofline.alignment_factor(spec, out["unaligned"], "bwd")])
     extra = np.zeros_like(both["rows"])
-    for i, phase in enumerate(("fwd", "bwd")):  # per-row prices of row-wise kernels (CPU specs; none on a GPU)
-        if not any(np.any(term) for term in roofline.row_terms(spec, names, phase)):
-            continue
+    for i, phase in enumerate(("fwd", "bwd")):  # per-row prices of CPU kernels (roofline.row_prices; none on a GPU)
         part = slice(i * rows, (i + 1) * rows)
-        # (n, rows) against the rows' names: each name's terms broadcast over the layouts
-        extra[part] = roofline.row_time_s(spec, names, phase, both["rows"][part].T, both["row_elems"][part].T).T
+        # (rows,) prices against the (rows, n) row counts: each name's price broadcasts over the layouts
+        extra[part] = both["rows"][part] * roofline.row_prices(spec, names, phase)[:, None]
     d = roofline.device_times(2 * both["macs"], both["flops"], both["bytes"], both["kernels"], spec, dtype,
                               launch_s=host_constants(spec)["device_kernel_s"],
                               min_dim=np.concatenate([out["min_dim"], out["min_dim"]]), align=align,

@@ -331,49 +331,66 @@ def test_autograd_node_is_the_grad_chain_less_the_same_chain_without_grad():
 
 
 def test_module_fixed_cost_is_added_per_call_of_that_class():
-    """module_fixed_s[class] is host time per forward call of a module of that class, beyond its ops:
-    on the one-Linear model of test_host_terms_of_one_linear_by_hand (Linear 5.0 us, root 8.0 us) a
-    20 us Linear cost gives 25 and 28 us; a Sequential cost is not asked for, backward is unchanged."""
+    """module_fixed_s[class] is host time per forward call of a module of that class, beyond its ops: a planted
+    20 us BatchNorm1d cost adds 20 us to that module's and the root's forward host time, nothing to the backward;
+    a module called twice pays it twice."""
     spec = _spec("cpu", op_dispatch_s=1 * US, view_dispatch_s=0.5 * US, autograd_node_s=0.25 * US,
                  backward_node_s=2 * US, backward_call_s=10 * US, module_call_s=3 * US)
-    spec = dataclasses.replace(spec, module_fixed_s={"Linear": 20 * US, "BatchNorm1d": 1.0})
-    model, x = _linear_model()
-    pred = perfcheck.estimate(model, x, system=spec).set_index("module")
-    assert pred.loc["0", "host_fwd_s"] == pytest.approx(25.0 * US)
-    assert pred.loc["(root)", "host_fwd_s"] == pytest.approx(28.0 * US)
-    assert pred.loc["(root)", "host_bwd_s"] == pytest.approx(21.5 * US)
-    # a module called twice pays it twice: Sequential(Linear, ReLU, <the same Linear>) with 3 -> 3 features
-    lin = torch.nn.Linear(3, 3)
-    twice = perfcheck.estimate(torch.nn.Sequential(lin, torch.nn.ReLU(), lin), (torch.randn(2, 3),),
-                               system=spec).set_index("module")
-    none = perfcheck.estimate(torch.nn.Sequential(lin, torch.nn.ReLU(), lin), (torch.randn(2, 3),),
-                              system=dataclasses.replace(spec, module_fixed_s={})).set_index("module")
+    with_cost = dataclasses.replace(spec, module_fixed_s={"BatchNorm1d": 20 * US, "Conv2d": 1.0})
+    bn = torch.nn.BatchNorm1d(3)
+    x = (torch.randn(4, 3, requires_grad=True),)
+    a = perfcheck.estimate(torch.nn.Sequential(bn), x, system=with_cost).set_index("module")
+    b = perfcheck.estimate(torch.nn.Sequential(bn), x, system=spec).set_index("module")
+    for m in ("0", "(root)"):
+        assert a.loc[m, "host_fwd_s"] - b.loc[m, "host_fwd_s"] == pytest.approx(20 * US)
+        assert a.loc[m, "host_bwd_s"] == pytest.approx(b.loc[m, "host_bwd_s"])
+    twice = perfcheck.estimate(torch.nn.Sequential(bn, torch.nn.ReLU(), bn), x, system=with_cost).set_index("module")
+    none = perfcheck.estimate(torch.nn.Sequential(bn, torch.nn.ReLU(), bn), x, system=spec).set_index("module")
     assert twice.loc["(root)", "host_fwd_s"] - none.loc["(root)", "host_fwd_s"] == pytest.approx(40 * US)
     # it round-trips through the spec's JSON and is validated like op_fixed_s
-    again = SystemSpec.from_dict(spec.to_json_dict())
-    assert dict(again.module_fixed_s) == {"Linear": 20 * US, "BatchNorm1d": 1.0}
-    with pytest.raises(UserError, match="module_fixed_s.Linear"):
-        SystemSpec.from_dict({**spec.to_json_dict(), "module_fixed_s": {"Linear": -1.0}})
+    again = SystemSpec.from_dict(with_cost.to_json_dict())
+    assert dict(again.module_fixed_s) == {"BatchNorm1d": 20 * US, "Conv2d": 1.0}
+    with pytest.raises(UserError, match="module_fixed_s.BatchNorm1d"):
+        SystemSpec.from_dict({**spec.to_json_dict(), "module_fixed_s": {"BatchNorm1d": -1.0}})
+
+
+def test_retired_module_classes_are_dropped_from_an_older_spec():
+    """Linear, LayerNorm, Embedding, ReLU, GELU, Dropout and MaxPool2d lost their module_fixed_s entries in the
+    held-out pruning (bench/results/pruning.md): an older file's entries load without them, and a Linear model
+    predicts as without any entry."""
+    spec = _spec("cpu", op_dispatch_s=1 * US, module_call_s=3 * US)
+    retired = {"Linear": 20 * US, "LayerNorm": 1 * US, "Embedding": 1 * US, "ReLU": 1 * US, "GELU": 1 * US,
+               "Dropout": 1 * US, "MaxPool2d": 1 * US}
+    old = SystemSpec.from_dict({**spec.to_json_dict(), "module_fixed_s": {**retired, "Conv1d": 2 * US}})
+    assert dict(old.module_fixed_s) == {"Conv1d": 2 * US}
+    model, x = _linear_model()
+    a = perfcheck.estimate(model, x, system=old).set_index("module")
+    b = perfcheck.estimate(model, x, system=spec).set_index("module")
+    assert a.loc["(root)", "host_fwd_s"] == b.loc["(root)", "host_fwd_s"]
 
 
 def test_fit_module_fixed_is_the_measured_call_less_the_estimate():
     """The fit keeps, per layer class, the measured call less the estimator's forward for the same tiny
-    module on the spec being fitted (floored at 0); labels it does not know are skipped."""
+    module on the spec being fitted (floored at 0); labels it does not know (a retired class's, another
+    version's) are skipped."""
     from perfcheck.calibrate.fit import build_spec
     from perfcheck.calibrate.layers import tiny_modules
     from perfcheck.schema import ROOT
 
     rows = [_row("launch", "op", 4 * US), _row("host", "module call", 3 * US),
-            _row("modfixed", "Linear", 100 * US), _row("modfixed", "ReLU", 0.0), _row("modfixed", "NoSuchLayer", 1.0)]
+            _row("modfixed", "BatchNorm1d", 100 * US), _row("modfixed", "Conv2d", 0.0),
+            _row("modfixed", "NoSuchLayer", 1.0), _row("modfixed", "Linear", 100 * US)]
     spec = build_spec("cpu", pd.DataFrame(rows), peaks="measured", stamp="test")
-    m, x = tiny_modules("cpu")["Linear"]
+    m, x = tiny_modules("cpu")["BatchNorm1d"]
     # the case is a tight loop: estimated without the step's per-op cold cost (tests/predict/test_host_locality.py)
     tight = dataclasses.replace(spec, module_fixed_s={}, host={**dict(spec.host), "op_cold_s": 0.0})
     bare = perfcheck.estimate(m, x, system=tight)
     est = float(bare.loc[bare["module"] == ROOT, "pred_fwd_s"].iloc[0])
     assert 3 * US < est < 100 * US
-    assert spec.module_fixed_s["Linear"] == pytest.approx(100 * US - est)
-    assert spec.module_fixed_s["ReLU"] == 0.0 and "NoSuchLayer" not in spec.module_fixed_s
+    assert spec.module_fixed_s["BatchNorm1d"] == pytest.approx(100 * US - est)
+    assert spec.module_fixed_s["Conv2d"] == 0.0 and "NoSuchLayer" not in spec.module_fixed_s
+    assert "Linear" not in spec.module_fixed_s and set(tiny_modules("cpu")) == {"Conv1d", "Conv2d", "BatchNorm1d",
+                                                                                 "BatchNorm2d"}
     assert "estimator's forward" in spec.sources["module_fixed_s"]
 
 

@@ -13,7 +13,6 @@ term) regenerates the file with the same command on the new code and says so in 
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -43,9 +42,7 @@ CASES = (
 def _spec(name):
     from perfcheck.hardware.systems import load_system
 
-    spec = load_system(name)
-    # a CPU spec without simd_bytes asks the machine running the estimate: fix it so the file is portable
-    return dataclasses.replace(spec, simd_bytes=64) if spec.kind == "cpu" else spec
+    return load_system(name)
 
 
 def _predict(case):
