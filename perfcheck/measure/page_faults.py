@@ -158,7 +158,3 @@ class PhaseFaults:
             out[f"{kind}_faults_step"] = now[i] - self._start[i]
         self._state = None
         return out
-
-    def drop_step(self):
-        """The step in flight is not recorded (stop() before its forward ended)."""
-        self._state = None
