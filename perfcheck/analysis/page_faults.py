@@ -30,9 +30,9 @@ FAULT_PHASES = {"fwd": "forward", "bwd": "backward", "optim": "optimizer (after 
 
 REMEDY = ("memory freed and re-allocated every step (e.g. zero_grad(set_to_none=True) frees gradients; glibc "
           "returns large blocks to the OS); remedies: zero_grad(set_to_none=False) keeps the gradients (a memset "
-          "per step instead of the faults), MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ (environment, e.g. "
-          "both 4294967296) keep freed blocks in the heap, or another allocator such as jemalloc or tcmalloc "
-          "(LD_PRELOAD)")
+          "per step instead of the faults), MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ set together (glibc's "
+          "environment, e.g. both 4294967296) keep freed blocks in the heap (setting only one turns glibc's dynamic "
+          "threshold off and can add faults), or another allocator such as jemalloc or tcmalloc (LD_PRELOAD)")
 
 
 def _num(value) -> float:
