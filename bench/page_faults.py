@@ -8,6 +8,7 @@ and the report's page_faults finding. The workload is only an illustration here:
 
     OMP_NUM_THREADS=1 PERFCHECK_CACHE_DIR=... flock /tmp/perfcheck-bench.lock python3 bench/page_faults.py
     ... --model hf_bert --steps 10          # another bench/heldout.py workload
+    MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296 ... # glibc keeps freed blocks: no faults
 """
 from __future__ import annotations
 
@@ -56,7 +57,10 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"{args.model}, torch {torch.__version__}, {torch.get_num_threads()} thread, {args.steps} measured steps")
+    import os
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ)
+    print(f"{args.model}, torch {torch.__version__}, {torch.get_num_threads()} thread, {args.steps} measured steps, "
+          f"glibc environment: {env or 'default'}")
     print("| zero_grad | fwd | bwd | optim | step | minor faults fwd / bwd / optim / step | cost per fault |")
     print("|---|---|---|---|---|---|---|")
     findings = []
