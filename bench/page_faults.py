@@ -51,12 +51,42 @@ def run(model: str, set_to_none: bool, steps: int) -> dict:
     return {"med": med, "cost": cost, "finding": "; ".join(f"{r.phase}: {r.evidence}" for r in f.itertuples())}
 
 
+def backward_only(model: str, steps: int) -> str:
+    """Without perfcheck: the median process CPU time and minor faults of loss.backward() over ``steps`` steps
+    (zero_grad(set_to_none=True)); run once with the default glibc environment and once with both thresholds
+    set, the same work with and without the faults (the cleaner A/B: set_to_none=False also changes the work,
+    an in-place add of every gradient)."""
+    import resource
+    import statistics
+    import time
+
+    w = heldout.build(model)
+    opt = w.optimizer(w.model.parameters())
+    cpu, faults = [], []
+    for i in range(steps + 3):
+        loss = w.loss(w.model(*w.inputs), w.target)
+        f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
+        loss.backward()
+        t1, f1 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        if i >= 3:
+            cpu.append(t1 - t0)
+            faults.append(f1 - f0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return f"backward CPU {fmt_time(statistics.median(cpu))}, minor faults {statistics.median(faults):.0f} (median of {steps})"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="dlrm_bag")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--backward-only", action="store_true", help="backward_only(): no perfcheck, set_to_none=True")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.backward_only:
+        import os
+        print(f"{os.environ.get('MALLOC_MMAP_THRESHOLD_', 'default')}: {backward_only(args.model, args.steps)}")
+        return
     import os
     env = " ".join(f"{k}={os.environ[k]}" for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ)
     print(f"{args.model}, torch {torch.__version__}, {torch.get_num_threads()} thread, {args.steps} measured steps, "
