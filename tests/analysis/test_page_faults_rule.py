@@ -1,7 +1,7 @@
 """The page_faults step rule (perfcheck.analysis.page_faults, rules.STEP_RULES): its arithmetic by hand, and a
-planted run (a fresh 48 MiB block first-touched every forward, invisible to the estimator) against a control.
+planted run (a fresh 48 MiB mmap first-touched every forward, invisible to the estimator) against a control.
 No timing assertion: the planted block's fill is milliseconds of work the prediction does not have."""
-import ctypes
+import mmap
 import sys
 
 import numpy as np
@@ -76,14 +76,16 @@ def test_step_findings_from_the_totals_attrs():
 
 
 def fresh_block(size=48 << 20):
-    """malloc, write every byte, free: above glibc's largest dynamic mmap threshold (32 MiB on 64-bit) the
-    block is mapped fresh and unmapped every call. (Not numpy: it asks for transparent huge pages above
-    4 MiB, 2 MiB per fault.)"""
-    libc = ctypes.CDLL(None)  # the process's own malloc/free (glibc on Linux)
-    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
-    p = libc.malloc(size)
-    ctypes.memset(p, 1, size)
-    libc.free(p)
+    """Map a fresh anonymous block (4 KiB pages), write every byte, unmap it: what a freed-and-reallocated
+    tensor does when glibc returns it to the OS, without depending on this long test process's malloc
+    state (a free heap chunk large enough is reused without faults, whatever the mmap threshold)."""
+    block = mmap.mmap(-1, size)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        block.madvise(mmap.MADV_NOHUGEPAGE)
+    view = np.frombuffer(block, dtype=np.uint8)
+    view[:] = 1
+    del view
+    block.close()
 
 
 class FreshBlock(torch.nn.Module):
@@ -113,7 +115,7 @@ def _report(tmp_path, plant):
     return reconcile_run(out).table
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mmap threshold and getrusage")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="getrusage fault counts of anonymous mmaps")
 def test_planted_fresh_block_is_explained_and_the_control_is_not(tmp_path):
     planted = _report(tmp_path, True)
     t = planted.attrs["totals"][0]

@@ -4,7 +4,9 @@ References: hand counts through a fake counter (the phase arithmetic), the size 
 page size (a 48 MiB block is above glibc's largest dynamic mmap threshold, 32 MiB on 64-bit, so each allocation
 is a fresh mmap whose every page faults on first touch), and a control without it. No timing assertion."""
 import json
+import subprocess
 import sys
+import textwrap
 import types
 
 import numpy as np
@@ -87,106 +89,135 @@ def test_fault_cost_benchmark_counts_one_fault_per_fresh_page():
     assert cost["seconds_per_fault"] >= 0 and cost["repeats"] == 2
 
 
-class _Fresh(torch.autograd.Function):
-    """Identity whose backward allocates and first-touches a fresh BIG block."""
+#: The planted runs, in a fresh process: whether a freed block goes back to the OS depends on the process's
+#: malloc state (in a long test process a 48 MiB torch.empty came back without faults: an mmap refused
+#: there falls back to the heap), and a fresh interpreter is the state the reference assumes.
+SCRIPT = textwrap.dedent('''
+    import json, sys, torch
+    from perfcheck import PerfCheck
+    BIG = 48 << 20
 
-    @staticmethod
-    def forward(ctx, x):
-        return x * 1.0
+    class Fresh(torch.autograd.Function):  # identity whose backward first-touches a fresh BIG block
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
 
-    @staticmethod
-    def backward(ctx, g):
-        torch.empty(BIG, dtype=torch.uint8).fill_(1)
-        return g
+        @staticmethod
+        def backward(ctx, g):
+            torch.empty(BIG, dtype=torch.uint8).fill_(1)
+            return g
+
+    class Planted(torch.nn.Module):
+        def __init__(self, where):
+            super().__init__()
+            self.lin, self.where = torch.nn.Linear(16, 16), where
+
+        def forward(self, x):
+            if self.where == "fwd":
+                torch.empty(BIG, dtype=torch.uint8).fill_(1)  # freed on return: munmap'd, fresh again next step
+            if self.where == "bwd":
+                x = Fresh.apply(x)
+            return self.lin(x)
+
+    out = {}
+    for where in ("fwd", "bwd", "optim", None):
+        model = Planted(where)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        run_dir = sys.argv[1] if where == "fwd" else None
+        pc = PerfCheck(model, warmup=1, steps=3, profile=False, sample_interval=None, out_dir=run_dir)
+        with pc:
+            for _ in range(4):
+                model(torch.randn(8, 16, requires_grad=where == "bwd")).sum().backward()
+                opt.step()
+                if where == "optim":
+                    torch.empty(BIG, dtype=torch.uint8).fill_(1)
+                opt.zero_grad()
+                pc.step()
+        st = pc.steps()
+        st = st[st["role"] == "measured"]
+        out[str(where)] = {"faults": {p: float(st[f"minor_faults_{p}"].median()) for p in ("fwd", "bwd", "optim", "step")},
+                           "cost": pc.meta()["page_faults"]["cost"]}
+    print(json.dumps(out))
+''')
 
 
-class Planted(torch.nn.Module):
-    def __init__(self, where):
-        super().__init__()
-        self.lin, self.where = torch.nn.Linear(16, 16), where
-
-    def forward(self, x):
-        if self.where == "fwd":
-            torch.empty(BIG, dtype=torch.uint8).fill_(1)  # freed on return: munmap'd, fresh again next step
-        if self.where == "bwd":
-            x = _Fresh.apply(x)
-        return self.lin(x)
-
-
-def _run(where, out_dir=None, steps=3):
-    model = Planted(where)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    pc = PerfCheck(model, warmup=1, steps=steps, profile=False, sample_interval=None, out_dir=out_dir)
-    with pc:
-        for _ in range(steps + 1):
-            model(torch.randn(8, 16, requires_grad=where == "bwd")).sum().backward()
-            opt.step()
-            if where == "optim":
-                torch.empty(BIG, dtype=torch.uint8).fill_(1)
-            opt.zero_grad()
-            pc.step()
-    st = pc.steps()
-    return pc, st[st["role"] == "measured"]
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("faults") / "run"
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(run_dir)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), run_dir
 
 
 @linux
 @pytest.mark.parametrize("where", ["fwd", "bwd", "optim"])
-def test_planted_fresh_block_faults_in_its_phase(where):
+def test_planted_fresh_block_faults_in_its_phase(planted, where):
     pages = BIG / page_bytes()
-    pc, st = _run(where)
-    faults = {p: st[f"minor_faults_{p}"].median() for p in ("fwd", "bwd", "optim", "step")}
+    faults = planted[0][where]["faults"]
     assert faults[where] >= 0.99 * pages, faults
     for other in {"fwd", "bwd", "optim"} - {where}:
         assert faults[other] < 0.05 * pages, faults
     assert faults["step"] >= faults[where]
-    cost = pc.meta()["page_faults"]["cost"]  # measured once, at the first measured step that faulted
+    cost = planted[0][where]["cost"]  # measured once, at the first measured step that faulted
     assert cost["faults_per_region"] == pytest.approx(cost["region_bytes"] / page_bytes(), rel=0.02)
 
 
 @linux
-def test_control_without_a_fresh_block_has_few_faults_and_no_cost_benchmark():
-    pc, st = _run(None)
-    assert st["minor_faults_step"].median() < 64
-    assert pc.meta()["page_faults"]["cost"] is None
+def test_control_without_a_fresh_block_has_few_faults_and_no_cost_benchmark(planted):
+    assert planted[0]["None"]["faults"]["step"] < 64
+    assert planted[0]["None"]["cost"] is None
 
 
 @linux
-def test_fault_columns_are_saved_and_read_back_and_old_files_read_as_nan(tmp_path):
-    pc, st = _run("fwd", out_dir=tmp_path / "run")
-    meta = json.loads((tmp_path / "run" / "rank0" / "meta.json").read_text())
+def test_fault_columns_are_saved_and_read_back_and_old_files_read_as_nan(planted):
+    run_dir = planted[1]
+    meta = json.loads((run_dir / "rank0" / "meta.json").read_text())
     assert meta["page_faults"]["page_bytes"] == page_bytes() and meta["page_faults"]["cost"]["seconds_per_fault"] >= 0
-    run = runs.load_run(tmp_path / "run")
+    run = runs.load_run(run_dir)
     assert (run.steps.loc[run.steps["role"] == "measured", "minor_faults_fwd"] >= 0.99 * BIG / page_bytes()).all()
     # a steps.csv from before the fault columns reads with them as NaN
-    path = tmp_path / "run" / "rank0" / "steps.csv"
+    path = run_dir / "rank0" / "steps.csv"
     pd.read_csv(path).drop(columns=list(FAULT_COLUMNS)).to_csv(path, index=False)
-    old = runs.load_run(tmp_path / "run").steps
+    old = runs.load_run(run_dir).steps
     assert old["minor_faults_step"].isna().all()
 
 
-def test_no_counter_leaves_nan_and_says_why(monkeypatch):
-    import perfcheck.measure.fault_record as fr
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
 
-    monkeypatch.setattr(fr, "fault_reader", lambda: (None, "no page-fault counter on this platform"))
-    pc, st = _run(None)
-    assert st["minor_faults_step"].isna().all() and st["major_faults_fwd"].isna().all()
-    info = pc.meta()["page_faults"]
-    assert info["counter"] is None and "no page-fault counter" in info["why_none"]
+    def forward(self, x):
+        return self.lin(x)
 
 
-def test_bare_steps_have_a_step_count_and_no_phases():
-    model = Planted(None)
+def _run_small(**kw):
+    model = Small()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    pc = PerfCheck(model, warmup=1, steps=2, profile=False, sample_interval=None, overhead_pairs=2)
+    pc = PerfCheck(model, warmup=1, profile=False, sample_interval=None, **{"steps": 3, **kw})
     with pc:
         for _ in range(8):
             model(torch.randn(8, 16)).sum().backward()
             opt.step()
             opt.zero_grad()
             pc.step()
-    st = pc.steps()
-    bare = st[st["role"] == "bare"]
+    return pc, pc.steps()
+
+
+def test_no_counter_leaves_nan_and_says_why(monkeypatch):
+    import perfcheck.measure.fault_record as fr
+
+    monkeypatch.setattr(fr, "fault_reader", lambda: (None, "no page-fault counter on this platform"))
+    pc, st = _run_small()
+    assert st["minor_faults_step"].isna().all() and st["major_faults_fwd"].isna().all()
+    info = pc.meta()["page_faults"]
+    assert info["counter"] is None and "no page-fault counter" in info["why_none"]
+
+
+def test_bare_steps_have_a_step_count_and_no_phases():
     if fault_reader()[0] is None:
         pytest.skip("no fault counter here")
+    pc, st = _run_small(steps=2, overhead_pairs=2)
+    bare = st[st["role"] == "bare"]
     assert len(bare) and bare["minor_faults_fwd"].isna().all() and bare["minor_faults_step"].notna().all()
     assert np.isfinite(st.loc[st["role"] == "measured", "minor_faults_bwd"]).all()
