@@ -150,6 +150,14 @@ STEP_COLUMNS: Mapping[str, str] = {
                      "between two step() calls (meta.json micro_batches: their median; reports scale the "
                      "one-micro-batch prediction by it)",
     "peak_mem_bytes": "peak device memory allocated in the step, bytes; NaN where not measurable (CPU)",
+    **{f"{kind}_faults_{p}": f"{kind} page faults of the whole process {where} ({why}); NaN without a counter, and per "
+                             "phase in bare steps" for kind, why in (
+        ("minor", "getrusage ru_minflt: a page mapped on first touch, no disk read; memory freed and allocated again "
+                  "every step is first-touched again"), ("major", "getrusage ru_majflt: a page read from disk"))
+       for p, where in (("fwd", "in the root's training forwards"),
+                        ("bwd", "in the backward passes (from their first instrumented node to their end)"),
+                        ("optim", "from the end of the last forward/backward to the step's end (optimizer, zero_grad)"),
+                        ("step", "in the whole step"))},
     "role": "warmup | flops (FlopCounterMode on) | profile (torch.profiler warm-up/active) | measured | bare (no hooks, for the overhead A/B)",
     "failed": "True if the user's forward or a backward pass raised (or a hook failed) in this step; such steps are left out of the statistics",
     "rank": "distributed rank",
@@ -195,7 +203,8 @@ SAMPLE_COLUMNS: Mapping[str, str] = {
 #: a file (or a hand-built frame) without them reads, and writes, with them filled by the value
 #: here (NaN: not measured by the perfcheck that wrote it). ``rundir`` applies it.
 ADDED_COLUMNS: Mapping[str, float] = {c: float("nan") for c in (
-    "eval_calls", *(f"eval_s_{s}" for s in _STATS), "eval_s", "micro_batches")}
+    "eval_calls", *(f"eval_s_{s}" for s in _STATS), "eval_s", "micro_batches",
+    *(f"{k}_faults_{p}" for k in ("minor", "major") for p in ("fwd", "bwd", "optim", "step")))}
 
 #: Columns added to ONE table after files of this schema version were written (a name such as
 #: ``step`` that other tables require must not be filled in for them): table columns -> {column: fill}.

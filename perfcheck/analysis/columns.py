@@ -103,6 +103,13 @@ TOTALS_COLUMNS = {
                "before/between phases, seconds",
     "optimizer_kernel_s": "kernel/op time attributed to the optimizer per profiled step (kernel table), seconds",
     "unattributed_kernel_s": "kernel/op time outside every module and the optimizer per profiled step, seconds",
+    **{f"minor_faults_{p}": f"minor page faults per step {w} (steps.csv minor_faults_{p}), median over measured steps"
+       for p, w in (("fwd", "in the forward"), ("bwd", "in the backward"), ("optim", "after the backward (optimizer)"),
+                    ("step", "in the whole step"))},
+    "major_faults_step": "major page faults (read from disk) per step, median over measured steps",
+    "fault_cost_s": "seconds one minor fault cost on the run's machine (meta.json page_faults.cost, measured by "
+                    "perfcheck.measure.fault_cost); NaN when not measured",
+    "page_bytes": "bytes one fault maps (the page size, meta.json page_faults.page_bytes)",
     "hook_overhead_share": "instrumented / bare step time - 1 (medians; NaN without bare steps): what the hooks cost",
     "bare_steps": "steps run without hooks (the overhead A/B)",
     "slowest": "True for the rank with the largest meas_compute_s (meas_step_s where compute is unknown)",

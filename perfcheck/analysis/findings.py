@@ -51,6 +51,9 @@ step or more gets a ``comm_wait`` finding (``comm_wait_findings``) naming the co
 bytes, and the module and phase that issued it against the one that waited.
 Recompute (activation checkpointing, timed and predicted apart from backward) is a third phase with
 one rule, ``recompute`` (``diagnose_recompute``).
+The step's phases (forward, backward, optimizer of each rank's totals) have their own rules,
+``rules.STEP_RULES`` (``step_findings``): ``page_faults`` when a phase ran longer than predicted and
+took many first-touch page faults (``analysis.page_faults``).
 
 The thresholds and what else the rules read are ``analysis.thresholds``; the rules themselves
 ``analysis.rules``; this module applies them and lists the findings.
@@ -60,13 +63,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfcheck.analysis.rules import RULES, phase_col
+from perfcheck.analysis import page_faults
+from perfcheck.analysis.rules import RULES, STEP_RULES, phase_col
 from perfcheck.analysis.thresholds import Context, Thresholds
+from perfcheck.analysis.totals import totals_frame
 from perfcheck.schema import ROOT
 from perfcheck.units import fmt_count, fmt_gap, fmt_rate, fmt_time
 
 #: Every reason ``diagnose`` can give, with its meaning (the glossary for reports).
-REASONS = {r.name: r.description for r in RULES}
+REASONS = {r.name: r.description for r in RULES + STEP_RULES}
 REASONS.update({
     "other_device": "the run was measured on another device than the system spec describes: the gap compares two "
                     "machines, not the model with the run (analysis.system_notes.device_mismatch)",
@@ -240,9 +245,9 @@ def findings_table(rec: pd.DataFrame) -> pd.DataFrame:
             "lost_s": sel[f"meas_{phase}_s"].fillna(0) - sel[f"pred_{phase}_s"].fillna(0),
             "evidence": sel[f"evidence_{phase}"]}))
     cols = ["module", "type", "rank", "phase", "reason", "gap", "pred_s", "meas_s", "lost_s", "evidence"]
-    comm = comm_wait_findings(rec)
-    if not comm.empty:
-        parts.append(comm[cols])
+    for extra in (comm_wait_findings(rec), step_findings(rec)):
+        if not extra.empty:
+            parts.append(extra[cols])
     if not parts:
         return pd.DataFrame(columns=cols)
     out = pd.concat(parts, ignore_index=True)
@@ -280,6 +285,34 @@ def comm_wait_findings(rec: pd.DataFrame) -> pd.DataFrame:
                                                          [f"waited {fmt_time(w)} on collectives" for w in sel[col]])}))
     cols = ["module", "type", "rank", "phase", "reason", "gap", "pred_s", "meas_s", "lost_s", "evidence"]
     return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+
+
+def step_findings(rec: pd.DataFrame) -> pd.DataFrame:
+    """Findings of ``rules.STEP_RULES`` over each rank's step phases (fwd, bwd, optim; ``rec.attrs["totals"]``),
+    findings_table's columns, as the root's rows: ``gap`` = measured / predicted phase, ``lost_s`` the time
+    the reason accounts for (``page_faults.lost_seconds``)."""
+    cols = ["module", "type", "rank", "phase", "reason", "gap", "pred_s", "meas_s", "lost_s", "evidence"]
+    totals = totals_frame(rec)
+    if totals.empty:
+        return pd.DataFrame(columns=cols)
+    th = {**vars(Thresholds()), **(rec.attrs.get("thresholds") or {})}
+    ctx = Context(Thresholds(**th))
+    root = rec.loc[rec["module"] == ROOT, "type"] if "type" in rec else pd.Series(dtype=object)
+    root_type = str(root.iloc[0]) if len(root) else ""
+    out = []
+    for phase in page_faults.FAULT_PHASES:
+        todo = np.ones(len(totals), dtype=bool)
+        for rule in STEP_RULES:
+            hit = todo & np.asarray(rule.match(totals, phase, ctx), dtype=bool)
+            todo &= ~hit
+            for i in np.flatnonzero(hit):
+                r = totals.iloc[i].to_dict()
+                pred, meas = r.get(f"pred_{phase}_s"), r.get(f"meas_{phase}_s")
+                out.append({"module": ROOT, "type": root_type, "rank": int(r["rank"]), "phase": phase,
+                            "reason": rule.name, "gap": meas / pred if pred else np.inf, "pred_s": pred,
+                            "meas_s": meas, "lost_s": page_faults.lost_seconds(r, phase),
+                            "evidence": rule.evidence(r, phase, ctx)})
+    return pd.DataFrame(out, columns=cols)
 
 
 # ------------------------------------------------------------------------------ before the run

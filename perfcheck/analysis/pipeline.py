@@ -32,6 +32,7 @@ import pandas as pd
 
 import perfcheck.rundir as rundir
 from perfcheck.analysis.comm import outside_bytes, read_collectives
+from perfcheck.analysis.page_faults import add_fault_costs
 from perfcheck.analysis.reconcile import reconcile
 from perfcheck.analysis.system_notes import device_mismatch, run_contention, system_notes
 from perfcheck.errors import UserError
@@ -258,6 +259,7 @@ def reconcile_run(source, *, system=None) -> ReconciledRun:
                       steps=run.steps, dtype=dtype, profile_steps=windows, timed=timed, collectives=coll,
                       layouts=_layouts(run), hook_overhead_s=hook_s, hook_overhead_source=hook_source,
                       other_device=device_mismatch(spec, meta0), contention=waited)
+    add_fault_costs(table, run.meta)  # each rank's measured cost per page fault (meta.json page_faults)
     table.attrs["micro_batches"] = n if n is not None else 1
     table.attrs["optimizer"] = for_run.optimizer_for_run(meta0)[1]  # the optimizer the step prediction costs
     table.attrs["notes"] = notes

@@ -9,6 +9,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from perfcheck.analysis import page_faults
 from perfcheck.analysis.thresholds import Context
 from perfcheck.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
 
@@ -208,4 +209,14 @@ RULES = (
     Rule("compute_below_roof", "compute-bound and well below the matrix peak", _compute_match, _compute_evidence),
     Rule("slow_kernels", "the kernels themselves (the profiled steps' kernel table) take longer than predicted: the "
                          "system spec is too fast for this device", _slow_kernels_match, _slow_kernels_evidence),
+)
+
+
+#: Rules over the per-rank totals of a step's phases (``rec.attrs["totals"]``, one row per rank; phases fwd,
+#: bwd, optim), applied by ``analysis.findings.step_findings`` whatever the modules' findings are.
+STEP_RULES = (
+    Rule("page_faults", "the phase ran longer than predicted and took many first-touch page faults: memory freed "
+                        "and allocated again every step (zero_grad(set_to_none=True), the C allocator returning "
+                        "large blocks to the OS); measured per phase, with this machine's measured cost per fault",
+         page_faults.match, page_faults.evidence),
 )

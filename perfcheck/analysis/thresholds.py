@@ -56,6 +56,13 @@ class Thresholds:
     #: a module's own wait on collectives at or above this share of its rank's step is a finding (the
     #: straggler tolerance's 5%: a wait that moves the step by less is within step-to-step noise here).
     comm_wait_share: float = 0.05
+    #: minor page faults per step (median) from which a phase's faults can explain its gap: 256 pages = 1 MiB
+    #: first-touched per step. Below it the faults are small allocations of the interpreter, the profiler
+    #: and the sampler (0 to a few dozen per step in the steady state of perfcheck's test models), not tensors.
+    page_fault_min: float = 256
+    #: the faults' estimated time (count x the run's measured cost per fault) must reach this share of the
+    #: phase's measured time (the 5% of comm_wait_share: less moves the phase by step-to-step noise).
+    page_fault_share: float = 0.05
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

@@ -98,6 +98,10 @@ def _step_totals(steps: pd.DataFrame, rank: int) -> dict:
                # Medians of separate distributions need not add up: a negative remainder is the parts'
                # medians overlapping, not time; it is 0 here and report/text.py says by how much they overlap.
                other_s=max(unexplained - med["optim_s"] - med["bwd_finalize_s"], 0.0))
+    for c in ("minor_faults_fwd", "minor_faults_bwd", "minor_faults_optim", "minor_faults_step", "major_faults_step"):
+        v = pd.to_numeric(ok[c], errors="coerce").dropna() if c in ok else ()
+        if len(v):  # (a run recorded before the fault columns, or without a counter: NaN)
+            out[c] = float(np.median(v))
     if len(bare):
         out["hook_overhead_share"] = float(np.median(f["step_s"]) / np.median(bare["step_s"].to_numpy(float)) - 1.0)
     return out

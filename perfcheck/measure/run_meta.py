@@ -109,6 +109,7 @@ class RunMeta:
             "timing": {"clock": "cuda events (pooled, resolved after the step)" if self.device.type == "cuda"
                        else "time.perf_counter_ns", "backward": BACKWARD_RULE},
             "overhead": self._overhead,
+            "page_faults": self._faults_meta(),  # measure/fault_record.py
             "profile": (self._window.info if self._window is not None else {}) if self.profile else "off",
             "sampler": ({"interval_s": self.sample_interval, "backend": self._sampler.backend if getattr(self, "_sampler", None) else None}
                         if self.sample_interval is not None else "off"),

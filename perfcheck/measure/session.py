@@ -39,6 +39,8 @@ from perfcheck.measure.grad_sync import GradSyncCounter
 from perfcheck.measure.kernel_table import ProfilerWindow
 from perfcheck.measure.timer import ModuleTimer
 from perfcheck.measure.optimizers import OptimizerWatch, check_optimizer
+from perfcheck.measure.fault_record import FaultRecord
+from perfcheck.measure.page_faults import PhaseFaults
 from perfcheck.measure.predicted_track import add_predicted_track
 from perfcheck.measure.run_files import RunFiles
 from perfcheck.measure.run_meta import RunMeta
@@ -68,7 +70,7 @@ def outermost_paths(paths) -> list:
     return out
 
 
-class Recorder(StopSignals, RunFiles, RunMeta):
+class Recorder(StopSignals, RunFiles, RunMeta, FaultRecord):
     """Per-module forward/backward/recompute times, kernel tables, samples and a run directory: the
     recording half of ``perfcheck.PerfCheck`` (its arguments are documented there)."""
 
@@ -115,6 +117,7 @@ class Recorder(StopSignals, RunFiles, RunMeta):
         self._signalled, self._stopping, self._saved_handlers, self._lock = None, False, {}, None
         self._delivered = False
         self._warnings: list[str] = []
+        self._init_faults()
         if self._view.compiled:
             self._warn(f"torch.compile'd module(s) {self._view.compiled} are timed as a whole (forward, backward, "
                        "step); their submodules get no rows, because hooks inside a compiled region would add "
@@ -153,6 +156,9 @@ class Recorder(StopSignals, RunFiles, RunMeta):
         clock = clock_for(self.device)
         mem = memory_mod.CudaMemoryTracker(self.device) if self.track_memory else None
         self._timer = ModuleTimer(self._timed, clock, ranges=self.profile, memory=mem)
+        self._faults = PhaseFaults(self._fault_read) if self._fault_read is not None else None
+        self._timer.phase_probe = self._faults  # (before the first attach: the root's calls report to it)
+        self._step_faults: dict = {}  # step index -> {FAULT_COLUMNS: count}
         self._paths = {id(m): p for p, m in self._view.modules}
         self._pending: deque = deque()
         self._index, self._measured_n, self._bare_n, self._last_plain = 0, 0, 0, None
@@ -308,10 +314,14 @@ class Recorder(StopSignals, RunFiles, RunMeta):
         if role == "flops":
             self._flop_step = FlopStep(self._view.root, self._paths)
             self._flop_step.begin()
+        if self._faults is not None:
+            self._faults.begin_step()
         self._timer.begin_step()
 
     def _end_step(self):
         pending = self._timer.end_step()
+        if self._faults is not None:
+            self._step_faults[self._index] = self._faults.end_step()
         if self._grad_sync is not None:
             self._synced[self._index] = self._grad_sync.take()[0]
         if self._flop_step is not None:
@@ -348,10 +358,13 @@ class Recorder(StopSignals, RunFiles, RunMeta):
                "eval_s": nan if bare else res["eval_s"], "micro_batches": nan if bare else res["micro_batches"],
                "peak_mem_bytes": nan if res["peak_mem_bytes"] is None else float(res["peak_mem_bytes"]),
                "role": role, "failed": bool(res["failed"]), "rank": self.rank}
+        self._add_faults(row, index, bare)
         self._step_rows.append(row)
         if "steps" in self._writers:
             self._writers["steps"].append(row)
-            if len(self._step_rows) == 1:  # inputs and dtype known now: a run killed later stays reportable
+            if len(self._step_rows) == 1 or self._fault_cost_new:  # inputs and dtype known now (and the
+                # fault cost once measured): a run killed later stays reportable
+                self._fault_cost_new = False
                 runs.atomic_write_json(self._rank_dir / runs.META, self.meta(complete=False))
         type_of, rank = self._view.types.get, self.rank
         evals, no_eval = res["eval_modules"], (0, 0.0)

@@ -16,6 +16,7 @@ import pandas as pd
 from perfcheck.analysis.columns import RECONCILED_COLUMNS
 from perfcheck.analysis.findings import REASONS, findings_table
 from perfcheck.analysis.kernel_steps import kernel_step_stats
+from perfcheck.analysis.page_faults import summary_text as faults_text
 from perfcheck.analysis.totals import rank_summary, totals_frame
 from perfcheck.hardware.labels import spec_label
 from perfcheck.hardware.systems import load_system
@@ -90,6 +91,8 @@ def _summary(rec, t: dict) -> str:
     if t.get("meas_eval_s"):  # grad-disabled forwards inside the step: measured only, never against a prediction
         rows.insert(-2, ["eval forwards (grad disabled; not compared with the prediction)",
                          _e(f"{fmt_time(t.get('meas_eval_s'))} per step")])
+    if faults_text(t):
+        rows.append(["page faults per step (minor, median)", _e(faults_text(t))])
     return _table(["", ""], rows, left=(0, 1))
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.analysis.findings import REASONS, findings_table
+from perfcheck.analysis.page_faults import summary_text as faults_text
 from perfcheck.analysis.totals import rank_summary, totals_frame
 from perfcheck.schema import ROOT
 from perfcheck.units import fmt_bytes, fmt_count, fmt_gap, fmt_pct, fmt_rate, fmt_time
@@ -117,6 +118,9 @@ def _summary(t: dict, rec: pd.DataFrame) -> list:
         out.append(f"{'eval forwards (grad disabled):':<44}{fmt_time(t.get('meas_eval_s'))} per step "
                    "(validation/EMA/teacher calls; not in fwd latency, not compared with the prediction)")
     out.append(f"{'hook overhead (instrumented vs bare steps):':<44}{hook_text(t)}")
+    faults = faults_text(t)
+    if faults:
+        out.append(f"{'page faults per step (minor, median):':<44}{faults}")
     return out
 
 

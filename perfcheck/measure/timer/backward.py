@@ -15,6 +15,7 @@ import types
 import torch
 
 import perfcheck.measure.timer.torch_internals as ti
+from perfcheck.measure.page_faults import BWD, TAIL
 from perfcheck.measure.timer.records import END, END_ALL, FIRE, START, TASK_END, Bwd, Final
 
 _Tensor = torch.Tensor
@@ -81,6 +82,9 @@ class BackwardMixin:
         return on_node
 
     def _queue_task_end(self, task, gen):
+        # (the first node hook of this backward pass that fired: the pass's start for the page-fault phases)
+        if self.phase_probe is not None:
+            self.phase_probe.enter(BWD)
         self._cb_tasks.add(task)
         ti.queue_callback(lambda: self._task_end(task, gen))
 
@@ -179,6 +183,8 @@ class BackwardMixin:
             return
         self._cb_tasks.discard(task)
         self._log.append((TASK_END, task, self._now(), None))
+        if self.phase_probe is not None:
+            self.phase_probe.enter(TAIL)
         if self.ranges and _profiler._is_profiler_enabled:
             self._replay()
         self._after_backward(gen)

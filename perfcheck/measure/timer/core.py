@@ -75,6 +75,9 @@ class ModuleTimer(ForwardMixin, BackwardMixin):
         # paths of modules compiled (``Module.compile()``) while attached: their later calls ran
         # untimed (the compiled call replaced ours, or runs our forward inside the compiled region)
         self.compiled_while_attached: list[str] = []
+        # measure.page_faults.PhaseFaults (or None): told where the root's forward and each backward pass
+        # start and end; the root's calls then take the general path (once per step), where it is told
+        self.phase_probe = None
 
     # ------------------------------------------------------------------ attach / detach
     @property
@@ -114,7 +117,7 @@ class ModuleTimer(ForwardMixin, BackwardMixin):
             inner = prev if compiled else mod._call_impl if direct else mod.forward
             fwd = TimedForward(self, path, mod, inner, prev, direct, slot)
         fwd.live = True
-        fwd.lean = self._lean
+        fwd.lean = self._lean and not (path == ROOT and self.phase_probe is not None)
         mod.__dict__[fwd.slot] = fwd
         self._wrapped.append((mod, fwd))
 
@@ -222,8 +225,9 @@ class ModuleTimer(ForwardMixin, BackwardMixin):
         root's inputs recorded; never with ``reference=True``); copied into each live wrapper's ``lean``."""
         lean = lean and not self.reference
         self._lean = lean
+        probed = self.phase_probe is not None
         for _, fwd in self._wrapped:
-            fwd.lean = lean and fwd.live
+            fwd.lean = lean and fwd.live and not (probed and fwd.path == ROOT)
 
     def mark_failed(self):
         self._failed = True

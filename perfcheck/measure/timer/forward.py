@@ -23,6 +23,7 @@ import torch
 
 import perfcheck.measure.timer.torch_internals as ti
 from perfcheck.measure.context import autocast_dtype, describe
+from perfcheck.measure.page_faults import TAIL
 from perfcheck.measure.timer.records import (END, END_ALL, EVAL, FWD, RC, RECOMPUTE, START, CallEnd, CallStart,
                                              EndAll, new_call, new_entry)
 from perfcheck.schema import ROOT
@@ -264,6 +265,8 @@ class ForwardMixin:
         if self.ranges and _profiler._is_profiler_enabled:
             call.rf = _profiler.record_function(f"perfcheck/{call.phase}/{path}")
             call.rf.__enter__()
+        if path == ROOT and phase == FWD and self.phase_probe is not None:
+            self.phase_probe.enter(FWD)
         self._stack.append(call)
         self._calls.append(call)
         call.t0 = self._now()  # last: the interval starts as late as possible
@@ -290,6 +293,8 @@ class ForwardMixin:
                 return
             del stack[idx:]  # calls above it never returned (an exception skipped their hooks)
         call.t1 = t1
+        if call.phase == FWD and call.path == ROOT and self.phase_probe is not None:
+            self.phase_probe.enter(TAIL)
         if call.rf is not None:
             call.rf.__exit__(None, None, None)
             call.rf = None
