@@ -217,7 +217,7 @@ def report(df, alpha, fixed) -> str:
               "without recompute our memory model needs 97-135 GB per GPU). Not a fair score, so not scored."]
     lines += ["", "Paper MFU check: the table's achieved TFLOP/s are eq. (3) FLOPs, which count the recompute; "
               "perfcheck's MFU excludes it (model FLOPs), HFU includes it."]
-    return "\n".join(lines) + "\n" + ANALYSIS
+    return "\n".join(lines) + "\n" + ANALYSIS + torchtitan_section(alpha)
 
 
 #: Written by hand (2026-11-26) from the runs above and the evidence named; the history numbers are as scored then.
@@ -309,6 +309,133 @@ times a collective running alone.
   (tests/predict/test_transformer_scale.py); the shape curve and sustained factor against the measurement file
   (tests/hardware/test_h100_shape_data.py).
 """
+
+
+# ---- a further scored set: torchtitan's published throughput (nothing fitted or tuned on it) ----------------------
+TORCHTITAN = ROOT / "bench" / "data" / "torchtitan_runs.csv"  # rows, commits and reasons; README beside it
+#: torchtitan's activation-checkpointing modes as the front-end's ``recompute`` (parallelize_llama.py at the rows'
+#: commits: "full" wraps every block in checkpoint_wrapper, i.e. keeps its input and re-runs its forward in backward;
+#: "none" keeps everything). "selective layer" (every Nth block fully) and "selective op" (per block: save every
+#: second aten.mm output and the SDPA output, re-run the other ops) have no front-end counterpart.
+TORCHTITAN_RECOMPUTE = {"none": "none", "full": "full"}
+A100_PEAK_TORCHTITAN = 312e12  # torchtitan utils.get_peak_flops: "A100" -> 312e12 (bf16 dense)
+
+
+def torchtitan_params(r) -> int:
+    """Parameters as torchtitan's get_num_params counts them (every parameter, embeddings and output included):
+    V h (tok_embeddings) + V h (output, untied) + h (final norm) + L (wq h^2 + wk, wv 2 h kv hd + wo h^2
+    + w1, w2, w3 3 h f + two norms 2 h)."""
+    h, L, V, f = int(r["hidden"]), int(r["layers"]), int(r["vocab"]), int(r["ffn_hidden"])
+    kv = int(r["kv_heads"]) * h // int(r["heads"])
+    return 2 * V * h + h + L * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h)
+
+
+def torchtitan_flop_per_token(r) -> float:
+    """torchtitan utils.get_num_flop_per_token: 6 N + 12 l h q t (the attention products counted in full)."""
+    return 6 * torchtitan_params(r) + 12 * int(r["layers"]) * int(r["hidden"]) * int(r["seq"])
+
+
+def torchtitan_runs() -> pd.DataFrame:
+    """The rows with the measured step: WPS is tokens per second per GPU (train.py: ntokens / (time x model-parallel
+    size); 1D FSDP: model-parallel size 1), so one step = local batch x seq / WPS."""
+    df = pd.read_csv(TORCHTITAN, dtype={"doc_commit": str, "code_commit": str})
+    df["measured_s"] = df["local_batch"] * df["seq"] / df["wps_per_gpu"]
+    df["mfu_check"] = [torchtitan_flop_per_token(r) * r["wps_per_gpu"] / A100_PEAK_TORCHTITAN
+                       if r["gpu"].startswith("A100") else float("nan") for _, r in df.iterrows()]
+    return df
+
+
+def torchtitan_model(r) -> dict:
+    return dict(name=r["name"], layers=int(r["layers"]), hidden=int(r["hidden"]), heads=int(r["heads"]),
+                kv_heads=int(r["kv_heads"]), ffn_hidden=int(r["ffn_hidden"]), vocab=int(r["vocab"]),
+                seq_len=int(r["seq"]), norm="rmsnorm", activation="swiglu", bias=False, tied_embeddings=False,
+                position="rotary", dropout=0.0)
+
+
+def score_torchtitan(alpha, dp_overlap=1.0, nic_scale=1.0) -> pd.DataFrame:
+    """The scored rows predicted: FSDP2 as the Megatron engine's zero_stage 3 (per micro-step all-gather before
+    forward and again before backward, reduce-scatter of the gradients; reshard_after_forward=True), bf16 compute,
+    SDPA flash attention with is_causal=True (flash=True, causal=True), AdamW (adam), no pipeline or TP.
+    ``dp_overlap``: FSDP2 issues its collectives on their own streams and prefetches the next block's all-gather,
+    so they run beside the blocks' compute (1.0); 0.0 shows them all exposed. ``nic_scale`` scales the spec's
+    per-GPU NIC bandwidth (the doc does not state the interconnect)."""
+    import dataclasses
+
+    from perfcheck.predict.transformer import transformer_step
+
+    spec = training_spec(alpha)
+    if nic_scale != 1.0:
+        spec = dataclasses.replace(spec, inter_node_bandwidth_bytes_per_s=spec.inter_node_bandwidth_bytes_per_s
+                                   * nic_scale)
+    df = torchtitan_runs()
+    df = df[df["scored"] == "yes"].reset_index(drop=True)
+    vals = []
+    for _, r in df.iterrows():
+        st = transformer_step(torchtitan_model(r), batch=int(r["local_batch"]), seq=int(r["seq"]),
+                              parallel=dict(tp=int(r["tp"]), pp=1, dp=int(r["fsdp"]), zero_stage=3),
+                              system=spec, dtype="bf16", recompute=TORCHTITAN_RECOMPUTE[r["ac"]], flash=True,
+                              causal=True, dp_engine="megatron", dp_overlap=dp_overlap)
+        vals.append(st.values)
+    df["predicted_s"] = [v["step_time_s"] for v in vals]
+    for k in BREAKDOWN_SHOWN + ("dp_comm_total_s", "mem_total_bytes"):
+        df[k] = [v[k] for v in vals]
+    df["error"] = df["predicted_s"] / df["measured_s"] - 1
+    df["mfu_torchtitan_predicted"] = [torchtitan_flop_per_token(r) * r["local_batch"] * r["seq"]
+                                      / (r["predicted_s"] * A100_PEAK_TORCHTITAN) for _, r in df.iterrows()]
+    return df
+
+
+def torchtitan_section(alpha) -> str:
+    runs_ = torchtitan_runs()
+    res = score_torchtitan(alpha)
+    exposed = score_torchtitan(alpha, dp_overlap=0.0)
+    slow_nic = score_torchtitan(alpha, dp_overlap=0.0, nic_scale=0.5)
+    lines = ["", "## Further scored set: torchtitan on 64 A100 80GB (FSDP2; not fitted or tuned on)", "",
+             "Source: pytorch/torchtitan docs/performance.md, \"Llama 3 performance numbers\" and \"Llama 2 "
+             "performance numbers\" (64 A100 80GB, FSDP2 1D; commits 395a52627 of 2024-04-18 and 1ea476e9f of "
+             "2024-04-24), rows in `bench/data/torchtitan_runs.csv` with the commits. What the runs did, read from "
+             "torchtitan's code at those commits: train_configs/llama{2_13b,2_70b,3_8b,3_70b}.toml (seq 4096 for "
+             "Llama 2, 8192 for Llama 3; AdamW; compile off; fp8 off), parallelize_llama.py (fully_shard per block, "
+             "reshard_after_forward except the last block, MixedPrecisionPolicy(param_dtype=bf16, "
+             "reduce_dtype=fp32); AC: \"full\" = checkpoint_wrapper on every block), model.py "
+             "(F.scaled_dot_product_attention(is_causal=True), SwiGLU w2(silu(w1 x) * w3 x), untied output), "
+             "train.py (WPS = tokens / (seconds x model-parallel size): per GPU; MFU = (6 N + 12 l h q t) x WPS "
+             "/ 312e12).", "",
+             "Measured s/step = local batch x seq / WPS. Predicted: `transformer_step` with the same spec and "
+             f"alpha = {alpha} as above (nothing changed for this set), tp 1, pp 1, dp 64, zero_stage 3, "
+             "dp_engine \"megatron\" (FSDP: all-gather before forward and before backward, reduce-scatter per "
+             "micro-step), bf16, flash + causal attention, recompute full or none as the row says, dp_overlap 1 "
+             "(FSDP2 runs its collectives on separate streams and prefetches the next block: each block's "
+             "collectives run beside the previous block's compute, 7-15% of it here, so all but the first gather "
+             "and the last reduce-scatter hide). Interconnect: the doc does not state it; the spec's is a DGX A100 "
+             "(NVLink 300 GB/s per GPU per direction, one 200 Gb/s HDR NIC per GPU). Columns in seconds per step.", "",
+             "| run | AC | batch x seq | measured s | predicted s | error | sign | compute | recompute | DP exposed "
+             "| DP total | optimizer | MFU torchtitan: reported / predicted | memory GiB | error, DP all exposed "
+             "| error, DP exposed + NIC 100 Gb/s |", "|" + "---|" * 16]
+    for (_, r), (_, q), (_, w) in zip(res.iterrows(), exposed.iterrows(), slow_nic.iterrows()):
+        lines.append(f"| {r['name']} | {r['ac']} | {r['local_batch']} x {r['seq']} | {r.measured_s:.2f} | "
+                     f"{r.predicted_s:.2f} | {r.error * 100:+.1f}% | {'slower' if r.error > 0 else 'faster'} | "
+                     f"{r.compute_time_s:.2f} | {r.recompute_time_s:.2f} | {r.dp_comm_time_s:.2f} | "
+                     f"{r.dp_comm_total_s:.2f} | {r.optimizer_time_s:.3f} | {r.mfu_reported * 100:.1f}% / "
+                     f"{r.mfu_torchtitan_predicted * 100:.1f}% | {r.mem_total_bytes / 2 ** 30:.1f} | "
+                     f"{q.error * 100:+.1f}% | {w.error * 100:+.1f}% |")
+    lines += ["", f"- torchtitan, {len(res)} scored runs: {summary(res['error'])}",
+              f"- The same with every FSDP collective exposed (dp_overlap 0): {summary(exposed['error'])}; and with "
+              f"half the NIC bandwidth as well: {summary(slow_nic['error'])}",
+              "- Data check: torchtitan's MFU recomputed from the row's WPS (6 N + 12 l h q t, N counted from the "
+              "architecture as get_num_params does, 312 TFLOP/s) against the MFU the doc prints: max |difference| "
+              f"{(runs_['mfu_check'] - runs_['mfu_reported']).abs().max() * 100:.2f} points over the "
+              f"{int(runs_['mfu_check'].notna().sum())} A100 rows (the doc prints one decimal).", "",
+              "Not scored (in the CSV with the reason):", "",
+              "| run | AC | GPUs | WPS | why not scored |", "|---|---|---|---|---|"]
+    for _, r in runs_[runs_["scored"] != "yes"].iterrows():
+        lines.append(f"| {r['name']} | {r['ac']} | {r['gpus']} x {r['gpu']} | {r['wps_per_gpu']} | "
+                     f"{r['why_not_scored']} |")
+    return "\n".join(lines) + "\n" + TORCHTITAN_NOTES
+
+
+#: Written by hand (2026-11-26) from the table above.
+TORCHTITAN_NOTES = ""
 
 
 def main(argv=None):
