@@ -315,9 +315,10 @@ times a collective running alone.
 TORCHTITAN = ROOT / "bench" / "data" / "torchtitan_runs.csv"  # rows, commits and reasons; README beside it
 #: torchtitan's activation-checkpointing modes as the front-end's ``recompute`` (parallelize_llama.py at the rows'
 #: commits: "full" wraps every block in checkpoint_wrapper, i.e. keeps its input and re-runs its forward in backward;
-#: "none" keeps everything). "selective layer" (every Nth block fully) and "selective op" (per block: save every
-#: second aten.mm output and the SDPA output, re-run the other ops) have no front-end counterpart.
-TORCHTITAN_RECOMPUTE = {"none": "none", "full": "full"}
+#: "none" keeps everything; "selective layer" wraps every Nth block (``recompute_every`` = N: the CSV's ac_every, the
+#: config's default 2, as the doc does not state N). "selective op" (per block: save every second aten.mm output and
+#: the SDPA output, re-run the other ops) has no front-end counterpart and is not scored.
+TORCHTITAN_RECOMPUTE = {"none": "none", "full": "full", "selective layer": "full"}  # the last with recompute_every
 A100_PEAK_TORCHTITAN = 312e12  # torchtitan utils.get_peak_flops: "A100" -> 312e12 (bf16 dense)
 
 
@@ -352,13 +353,13 @@ def torchtitan_model(r) -> dict:
                 position="rotary", dropout=0.0)
 
 
-def score_torchtitan(alpha, dp_overlap=1.0, nic_scale=1.0) -> pd.DataFrame:
+def score_torchtitan(alpha, dp_overlap=1.0, nic_scale=1.0, every=None) -> pd.DataFrame:
     """The scored rows predicted: FSDP2 as the Megatron engine's zero_stage 3 (per micro-step all-gather before
     forward and again before backward, reduce-scatter of the gradients; reshard_after_forward=True), bf16 compute,
     SDPA flash attention with is_causal=True (flash=True, causal=True), AdamW (adam), no pipeline or TP.
     ``dp_overlap``: FSDP2 issues its collectives on their own streams and prefetches the next block's all-gather,
     so they run beside the blocks' compute (1.0); 0.0 shows them all exposed. ``nic_scale`` scales the spec's
-    per-GPU NIC bandwidth (the doc does not state the interconnect)."""
+    per-GPU NIC bandwidth (the doc does not state the interconnect); ``every`` replaces the selective-layer N."""
     import dataclasses
 
     from perfcheck.predict.transformer import transformer_step
@@ -374,7 +375,8 @@ def score_torchtitan(alpha, dp_overlap=1.0, nic_scale=1.0) -> pd.DataFrame:
         st = transformer_step(torchtitan_model(r), batch=int(r["local_batch"]), seq=int(r["seq"]),
                               parallel=dict(tp=int(r["tp"]), pp=1, dp=int(r["fsdp"]), zero_stage=3),
                               system=spec, dtype="bf16", recompute=TORCHTITAN_RECOMPUTE[r["ac"]], flash=True,
-                              causal=True, dp_engine="megatron", dp_overlap=dp_overlap)
+                              causal=True, dp_engine="megatron", dp_overlap=dp_overlap,
+                              recompute_every=int(every or r["ac_every"]) if r["ac"] == "selective layer" else 1)
         vals.append(st.values)
     df["predicted_s"] = [v["step_time_s"] for v in vals]
     for k in BREAKDOWN_SHOWN + ("dp_comm_total_s", "mem_total_bytes"):
@@ -390,6 +392,7 @@ def torchtitan_section(alpha) -> str:
     res = score_torchtitan(alpha)
     exposed = score_torchtitan(alpha, dp_overlap=0.0)
     slow_nic = score_torchtitan(alpha, dp_overlap=0.0, nic_scale=0.5)
+    every = {n: score_torchtitan(alpha, every=n) for n in (1, 3)}
     lines = ["", "## Further scored set: torchtitan on 64 A100 80GB (FSDP2; not fitted or tuned on)", "",
              "Source: pytorch/torchtitan docs/performance.md, \"Llama 3 performance numbers\" and \"Llama 2 "
              "performance numbers\" (64 A100 80GB, FSDP2 1D; commits 395a52627 of 2024-04-18 and 1ea476e9f of "
@@ -397,29 +400,36 @@ def torchtitan_section(alpha) -> str:
              "torchtitan's code at those commits: train_configs/llama{2_13b,2_70b,3_8b,3_70b}.toml (seq 4096 for "
              "Llama 2, 8192 for Llama 3; AdamW; compile off; fp8 off), parallelize_llama.py (fully_shard per block, "
              "reshard_after_forward except the last block, MixedPrecisionPolicy(param_dtype=bf16, "
-             "reduce_dtype=fp32); AC: \"full\" = checkpoint_wrapper on every block), model.py "
+             "reduce_dtype=fp32); AC: \"full\" = checkpoint_wrapper on every block, \"selective layer\" = on every Nth "
+             "block, the k-th of 1..L when k % N == 0, N unstated in the doc, 2 by the config's default), model.py "
              "(F.scaled_dot_product_attention(is_causal=True), SwiGLU w2(silu(w1 x) * w3 x), untied output), "
              "train.py (WPS = tokens / (seconds x model-parallel size): per GPU; MFU = (6 N + 12 l h q t) x WPS "
              "/ 312e12).", "",
              "Measured s/step = local batch x seq / WPS. Predicted: `transformer_step` with the same spec and "
              f"alpha = {alpha} as above (nothing changed for this set), tp 1, pp 1, dp 64, zero_stage 3, "
              "dp_engine \"megatron\" (FSDP: all-gather before forward and before backward, reduce-scatter per "
-             "micro-step), bf16, flash + causal attention, recompute full or none as the row says, dp_overlap 1 "
+             "micro-step), bf16, flash + causal attention, recompute full or none as the row says (selective layer: "
+             "full with recompute_every = 2, new), dp_overlap 1 "
              "(FSDP2 runs its collectives on separate streams and prefetches the next block: each block's "
              "collectives run beside the previous block's compute, 7-15% of it here, so all but the first gather "
              "and the last reduce-scatter hide). Interconnect: the doc does not state it; the spec's is a DGX A100 "
              "(NVLink 300 GB/s per GPU per direction, one 200 Gb/s HDR NIC per GPU). Columns in seconds per step.", "",
              "| run | AC | batch x seq | measured s | predicted s | error | sign | compute | recompute | DP exposed "
              "| DP total | optimizer | MFU torchtitan: reported / predicted | memory GiB | error, DP all exposed "
-             "| error, DP exposed + NIC 100 Gb/s |", "|" + "---|" * 16]
-    for (_, r), (_, q), (_, w) in zip(res.iterrows(), exposed.iterrows(), slow_nic.iterrows()):
+             "| error, DP exposed + NIC 100 Gb/s | error, layer AC N = 1 / 3 |", "|" + "---|" * 17]
+    for i, ((_, r), (_, q), (_, w)) in enumerate(zip(res.iterrows(), exposed.iterrows(), slow_nic.iterrows())):
+        alt = (f"{every[1].error[i] * 100:+.1f}% / {every[3].error[i] * 100:+.1f}%" if r["ac"] == "selective layer"
+               else "")
         lines.append(f"| {r['name']} | {r['ac']} | {r['local_batch']} x {r['seq']} | {r.measured_s:.2f} | "
                      f"{r.predicted_s:.2f} | {r.error * 100:+.1f}% | {'slower' if r.error > 0 else 'faster'} | "
                      f"{r.compute_time_s:.2f} | {r.recompute_time_s:.2f} | {r.dp_comm_time_s:.2f} | "
                      f"{r.dp_comm_total_s:.2f} | {r.optimizer_time_s:.3f} | {r.mfu_reported * 100:.1f}% / "
                      f"{r.mfu_torchtitan_predicted * 100:.1f}% | {r.mem_total_bytes / 2 ** 30:.1f} | "
-                     f"{q.error * 100:+.1f}% | {w.error * 100:+.1f}% |")
+                     f"{q.error * 100:+.1f}% | {w.error * 100:+.1f}% | {alt} |")
+    exact = res["ac"] != "selective layer"
     lines += ["", f"- torchtitan, {len(res)} scored runs: {summary(res['error'])}",
+              f"- The {int(exact.sum())} runs whose recompute the doc fixes (none or full): {summary(res[exact]['error'])}; "
+              f"the {int((~exact).sum())} selective-layer runs (N = 2 assumed): {summary(res[~exact]['error'])}",
               f"- The same with every FSDP collective exposed (dp_overlap 0): {summary(exposed['error'])}; and with "
               f"half the NIC bandwidth as well: {summary(slow_nic['error'])}",
               "- Data check: torchtitan's MFU recomputed from the row's WPS (6 N + 12 l h q t, N counted from the "

@@ -28,7 +28,7 @@ import pandas as pd
 
 from perfcheck.predict import collectives, pipeline, roofline, sharding
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
-                                           make_options, single_layout, validate_layouts)
+                                           full_recompute_share, make_options, single_layout, validate_layouts)
 from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, spec_of
 
 
@@ -281,9 +281,9 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     l_time = _select(out["pred_fwd_s"] + out["pred_bwd_s"], last)
     roof = out["t_roof_fwd_s"] + out["t_roof_bwd_s"]
     exposed_tp = out["pred_fwd_s"] + out["pred_bwd_s"] - roof
-    rec_roof, rec_comm, rec_flops = _recompute_terms(out, opts, lay, core)
+    rec_roof, rec_comm, rec_flops = _recompute_terms(out, opts, lay, core, full_recompute_share(model.layers, opts))
     eb = elem_bytes(dtype)
-    cp_mb = per_stage * _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute=opts.recompute == "full")
+    cp_mb = per_stage * _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute=full_recompute_share(model.layers, opts))
     p2p = _p2p_per_micro_batch(model, cfg, spec, eb, opts)
     compute_mb = stage_sum(roof)
     tp_mb = stage_sum(exposed_tp) + per_stage * rec_comm
@@ -302,7 +302,8 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     middle_t = stage_t - critical_end
     res["bubble_time_s"] = gas * pipeline.flush_bubble_s(pp, v, middle_t, middle_t + other_end(roof + exposed_tp))
     res["bubble_fraction"] = pipeline.bubble_share(pp, v, m)
-    res["tp_comm_bytes"] = micro * _tp_comm_bytes(out, opts, stage_sum, per_stage, lay)
+    res["tp_comm_bytes"] = micro * _tp_comm_bytes(out, opts, stage_sum, per_stage * full_recompute_share(
+        model.layers, opts), lay)
     _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last)
     res["step_time_s"] = sum(res[k] for k in BREAKDOWN)
     flops = 2 * (out["macs_fwd"] + out["macs_bwd"]) + out["flops_fwd"] + out["flops_bwd"]
@@ -312,22 +313,24 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     return res
 
 
-def _tp_comm_bytes(out: dict, opts: Options, stage_sum, per_stage, lay):
-    """TP/SP collective bytes per micro-batch on the critical stage; with full recompute the re-run forward
-    issues its collectives again."""
+def _tp_comm_bytes(out: dict, opts: Options, stage_sum, recomputed_layers, lay):
+    """TP/SP collective bytes per micro-batch on the critical stage; with full recompute the re-run forward of
+    each of the stage's ``recomputed_layers`` issues its collectives again."""
     total = stage_sum(sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.SUBLAYER_KINDS))
     if opts.recompute == "full":
-        total = total + per_stage * _select(sum(out[f"comm_fwd_{k}"] for k in sharding.SUBLAYER_KINDS), lay)
+        total = total + recomputed_layers * _select(sum(out[f"comm_fwd_{k}"] for k in sharding.SUBLAYER_KINDS), lay)
     return total
 
 
-def _recompute_terms(out: dict, opts: Options, lay, core) -> tuple:
+def _recompute_terms(out: dict, opts: Options, lay, core, share=1.0) -> tuple:
     """(device seconds, exposed TP seconds, FLOPs) that activation recompute adds per layer and micro-batch: the
-    forward (with its TP collectives) of the whole layer again ("full"), or of the attention core
-    ("selective", not with flash attention, which recomputes inside its own backward), else nothing."""
+    forward (with its TP collectives) of the whole layer again ("full"; on ``share`` of the layers, see
+    ``full_recompute_share``), or of the attention core ("selective", not with flash attention, which recomputes
+    inside its own backward), else nothing."""
     if opts.recompute == "full":
-        return (_select(out["t_roof_fwd_s"], lay), _select(out["pred_fwd_s"] - out["t_roof_fwd_s"], lay),
-                _select(2 * out["macs_fwd"] + out["flops_fwd"], lay))
+        return (share * _select(out["t_roof_fwd_s"], lay),
+                share * _select(out["pred_fwd_s"] - out["t_roof_fwd_s"], lay),
+                share * _select(2 * out["macs_fwd"] + out["flops_fwd"], lay))
     if opts.recompute == "selective" and not opts.flash:
         return _select(out["t_roof_fwd_s"], core), 0.0, _select(2 * out["macs_fwd"] + out["flops_fwd"], core)
     return 0.0, 0.0, 0.0
@@ -365,7 +368,7 @@ BREAKDOWN = ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "cp_comm_ti
 
 def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
     """Exposed context-parallel communication of one layer per micro-batch (fwd + bwd, + the re-run forward
-    under full recompute). Ring attention passes K/V blocks while it computes on the current one
+    under full recompute on ``full_recompute`` of the layers, a share in [0, 1]). Ring attention passes K/V blocks while it computes on the current one
     (Liu et al. 2023, sec. 3), so only what the ring's time exceeds the attention core's is exposed;
     Ulysses' all-to-alls stand between the projections and the core: fully exposed."""
     c = cfg.cp.astype(float)
@@ -379,7 +382,7 @@ def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
                                               eb, t, c)
         fwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(fwd_b) / 4, c, bw, spec)  # four calls: q, k, v, out
         bwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(bwd_b) / 4, c, bw, spec)
-        exposed = fwd + bwd + (fwd if full_recompute else 0.0)
+        exposed = fwd + bwd + full_recompute * fwd
     else:
         fwd_b, bwd_b = pipeline.cp_ring_bytes(cfg.micro_batch, cfg.seq, model.kv_heads, model.head_dim, eb, t, c)
         # each of the c - 1 steps is a send to the next rank: the time of the whole ring at the rail bandwidth
@@ -389,7 +392,7 @@ def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
         per_step_f, per_step_b = core_f / c, core_b / c  # the core's work is split over the c blocks
         fwd = (c - 1) * np.maximum(step_f - per_step_f, 0.0)
         bwd = (c - 1) * np.maximum(step_b - per_step_b, 0.0)
-        exposed = fwd + bwd + (fwd if full_recompute else 0.0)
+        exposed = fwd + bwd + full_recompute * fwd
     return np.where(c > 1, exposed, 0.0)
 
 
@@ -408,7 +411,9 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
     full_layer = _select(act, lay)
     if opts.recompute == "full":
         layer_input = cfg.micro_batch * cfg.seq / cfg.cp * model.hidden * elem_bytes(dtype) / act_split(cfg, opts)
-        kept, rebuilt = layer_input, full_layer  # one layer's activations rebuilt during its backward
+        share = full_recompute_share(model.layers, opts)  # the other layers keep everything (recompute_every)
+        kept = share * layer_input + (1 - share) * full_layer  # per layer, on average over the stage
+        rebuilt = full_layer if share > 0 else 0.0  # one layer's activations rebuilt during its backward
     elif opts.recompute == "selective":
         kept, rebuilt = full_layer - _select(out["recomputed_act"], lay), _select(out["recomputed_act"], lay)
     else:

@@ -24,6 +24,9 @@ class Options:
       transformer-perf-estimates notebook's logits/softmax/dropout/attend rows (docs/transformer.md).
     recompute: activation checkpointing per layer: "none", "selective" (the attention core,
       Korthikanti et al. 2022) or "full" (keep each layer's input, redo its forward in backward).
+    recompute_every: with recompute="full", checkpoint only every Nth layer and keep all activations
+      of the others (torchtitan's "selective layer" AC, parallelize_llama.py: the k-th wrapped block,
+      k = 1..L, is checkpointed when k % N == 0, i.e. floor(L/N) of L; ``full_recompute_share``). 1: all.
     tp_overlap, dp_overlap: fraction of TP / DP collective time hidden behind compute.
     tp_async_backward: Megatron-LM's asynchronous column-parallel backward (default there since Sept. 2021;
       Narayanan et al. 2021's runs predate it): the input gradient's all-reduce / reduce-scatter runs
@@ -48,6 +51,7 @@ class Options:
     causal: bool = False
     flash: bool = False
     recompute: str = "none"
+    recompute_every: int = 1
     tp_overlap: float = 0.0
     dp_overlap: float = 0.0
     tp_async_backward: bool = False
@@ -90,10 +94,24 @@ class Options:
             raise UserError(f"scatter_gather must be true or false, got {self.scatter_gather!r}")
         if self.recompute not in RECOMPUTE:
             raise UserError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        n = self.recompute_every
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise UserError(f"recompute_every must be a positive integer (checkpoint every Nth layer), got {n!r}")
+        if n > 1 and self.recompute != "full":
+            raise UserError(f"recompute_every = {n} needs recompute='full' (got recompute={self.recompute!r})")
         for f in ("tp_overlap", "dp_overlap"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise UserError(f"{f} must be a fraction in [0, 1], got {v!r}")
+
+
+def full_recompute_share(layers, opts: Options) -> float:
+    """Share of the layers whose forward is re-run in backward under full recompute: 1 for recompute="full"
+    (every layer), floor(layers / N) / layers with recompute_every = N (the k-th of layers 1..L is checkpointed
+    when k % N == 0: torchtitan's selective layer AC), 0 otherwise. Applied to each pipeline stage's layers."""
+    if opts.recompute != "full":
+        return 0.0
+    return (layers // opts.recompute_every) / layers
 
 
 def check_ep(model, opts: Options):
