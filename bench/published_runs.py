@@ -432,7 +432,8 @@ def torchtitan_section(alpha) -> str:
                      f"{q.error * 100:+.1f}% | {w.error * 100:+.1f}% | {alt} |")
     exact = res["ac"] != "selective layer"
     lines += ["", f"- torchtitan, {len(res)} scored runs: {summary(res['error'])}",
-              f"- The {int(exact.sum())} runs whose recompute the doc fixes (none or full): {summary(res[exact]['error'])}; "
+              f"- The {int(exact.sum())} runs whose recompute the doc fixes (none or full): "
+              f"{summary(res[exact]['error'])}; "
               f"the {int((~exact).sum())} selective-layer runs (N = 2 assumed): {summary(res[~exact]['error'])}",
               f"- The same with every FSDP collective exposed (dp_overlap 0): {summary(exposed['error'])}; and with "
               f"half the NIC bandwidth as well: {summary(slow_nic['error'])}",

@@ -281,9 +281,10 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     l_time = _select(out["pred_fwd_s"] + out["pred_bwd_s"], last)
     roof = out["t_roof_fwd_s"] + out["t_roof_bwd_s"]
     exposed_tp = out["pred_fwd_s"] + out["pred_bwd_s"] - roof
-    rec_roof, rec_comm, rec_flops = _recompute_terms(out, opts, lay, core, full_recompute_share(model.layers, opts))
+    share = full_recompute_share(model.layers, opts)  # of the layers re-running their forward (full recompute)
+    rec_roof, rec_comm, rec_flops = _recompute_terms(out, opts, lay, core, share)
     eb = elem_bytes(dtype)
-    cp_mb = per_stage * _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute=full_recompute_share(model.layers, opts))
+    cp_mb = per_stage * _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute=share)
     p2p = _p2p_per_micro_batch(model, cfg, spec, eb, opts)
     compute_mb = stage_sum(roof)
     tp_mb = stage_sum(exposed_tp) + per_stage * rec_comm
@@ -302,8 +303,7 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     middle_t = stage_t - critical_end
     res["bubble_time_s"] = gas * pipeline.flush_bubble_s(pp, v, middle_t, middle_t + other_end(roof + exposed_tp))
     res["bubble_fraction"] = pipeline.bubble_share(pp, v, m)
-    res["tp_comm_bytes"] = micro * _tp_comm_bytes(out, opts, stage_sum, per_stage * full_recompute_share(
-        model.layers, opts), lay)
+    res["tp_comm_bytes"] = micro * _tp_comm_bytes(out, opts, stage_sum, per_stage * share, lay)
     _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last)
     res["step_time_s"] = sum(res[k] for k in BREAKDOWN)
     flops = 2 * (out["macs_fwd"] + out["macs_bwd"]) + out["flops_fwd"] + out["flops_bwd"]
@@ -368,9 +368,9 @@ BREAKDOWN = ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "cp_comm_ti
 
 def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
     """Exposed context-parallel communication of one layer per micro-batch (fwd + bwd, + the re-run forward
-    under full recompute on ``full_recompute`` of the layers, a share in [0, 1]). Ring attention passes K/V blocks while it computes on the current one
-    (Liu et al. 2023, sec. 3), so only what the ring's time exceeds the attention core's is exposed;
-    Ulysses' all-to-alls stand between the projections and the core: fully exposed."""
+    under full recompute on ``full_recompute`` of the layers, a share in [0, 1]). Ring attention passes K/V
+    blocks while it computes on the current one (Liu et al. 2023, sec. 3), so only what the ring's time exceeds
+    the attention core's is exposed; Ulysses' all-to-alls stand between the projections and the core: fully exposed."""
     c = cfg.cp.astype(float)
     if not np.any(c > 1):
         return np.zeros(len(c))
