@@ -473,6 +473,11 @@ a policy read from torchtitan's code and is hand-tested in tests/predict/test_tr
 - Memory, an independent check: the front-end predicts 126 GiB per GPU for Llama 2 70B at local batch 2 with
   selective layer AC (N = 2), over the 80 GB; torchtitan's 2024-04-18 table reports that configuration OOM.
   Every scored row is predicted to fit (27-63 GiB), as they ran.
+- Selective op is not scored: torchtitan's policy (parallelize_llama.py at 1ea476e9f) caches the outputs of the
+  SDPA call and of the 1st, 3rd, 5th, 7th aten.mm of each block (wq, wv, w1, w2) and re-runs everything else
+  in backward: wk, wo, w3 and every non-matmul op (norms, rotary, silu, mul, residual adds). The front-end's
+  rows fuse wq/wk/wv into one qkv_proj row and w1/w3 into one fc1 row, so the policy cuts through rows and
+  needs its own recompute and memory terms (kept: the block input and those five outputs); not added here.
 - The interconnect is not stated; the spec's DGX A100 rail network (8 x 200 Gb/s HDR per node) gives the DP
   figures above, which matter only as far as the collectives are exposed (last two error columns).
 """
