@@ -415,7 +415,7 @@ def torchtitan_section(alpha) -> str:
              "micro-step), bf16, flash + causal attention, recompute full or none as the row says (selective layer: "
              "full with recompute_every = 2, new), dp_overlap 1 "
              "(FSDP2 runs its collectives on separate streams and prefetches the next block: each block's "
-             "collectives run beside the previous block's compute, 7-15% of it here, so all but the first gather "
+             "collectives run beside the previous block's compute, 12-16% of it here, so all but the first gather "
              "and the last reduce-scatter hide). Interconnect: the doc does not state it; the spec's is a DGX A100 "
              "(NVLink 300 GB/s per GPU per direction, one 200 Gb/s HDR NIC per GPU). Columns in seconds per step.", "",
              "| run | AC | batch x seq | measured s | predicted s | error | sign | compute | recompute | DP exposed "
@@ -456,7 +456,7 @@ a policy read from torchtitan's code and is hand-tested in tests/predict/test_tr
 
 - All five predicted too fast, by 14-20%, the no-checkpointing row (-20.4%) as much as the full ones (-14 to
   -16%): the gap is not in the recompute. Predicted MFU by torchtitan's own definition is 59-77% against the
-  50-61% it printed. In our Llama 2 13B step 88% of the device time is the linear layers' GEMMs at the spec's
+  50-61% it printed. In our Llama 2 13B step 88% of the device time is the linear layers' GEMMs (LM head included) at the spec's
   large-GEMM rate (MAMF 0.87 x sustained 0.904 of 312 TFLOP/s), so the model says these eager-mode runs lose
   about a fifth to things it does not price.
 - The FSDP collectives are the largest such term we can bound: with all of them exposed (dp_overlap 0) the set
