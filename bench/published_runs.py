@@ -456,9 +456,9 @@ a policy read from torchtitan's code and is hand-tested in tests/predict/test_tr
 
 - All five predicted too fast, by 14-20%, the no-checkpointing row (-20.4%) as much as the full ones (-14 to
   -16%): the gap is not in the recompute. Predicted MFU by torchtitan's own definition is 59-77% against the
-  50-61% it printed. In our Llama 2 13B step 88% of the device time is the linear layers' GEMMs (LM head included) at the spec's
-  large-GEMM rate (MAMF 0.87 x sustained 0.904 of 312 TFLOP/s), so the model says these eager-mode runs lose
-  about a fifth to things it does not price.
+  50-61% it printed. In our Llama 2 13B step 88% of the device time is the linear layers' GEMMs (LM head
+  included) at the spec's large-GEMM rate (MAMF 0.87 x sustained 0.904 of 312 TFLOP/s), so the model says
+  these eager-mode runs lose about a fifth to things it does not price.
 - The FSDP collectives are the largest such term we can bound: with all of them exposed (dp_overlap 0) the set
   is 6.4% mean, still all too fast; with half the NIC bandwidth as well it turns 1-8% too slow. FSDP2 does
   overlap them (separate streams, prefetch), but not for free, and the front-end prices none of the cost:
