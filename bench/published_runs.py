@@ -320,9 +320,10 @@ TORCHTITAN = ROOT / "bench" / "data" / "torchtitan_runs.csv"  # rows, commits an
 #: torchtitan's activation-checkpointing modes as the front-end's ``recompute`` (parallelize_llama.py at the rows'
 #: commits: "full" wraps every block in checkpoint_wrapper, i.e. keeps its input and re-runs its forward in backward;
 #: "none" keeps everything; "selective layer" wraps every Nth block (``recompute_every`` = N: the CSV's ac_every, the
-#: config's default 2, as the doc does not state N). "selective op" (per block: save every second aten.mm output and
-#: the SDPA output, re-run the other ops) has no front-end counterpart and is not scored.
-TORCHTITAN_RECOMPUTE = {"none": "none", "full": "full", "selective layer": "full"}  # the last with recompute_every
+#: config's default 2, as the doc does not state N); "selective op" (per block: keep every second aten.mm output and
+#: the SDPA output, re-run the other ops) is the front-end's recompute="selective_op" (step.op_policy_rerun_share).
+TORCHTITAN_RECOMPUTE = {"none": "none", "full": "full", "selective layer": "full",  # with recompute_every
+                        "selective op": "selective_op"}
 A100_PEAK_TORCHTITAN = 312e12  # torchtitan utils.get_peak_flops: "A100" -> 312e12 (bf16 dense)
 
 
@@ -405,17 +406,19 @@ def torchtitan_section(alpha) -> str:
              "Llama 2, 8192 for Llama 3; AdamW; compile off; fp8 off), parallelize_llama.py (fully_shard per block, "
              "reshard_after_forward except the last block, MixedPrecisionPolicy(param_dtype=bf16, "
              "reduce_dtype=fp32); AC: \"full\" = checkpoint_wrapper on every block, \"selective layer\" = on every Nth "
-             "block, the k-th of 1..L when k % N == 0, N unstated in the doc, 2 by the config's default), model.py "
+             "block, the k-th of 1..L when k % N == 0, N unstated in the doc, 2 by the config's default, "
+             "\"selective op\" = every block under a policy keeping the outputs of mm calls 1, 3, 5, 7 and of SDPA), "
+             "model.py "
              "(F.scaled_dot_product_attention(is_causal=True), SwiGLU w2(silu(w1 x) * w3 x), untied output), "
              "train.py (WPS = tokens / (seconds x model-parallel size): per GPU; MFU = (6 N + 12 l h q t) x WPS "
              "/ 312e12).", "",
              "Measured s/step = local batch x seq / WPS. Predicted: `transformer_step` with the same spec and "
              f"alpha = {alpha} as above (nothing changed for this set), tp 1, pp 1, dp 64, zero_stage 3, "
              "dp_engine \"megatron\" (FSDP: all-gather before forward and before backward, reduce-scatter per "
-             "micro-step), bf16, flash + causal attention, recompute full or none as the row says (selective layer: "
-             "full with recompute_every = 2, new), dp_overlap 1 "
+             "micro-step), bf16, flash + causal attention, recompute as the row says (full, none; selective layer: "
+             "full with recompute_every = 2; selective op: selective_op; the last two new), dp_overlap 1 "
              "(FSDP2 runs its collectives on separate streams and prefetches the next block: each block's "
-             "collectives run beside the previous block's compute, 12-16% of it here, so all but the first gather "
+             "collectives run beside the previous block's compute, 12-29% of it here, so all but the first gather "
              "and the last reduce-scatter hide). Interconnect: the doc does not state it; the spec's is a DGX A100 "
              "(NVLink 300 GB/s per GPU per direction, one 200 Gb/s HDR NIC per GPU). Columns in seconds per step.", "",
              "| run | AC | batch x seq | measured s | predicted s | error | sign | compute | recompute | DP exposed "
@@ -432,7 +435,7 @@ def torchtitan_section(alpha) -> str:
                      f"{q.error * 100:+.1f}% | {w.error * 100:+.1f}% | {alt} |")
     exact = res["ac"] != "selective layer"
     lines += ["", f"- torchtitan, {len(res)} scored runs: {summary(res['error'])}",
-              f"- The {int(exact.sum())} runs whose recompute the doc fixes (none or full): "
+              f"- The {int(exact.sum())} runs whose recompute the code fixes (none, full, selective op): "
               f"{summary(res[exact]['error'])}; "
               f"the {int((~exact).sum())} selective-layer runs (N = 2 assumed): {summary(res[~exact]['error'])}",
               f"- The same with every FSDP collective exposed (dp_overlap 0): {summary(exposed['error'])}; and with "
@@ -451,17 +454,19 @@ def torchtitan_section(alpha) -> str:
 
 #: Written by hand (2026-11-26) from the table above.
 TORCHTITAN_NOTES = """
-Reading (nothing was fitted, tuned or changed on these rows; the one model change, `recompute_every`, expresses
-a policy read from torchtitan's code and is hand-tested in tests/predict/test_transformer_recompute_every.py):
+Reading (nothing was fitted, tuned or changed on these rows; the two model changes, `recompute_every` and
+`recompute="selective_op"`, express policies read from torchtitan's code and are hand-tested in
+tests/predict/test_transformer_recompute_every.py and test_transformer_recompute_op.py):
 
-- All five predicted too fast, by 14-20%, the no-checkpointing row (-20.4%) as much as the full ones (-14 to
-  -16%): the gap is not in the recompute. Predicted MFU by torchtitan's own definition is 59-77% against the
-  50-61% it printed. In our Llama 2 13B step 88% of the device time is the linear layers' GEMMs (LM head
-  included) at the spec's large-GEMM rate (MAMF 0.87 x sustained 0.904 of 312 TFLOP/s), so the model says
-  these eager-mode runs lose about a fifth to things it does not price.
+- All eight predicted too fast, by 14-24%, the no-checkpointing row (-20.4%) as much as the checkpointed ones
+  (-14 to -24%): the gap is not in the recompute. Predicted MFU by torchtitan's own definition is 59-77%
+  against the 50-61% it printed. In our Llama 2 13B step 88% of the device time is the linear layers' GEMMs
+  (LM head included) at the spec's large-GEMM rate (MAMF 0.87 x sustained 0.904 of 312 TFLOP/s), so the model
+  says these eager-mode runs lose about a fifth to things it does not price.
 - The FSDP collectives are the largest such term we can bound: with all of them exposed (dp_overlap 0) the set
-  is 6.4% mean, still all too fast; with half the NIC bandwidth as well it turns 1-8% too slow. FSDP2 does
-  overlap them (separate streams, prefetch), but not for free, and the front-end prices none of the cost:
+  is 6.7% mean, still all too fast; with half the NIC bandwidth as well it turns 0-20% too slow (20% on
+  Llama 2 70B at batch 1, whose collectives are 29% of its compute). FSDP2 does overlap them (separate
+  streams, prefetch), but not for free, and the front-end prices none of the cost:
   NCCL's kernels hold SMs beside the GEMMs (the spec's `matrix_beside_collective`, 0.778, is applied only to
   Megatron's asynchronous TP backward), the gradients are reduce-scattered in fp32 (reduce_dtype=float32:
   twice the bf16 bytes the model counts), and FSDP2's copy-in/copy-out of the gathered parameters and
@@ -470,14 +475,16 @@ a policy read from torchtitan's code and is hand-tested in tests/predict/test_tr
   after seeing this table would be fitting to it.
 - Selective layer with N unknown: N = 1 (every block) gives -9.3% / -6.4%, N = 3 -24% / -22%; the doc's
   own pairs (8B: selective op 2973 vs selective layer 2904 WPS; 13B: 1904 vs 1914) do not pin N down.
-- Memory, an independent check: the front-end predicts 126 GiB per GPU for Llama 2 70B at local batch 2 with
-  selective layer AC (N = 2), over the 80 GB; torchtitan's 2024-04-18 table reports that configuration OOM.
-  Every scored row is predicted to fit (27-63 GiB), as they ran.
-- Selective op is not scored: torchtitan's policy (parallelize_llama.py at 1ea476e9f) caches the outputs of the
-  SDPA call and of the 1st, 3rd, 5th, 7th aten.mm of each block (wq, wv, w1, w2) and re-runs everything else
-  in backward: wk, wo, w3 and every non-matmul op (norms, rotary, silu, mul, residual adds). The front-end's
-  rows fuse wq/wk/wv into one qkv_proj row and w1/w3 into one fc1 row, so the policy cuts through rows and
-  needs its own recompute and memory terms (kept: the block input and those five outputs); not added here.
+- Memory, an independent check: torchtitan's 2024-04-18 table reports Llama 2 70B at local batch 2 OOM with
+  selective layer and with selective op AC (hence its batch-1 op row); the front-end predicts 126 GiB (layer,
+  N = 2) and 96 GiB (op) per GPU, over the 80 GB, and 56 GiB for the batch-1 op row. Every scored row is
+  predicted to fit (21-63 GiB), as they ran.
+- Selective op is scored with a policy added for it (`recompute="selective_op"`, hand-tested in
+  tests/predict/test_transformer_recompute_op.py): torchtitan's policy (parallelize_llama.py at 1ea476e9f)
+  keeps the outputs of the SDPA call and of the 1st, 3rd, 5th, 7th aten.mm of each block (wq, wv, w1, w2) and
+  re-runs everything else in backward: wk, wo, w3 and every non-matmul op (norms, rotary, silu, mul, residual
+  adds). The front-end fuses wq/wk/wv into one qkv_proj row and w1/w3 into one fc1 row, so the re-run shares
+  are the k projection's part of qkv_proj and half of fc1, at the fused rows' rate.
 - The interconnect is not stated; the spec's DGX A100 rail network (8 x 200 Gb/s HDR per node) gives the DP
   figures above, which matter only as far as the collectives are exposed (last two error columns).
 """

@@ -282,7 +282,8 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     roof = out["t_roof_fwd_s"] + out["t_roof_bwd_s"]
     exposed_tp = out["pred_fwd_s"] + out["pred_bwd_s"] - roof
     share = full_recompute_share(model.layers, opts)  # of the layers re-running their forward (full recompute)
-    rec_roof, rec_comm, rec_flops = _recompute_terms(out, opts, lay, core, share)
+    rec_roof, rec_comm, rec_flops = _recompute_terms(out, opts, lay, core, share,
+                                                     op_policy_rerun_share(out["name"], model)[:, None])
     eb = elem_bytes(dtype)
     cp_mb = per_stage * _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute=share)
     p2p = _p2p_per_micro_batch(model, cfg, spec, eb, opts)
@@ -322,11 +323,29 @@ def _tp_comm_bytes(out: dict, opts: Options, stage_sum, recomputed_layers, lay):
     return total
 
 
-def _recompute_terms(out: dict, opts: Options, lay, core, share=1.0) -> tuple:
+def op_policy_rerun_share(names, model) -> np.ndarray:
+    """Per sublayer row, the share of its forward that torchtitan's op-level selective AC re-runs in backward.
+
+    The policy (torchtitan parallelize_llama.py at 1ea476e9f, ``_custom_policy``) keeps the outputs of
+    aten.mm calls 1, 3, 5, 7 of a block and of the SDPA call, and re-runs every other op. A Llama block's
+    matmuls in forward order are wq, wk, wv, wo (attention), w1, w3, w2 (``w2(silu(w1 x) * w3 x)``), so
+    wk, wo and w3 re-run: of the fused qkv_proj row the k projection, kv_dim / (hidden + 2 kv_dim) of its
+    work; all of out_proj; half of fc1 (w3 of w1/w3); none of fc2 and of the attention core; all of every
+    other row (norms, rotary, activation, residual adds), none of which is a matmul."""
+    kv = model.kv_heads * model.head_dim
+    fixed = {"qkv_proj": kv / (model.hidden + 2 * kv), "out_proj": 1.0, "fc1": 0.5, "fc2": 0.0}
+    return np.array([0.0 if n in sharding.CORE_ATTENTION else fixed.get(n, 1.0) for n in names])
+
+
+def _recompute_terms(out: dict, opts: Options, lay, core, share=1.0, op_share=None) -> tuple:
     """(device seconds, exposed TP seconds, FLOPs) that activation recompute adds per layer and micro-batch: the
     forward (with its TP collectives) of the whole layer again ("full"; on ``share`` of the layers, see
     ``full_recompute_share``), or of the attention core ("selective", not with flash attention, which recomputes
-    inside its own backward), else nothing."""
+    inside its own backward), or ``op_share`` of each row's forward ("selective_op", ``op_policy_rerun_share``;
+    tp = 1, so no collectives), else nothing."""
+    if opts.recompute == "selective_op":
+        return (_select(op_share * out["t_roof_fwd_s"], lay), 0.0,
+                _select(op_share * (2 * out["macs_fwd"] + out["flops_fwd"]), lay))
     if opts.recompute == "full":
         return (share * _select(out["t_roof_fwd_s"], lay),
                 share * _select(out["pred_fwd_s"] - out["t_roof_fwd_s"], lay),
@@ -416,6 +435,14 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
         rebuilt = full_layer if share > 0 else 0.0  # one layer's activations rebuilt during its backward
     elif opts.recompute == "selective":
         kept, rebuilt = full_layer - _select(out["recomputed_act"], lay), _select(out["recomputed_act"], lay)
+    elif opts.recompute == "selective_op":
+        # kept per token: the block's input and the outputs the policy keeps (op_policy_rerun_share): wq, wo's
+        # input (the attention output), w2 (h each), wv (kv_dim), w1 (ffn_hidden) in the model dtype, and the
+        # flash attention's fp32 log-sum-exp per head; one layer is rebuilt during its backward (tp = 1)
+        tokens = cfg.micro_batch * cfg.seq / cfg.cp
+        kv = model.kv_heads * model.head_dim
+        kept = tokens * (elem_bytes(dtype) * (4 * model.hidden + kv + model.ffn_hidden) + 4 * model.heads)
+        rebuilt = full_layer
     else:
         kept, rebuilt = full_layer, 0.0
     res["act_per_layer_bytes"] = kept * np.ones(len(pp))

@@ -10,7 +10,7 @@ import numpy as np
 from perfcheck.errors import UserError
 from perfcheck.predict import sharding
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "selective_op")
 CP_KINDS = ("ring", "ulysses")
 DP_ENGINES = ("deepspeed", "megatron")
 
@@ -24,6 +24,10 @@ class Options:
       transformer-perf-estimates notebook's logits/softmax/dropout/attend rows (docs/transformer.md).
     recompute: activation checkpointing per layer: "none", "selective" (the attention core,
       Korthikanti et al. 2022) or "full" (keep each layer's input, redo its forward in backward).
+      "selective_op": torchtitan's op-level selective AC (parallelize_llama.py, April 2024): per layer the
+      outputs of the attention call and of every second matmul (wq, wv, w1, w2) are kept, everything else
+      (wk, wo, w3, norms, rotary, activation, residual adds) re-runs in backward; Llama-style layers
+      (SwiGLU, no MoE), flash attention, tp = 1 (``step.op_policy_rerun_share``).
     recompute_every: with recompute="full", checkpoint only every Nth layer and keep all activations
       of the others (torchtitan's "selective layer" AC, parallelize_llama.py: the k-th wrapped block,
       k = 1..L, is checkpointed when k % N == 0, i.e. floor(L/N) of L; ``full_recompute_share``). 1: all.
@@ -94,6 +98,8 @@ class Options:
             raise UserError(f"scatter_gather must be true or false, got {self.scatter_gather!r}")
         if self.recompute not in RECOMPUTE:
             raise UserError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.recompute == "selective_op" and not self.flash:
+            raise UserError("recompute='selective_op' needs flash=True (the policy keeps the fused attention's output)")
         n = self.recompute_every
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise UserError(f"recompute_every must be a positive integer (checkpoint every Nth layer), got {n!r}")
@@ -206,6 +212,11 @@ def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = No
         (o["seq"] % np.maximum(o["cp"], 1) != 0, "cp does not divide seq"),
         (sp & (o["tp"] == 1), "sp needs tp > 1"),
     ]
+    if opts is not None and opts.recompute == "selective_op":
+        checks.append((o["tp"] > 1, "recompute='selective_op' is modelled for tp = 1 only"))
+        if model.activation != "swiglu" or model.experts:
+            raise UserError(f"{where or 'layouts'}: recompute='selective_op' needs a dense SwiGLU model (its matmul "
+                            f"order wq wk wv wo w1 w3 w2), got activation={model.activation!r}, experts={model.experts}")
     if opts is not None and opts.cp_kind == "ulysses":
         checks.append(((model.heads // np.maximum(o["tp"], 1)) % np.maximum(o["cp"], 1) != 0,
                        f"Ulysses: cp does not divide the heads per TP rank (heads = {model.heads})"))
