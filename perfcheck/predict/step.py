@@ -281,10 +281,8 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     l_time = _select(out["pred_fwd_s"] + out["pred_bwd_s"], last)
     roof = out["t_roof_fwd_s"] + out["t_roof_bwd_s"]
     exposed_tp = out["pred_fwd_s"] + out["pred_bwd_s"] - roof
-    share = full_recompute_share(model.layers, opts)  # of the layers re-running their forward (full recompute)
-    rec_roof, rec_comm, rec_flops = _recompute_terms(out, opts, lay, core, share,
-                                                     op_policy_rerun_share(out["name"], model)[:, None])
-    eb = elem_bytes(dtype)
+    eb, share = elem_bytes(dtype), full_recompute_share(model.layers, opts)  # share: layers re-running forward
+    rec_roof, rec_comm, rec_flops = _recompute_terms(out, opts, lay, core, share, model)
     cp_mb = per_stage * _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute=share)
     p2p = _p2p_per_micro_batch(model, cfg, spec, eb, opts)
     compute_mb = stage_sum(roof)
@@ -337,13 +335,14 @@ def op_policy_rerun_share(names, model) -> np.ndarray:
     return np.array([0.0 if n in sharding.CORE_ATTENTION else fixed.get(n, 1.0) for n in names])
 
 
-def _recompute_terms(out: dict, opts: Options, lay, core, share=1.0, op_share=None) -> tuple:
+def _recompute_terms(out: dict, opts: Options, lay, core, share, model) -> tuple:
     """(device seconds, exposed TP seconds, FLOPs) that activation recompute adds per layer and micro-batch: the
     forward (with its TP collectives) of the whole layer again ("full"; on ``share`` of the layers, see
     ``full_recompute_share``), or of the attention core ("selective", not with flash attention, which recomputes
-    inside its own backward), or ``op_share`` of each row's forward ("selective_op", ``op_policy_rerun_share``;
+    inside its own backward), or a share of each row's forward ("selective_op", ``op_policy_rerun_share``;
     tp = 1, so no collectives), else nothing."""
     if opts.recompute == "selective_op":
+        op_share = op_policy_rerun_share(out["name"], model)[:, None]
         return (_select(op_share * out["t_roof_fwd_s"], lay), 0.0,
                 _select(op_share * (2 * out["macs_fwd"] + out["flops_fwd"]), lay))
     if opts.recompute == "full":
@@ -415,19 +414,10 @@ def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
     return np.where(c > 1, exposed, 0.0)
 
 
-def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
-    """ZeRO collectives and model-state memory (zero.py), activation memory, optimizer time."""
-    from perfcheck.predict import zero
-
-    pp, m = cfg.pp.astype(float), cfg.micro_batches.astype(float)
-    per_stage, one = model.layers / pp, pp == 1
-    params = out["params"]
-    p_layer, p_first, p_last = _select(params, lay), _select(params, first), _select(params, last)
-    p_stage_first = per_stage * p_layer + p_first + np.where(one, p_last, 0.0)
-    p_stage_last = per_stage * p_layer + p_last + np.where(one, p_first, 0.0)
-    # activations kept per micro-batch per layer, by recompute mode (Korthikanti et al. 2022, Table 2)
-    act = out["act_mem"]
-    full_layer = _select(act, lay)
+def _kept_per_layer(model, cfg, out, dtype, opts, lay) -> tuple:
+    """(bytes one layer keeps per micro-batch, bytes of one layer rebuilt during its backward) by recompute mode
+    (Korthikanti et al. 2022, Table 2; ``recompute_every`` and "selective_op" as ``Options`` says)."""
+    full_layer = _select(out["act_mem"], lay)
     if opts.recompute == "full":
         layer_input = cfg.micro_batch * cfg.seq / cfg.cp * model.hidden * elem_bytes(dtype) / act_split(cfg, opts)
         share = full_recompute_share(model.layers, opts)  # the other layers keep everything (recompute_every)
@@ -445,6 +435,21 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
         rebuilt = full_layer
     else:
         kept, rebuilt = full_layer, 0.0
+    return kept, rebuilt
+
+
+def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
+    """ZeRO collectives and model-state memory (zero.py), activation memory, optimizer time."""
+    from perfcheck.predict import zero
+
+    pp, m = cfg.pp.astype(float), cfg.micro_batches.astype(float)
+    per_stage, one = model.layers / pp, pp == 1
+    params = out["params"]
+    p_layer, p_first, p_last = _select(params, lay), _select(params, first), _select(params, last)
+    p_stage_first = per_stage * p_layer + p_first + np.where(one, p_last, 0.0)
+    p_stage_last = per_stage * p_layer + p_last + np.where(one, p_first, 0.0)
+    act = out["act_mem"]
+    kept, rebuilt = _kept_per_layer(model, cfg, out, dtype, opts, lay)
     res["act_per_layer_bytes"] = kept * np.ones(len(pp))
     # 1F1B: the first stage holds pp micro-batches; interleaved, (1 + (p-1)/(p*v)) times that (Korthikanti
     # et al. 2022, sec. 4.2.3: the first stage's activations grow by that factor with v model chunks)

@@ -212,11 +212,6 @@ def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = No
         (o["seq"] % np.maximum(o["cp"], 1) != 0, "cp does not divide seq"),
         (sp & (o["tp"] == 1), "sp needs tp > 1"),
     ]
-    if opts is not None and opts.recompute == "selective_op":
-        checks.append((o["tp"] > 1, "recompute='selective_op' is modelled for tp = 1 only"))
-        if model.activation != "swiglu" or model.experts:
-            raise UserError(f"{where or 'layouts'}: recompute='selective_op' needs a dense SwiGLU model (its matmul "
-                            f"order wq wk wv wo w1 w3 w2), got activation={model.activation!r}, experts={model.experts}")
     if opts is not None and opts.cp_kind == "ulysses":
         checks.append(((model.heads // np.maximum(o["tp"], 1)) % np.maximum(o["cp"], 1) != 0,
                        f"Ulysses: cp does not divide the heads per TP rank (heads = {model.heads})"))
@@ -230,7 +225,7 @@ def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = No
                    (model.ffn_hidden % t != 0, f"tp does not divide ffn_hidden = {model.ffn_hidden}"),
                    (model.kv_heads % t != 0, f"tp does not divide kv_heads = {model.kv_heads}"),
                    (sp & (o["seq"] % t != 0), "tp (sequence parallel) does not divide seq")]
-    checks += [
+    checks += _op_policy_checks(model, o, opts, where) + [
         (model.layers % np.maximum(o["pp"], 1) != 0, f"pp does not divide layers = {model.layers}"),
         (model.layers % np.maximum(o["pp"] * o["virtual_stages"], 1) != 0,
          f"pp * virtual_stages does not divide layers = {model.layers}"),
@@ -243,6 +238,16 @@ def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = No
             i = int(np.argmax(bad))
             raise UserError(f"{where or f'layouts row {i}'}: {message} (got {_row_text(o, i)})")
     return Layouts(**out)
+
+
+def _op_policy_checks(model, o, opts, where) -> list:
+    """recompute="selective_op" is modelled for a dense SwiGLU model (its matmul order wq wk wv wo w1 w3 w2) at tp 1."""
+    if opts is None or opts.recompute != "selective_op":
+        return []
+    if model.activation != "swiglu" or model.experts:
+        raise UserError(f"{where or 'layouts'}: recompute='selective_op' needs a dense SwiGLU model (its matmul "
+                        f"order wq wk wv wo w1 w3 w2), got activation={model.activation!r}, experts={model.experts}")
+    return [(o["tp"] > 1, "recompute='selective_op' is modelled for tp = 1 only")]
 
 
 def _row_text(o, i):
