@@ -28,7 +28,7 @@ import pandas as pd
 
 from perfcheck.predict import collectives, pipeline, roofline, sharding
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
-                                           make_options, single_layout, validate_layouts)
+                                           full_recompute_share, make_options, single_layout, validate_layouts)
 from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, spec_of
 
 
@@ -278,9 +278,9 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     l_time = _select(out["pred_fwd_s"] + out["pred_bwd_s"], last)
     roof = out["t_roof_fwd_s"] + out["t_roof_bwd_s"]
     exposed_tp = out["pred_fwd_s"] + out["pred_bwd_s"] - roof
-    rec_roof, rec_comm, rec_flops = _recompute_terms(out, opts, lay, core)
-    eb = elem_bytes(dtype)
-    cp_mb = per_stage * _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute=opts.recompute == "full")
+    eb, share = elem_bytes(dtype), full_recompute_share(model.layers, opts)  # share: layers re-running forward
+    rec_roof, rec_comm, rec_flops = _recompute_terms(out, opts, lay, core, share, model)
+    cp_mb = per_stage * _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute=share)
     p2p = _p2p_per_micro_batch(model, cfg, spec, eb, opts)
     compute_mb = stage_sum(roof)
     tp_mb = stage_sum(exposed_tp) + per_stage * rec_comm
@@ -299,7 +299,7 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     middle_t = stage_t - critical_end
     res["bubble_time_s"] = gas * pipeline.flush_bubble_s(pp, v, middle_t, middle_t + other_end(roof + exposed_tp))
     res["bubble_fraction"] = pipeline.bubble_share(pp, v, m)
-    res["tp_comm_bytes"] = micro * _tp_comm_bytes(out, opts, stage_sum, per_stage, lay)
+    res["tp_comm_bytes"] = micro * _tp_comm_bytes(out, opts, stage_sum, per_stage * share, lay)
     _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last)
     res["step_time_s"] = sum(res[k] for k in BREAKDOWN)
     flops = 2 * (out["macs_fwd"] + out["macs_bwd"]) + out["flops_fwd"] + out["flops_bwd"]
@@ -309,22 +309,43 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     return res
 
 
-def _tp_comm_bytes(out: dict, opts: Options, stage_sum, per_stage, lay):
-    """TP/SP collective bytes per micro-batch on the critical stage; with full recompute the re-run forward
-    issues its collectives again."""
+def _tp_comm_bytes(out: dict, opts: Options, stage_sum, recomputed_layers, lay):
+    """TP/SP collective bytes per micro-batch on the critical stage; with full recompute the re-run forward of
+    each of the stage's ``recomputed_layers`` issues its collectives again."""
     total = stage_sum(sum(out[f"comm_{p}_{k}"] for p in ("fwd", "bwd") for k in sharding.SUBLAYER_KINDS))
     if opts.recompute == "full":
-        total = total + per_stage * _select(sum(out[f"comm_fwd_{k}"] for k in sharding.SUBLAYER_KINDS), lay)
+        total = total + recomputed_layers * _select(sum(out[f"comm_fwd_{k}"] for k in sharding.SUBLAYER_KINDS), lay)
     return total
 
 
-def _recompute_terms(out: dict, opts: Options, lay, core) -> tuple:
+def op_policy_rerun_share(names, model) -> np.ndarray:
+    """Per sublayer row, the share of its forward that torchtitan's op-level selective AC re-runs in backward.
+
+    The policy (torchtitan parallelize_llama.py at 1ea476e9f, ``_custom_policy``) keeps the outputs of
+    aten.mm calls 1, 3, 5, 7 of a block and of the SDPA call, and re-runs every other op. A Llama block's
+    matmuls in forward order are wq, wk, wv, wo (attention), w1, w3, w2 (``w2(silu(w1 x) * w3 x)``), so
+    wk, wo and w3 re-run: of the fused qkv_proj row the k projection, kv_dim / (hidden + 2 kv_dim) of its
+    work; all of out_proj; half of fc1 (w3 of w1/w3); none of fc2 and of the attention core; all of every
+    other row (norms, rotary, activation, residual adds), none of which is a matmul."""
+    kv = model.kv_heads * model.head_dim
+    fixed = {"qkv_proj": kv / (model.hidden + 2 * kv), "out_proj": 1.0, "fc1": 0.5, "fc2": 0.0}
+    return np.array([0.0 if n in sharding.CORE_ATTENTION else fixed.get(n, 1.0) for n in names])
+
+
+def _recompute_terms(out: dict, opts: Options, lay, core, share, model) -> tuple:
     """(device seconds, exposed TP seconds, FLOPs) that activation recompute adds per layer and micro-batch: the
-    forward (with its TP collectives) of the whole layer again ("full"), or of the attention core
-    ("selective", not with flash attention, which recomputes inside its own backward), else nothing."""
+    forward (with its TP collectives) of the whole layer again ("full"; on ``share`` of the layers, see
+    ``full_recompute_share``), or of the attention core ("selective", not with flash attention, which recomputes
+    inside its own backward), or a share of each row's forward ("selective_op", ``op_policy_rerun_share``;
+    tp = 1, so no collectives), else nothing."""
+    if opts.recompute == "selective_op":
+        op_share = op_policy_rerun_share(out["name"], model)[:, None]
+        return (_select(op_share * out["t_roof_fwd_s"], lay), 0.0,
+                _select(op_share * (2 * out["macs_fwd"] + out["flops_fwd"]), lay))
     if opts.recompute == "full":
-        return (_select(out["t_roof_fwd_s"], lay), _select(out["pred_fwd_s"] - out["t_roof_fwd_s"], lay),
-                _select(2 * out["macs_fwd"] + out["flops_fwd"], lay))
+        return (share * _select(out["t_roof_fwd_s"], lay),
+                share * _select(out["pred_fwd_s"] - out["t_roof_fwd_s"], lay),
+                share * _select(2 * out["macs_fwd"] + out["flops_fwd"], lay))
     if opts.recompute == "selective" and not opts.flash:
         return _select(out["t_roof_fwd_s"], core), 0.0, _select(2 * out["macs_fwd"] + out["flops_fwd"], core)
     return 0.0, 0.0, 0.0
@@ -362,9 +383,9 @@ BREAKDOWN = ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "cp_comm_ti
 
 def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
     """Exposed context-parallel communication of one layer per micro-batch (fwd + bwd, + the re-run forward
-    under full recompute). Ring attention passes K/V blocks while it computes on the current one
-    (Liu et al. 2023, sec. 3), so only what the ring's time exceeds the attention core's is exposed;
-    Ulysses' all-to-alls stand between the projections and the core: fully exposed."""
+    under full recompute on ``full_recompute`` of the layers, a share in [0, 1]). Ring attention passes K/V
+    blocks while it computes on the current one (Liu et al. 2023, sec. 3), so only what the ring's time exceeds
+    the attention core's is exposed; Ulysses' all-to-alls stand between the projections and the core: fully exposed."""
     c = cfg.cp.astype(float)
     if not np.any(c > 1):
         return np.zeros(len(c))
@@ -376,7 +397,7 @@ def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
                                               eb, t, c)
         fwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(fwd_b) / 4, c, bw, spec)  # four calls: q, k, v, out
         bwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(bwd_b) / 4, c, bw, spec)
-        exposed = fwd + bwd + (fwd if full_recompute else 0.0)
+        exposed = fwd + bwd + full_recompute * fwd
     else:
         fwd_b, bwd_b = pipeline.cp_ring_bytes(cfg.micro_batch, cfg.seq, model.kv_heads, model.head_dim, eb, t, c)
         # each of the c - 1 steps is a send to the next rank: the time of the whole ring at the rail bandwidth
@@ -386,8 +407,32 @@ def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
         per_step_f, per_step_b = core_f / c, core_b / c  # the core's work is split over the c blocks
         fwd = (c - 1) * np.maximum(step_f - per_step_f, 0.0)
         bwd = (c - 1) * np.maximum(step_b - per_step_b, 0.0)
-        exposed = fwd + bwd + (fwd if full_recompute else 0.0)
+        exposed = fwd + bwd + full_recompute * fwd
     return np.where(c > 1, exposed, 0.0)
+
+
+def _kept_per_layer(model, cfg, out, dtype, opts, lay) -> tuple:
+    """(bytes one layer keeps per micro-batch, bytes of one layer rebuilt during its backward) by recompute mode
+    (Korthikanti et al. 2022, Table 2; ``recompute_every`` and "selective_op" as ``Options`` says)."""
+    full_layer = _select(out["act_mem"], lay)
+    if opts.recompute == "full":
+        layer_input = cfg.micro_batch * cfg.seq / cfg.cp * model.hidden * elem_bytes(dtype) / act_split(cfg, opts)
+        share = full_recompute_share(model.layers, opts)  # the other layers keep everything (recompute_every)
+        kept = share * layer_input + (1 - share) * full_layer  # per layer, on average over the stage
+        rebuilt = full_layer if share > 0 else 0.0  # one layer's activations rebuilt during its backward
+    elif opts.recompute == "selective":
+        kept, rebuilt = full_layer - _select(out["recomputed_act"], lay), _select(out["recomputed_act"], lay)
+    elif opts.recompute == "selective_op":
+        # kept per token: the block's input and the outputs the policy keeps (op_policy_rerun_share): wq, wo's
+        # input (the attention output), w2 (h each), wv (kv_dim), w1 (ffn_hidden) in the model dtype, and the
+        # flash attention's fp32 log-sum-exp per head; one layer is rebuilt during its backward (tp = 1)
+        tokens = cfg.micro_batch * cfg.seq / cfg.cp
+        kv = model.kv_heads * model.head_dim
+        kept = tokens * (elem_bytes(dtype) * (4 * model.hidden + kv + model.ffn_hidden) + 4 * model.heads)
+        rebuilt = full_layer
+    else:
+        kept, rebuilt = full_layer, 0.0
+    return kept, rebuilt
 
 
 def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
@@ -400,16 +445,8 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
     p_layer, p_first, p_last = _select(params, lay), _select(params, first), _select(params, last)
     p_stage_first = per_stage * p_layer + p_first + np.where(one, p_last, 0.0)
     p_stage_last = per_stage * p_layer + p_last + np.where(one, p_first, 0.0)
-    # activations kept per micro-batch per layer, by recompute mode (Korthikanti et al. 2022, Table 2)
     act = out["act_mem"]
-    full_layer = _select(act, lay)
-    if opts.recompute == "full":
-        layer_input = cfg.micro_batch * cfg.seq / cfg.cp * model.hidden * elem_bytes(dtype) / act_split(cfg, opts)
-        kept, rebuilt = layer_input, full_layer  # one layer's activations rebuilt during its backward
-    elif opts.recompute == "selective":
-        kept, rebuilt = full_layer - _select(out["recomputed_act"], lay), _select(out["recomputed_act"], lay)
-    else:
-        kept, rebuilt = full_layer, 0.0
+    kept, rebuilt = _kept_per_layer(model, cfg, out, dtype, opts, lay)
     res["act_per_layer_bytes"] = kept * np.ones(len(pp))
     # 1F1B: the first stage holds pp micro-batches; interleaved, (1 + (p-1)/(p*v)) times that (Korthikanti
     # et al. 2022, sec. 4.2.3: the first stage's activations grow by that factor with v model chunks)

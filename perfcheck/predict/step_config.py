@@ -10,7 +10,7 @@ import numpy as np
 from perfcheck.errors import UserError
 from perfcheck.predict import sharding
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "selective_op")
 CP_KINDS = ("ring", "ulysses")
 DP_ENGINES = ("deepspeed", "megatron")
 
@@ -24,6 +24,13 @@ class Options:
       transformer-perf-estimates notebook's logits/softmax/dropout/attend rows (docs/transformer.md).
     recompute: activation checkpointing per layer: "none", "selective" (the attention core,
       Korthikanti et al. 2022) or "full" (keep each layer's input, redo its forward in backward).
+      "selective_op": torchtitan's op-level selective AC (parallelize_llama.py, April 2024): per layer the
+      outputs of the attention call and of every second matmul (wq, wv, w1, w2) are kept, everything else
+      (wk, wo, w3, norms, rotary, activation, residual adds) re-runs in backward; Llama-style layers
+      (SwiGLU, no MoE), flash attention, tp = 1 (``step.op_policy_rerun_share``).
+    recompute_every: with recompute="full", checkpoint only every Nth layer and keep all activations
+      of the others (torchtitan's "selective layer" AC, parallelize_llama.py: the k-th wrapped block,
+      k = 1..L, is checkpointed when k % N == 0, i.e. floor(L/N) of L; ``full_recompute_share``). 1: all.
     tp_overlap, dp_overlap: fraction of TP / DP collective time hidden behind compute.
     tp_async_backward: Megatron-LM's asynchronous column-parallel backward (default there since Sept. 2021;
       Narayanan et al. 2021's runs predate it): the input gradient's all-reduce / reduce-scatter runs
@@ -48,6 +55,7 @@ class Options:
     causal: bool = False
     flash: bool = False
     recompute: str = "none"
+    recompute_every: int = 1
     tp_overlap: float = 0.0
     dp_overlap: float = 0.0
     tp_async_backward: bool = False
@@ -90,10 +98,26 @@ class Options:
             raise UserError(f"scatter_gather must be true or false, got {self.scatter_gather!r}")
         if self.recompute not in RECOMPUTE:
             raise UserError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.recompute == "selective_op" and not self.flash:
+            raise UserError("recompute='selective_op' needs flash=True (the policy keeps the fused attention's output)")
+        n = self.recompute_every
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise UserError(f"recompute_every must be a positive integer (checkpoint every Nth layer), got {n!r}")
+        if n > 1 and self.recompute != "full":
+            raise UserError(f"recompute_every = {n} needs recompute='full' (got recompute={self.recompute!r})")
         for f in ("tp_overlap", "dp_overlap"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise UserError(f"{f} must be a fraction in [0, 1], got {v!r}")
+
+
+def full_recompute_share(layers, opts: Options) -> float:
+    """Share of the layers whose forward is re-run in backward under full recompute: 1 for recompute="full"
+    (every layer), floor(layers / N) / layers with recompute_every = N (the k-th of layers 1..L is checkpointed
+    when k % N == 0: torchtitan's selective layer AC), 0 otherwise. Applied to each pipeline stage's layers."""
+    if opts.recompute != "full":
+        return 0.0
+    return (layers // opts.recompute_every) / layers
 
 
 def check_ep(model, opts: Options):
@@ -201,7 +225,7 @@ def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = No
                    (model.ffn_hidden % t != 0, f"tp does not divide ffn_hidden = {model.ffn_hidden}"),
                    (model.kv_heads % t != 0, f"tp does not divide kv_heads = {model.kv_heads}"),
                    (sp & (o["seq"] % t != 0), "tp (sequence parallel) does not divide seq")]
-    checks += [
+    checks += _op_policy_checks(model, o, opts, where) + [
         (model.layers % np.maximum(o["pp"], 1) != 0, f"pp does not divide layers = {model.layers}"),
         (model.layers % np.maximum(o["pp"] * o["virtual_stages"], 1) != 0,
          f"pp * virtual_stages does not divide layers = {model.layers}"),
@@ -214,6 +238,16 @@ def validate_layouts(model, cols: Mapping[str, np.ndarray], opts: "Options" = No
             i = int(np.argmax(bad))
             raise UserError(f"{where or f'layouts row {i}'}: {message} (got {_row_text(o, i)})")
     return Layouts(**out)
+
+
+def _op_policy_checks(model, o, opts, where) -> list:
+    """recompute="selective_op" is modelled for a dense SwiGLU model (its matmul order wq wk wv wo w1 w3 w2) at tp 1."""
+    if opts is None or opts.recompute != "selective_op":
+        return []
+    if model.activation != "swiglu" or model.experts:
+        raise UserError(f"{where or 'layouts'}: recompute='selective_op' needs a dense SwiGLU model (its matmul "
+                        f"order wq wk wv wo w1 w3 w2), got activation={model.activation!r}, experts={model.experts}")
+    return [(o["tp"] > 1, "recompute='selective_op' is modelled for tp = 1 only")]
 
 
 def _row_text(o, i):

@@ -266,7 +266,7 @@ def estimate_transformer(model="gpt2-124m", *, batch: int = 1, seq: int = None, 
     tp_scheme: "1d" (Megatron), "2d" (Optimus: tp = q*q), "2.5d" (Tesseract: tp = q*q*tp_depth) or
     "3d" (tp = q**3); ``sharding.grid_linear`` and docs/transformer.md give the per-GPU split.
     options (``step.Options``): tp_depth (2.5D's d), causal (halve the score matmuls), flash (one fused attention row),
-    recompute ("none" | "selective" | "full"), tp_overlap and dp_overlap (hidden fraction of
+    recompute ("none" | "selective" | "full"), recompute_every (with "full": every Nth layer only), tp_overlap and dp_overlap (hidden fraction of
     communication, default 0), tp_async_backward (Megatron-LM's column-parallel backward collectives beside
     a GEMM, exposed only beyond it; default False), optimizer ("adam" | "sgd"), master_weights (fp32 copy, default True).
 

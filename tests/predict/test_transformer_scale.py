@@ -344,3 +344,23 @@ def test_async_column_parallel_backward_exposes_only_the_excess_over_its_gemm(sp
         assert asyn.loc[name, "pred_fwd_s"] == plain.loc[name, "pred_fwd_s"]
     with pytest.raises(UserError, match="tp_async_backward"):
         estimate_transformer(model, tp_async_backward="yes", **kw)
+
+
+def test_torchtitan_rows_agree_with_the_mfu_the_doc_prints():
+    """bench/data/torchtitan_runs.csv against torchtitan's own arithmetic: the parameter count of Llama 3 8B / 70B as
+    published (8,030,261,248 / 70,553,706,496, Meta's model cards via the model files), and every A100 row's MFU
+    recomputed from its WPS as train.py does ((6 N + 12 l h q t) x WPS / 312e12) equal to the printed one to its
+    rounding (0.05 points): the seq, architecture and per-GPU WPS read into the CSV are what the runs used."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "published_runs.py"
+    spec = importlib.util.spec_from_file_location("published_runs", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.torchtitan_runs().set_index("name")
+    assert bench.torchtitan_params(rows.loc["llama3-8b sel-op"]) == 8_030_261_248
+    assert bench.torchtitan_params(rows.loc["llama3-70b full"]) == 70_553_706_496
+    a100 = rows[rows["gpu"].str.startswith("A100")]
+    assert len(a100) == 8
+    assert (a100["mfu_check"] - a100["mfu_reported"]).abs().max() < 0.0005
