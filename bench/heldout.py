@@ -32,7 +32,6 @@ import argparse
 import dataclasses
 import datetime
 import os
-import statistics
 import sys
 import time
 import types
@@ -510,9 +509,7 @@ def merged(calibrations):
     """The spec of quick calibrations taken either side of a measurement (per case the median,
     ``merge_measurements``): a shared machine's speed drifts, and the pair brackets the measurement. The merged
     table rides on the spec's ``table`` attribute for the re-fitted ablations (``refitted``)."""
-    from perfcheck.hardware.cache import AUTO_NAME
-    from perfcheck.calibrate.fit import build_spec, merge_measurements
-    from perfcheck.calibrate.run import provenance
+    from perfcheck.calibrate.fit import merge_measurements
 
     table = merge_measurements([c.measurements for c in calibrations])
     spec = _fit(table)
@@ -533,7 +530,13 @@ def _fit(table):
 ABLATION_CLASSES = ("Conv dense", "Conv grouped", "Embedding", "attention", "Linear", "Norm", "optimizer")
 #: Ablations that re-fit the calibration without some of its cases (a term whose removal changes the other fits:
 #: a convolution class's fixed cost is taken out of its efficiency before the efficiency is fitted).
-REFITTED = {"-conv class fixed costs (re-fitted)": lambda t: t[t["kind"] != "classfixed"]}
+REFITTED = {"-conv class fixed costs (re-fitted)": lambda t: t[(t["kind"] != "classfixed")
+                                                                | t["label"].astype(str).str.startswith("_embedding_bag")],
+            # the EmbeddingBag classes' fixed costs (op_classes.embedding_bag_fixed_cases) and the module's Python
+            # (layers.tiny_modules): the estimator as it was before they were measured
+            "-embedding-bag fixed costs (re-fitted)": lambda t: t[~(
+                ((t["kind"] == "classfixed") & t["label"].astype(str).str.startswith("_embedding_bag"))
+                | ((t["kind"] == "modfixed") & (t["label"] == "EmbeddingBag")))]}
 
 
 #: op_row_s entries ablated together, by the op they price (aten op names as ``row_costs`` keys them). The

@@ -38,11 +38,15 @@ def tiny_modules(dev):
         "Conv1d": (nn.Conv1d(1, 1, 3), torch.randn(2, 1, 16, device=dev)),
         "Conv2d": (nn.Conv2d(1, 1, 3), torch.randn(2, 1, 6, 6, device=dev)), "BatchNorm1d": (nn.BatchNorm1d(16), y),
         "BatchNorm2d": (nn.BatchNorm2d(1), img),
+        # F.embedding_bag's Python (argument checks, the mode's name to its number) beyond _embedding_bag's
+        # fixed cost (op_fixed_s[<class>]): ~6 us on the project's Xeon; inputs: 8 indices, offsets of 2 bags
+        "EmbeddingBag": (nn.EmbeddingBag(16, 4, mode="mean"), (torch.arange(8, device=dev), torch.tensor([0, 4], device=dev))),
     }
     # a layer's input needs a gradient (it comes out of the layer before), as for every layer of a step but
     # the first: autograd then records more (a ReLU on 8x16 took 17.4 us so, 9.8 us on a plain input, on the
     # project's VM, where the estimator says 9.3 and 7.9)
-    return {name: (m.to(dev).train(), (x.requires_grad_(True) if x.is_floating_point() else x,))
+    return {name: (m.to(dev).train(), tuple(t.requires_grad_(True) if t.is_floating_point() else t
+                                            for t in (x if isinstance(x, tuple) else (x,))))
             for name, (m, x) in mods.items()}
 
 

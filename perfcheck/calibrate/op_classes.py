@@ -29,7 +29,7 @@ import torch
 
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.cases import Case
-from perfcheck.calibrate.op_cases import ROW_CASE_LENGTH, ROW_COUNTS
+from perfcheck.calibrate.op_cases import ROW_CASE_LENGTH
 from perfcheck.calibrate.layers import CallModule
 from perfcheck.predict.aten_costs import cost_of
 from perfcheck.predict.trace import trace_model
@@ -69,6 +69,13 @@ ELEMENTWISE = 1 << 18
 #: Embedding table rows of the per-index cases (their dense gradient is the same at both index counts: the slope
 #: over the indices is the per-index price).
 EMBED_ROWS = 4096
+#: Index counts of the per-index cases: a wider span than the row-wise ops' ``ROW_COUNTS`` (64 -> 512). Why: a
+#: backward call's fixed part (the 4096-row gradient zeroed; the bag's backward through autograd: the engine's
+#: start, AccumulateGrad) is 20-55 us, as much as 448 indices' worth, so its wobble moves the slope: six fits in a
+#: row on the project's Xeon (1 thread, process time, 2026-11-26) gave the bag's backward 56-83 ns per index (40%
+#: spread) at 64 -> 512 through autograd, 84-107 (25%) at 128 -> 2048 as one aten call. 128 -> 2048 also spans
+#: the index counts of typical lookups (the held-out models': 64 - 2048), where the sort's n log n bends the line.
+EMBED_COUNTS = (128, 2048)
 
 
 def _costs(fn, inputs, names) -> dict:
@@ -206,26 +213,25 @@ def safe_softmax_case(dev) -> Case:
 def embedding_row_cases(dev) -> list:
     """Per index: ``nn.Embedding`` (aten ``embedding``: a row gather; backward aten.embedding_dense_backward: the
     dense gradient, then one row added per index) and ``nn.EmbeddingBag`` (``_embedding_bag``, sum over bags of 4;
-    backward through autograd), each on ``ROW_COUNTS`` indices into an ``EMBED_ROWS``-row table of
-    ``ROW_CASE_LENGTH`` columns."""
+    backward aten._embedding_bag_backward, what autograd's node calls: one aten call, as the embedding's, so no
+    engine start or AccumulateGrad adds noise to the slope), each on ``EMBED_COUNTS`` indices into an
+    ``EMBED_ROWS``-row table of ``ROW_CASE_LENGTH`` columns."""
     dim = ROW_CASE_LENGTH
     table = torch.randn(EMBED_ROWS, dim, device=dev)
     tg = table.clone().requires_grad_(True)
     gen = torch.Generator(device="cpu").manual_seed(0)
     out = []
-    for n in ROW_COUNTS:
+    for n in EMBED_COUNTS:
         idx = torch.randint(0, EMBED_ROWS, (n,), generator=gen).to(dev)
         offs = torch.arange(0, n, 4, device=dev)
         g = torch.randn(n, dim, device=dev)
         gb = torch.randn(len(offs), dim, device=dev)
         emb = lambda t, i=idx: torch.nn.functional.embedding(i, t)  # noqa: E731
         bag = lambda t, i=idx, o=offs: torch.nn.functional.embedding_bag(i, t, o, mode="sum")  # noqa: E731
-        yb = bag(tg)
+        _, o2b, bag_size, max_idx = aten._embedding_bag(table, idx, offs, False, 0)
         cost = {"embedding": _costs(emb, (tg,), ("embedding",)), "_embedding_bag": _costs(bag, (tg,), ("_embedding_bag",))}
-
-        def bag_bwd(yb=yb, gb=gb):
-            yb.backward(gb, retain_graph=True)
-            tg.grad = None
+        bag_bwd = lambda gb=gb, i=idx, o=offs, ob=o2b, b=bag_size, x=max_idx: aten._embedding_bag_backward(  # noqa: E731
+            gb, i, o, ob, b, x, EMBED_ROWS, False, 0, False, None)
         for name, phase, fn in (("embedding", "fwd", lambda e=emb: e(table)),
                                 ("embedding", "bwd", lambda g=g, i=idx: aten.embedding_dense_backward(
                                     g, i, EMBED_ROWS, -1, False)),
@@ -237,10 +243,45 @@ def embedding_row_cases(dev) -> list:
     return out
 
 
+#: EmbeddingBag classes (perfcheck.predict.aten_costs.embedding_bag_class) -> the mode of their tiny call. Why: an
+#: ``_embedding_bag`` call costs a fixed 10-18 us beyond its rows whatever its size (offset2bag, bag_size and
+#: max_indices allocated and filled, the fbgemm kernel looked up; backward: the indices sorted, offset2bag
+#: index_select'ed, per-row counts allocated: EmbeddingBag.cpp ``_embedding_bag_cpu_impl_out``,
+#: ``_embedding_bag_dense_backward_cpu_sum_mean``). On the project's Xeon (1 thread, process time, 2026-11-26) a
+#: tiny call took 11 us forward and 17 us backward (sum), 19 and 12 us (mean), where a tiny add takes 1.4 us; the
+#: per-index cases (``embedding_row_cases``) fit a slope, which leaves it out, so wide & deep's EmbeddingBag
+#: forwards (1024-2048 indices) read 20-50 us against 5-19 predicted.
+EMBEDDING_BAG_FIXED_CASES = {"_embedding_bag": 0, "_embedding_bag_mean": 1}
+#: The tiny call's table rows, columns, indices and bags.
+EMBEDDING_BAG_TINY = (16, 4, 8, 2)
+
+
+def embedding_bag_fixed_cases(dev) -> list:
+    """``classfixed`` rows: per ``EMBEDDING_BAG_FIXED_CASES`` class, one tiny ``aten._embedding_bag`` (label = the
+    class) and its ``aten._embedding_bag_backward`` (``<class>:bwd``: what autograd's EmbeddingBagBackward0 node
+    calls, without the engine), each one aten call, so its time less one tiny op's dispatch is the class's fixed
+    cost per call (op_fixed_s; host time in the estimator, perfcheck.predict.host)."""
+    rows, dim, n, bags = EMBEDDING_BAG_TINY
+    table = torch.randn(rows, dim, device=dev)
+    idx = torch.arange(n, device=dev) % rows
+    offs = torch.arange(0, n, n // bags, device=dev)
+    g = torch.randn(bags, dim, device=dev)
+    out = []
+    for label, mode in EMBEDDING_BAG_FIXED_CASES.items():
+        _, offset2bag, bag_size, max_idx = aten._embedding_bag(table, idx, offs, False, mode)
+        fwd = lambda m=mode: aten._embedding_bag(table, idx, offs, False, m)  # noqa: E731
+        bwd = lambda m=mode, o=offset2bag, b=bag_size, x=max_idx: aten._embedding_bag_backward(  # noqa: E731
+            g, idx, offs, o, b, x, rows, False, m, False, None)
+        out += [Case(names.CLASSFIXED, label, fwd, "fp32", host=True),
+                Case(names.CLASSFIXED, f"{label}:bwd", bwd, "fp32", host=True)]
+    return out
+
+
 def op_class_cases(device) -> list:
     """Every op-class case on ``device`` (fp32)."""
     dev = torch.device(device)
     # per-row prices are a CPU term (a GPU kernel spreads rows over its threads: roofline.row_prices)
     # a CPU convolution class's fixed cost per call is its kernel's (a GPU's is the host's, per op family)
     return conv_cases(dev) + elementwise_cases(dev) + (embedding_row_cases(dev) + conv_weight_cases(dev)
-                                                       + conv_fixed_cases(dev) if dev.type == "cpu" else [])
+                                                       + conv_fixed_cases(dev) + embedding_bag_fixed_cases(dev)
+                                                       if dev.type == "cpu" else [])

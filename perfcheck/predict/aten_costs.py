@@ -582,6 +582,8 @@ def op_class(c: OpCall) -> str:
                     Each class has its own fixed cost per call (op_fixed_s[<class>], and <class>:bwd for the
                     backward: calibration's tiny call of the class, op_classes.conv_fixed_cases)
       gelu          ``gelu_tanh`` for approximate="tanh" (a polynomial and tanh, not erf)
+      embedding bag ``_embedding_bag`` (sum, max) or ``_embedding_bag_mean`` (``embedding_bag_class``), each with its
+                    fixed cost per call (op_fixed_s[<class>], <class>:bwd: op_classes.embedding_bag_fixed_cases)
       others        the op's name
     """
     if c.name in ("convolution", "_convolution") and len(c.args) > 1 and isinstance(c.args[1], TensorMeta):
@@ -600,7 +602,18 @@ def op_class(c: OpCall) -> str:
         return "convolution_1d" if len(x.shape) == 3 else "convolution_wide"
     if c.name in ("gelu", "gelu_") and c.arg(1, "approximate", "none") == "tanh":
         return "gelu_tanh"
+    if c.name in ("_embedding_bag", "_embedding_bag_forward_only"):
+        return embedding_bag_class(int(c.arg(4, "mode", 0) or 0))
     return c.name
+
+
+def embedding_bag_class(mode: int) -> str:
+    """The class of an ``_embedding_bag`` call by its ``mode`` (0 sum, 1 mean, 2 max): ``_embedding_bag`` for sum
+    (and max), ``_embedding_bag_mean`` for mean. Why: their CPU paths differ in fixed cost per call (mean fills
+    bag_size and divides each bag; EmbeddingBag.cpp ``_embedding_bag_cpu_impl_out``): a tiny call took 11 us
+    (sum) and 19 us (mean) forward on the project's Xeon (1 thread, process time, 2026-11-26), each beyond a
+    tiny add's 1.4 us; calibration measures each (op_classes.embedding_bag_fixed_cases)."""
+    return "_embedding_bag_mean" if mode == 1 else "_embedding_bag"
 
 
 def _is_1x1_matmul_path(c: OpCall, w: TensorMeta) -> bool:
