@@ -390,7 +390,7 @@ def test_fit_module_fixed_is_the_measured_call_less_the_estimate():
     assert spec.module_fixed_s["BatchNorm1d"] == pytest.approx(100 * US - est)
     assert spec.module_fixed_s["Conv2d"] == 0.0 and "NoSuchLayer" not in spec.module_fixed_s
     assert "Linear" not in spec.module_fixed_s and set(tiny_modules("cpu")) == {"Conv1d", "Conv2d", "BatchNorm1d",
-                                                                                 "BatchNorm2d"}
+                                                                                 "BatchNorm2d", "EmbeddingBag"}
     assert "estimator's forward" in spec.sources["module_fixed_s"]
 
 

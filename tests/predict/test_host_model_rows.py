@@ -10,8 +10,8 @@ import torch
 
 import perfcheck
 from perfcheck.errors import UserError
-from perfcheck.calibrate.op_cases import ROW_CASE_LENGTH, ROW_COUNTS
-from perfcheck.calibrate.op_classes import conv_weight_cases, embedding_row_cases
+from perfcheck.calibrate.op_cases import ROW_CASE_LENGTH
+from perfcheck.calibrate.op_classes import EMBED_COUNTS, conv_weight_cases, embedding_row_cases
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
 from perfcheck.hardware.systems import SystemSpec, load_system, row_costs
 from perfcheck.predict import roofline
@@ -107,9 +107,10 @@ def test_row_cases_cost_each_call_through_the_op_path():
     emb, conv = embedding_row_cases("cpu"), conv_weight_cases("cpu")
     assert {c.label for c in emb} == {f"{n} {p}" for n in ("embedding", "_embedding_bag") for p in ("fwd", "bwd")}
     assert {c.label for c in conv} == {"convolution fwd", "convolution bwd"}
-    assert {c.shape[:2] for c in emb if c.label == "embedding fwd"} == {(r, ROW_CASE_LENGTH) for r in ROW_COUNTS}
-    case = next(c for c in emb if c.label == "embedding fwd" and c.shape[0] == 512)
-    # formulas.embedding by hand: reads and writes 512 x 20 fp32 elements, reads 512 int64 indices
-    assert case.bytes == 2 * 512 * 20 * 4 + 512 * 8
+    assert {c.shape[:2] for c in emb if c.label == "embedding fwd"} == {(r, ROW_CASE_LENGTH) for r in EMBED_COUNTS}
+    n = EMBED_COUNTS[-1]
+    case = next(c for c in emb if c.label == "embedding fwd" and c.shape[0] == n)
+    # formulas.embedding by hand: reads and writes n x ROW_CASE_LENGTH fp32 elements, reads n int64 indices
+    assert case.bytes == 2 * n * ROW_CASE_LENGTH * 4 + n * 8
     for c in emb[:4] + conv[:2]:  # each call runs
         c.fn()
