@@ -152,9 +152,6 @@ def op_efficiency_cases(device, dtypes=("fp32",)) -> list:
 
 
 # ------------------------------------------------------------------------------ per-row costs (CPU; op_classes' row cases)
-#: Row counts of the per-row cases (perfcheck.calibrate.op_classes: embedding indices, convolution weights): the
-#: per-row cost is the slope between them.
-ROW_COUNTS = (64, 512)
 #: Row length (columns) of the per-row cases: 20 fp32 elements, the length the embedding and convolution-weight
 #: cases ran at on the project's AVX-512 machine when the row-wise ops' length terms were retired
 #: (bench/results/pruning.md; they had tied it to the SIMD width).

@@ -69,7 +69,7 @@ ELEMENTWISE = 1 << 18
 #: Embedding table rows of the per-index cases (their dense gradient is the same at both index counts: the slope
 #: over the indices is the per-index price).
 EMBED_ROWS = 4096
-#: Index counts of the per-index cases: a wider span than the row-wise ops' ``ROW_COUNTS`` (64 -> 512). Why: a
+#: Index counts of the per-index cases: a wider span than the 64 -> 512 they ran at before. Why: a
 #: backward call's fixed part (the 4096-row gradient zeroed; the bag's backward through autograd: the engine's
 #: start, AccumulateGrad) is 20-55 us, as much as 448 indices' worth, so its wobble moves the slope: six fits in a
 #: row on the project's Xeon (1 thread, process time, 2026-11-26) gave the bag's backward 56-83 ns per index (40%
