@@ -261,7 +261,7 @@ def _matrix_cold(d: Draft, table: pd.DataFrame, fixed_s: float):
     before: a GEMM in a step) is taken out of every cold time first, so it is not counted twice; the rest (the
     operands' and the library's buffers' refetch, and the translation entries the eviction dropped: a 32^3 GEMM,
     a few KiB of data, took ~26 us more after it on the project's Xeon, op_cold_s ~8 us) is the curve's. Also ``calibration.l2_bytes``, the L2 those cases evicted (their ``l2`` row): the
-    working set above which the estimator applies the curve (``roofline.step_is_cold``)."""
+    reuse distance beyond which the estimator counts an operand as evicted (``predict.reuse``)."""
     rows = rows_of(table, names.MATMUL_COLD)
     l2 = rows[rows["label"] == "l2"]
     hot = rows[rows["label"].str.startswith("hot ")].assign(label=lambda t: t["label"].str[4:])

@@ -20,7 +20,7 @@ import torch
 from perfcheck.errors import UserError
 from perfcheck.hardware.labels import datasheet_default, spec_label
 from perfcheck.model_paths import module_paths, unwrap
-from perfcheck.predict import collectives, roofline, trace as tracing, zero
+from perfcheck.predict import collectives, reuse, roofline, trace as tracing, zero
 from perfcheck.predict.aten_costs import cost_of, op_class, sdpa_cost
 from perfcheck.predict.combine import predicted_times
 from perfcheck.predict.formulas import ZERO
@@ -97,20 +97,14 @@ def _is_causal(call) -> bool:
     return bool(call.arg(4, "is_causal", False))
 
 
-def _time_ops(ops: pd.DataFrame, spec: SystemSpec, dtype, cold: bool = False) -> pd.DataFrame:
+def _time_ops(ops: pd.DataFrame, spec: SystemSpec, dtype, trace=None) -> pd.DataFrame:
     """Device time per op: roofline + the device-side per-kernel time (host work is perfcheck.predict.host's);
-    ``cold``: the step's working set exceeds L2 (``working_set_bytes``, ``roofline.step_is_cold``)."""
-    return roofline.op_device_times(ops, spec, dtype, launch_s=host_constants(spec)["device_kernel_s"], cold=cold)
-
-
-def working_set_bytes(model: torch.nn.Module, trace) -> float:
-    """Bytes a training step touches again after other work: the trainable parameters and their gradients, and
-    the activations autograd keeps for the backward (each storage once, ``trace.saved``)."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    saved = {}
-    for per_path in trace.saved.values():
-        saved.update(per_path)
-    return float(2 * params + sum(saved.values()))
+    with ``trace``, each op's share of operands evicted from L2 first (``reuse.cold_shares``: columns
+    ``cold_fwd``/``cold_bwd``, read by the roofline for matrix products)."""
+    cache = roofline.cold_cache_bytes(spec)
+    if trace is not None and cache > 0:
+        ops["cold_fwd"], ops["cold_bwd"] = reuse.cold_shares(trace, ops, cache)
+    return roofline.op_device_times(ops, spec, dtype, launch_s=host_constants(spec)["device_kernel_s"])
 
 
 def _membership(trace, ops: pd.DataFrame) -> pd.DataFrame:
@@ -172,7 +166,7 @@ def estimate_terms(model: torch.nn.Module, example_inputs, *, system=None, dtype
     model = unwrap(model)
     trace = tracing.trace_model(model, example_inputs, elem_bytes=elem_bytes, kwargs=kwargs,
                                 fused_dropout=spec.kind != "cpu")
-    ops = _time_ops(_op_table(trace, causal), spec, dt, roofline.step_is_cold(spec, working_set_bytes(model, trace)))
+    ops = _time_ops(_op_table(trace, causal), spec, dt, trace)
     members = _membership(trace, ops)
     joined = ops.iloc[members["row"].to_numpy()].reset_index(drop=True)
     joined["module"] = members["module"].to_numpy()

@@ -52,7 +52,7 @@ def _scalar_out(value, *inputs):
     return value
 
 
-def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=None, cold=False):
+def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=None, cold=0.0):
     """Achievable fraction of the matrix peak; from the calibrated curves when the system has them.
 
     ``matrix_efficiency_curve`` gives efficiency by kernel size (FLOPs per kernel), interpolated
@@ -62,8 +62,9 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
     FLOPs on a CPU), interpolated in log(min_dim) and clamped; NaN or absent ``min_dim`` (a
     convolution, an unknown shape) uses factor 1. A per-dtype override (``efficiency.matrix_fp8``)
     scales the curve by ``matrix_<dtype> / matrix``. ``align`` (optional, per GEMM) multiplies it:
-    ``alignment_factor`` of GEMMs whose row strides are not 16-byte multiples. ``cold`` (a step whose working set
-    exceeds the core's L2: ``step_is_cold``) multiplies it by ``cold_factor``. Result is capped at 1.
+    ``alignment_factor`` of GEMMs whose row strides are not 16-byte multiples. ``cold`` (per GEMM, the share of
+    its operand bytes that come from beyond L2: ``predict.reuse.cold_shares``) blends in ``cold_factor``: the time
+    is that share at the evicted rate plus the rest at the tight-loop rate. Result is capped at 1.
     """
     system = spec_of(system)
     flat = system.matrix_efficiency(dtype)
@@ -77,7 +78,16 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
         eff = np.interp(x, xs, ys) * (flat / system.efficiency["matrix"])
     return np.minimum(np.asarray(eff, dtype=float) * shape_factor(system, min_dim)
                       * (1.0 if align is None else np.asarray(align, dtype=float))
-                      * np.where(cold, cold_factor(system, flops_per_kernel), 1.0), 1.0)[()]
+                      * _cold_blend(system, flops_per_kernel, cold), 1.0)[()]
+
+
+def _cold_blend(system, flops_per_kernel, share):
+    """Efficiency multiplier of a GEMM with ``share`` of its operands evicted: 1 / (share / f + 1 - share), f the
+    ``cold_factor`` (time = share x the evicted time + (1 - share) x the tight-loop time)."""
+    share = np.clip(np.asarray(share, dtype=float), 0.0, 1.0)
+    if not np.any(share > 0):
+        return 1.0
+    return 1.0 / (share / cold_factor(system, flops_per_kernel) + 1.0 - share)
 
 
 def cold_factor(system, flops_per_kernel):
@@ -97,14 +107,13 @@ def cold_factor(system, flops_per_kernel):
 COLD_GEMMS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_addmm_activation")
 
 
-def step_is_cold(system, working_set_bytes: float) -> bool:
-    """True when a training step's working set (parameters, their gradients and the activations kept for the
-    backward, bytes) exceeds the core's L2 cache that calibration recorded (``calibration.l2_bytes``): its GEMMs
-    then read weights and saved activations back from the last-level cache. False without a record (a datasheet
-    spec, a GPU: no cold curve either)."""
+def cold_cache_bytes(system) -> float:
+    """The reuse distance beyond which an operand counts as evicted: the core's L2 that calibration recorded
+    (``calibration.l2_bytes``) where the spec has a ``matrix_cold_curve``; 0 (nothing is cold) otherwise (a
+    datasheet spec, a GPU)."""
     spec = spec_of(system)
     l2 = float((spec.calibration or {}).get("l2_bytes", 0) or 0)
-    return bool(spec.matrix_cold_curve) and l2 > 0 and float(working_set_bytes) > l2
+    return l2 if spec.matrix_cold_curve else 0.0
 
 
 def alignment_factor(system, unaligned, phase: str = "fwd"):
@@ -134,7 +143,7 @@ def shape_factor(system, min_dim):
     return np.where(np.isfinite(d) & (d > 0), f, 1.0)[()]
 
 
-def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, min_dim=None, align=None, cold=False):
+def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, min_dim=None, align=None, cold=0.0):
     """Seconds to execute the FLOPs at achievable rates.
 
     ``kernels`` (optional) splits ``matrix_flops`` into equal kernels for the efficiency-curve
@@ -320,7 +329,7 @@ def gemm_dims(call):
 
 
 def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
-                 align=None, op_eff=1.0, rows_s=0.0, cold=False) -> dict:
+                 align=None, op_eff=1.0, rows_s=0.0, cold=0.0) -> dict:
     """The device timeline of ops, the ONE timing path of every front-end (``perfcheck.estimate``'s op table via
     ``op_device_times``, the transformer front-end's sublayer rows via ``predict.step``): arrays of one shape in,
     a dict of arrays of that shape out:
@@ -345,7 +354,7 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
             "time": roof + launch + np.asarray(rows_s, dtype=float), "bound": bound}
 
 
-def op_device_times(ops, system, dtype, launch_s: float = None, cold: bool = False):
+def op_device_times(ops, system, dtype, launch_s: float = None):
     """Device seconds and bound per op and phase for the estimator's op table (a DataFrame with
     name, macs_*, other_*, bytes_*, kernels_*, min_dim, optionally unaligned): adds columns ``t_fwd``, ``t_bwd``,
     ``bound_fwd``, ``bound_bwd`` and returns the frame.
@@ -355,8 +364,9 @@ def op_device_times(ops, system, dtype, launch_s: float = None, cold: bool = Fal
     the spec has one (``op_efficiency()``: a kernel measured slower than the
     roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
     that op (``row_prices``) when the table has that column.
-    An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it. ``cold``: the step's
-    GEMMs (``COLD_GEMMS``: the ops calibration's cold cases time) run on operands evicted from L2 (``step_is_cold``).
+    An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it. Columns ``cold_fwd``,
+    ``cold_bwd`` (optional): each op's share of operand bytes evicted from L2 (``predict.reuse.cold_shares``),
+    applied to the matrix products (``COLD_GEMMS``, the ops calibration's cold cases time).
     """
     system = spec_of(system)
     names = ops["name"].to_numpy(object)
@@ -371,7 +381,9 @@ def op_device_times(ops, system, dtype, launch_s: float = None, cold: bool = Fal
                 ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype)
         shape = dict(launch_s=launch, min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None,
                      align=alignment_factor(system, ops["unaligned"].to_numpy(float), phase)
-                     if "unaligned" in ops else None, cold=cold & np.isin(names, COLD_GEMMS))
+                     if "unaligned" in ops else None,
+                     cold=np.where(np.isin(names, COLD_GEMMS), ops[f"cold_{phase}"].to_numpy(float), 0.0)
+                     if f"cold_{phase}" in ops else 0.0)
         # op_efficiency per op and phase; a measured curve (op_efficiency_curve) is read at the kernel's roofline
         # seconds, so the roofline is taken once at efficiency 1 and once with the efficiency found
         per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)

@@ -121,6 +121,22 @@ class Recorder(TorchDispatchMode):
         super().__init__()
         self.trace, self.stack, self.elem_bytes, self.hidden = trace, stack, elem_bytes, hidden
         self.grad_rule, self.outs, self.ckpt = grad_rule, outs, ckpt
+        self.alive: list = []  # every storage an op touched, so its key is never reused within the trace
+
+    def _touched(self, tree) -> tuple:
+        """((storage key, bytes), ...) of the tensors in ``tree`` (a DTensor: its local shard's storage)."""
+        out = []
+        for t in tree_flatten(tree)[0]:
+            if isinstance(t, torch.Tensor):
+                t = local_of(t)
+                try:
+                    st = t.untyped_storage()
+                    self.alive.append(st)
+                    out.append((st._cdata, int(st.nbytes())))
+                except Exception:  # noqa: BLE001 - tensor subclasses without storage: identity and logical size
+                    self.alive.append(t)
+                    out.append((id(t), int(t.numel() * t.element_size())))
+        return tuple(out)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -135,7 +151,8 @@ class Recorder(TorchDispatchMode):
             tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
             outs = tuple(meta_of(t, self.elem_bytes) for t in tensors)
             self.trace.ops.append(TracedOp(OpCall(func, meta_args, meta_kwargs, outs), tuple(self.stack),
-                                           recompute=bool(region)))
+                                           recompute=bool(region), reads=self._touched((args, kwargs)),
+                                           writes=self._touched(tensors)))
             if region == "non-reentrant" and (frame := checkpoint_frame()) is not None:
                 # autograd saved this op's inputs before dispatching it, its outputs come after
                 self.ckpt[len(self.trace.ops) - 1] = (frame, len(frame.weak_holders))

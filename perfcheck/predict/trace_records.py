@@ -24,6 +24,10 @@ class TracedOp:
     backward: bool = True  # autograd differentiates this op (its grad_fn reaches the outputs)
     recompute: bool = False  # inside an activation-checkpointed region: forward re-runs in backward
     grad_accumulate: bool = False  # backward only: autograd summing two gradients (predict.grad_accumulation)
+    #: ((storage key, bytes), ...) of the tensors it reads and of those it writes: which data an op touches,
+    #: for the reuse distance of its operands (predict.reuse); keys stay unique for the trace (kept alive)
+    reads: tuple = ()
+    writes: tuple = ()
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""GEMMs on operands evicted from L2 (``matrix_cold_curve``): the calibration cases and their fit, the step's
-working set against the L2 record, and where the estimator applies the curve; all by hand, on planted specs and
-planted measurement tables (no timing)."""
+"""GEMMs on operands evicted from L2 (``matrix_cold_curve``): the calibration cases and their fit, each operand's
+reuse distance against the L2 record (``predict.reuse``), and where the estimator applies the curve; all by hand,
+on planted specs and planted measurement tables (no timing)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +14,8 @@ from perfcheck.calibrate import case_names as names, fit
 from perfcheck.calibrate.cases import l2_cache_bytes, matmul_cold_cases
 from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict import roofline
-from perfcheck.predict.module_estimator import working_set_bytes
+from perfcheck.predict import reuse
+from perfcheck.predict.module_estimator import _op_table
 from perfcheck.predict.trace import trace_model
 
 US = 1e-6
@@ -68,28 +69,65 @@ def test_cold_factor_interpolates_in_log_flops_and_clamps():
     assert roofline.cold_factor(load_system("cpu"), 1e7) == 1.0
 
 
-def test_step_is_cold_only_above_the_recorded_l2():
-    base = dataclasses.replace(load_system("cpu"), matrix_cold_curve=((1e6, 0.5), (1e8, 1.0)))
-    spec = dataclasses.replace(base, calibration={"l2_bytes": 1000})
-    assert roofline.step_is_cold(spec, 1001) and not roofline.step_is_cold(spec, 1000)
-    assert not roofline.step_is_cold(base, 10 ** 9)  # no L2 record: never
-    assert not roofline.step_is_cold(dataclasses.replace(load_system("cpu"), calibration={"l2_bytes": 1}), 10 ** 9)
+def test_cold_cache_bytes_needs_a_curve_and_an_l2_record():
+    curve = ((1e6, 0.5), (1e8, 1.0))
+    assert roofline.cold_cache_bytes(dataclasses.replace(load_system("cpu"), matrix_cold_curve=curve,
+                                                         calibration={"l2_bytes": 1000})) == 1000
+    assert roofline.cold_cache_bytes(dataclasses.replace(load_system("cpu"), matrix_cold_curve=curve)) == 0
+    assert roofline.cold_cache_bytes(dataclasses.replace(load_system("cpu"), calibration={"l2_bytes": 1000})) == 0
 
 
-def test_working_set_is_parameters_twice_plus_saved_activations():
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-    x = torch.randn(16, 32)
-    params = (32 * 64 + 64 + 64 * 8 + 8) * 4
+def _shares(model, x, cache):
     trace = trace_model(model, (x,))
-    saved = {}
-    for per_path in trace.saved.values():
-        saved.update(per_path)
-    assert working_set_bytes(model, trace) == 2 * params + sum(saved.values())
-    assert sum(saved.values()) >= 16 * 64 * 4  # at least the ReLU's output, kept for the second Linear's weight grad
+    ops = _op_table(trace, False)
+    fwd, bwd = reuse.cold_shares(trace, ops, cache)
+    return ops.assign(cold_fwd=fwd, cold_bwd=bwd)
 
 
-def test_estimator_scales_matrix_products_only_when_the_step_is_cold():
-    """A flat factor 0.5: a cold step's Linear takes twice the compute time, a convolution is untouched."""
+class Recurrent(torch.nn.Module):
+    """One weight applied at every step (an RNN's recurrence), then a second, untouched-since-last-step weight."""
+
+    def __init__(self, d=64, steps=6):
+        super().__init__()
+        self.w, self.head, self.steps = torch.nn.Linear(d, d, bias=False), torch.nn.Linear(d, d, bias=False), steps
+
+    def forward(self, x):
+        for _ in range(self.steps):
+            x = torch.tanh(self.w(x))
+        return self.head(x)
+
+
+def test_reuse_distance_by_hand():
+    """Hand count: the batch is 8 x 64 fp32 (2 KiB), each weight 64 x 64 (16 KiB); a product moves 20 KiB. With a
+    cache far smaller than a step (1 KiB) the first product reads the batch and the weight, both unseen since the
+    last step: cold. The recurrent products re-read the weight the product before read (distance: that product's
+    20 KiB and the tanh's 4 KiB) and the input the tanh just wrote: hot with a 64 KiB cache, cold with 1 KiB. The
+    head's weight is unseen: cold with any cache smaller than the step."""
+    model, x = Recurrent(), torch.randn(8, 64)
+    mm = lambda t: t[t["name"] == "mm"]  # noqa: E731
+    small, mid = mm(_shares(model, x, 1024)), mm(_shares(model, x, 64 * 1024))
+    assert list(small["cold_fwd"]) == [1.0] * 7
+    assert list(mid["cold_fwd"]) == [1.0] + [0.0] * 5 + [1.0]
+    # backward, walked in reverse: the head's backward runs right after its forward (nothing moved in between):
+    # hot; each recurrent backward re-reads the weight the later step's backward just read, but also its input,
+    # saved in the forward more than 64 KiB ago (the forward moves 7 x 20 KiB of products alone): cold
+    assert list(mid["cold_bwd"]) == [1.0] * 6 + [0.0]
+    # a cache larger than the whole step (forward ~0.16 MiB, backward ~0.3 MiB): nothing is cold
+    huge = mm(_shares(model, x, 2 ** 20))
+    assert huge["cold_fwd"].sum() == 0 and huge["cold_bwd"].sum() == 0
+    assert _shares(model, x, 0)["cold_fwd"].sum() == 0
+
+
+def test_a_view_does_not_refresh_its_storage():
+    """F.linear runs t(W) (a view) then addmm: the view moves no bytes, so the weight is still unseen, cold."""
+    lin, x = torch.nn.Linear(64, 64), torch.randn(8, 64)
+    ops = _shares(lin, x, 1024)
+    gemm = ops[ops["name"].isin(["addmm", "mm"])]
+    assert list(gemm["cold_fwd"]) == [1.0]
+
+
+def test_estimator_scales_matrix_products_only_when_cold():
+    """A flat factor 0.5: a cold Linear takes twice the compute time, a convolution is untouched."""
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
