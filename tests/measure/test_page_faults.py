@@ -149,6 +149,7 @@ def planted(tmp_path_factory):
     return json.loads(proc.stdout.strip().splitlines()[-1]), run_dir
 
 
+@pytest.mark.slow  # a subprocess training run (~6 s): full suite only
 @linux
 @pytest.mark.parametrize("where", ["fwd", "bwd", "optim"])
 def test_planted_fresh_block_faults_in_its_phase(planted, where):
@@ -162,12 +163,14 @@ def test_planted_fresh_block_faults_in_its_phase(planted, where):
     assert cost["faults_per_region"] == pytest.approx(cost["region_bytes"] / page_bytes(), rel=0.02)
 
 
+@pytest.mark.slow  # a subprocess training run (~6 s): full suite only
 @linux
 def test_control_without_a_fresh_block_has_few_faults_and_no_cost_benchmark(planted):
     assert planted[0]["None"]["faults"]["step"] < 64
     assert planted[0]["None"]["cost"] is None
 
 
+@pytest.mark.slow  # a subprocess training run (~6 s): full suite only
 @linux
 def test_fault_columns_are_saved_and_read_back_and_old_files_read_as_nan(planted):
     run_dir = planted[1]
