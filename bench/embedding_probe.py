@@ -100,15 +100,7 @@ def _step_hooked(w, modules, steps):
         w.loss(w.model(*w.inputs), w.target).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    timer = FaultTimer(modules)
-    with timer:
-        for i in range(steps + 1):
-            timer.new_step()
-            w.loss(w.model(*w.inputs), w.target).backward()
-            if i:
-                timer.end_step()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    timer = heldout.hooked_steps(w, opt, FaultTimer(modules), steps)
     faults = {p: float(np.median(f)) if f else np.nan for p, f in timer.faults.items()}
     return timer.medians(), faults
 

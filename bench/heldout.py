@@ -425,7 +425,13 @@ def measure(w: Workload, steps: int) -> dict:
         c = module_class(path, m, att)
         if c:
             paths[path], classes[path] = m, c
-    timer = ModuleTimer(paths)
+    timer = hooked_steps(w, opt, ModuleTimer(paths), steps)
+    return {"phases": med, "modules": timer.medians(), "classes": classes, "optimizer": opt}
+
+
+def hooked_steps(w: Workload, opt, timer, steps: int):
+    """``steps`` training steps of ``w`` under ``timer`` (a ``ModuleTimer``; the first step, which attaches the
+    backward hooks, is not kept), each ended by ``opt.step()`` and ``zero_grad(set_to_none=True)``; returns it."""
     with timer:
         for i in range(steps + 1):
             timer.new_step()
@@ -434,7 +440,7 @@ def measure(w: Workload, steps: int) -> dict:
                 timer.end_step()
             opt.step()
             opt.zero_grad(set_to_none=True)
-    return {"phases": med, "modules": timer.medians(), "classes": classes, "optimizer": opt}
+    return timer
 
 
 class _Loss(torch.nn.Module):

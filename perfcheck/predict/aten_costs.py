@@ -527,7 +527,7 @@ def cost_of(c: OpCall) -> Resolved:
     if fn is not None:
         return Resolved(fn(c), "modeled")
     tags = getattr(c.func, "tags", ())
-    if packet in ZERO_COST_OPS or c.func.namespace == "prim" or _is_view(c.func) or torch.Tag.inplace_view in tags:
+    if c.func.namespace == "prim" or is_view_op(c):
         return Resolved(F.OpCost(), "free")  # inplace_view: as_strided_, transpose_, ... change metadata only
     functional = _functional_twin(c)
     if functional is not None:  # masked_fill_ -> masked_fill: same work, written in place

@@ -7,13 +7,14 @@ every time step. A GEMM of 17-67 MFLOP ran 1.2-1.8x its tight-loop time with its
 Xeon, a 2.4 GFLOP one the same (bench/results/cold_operands.md; ``roofline.cold_factor`` prices it).
 
 Model (one pass over the traced forward, one over it reversed for the backward): an operand's reuse distance is
-the bytes the step's kernels moved since that storage was last read or written by a kernel (``TracedOp.reads``/
-``writes`` of an op that moves bytes: a view touches no data; each op's bytes are its formulas' ``bytes_<phase>``). The backward of op i runs after the backward of every later
+the bytes the step's kernels moved since that storage was last read or written by a kernel
+(``TracedOp.reads``/``writes`` of an op that moves bytes: a view touches no data; each op's bytes are its
+formulas' ``bytes_<phase>``). The backward of op i runs after the backward of every later
 op and touches what op i read and wrote (its saved inputs and weights, its output's gradient), so a storage last
 touched in the forward is as far as the forward's bytes after that touch plus the backward's so far. A storage no
 op touched before in the step (a parameter, the batch) was last touched in the previous step: as far as a whole
 step's bytes. An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``). An op with any far
-operand is cold (share 1), else hot (0): with only the weight evicted, a 0.3-0.5 MFLOP-class linear ran 1.16-1.44x
+operand is cold (share 1), else hot (0): with only the weight evicted, a 17-50 MFLOP linear ran 1.16-1.44x
 its tight-loop time against 1.28-1.83x with both operands evicted, more than the weight's share of the operand
 bytes (19-43%) would give (the packed weight panel stalls the whole kernel; the project's Xeon, 2026-11-26).
 Why reuse and not one flag per step: an RNN's recurrent GEMMs re-read the same weight every time step, so they
@@ -44,7 +45,7 @@ def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     share_f, share_b = np.zeros(n), np.zeros(n)
     moved, last = 0.0, {}
     for i, op in enumerate(trace.ops):
-        share_f[i] = _far_share(op.reads, lambda key: moved - last[key] if key in last else unseen, cache_bytes)
+        share_f[i] = _any_far(op.reads, lambda key: moved - last[key] if key in last else unseen, cache_bytes)
         moved += fwd_bytes[i]
         if fwd_bytes[i] > 0:  # a view or metadata op reads no data: it leaves the storage where it was
             for key, _ in op.reads + op.writes:
@@ -57,7 +58,7 @@ def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
             if key in last_b:
                 return back - last_b[key]
             return forward_total - last[key] + back if key in last else unseen
-        share_b[i] = _far_share(op.reads, distance, cache_bytes)
+        share_b[i] = _any_far(op.reads, distance, cache_bytes)
         back += bwd_bytes[i]
         if bwd_bytes[i] > 0:
             for key, _ in op.reads + op.writes:
@@ -65,6 +66,6 @@ def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     return share_f[index], share_b[index]
 
 
-def _far_share(reads, distance, cache_bytes: float) -> float:
+def _any_far(reads, distance, cache_bytes: float) -> float:
     """1.0 when any storage of ``reads`` ((key, bytes)) is farther than ``cache_bytes``, else 0.0."""
     return float(any(nbytes > 0 and distance(key) > cache_bytes for key, nbytes in reads))

@@ -62,9 +62,8 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
     FLOPs on a CPU), interpolated in log(min_dim) and clamped; NaN or absent ``min_dim`` (a
     convolution, an unknown shape) uses factor 1. A per-dtype override (``efficiency.matrix_fp8``)
     scales the curve by ``matrix_<dtype> / matrix``. ``align`` (optional, per GEMM) multiplies it:
-    ``alignment_factor`` of GEMMs whose row strides are not 16-byte multiples. ``cold`` (per GEMM, the share of
-    its operand bytes that come from beyond L2: ``predict.reuse.cold_shares``) blends in ``cold_factor``: the time
-    is that share at the evicted rate plus the rest at the tight-loop rate. Result is capped at 1.
+    ``alignment_factor`` of GEMMs whose row strides are not 16-byte multiples. ``cold`` (per GEMM, 1 where an
+    operand comes from beyond L2: ``predict.reuse.cold_shares``) multiplies it by ``cold_factor``. Capped at 1.
     """
     system = spec_of(system)
     flat = system.matrix_efficiency(dtype)
@@ -81,13 +80,13 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
                       * _cold_blend(system, flops_per_kernel, cold), 1.0)[()]
 
 
-def _cold_blend(system, flops_per_kernel, share):
-    """Efficiency multiplier of a GEMM with ``share`` of its operands evicted: 1 / (share / f + 1 - share), f the
-    ``cold_factor`` (time = share x the evicted time + (1 - share) x the tight-loop time)."""
-    share = np.clip(np.asarray(share, dtype=float), 0.0, 1.0)
-    if not np.any(share > 0):
+def _cold_blend(system, flops_per_kernel, cold):
+    """Efficiency multiplier of GEMMs flagged ``cold`` (1: an operand evicted from L2, ``predict.reuse``): the
+    ``cold_factor`` at their FLOPs per kernel; 1 for the others."""
+    cold = np.asarray(cold, dtype=float)
+    if not np.any(cold > 0):
         return 1.0
-    return 1.0 / (share / cold_factor(system, flops_per_kernel) + 1.0 - share)
+    return np.where(cold > 0, cold_factor(system, flops_per_kernel), 1.0)
 
 
 def cold_factor(system, flops_per_kernel):
@@ -365,7 +364,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
     that op (``row_prices``) when the table has that column.
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it. Columns ``cold_fwd``,
-    ``cold_bwd`` (optional): each op's share of operand bytes evicted from L2 (``predict.reuse.cold_shares``),
+    ``cold_bwd`` (optional): 1 where an op reads an operand evicted from L2 (``predict.reuse.cold_shares``),
     applied to the matrix products (``COLD_GEMMS``, the ops calibration's cold cases time).
     """
     system = spec_of(system)
