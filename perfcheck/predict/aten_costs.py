@@ -169,11 +169,29 @@ def _conv(c: OpCall):
     groups = c.arg(8, "groups", 1) if c.name in ("convolution", "_convolution") else 1
     out = c.outputs[0]
     c_out = w.shape[1] * groups if transposed else w.shape[0]
+    matmul_path = is_matmul_path_conv(c)
     return F.conv(x.shape[0], x.shape[1], c_out, math.prod(w.shape[2:]), math.prod(out.shape[2:]),
                   math.prod(x.shape[2:]), groups=groups, bias=isinstance(bias, TensorMeta),
                   transposed=transposed, x_grad=x.requires_grad, w_grad=w.requires_grad,
-                  elem_bytes=_eb(x), reorder=not (c.name in ("convolution", "_convolution") and groups == 1
-                                                  and not transposed and _is_1x1_matmul_path(c, w)))
+                  elem_bytes=_eb(x), reorder=not matmul_path, per_sample=matmul_path)
+
+
+def is_matmul_path_conv(c: OpCall) -> bool:
+    """A convolution torch runs on a CPU thread as one matrix product per sample (class ``convolution_1x1``:
+    ``_is_1x1_matmul_path``), not through oneDNN."""
+    if c.name not in ("convolution", "_convolution") or len(c.args) < 2 or not isinstance(c.args[1], TensorMeta):
+        return False
+    return (int(c.arg(8, "groups", 1) or 1) == 1 and not bool(c.arg(6, "transposed", False))
+            and _is_1x1_matmul_path(c, c.args[1]))
+
+
+def matmul_path_min_dim(c: OpCall) -> float:
+    """The smallest dimension of the per-sample GEMMs of a matmul-path convolution (``is_matmul_path_conv``):
+    min(output pixels, C_in, C_out), the same three dimensions in the forward (HW x C_in @ C_in x C_out) and both
+    backward GEMMs; NaN for any other op."""
+    if not is_matmul_path_conv(c):
+        return float("nan")
+    return float(min(math.prod(c.outputs[0].shape[2:]), c.args[0].shape[1], c.args[1].shape[0]))
 
 
 def sdpa_cost(q: TensorMeta, k: TensorMeta, v: TensorMeta, causal=False) -> F.OpCost:

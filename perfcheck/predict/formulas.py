@@ -34,6 +34,11 @@ class Cost:
     #: SIMD width (full vectors, then a scalar tail: a 5-float row costs ~3x an 8-float one on AVX2), so
     #: perfcheck.predict.roofline.row_time_s reads the length as row_elems / rows
     row_elems: float = 0
+    #: separate GEMM calls the phase's matrix FLOPs run as, where one kernel loops over several (0: one per
+    #: kernel). torch's CPU matmul path of a 1x1 convolution (aten/src/ATen/native/ConvolutionMM2d.cpp,
+    #: slow_conv2d_forward_out_cpu: ``slow_conv2d_update_output_frame`` per sample) runs one GEMM per sample, so
+    #: its rate is a per-sample GEMM's (perfcheck.predict.roofline.op_device_times reads FLOPs and bytes per call)
+    gemms: float = 0
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -119,7 +124,7 @@ def linear(tokens, in_features, out_features, *, bias=True, x_grad=True, w_grad=
 
 
 def conv(batch, c_in, c_out, kernel_numel, out_spatial, in_spatial, *, groups=1, bias=False,
-         transposed=False, x_grad=True, w_grad=True, elem_bytes=4, reorder=True) -> OpCost:
+         transposed=False, x_grad=True, w_grad=True, elem_bytes=4, reorder=True, per_sample=False) -> OpCost:
     """Convolution (1d/2d/3d, any stride/padding/dilation) of (N, C_in, *in) -> (N, C_out, *out).
 
     Every output element of a regular conv is a dot product over (C_in/groups)*prod(kernel):
@@ -135,6 +140,11 @@ def conv(batch, c_in, c_out, kernel_numel, out_spatial, in_spatial, *, groups=1,
     op_classes.conv_weight_cases: a 512->512 3x3 backward on 2x2 pixels took 15 ms on the project's Xeon where its
     FLOPs take 2 ms, ~12 ms of it independent of the pixels). ``reorder=False``: no rows, for a convolution torch
     runs as a plain matrix product (aten_costs: a 1x1 kernel at stride 1 on one CPU thread), which reorders nothing.
+    ``per_sample``: that matrix product is one GEMM per sample (torch's slow_conv2d: forward (HW x C_in) @
+    (C_in x C_out) per sample; backward per sample grad_input (HW x C_out) @ (C_out x C_in) and grad_weight
+    (C_out x HW) @ (HW x C_in) accumulated into one gradient): each GEMM kernel is ``batch`` calls (``Cost.gemms``)
+    and reads the weight once per call (forward and grad_input: N x weight; grad_weight: written by the first call,
+    read and written by the other N - 1: (2N - 1) x weight).
     """
     spatial = in_spatial if transposed else out_spatial
     c_other = c_in if transposed else c_out
@@ -142,10 +152,12 @@ def conv(batch, c_in, c_out, kernel_numel, out_spatial, in_spatial, *, groups=1,
     macs = batch * c_other * spatial * c_red * kernel_numel
     x, w, y = batch * c_in * in_spatial, c_out * (c_in / groups) * kernel_numel, batch * c_out * out_spatial
     rows = w if reorder else 0
-    fwd = Cost(macs=macs, flops=y * bias, bytes=(x + w + y + c_out * bias) * elem_bytes, kernels=1, rows=rows,
-               row_elems=rows)
-    grad_x = Cost(macs=macs, bytes=(y + w + x) * elem_bytes, kernels=1)
-    grad_w = Cost(macs=macs, bytes=(y + x + w) * elem_bytes, kernels=1)
+    calls = batch if per_sample else 1
+    gemms = calls if per_sample else 0
+    fwd = Cost(macs=macs, flops=y * bias, bytes=(x + w * calls + y + c_out * bias) * elem_bytes, kernels=1, rows=rows,
+               row_elems=rows, gemms=gemms)
+    grad_x = Cost(macs=macs, bytes=(y + w * calls + x) * elem_bytes, kernels=1, gemms=gemms)
+    grad_w = Cost(macs=macs, bytes=(y + x + w * (2 * calls - 1)) * elem_bytes, kernels=1, gemms=gemms)
     grad_b = Cost(flops=y, bytes=(y + c_out) * elem_bytes, kernels=1)
     bwd = (grad_x.scale(x_grad) + grad_w.scale(w_grad) + grad_b.scale(bias * w_grad)
            + Cost(rows=rows, row_elems=rows).scale(bool(x_grad or w_grad)))

@@ -21,7 +21,7 @@ from perfcheck.errors import UserError
 from perfcheck.hardware.labels import datasheet_default, spec_label
 from perfcheck.model_paths import module_paths, unwrap
 from perfcheck.predict import collectives, reuse, roofline, trace as tracing, zero
-from perfcheck.predict.aten_costs import cost_of, op_class, sdpa_cost
+from perfcheck.predict.aten_costs import cost_of, matmul_path_min_dim, op_class, sdpa_cost
 from perfcheck.predict.combine import predicted_times
 from perfcheck.predict.formulas import ZERO
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
@@ -78,13 +78,20 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
         elif not op.backward:  # autograd never differentiates it (no_grad, .detach()'d, frozen)
             cost = replace(cost, bwd=ZERO)
         rows.append((i, ACCUMULATE_NAME if op.grad_accumulate else op.call.name, source, cost.fwd.macs, cost.fwd.flops, cost.fwd.bytes, cost.fwd.kernels,
-                     cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels, gemm_min_dim(op.call),
+                     cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels, _min_dim(op.call),
                      op.recompute, cost.fwd.rows, cost.bwd.rows, gemm_unaligned(op.call),
-                     gemm_dims(op.call), op_class(op.call)))
+                     gemm_dims(op.call), op_class(op.call), cost.fwd.gemms, cost.bwd.gemms))
     return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
                                        "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "min_dim", "recompute",
                                        "rows_fwd", "rows_bwd", "unaligned", "gemm",
-                                       "op_class"])
+                                       "op_class", "gemms_fwd", "gemms_bwd"])
+
+
+def _min_dim(call) -> float:
+    """The GEMMs' smallest dimension of a matmul-family op, or of a convolution torch runs as per-sample GEMMs on a
+    CPU (``aten_costs.matmul_path_min_dim``; the roofline applies it there on a CPU spec only); NaN otherwise."""
+    d = gemm_min_dim(call)
+    return d if d == d else matmul_path_min_dim(call)
 
 
 #: Fused attention ops the CPU dispatcher picks itself (args q, k, v, dropout_p, is_causal, ...).

@@ -328,7 +328,7 @@ def gemm_dims(call):
 
 
 def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
-                 align=None, op_eff=1.0, rows_s=0.0, cold=0.0) -> dict:
+                 align=None, op_eff=1.0, rows_s=0.0, cold=0.0, calls=None) -> dict:
     """The device timeline of ops, the ONE timing path of every front-end (``perfcheck.estimate``'s op table via
     ``op_device_times``, the transformer front-end's sublayer rows via ``predict.step``): arrays of one shape in,
     a dict of arrays of that shape out:
@@ -340,11 +340,16 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
         launch   = kernels * launch_s                     (the device-side per-kernel time, ``device_kernel_s``)
         time     = roof + launch + rows_s                 (``rows_s``: per-row prices of CPU kernels, ``row_prices``)
         bound    = "overhead" if launch > max(compute, memory), else the larger of compute and memory
+
+    ``calls`` (optional, per op; 0: one per kernel): the separate GEMM calls an op's kernels loop over
+    (``formulas.Cost.gemms``: a CPU's per-sample GEMMs of a 1x1 convolution): the efficiency and bandwidth curves
+    are read per call (FLOPs and bytes / calls), the launch term stays per kernel.
     """
     k = _array(kernels, "kernels")
-    compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=k, min_dim=min_dim,
+    split = k if calls is None else np.where(_array(calls, "calls") > 0, calls, k)
+    compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=split, min_dim=min_dim,
                                         align=align, cold=cold), dtype=float)
-    memory = np.asarray(memory_time_s(bytes_moved, system, kernels=k), dtype=float)
+    memory = np.asarray(memory_time_s(bytes_moved, system, kernels=split), dtype=float)
     top = np.maximum(compute, memory)
     launch = k * _array(launch_s, "launch_s")
     roof = top / np.asarray(op_eff, dtype=float)
@@ -366,19 +371,31 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it. Columns ``cold_fwd``,
     ``cold_bwd`` (optional): 1 where an op reads an operand evicted from L2 (``predict.reuse.cold_shares``),
     applied to the matrix products (``COLD_GEMMS``, the ops calibration's cold cases time).
+    Columns ``gemms_fwd``, ``gemms_bwd`` (optional; ``formulas.Cost.gemms``), on a CPU spec: an op whose kernels
+    loop over that many GEMM calls (torch's matmul path of a 1x1 convolution, one GEMM per sample) is priced as
+    those GEMMs: the matrix curves read per call at its ``min_dim``, no class efficiency (its calls are the
+    cpublas GEMM that torch.mm runs, which the matrix cases calibrate). Elsewhere (a GPU: cuDNN) as before.
     """
     system = spec_of(system)
     names = ops["name"].to_numpy(object)
     classes = ops["op_class"].to_numpy(object) if "op_class" in ops else names
+    cpu = system.kind == "cpu"
     for phase in ("fwd", "bwd"):
         k = ops[f"kernels_{phase}"].to_numpy(float)
+        calls = (ops[f"gemms_{phase}"].to_numpy(float) if cpu and f"gemms_{phase}" in ops
+                 else np.zeros(len(ops)))
+        gemm_priced = calls > 0
         launch = system.launch_overhead_s if launch_s is None else launch_s
         extra = np.zeros(len(ops))
         if f"rows_{phase}" in ops:
             extra = extra + ops[f"rows_{phase}"].to_numpy(float) * row_prices(system, names, phase)
         args = (ops[f"macs_{phase}"].to_numpy(float) * 2, ops[f"other_{phase}"].to_numpy(float),
                 ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype)
-        shape = dict(launch_s=launch, min_dim=ops["min_dim"].to_numpy(float) if "min_dim" in ops else None,
+        min_dim = ops["min_dim"].to_numpy(float) if "min_dim" in ops else None
+        if min_dim is not None and not cpu and "gemms_fwd" in ops:  # a convolution's per-sample GEMMs: CPU only
+            min_dim = np.where((ops["gemms_fwd"].to_numpy(float) > 0) | (ops["gemms_bwd"].to_numpy(float) > 0),
+                               np.nan, min_dim)
+        shape = dict(launch_s=launch, calls=calls, min_dim=min_dim,
                      align=alignment_factor(system, ops["unaligned"].to_numpy(float), phase)
                      if "unaligned" in ops else None,
                      cold=np.where(np.isin(names, COLD_GEMMS), ops[f"cold_{phase}"].to_numpy(float), 0.0)
@@ -386,8 +403,8 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         # op_efficiency per op and phase; a measured curve (op_efficiency_curve) is read at the kernel's roofline
         # seconds, so the roofline is taken once at efficiency 1 and once with the efficiency found
         per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)
-        eff = np.array([class_efficiency(system, c, n, dtype, phase, r) for c, n, r in zip(classes, names, per_kernel)],
-                       dtype=float)
+        eff = np.array([1.0 if g else class_efficiency(system, c, n, dtype, phase, r)
+                        for c, n, r, g in zip(classes, names, per_kernel, gemm_priced)], dtype=float)
         d = device_times(*args, **shape, op_eff=eff, rows_s=extra)
         ops[f"t_{phase}"] = np.where(k > 0, d["time"], 0.0)
         ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(d["bound"], dtype=object), len(ops))
