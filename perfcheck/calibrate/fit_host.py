@@ -18,6 +18,7 @@ from perfcheck.hardware.host_keys import OPTIM_LINES, op_cold_key, optim_per_ten
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, RETIRED_ROW_OPS, SystemSpec, host_constants
 from perfcheck.predict import roofline
 from perfcheck.predict.estimate import estimate
+from perfcheck.predict.host import EVICTED_SUFFIX
 from perfcheck.schema import ROOT
 
 
@@ -149,7 +150,10 @@ def module_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
 
     mods = tiny_modules("cpu")  # the estimator traces on fake tensors: the device does not matter
     # the cases repeat one module in a tight loop: estimate them as such, without the step's per-op cold cost
-    tight = dataclasses.replace(spec, host={**dict(spec.host), "op_cold_s": 0.0})
+    # (op_cold_s, and the classes' evicted-call excess: host._class_cold)
+    tight = dataclasses.replace(spec, host={**dict(spec.host), "op_cold_s": 0.0},
+                                op_fixed_s={k: v for k, v in dict(spec.op_fixed_s or {}).items()
+                                            if not str(k).endswith(EVICTED_SUFFIX)})
     fixed = {}
     for r in rows.itertuples(index=False):
         if r.label not in mods:

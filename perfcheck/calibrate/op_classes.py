@@ -28,10 +28,11 @@ from __future__ import annotations
 import torch
 
 from perfcheck.calibrate import case_names as names
-from perfcheck.calibrate.cases import Case
+from perfcheck.calibrate.cases import Case, l2_cache_bytes
 from perfcheck.calibrate.op_cases import ROW_CASE_LENGTH
 from perfcheck.calibrate.layers import CallModule
 from perfcheck.predict.aten_costs import cost_of
+from perfcheck.predict.host import EVICTED_SUFFIX
 from perfcheck.predict.trace import trace_model
 
 aten = torch.ops.aten
@@ -136,12 +137,20 @@ def conv_cases(dev) -> list:
 
 def conv_fixed_cases(dev) -> list:
     """``classfixed`` rows: each ``CONV_FIXED_CASES`` class's tiny call, forward (label = class) and backward
-    (``<class>:bwd``, both gradients): its fixed cost per call (``op_fixed_s``; see ``CONV_FIXED_CASES``)."""
+    (``<class>:bwd``, both gradients): its fixed cost per call (``op_fixed_s``; see ``CONV_FIXED_CASES``). On a
+    CPU whose L2 size is known, each also timed call by call right after streaming ``EVICT_L2_MULTIPLE`` x the L2
+    (label + ``host.EVICTED_SUFFIX``): the excess is what the class's call pays in a step, its code and data
+    evicted by the other layers' work (``perfcheck.predict.host._class_cold``; bench/results/conv.md)."""
     out = []
+    l2 = l2_cache_bytes() if torch.device(dev).type == "cpu" else 0
+    flush = torch.empty(names.EVICT_L2_MULTIPLE * l2 // 4) if l2 > 0 else None
     for label, shape in CONV_FIXED_CASES.items():
         _, fwd, bwd, _, _ = _conv_calls(label, shape, dev)
         out += [Case(names.CLASSFIXED, label, fwd, "fp32", host=True),
                 Case(names.CLASSFIXED, f"{label}:bwd", bwd, "fp32", host=True)]
+        if flush is not None:
+            out += [Case(names.CLASSFIXED, key + EVICTED_SUFFIX, fn, "fp32", host=True,
+                         between=lambda f=flush: f.add_(1.0)) for key, fn in ((label, fwd), (f"{label}:bwd", bwd))]
     return out
 
 

@@ -225,17 +225,22 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     # whose family differs from the computing op before it pays op_cold_s once, in the forward and again for its
     # backward node (whose kernels after the first run the same backward's code); views are metadata only
     cold = hc["op_cold_s"]
+    # a CPU op class whose tiny call calibration also timed after an L2 eviction pays that excess instead (``_class_cold``)
+    classes = seq["op_class"].to_numpy(object)
+    cold_f = np.array([_class_cold(op_fixed or {}, c, "", cold) if by_class else cold for c in classes], dtype=float)
+    cold_b = np.array([_class_cold(op_fixed or {}, c, ":bwd", cold) if by_class else cold for c in classes],
+                      dtype=float)
     # a gradient accumulation (the engine's add between two nodes) is one backward kernel's dispatch and nothing
     # in the forward; it is no node and takes no part in the family switches around it
     acc = seq["accumulate"].to_numpy(bool) if "accumulate" in seq else np.zeros(len(seq), dtype=bool)
     fwd_switch, bwd_switch = op_switches(seq["name"].to_numpy(object), view | acc)
-    fwd = (np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + fwd_switch * cold
+    fwd = (np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + fwd_switch * cold_f
            + node * hc["autograd_node_s"])
     # a view's backward node is a view of the gradient unless autograd's formula runs kernels (select_backward's
     # zeros and copy: formulas.view_scatter), which dispatch as any op's
     bwd_kernels = np.where(view & (k_bwd == 0), hc["view_dispatch_s"],
                            np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed_bwd)
-    bwd = node * (hc["backward_node_s"] + bwd_kernels + bwd_switch * cold)
+    bwd = node * (hc["backward_node_s"] + bwd_kernels + bwd_switch * cold_b)
     return np.where(acc, 0.0, fwd), np.where(acc, hc["op_dispatch_s"], bwd)
 
 
@@ -247,6 +252,29 @@ def _fixed_bwd(op_fixed: dict, op_class: str, fixed: float, k_bwd: float, k_fwd:
     if k_bwd > 0 and f"{op_class}:bwd" in op_fixed:
         return float(op_fixed[f"{op_class}:bwd"]) * min(k_bwd, 2.0) / 2.0
     return fixed * k_bwd / max(k_fwd, 1.0)
+
+
+#: Suffix of an ``op_fixed_s`` key holding a class's tiny call timed right after evicting the core's L2
+#: (perfcheck/calibrate/op_classes.conv_fixed_cases), beside the key of the same call in a tight loop.
+EVICTED_SUFFIX = " after eviction"
+
+
+def _class_cold(op_fixed: dict, op_class: str, phase: str, default: float) -> float:
+    """What a call of ``op_class`` (``phase``: "" forward, ":bwd" backward) pays for running in a step rather than
+    in the tight loop its prices were measured in: op_fixed_s["<class><phase> after eviction"] less
+    op_fixed_s["<class><phase>"] (its tiny call right after streaming 4x the L2, less the same call repeated),
+    floored at 0; ``default`` (op_cold_s) where calibration has not both.
+
+    Why: op_cold_s is fitted on tiny elementwise ops (~11 us per op on the project's Xeon), while a convolution
+    call runs much more code (oneDNN's JIT kernels and reorders, or the matmul path's GEMMs): its tiny call took
+    35-120 us more after the eviction (1x1 matmul path +35 / +59 us forward / backward, depthwise +75 / +116,
+    dense 3x3 +77 / +138; 1 thread, process time, 2026-11-26), and in a training step a MobileNet's convolutions
+    ran 30-70 us per call above the same call repeated (bench/results/conv.md)."""
+    key = f"{op_class}{phase}"
+    after = op_fixed.get(key + EVICTED_SUFFIX)
+    if after is None or key not in op_fixed:
+        return default
+    return max(float(after) - float(op_fixed[key]), 0.0)
 
 
 def _fixed_cost(op_fixed: dict, name: str, op_class: str) -> float:
