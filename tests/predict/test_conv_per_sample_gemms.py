@@ -113,3 +113,34 @@ def test_a_gpu_spec_keeps_one_kernel_and_the_class_efficiency():
     # one kernel of 4e5 FLOPs: 0.25 + 0.75 * log(4e5 / 1e5) / log(1e7 / 1e5); no shape factor; the class's 0.1
     eff = 0.25 + 0.75 * math.log(4.0) / math.log(100.0)
     assert t["t_fwd"].iloc[0] == pytest.approx(4e5 / (peak * eff) / 0.1)
+
+
+def test_a_convolution_class_pays_its_evicted_call_excess_instead_of_op_cold():
+    # tiny 1x1 call: 10 us in a loop, 60 us right after the eviction (backward 30 / 100 us); op_cold_s 11 us
+    us = 1e-6
+    base = load_system("cpu")
+    spec = dataclasses.replace(base, host={**dict(base.host), "op_cold_s": 11 * us},
+                               op_fixed_s={"convolution_1x1": 10 * us, "convolution_1x1:bwd": 30 * us})
+    evicted = dataclasses.replace(spec, op_fixed_s={**spec.op_fixed_s, "convolution_1x1 after eviction": 60 * us,
+                                                    "convolution_1x1:bwd after eviction": 100 * us})
+    m = torch.nn.Conv2d(16, 8, 1, bias=False)
+    x = torch.randn(4, 16, 1, 1, requires_grad=True)
+    import perfcheck
+
+    a = perfcheck.estimate(m, (x,), system=spec).set_index("module").loc["(root)"]
+    b = perfcheck.estimate(m, (x,), system=evicted).set_index("module").loc["(root)"]
+    # the convolution is the step's one computing op: it pays the cold cost once each way, 50 - 11 and 70 - 11 us more
+    assert b["host_fwd_s"] - a["host_fwd_s"] == pytest.approx((60 - 10 - 11) * us)
+    assert b["host_bwd_s"] - a["host_bwd_s"] == pytest.approx((100 - 30 - 11) * us)
+
+
+def test_the_calibration_times_each_convolution_class_also_after_an_eviction():
+    from perfcheck.calibrate.cases import l2_cache_bytes
+    from perfcheck.calibrate.op_classes import CONV_FIXED_CASES, conv_fixed_cases
+
+    cases = {c.label: c for c in conv_fixed_cases("cpu")}
+    for label in CONV_FIXED_CASES:
+        assert cases[label].between is None and cases[f"{label}:bwd"].between is None
+        if l2_cache_bytes() > 0:
+            assert cases[f"{label} after eviction"].between is not None
+            assert cases[f"{label}:bwd after eviction"].between is not None
