@@ -10,9 +10,11 @@ module at a time, forward and backward apart, as:
            (bench/cold_operands.py did this for GEMMs);
   train    the module itself in train mode, its weight and input requiring grad: forward through ``nn.Conv2d``
            with autograd recording, backward through ``torch.autograd.backward`` (the engine, ConvolutionBackward0
-           and the weight's AccumulateGrad, grads set to None before each call as ``zero_grad`` leaves them);
+           and the weight's AccumulateGrad, grads set to None before each call as ``zero_grad`` leaves them; NB
+           the backward includes the engine's start, ~0.1 ms, which a step pays once, not per module);
   train cold  the same after the eviction;
-  step     the module in the model's training step (bench/heldout.py's ModuleTimer, medians over ``--steps``);
+  step     the module in the model's training step (bench/heldout.py's ModuleTimer, medians over ``--steps``;
+           NB its hooks sit inside the timed window: a tiny Conv2d's forward read 36 us under them, 20 us bare);
   pred     the estimator's per-module forward and backward (``perfcheck.estimate`` on the whole model with the
            calibration table ``--calibration``, re-fitted with the current code).
 
