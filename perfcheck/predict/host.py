@@ -8,7 +8,8 @@ trace records therefore also costs host time, from constants in the system spec'
 datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with its source):
 
     forward, per traced aten op     op_dispatch_s (view_dispatch_s for a view/metadata op)
-                                    + op_cold_s when its family differs from the op before (``op_switches``)
+                                    + op_cold_s when its family differs from the op before (``op_switches``;
+                                    a CPU convolution class: its measured evicted-call excess, ``_class_cold``)
                                     + autograd_node_s when an input needs a gradient (grad_fn node)
     forward, per module call        module_call_s (nn.Module.__call__ and the forward frame)
                                     + module_fixed_s[class] for a standard nn layer (its Python
