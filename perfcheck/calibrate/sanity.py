@@ -37,6 +37,7 @@ import time
 from typing import Optional
 
 from perfcheck.hardware.systems import SystemSpec
+from perfcheck.predict.host import EVICTED_SUFFIX
 
 #: Other processes' mean CPU use (cores) tolerated beyond ``cores - threads``: a quiet Linux host's
 #: daemons, interrupts and this process's own helper threads use a few percent of a core; a quarter of
@@ -218,8 +219,10 @@ def key_figures(spec: SystemSpec) -> dict:
     out = {f"matrix {ref} peak": spec.matrix_flops_per_s.get(ref), "memory bandwidth": spec.mem_bandwidth_bytes_per_s,
            "launch overhead": spec.launch_overhead_s, "op dispatch": spec.host.get("op_dispatch_s"),
            "op cold cost": spec.host.get("op_cold_s")}
-    if spec.op_fixed_s:
-        out["median per-op fixed cost"] = statistics.median(spec.op_fixed_s.values())
+    # the fixed costs of calls in a tight loop (a class's evicted call, host._class_cold's, is not one)
+    fixed = [v for k, v in spec.op_fixed_s.items() if not str(k).endswith(EVICTED_SUFFIX)]
+    if fixed:
+        out["median per-op fixed cost"] = statistics.median(fixed)
     return {k: float(v) for k, v in out.items() if v is not None and v > 0}
 
 
