@@ -367,21 +367,32 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
 
         compute  = ``compute_time_s`` (matrix_efficiency_curve by FLOPs per kernel, matrix_shape_curve by the
                    GEMM's smallest dimension ``min_dim``, ``align``ment factor)
-        memory   = ``memory_time_s`` (mem_bandwidth_curve by bytes per kernel; ``cold_memory``: the share of the
-                   op's operand bytes evicted from L2, memory_cold_curve)
-        roof     = max(compute, memory) / op_eff          (``op_efficiency`` of the op's kernel, 1 by default)
+        memory   = ``memory_time_s`` (mem_bandwidth_curve by bytes per kernel), its operands in L2
+        evicted  = max(compute, memory_cold) - max(compute, memory)
+                   (``memory_cold``: ``memory_time_s`` with ``cold_memory``, the share of the op's operand bytes
+                   evicted from L2, memory_cold_curve: the refetch, where it outlasts the compute)
+        roof     = max(compute, memory) / op_eff + evicted (``op_efficiency`` of the op's kernel, 1 by default)
         launch   = kernels * launch_s                     (the device-side per-kernel time, ``device_kernel_s``)
         time     = roof + launch + rows_s                 (``rows_s``: per-row prices of CPU kernels, ``row_prices``)
-        bound    = "overhead" if launch > max(compute, memory), else the larger of compute and memory
+        bound    = "overhead" if launch > max(compute, memory_cold), else the larger of compute and memory_cold
+
+    The refetch is added after ``op_eff``, not divided by it: the calibration's cold cases (copy, fill, softmax,
+    layer norm; ``calibrate.fit._memory_cold``) measured it as time beyond their hot time, and a kernel slower than
+    its roofline (a CPU max-pool's backward, efficiency ~0.2) is slow at its own work, not at fetching its bytes:
+    divided by its efficiency, LeNet's pool backward (1 MiB) took 0.77 ms more, 2.5x its hot time.
+    ``memory`` in the result is memory_cold.
     """
     k = _array(kernels, "kernels")
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=k, min_dim=min_dim,
                                         align=align, cold=cold), dtype=float)
-    memory = np.asarray(memory_time_s(bytes_moved, system, kernels=k, cold=cold_memory), dtype=float)
+    memory = np.asarray(memory_time_s(bytes_moved, system, kernels=k), dtype=float)
     top = np.maximum(compute, memory)
+    if np.any(np.asarray(cold_memory, dtype=float) > 0):
+        memory = np.asarray(memory_time_s(bytes_moved, system, kernels=k, cold=cold_memory), dtype=float)
+    evicted = np.maximum(compute, memory) - top
     launch = k * _array(launch_s, "launch_s")
-    roof = top / np.asarray(op_eff, dtype=float)
-    bound = np.where(launch > top, "overhead", np.where(compute >= memory, "compute", "memory"))
+    roof = top / np.asarray(op_eff, dtype=float) + evicted
+    bound = np.where(launch > top + evicted, "overhead", np.where(compute >= memory, "compute", "memory"))
     return {"compute": compute, "memory": memory, "roof": roof, "launch": launch,
             "time": roof + launch + np.asarray(rows_s, dtype=float), "bound": bound}
 

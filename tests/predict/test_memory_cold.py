@@ -106,10 +106,11 @@ def test_estimator_slows_the_far_share_of_memory_terms_only():
     """A flat f = 0.5 and every operand farther than the 1-byte cache except distance 0: the relu reads the unseen
     batch (share 1): its memory term doubles; the norm reads the relu's fresh output and its far 1 KiB weight and
     bias: share 2048 / (2048 + 1 MiB), its memory term grows by that share; on the datasheet CPU spec both are
-    memory-bound. With the cache larger than the step nothing changes."""
+    memory-bound. The relu's kernel is planted at efficiency 0.5: its hot time doubles, the refetch does not
+    (added after the efficiency). With the cache larger than the step nothing changes."""
     model, x = ReluNorm(), torch.randn(1024, 256)
     base = dataclasses.replace(load_system("cpu"), memory_cold_curve=((1.0, 0.5), (1e12, 0.5)),
-                               host={k: 0.0 for k in load_system("cpu").host})
+                               host={k: 0.0 for k in load_system("cpu").host}, op_efficiency={"relu": 0.5})
     hot_spec = dataclasses.replace(base, calibration={"l2_bytes": 10 ** 12})
     cold_spec = dataclasses.replace(base, calibration={"l2_bytes": 1})
     hot, cold = (perfcheck.estimate(model, (x,), system=s).set_index("module") for s in (hot_spec, cold_spec))
