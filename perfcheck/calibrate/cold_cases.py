@@ -21,7 +21,7 @@ import torch
 
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.cases import Case, l2_cache_bytes
-from perfcheck.calibrate.op_classes import _costs
+from perfcheck.calibrate.op_classes import formula_costs
 
 #: Row length of the row-wise cases (softmax, layer norm): a transformer's hidden size or attention keys.
 ROW = 256
@@ -53,7 +53,7 @@ def memory_cold_cases(device, sizes=COLD_ELEMENTS) -> list:
     cases = []
     for n in sizes:
         for label, (fn, aten_name, x) in _ops(n, dev).items():
-            _, other, nbytes, _ = _costs(fn, (x.clone(),), (aten_name,))["fwd"]
+            _, other, nbytes, _ = formula_costs(fn, (x.clone(),), (aten_name,))["fwd"]
             case = Case(names.MEMORY_COLD, f"{label} {n}", lambda fn=fn, x=x: fn(x), "fp32", float(other),
                         float(nbytes), (n, 0, 0))
             cases += [dataclasses.replace(case, label=f"hot {case.label}", between=case.fn),

@@ -336,7 +336,7 @@ def _memory_cold(d: Draft, table: pd.DataFrame):
         f = m / (m + e)          the memory term's rate with the operands evicted over its tight-loop rate,
 
     median over the ops of one size, keyed by the median of their bytes. The estimator divides the memory term of
-    an op whose operands are evicted by f (``roofline.memory_cold_factor``); an op whose roofline is its compute
+    an op whose operands are evicted by f (``cold_curves.memory_cold_factor``); an op whose roofline is its compute
     (a softmax, a layer norm at the vector rate) keeps its time unless the longer memory term overtakes it.
     Also ``calibration.l2_bytes`` (the cases' ``l2`` row), as the matmul cold cases record it."""
     rows = rows_of(table, names.MEMORY_COLD)

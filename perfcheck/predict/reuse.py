@@ -4,7 +4,7 @@ Why: calibration times a kernel in a tight loop, where its operands stay in L2; 
 last read a whole step ago, the activation its backward reads was written in the forward, while the input a
 forward op reads was usually written by the op just before it, and an RNN's recurrent weight is read again at
 every time step. A GEMM of 17-67 MFLOP ran 1.2-1.8x its tight-loop time with its operands evicted on the project's
-Xeon, a 2.4 GFLOP one the same (bench/results/cold_operands.md; ``roofline.cold_factor`` prices it).
+Xeon, a 2.4 GFLOP one the same (bench/results/cold_operands.md; ``cold_curves.cold_factor`` prices it).
 
 Model (one pass over the traced forward, one over it reversed for the backward): an operand's reuse distance is
 the bytes the step's kernels moved since that storage was last read or written by a kernel
@@ -15,7 +15,7 @@ touched in the forward is as far as the forward's bytes after that touch plus th
 op touched before in the step (a parameter, the batch) was last touched in the previous step: as far as a whole
 step's bytes. An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``). Each op's cold share is the far
 operands' bytes over all its operands' bytes (each storage once). A matrix product with any far operand is cold
-(``roofline._cold_blend``: share > 0): with only the weight evicted, a 17-50 MFLOP linear ran 1.16-1.44x
+(``roofline.gemm_cold_blend``: share > 0): with only the weight evicted, a 17-50 MFLOP linear ran 1.16-1.44x
 its tight-loop time against 1.28-1.83x with both operands evicted, more than the weight's share of the operand
 bytes (19-43%) would give (the packed weight panel stalls the whole kernel; the project's Xeon, 2026-11-26). A
 memory-bound op streams its operands, so only the far bytes refetch: its memory term takes the share
