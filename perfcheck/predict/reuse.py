@@ -13,9 +13,9 @@ formulas' ``bytes_<phase>``). The backward of op i runs after the backward of ev
 op and touches what op i read and wrote (its saved inputs and weights, its output's gradient), so a storage last
 touched in the forward is as far as the forward's bytes after that touch plus the backward's so far. A storage no
 op touched before in the step (a parameter, the batch) was last touched in the previous step: as far as a whole
-step's bytes. An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``). Each op's cold share is the far
-operands' bytes over all its operands' bytes (each storage once). A matrix product with any far operand is cold
-(``roofline.gemm_cold_blend``: share > 0): with only the weight evicted, a 17-50 MFLOP linear ran 1.16-1.44x
+step's bytes. An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``). Each op's cold
+share is the far operands' bytes over all its operands' bytes (each storage once). A matrix product with any far
+operand is cold (``cold_curves.gemm_cold_blend``: share > 0): with only the weight evicted, a 17-50 MFLOP linear ran 1.16-1.44x
 its tight-loop time against 1.28-1.83x with both operands evicted, more than the weight's share of the operand
 bytes (19-43%) would give (the packed weight panel stalls the whole kernel; the project's Xeon, 2026-11-26). A
 memory-bound op streams its operands, so only the far bytes refetch: its memory term takes the share
