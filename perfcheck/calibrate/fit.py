@@ -421,6 +421,8 @@ def summary_rows(spec: SystemSpec, table: pd.DataFrame) -> list:
         out.append(("curve", f"{f:.3g} FLOP/kernel -> {e:.3f}"))
     for b, f in spec.mem_bandwidth_curve:
         out.append(("memory curve", f"{size_text(b)} moved per kernel -> {f:.2f} x the memory rate"))
+    for b, f in spec.memory_cold_curve:
+        out.append(("memory cold", f"{size_text(b)} moved per kernel, operands evicted from L2 -> {f:.2f} x its rate"))
     for name, phases in spec.op_row_s.items():
         out.append((f"per row {name}", ", ".join(f"{ph} {v * 1e9:.0f} ns" for ph, v in phases.items())))
     comm = table[table["kind"].isin(BENCHMARKED_KINDS)] if "kind" in table else table.iloc[0:0]

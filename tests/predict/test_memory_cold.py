@@ -53,6 +53,9 @@ def test_fit_is_memory_term_over_memory_term_plus_extra():
     assert [f for _, f in spec.memory_cold_curve] == pytest.approx([0.625, 1.0], abs=2e-4)
     assert spec.calibration["l2_bytes"] == 2 ** 21
     assert roofline.cold_cache_bytes(spec) == 2 ** 21
+    lines = [v for k, v in fit.summary_rows(spec, _table()) if k == "memory cold"]
+    assert len(lines) == 2 and lines[0].startswith("1 MiB moved per kernel, operands evicted from L2 -> 0.6")
+    assert lines[1] == "64 MiB moved per kernel, operands evicted from L2 -> 1.00 x its rate"
 
 
 def test_no_cold_rows_no_curve_and_an_old_spec_loads_unchanged(tmp_path):
