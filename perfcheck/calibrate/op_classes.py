@@ -78,7 +78,7 @@ EMBED_ROWS = 4096
 EMBED_COUNTS = (128, 2048)
 
 
-def _costs(fn, inputs, names) -> dict:
+def formula_costs(fn, inputs, names) -> dict:
     """phase -> (matrix FLOPs, other FLOPs, bytes, kernels) of the ops named ``names`` that ``fn(*inputs)`` runs, by
     the estimator's formulas (traced once on fake tensors, costed through aten_costs.cost_of)."""
     trace = trace_model(CallModule(fn), inputs)
@@ -128,7 +128,7 @@ def conv_cases(dev) -> list:
     out = []
     for label, shape in CONV_CASES.items():
         fwd_fn, fwd, bwd, x, w = _conv_calls(label, shape, dev)
-        cost = _costs(fwd_fn, (x, w), ("convolution",))
+        cost = formula_costs(fwd_fn, (x, w), ("convolution",))
         out.append(_opeff(label, fwd, cost["fwd"], cost["fwd"][3]))
         out.append(_opeff(f"{label}:bwd", bwd, cost["bwd"], cost["fwd"][3]))
     return out
@@ -164,7 +164,7 @@ def conv_weight_cases(dev) -> list:
 
         def conv(x, w):
             return torch.nn.functional.conv2d(x, w, None, 1, 1)
-        cost = _costs(conv, (x, w), ("convolution",))
+        cost = formula_costs(conv, (x, w), ("convolution",))
         for phase, fn in (("fwd", lambda xd=xd, wd=wd: conv(xd, wd)),
                           ("bwd", lambda g=g, xd=xd, wd=wd: aten.convolution_backward(
                               g, xd, wd, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]))):
@@ -182,14 +182,14 @@ def elementwise_cases(dev) -> list:
     g = torch.randn(ELEMENTWISE, device=dev)
     xg = x.clone().requires_grad_(True)
     out = [_opeff("bernoulli_", lambda x=x: x.bernoulli_(0.9),
-                  _costs(lambda t: torch.empty_like(t).bernoulli_(0.9), (x,), ("bernoulli_",))["fwd"])]
+                  formula_costs(lambda t: torch.empty_like(t).bernoulli_(0.9), (x,), ("bernoulli_",))["fwd"])]
     acts = {"gelu": (lambda t: torch.nn.functional.gelu(t), lambda: aten.gelu_backward(g, x)),
             "gelu_tanh": (lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
                           lambda: aten.gelu_backward(g, x, approximate="tanh")),
             "silu": (torch.nn.functional.silu, lambda: aten.silu_backward(g, x))}
     for label, (fwd, bwd) in acts.items():
         name = ("gelu",) if label.startswith("gelu") else (label,)
-        cost = _costs(fwd, (xg,), name)
+        cost = formula_costs(fwd, (xg,), name)
         out.append(_opeff(label, lambda f=fwd: f(x), cost["fwd"]))
         out.append(_opeff(f"{label}:bwd", bwd, cost["bwd"]))  # 1 kernel each way
     return out + [safe_softmax_case(dev)]
@@ -206,7 +206,7 @@ def safe_softmax_case(dev) -> Case:
     class's measured rate, not the plain softmax's, prices it. Its backward is softmax's (``_softmax:bwd``)."""
     x = torch.randn(*SCORES, device=dev)
     xg = x.clone().requires_grad_(True)
-    cost = _costs(lambda t: aten._safe_softmax(t, -1), (xg,), ("_safe_softmax",))
+    cost = formula_costs(lambda t: aten._safe_softmax(t, -1), (xg,), ("_safe_softmax",))
     return _opeff("_safe_softmax", lambda: aten._safe_softmax(x, -1), cost["fwd"], cost["fwd"][3])
 
 
@@ -229,7 +229,7 @@ def embedding_row_cases(dev) -> list:
         emb = lambda t, i=idx: torch.nn.functional.embedding(i, t)  # noqa: E731
         bag = lambda t, i=idx, o=offs: torch.nn.functional.embedding_bag(i, t, o, mode="sum")  # noqa: E731
         _, o2b, bag_size, max_idx = aten._embedding_bag(table, idx, offs, False, 0)
-        cost = {"embedding": _costs(emb, (tg,), ("embedding",)), "_embedding_bag": _costs(bag, (tg,), ("_embedding_bag",))}
+        cost = {"embedding": formula_costs(emb, (tg,), ("embedding",)), "_embedding_bag": formula_costs(bag, (tg,), ("_embedding_bag",))}
         bag_bwd = lambda gb=gb, i=idx, o=offs, ob=o2b, b=bag_size, x=max_idx: aten._embedding_bag_backward(  # noqa: E731
             gb, i, o, ob, b, x, EMBED_ROWS, False, 0, False, None)
         for name, phase, fn in (("embedding", "fwd", lambda e=emb: e(table)),

@@ -60,7 +60,8 @@ _REQUIRED = (
     "mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
-_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
+_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve",
+             "mem_bandwidth_curve", "host", "op_fixed_s",
              "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "calibrated", "sources",
              "calibration")
 #: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
@@ -77,7 +78,8 @@ CALIBRATION_KEYS = {
     "wall_s": "seconds it took",
     "forced": "true when it was kept in the cache against the sanity checks (perfcheck calibrate --force)",
     "l2_bytes": "a core's L2 cache in bytes (Linux sysfs; CPU): a step whose working set exceeds "
-                "it runs its GEMMs on evicted operands (``matrix_cold_curve``)",
+                "it runs its GEMMs and memory-bound ops on evicted operands (``matrix_cold_curve``, "
+                "``memory_cold_curve``)",
 }
 #: Phases an ``op_row_s`` entry prices: the op's forward kernel and its backward kernel (seconds per row).
 ROW_PHASES = ("fwd", "bwd")
@@ -235,6 +237,11 @@ class SystemSpec:
     #: cache) over its rate in a tight loop; CPU calibration measures it (``perfcheck.calibrate.cases``'s
     #: ``matmul_cold_cases``), applied by ``perfcheck.predict.roofline.matrix_efficiency(cold=True)``
     matrix_cold_curve: Tuple[Tuple[float, float], ...] = ()
+    #: ((bytes moved per kernel, f), ...): a memory-bound op's roofline memory term with its operands evicted from
+    #: the core's L2 runs f of its tight-loop rate (the memory term is divided by f for the far share of its
+    #: operands); CPU calibration measures it (``perfcheck.calibrate.cold_cases``), applied by
+    #: ``perfcheck.predict.roofline.memory_time_s(cold=...)``; absent: no effect (an older spec, a GPU)
+    memory_cold_curve: Tuple[Tuple[float, float], ...] = ()
     #: ((bytes moved per kernel, bandwidth factor), ...): a working set that fits a cache moves faster
     #: than the DRAM/HBM-sized copy ``mem_bandwidth_bytes_per_s`` is measured on (perfcheck.predict.roofline)
     mem_bandwidth_curve: Tuple[Tuple[float, float], ...] = ()
@@ -307,14 +314,16 @@ class SystemSpec:
         out = {}
         for f in _FIELDS:
             value = getattr(self, f)
-            if f in ("matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
+            if f in ("matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve", "mem_bandwidth_curve", "host",
+                     "op_fixed_s",
                      "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "calibration") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if f == "op_efficiency_curve":
                 value = {k: [list(p) for p in v] for k, v in value.items()}
             elif isinstance(value, types.MappingProxyType):
                 value = {k: dict(v) if isinstance(v, types.MappingProxyType) else v for k, v in value.items()}
-            elif f in ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve"):
+            elif f in ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve",
+                       "mem_bandwidth_curve"):
                 value = [list(p) for p in value]
             out[f] = value
         return out
@@ -569,6 +578,8 @@ def _validated_fields(spec, where: str) -> dict:
         "matrix_shape_curve": _shape_curve(getattr(spec, "matrix_shape_curve", ()), where),
         "matrix_cold_curve": _points(getattr(spec, "matrix_cold_curve", ()), where, "matrix_cold_curve",
                                      "flops_per_kernel", "factor", _fraction),
+        "memory_cold_curve": _points(getattr(spec, "memory_cold_curve", ()), where, "memory_cold_curve",
+                                     "bytes_per_kernel", "factor", _fraction),
         "mem_bandwidth_curve": _bandwidth_curve(getattr(spec, "mem_bandwidth_curve", ()), where),
         "host": _host(getattr(spec, "host", {}) or {}, where),
         "op_fixed_s": _per_op(getattr(spec, "op_fixed_s", {}) or {}, "op_fixed_s", where, fraction=False),
