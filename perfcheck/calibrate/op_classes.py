@@ -210,6 +210,50 @@ def safe_softmax_case(dev) -> Case:
     return _opeff("_safe_softmax", lambda: aten._safe_softmax(x, -1), cost["fwd"], cost["fwd"][3])
 
 
+#: (rows, columns) of the row-wise cases (LayerNorm, softmax) and (batch, channels, height, width, groups) of the
+#: GroupNorm case: ``ELEMENTWISE`` fp32 elements each, rows of 128 (a small transformer's width), 8 groups.
+NORM_ROWS = (ELEMENTWISE // 128, 128)
+GROUP_NORM = (4, 64, 32, 32, 8)
+
+
+def norm_cases(dev) -> list:
+    """Forward and backward (``<op>:bwd``: the one aten backward call, no autograd engine) of LayerNorm
+    (``native_layer_norm``, affine), GroupNorm (``native_group_norm``) and softmax (``_softmax``). Why: these
+    kernels keep a row in registers and do 5-9 FLOPs per element (formulas.layer_norm, softmax), where the CPU's
+    vector rate is calibration's elementwise add (one FLOP per element, ``vector_cases``); priced at that rate a
+    LayerNorm of 260 x 192 read 205 us forward against 49 measured on the project's Xeon (1 thread, process time,
+    2026-11-26), and the Norm class of the held-out design set 0.40 measured/predicted."""
+    rows, cols = NORM_ROWS
+    x = torch.randn(rows, cols, device=dev)
+    w, b = torch.randn(cols, device=dev), torch.randn(cols, device=dev)
+    g = torch.randn(rows, cols, device=dev)
+    xg, wg, bg = (t.clone().requires_grad_(True) for t in (x, w, b))
+    _, mean, rstd = aten.native_layer_norm(x, [cols], w, b, 1e-5)
+    ln = lambda t, w_, b_: torch.nn.functional.layer_norm(t, (cols,), w_, b_)  # noqa: E731
+    cost = _costs(ln, (xg, wg, bg), ("native_layer_norm",))
+    out = [_opeff("native_layer_norm", lambda: aten.native_layer_norm(x, [cols], w, b, 1e-5), cost["fwd"]),
+           _opeff("native_layer_norm:bwd", lambda: aten.native_layer_norm_backward(
+               g, x, [cols], mean, rstd, w, b, [True, True, True]), cost["bwd"], cost["fwd"][3])]
+    n, c, h, wd, groups = GROUP_NORM
+    y = torch.randn(n, c, h, wd, device=dev)
+    gy = torch.randn_like(y)
+    gw, gb = torch.randn(c, device=dev), torch.randn(c, device=dev)
+    yg, gwg, gbg = (t.clone().requires_grad_(True) for t in (y, gw, gb))
+    _, gmean, grstd = aten.native_group_norm(y, gw, gb, n, c, h * wd, groups, 1e-5)
+    gn = lambda t, w_, b_: torch.nn.functional.group_norm(t, groups, w_, b_)  # noqa: E731
+    cost = _costs(gn, (yg, gwg, gbg), ("native_group_norm",))
+    out += [_opeff("native_group_norm", lambda: aten.native_group_norm(y, gw, gb, n, c, h * wd, groups, 1e-5),
+                   cost["fwd"]),
+            _opeff("native_group_norm:bwd", lambda: aten.native_group_norm_backward(
+                gy, y, gmean, grstd, gw, n, c, h * wd, groups, [True, True, True]), cost["bwd"], cost["fwd"][3])]
+    sm = aten._softmax(x, -1, False)
+    cost = _costs(lambda t: torch.softmax(t, -1), (xg,), ("_softmax",))
+    out += [_opeff("_softmax", lambda: aten._softmax(x, -1, False), cost["fwd"]),
+            _opeff("_softmax:bwd", lambda: aten._softmax_backward_data(g, sm, -1, torch.float32), cost["bwd"],
+                   cost["fwd"][3])]
+    return out
+
+
 def embedding_row_cases(dev) -> list:
     """Per index: ``nn.Embedding`` (aten ``embedding``: a row gather; backward aten.embedding_dense_backward: the
     dense gradient, then one row added per index) and ``nn.EmbeddingBag`` (``_embedding_bag``, sum over bags of 4;
@@ -282,6 +326,6 @@ def op_class_cases(device) -> list:
     dev = torch.device(device)
     # per-row prices are a CPU term (a GPU kernel spreads rows over its threads: roofline.row_prices)
     # a CPU convolution class's fixed cost per call is its kernel's (a GPU's is the host's, per op family)
-    return conv_cases(dev) + elementwise_cases(dev) + (embedding_row_cases(dev) + conv_weight_cases(dev)
+    return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + (embedding_row_cases(dev) + conv_weight_cases(dev)
                                                        + conv_fixed_cases(dev) + embedding_bag_fixed_cases(dev)
                                                        if dev.type == "cpu" else [])

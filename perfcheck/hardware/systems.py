@@ -450,12 +450,30 @@ def _host(value, where) -> types.MappingProxyType:
     return types.MappingProxyType({k: _number(v, f"host.{k}", where, allow_zero=True) for k, v in value.items()})
 
 
-def _per_op(value, field, where, *, fraction: bool) -> types.MappingProxyType:
+#: Largest ``op_efficiency`` of a CPU spec. A GPU's roofline is its datasheet ceiling, so an op's measured / roofline
+#: rate is in (0, 1]. A CPU's vector rate is calibration's elementwise add (one FLOP per element at the add's
+#: streaming rate), not a ceiling: kernels doing several FLOPs per element in registers (LayerNorm's 7, GELU's erf
+#: polynomial) run above it (LayerNorm 3-5 on the project's Xeon). 20 guards against a case timed at almost nothing.
+CPU_OP_EFFICIENCY_MAX = 20.0
+
+
+def op_efficiency_max(kind: str) -> float:
+    """The largest op efficiency a spec of ``kind`` may hold (``CPU_OP_EFFICIENCY_MAX`` on a CPU, else 1)."""
+    return CPU_OP_EFFICIENCY_MAX if kind == "cpu" else 1.0
+
+
+def _per_op(value, field, where, *, fraction: bool, most: float = 1.0) -> types.MappingProxyType:
     """aten op name -> seconds (op_fixed_s: a CPU kernel's fixed cost beyond dispatch) or an efficiency
-    in (0, 1] (op_efficiency: measured / roofline rate of that op's kernel)."""
+    in (0, most] (op_efficiency: measured / roofline rate of that op's kernel; ``op_efficiency_max``)."""
     if not isinstance(value, Mapping):
         raise UserError(f"{where}: {field} must be an object of aten op name -> number")
-    check = _fraction if fraction else (lambda v, f, w: _number(v, f, w, allow_zero=True))
+
+    def at_most(v, f, w):
+        v = _number(v, f, w)
+        if v > most:
+            raise UserError(f"{w}: {f} = {v!r} is outside (0, {most:g}]")
+        return v
+    check = at_most if fraction else (lambda v, f, w: _number(v, f, w, allow_zero=True))
     return types.MappingProxyType({str(k): check(v, f"{field}.{k}", where) for k, v in value.items()})
 
 
@@ -583,7 +601,8 @@ def _validated_fields(spec, where: str) -> dict:
         "mem_bandwidth_curve": _bandwidth_curve(getattr(spec, "mem_bandwidth_curve", ()), where),
         "host": _host(getattr(spec, "host", {}) or {}, where),
         "op_fixed_s": _per_op(getattr(spec, "op_fixed_s", {}) or {}, "op_fixed_s", where, fraction=False),
-        "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True),
+        "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True,
+                                 most=op_efficiency_max(spec.kind)),
         "op_efficiency_curve": _op_curves(getattr(spec, "op_efficiency_curve", {}) or {}, where),
         "module_fixed_s": _per_op(_unretired_modules(getattr(spec, "module_fixed_s", {}) or {}), "module_fixed_s",
                                   where, fraction=False),
