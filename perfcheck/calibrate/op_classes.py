@@ -230,7 +230,7 @@ def norm_cases(dev) -> list:
     xg, wg, bg = (t.clone().requires_grad_(True) for t in (x, w, b))
     _, mean, rstd = aten.native_layer_norm(x, [cols], w, b, 1e-5)
     ln = lambda t, w_, b_: torch.nn.functional.layer_norm(t, (cols,), w_, b_)  # noqa: E731
-    cost = _costs(ln, (xg, wg, bg), ("native_layer_norm",))
+    cost = formula_costs(ln, (xg, wg, bg), ("native_layer_norm",))
     out = [_opeff("native_layer_norm", lambda: aten.native_layer_norm(x, [cols], w, b, 1e-5), cost["fwd"]),
            _opeff("native_layer_norm:bwd", lambda: aten.native_layer_norm_backward(
                g, x, [cols], mean, rstd, w, b, [True, True, True]), cost["bwd"], cost["fwd"][3])]
@@ -241,13 +241,13 @@ def norm_cases(dev) -> list:
     yg, gwg, gbg = (t.clone().requires_grad_(True) for t in (y, gw, gb))
     _, gmean, grstd = aten.native_group_norm(y, gw, gb, n, c, h * wd, groups, 1e-5)
     gn = lambda t, w_, b_: torch.nn.functional.group_norm(t, groups, w_, b_)  # noqa: E731
-    cost = _costs(gn, (yg, gwg, gbg), ("native_group_norm",))
+    cost = formula_costs(gn, (yg, gwg, gbg), ("native_group_norm",))
     out += [_opeff("native_group_norm", lambda: aten.native_group_norm(y, gw, gb, n, c, h * wd, groups, 1e-5),
                    cost["fwd"]),
             _opeff("native_group_norm:bwd", lambda: aten.native_group_norm_backward(
                 gy, y, gmean, grstd, gw, n, c, h * wd, groups, [True, True, True]), cost["bwd"], cost["fwd"][3])]
     sm = aten._softmax(x, -1, False)
-    cost = _costs(lambda t: torch.softmax(t, -1), (xg,), ("_softmax",))
+    cost = formula_costs(lambda t: torch.softmax(t, -1), (xg,), ("_softmax",))
     out += [_opeff("_softmax", lambda: aten._softmax(x, -1, False), cost["fwd"]),
             _opeff("_softmax:bwd", lambda: aten._softmax_backward_data(g, sm, -1, torch.float32), cost["bwd"],
                    cost["fwd"][3])]

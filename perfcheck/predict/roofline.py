@@ -313,16 +313,19 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
         compute  = ``compute_time_s`` (matrix_efficiency_curve by FLOPs per kernel, matrix_shape_curve by the
                    GEMM's smallest dimension ``min_dim``, ``align``ment factor)
         memory   = ``memory_time_s`` (mem_bandwidth_curve by bytes per kernel), its operands in L2
-        evicted  = max(compute, memory_cold) - max(compute, memory)
+        evicted  = memory_cold - memory
                    (``memory_cold``: ``memory_time_s`` with ``cold_memory``, the share of the op's operand bytes
-                   evicted from L2, memory_cold_curve: the refetch, where it outlasts the compute)
+                   evicted from L2, memory_cold_curve: the refetch, stalled on whatever bounds the hot kernel)
         roof     = max(compute, memory) / op_eff + evicted (``op_efficiency`` of the op's kernel, 1 by default)
         launch   = kernels * launch_s                     (the device-side per-kernel time, ``device_kernel_s``)
         time     = roof + launch + rows_s                 (``rows_s``: per-row prices of CPU kernels, ``row_prices``)
         bound    = "overhead" if launch > max(compute, memory_cold), else the larger of compute and memory_cold
 
-    The refetch is added after ``op_eff``, not divided by it: the calibration's cold cases (copy, fill, softmax,
-    layer norm; ``calibrate.fit._memory_cold``) measured it as time beyond their hot time, and a kernel slower than
+    The refetch is added, as the calibration fits it (``calibrate.fit._memory_cold``: cold = hot + e, f = m / (m + e)),
+    whatever bounds the hot kernel: its layer norm and softmax cases, compute-bound here, paid it as the copies did
+    (a layer norm of 64 Ki elements 53 us hot, 99 us cold; bench/results/memory_cold.md). Taken as max(compute,
+    memory_cold) - max(compute, memory) instead, a row-wise op's refetch vanished under its compute term.
+    It is added after ``op_eff``, not divided by it: a kernel slower than
     its roofline (a CPU max-pool's backward, efficiency ~0.2) is slow at its own work, not at fetching its bytes:
     divided by its efficiency, LeNet's pool backward (1 MiB) took 0.77 ms more, 2.5x its hot time.
     ``memory`` in the result is memory_cold.
@@ -330,11 +333,12 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
     k = _array(kernels, "kernels")
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=k, min_dim=min_dim,
                                         align=align, cold=cold), dtype=float)
-    memory = np.asarray(memory_time_s(bytes_moved, system, kernels=k), dtype=float)
-    top = np.maximum(compute, memory)
+    hot = np.asarray(memory_time_s(bytes_moved, system, kernels=k), dtype=float)
+    top = np.maximum(compute, hot)
+    memory = hot
     if np.any(np.asarray(cold_memory, dtype=float) > 0):
         memory = np.asarray(memory_time_s(bytes_moved, system, kernels=k, cold=cold_memory), dtype=float)
-    evicted = np.maximum(compute, memory) - top
+    evicted = memory - hot
     launch = k * _array(launch_s, "launch_s")
     roof = top / np.asarray(op_eff, dtype=float) + evicted
     bound = np.where(launch > top + evicted, "overhead", np.where(compute >= memory, "compute", "memory"))
