@@ -1,77 +1,59 @@
-"""Re-predict one held-out measurement with the code of a given source tree: paired before/after evidence.
+"""Paired re-prediction of one held-out measurement: the same measured steps and modules (``bench/heldout.py
+--csv F``), the same calibration table (``--save-calibration C``), predicted again by the code of this tree.
 
-Why: single held-out runs differ by up to 2x per model on the shared machine, so what a change to the estimator
-did is judged on the SAME measurements (``bench/heldout.py --csv F`` writes F and F.modules.csv) and the SAME
-calibration table (``--save-calibration C``), predicted once with the code before the change and once after.
+Why: the machine is noisy (one model moves by up to 30% between two runs), so a change to the estimator is judged
+on the same measurements, predicted by the tree before and after it (run this script from each tree; the models
+are rebuilt with heldout's seed, so only the code differs).
 
-The tree (``--tree``, default this one) supplies both ``perfcheck`` and ``bench/heldout.py`` (models, the loss
-and optimizer of each, ``predict``), so the old code is run as the old checkout: e.g. ``--tree /path/to/main``.
-Prints the per-model step / forward / backward ratios and the per-module-class medians (fwd+bwd per module) per
-set, measured / predicted, as heldout.py does; ``--out`` writes the per-module predictions.
-
-    OMP_NUM_THREADS=1 python bench/repredict.py --csv F --calibration C [--tree DIR] [--models a,b] [--out P.csv]
+    OMP_NUM_THREADS=1 python bench/repredict.py --measured F.csv --calibration C.csv [--csv OUT.csv]
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import heldout  # noqa: E402  (puts this tree's perfcheck first on the path)
+
+
+def measured(rows: pd.DataFrame, mods: pd.DataFrame, name: str) -> dict:
+    """heldout's measurement dict of model ``name`` from its CSVs (module times as fwd + bwd in one number)."""
+    r = rows[rows["model"] == name].iloc[0]
+    m = mods[(mods["model"] == name) & (mods["module"] != "(optimizer)")]
+    return {"phases": {k: float(r[f"meas_{k}_ms"]) / 1e3 for k in ("step", "fwd", "bwd", "optim")},
+            "modules": {p: (float(s), 0.0) for p, s in zip(m["module"], m["meas_s"])},
+            "classes": dict(zip(m["module"], m["class"]))}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--csv", required=True, help="a held-out run's per-model CSV (its .modules.csv beside it)")
-    ap.add_argument("--calibration", required=True, help="the calibration table to re-fit (--save-calibration)")
-    ap.add_argument("--tree", default=str(Path(__file__).resolve().parents[1]), help="source tree of the code")
-    ap.add_argument("--models", default=None)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--measured", required=True, help="heldout.py --csv output (and its .modules.csv)")
+    ap.add_argument("--calibration", required=True, help="heldout.py --save-calibration output")
+    ap.add_argument("--set", choices=("design", "scoring", "both"), default="both")
+    ap.add_argument("--csv", default=None, help="write the re-predicted rows (and <csv>.modules.csv)")
     args = ap.parse_args(argv)
-    tree = Path(args.tree).resolve()
-    sys.path[:0] = [str(tree), str(tree / "bench")]
-    for name in [m for m in sys.modules if m == "perfcheck" or m.startswith("perfcheck.") or m == "heldout"]:
-        del sys.modules[name]
-    heldout = importlib.import_module("heldout")
-    import perfcheck
-    import torch
-
-    assert Path(perfcheck.__file__).resolve().is_relative_to(tree), perfcheck.__file__
     torch.set_num_threads(1)
-    runs, mods = pd.read_csv(args.csv), pd.read_csv(args.csv + ".modules.csv")
-    models = args.models.split(",") if args.models else list(runs["model"])
+    rows_in = pd.read_csv(args.measured, keep_default_na=False)
+    if args.set != "both":
+        rows_in = rows_in[rows_in["set"] == args.set]
+    mods_in = pd.read_csv(args.measured + ".modules.csv", keep_default_na=False)
     spec, _ = heldout.calibration(args.calibration, None, print)
-    rows, preds = [], []
-    for name in models:
+    rows, mods = [], []
+    for s, name in zip(rows_in["set"], rows_in["model"]):
         w = heldout.build(name)
-        p = heldout.predict(w, spec, w.optimizer(w.model.parameters()))
-        r = runs[runs["model"] == name].iloc[0]
-        meas = {ph: float(r[f"meas_{ph}_ms"]) for ph in ("step", "fwd", "bwd")}
-        rows.append({"set": r["set"], "model": name,
-                     **{ph: meas[ph] / (p["phases"][ph] * 1e3) for ph in ("step", "fwd", "bwd")}})
-        m = mods[mods["model"] == name]
-        for q in m.itertuples():
-            f, b = p["modules"].get(q.module, (np.nan, np.nan))
-            preds.append({"model": name, "set": q.set, "module": q.module, "class": q._4, "meas_s": q.meas_s,
-                          "pred_s": f + b, "ratio": q.meas_s / (f + b)})
-    steps, per_mod = pd.DataFrame(rows), pd.DataFrame(preds)
-    print(f"code: {perfcheck.__file__}; calibration: {args.calibration}; measurements: {args.csv}\n")
-    print("| set | model | step | fwd | bwd |\n|---|---|---|---|---|")
-    for r in steps.itertuples():
-        print(f"| {r.set} | {r.model} | {r.step:.2f} | {r.fwd:.2f} | {r.bwd:.2f} |")
-    print("\n| set | median abs step error | within 25% |\n|---|---|---|")
-    for s, g in steps.groupby("set", sort=False):
-        print(f"| {s} | {np.median(np.abs(g['step'] - 1)) * 100:.1f}% | {(np.abs(g['step'] - 1) <= 0.25).sum()}/{len(g)} |")
-    print("\n| class | " + " | ".join(f"{s} median [n]" for s in per_mod["set"].unique()) + " |")
-    print("|---|" + "---|" * per_mod["set"].nunique())
-    for c, g in per_mod.groupby("class"):
-        cells = [f"{np.median(h['ratio']):.2f} [{len(h)}]" if len(h := g[g['set'] == s]) else "-"
-                 for s in per_mod["set"].unique()]
-        print(f"| {c} | " + " | ".join(cells) + " |")
-    if args.out:
-        per_mod.to_csv(args.out, index=False)
+        pred = heldout.predict(w, spec, w.optimizer(w.model.parameters()))
+        row, m = heldout.compare(name, s, measured(rows_in, mods_in, name), pred)
+        rows.append(row)
+        mods += m
+    rows, mods = pd.DataFrame(rows), pd.DataFrame(mods)
+    print("\n".join(heldout.summary_lines(rows, mods)))
+    if args.csv:
+        rows.to_csv(args.csv, index=False)
+        mods.to_csv(args.csv + ".modules.csv", index=False)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ MATMUL = "matmul"            # torch.mm squares and F.linear shapes: the matrix 
 MATMUL_COLD = "matmul_cold"  # the same shapes after evicting L2 (label "l2": m = the L2 bytes evicted for)
 #: Bytes the cold matmul cases stream between calls, in multiples of the L2 (an L2 is not strictly LRU).
 EVICT_L2_MULTIPLE = 4
+MEMORY_COLD = "memory_cold"  # memory-bound ops hot and after evicting L2 (cold_cases.py; label "l2" as above)
 GEMM_ALIGN = "gemm_align"    # a GEMM with an unaligned row stride and its aligned twin
 CLASSFIXED = "classfixed"  # a CPU op class's tiny call, forward and backward (op_classes.conv_fixed_cases)
 COPY = "copy"                # a buffer copy per size: the bandwidth curve

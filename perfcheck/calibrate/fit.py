@@ -34,6 +34,7 @@ from perfcheck.calibrate.fit_host import (alignment, collective_latency, fp32_ro
                                           module_costs, per_op_costs, row_costs)
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, host_constants, load_system
+from perfcheck.predict import roofline
 
 #: Columns of the measurement table (``Calibration.measurements``, ``perfcheck calibrate --csv``).
 MEASUREMENT_COLUMNS = ("kind", "label", "dtype", "m", "k", "n", "flops", "bytes", "world_size", "seconds",
@@ -250,13 +251,15 @@ def _matrix(d: Draft, table):
         + "; other dtypes scale it by efficiency.matrix_<dtype> / efficiency.matrix")
     d.sources["efficiency.matrix"] = (f"{d.stamp}: {ref} matmul rate {d.relative}, median of the {_LARGEST} largest "
                                       f"shapes" + "".join(f"; {x}: {large[x]:.3f}" for x in measured if x != ref))
-    _matrix_cold(d, table, d.op_s + mm_fixed)
+    _matrix_cold(d, table)
 
 
-def _matrix_cold(d: Draft, table: pd.DataFrame, fixed_s: float):
+def _matrix_cold(d: Draft, table: pd.DataFrame):
     """``matrix_cold_curve``: per shape of ``matmul_cold_cases`` (each call timed alone after the same call, label
     ``hot <shape>``, and after L2 was evicted, label ``<shape>``), hot / cold compute time (less the ``fixed_s``
-    dispatch and fixed cost), capped at 1, by FLOPs per kernel (``efficiency_curve``). The smallest shape's extra
+    dispatch and fixed cost), capped at 1, by FLOPs per kernel (``efficiency_curve``); since 2026-11-26 as
+    c / (c + e), c the GEMM's compute term on the spec fitted so far, e the extra cold time (see the code). The
+    smallest shape's extra
     The estimator's per-op code coldness (``host.op_cold_s``, added to an op whose family differs from the one
     before: a GEMM in a step) is taken out of every cold time first, so it is not counted twice; the rest (the
     operands' and the library's buffers' refetch, and the translation entries the eviction dropped: a 32^3 GEMM,
@@ -271,14 +274,25 @@ def _matrix_cold(d: Draft, table: pd.DataFrame, fixed_s: float):
     hot_s = pairs["seconds"].to_numpy(float)
     cold_s = pairs["seconds_cold"].to_numpy(float)
     code_s = float(dict(d.fields.get("host", {}) or {}).get("op_cold_s", host_constants(d.base)["op_cold_s"]))
-    ratio = np.maximum(hot_s - fixed_s, 1e-12) / np.maximum(np.maximum(cold_s - code_s, hot_s) - fixed_s, 1e-12)
-    d.fields["matrix_cold_curve"] = efficiency_curve(pairs, np.minimum(ratio, 1.0))
+    # the refetch e = cold - op_cold_s - hot over the GEMM's compute term c on the spec built so far (the
+    # estimator's time of that call): factor = c / (c + e), so the estimator's cold time c / factor = c + e. The
+    # measured hot time less the fixed cost, the denominator before, is a fraction of a microsecond for the
+    # smallest GEMM: one noisy calibration fitted 1e-4 there and priced a cold 32^3 GEMM at 4.1 ms, not ~0.4 us + e
+    spec = dataclasses.replace(d.base, matrix_flops_per_s=d.matrix, efficiency=d.eff, **{
+        k: v for k, v in d.fields.items() if k in ("matrix_efficiency_curve", "matrix_shape_curve")})
+    dtype = str(pairs["dtype"].iloc[0] or "fp32")
+    min_dim = pairs[["m", "k", "n"]].to_numpy(float).min(axis=1)
+    compute_s = np.asarray(roofline.compute_time_s(pairs["flops"].to_numpy(float), 0.0, spec, dtype,
+                                                   kernels=np.ones(len(pairs)), min_dim=min_dim), dtype=float)
+    extra = np.maximum(cold_s - code_s - hot_s, 0.0)
+    ratio = compute_s / np.maximum(compute_s + extra, 1e-15)
+    d.fields["matrix_cold_curve"] = efficiency_curve(pairs, np.clip(ratio, 1e-3, 1.0))
     d.fields["calibration"] = {**dict(d.base.calibration or {}), "l2_bytes": int(l2["m"].iloc[0])}
     d.sources["matrix_cold_curve"] = (
         f"{d.stamp}: the matmul shapes timed call by call after the same call and after streaming "
-        f"{names.EVICT_L2_MULTIPLE} x the {int(l2['m'].iloc[0]) // 1024} KiB L2 (untimed): hot / cold time less "
-        f"{fixed_s * 1e6:.2f} us dispatch and fixed cost, the cold time also less op_cold_s "
-        f"({code_s * 1e6:.1f} us, priced per op apart), by FLOPs per kernel")
+        f"{names.EVICT_L2_MULTIPLE} x the {int(l2['m'].iloc[0]) // 1024} KiB L2 (untimed): the GEMM's compute "
+        f"term c over c + the extra cold time (cold - hot, less op_cold_s, {code_s * 1e6:.1f} us, priced per op "
+        f"apart), by FLOPs per kernel")
 
 
 def _vector(d: Draft, table):
@@ -319,6 +333,49 @@ def _memory(d: Draft, table):
         f"{d.stamp}: copy of {size_text(big['bytes'] / 2)} (read + write counted), {fmt_rate(bw, 'B/s')}"
         + ("" if d.peaks == "measured" else f", i.e. {d.eff['memory']:.3f} of the datasheet") + f"; by size: {others}")
     d.sources["efficiency.memory"] = f"{d.stamp}: large-copy bandwidth {d.relative}"
+    _memory_cold(d, table)
+
+
+def _memory_cold(d: Draft, table: pd.DataFrame):
+    """``memory_cold_curve``: ((bytes per kernel, f), ...) from ``cold_cases.memory_cold_cases`` (each memory-bound
+    op timed alone after the same call, label ``hot <op> <n>``, and after L2 was evicted, label ``<op> <n>``).
+
+    Derivation. A cold call pays its hot time plus the refetch of its operands from beyond L2,
+    e = max(cold - op_cold_s - hot, 0) (``host.op_cold_s``, the per-op code coldness the estimator adds to an op
+    whose family differs from the one before, is taken out so it is not counted twice, as for the GEMMs). That
+    refetch is memory traffic: it lengthens the op's roofline memory term m = bytes / (bandwidth x efficiency x
+    ``mem_bandwidth_curve``(bytes)) (``roofline.memory_time_s`` on the spec this fit has built so far), so
+
+        f = m / (m + e)          the memory term's rate with the operands evicted over its tight-loop rate,
+
+    median over the ops of one size, keyed by the median of their bytes. The estimator divides the memory term of
+    an op whose operands are evicted by f (``cold_curves.memory_cold_factor``) and adds the difference, e, to the
+    op's time whatever bounds it (``roofline.device_times``: a softmax or layer norm case paid it too).
+    Also ``calibration.l2_bytes`` (the cases' ``l2`` row), as the matmul cold cases record it."""
+    rows = rows_of(table, names.MEMORY_COLD)
+    l2 = rows[rows["label"] == "l2"]
+    hot = rows[rows["label"].str.startswith("hot ")].assign(label=lambda t: t["label"].str[4:])
+    pairs = hot.merge(rows[["label", "seconds"]], on="label", suffixes=("", "_cold"))
+    if not len(l2) or pairs["m"].nunique() < 2:
+        return
+    spec = dataclasses.replace(d.base, efficiency=d.eff, **{k: v for k, v in d.fields.items() if k in (
+        "mem_bandwidth_bytes_per_s", "mem_bandwidth_curve")})
+    nbytes = pairs["bytes"].to_numpy(float)
+    mem_s = np.asarray(roofline.memory_time_s(nbytes, spec, kernels=np.ones(len(pairs))), dtype=float)
+    code_s = float(dict(d.fields.get("host", {}) or {}).get("op_cold_s", host_constants(d.base)["op_cold_s"]))
+    extra = np.maximum(pairs["seconds_cold"].to_numpy(float) - code_s - pairs["seconds"].to_numpy(float), 0.0)
+    frame = pd.DataFrame({"m": pairs["m"].to_numpy(), "bytes": nbytes, "f": mem_s / np.maximum(mem_s + extra, 1e-15)})
+    grouped = frame.groupby("m", sort=True).median()
+    d.fields["memory_cold_curve"] = tuple((float(r.bytes), float(round(min(max(r.f, 1e-3), 1.0), 4)))
+                                          for r in grouped.itertuples())
+    d.fields["calibration"] = {**dict(d.base.calibration or {}), **dict(d.fields.get("calibration", {}) or {}),
+                               "l2_bytes": int(l2["m"].iloc[0])}
+    ops = ", ".join(dict.fromkeys(str(x).rsplit(" ", 1)[0] for x in pairs["label"]))
+    d.sources["memory_cold_curve"] = (
+        f"{d.stamp}: memory-bound ops ({ops}) timed call by call after the same call and after streaming "
+        f"{names.EVICT_L2_MULTIPLE} x the {int(l2['m'].iloc[0]) // 1024} KiB L2 (untimed): the roofline memory "
+        f"term m over m + the extra cold time (less op_cold_s, {code_s * 1e6:.1f} us, priced per op apart), median "
+        f"per size, by bytes per kernel")
 
 
 def bandwidth_curve(copies: pd.DataFrame, op_s: float = 0.0) -> tuple:
@@ -377,6 +434,8 @@ def summary_rows(spec: SystemSpec, table: pd.DataFrame) -> list:
         out.append(("curve", f"{f:.3g} FLOP/kernel -> {e:.3f}"))
     for b, f in spec.mem_bandwidth_curve:
         out.append(("memory curve", f"{size_text(b)} moved per kernel -> {f:.2f} x the memory rate"))
+    for b, f in spec.memory_cold_curve:
+        out.append(("memory cold", f"{size_text(b)} moved per kernel, operands evicted from L2 -> {f:.2f} x its rate"))
     for name, phases in spec.op_row_s.items():
         out.append((f"per row {name}", ", ".join(f"{ph} {v * 1e9:.0f} ns" for ph, v in phases.items())))
     comm = table[table["kind"].isin(BENCHMARKED_KINDS)] if "kind" in table else table.iloc[0:0]

@@ -15,7 +15,7 @@ from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.fit_draft import Draft, cap, rows_of, seconds_of, size_text
 from perfcheck.calibrate.layers import tiny_modules
 from perfcheck.hardware.host_keys import OPTIM_LINES, op_cold_key, optim_per_tensor_key, optim_step_key
-from perfcheck.hardware.systems import LOW_HOST_DTYPES, RETIRED_ROW_OPS, SystemSpec, host_constants
+from perfcheck.hardware.systems import LOW_HOST_DTYPES, RETIRED_ROW_OPS, SystemSpec, host_constants, op_efficiency_max
 from perfcheck.predict import roofline
 from perfcheck.predict.estimate import estimate
 from perfcheck.predict.host import EVICTED_SUFFIX
@@ -54,7 +54,7 @@ def alignment(spec: SystemSpec, table, d: Draft) -> SystemSpec:
 
 def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
     """op_fixed_s (tiny call less one plain tiny op) and op_efficiency (the formulas' roofline time on
-    the calibrated spec / the measured time less dispatch and fixed cost, capped at 1)."""
+    the calibrated spec / the measured time less dispatch and fixed cost, capped by ``efficiency_cap``)."""
     # CLASSFIXED: a CPU op class's tiny call (op_classes.conv_fixed_cases), fitted as an op family's fixed cost
     all_fixed = pd.concat([rows_of(table, names.OPFIXED), rows_of(table, names.CLASSFIXED)])
     eff_rows = rows_of(table, names.OPEFF)
@@ -70,6 +70,7 @@ def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
     low = {roofline.op_efficiency_key(r.label, r.dtype): max(float(r.seconds) - d.op_s - node, 0.0)
            for r in all_fixed[~fp32].itertuples(index=False)}
     eff, sources = {}, dict(spec.sources)
+    cap = efficiency_cap(spec)
     for r in eff_rows.itertuples(index=False):
         # the case's kernels (k; 0 in older tables: one), as the estimator splits an op's bytes over its kernels
         # for the bandwidth curve (a _safe_softmax runs four)
@@ -77,7 +78,7 @@ def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
         roof, _ = roofline.op_time_s(float(r.flops), float(r.n), float(r.bytes), kernels, spec, r.dtype or "fp32",
                                      launch_s=0.0)
         kernel_s = max(float(r.seconds) - d.op_s - fixed.get(r.label, 0.0), 1e-9)
-        eff[roofline.op_efficiency_key(r.label, r.dtype or "fp32")] = float(min(max(roof / kernel_s, 1e-4), 1.0))
+        eff[roofline.op_efficiency_key(r.label, r.dtype or "fp32")] = float(min(max(roof / kernel_s, 1e-4), cap))
     if fixed:
         sources["op_fixed_s"] = (f"{d.stamp}: per aten op, one call on tiny tensors (8x16, 1x1x6x6; a convolution "
                                  f"on 2x1x6x6, the path of a batch >= 2) less one plain tiny op ({d.op_s * 1e6:.2f} us): the op family's fixed cost beyond a "
@@ -91,6 +92,14 @@ def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
             f"; <op>@<dtype>: the same calls in that dtype on tensors needing a gradient less the tiny op and "
             f"autograd_node_s ({node * 1e6:.2f} us)")
     return dataclasses.replace(spec, op_fixed_s={**fixed, **low}, op_efficiency=eff, sources=sources)
+
+
+def efficiency_cap(spec: SystemSpec) -> float:
+    """Largest measured / roofline rate an ``opeff`` case may set (``systems.op_efficiency_max``): 1 on a GPU,
+    whose roofline is its datasheet ceiling; above 1 on a CPU, whose vector rate is calibration's elementwise add
+    (``cases.vector_cases``), which a kernel doing several FLOPs per element in registers outruns. Capped at 1, a
+    LayerNorm or GELU on the project's Xeon was priced 2-5x too slow."""
+    return op_efficiency_max(spec.kind)
 
 
 def fp32_rows(rows: pd.DataFrame) -> pd.Series:

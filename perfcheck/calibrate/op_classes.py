@@ -79,7 +79,7 @@ EMBED_ROWS = 4096
 EMBED_COUNTS = (128, 2048)
 
 
-def _costs(fn, inputs, names) -> dict:
+def formula_costs(fn, inputs, names) -> dict:
     """phase -> (matrix FLOPs, other FLOPs, bytes, kernels) of the ops named ``names`` that ``fn(*inputs)`` runs, by
     the estimator's formulas (traced once on fake tensors, costed through aten_costs.cost_of)."""
     trace = trace_model(CallModule(fn), inputs)
@@ -129,7 +129,7 @@ def conv_cases(dev) -> list:
     out = []
     for label, shape in CONV_CASES.items():
         fwd_fn, fwd, bwd, x, w = _conv_calls(label, shape, dev)
-        cost = _costs(fwd_fn, (x, w), ("convolution",))
+        cost = formula_costs(fwd_fn, (x, w), ("convolution",))
         out.append(_opeff(label, fwd, cost["fwd"], cost["fwd"][3]))
         out.append(_opeff(f"{label}:bwd", bwd, cost["bwd"], cost["fwd"][3]))
     return out
@@ -173,7 +173,7 @@ def conv_weight_cases(dev) -> list:
 
         def conv(x, w):
             return torch.nn.functional.conv2d(x, w, None, 1, 1)
-        cost = _costs(conv, (x, w), ("convolution",))
+        cost = formula_costs(conv, (x, w), ("convolution",))
         for phase, fn in (("fwd", lambda xd=xd, wd=wd: conv(xd, wd)),
                           ("bwd", lambda g=g, xd=xd, wd=wd: aten.convolution_backward(
                               g, xd, wd, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]))):
@@ -191,14 +191,14 @@ def elementwise_cases(dev) -> list:
     g = torch.randn(ELEMENTWISE, device=dev)
     xg = x.clone().requires_grad_(True)
     out = [_opeff("bernoulli_", lambda x=x: x.bernoulli_(0.9),
-                  _costs(lambda t: torch.empty_like(t).bernoulli_(0.9), (x,), ("bernoulli_",))["fwd"])]
+                  formula_costs(lambda t: torch.empty_like(t).bernoulli_(0.9), (x,), ("bernoulli_",))["fwd"])]
     acts = {"gelu": (lambda t: torch.nn.functional.gelu(t), lambda: aten.gelu_backward(g, x)),
             "gelu_tanh": (lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
                           lambda: aten.gelu_backward(g, x, approximate="tanh")),
             "silu": (torch.nn.functional.silu, lambda: aten.silu_backward(g, x))}
     for label, (fwd, bwd) in acts.items():
         name = ("gelu",) if label.startswith("gelu") else (label,)
-        cost = _costs(fwd, (xg,), name)
+        cost = formula_costs(fwd, (xg,), name)
         out.append(_opeff(label, lambda f=fwd: f(x), cost["fwd"]))
         out.append(_opeff(f"{label}:bwd", bwd, cost["bwd"]))  # 1 kernel each way
     return out + [safe_softmax_case(dev)]
@@ -215,8 +215,52 @@ def safe_softmax_case(dev) -> Case:
     class's measured rate, not the plain softmax's, prices it. Its backward is softmax's (``_softmax:bwd``)."""
     x = torch.randn(*SCORES, device=dev)
     xg = x.clone().requires_grad_(True)
-    cost = _costs(lambda t: aten._safe_softmax(t, -1), (xg,), ("_safe_softmax",))
+    cost = formula_costs(lambda t: aten._safe_softmax(t, -1), (xg,), ("_safe_softmax",))
     return _opeff("_safe_softmax", lambda: aten._safe_softmax(x, -1), cost["fwd"], cost["fwd"][3])
+
+
+#: (rows, columns) of the row-wise cases (LayerNorm, softmax) and (batch, channels, height, width, groups) of the
+#: GroupNorm case: ``ELEMENTWISE`` fp32 elements each, rows of 128 (a small transformer's width), 8 groups.
+NORM_ROWS = (ELEMENTWISE // 128, 128)
+GROUP_NORM = (4, 64, 32, 32, 8)
+
+
+def norm_cases(dev) -> list:
+    """Forward and backward (``<op>:bwd``: the one aten backward call, no autograd engine) of LayerNorm
+    (``native_layer_norm``, affine), GroupNorm (``native_group_norm``) and softmax (``_softmax``). Why: these
+    kernels keep a row in registers and do 5-9 FLOPs per element (formulas.layer_norm, softmax), where the CPU's
+    vector rate is calibration's elementwise add (one FLOP per element, ``vector_cases``); priced at that rate a
+    LayerNorm of 260 x 192 read 205 us forward against 49 measured on the project's Xeon (1 thread, process time,
+    2026-11-26), and the Norm class of the held-out design set 0.40 measured/predicted."""
+    rows, cols = NORM_ROWS
+    x = torch.randn(rows, cols, device=dev)
+    w, b = torch.randn(cols, device=dev), torch.randn(cols, device=dev)
+    g = torch.randn(rows, cols, device=dev)
+    xg, wg, bg = (t.clone().requires_grad_(True) for t in (x, w, b))
+    _, mean, rstd = aten.native_layer_norm(x, [cols], w, b, 1e-5)
+    ln = lambda t, w_, b_: torch.nn.functional.layer_norm(t, (cols,), w_, b_)  # noqa: E731
+    cost = formula_costs(ln, (xg, wg, bg), ("native_layer_norm",))
+    out = [_opeff("native_layer_norm", lambda: aten.native_layer_norm(x, [cols], w, b, 1e-5), cost["fwd"]),
+           _opeff("native_layer_norm:bwd", lambda: aten.native_layer_norm_backward(
+               g, x, [cols], mean, rstd, w, b, [True, True, True]), cost["bwd"], cost["fwd"][3])]
+    n, c, h, wd, groups = GROUP_NORM
+    y = torch.randn(n, c, h, wd, device=dev)
+    gy = torch.randn_like(y)
+    gw, gb = torch.randn(c, device=dev), torch.randn(c, device=dev)
+    yg, gwg, gbg = (t.clone().requires_grad_(True) for t in (y, gw, gb))
+    _, gmean, grstd = aten.native_group_norm(y, gw, gb, n, c, h * wd, groups, 1e-5)
+    gn = lambda t, w_, b_: torch.nn.functional.group_norm(t, groups, w_, b_)  # noqa: E731
+    cost = formula_costs(gn, (yg, gwg, gbg), ("native_group_norm",))
+    out += [_opeff("native_group_norm", lambda: aten.native_group_norm(y, gw, gb, n, c, h * wd, groups, 1e-5),
+                   cost["fwd"]),
+            _opeff("native_group_norm:bwd", lambda: aten.native_group_norm_backward(
+                gy, y, gmean, grstd, gw, n, c, h * wd, groups, [True, True, True]), cost["bwd"], cost["fwd"][3])]
+    sm = aten._softmax(x, -1, False)
+    cost = formula_costs(lambda t: torch.softmax(t, -1), (xg,), ("_softmax",))
+    out += [_opeff("_softmax", lambda: aten._softmax(x, -1, False), cost["fwd"]),
+            _opeff("_softmax:bwd", lambda: aten._softmax_backward_data(g, sm, -1, torch.float32), cost["bwd"],
+                   cost["fwd"][3])]
+    return out
 
 
 def embedding_row_cases(dev) -> list:
@@ -238,7 +282,7 @@ def embedding_row_cases(dev) -> list:
         emb = lambda t, i=idx: torch.nn.functional.embedding(i, t)  # noqa: E731
         bag = lambda t, i=idx, o=offs: torch.nn.functional.embedding_bag(i, t, o, mode="sum")  # noqa: E731
         _, o2b, bag_size, max_idx = aten._embedding_bag(table, idx, offs, False, 0)
-        cost = {"embedding": _costs(emb, (tg,), ("embedding",)), "_embedding_bag": _costs(bag, (tg,), ("_embedding_bag",))}
+        cost = {"embedding": formula_costs(emb, (tg,), ("embedding",)), "_embedding_bag": formula_costs(bag, (tg,), ("_embedding_bag",))}
         bag_bwd = lambda gb=gb, i=idx, o=offs, ob=o2b, b=bag_size, x=max_idx: aten._embedding_bag_backward(  # noqa: E731
             gb, i, o, ob, b, x, EMBED_ROWS, False, 0, False, None)
         for name, phase, fn in (("embedding", "fwd", lambda e=emb: e(table)),
@@ -291,6 +335,6 @@ def op_class_cases(device) -> list:
     dev = torch.device(device)
     # per-row prices are a CPU term (a GPU kernel spreads rows over its threads: roofline.row_prices)
     # a CPU convolution class's fixed cost per call is its kernel's (a GPU's is the host's, per op family)
-    return conv_cases(dev) + elementwise_cases(dev) + (embedding_row_cases(dev) + conv_weight_cases(dev)
+    return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + (embedding_row_cases(dev) + conv_weight_cases(dev)
                                                        + conv_fixed_cases(dev) + embedding_bag_fixed_cases(dev)
                                                        if dev.type == "cpu" else [])

@@ -67,6 +67,7 @@ from typing import Callable, Optional
 import pandas as pd
 import torch
 
+from perfcheck.calibrate.cold_cases import memory_cold_cases
 from perfcheck.calibrate.cases import (Case, Timer, alignment_cases, copy_cases, device_kernel_rows,  # noqa: F401
                                       host_cases, launch_cases, matmul_cases, matmul_cold_cases, run_cases,
                                       vector_cases)
@@ -262,6 +263,8 @@ def _device_groups(run: _Run, measured, base_spec):
     """Memory copy, elementwise, matmul curves per dtype, and on a GPU alignment and kernel classes."""
     dev, cfg = run.dev, run.cfg
     run.group("memory copy", copy_cases(cfg["copy_mb"], dev))
+    if dev.type == "cpu":  # memory-bound ops hot and with their operands evicted from L2 (memory_cold_curve)
+        run.group("memory-bound ops, operands evicted from L2", memory_cold_cases(dev))
     if dev.type == "cpu":
         vec = [d for d in ("fp32", "bf16") if d in base_spec.vector_flops_per_s]
         run.group("vector (elementwise add)", vector_cases(vec, dev))

@@ -48,8 +48,10 @@ def add_parser(subparsers):
     tr.add_argument("--tp-depth", type=int, default=1, help="depth d of the 2.5d grid (default 1)")
     tr.add_argument("--causal", action="store_true", help="count causal attention at half its products")
     tr.add_argument("--flash", action="store_true", help="fused attention kernel instead of logits/softmax/attend")
-    tr.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
-                    help="activation checkpointing (default none)")
+    tr.add_argument("--recompute", choices=("none", "selective", "full", "selective_op"), default="none",
+                    help="activation checkpointing (default none; selective_op: torchtitan's op-level policy)")
+    tr.add_argument("--recompute-every", type=int, default=1,
+                    help="with --recompute full, checkpoint every Nth layer only (torchtitan's selective layer AC)")
     tr.add_argument("--tp-overlap", type=float, default=0.0, help="hidden fraction of TP communication (0-1)")
     tr.add_argument("--dp-overlap", type=float, default=0.0, help="hidden fraction of DP/ZeRO communication (0-1)")
     tr.add_argument("--tp-async-backward", action="store_true",
@@ -61,9 +63,13 @@ def add_parser(subparsers):
     tr.add_argument("--cp", type=int, default=1, help="context-parallel size (sequence split over GPUs; default 1)")
     tr.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
                     help="context parallelism: ring attention (default) or DeepSpeed-Ulysses all-to-all")
-    tr.add_argument("--dp-engine", choices=("deepspeed", "megatron"), default="deepspeed",
-                    help="who issues the DP collectives: DeepSpeed ZeRO (default) or Megatron (DDP / distributed "
-                         "optimizer / FSDP)")
+    tr.add_argument("--dp-engine", choices=("deepspeed", "megatron", "fsdp2"), default="deepspeed",
+                    help="who issues the DP collectives: DeepSpeed ZeRO (default), Megatron (DDP / distributed "
+                         "optimizer / FSDP) or FSDP2 (fully_shard per block, --zero 3: its prefetch schedule and copies)")
+    tr.add_argument("--dp-reduce-dtype", choices=("fp32", "bf16", "fp16"),
+                    help="dtype the gradients are reduced in (megatron, fsdp2; default: the gradients' own)")
+    tr.add_argument("--no-reshard-after-forward", action="store_true",
+                    help="fsdp2: keep each block's gathered parameters from forward to backward")
     tr.add_argument("--no-scatter-gather", action="store_true",
                     help="send the whole activation from every TP rank between pipeline stages")
     tr.add_argument("--breakdown", action="store_true",
@@ -108,7 +114,8 @@ def _model_output(args) -> str:
               tp_overlap=args.tp_overlap, dp_overlap=args.dp_overlap, tp_async_backward=args.tp_async_backward,
               tp_scheme=args.tp_scheme,
               virtual_stages=args.virtual_stages, cp=args.cp, cp_kind=args.cp_kind, dp_engine=args.dp_engine,
-              scatter_gather=not args.no_scatter_gather)
+              scatter_gather=not args.no_scatter_gather, recompute_every=args.recompute_every,
+              dp_reduce_dtype=args.dp_reduce_dtype, reshard_after_forward=not args.no_reshard_after_forward)
     if args.tp_depth != 1:
         kw["tp_depth"] = args.tp_depth
     table = estimate_transformer(model, **kw)
@@ -130,7 +137,8 @@ def _model_output(args) -> str:
 BREAKDOWN_LABELS = (("compute_time_s", "compute"), ("recompute_time_s", "recompute"),
                     ("tp_comm_time_s", "TP/SP communication (exposed)"), ("cp_comm_time_s", "CP communication (exposed)"),
                     ("pp_comm_time_s", "PP send/recv"), ("bubble_time_s", "pipeline bubble"),
-                    ("dp_comm_time_s", "DP communication (exposed)"), ("optimizer_time_s", "optimizer update"))
+                    ("dp_comm_time_s", "DP communication (exposed)"),
+                    ("dp_copy_time_s", "FSDP2 copies (compute stream)"), ("optimizer_time_s", "optimizer update"))
 
 
 def breakdown_text(s) -> str:
@@ -190,6 +198,7 @@ def _model_text(model, kw, table, step) -> str:
                ("  pipeline bubble",
                 f"{fmt_time(s['bubble_time_s'])} ({fmt_pct(s['bubble_fraction'])} of the pipeline)"),
                ("  DP/ZeRO communication (exposed)", fmt_time(s["dp_comm_time_s"])),
+               ("  FSDP2 copies (compute stream)", fmt_time(s["dp_copy_time_s"])),
                ("  optimizer update", fmt_time(s["optimizer_time_s"])),
                ("memory per GPU", f"{fmt_bytes(s['mem_total_bytes'])} ({'fits' if s['mem_fits'] else 'does NOT fit'})"),
                ("  params / grads / optimizer",

@@ -60,7 +60,8 @@ _REQUIRED = (
     "mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
-_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
+_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve",
+             "mem_bandwidth_curve", "host", "op_fixed_s",
              "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "calibrated", "sources",
              "calibration")
 #: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
@@ -77,7 +78,8 @@ CALIBRATION_KEYS = {
     "wall_s": "seconds it took",
     "forced": "true when it was kept in the cache against the sanity checks (perfcheck calibrate --force)",
     "l2_bytes": "a core's L2 cache in bytes (Linux sysfs; CPU): a step whose working set exceeds "
-                "it runs its GEMMs on evicted operands (``matrix_cold_curve``)",
+                "it runs its GEMMs and memory-bound ops on evicted operands (``matrix_cold_curve``, "
+                "``memory_cold_curve``)",
 }
 #: Phases an ``op_row_s`` entry prices: the op's forward kernel and its backward kernel (seconds per row).
 ROW_PHASES = ("fwd", "bwd")
@@ -235,6 +237,11 @@ class SystemSpec:
     #: cache) over its rate in a tight loop; CPU calibration measures it (``perfcheck.calibrate.cases``'s
     #: ``matmul_cold_cases``), applied by ``perfcheck.predict.roofline.matrix_efficiency(cold=True)``
     matrix_cold_curve: Tuple[Tuple[float, float], ...] = ()
+    #: ((bytes moved per kernel, f), ...): a memory-bound op's roofline memory term with its operands evicted from
+    #: the core's L2 runs f of its tight-loop rate (the memory term is divided by f for the far share of its
+    #: operands); CPU calibration measures it (``perfcheck.calibrate.cold_cases``), applied by
+    #: ``perfcheck.predict.roofline.memory_time_s(cold=...)``; absent: no effect (an older spec, a GPU)
+    memory_cold_curve: Tuple[Tuple[float, float], ...] = ()
     #: ((bytes moved per kernel, bandwidth factor), ...): a working set that fits a cache moves faster
     #: than the DRAM/HBM-sized copy ``mem_bandwidth_bytes_per_s`` is measured on (perfcheck.predict.roofline)
     mem_bandwidth_curve: Tuple[Tuple[float, float], ...] = ()
@@ -307,14 +314,16 @@ class SystemSpec:
         out = {}
         for f in _FIELDS:
             value = getattr(self, f)
-            if f in ("matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve", "host", "op_fixed_s",
+            if f in ("matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve", "mem_bandwidth_curve", "host",
+                     "op_fixed_s",
                      "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "calibration") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if f == "op_efficiency_curve":
                 value = {k: [list(p) for p in v] for k, v in value.items()}
             elif isinstance(value, types.MappingProxyType):
                 value = {k: dict(v) if isinstance(v, types.MappingProxyType) else v for k, v in value.items()}
-            elif f in ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "mem_bandwidth_curve"):
+            elif f in ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve",
+                       "mem_bandwidth_curve"):
                 value = [list(p) for p in value]
             out[f] = value
         return out
@@ -441,12 +450,30 @@ def _host(value, where) -> types.MappingProxyType:
     return types.MappingProxyType({k: _number(v, f"host.{k}", where, allow_zero=True) for k, v in value.items()})
 
 
-def _per_op(value, field, where, *, fraction: bool) -> types.MappingProxyType:
+#: Largest ``op_efficiency`` of a CPU spec. A GPU's roofline is its datasheet ceiling, so an op's measured / roofline
+#: rate is in (0, 1]. A CPU's vector rate is calibration's elementwise add (one FLOP per element at the add's
+#: streaming rate), not a ceiling: kernels doing several FLOPs per element in registers (LayerNorm's 7, GELU's erf
+#: polynomial) run above it (LayerNorm 3-5 on the project's Xeon). 20 guards against a case timed at almost nothing.
+CPU_OP_EFFICIENCY_MAX = 20.0
+
+
+def op_efficiency_max(kind: str) -> float:
+    """The largest op efficiency a spec of ``kind`` may hold (``CPU_OP_EFFICIENCY_MAX`` on a CPU, else 1)."""
+    return CPU_OP_EFFICIENCY_MAX if kind == "cpu" else 1.0
+
+
+def _per_op(value, field, where, *, fraction: bool, most: float = 1.0) -> types.MappingProxyType:
     """aten op name -> seconds (op_fixed_s: a CPU kernel's fixed cost beyond dispatch) or an efficiency
-    in (0, 1] (op_efficiency: measured / roofline rate of that op's kernel)."""
+    in (0, most] (op_efficiency: measured / roofline rate of that op's kernel; ``op_efficiency_max``)."""
     if not isinstance(value, Mapping):
         raise UserError(f"{where}: {field} must be an object of aten op name -> number")
-    check = _fraction if fraction else (lambda v, f, w: _number(v, f, w, allow_zero=True))
+
+    def at_most(v, f, w):
+        v = _number(v, f, w)
+        if v > most:
+            raise UserError(f"{w}: {f} = {v!r} is outside (0, {most:g}]")
+        return v
+    check = at_most if fraction else (lambda v, f, w: _number(v, f, w, allow_zero=True))
     return types.MappingProxyType({str(k): check(v, f"{field}.{k}", where) for k, v in value.items()})
 
 
@@ -569,10 +596,13 @@ def _validated_fields(spec, where: str) -> dict:
         "matrix_shape_curve": _shape_curve(getattr(spec, "matrix_shape_curve", ()), where),
         "matrix_cold_curve": _points(getattr(spec, "matrix_cold_curve", ()), where, "matrix_cold_curve",
                                      "flops_per_kernel", "factor", _fraction),
+        "memory_cold_curve": _points(getattr(spec, "memory_cold_curve", ()), where, "memory_cold_curve",
+                                     "bytes_per_kernel", "factor", _fraction),
         "mem_bandwidth_curve": _bandwidth_curve(getattr(spec, "mem_bandwidth_curve", ()), where),
         "host": _host(getattr(spec, "host", {}) or {}, where),
         "op_fixed_s": _per_op(getattr(spec, "op_fixed_s", {}) or {}, "op_fixed_s", where, fraction=False),
-        "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True),
+        "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True,
+                                 most=op_efficiency_max(spec.kind)),
         "op_efficiency_curve": _op_curves(getattr(spec, "op_efficiency_curve", {}) or {}, where),
         "module_fixed_s": _per_op(_unretired_modules(getattr(spec, "module_fixed_s", {}) or {}), "module_fixed_s",
                                   where, fraction=False),

@@ -158,6 +158,22 @@ def collective_time_s(kind, bytes, group_size, system, spans_nodes=None):  # noq
     return t.item() if scalar else t
 
 
+def beside_compute_s(collective_s, compute_s, rate_beside):
+    """Seconds a collective of time c adds to compute of time g it runs beside, on separate streams.
+
+    While the collective's kernels run they hold SMs (NCCL: one per channel), so the compute keeps only
+    r = ``rate_beside`` of its rate (``efficiency.matrix_beside_collective``; 1: perfect concurrency) and does
+    r c of its work meanwhile. The pair ends at g + c - min(r c, g):
+        exposed = c - min(r c, g)
+    i.e. (1 - r) c while the compute outlasts the collective, c - g once the collective outlasts it (r = 1:
+    max(c - g, 0)). Used for Megatron's asynchronous column-parallel backward (``step._time_rows``) and for
+    FSDP2's prefetched all-gathers and reduce-scatters (``fsdp.exposed_per_micro_step_s``). HBM sharing is
+    not modelled.
+    """
+    c = np.asarray(collective_s, dtype=float)
+    return (c - np.minimum(rate_beside * c, np.asarray(compute_s, dtype=float)))[()]
+
+
 def bytes_from_deepspeed_log(op_name: str, msg_size, group_size):
     """Full buffer size S (nccl-tests convention) for a DeepSpeed comms-logger record: the logged
     size times the group for all-gathers (the logger sees one rank's shard), as logged otherwise."""

@@ -107,7 +107,7 @@ def _is_causal(call) -> bool:
 def _time_ops(ops: pd.DataFrame, spec: SystemSpec, dtype, trace=None) -> pd.DataFrame:
     """Device time per op: roofline + the device-side per-kernel time (host work is perfcheck.predict.host's);
     with ``trace``, each op's share of operands evicted from L2 first (``reuse.cold_shares``: columns
-    ``cold_fwd``/``cold_bwd``, read by the roofline for matrix products)."""
+    ``cold_fwd``/``cold_bwd``, read by the roofline: a matrix product's rate, a memory-bound op's memory term)."""
     cache = roofline.cold_cache_bytes(spec)
     if trace is not None and cache > 0:
         ops["cold_fwd"], ops["cold_bwd"] = reuse.cold_shares(trace, ops, cache)

@@ -4,7 +4,7 @@ Why: calibration times a kernel in a tight loop, where its operands stay in L2; 
 last read a whole step ago, the activation its backward reads was written in the forward, while the input a
 forward op reads was usually written by the op just before it, and an RNN's recurrent weight is read again at
 every time step. A GEMM of 17-67 MFLOP ran 1.2-1.8x its tight-loop time with its operands evicted on the project's
-Xeon, a 2.4 GFLOP one the same (bench/results/cold_operands.md; ``roofline.cold_factor`` prices it).
+Xeon, a 2.4 GFLOP one the same (bench/results/cold_operands.md; ``cold_curves.cold_factor`` prices it).
 
 Model (one pass over the traced forward, one over it reversed for the backward): an operand's reuse distance is
 the bytes the step's kernels moved since that storage was last read or written by a kernel
@@ -13,10 +13,14 @@ formulas' ``bytes_<phase>``). The backward of op i runs after the backward of ev
 op and touches what op i read and wrote (its saved inputs and weights, its output's gradient), so a storage last
 touched in the forward is as far as the forward's bytes after that touch plus the backward's so far. A storage no
 op touched before in the step (a parameter, the batch) was last touched in the previous step: as far as a whole
-step's bytes. An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``). An op with any far
-operand is cold (share 1), else hot (0): with only the weight evicted, a 17-50 MFLOP linear ran 1.16-1.44x
+step's bytes. An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``). Each op's cold
+share is the far operands' bytes over all its operands' bytes (each storage once). A matrix product with any far
+operand is cold (``cold_curves.gemm_cold_blend``: share > 0): with only the weight evicted, a 17-50 MFLOP linear ran 1.16-1.44x
 its tight-loop time against 1.28-1.83x with both operands evicted, more than the weight's share of the operand
-bytes (19-43%) would give (the packed weight panel stalls the whole kernel; the project's Xeon, 2026-11-26).
+bytes (19-43%) would give (the packed weight panel stalls the whole kernel; the project's Xeon, 2026-11-26). A
+memory-bound op streams its operands, so only the far bytes refetch: its memory term takes the share
+(``roofline.memory_time_s``); a layer norm whose input the op before just wrote and whose weight (a few KiB) was
+last read a step ago has a share of a few per mille, not 1.
 Why reuse and not one flag per step: an RNN's recurrent GEMMs re-read the same weight every time step, so they
 stay hot in a step whose working set exceeds L2 (a GRU classifier's step read 0.53 measured/predicted with the
 per-step flag, 0.74 without the term, 0.74 with reuse distances).
@@ -31,8 +35,8 @@ import pandas as pd
 
 def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     """``(forward, backward)`` arrays aligned with ``ops`` (the estimator's op table: ``op`` = index into
-    ``trace.ops``, ``bytes_fwd``, ``bytes_bwd``): 1 where an op reads an operand whose reuse distance exceeds
-    ``cache_bytes``, else 0; zeros when ``cache_bytes`` is not positive."""
+    ``trace.ops``, ``bytes_fwd``, ``bytes_bwd``): per op the share (0-1) of its operand bytes whose reuse
+    distance exceeds ``cache_bytes``; zeros when ``cache_bytes`` is not positive."""
     n = len(trace.ops)
     if cache_bytes <= 0 or not len(ops):
         return np.zeros(len(ops)), np.zeros(len(ops))
@@ -45,7 +49,7 @@ def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     share_f, share_b = np.zeros(n), np.zeros(n)
     moved, last = 0.0, {}
     for i, op in enumerate(trace.ops):
-        share_f[i] = _any_far(op.reads, lambda key: moved - last[key] if key in last else unseen, cache_bytes)
+        share_f[i] = _far_share(op.reads, lambda key: moved - last[key] if key in last else unseen, cache_bytes)
         moved += fwd_bytes[i]
         if fwd_bytes[i] > 0:  # a view or metadata op reads no data: it leaves the storage where it was
             for key, _ in op.reads + op.writes:
@@ -58,7 +62,7 @@ def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
             if key in last_b:
                 return back - last_b[key]
             return forward_total - last[key] + back if key in last else unseen
-        share_b[i] = _any_far(op.reads, distance, cache_bytes)
+        share_b[i] = _far_share(op.reads, distance, cache_bytes)
         back += bwd_bytes[i]
         if bwd_bytes[i] > 0:
             for key, _ in op.reads + op.writes:
@@ -66,6 +70,11 @@ def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     return share_f[index], share_b[index]
 
 
-def _any_far(reads, distance, cache_bytes: float) -> float:
-    """1.0 when any storage of ``reads`` ((key, bytes)) is farther than ``cache_bytes``, else 0.0."""
-    return float(any(nbytes > 0 and distance(key) > cache_bytes for key, nbytes in reads))
+def _far_share(reads, distance, cache_bytes: float) -> float:
+    """The bytes of the storages of ``reads`` ((key, bytes); each storage once) farther than ``cache_bytes`` over
+    all their bytes; 0.0 when they hold none."""
+    storages = dict(reads)
+    total = float(sum(storages.values()))
+    if total <= 0:
+        return 0.0
+    return float(sum(nbytes for key, nbytes in storages.items() if nbytes > 0 and distance(key) > cache_bytes)) / total

@@ -32,6 +32,8 @@ import numpy as np
 
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, normalize_dtype, row_costs, spec_of
+from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401
+                                           cold_factor, memory_cold_factor)
 
 
 def _array(x, name: str) -> np.ndarray:
@@ -62,8 +64,9 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
     FLOPs on a CPU), interpolated in log(min_dim) and clamped; NaN or absent ``min_dim`` (a
     convolution, an unknown shape) uses factor 1. A per-dtype override (``efficiency.matrix_fp8``)
     scales the curve by ``matrix_<dtype> / matrix``. ``align`` (optional, per GEMM) multiplies it:
-    ``alignment_factor`` of GEMMs whose row strides are not 16-byte multiples. ``cold`` (per GEMM, 1 where an
-    operand comes from beyond L2: ``predict.reuse.cold_shares``) multiplies it by ``cold_factor``. Capped at 1.
+    ``alignment_factor`` of GEMMs whose row strides are not 16-byte multiples. ``cold`` (per GEMM, the share of
+    its operand bytes that come from beyond L2: ``predict.reuse.cold_shares``; any share > 0 counts) multiplies it
+    by ``cold_factor``. Capped at 1.
     """
     system = spec_of(system)
     flat = system.matrix_efficiency(dtype)
@@ -77,42 +80,7 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
         eff = np.interp(x, xs, ys) * (flat / system.efficiency["matrix"])
     return np.minimum(np.asarray(eff, dtype=float) * shape_factor(system, min_dim)
                       * (1.0 if align is None else np.asarray(align, dtype=float))
-                      * _cold_blend(system, flops_per_kernel, cold), 1.0)[()]
-
-
-def _cold_blend(system, flops_per_kernel, cold):
-    """Efficiency multiplier of GEMMs flagged ``cold`` (1: an operand evicted from L2, ``predict.reuse``): the
-    ``cold_factor`` at their FLOPs per kernel; 1 for the others."""
-    cold = np.asarray(cold, dtype=float)
-    if not np.any(cold > 0):
-        return 1.0
-    return np.where(cold > 0, cold_factor(system, flops_per_kernel), 1.0)
-
-
-def cold_factor(system, flops_per_kernel):
-    """The ``matrix_cold_curve`` multiplier at ``flops_per_kernel`` (interpolated in log(FLOPs), clamped at its
-    ends; 1 without a curve): a GEMM whose operands were evicted from L2 runs this fraction of its tight-loop
-    rate (0.56-0.78 at 17-67 MFLOP, 1.0 at 2.4 GFLOP on the project's Xeon: bench/results/cold_operands.md)."""
-    curve = spec_of(system).matrix_cold_curve
-    if not curve or flops_per_kernel is None:
-        return 1.0
-    xs = np.log(np.array([p[0] for p in curve]))
-    ys = np.array([p[1] for p in curve])
-    return np.interp(np.log(np.maximum(np.asarray(flops_per_kernel, dtype=float), 1.0)), xs, ys)[()]
-
-
-#: Matrix products whose rate the ``matrix_cold_curve`` scales when the step is cold: torch.mm / F.linear's kernels
-#: and their batched forms (a convolution's class efficiencies are calibrated apart and keep their own).
-COLD_GEMMS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_addmm_activation")
-
-
-def cold_cache_bytes(system) -> float:
-    """The reuse distance beyond which an operand counts as evicted: the core's L2 that calibration recorded
-    (``calibration.l2_bytes``) where the spec has a ``matrix_cold_curve``; 0 (nothing is cold) otherwise (a
-    datasheet spec, a GPU)."""
-    spec = spec_of(system)
-    l2 = float((spec.calibration or {}).get("l2_bytes", 0) or 0)
-    return l2 if spec.matrix_cold_curve else 0.0
+                      * gemm_cold_blend(system, flops_per_kernel, cold), 1.0)[()]
 
 
 def alignment_factor(system, unaligned, phase: str = "fwd"):
@@ -176,16 +144,25 @@ def bandwidth_factor(system, bytes_per_kernel):
     return np.interp(np.log(np.maximum(np.asarray(bytes_per_kernel, dtype=float), 1.0)), xs, ys)[()]
 
 
-def memory_time_s(bytes_moved, system, *, kernels=None):
+def memory_time_s(bytes_moved, system, *, kernels=None, cold=0.0):
     """Seconds to move ``bytes_moved`` through device memory at achievable bandwidth.
 
     ``kernels`` (optional) splits the bytes into equal kernels for the ``mem_bandwidth_curve`` lookup
-    (bytes per kernel); without it the bandwidth is the large-copy ceiling, whatever the size.
+    (bytes per kernel); without it the bandwidth is the large-copy ceiling, whatever the size. ``cold`` (per op,
+    in [0, 1]: the share of its operand bytes whose reuse distance exceeds the L2, ``predict.reuse.cold_shares``)
+    lengthens it by ``memory_cold_factor``:
+
+        memory = bytes / (bandwidth x eff_memory x bandwidth_factor) x (1 + cold x (1 / f - 1))
+
+    i.e. the far share of the bytes moves at f of the tight-loop rate (f = ``memory_cold_curve`` at the bytes per
+    kernel; 1 without a curve, so an older spec is unchanged).
     """
     system = spec_of(system)
     b = _array(bytes_moved, "bytes_moved")
-    factor = 1.0 if kernels is None else bandwidth_factor(system, b / np.maximum(_array(kernels, "kernels"), 1.0))
+    per_kernel = None if kernels is None else b / np.maximum(_array(kernels, "kernels"), 1.0)
+    factor = 1.0 if kernels is None else bandwidth_factor(system, per_kernel)
     t = b / (system.mem_bandwidth_bytes_per_s * system.efficiency["memory"] * factor)
+    t = t * memory_cold_blend(system, b if per_kernel is None else per_kernel, cold)
     return _scalar_out(t, bytes_moved)
 
 
@@ -328,18 +305,30 @@ def gemm_dims(call):
 
 
 def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
-                 align=None, op_eff=1.0, rows_s=0.0, cold=0.0, calls=None) -> dict:
+                 align=None, op_eff=1.0, rows_s=0.0, cold=0.0, cold_memory=0.0, calls=None) -> dict:
     """The device timeline of ops, the ONE timing path of every front-end (``perfcheck.estimate``'s op table via
     ``op_device_times``, the transformer front-end's sublayer rows via ``predict.step``): arrays of one shape in,
     a dict of arrays of that shape out:
 
         compute  = ``compute_time_s`` (matrix_efficiency_curve by FLOPs per kernel, matrix_shape_curve by the
                    GEMM's smallest dimension ``min_dim``, ``align``ment factor)
-        memory   = ``memory_time_s`` (mem_bandwidth_curve by bytes per kernel)
-        roof     = max(compute, memory) / op_eff          (``op_efficiency`` of the op's kernel, 1 by default)
+        memory   = ``memory_time_s`` (mem_bandwidth_curve by bytes per kernel), its operands in L2
+        evicted  = memory_cold - memory
+                   (``memory_cold``: ``memory_time_s`` with ``cold_memory``, the share of the op's operand bytes
+                   evicted from L2, memory_cold_curve: the refetch, stalled on whatever bounds the hot kernel)
+        roof     = max(compute, memory) / op_eff + evicted (``op_efficiency`` of the op's kernel, 1 by default)
         launch   = kernels * launch_s                     (the device-side per-kernel time, ``device_kernel_s``)
         time     = roof + launch + rows_s                 (``rows_s``: per-row prices of CPU kernels, ``row_prices``)
-        bound    = "overhead" if launch > max(compute, memory), else the larger of compute and memory
+        bound    = "overhead" if launch > max(compute, memory_cold), else the larger of compute and memory_cold
+
+    The refetch is added, as the calibration fits it (``calibrate.fit._memory_cold``: cold = hot + e, f = m / (m + e)),
+    whatever bounds the hot kernel: its layer norm and softmax cases, compute-bound here, paid it as the copies did
+    (a layer norm of 64 Ki elements 53 us hot, 99 us cold; bench/results/memory_cold.md). Taken as max(compute,
+    memory_cold) - max(compute, memory) instead, a row-wise op's refetch vanished under its compute term.
+    It is added after ``op_eff``, not divided by it: a kernel slower than
+    its roofline (a CPU max-pool's backward, efficiency ~0.2) is slow at its own work, not at fetching its bytes:
+    divided by its efficiency, LeNet's pool backward (1 MiB) took 0.77 ms more, 2.5x its hot time.
+    ``memory`` in the result is memory_cold.
 
     ``calls`` (optional, per op; 0: one per kernel): the separate GEMM calls an op's kernels loop over
     (``formulas.Cost.gemms``: a CPU's per-sample GEMMs of a 1x1 convolution): the efficiency and bandwidth curves
@@ -349,11 +338,15 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
     split = k if calls is None else np.where(_array(calls, "calls") > 0, calls, k)
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=split, min_dim=min_dim,
                                         align=align, cold=cold), dtype=float)
-    memory = np.asarray(memory_time_s(bytes_moved, system, kernels=split), dtype=float)
-    top = np.maximum(compute, memory)
+    hot = np.asarray(memory_time_s(bytes_moved, system, kernels=split), dtype=float)
+    top = np.maximum(compute, hot)
+    memory = hot
+    if np.any(np.asarray(cold_memory, dtype=float) > 0):
+        memory = np.asarray(memory_time_s(bytes_moved, system, kernels=split, cold=cold_memory), dtype=float)
+    evicted = memory - hot
     launch = k * _array(launch_s, "launch_s")
-    roof = top / np.asarray(op_eff, dtype=float)
-    bound = np.where(launch > top, "overhead", np.where(compute >= memory, "compute", "memory"))
+    roof = top / np.asarray(op_eff, dtype=float) + evicted
+    bound = np.where(launch > top + evicted, "overhead", np.where(compute >= memory, "compute", "memory"))
     return {"compute": compute, "memory": memory, "roof": roof, "launch": launch,
             "time": roof + launch + np.asarray(rows_s, dtype=float), "bound": bound}
 
@@ -369,8 +362,13 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
     that op (``row_prices``) when the table has that column.
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it. Columns ``cold_fwd``,
-    ``cold_bwd`` (optional): 1 where an op reads an operand evicted from L2 (``predict.reuse.cold_shares``),
-    applied to the matrix products (``COLD_GEMMS``, the ops calibration's cold cases time).
+    ``cold_bwd`` (optional): the share of an op's operand bytes evicted from L2 (``predict.reuse.cold_shares``):
+    a matrix product (``COLD_GEMMS``, the ops calibration's matmul cold cases time) with any evicted operand runs at
+    the ``matrix_cold_curve`` rate; the memory term of an op without matrix FLOPs (elementwise, copies, fills,
+    reductions, norms, embeddings) takes the share (``memory_time_s``, ``memory_cold_curve``). Convolutions keep
+    their class efficiencies, calibrated apart: with the memory share applied to them too, the design set's dense
+    and grouped convolution classes went from 1.04 and 1.15 measured/predicted to 0.79 and 0.44 (their memory
+    terms at a few hundred KiB per kernel took the small-size end of the curve; bench/results/memory_cold.md).
     Columns ``gemms_fwd``, ``gemms_bwd`` (optional; ``formulas.Cost.gemms``), on a CPU spec: an op whose kernels
     loop over that many GEMM calls (torch's matmul path of a 1x1 convolution, one GEMM per sample) is priced as
     those GEMMs: the matrix curves read per call at its ``min_dim``, no class efficiency (its calls are the
@@ -391,6 +389,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
             extra = extra + ops[f"rows_{phase}"].to_numpy(float) * row_prices(system, names, phase)
         args = (ops[f"macs_{phase}"].to_numpy(float) * 2, ops[f"other_{phase}"].to_numpy(float),
                 ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype)
+        share = ops[f"cold_{phase}"].to_numpy(float) if f"cold_{phase}" in ops else np.zeros(len(ops))
         min_dim = ops["min_dim"].to_numpy(float) if "min_dim" in ops else None
         if min_dim is not None and not cpu and "gemms_fwd" in ops:  # a convolution's per-sample GEMMs: CPU only
             min_dim = np.where((ops["gemms_fwd"].to_numpy(float) > 0) | (ops["gemms_bwd"].to_numpy(float) > 0),
@@ -398,8 +397,8 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         shape = dict(launch_s=launch, calls=calls, min_dim=min_dim,
                      align=alignment_factor(system, ops["unaligned"].to_numpy(float), phase)
                      if "unaligned" in ops else None,
-                     cold=np.where(np.isin(names, COLD_GEMMS), ops[f"cold_{phase}"].to_numpy(float), 0.0)
-                     if f"cold_{phase}" in ops else 0.0)
+                     cold=np.where(np.isin(names, COLD_GEMMS), share, 0.0),
+                     cold_memory=np.where(ops[f"macs_{phase}"].to_numpy(float) > 0, 0.0, share))
         # op_efficiency per op and phase; a measured curve (op_efficiency_curve) is read at the kernel's roofline
         # seconds, so the roofline is taken once at efficiency 1 and once with the efficiency found
         per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)

@@ -26,7 +26,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from perfcheck.predict import collectives, pipeline, roofline, sharding
+from perfcheck.errors import UserError
+from perfcheck.predict import collectives, fsdp, pipeline, roofline, sharding
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
                                            full_recompute_share, make_options, single_layout, validate_layouts)
 from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, spec_of
@@ -143,15 +144,12 @@ def _time_rows(out, group_sizes, system, dtype, opts):
     comm = by_beside[""] + by_beside["dw"] + by_beside["dx"]
     device = d["time"]
     if opts.tp_async_backward:
-        # A linear's backward is two GEMMs of equal FLOPs (dX = dY W, dW = dY^T X): half its device time g each.
-        # A collective of time c issued beside one holds SMs while it runs, so the GEMM advances at r of its
-        # rate (``efficiency.matrix_beside_collective``; 1 without it) and does r*c of its work meanwhile:
-        #     row time = g + c - min(r * c, g)   i.e. exposed = c - min(r c, g)
-        # (r = 1: max(c - g, 0); HBM sharing not modelled)
+        # A linear's backward is two GEMMs of equal FLOPs (dX = dY W, dW = dY^T X): half its device time each;
+        # each collective runs beside one of them (``collectives.beside_compute_s``)
         r = spec.efficiency.get("matrix_beside_collective", 1.0)
         half = 0.5 * np.concatenate([np.zeros_like(device[:rows]), device[rows:]])
-        on_path = (by_beside[""] + by_beside["dw"] - np.minimum(r * by_beside["dw"], half)
-                   + by_beside["dx"] - np.minimum(r * by_beside["dx"], half))
+        on_path = (by_beside[""] + collectives.beside_compute_s(by_beside["dw"], half, r)
+                   + collectives.beside_compute_s(by_beside["dx"], half, r))
     else:
         on_path = comm
     exposed = (1 - opts.tp_overlap) * on_path
@@ -180,7 +178,10 @@ STEP_COLUMNS: Mapping[str, str] = {
                       "scatter/gather without SP), seconds",
     "bubble_time_s": "pipeline bubble: grad_accum * ((pp - 2) * middle stage + the faster end stage) / virtual_stages, "
                      "per micro-batch times (pipeline.flush_bubble_s), seconds",
-    "dp_comm_time_s": "exposed DP / ZeRO collectives: (1 - dp_overlap) * (fwd + bwd ones) + post-step ones, seconds",
+    "dp_comm_time_s": "exposed DP / ZeRO collectives: (1 - dp_overlap) * (fwd + bwd ones) + post-step ones; "
+                      "fsdp2: what FSDP2's per-block prefetch leaves exposed (fsdp.exposed_per_micro_step_s), seconds",
+    "dp_copy_time_s": "fsdp2: all-gather copy-out and reduce-scatter copy-in on the compute stream "
+                      "(fsdp.compute_stream_copy_bytes at memory bandwidth); 0 for the other engines, seconds",
     "optimizer_time_s": "optimizer update of this GPU's partition at memory bandwidth (zero.optimizer_time_s), seconds",
     "bubble_fraction": "share of a flush in the bubble: (pp - 1)/v / (micro_batches + (pp - 1)/v)",
     "tp_comm_bytes": "full-buffer bytes of TP collectives per step on one GPU",
@@ -300,7 +301,7 @@ def step_arrays(model, cfg: Layouts, system, dtype, opts: Options) -> dict:
     res["bubble_time_s"] = gas * pipeline.flush_bubble_s(pp, v, middle_t, middle_t + other_end(roof + exposed_tp))
     res["bubble_fraction"] = pipeline.bubble_share(pp, v, m)
     res["tp_comm_bytes"] = micro * _tp_comm_bytes(out, opts, stage_sum, per_stage * share, lay)
-    _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last)
+    _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last, rec_roof + rec_comm)
     res["step_time_s"] = sum(res[k] for k in BREAKDOWN)
     flops = 2 * (out["macs_fwd"] + out["macs_bwd"]) + out["flops_fwd"] + out["flops_bwd"]
     res["hardware_flops_per_gpu"] = micro * (stage_sum(flops) + per_stage * rec_flops)
@@ -378,7 +379,7 @@ def _flops_and_rates(res: dict, model, cfg: Layouts, system, spec, dtype, opts: 
 
 #: The additive terms of the step time, in the order the breakdown prints them.
 BREAKDOWN = ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "cp_comm_time_s", "pp_comm_time_s",
-             "bubble_time_s", "dp_comm_time_s", "optimizer_time_s")
+             "bubble_time_s", "dp_comm_time_s", "dp_copy_time_s", "optimizer_time_s")
 
 
 def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
@@ -435,8 +436,9 @@ def _kept_per_layer(model, cfg, out, dtype, opts, lay) -> tuple:
     return kept, rebuilt
 
 
-def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
-    """ZeRO collectives and model-state memory (zero.py), activation memory, optimizer time."""
+def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last, recompute_s):
+    """ZeRO collectives and model-state memory (zero.py), activation memory, optimizer time. ``recompute_s``:
+    one layer's recompute seconds per micro-batch (with its backward, what FSDP2's collectives run beside)."""
     from perfcheck.predict import zero
 
     pp, m = cfg.pp.astype(float), cfg.micro_batches.astype(float)
@@ -469,8 +471,13 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last):
     # DP / ZeRO collectives of the stage with the most parameters (stages communicate concurrently)
     p_comm = np.maximum(p_stage_first, p_stage_last)
     dp = cfg.dp * cfg.cp  # context-parallel ranks reduce their gradients with the data-parallel ones
+    res["dp_copy_time_s"] = np.zeros(len(pp))
     if opts.dp_engine == "megatron":
         _megatron_dp(res, model, cfg, spec, prec, opts, p_comm, dp)
+    elif opts.dp_engine == "fsdp2":
+        block = (_select(out["pred_fwd_s"], lay), _select(out["pred_bwd_s"], lay) + recompute_s)
+        _fsdp2_dp(res, cfg, spec, dtype, opts, dp, micro_steps, per_stage, (p_layer, p_first + p_last),
+                  block, _select(out["pred_bwd_s"], last))
     else:
         colls = zero.step_comm(p_comm, cfg.zero_stage, dp, micro_steps=micro_steps, dtype=dtype, precision_=prec)
         for kind in ("allreduce", "allgather", "reducescatter"):
@@ -502,10 +509,8 @@ def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp):
     z = cfg.zero_stage
     n = dp.astype(float)
     micro = (cfg.micro_batches * cfg.grad_accum_steps).astype(float)
-    local = pipeline.ranks_per_node(cfg.tp * cfg.cp, cfg.dp, spec.gpus_per_node)
-    local = np.where(cfg.cp > 1, pipeline.ranks_per_node(cfg.tp, dp, spec.gpus_per_node), local)
-    bw = pipeline.rail_bandwidth_bytes_per_s(spec, n, local)
-    grads, weights = params * prec.grad_bytes, params * prec.param_bytes
+    bw = _dp_bandwidth(cfg, spec, dp)
+    grads, weights = params * _reduce_bytes(opts, prec.grad_bytes), params * prec.param_bytes
     allreduce = np.where(z == 0, grads, 0.0)
     reducescatter = np.where(z == 3, micro * grads, np.where(z >= 1, grads, 0.0))
     allgather = np.where(z == 3, 2 * micro * weights, np.where(z >= 1, weights, 0.0))
@@ -520,6 +525,47 @@ def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp):
                                                     spans_nodes=np.ones(len(n), bool)))
     res["dp_comm_total_s"] = total + sync
     res["dp_comm_time_s"] = (1 - opts.dp_overlap) * total + sync
+
+
+def _dp_bandwidth(cfg, spec, dp):
+    """Ring bus bandwidth of the data-parallel group (tp, and cp with context parallelism, laid out inside it)."""
+    local = pipeline.ranks_per_node(cfg.tp * cfg.cp, cfg.dp, spec.gpus_per_node)
+    local = np.where(cfg.cp > 1, pipeline.ranks_per_node(cfg.tp, dp, spec.gpus_per_node), local)
+    return pipeline.rail_bandwidth_bytes_per_s(spec, dp.astype(float), local)
+
+
+def _reduce_bytes(opts, grad_bytes):
+    """Bytes per gradient element on the wire: ``dp_reduce_dtype``'s, else the gradients' own."""
+    return grad_bytes if opts.dp_reduce_dtype is None else elem_bytes(opts.dp_reduce_dtype)
+
+
+def _fsdp2_dp(res, cfg, spec, dtype, opts, dp, micro_steps, layers, params, block, bwd_root):
+    """FSDP2's collectives and compute-stream copies per step (``predict.fsdp``): per micro-step each block's
+    all-gather(s) of P_block b_p bytes and reduce-scatter of P_block b_r (``dp_reduce_dtype``; the gradients
+    are computed in the model dtype, b_g), the root's (embeddings, final norm, output layer) likewise; what
+    hides follows FSDP2's prefetch schedule beside ``block`` = (forward, backward) seconds of one layer."""
+    if np.any(cfg.zero_stage != 3):
+        raise UserError("dp_engine='fsdp2' shards parameters, gradients and optimizer states (fully_shard): "
+                        f"zero_stage must be 3, got {sorted(set(cfg.zero_stage.tolist()))}")
+    p_block, p_root = params
+    n, bw = dp.astype(float), _dp_bandwidth(cfg, spec, dp)
+    b_p, b_g = elem_bytes(dtype), elem_bytes(dtype)
+    b_r = _reduce_bytes(opts, b_g)
+    ag_block, ag_root = (pipeline.ring_time_s("allgather", p * b_p, n, bw, spec) for p in (p_block, p_root))
+    rs_block, rs_root = (pipeline.ring_time_s("reducescatter", p * b_r, n, bw, spec) for p in (p_block, p_root))
+    r = spec.efficiency.get("matrix_beside_collective", 1.0)
+    exposed = fsdp.exposed_per_micro_step_s(ag_block, rs_block, ag_root, rs_root, block[0], block[1], bwd_root,
+                                            layers, r, opts.reshard_after_forward)
+    gathers = fsdp.all_gathers_per_micro_step(opts.reshard_after_forward)
+    total_params = layers * p_block + p_root
+    res["dp_allreduce_bytes"] = np.zeros(len(n))
+    res["dp_allgather_bytes"] = micro_steps * gathers * total_params * b_p
+    res["dp_reducescatter_bytes"] = micro_steps * total_params * b_r
+    res["dp_comm_total_s"] = micro_steps * (gathers * (layers * ag_block + ag_root) + layers * rs_block + rs_root)
+    res["dp_comm_time_s"] = micro_steps * exposed
+    copies = fsdp.compute_stream_copy_bytes(total_params, b_p, b_g, b_r, opts.reshard_after_forward)
+    kernels = (layers + 1) * (gathers + 1)  # one copy per all-gather and one copy-in per reduce-scatter, per group
+    res["dp_copy_time_s"] = micro_steps * roofline.memory_time_s(copies, spec, kernels=kernels)
 
 
 def step_summary(model, batch, seq, parallel, system, dtype, opts) -> StepSummary:

@@ -12,7 +12,8 @@ from perfcheck.predict import sharding
 
 RECOMPUTE = ("none", "selective", "full", "selective_op")
 CP_KINDS = ("ring", "ulysses")
-DP_ENGINES = ("deepspeed", "megatron")
+DP_ENGINES = ("deepspeed", "megatron", "fsdp2")
+REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +50,14 @@ class Options:
     scatter_gather: Megatron's pipeline scatter/gather (``pipeline.p2p_bytes``; used without SP).
     dp_engine: "deepspeed" (ZeRO as DeepSpeed issues it, ``zero.step_comm``) or "megatron" (DDP
       all-reduce at zero_stage 0, the distributed optimizer's reduce-scatter + all-gather at 1,
-      FSDP's per-step gathers at 3: ``_megatron_dp``).
+      FSDP's per-step gathers at 3: ``_megatron_dp``) or "fsdp2" (``fully_shard`` per block, zero_stage 3:
+      its per-block prefetch schedule decides what is exposed, and its copies on the compute stream are
+      priced: ``predict.fsdp``, ``_fsdp2_dp``; ``dp_overlap`` does not apply).
+    dp_reduce_dtype: the dtype gradients are reduced in ("fp32", "bf16", "fp16"; None: the gradients' own):
+      FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)`` (torchtitan: float32), Megatron's
+      ``--accumulate-allreduce-grads-in-fp32`` / ``grad_reduce_in_fp32``. For dp_engine "megatron" and "fsdp2".
+    reshard_after_forward: FSDP2's option (default True): free each block's gathered parameters after its
+      forward and gather them again for backward.
     """
 
     causal: bool = False
@@ -69,6 +77,8 @@ class Options:
     cp_kind: str = "ring"
     scatter_gather: bool = True
     dp_engine: str = "deepspeed"
+    dp_reduce_dtype: object = None
+    reshard_after_forward: bool = True
 
     def __post_init__(self):
         scheme = str(self.tp_scheme).lower()
@@ -94,6 +104,17 @@ class Options:
             raise UserError(f"cp_kind must be one of {', '.join(CP_KINDS)}, got {self.cp_kind!r}")
         if self.dp_engine not in DP_ENGINES:
             raise UserError(f"dp_engine must be one of {', '.join(DP_ENGINES)}, got {self.dp_engine!r}")
+        if self.dp_reduce_dtype is not None and self.dp_reduce_dtype not in REDUCE_DTYPES:
+            raise UserError(f"dp_reduce_dtype must be one of {', '.join(REDUCE_DTYPES)} or None, "
+                            f"got {self.dp_reduce_dtype!r}")
+        if self.dp_reduce_dtype is not None and self.dp_engine == "deepspeed":
+            raise UserError("dp_reduce_dtype is modelled for dp_engine 'megatron' and 'fsdp2' "
+                            "(DeepSpeed's communication_data_type is not), got dp_engine='deepspeed'")
+        if not isinstance(self.reshard_after_forward, (bool, np.bool_)):
+            raise UserError(f"reshard_after_forward must be true or false, got {self.reshard_after_forward!r}")
+        if self.dp_engine == "fsdp2" and self.dp_overlap:
+            raise UserError("dp_overlap does not apply to dp_engine='fsdp2': what hides follows FSDP2's per-block "
+                            f"prefetch schedule (predict.fsdp); got dp_overlap={self.dp_overlap!r}")
         if not isinstance(self.scatter_gather, (bool, np.bool_)):
             raise UserError(f"scatter_gather must be true or false, got {self.scatter_gather!r}")
         if self.recompute not in RECOMPUTE:

@@ -139,12 +139,14 @@ def test_quick_calibration_through_the_cli(tmp_path, capsys):
     assert spec.matrix_flops_per_s["bf16"] == load_system("cpu").matrix_flops_per_s["bf16"]  # not measured
     captured = capsys.readouterr()
     assert "matrix fp32" in captured.out and "calibrate [" in captured.err
-    cold = {"matmul_cold"} if l2_cache_bytes() > 0 else set()  # GEMMs after an L2 eviction, where sysfs gives L2
+    # GEMMs and memory-bound ops after an L2 eviction, where sysfs gives L2
+    cold = {"matmul_cold", "memory_cold"} if l2_cache_bytes() > 0 else set()
     assert set(pd.read_csv(csv)["kind"]) == {"launch", "host", "opfixed", "opcold", "modfixed", "oprows", "classfixed",
                                              "opeff", "copy", "vector", "matmul"} | cold
     if cold:
         assert len(spec.matrix_cold_curve) >= 3 and spec.calibration["l2_bytes"] == l2_cache_bytes()
         assert all(0 < f <= 1 for _, f in spec.matrix_cold_curve)
+        assert len(spec.memory_cold_curve) >= 2 and all(0 < f <= 1 for _, f in spec.memory_cold_curve)
     assert 0 <= spec.host["op_cold_s"] < 1e-3  # the round-robin's excess per op: ~10 us on the project's VM
     assert "gemm_narrow_row_s" not in spec.host  # retired (bench/results/heldout.md)
     # the op-class cases' per-index and per-weight-element prices (op_classes.py); the row-wise ops' per-row terms

@@ -185,8 +185,8 @@ def test_host_block_is_validated():
         SystemSpec.from_dict({**data, "host": {"dispatch": 1e-6}}, "x.json")
     with pytest.raises(UserError, match="host.op_dispatch_s"):
         SystemSpec.from_dict({**data, "host": {"op_dispatch_s": -1}}, "x.json")
-    with pytest.raises(UserError, match="op_efficiency.convolution"):
-        SystemSpec.from_dict({**data, "op_efficiency": {"convolution": 2.0}}, "x.json")
+    with pytest.raises(UserError, match="op_efficiency.convolution"):  # a CPU's bound is 20 (op_efficiency_max)
+        SystemSpec.from_dict({**data, "op_efficiency": {"convolution": 25.0}}, "x.json")
     assert "host" not in data  # built-ins carry no host block: the defaults file gives it
 
 

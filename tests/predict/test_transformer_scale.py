@@ -130,7 +130,7 @@ def test_step_breakdown_adds_up_and_interleaving_divides_the_bubble():
     par = dict(tp=2, pp=4, dp=2, micro_batches=8)
     plain, inter = _step(par), _step(par, virtual_stages=2)
     terms = ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "cp_comm_time_s", "pp_comm_time_s",
-             "bubble_time_s", "dp_comm_time_s", "optimizer_time_s")
+             "bubble_time_s", "dp_comm_time_s", "dp_copy_time_s", "optimizer_time_s")
     for v in (plain, inter):
         assert v["step_time_s"] == pytest.approx(sum(v[k] for k in terms), rel=1e-12)
     # 2 sends per micro-batch (activations, gradients) x v, each one hand-off

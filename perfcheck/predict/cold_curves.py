@@ -1,0 +1,67 @@
+"""Operands evicted from the core's L2 (a CPU training step's working set beyond it): the calibrated factors by which
+``perfcheck.predict.roofline`` slows a matrix product (``matrix_cold_curve``) and a memory-bound op's memory term
+(``memory_cold_curve``), and the L2 size beyond which ``perfcheck.predict.reuse`` counts an operand as evicted.
+Why and how they are measured: bench/results/cold_operands.md, bench/results/memory_cold.md.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from perfcheck.hardware.systems import spec_of
+
+
+def gemm_cold_blend(system, flops_per_kernel, cold):
+    """Efficiency multiplier of GEMMs with an evicted operand (``cold`` > 0, ``predict.reuse``): the
+    ``cold_factor`` at their FLOPs per kernel; 1 for the others. A flag, not a blend by the far share: with only
+    the weight evicted a 17-50 MFLOP linear ran 1.16-1.44x its tight-loop time, more than the weight's share of the
+    bytes gives (the packed weight panel stalls the whole kernel; predict/reuse.py)."""
+    cold = np.asarray(cold, dtype=float)
+    if not np.any(cold > 0):
+        return 1.0
+    return np.where(cold > 0, cold_factor(system, flops_per_kernel), 1.0)
+
+
+def cold_factor(system, flops_per_kernel):
+    """The ``matrix_cold_curve`` multiplier at ``flops_per_kernel`` (interpolated in log(FLOPs), clamped at its
+    ends; 1 without a curve): a GEMM whose operands were evicted from L2 runs this fraction of its tight-loop
+    rate (0.56-0.78 at 17-67 MFLOP, 1.0 at 2.4 GFLOP on the project's Xeon: bench/results/cold_operands.md)."""
+    curve = spec_of(system).matrix_cold_curve
+    if not curve or flops_per_kernel is None:
+        return 1.0
+    xs = np.log(np.array([p[0] for p in curve]))
+    ys = np.array([p[1] for p in curve])
+    return np.interp(np.log(np.maximum(np.asarray(flops_per_kernel, dtype=float), 1.0)), xs, ys)[()]
+
+
+#: Matrix products whose rate the ``matrix_cold_curve`` scales when the step is cold: torch.mm / F.linear's kernels
+#: and their batched forms (a convolution's class efficiencies are calibrated apart and keep their own).
+COLD_GEMMS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_addmm_activation")
+
+
+def cold_cache_bytes(system) -> float:
+    """The reuse distance beyond which an operand counts as evicted: the core's L2 that calibration recorded
+    (``calibration.l2_bytes``) where the spec has a ``matrix_cold_curve`` or a ``memory_cold_curve``; 0 (nothing is
+    cold) otherwise (a datasheet spec, a GPU)."""
+    spec = spec_of(system)
+    l2 = float((spec.calibration or {}).get("l2_bytes", 0) or 0)
+    return l2 if (spec.matrix_cold_curve or spec.memory_cold_curve) else 0.0
+
+
+def memory_cold_blend(system, bytes_per_kernel, cold):
+    """``1 + cold x (1 / memory_cold_factor - 1)``: the memory term's multiplier for a ``cold`` share of far bytes."""
+    cold = np.asarray(cold, dtype=float)
+    if not np.any(cold > 0):
+        return 1.0
+    return 1.0 + cold * (1.0 / memory_cold_factor(system, bytes_per_kernel) - 1.0)
+
+
+def memory_cold_factor(system, bytes_per_kernel):
+    """The ``memory_cold_curve`` value at ``bytes_per_kernel`` (interpolated in log(bytes), clamped at its ends; 1
+    without a curve): a memory-bound kernel's memory term with its operands evicted from L2 runs at this fraction of
+    its tight-loop rate (``calibrate.fit._memory_cold`` derives it: m / (m + the measured extra cold time))."""
+    curve = spec_of(system).memory_cold_curve
+    if not curve or bytes_per_kernel is None:
+        return 1.0
+    xs = np.log(np.array([p[0] for p in curve]))
+    ys = np.array([p[1] for p in curve])
+    return np.interp(np.log(np.maximum(np.asarray(bytes_per_kernel, dtype=float), 1.0)), xs, ys)[()]
