@@ -110,6 +110,7 @@ def test_predict_for_run_matches_estimate_and_round_trips(tmp_path):
     assert model_from_meta({"model": {"type": "Net", "params": 1}}) is None  # a user's own Net
 
 
+@pytest.mark.slow  # ~1.9 s: full suite (fast lane < 2 min)
 def test_a_run_records_its_models_factory_and_a_report_rebuilds_from_it(tmp_path):
     """PerfCheck records ``meta["model"]["factory"]`` ("module:callable", the model's perfcheck_factory);
     model_from_meta rebuilds from it (the gpt example's small GPT, not GPT's 124M defaults), refuses a

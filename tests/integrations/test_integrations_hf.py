@@ -35,7 +35,7 @@ def report(run_dir, capsys):
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("accum", [1, 2])
+@pytest.mark.parametrize("accum", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: full suite (fast lane < 2 min)
 def test_trainer_callback_bit_identical_and_reportable(tmp_path, capsys, accum):
     from perfcheck.integrations.transformers import PerfCheckCallback
 

@@ -438,6 +438,7 @@ def test_signalling_perfcheck_sweep_leaves_no_process_and_says_interrupted(tmp_p
 
 
 # ------------------------------------------------------------------------------ hostile models
+@pytest.mark.slow  # ~1.4 s: full suite (fast lane < 2 min)
 def test_dollar_signs_in_module_names_do_not_break_the_html_report(tmp_path, capsys):
     class Odd(torch.nn.Module):
         def __init__(self):
@@ -590,6 +591,7 @@ def test_compare_of_a_damaged_sweep_is_never_a_traceback(data_dir, tmp_path, cap
     assert "TOPSECRET" not in text
 
 
+@pytest.mark.slow  # ~1.8 s: full suite (fast lane < 2 min)
 def test_dollar_in_a_stage_folder_name_keeps_the_comparison_page(data_dir, tmp_path, capsys):
     sweep = tmp_path / "sweep"
     shutil.copytree(data_dir / "deepspeed_sweep", sweep)

@@ -217,6 +217,7 @@ def test_deepspeed_engine_like_wrapper_is_unwrapped():
     assert pc.meta()["model"]["wrappers"] == ["DeepSpeedEngine"]
 
 
+@pytest.mark.slow  # ~2 s: full suite (fast lane < 2 min)
 def test_torch_compiled_model_one_warning_root_timing_no_crash():
     torch.manual_seed(0)
     model = Net()
