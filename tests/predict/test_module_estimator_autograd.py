@@ -103,7 +103,7 @@ _NUMERIC = ["params", "macs_fwd", "macs_bwd", "flops_fwd", "flops_bwd", "bytes_f
             "pred_fwd_s", "pred_bwd_s"]
 
 
-@pytest.mark.parametrize("system", ["cpu", "h100-sxm"])
+@pytest.mark.parametrize("system", ["cpu", pytest.param("h100-sxm", marks=pytest.mark.slow)])  # h100: full suite
 @pytest.mark.parametrize("build,kwargs", [
     (_vit_like, {}), (_mha, {}), (_mha, {"need_weights": False}),
     (lambda d: _gpt(d), {}), (lambda d: _gpt(d, use_sdpa=False, dropout=0.1), {}),
