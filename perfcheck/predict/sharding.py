@@ -101,7 +101,7 @@ def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool):
         # The kernel saves its output, which is also out_proj's saved input: one tensor, counted
         # there (autograd keeps one storage; the module estimator deduplicates it the same way).
         core = replace(core, act_mem=core.act_mem - x.tokens * e / x.t * eb)
-        rows.append(Sublayer("core_attention", "attention", core))
+        rows.append(Sublayer("core_attention", "attention", core, attention=(x.s, q, causal)))
     else:
         probs = x.b * heads_t * x.s * x.s  # elements of the (b, h/t, s, s) score matrix
         logits = F.matmul(x.s, q, x.s, batch=x.b * heads_t, elem_bytes=eb)  # (s,q) @ (q,s) per (b, head)

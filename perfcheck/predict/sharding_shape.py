@@ -61,6 +61,9 @@ class Sublayer:
     #: roofline's matrix_shape_curve (by min(m, k, n)) and alignment factor (k, n) need them, as they
     #: need ``roofline.gemm_min_dim`` / ``gemm_unaligned`` of the traced op in ``perfcheck.estimate``
     gemm: object = None
+    #: (key length, head dim, causal) of a fused attention kernel's row, None for other rows: the roofline's
+    #: ``attention_kernel_curve`` needs them, as ``perfcheck.estimate`` reads them off the traced SDPA op
+    attention: object = None
 
 
 @dataclass(frozen=True)

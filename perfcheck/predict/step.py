@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.predict import collectives, fsdp, pipeline, roofline, sharding
+from perfcheck.predict import attention_kernel, collectives, fsdp, pipeline, roofline, sharding
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
                                            full_recompute_share, make_options, single_layout, validate_layouts)
 from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, spec_of
@@ -77,6 +77,9 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     out["min_dim"] = _stack([nan if r.gemm is None else np.minimum(np.minimum(r.gemm[0], r.gemm[1]), r.gemm[2])
                              for r in rows], n)
     out["unaligned"] = _stack([nan if r.gemm is None else _unaligned(r.gemm, x.elem_bytes) for r in rows], n)
+    for i, f in enumerate(("attn_seq", "attn_head_dim", "attn_causal")):  # a fused attention kernel's row
+        out[f] = _stack([nan if r.attention is None else float(r.attention[i]) if np.ndim(r.attention[i]) == 0
+                         else np.asarray(r.attention[i], dtype=float) for r in rows], n)
     # bytes per (kind, group) for timing (each group has its own size), summed over groups per kind
     acc = {}  # (kind, group, beside) -> ([fwd bytes per row], [bwd bytes per row]), one pass over the collectives
     for i, r in enumerate(rows):
@@ -135,7 +138,8 @@ def _time_rows(out, group_sizes, system, dtype, opts):
     d = roofline.device_times(2 * both["macs"], both["flops"], both["bytes"], both["kernels"], spec, dtype,
                               launch_s=host_constants(spec)["device_kernel_s"],
                               min_dim=np.concatenate([out["min_dim"], out["min_dim"]]), align=align,
-                              op_eff=eff, rows_s=extra)
+                              op_eff=eff, rows_s=extra, kernel_fraction=np.tile(attention_kernel.attention_kernel_fraction(
+                                  spec, out["attn_seq"], out["attn_head_dim"], out["attn_causal"]), (2, 1)))
     compute, memory, launch = d["compute"], d["memory"], d["launch"]
     by_beside = {"": np.zeros_like(compute), "dw": np.zeros_like(compute), "dx": np.zeros_like(compute)}
     for (kind, group, beside), (fwd, bwd) in out["comm_groups"].items():
