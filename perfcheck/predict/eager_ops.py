@@ -35,13 +35,14 @@ def eager_rms_norm(rows, cols, elem_bytes) -> OpCost:
     backward, eleven: * weight's two gradients (g w: eb + eb; g out, then summed over rows: 3 eb), .type_as's
     (4 + eb), x * r's two (g r: 4 + 4; g x, summed over the row: 3 x 4), mean's expand (4), rsqrt's and add's (rows),
     pow's (g 2x: 3 x 4), the sum of x's two gradients (3 x 4), x.float()'s (4 + eb): 14 x 4 + 7 eb per element
-    (70 in bf16); 6 FLOPs per element. Saves x in fp32 and the normalised output (what autograd keeps for them).
+    (70 in bf16); 6 FLOPs per element. Saves x.float() (which pow and the product share), the row statistic and
+    the normalised output in eb (the weight product's input): 4 + eb bytes per element.
     """
     n, eb = rows * cols, elem_bytes
     row = rows * FP32
     fwd = Cost(flops=4 * n, bytes=(7 * FP32 + 4 * eb) * n + 5 * row + cols * eb, kernels=8)
     bwd = Cost(flops=6 * n, bytes=(14 * FP32 + 7 * eb) * n + 6 * row + cols * eb, kernels=11)
-    return OpCost(fwd, bwd, (2 * FP32 + eb) * n + row, cols)
+    return OpCost(fwd, bwd, (FP32 + eb) * n + row, cols)
 
 
 def rotary_complex(numel, table_elems, elem_bytes) -> OpCost:
