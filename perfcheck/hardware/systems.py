@@ -265,10 +265,10 @@ class SystemSpec:
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: when and under what load a calibrated spec was measured (``CALIBRATION_KEYS``); empty for a datasheet
     calibration: Mapping[str, object] = dataclasses.field(default_factory=dict)
-    #: "d<head dim>:<causal|full>" -> ((sequence length, fraction), ...): the rate a fused attention kernel
-    #: (FlashAttention-2, what F.scaled_dot_product_attention runs on these GPUs) sustains over its forward and
+    #: "d<head dim>:<causal|full>" -> ((sequence length, fraction), ...): the rate the fused attention kernel
+    #: F.scaled_dot_product_attention runs on this GPU (FlashAttention-2 on an A100) sustains over its forward and
     #: backward, as a fraction of the dtype's dense matrix peak, FLOPs counted as its benchmark counts them
-    #: (4 b h s^2 d forward, halved when causal; backward 2.5x). Public measurements per GPU (sources); applied by
+    #: (4 b h s^2 d forward, halved when causal; backward 2.5x). Measurements per GPU (sources); applied by
     #: ``perfcheck.predict.attention_kernel``. Absent: the kernel is priced as a GEMM.
     attention_kernel_curve: Mapping[str, Tuple[Tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
 

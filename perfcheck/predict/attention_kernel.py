@@ -1,6 +1,6 @@
-"""A fused attention kernel's rate (FlashAttention-2, what ``F.scaled_dot_product_attention`` runs on the GPUs
-the specs describe) from the spec's ``attention_kernel_curve``: public benchmarks of the kernel by sequence length,
-head dimension and mask, as a fraction of the matrix peak. ``roofline.matrix_efficiency`` applies it in place of
+"""A fused attention kernel's rate (what ``F.scaled_dot_product_attention`` runs on the GPUs the specs describe:
+FlashAttention-2 on an A100, a faster kernel on an H100) from the spec's ``attention_kernel_curve``: measurements of
+the kernel by sequence length, head dimension and mask, as a fraction of the matrix peak. ``roofline.matrix_efficiency`` applies it in place of
 the GEMM curves, for ``perfcheck.estimate``'s traced SDPA ops and the transformer front-end's ``core_attention``
 rows alike (one path: ``roofline.device_times``)."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ def attention_fractions_of(system, ops):
 
 def attention_kernel_fraction(system, seq, head_dim, causal):
     """The fraction of the matrix peak a fused attention kernel sustains over its forward and backward, from the
-    spec's ``attention_kernel_curve`` (public benchmarks of FlashAttention-2 on that GPU), per op; NaN where the
+    spec's ``attention_kernel_curve`` (the kernel measured on that GPU, sources in the spec), per op; NaN where the
     spec has no curve or the op is not a fused attention kernel (``seq`` NaN).
 
     Read at the kernel's key length ``seq``, linear in log(seq) between the measured lengths and the end value

@@ -1,5 +1,6 @@
-"""A fused attention kernel's rate from the spec's ``attention_kernel_curve`` (public FlashAttention-2 benchmarks),
-checked against the benchmark's own bar labels and by hand, in both front-ends."""
+"""A fused attention kernel's rate from the spec's ``attention_kernel_curve`` (A100: FlashAttention-2's public
+benchmark; H100: this project's timing of SDPA on one), checked against the benchmark's bar labels, the recorded
+timings and by hand, in both front-ends."""
 import json
 from importlib import resources
 
@@ -18,15 +19,20 @@ SPECS = resources.files("perfcheck.hardware") / "specs"
 #: TFLOP/s printed on the FlashAttention-2 bars (Dao-AILab/flash-attention assets, commit 4f285b35), forward +
 #: backward, head dim 128, causal, at sequence 512 .. 16k: A100 80GB SXM4 (peak 312) and H100 80GB SXM5 (989.4)
 A100_D128_CAUSAL = (99, 133, 155, 173, 182, 189)
-H100_D128_CAUSAL = (163, 221, 265, 294, 308, 328)
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 
 
-@pytest.mark.parametrize("system, peak, labels", [("a100-80gb-sxm", 312e12, A100_D128_CAUSAL),
-                                                   ("h100-sxm", 989.4e12, H100_D128_CAUSAL)])
-def test_fraction_at_the_measured_lengths_is_the_bar_label_over_the_peak(system, peak, labels):
-    got = attention_kernel_fraction(load_system(system), list(SEQS), 128, 1)
-    assert got == pytest.approx([t * 1e12 / peak for t in labels], abs=1e-4)
+def test_fraction_at_the_measured_lengths_is_the_bar_label_over_the_peak():
+    got = attention_kernel_fraction(load_system("a100-80gb-sxm"), list(SEQS), 128, 1)
+    assert got == pytest.approx([t / 312 for t in A100_D128_CAUSAL], abs=1e-4)
+
+
+def test_h100_fraction_is_the_recorded_sdpa_timing():
+    """bench/gpu_results/2026-11-26-h100/calibration.csv.gz: causal SDPA (4, 32, 2048, 128) forward 259.8 us and
+    backward 880.5 us; 3.5 x (4 b h s^2 d / 2) FLOPs over their sum, over 989.4 TFLOP/s."""
+    fwd = 4 * 4 * 32 * 2048 ** 2 * 128 / 2
+    assert attention_kernel_fraction(load_system("h100-sxm"), 2048, 128, True) == pytest.approx(
+        3.5 * fwd / (259.8e-6 + 880.5e-6) / 989.4e12, abs=2e-4)
 
 
 def test_fraction_between_points_is_log_linear_and_clamped_at_the_ends():
@@ -63,7 +69,7 @@ class Core(nn.Module):
 
 
 @pytest.mark.parametrize("system, rate", [("a100-80gb-sxm", 173e12),  # its 4k causal d128 bar, no sustained factor
-                                          ("h100-sxm", 294e12 * 0.904)])  # its bar x matrix_sustained (0.904)
+                                          ("h100-sxm", 0.4264 * 989.4e12 * 0.904)])  # x matrix_sustained (0.904)
 def test_both_front_ends_price_the_kernel_at_the_measured_rate(system, rate):
     """b 2, 16 heads, s 4096, d 128, causal: forward 4 b h s^2 d / 2 FLOPs, backward 2.5x, at the bar's rate."""
     b, h, s, d = 2, 16, 4096, 128
