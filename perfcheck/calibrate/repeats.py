@@ -35,3 +35,52 @@ def unsteady(samples) -> bool:
     """True when the fastest half of ``samples`` disagrees by more than ``UNSTEADY_SPREAD``."""
     s = sorted(samples)
     return len(s) > 0 and s[0] > 0 and fastest_half(s) > UNSTEADY_SPREAD * s[0]
+
+
+# ------------------------------------------------------------------------------ the machine's phase
+# On the project's shared 2-core VM the same loop of tiny ops runs for seconds at a time at one speed, then at
+# another, ~2x apart, in process CPU time too (nothing preempts it: the physical core is shared beneath the VM):
+# a 10 s series of 200-add loops read 3.1-3.5 us per add for ~5 s, then 1.6-1.7 us, then 3.0-3.4 again
+# (bench/results/calibration_steadiness.md). A calibration's groups run seconds apart, so two groups can sit in
+# different phases, and every constant fitted as a difference of two groups' timings then moves by the phase
+# step, not by the machine's cost: op_cold_s (a round-robin less the same ops' tight loops) read 2.1-15.9 us
+# over six quick calibrations of one afternoon, the small end of the GEMM curve (a 32^3 mm less one tiny add)
+# 0.21-1.0. Remedy: a *reference* (the tiny add of ``LAUNCH_OP``) timed right before every timed repeat; each
+# repeat is expressed against it, and the calibration-wide reference (``anchor_s``) turns it back into seconds,
+# so every case of every group is read at the same phase. The ratio of a dispatch-bound loop to the adjacent
+# reference spread 1.2-1.3x (p90/p10) where the raw loop spread 1.6-2.2x; a 256^3 mm's or a 1 MiB copy's did
+# not (raw 1.4-1.6x, against the reference 1.4-1.8x): the phase slows host code, not the vector units. Hence
+# two readings, one per kind of case:
+#   host   (every call is framework code: dispatch, autograd, Python)   kept t / ref,  anchored x R
+#   kernel (one dispatch, then the kernel's work)                        kept t - ref,  anchored + R
+# (R: ``anchor_s`` of all the reference readings). A kernel reading assumes the phase slows its one dispatch
+# as it slows the tiny add and leaves the work alone: a 4 us 32^3 mm is then read without the phase's 2 us,
+# a 2.5 ms 512^3 mm is moved by at most that.
+
+#: Quantile of all a calibration's reference readings taken as the reference time R (``anchor_s``). Low: a
+#: phase can last most of a short calibration, and interference only adds time; not the very fastest reading
+#: (one ~1 ms loop can be short for reasons that do not recur: its quantile needs a tenth of ~hundreds of
+#: readings to be as short).
+ANCHOR_QUANTILE = 0.1
+
+
+def anchor_s(readings) -> float:
+    """The calibration's reference time: the ``ANCHOR_QUANTILE`` quantile of ``readings`` (seconds; the
+    lower of the two neighbours, no interpolation, so a handful of readings gives one of them)."""
+    s = sorted(float(x) for x in readings)
+    if not s:
+        raise ValueError("anchor_s: no reference readings")
+    return s[int(ANCHOR_QUANTILE * (len(s) - 1))]
+
+
+def against_reference(samples, refs, host: bool) -> list:
+    """Each repeat read against the reference timed right before it: t / ref for a ``host`` case, t - ref
+    for a kernel case (see above)."""
+    if len(samples) != len(refs):
+        raise ValueError(f"against_reference: {len(samples)} repeats but {len(refs)} reference readings")
+    return [t / r for t, r in zip(samples, refs)] if host else [t - r for t, r in zip(samples, refs)]
+
+
+def anchored(value: float, reference_s: float, host: bool) -> float:
+    """A reading of ``against_reference`` back in seconds at the reference time ``reference_s`` (>= 0)."""
+    return max(value * reference_s if host else value + reference_s, 0.0)

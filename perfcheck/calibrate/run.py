@@ -68,10 +68,11 @@ import pandas as pd
 import torch
 
 from perfcheck.calibrate.cases import (Case, Timer, alignment_cases, copy_cases, device_kernel_rows,  # noqa: F401
-                                      host_cases, launch_cases, matmul_cases, matmul_cold_cases, run_cases,
-                                      vector_cases)
+                                      host_cases, launch_cases, matmul_cases, matmul_cold_cases, reanchor,
+                                      reference_fn, run_cases, vector_cases)
 from perfcheck.calibrate import collectives as coll
 from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity
+from perfcheck.calibrate import repeats as repeats_mod
 from perfcheck.calibrate.fit import (BENCHMARKED_KINDS, MEASUREMENT_COLUMNS, build_spec,  # noqa: F401
                                      reference_dtype)
 from perfcheck.calibrate.op_cases import (HOST_DTYPES_CUDA, module_fixed_cases, op_cold_cases,
@@ -218,7 +219,11 @@ class _Run:
 
     def group(self, title, cases):
         self.say(f"{title}: {len(cases)} cases x {self.cfg['repeats']} repeats")
-        self.frames.append(run_cases(cases, self.timer, repeats=self.cfg["repeats"], target_s=self.cfg["target_s"]))
+        # on a CPU every repeat is read against a tiny add timed right before it (cases.run_cases, repeats.py:
+        # the machine's phase); a GPU's kernels are timed with events, its host cases alone
+        reference = reference_fn(self.dev) if self.dev.type == "cpu" else None
+        self.frames.append(run_cases(cases, self.timer, repeats=self.cfg["repeats"], target_s=self.cfg["target_s"],
+                                     reference=reference))
 
 
 def _checked_setup(base, mode, device, peaks, world_size):
@@ -324,7 +329,7 @@ def _multi_process_groups(run: _Run, mode, world_size, deepspeed, comm):
 def _spec(run: _Run, base_spec, peaks, name, conc, sync, ds):
     """The measurements' table and the spec fitted to it (each optional part applied where measured)."""
     dev = run.dev
-    table = pd.concat(run.frames, ignore_index=True)
+    table = pd.concat(_at_one_reference(run.frames), ignore_index=True)
     stamp = provenance(dev)
     spec = build_spec(base_spec, table, peaks=peaks, stamp=stamp, name=name, kind=_device_kind(dev),
                       mem_capacity_bytes=_capacity(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None)
@@ -339,6 +344,27 @@ def _spec(run: _Run, base_spec, peaks, name, conc, sync, ds):
     return table, spec
 
 
+def _at_one_reference(frames) -> list:
+    """``frames`` with every group read against the reference re-anchored at the whole calibration's reference
+    time (``repeats.anchor_s`` of all their readings: one phase for every group), attrs dropped (the pooled
+    table's reference time and spread go to the calibration record, ``reference_record``)."""
+    readings = [x for f in frames for r in f.attrs.get("references") or () for x in r]
+    out = [reanchor(f, repeats_mod.anchor_s(readings)) if readings else f for f in frames]
+    for f in out:
+        f.attrs = {}
+    return out
+
+
+def reference_record(frames) -> dict:
+    """The calibration record's ``reference_s`` and ``reference_spread`` (p90 / p10 of the readings) from
+    ``frames`` (empty without reference readings: a GPU's)."""
+    readings = sorted(x for f in frames for r in f.attrs.get("references") or () for x in r)
+    if not readings:
+        return {}
+    p10, p90 = readings[int(0.1 * (len(readings) - 1))], readings[int(0.9 * (len(readings) - 1))]
+    return {"reference_s": repeats_mod.anchor_s(readings), "reference_spread": round(p90 / p10, 3)}
+
+
 def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed=None,
                clock="wall") -> Calibration:
     """The steps of ``calibrate`` in order: check, host groups, device groups, multi-process groups, fit."""
@@ -351,7 +377,10 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     _host_groups(run, measured)
     _device_groups(run, measured, base_spec)
     conc, sync, ds = _multi_process_groups(run, mode, world_size, deepspeed, comm)
+    phase = reference_record(run.frames)
     table, spec = _spec(run, base_spec, peaks, name, conc, sync, ds)
+    if phase:
+        spec = sanity.stamped(spec, phase)
     elapsed = time.perf_counter() - run.start
     _progress(progress, f"[{elapsed:5.1f} s] done")
     return Calibration(spec, table, tuple(run.notes), elapsed)
