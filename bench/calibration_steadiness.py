@@ -10,6 +10,7 @@ batch; no ZeRO terms: they come from the sweep's own once-per-machine cases).
 
     flock /tmp/perfcheck-bench.lock python bench/calibration_steadiness.py --runs 6 --busy 1 3 5 --out DIR
     python bench/calibration_steadiness.py --table DIR          # the spread table of a finished DIR
+    python bench/calibration_steadiness.py --sweep SWEEP_OUT    # forward/step measured/predicted per stage
 """
 from __future__ import annotations
 
@@ -125,6 +126,20 @@ def table(out: Path, top: int = 25):
         print(f"{ratio:8.2f}  {k:45s} " + " ".join(f"{x:.3g}" for x in v))
 
 
+def sweep(out: Path):
+    """Forward and step measured/predicted per stage (median of the ranks) of a sweep's comparison.csv."""
+    import pandas as pd
+
+    t = pd.read_csv(out / "comparison.csv")
+    print("| stage | fwd pred ms | fwd meas ms | fwd meas/pred | step pred ms | step meas ms | step meas/pred |"
+          " step CPU meas/pred |\n|---|---|---|---|---|---|---|---|")
+    for stage, g in t.groupby("stage", sort=True):
+        m = g[["pred_fwd_s", "meas_fwd_s", "pred_step_s", "meas_step_s", "meas_step_cpu_s"]].median()
+        print(f"| {stage} | {m.pred_fwd_s * 1e3:.2f} | {m.meas_fwd_s * 1e3:.2f} | {m.meas_fwd_s / m.pred_fwd_s:.2f} | "
+              f"{m.pred_step_s * 1e3:.2f} | {m.meas_step_s * 1e3:.2f} | {m.meas_step_s / m.pred_step_s:.2f} | "
+              f"{m.meas_step_cpu_s / m.pred_step_s:.2f} |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--one", type=Path)
@@ -133,8 +148,11 @@ def main():
     p.add_argument("--out", type=Path)
     p.add_argument("--table", type=Path)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--sweep", type=Path, help="a finished `perfcheck sweep --out` folder: its forward/step table")
     a = p.parse_args()
-    if a.one:
+    if a.sweep:
+        sweep(a.sweep)
+    elif a.one:
         one(a.one)
     elif a.table:
         table(a.table, a.top)

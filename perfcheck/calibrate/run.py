@@ -30,7 +30,11 @@ Timing: cases of one group are *interleaved* (repeat r of every case, then repea
 a burst of noise on a shared machine hits every case alike; each repeat is a timed loop long
 enough to dwarf the clock (``target_s``); the number kept is the median of the FASTEST HALF of the
 repeats (``perfcheck.calibrate.repeats``: interference only adds time), and a case whose fastest
-half disagrees is timed again (min and max are kept in the table).
+half disagrees is timed again (min and max are kept in the table). On a CPU every repeat is read against a
+tiny add timed right before it and the whole calibration is anchored at one reference time
+(``repeats.anchor_s``): a shared machine runs for seconds at one speed and then at another, ~2x apart, and
+groups timed in different phases made every constant fitted as a difference between groups (op_cold_s, the
+small GEMMs less one tiny op, op_fixed_s) move with the phase (``perfcheck.calibrate.repeats``).
 
 Trust (``perfcheck.calibrate.sanity``): the calibration watches the load while it runs
 (``LoadWatch``: the cores other processes kept busy) and stamps the spec with a ``calibration`` record
