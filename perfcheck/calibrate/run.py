@@ -369,6 +369,22 @@ def reference_record(frames) -> dict:
     return {"reference_s": repeats_mod.anchor_s(readings), "reference_spread": round(p90 / p10, 3)}
 
 
+def unsteady_note(frames, shown: int = 6) -> Optional[str]:
+    """A note naming the cases whose repeats still disagree after the re-timing (kept value more than
+    ``repeats.UNSTEADY_SPREAD`` x the fastest repeat), or None: the constants fitted from them are the least
+    steady of this calibration (0-4 of 125 quick cases per calibration on the project's VM; which constants still
+    move between calibrations: bench/results/calibration_steadiness.md)."""
+    rows = [r for f in frames if {"seconds", "seconds_min"} <= set(f.columns) for r in f.itertuples(index=False)]
+    bad = [f"{r.kind} {r.label}" for r in rows
+           if r.seconds_min > 0 and r.seconds > repeats_mod.UNSTEADY_SPREAD * r.seconds_min]
+    if not bad:
+        return None
+    more = f" and {len(bad) - shown} more" if len(bad) > shown else ""
+    return (f"{len(bad)} of {len(rows)} cases' repeats still disagree after re-timing (kept value more than "
+            f"{repeats_mod.UNSTEADY_SPREAD:g}x the fastest): {', '.join(bad[:shown])}{more}; the constants fitted "
+            f"from them are the least steady (`perfcheck calibrate` times more repeats)")
+
+
 def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed=None,
                clock="wall") -> Calibration:
     """The steps of ``calibrate`` in order: check, host groups, device groups, multi-process groups, fit."""
@@ -382,6 +398,9 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     _device_groups(run, measured, base_spec)
     conc, sync, ds = _multi_process_groups(run, mode, world_size, deepspeed, comm)
     phase = reference_record(run.frames)
+    unsteady = unsteady_note(run.frames)
+    if unsteady:
+        run.note(unsteady)
     table, spec = _spec(run, base_spec, peaks, name, conc, sync, ds)
     if phase:
         spec = sanity.stamped(spec, phase)

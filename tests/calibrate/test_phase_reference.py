@@ -150,3 +150,15 @@ def test_the_calibration_reads_every_cpu_group_against_the_reference(monkeypatch
     r = run._Run(torch.device("cpu"), dict(run.MODES["quick"]), None, None)
     r.group("x", [])
     assert seen == [True] and not math.isnan(r.frames[0]["seconds"].iloc[0])
+
+
+def test_unsteady_note_names_the_cases_whose_repeats_disagree():
+    from perfcheck.calibrate.run import unsteady_note
+
+    t = pd.DataFrame({"kind": ["host", "host", "opeff"], "label": ["view", "module call", "convolution"],
+                      "seconds": [1.0, 1.3, 2.4], "seconds_min": [1.0, 1.0, 2.0]})
+    # kept / fastest: 1.0, 1.3 (> 1.25: named), 1.2 (within)
+    note = unsteady_note([t])
+    assert note.startswith("1 of 3 cases' repeats still disagree") and "host module call" in note
+    assert "view" not in note and "convolution" not in note
+    assert unsteady_note([t.iloc[[0]]]) is None
