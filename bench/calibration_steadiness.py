@@ -70,10 +70,11 @@ def one(out: Path):
 
     def recording(cases, timer, **kw):
         table = original(cases, timer, **kw)
-        raw, refs = table.attrs.get("samples"), table.attrs.get("references")
+        raw, refs, crefs = (table.attrs.get(k) for k in ("samples", "references", "compute_references"))
         for i, c in enumerate(cases):
             samples.append({"kind": c.kind, "label": c.label, "dtype": c.dtype,
-                            "samples": list(raw[i]) if raw else None, "references": list(refs[i]) if refs else None})
+                            "samples": list(raw[i]) if raw else None, "references": list(refs[i]) if refs else None,
+                            "compute_references": list(crefs[i]) if crefs else None})
         return table
 
     calrun.run_cases = recording

@@ -113,18 +113,26 @@ class Timer:
 
 #: Most calls per timed loop of a case run after a filler (``Case.between``).
 _COLD_MAX_ITERS = 50
-#: Seconds of one reference loop (``run_cases``' ``reference``): ~500 tiny adds, long enough to dwarf the
-#: clock, short beside a case's own loop (``target_s``, 10 ms in quick mode): ~10% more time.
+#: Seconds of one reference loop (``run_cases``' ``reference`` and ``compute_reference``): ~500 tiny adds or
+#: ~25 128^3 mms, long enough to dwarf the clock, short beside a case's own loop (``target_s``, 10 ms in quick
+#: mode): ~20% more time for the two.
 REFERENCE_LOOP_S = 1e-3
-#: Case kinds whose every call is framework code (dispatch, autograd, Python: timed ``host`` against the
-#: reference, ``repeats.against_reference``); every other kind is one dispatch and a kernel's work.
+#: Case kinds whose every call is framework code (dispatch, autograd, Python: read ``host`` against the
+#: references, ``repeats.against_reference``); every other kind is one dispatch and a kernel's work.
 PHASE_HOST_KINDS = (names.LAUNCH, names.HOST, names.OPFIXED, names.OPCOLD, names.MODFIXED, names.CLASSFIXED)
 
 
 def reference_fn(device):
-    """The reference of ``run_cases``: one ``torch.add`` of 1-element tensors (the ``LAUNCH_OP`` case's call)."""
+    """The host reference of ``run_cases``: one ``torch.add`` of 1-element tensors (the ``LAUNCH_OP`` case's call)."""
     a, b = torch.ones(1, device=device), torch.ones(1, device=device)
     return lambda: torch.add(a, b)
+
+
+def compute_reference_fn(device, n: int = 128):
+    """The compute reference of ``run_cases``: an fp32 ``torch.mm`` of n x n (128: ~40 us on the project's
+    Xeon, its vector units' work, with one dispatch a few percent of it)."""
+    a = torch.randn(n, n, device=device)
+    return lambda: torch.mm(a, a)
 
 
 def _sized(timer: Timer, fn, target_s: float, cap: int, between=None, host: bool = False) -> int:
@@ -137,17 +145,19 @@ def _sized(timer: Timer, fn, target_s: float, cap: int, between=None, host: bool
 
 
 def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: int = 20000,
-              reference=None) -> pd.DataFrame:
+              reference=None, compute_reference=None) -> pd.DataFrame:
     """Time every case ``repeats`` times, interleaved, and the unsteady ones up to ``repeats`` times more;
     one row per case with the median of the fastest half of its per-call times (``repeats.fastest_half``:
     interference only adds time).
 
-    ``reference`` (a tiny call, ``reference_fn``; CPU): timed right before every repeat, and each repeat is
-    kept against it (``repeats.against_reference``: a ``PHASE_HOST_KINDS`` case as t / ref, another as
-    t - ref), so cases timed seconds apart are read at one phase of a shared machine. The row's seconds are
-    then at this table's reference time (``repeats.anchor_s`` of its readings); ``reanchor`` moves them to a
-    whole calibration's. ``table.attrs``: "samples" (every repeat), and with a reference "references",
-    "reference_s" and "relative" (per case: host?, kept, min, max against the reference)."""
+    ``reference`` (a tiny call, ``reference_fn``; CPU) and ``compute_reference`` (``compute_reference_fn``;
+    optional): timed right before every repeat, and each repeat is kept against them
+    (``repeats.against_reference``: a ``PHASE_HOST_KINDS`` case as t / ref, another as (t - ref) / cref), so
+    cases timed seconds apart are read at one phase of a shared machine. The row's seconds are then at this
+    table's reference times (``repeats.anchor_s`` of its readings); ``reanchor`` moves them to a whole
+    calibration's. ``table.attrs``: "samples" (every repeat), and with a reference "references",
+    "compute_references", "reference_s", "compute_reference_s" and "relative" (per case: host?, kept, min,
+    max against the references)."""
     iters = []
     for c in cases:  # warm-up (allocator, kernel selection, caches), then size the loop
         if c.setup:
@@ -156,12 +166,16 @@ def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: 
         # a case with a filler is timed call by call, the filler's time outside: fewer calls bound its cost
         iters.append(_sized(timer, c.fn, target_s, max_iters if c.between is None else _COLD_MAX_ITERS,
                             c.between, c.host))
-    ref_iters = _sized(timer, reference, REFERENCE_LOOP_S, max_iters) if reference is not None else 0
-    samples, refs = [[] for _ in cases], [[] for _ in cases]
+    refd = reference is not None
+    ref_iters = _sized(timer, reference, REFERENCE_LOOP_S, max_iters) if refd else 0
+    cref_iters = _sized(timer, compute_reference, REFERENCE_LOOP_S, max_iters) if compute_reference else 0
+    samples, refs, crefs = [[] for _ in cases], [[] for _ in cases], [[] for _ in cases]
     host = [c.kind in PHASE_HOST_KINDS for c in cases]
 
-    def kept(i):  # what the statistic sees: the raw times, or the times against the reference
-        return repeats_mod.against_reference(samples[i], refs[i], host[i]) if reference is not None else samples[i]
+    def kept(i):  # what the statistic sees: the raw times, or the times against the references
+        if not refd:
+            return samples[i]
+        return repeats_mod.against_reference(samples[i], refs[i], host[i], crefs[i] if compute_reference else None)
 
     for r in range(2 * repeats):  # repeats rounds, then up to as many again of the unsteady cases only
         todo = range(len(cases)) if r < repeats else [i for i in range(len(cases)) if repeats_mod.unsteady(kept(i))]
@@ -169,16 +183,19 @@ def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: 
             c = cases[i]
             if c.setup:
                 c.setup()
-            if reference is not None:
+            if refd:
                 refs[i].append(max(timer.loop(reference, ref_iters), 1e-12))
+                if compute_reference:
+                    crefs[i].append(max(timer.loop(compute_reference, cref_iters), 1e-12))
             samples[i].append(timer.loop(c.fn, iters[i], c.between, c.host) / c.per_call)
     rows, relative = [], []
-    ref_s = repeats_mod.anchor_s([x for r in refs for x in r]) if reference is not None else None
+    ref_s = repeats_mod.anchor_s([x for r in refs for x in r]) if refd else None
+    cref_s = repeats_mod.anchor_s([x for r in crefs for x in r]) if refd and compute_reference else None
     for i, (c, s, it) in enumerate(zip(cases, samples, iters)):
-        if reference is not None:
+        if refd:
             k = kept(i)
             relative.append((host[i], repeats_mod.fastest_half(k), min(k), max(k)))
-            sec, lo, hi = (repeats_mod.anchored(v, ref_s, host[i]) for v in relative[-1][1:])
+            sec, lo, hi = (repeats_mod.anchored(v, ref_s, host[i], cref_s) for v in relative[-1][1:])
         else:
             sec, lo, hi = repeats_mod.fastest_half(s), min(s), max(s)
         rows.append({"kind": c.kind, "label": c.label, "dtype": c.dtype, "m": c.shape[0], "k": c.shape[1],
@@ -188,24 +205,27 @@ def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: 
                      "bytes_per_s": c.bytes / sec if c.bytes and sec > 0 else math.nan, "busbw_bytes_per_s": math.nan})
     table = pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS))
     table.attrs["samples"] = [list(s) for s in samples]  # every repeat, per case (bench/calibration_steadiness.py)
-    if reference is not None:
-        table.attrs.update(references=[list(r) for r in refs], reference_s=ref_s, relative=relative)
+    if refd:
+        table.attrs.update(references=[list(r) for r in refs], reference_s=ref_s, relative=relative,
+                           compute_references=[list(r) for r in crefs] if compute_reference else None,
+                           compute_reference_s=cref_s)
     return table
 
 
-def reanchor(table: pd.DataFrame, reference_s: float) -> pd.DataFrame:
-    """``table`` (from ``run_cases`` with a reference) with its seconds at the reference time ``reference_s``
-    (a whole calibration's ``repeats.anchor_s``) instead of its own; unchanged without a reference."""
+def reanchor(table: pd.DataFrame, reference_s: float, compute_reference_s: float = None) -> pd.DataFrame:
+    """``table`` (from ``run_cases`` with a reference) with its seconds at the reference times ``reference_s``
+    and ``compute_reference_s`` (a whole calibration's ``repeats.anchor_s``) instead of its own; unchanged
+    without a reference."""
     relative = table.attrs.get("relative")
     if not relative:
         return table
     out = table.copy()
     for col, j in (("seconds", 1), ("seconds_min", 2), ("seconds_max", 3)):
-        out[col] = [repeats_mod.anchored(rel[j], reference_s, rel[0]) for rel in relative]
+        out[col] = [repeats_mod.anchored(rel[j], reference_s, rel[0], compute_reference_s) for rel in relative]
     sec = out["seconds"].astype(float).where(out["seconds"] > 0)
     out["flops_per_s"] = (out["flops"].astype(float) / sec).where(out["flops"] > 0)
     out["bytes_per_s"] = (out["bytes"].astype(float) / sec).where(out["bytes"] > 0)
-    out.attrs = {**table.attrs, "reference_s": reference_s}
+    out.attrs = {**table.attrs, "reference_s": reference_s, "compute_reference_s": compute_reference_s}
     return out
 
 

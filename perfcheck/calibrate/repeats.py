@@ -39,48 +39,58 @@ def unsteady(samples) -> bool:
 
 # ------------------------------------------------------------------------------ the machine's phase
 # On the project's shared 2-core VM the same loop of tiny ops runs for seconds at a time at one speed, then at
-# another, ~2x apart, in process CPU time too (nothing preempts it: the physical core is shared beneath the VM):
-# a 10 s series of 200-add loops read 3.1-3.5 us per add for ~5 s, then 1.6-1.7 us, then 3.0-3.4 again
-# (bench/results/calibration_steadiness.md). A calibration's groups run seconds apart, so two groups can sit in
-# different phases, and every constant fitted as a difference of two groups' timings then moves by the phase
-# step, not by the machine's cost: op_cold_s (a round-robin less the same ops' tight loops) read 2.1-15.9 us
-# over six quick calibrations of one afternoon, the small end of the GEMM curve (a 32^3 mm less one tiny add)
-# 0.21-1.0. Remedy: a *reference* (the tiny add of ``LAUNCH_OP``) timed right before every timed repeat; each
-# repeat is expressed against it, and the calibration-wide reference (``anchor_s``) turns it back into seconds,
-# so every case of every group is read at the same phase. The ratio of a dispatch-bound loop to the adjacent
-# reference spread 1.2-1.3x (p90/p10) where the raw loop spread 1.6-2.2x; a 256^3 mm's or a 1 MiB copy's did
-# not (raw 1.4-1.6x, against the reference 1.4-1.8x): the phase slows host code, not the vector units. Hence
-# two readings, one per kind of case:
-#   host   (every call is framework code: dispatch, autograd, Python)   kept t / ref,  anchored x R
-#   kernel (one dispatch, then the kernel's work)                        kept t - ref,  anchored + R
-# (R: ``anchor_s`` of all the reference readings). A kernel reading assumes the phase slows its one dispatch
-# as it slows the tiny add and leaves the work alone: a 4 us 32^3 mm is then read without the phase's 2 us,
-# a 2.5 ms 512^3 mm is moved by at most that.
+# another, ~2x apart, in process CPU time too (nothing preempts it: the physical core is shared beneath the VM;
+# it happened with no other process busy in the VM): a 10 s series of 200-add loops read 3.1-3.5 us per add for
+# ~5 s, then 1.6-1.7 us, then 3.0-3.4 again (bench/results/calibration_steadiness.md). A calibration's groups run
+# seconds apart, so two groups can sit in different phases, and every constant fitted as a difference of two
+# groups' timings then moves by the phase step, not by the machine's cost: op_cold_s (a round-robin less the same
+# ops' tight loops) read 2.1-15.9 us over six quick calibrations of one afternoon, the small end of the GEMM
+# curve (a 32^3 mm less one tiny add) 0.21-1.0.
+#
+# Remedy: two *references* timed right before every timed repeat, each repeat expressed against them, and the
+# calibration-wide reference times (``anchor_s``) turning it back into seconds, so every case of every group is
+# read at one phase. Two, because host code and vector units move apart: against an adjacent tiny add a
+# dispatch-bound loop spread 1.2-1.3x (p90/p10; raw 1.6-2.2x) but a 256^3 mm or a LeNet convolution did not
+# (raw 1.4-1.7x, against the add 1.4-1.7x); against an adjacent 128^3 mm those spread 1.2-1.3x. So a case is
+#   host   (every call is framework code: dispatch, autograd, Python)  t / ref                 anchored x R
+#   kernel (one dispatch, then the kernel's work)                       (t - ref) / cref        anchored x Rc + R
+# with ref the tiny add and cref the compute reference beside the repeat, R and Rc their ``anchor_s`` over the
+# calibration (without a compute reference, kernel: t - ref, anchored + R). The kernel reading is the two-part
+# model of a call the estimator itself uses (a dispatch, then roofline work): a 4 us 32^3 mm moves with the add,
+# a 2.5 ms 512^3 mm with the mm.
 
-#: Quantile of all a calibration's reference readings taken as the reference time R (``anchor_s``). Low: a
-#: phase can last most of a short calibration, and interference only adds time; not the very fastest reading
-#: (one ~1 ms loop can be short for reasons that do not recur: its quantile needs a tenth of ~hundreds of
-#: readings to be as short).
-ANCHOR_QUANTILE = 0.1
+#: Quantile of all a calibration's readings of a reference taken as its time (``anchor_s``): the median. A
+#: measured step is the median over steps spread across minutes, i.e. over the phases; the median reading
+#: of a reference timed throughout a calibration is that same statistic of the phase, and it was the steadier
+#: one between calibrations (six quick ones: median 2.29-3.06 us, five within 3%; tenth percentile 1.69-2.64 us).
+#: Each case's own repeats still keep their fastest half (a preempted repeat is not the phase).
+ANCHOR_QUANTILE = 0.5
 
 
 def anchor_s(readings) -> float:
-    """The calibration's reference time: the ``ANCHOR_QUANTILE`` quantile of ``readings`` (seconds; the
-    lower of the two neighbours, no interpolation, so a handful of readings gives one of them)."""
+    """A calibration's reference time: the ``ANCHOR_QUANTILE`` quantile of ``readings`` (seconds; the
+    lower neighbour, no interpolation)."""
     s = sorted(float(x) for x in readings)
     if not s:
         raise ValueError("anchor_s: no reference readings")
     return s[int(ANCHOR_QUANTILE * (len(s) - 1))]
 
 
-def against_reference(samples, refs, host: bool) -> list:
-    """Each repeat read against the reference timed right before it: t / ref for a ``host`` case, t - ref
-    for a kernel case (see above)."""
-    if len(samples) != len(refs):
-        raise ValueError(f"against_reference: {len(samples)} repeats but {len(refs)} reference readings")
-    return [t / r for t, r in zip(samples, refs)] if host else [t - r for t, r in zip(samples, refs)]
+def against_reference(samples, refs, host: bool, compute_refs=None) -> list:
+    """Each repeat read against the references timed right before it (see above): t / ref for a ``host``
+    case; (t - ref) / cref for a kernel case (t - ref without ``compute_refs``)."""
+    crefs = compute_refs if compute_refs is not None else [1.0] * len(samples)
+    if not len(samples) == len(refs) == len(crefs):
+        raise ValueError(f"against_reference: {len(samples)} repeats but {len(refs)} reference readings "
+                         f"and {len(crefs)} compute reference readings")
+    if host:
+        return [t / r for t, r in zip(samples, refs)]
+    return [(t - r) / c for t, r, c in zip(samples, refs, crefs)]
 
 
-def anchored(value: float, reference_s: float, host: bool) -> float:
-    """A reading of ``against_reference`` back in seconds at the reference time ``reference_s`` (>= 0)."""
-    return max(value * reference_s if host else value + reference_s, 0.0)
+def anchored(value: float, reference_s: float, host: bool, compute_reference_s: float = None) -> float:
+    """A reading of ``against_reference`` back in seconds at the reference times (>= 0): x ``reference_s``
+    (host), x ``compute_reference_s`` + ``reference_s`` (kernel; + ``reference_s`` alone without one)."""
+    if host:
+        return max(value * reference_s, 0.0)
+    return max(value * (compute_reference_s if compute_reference_s is not None else 1.0) + reference_s, 0.0)

@@ -72,8 +72,8 @@ import pandas as pd
 import torch
 
 from perfcheck.calibrate.cases import (Case, Timer, alignment_cases, copy_cases, device_kernel_rows,  # noqa: F401
-                                      host_cases, launch_cases, matmul_cases, matmul_cold_cases, reanchor,
-                                      reference_fn, run_cases, vector_cases)
+                                      compute_reference_fn, host_cases, launch_cases, matmul_cases,
+                                      matmul_cold_cases, reanchor, reference_fn, run_cases, vector_cases)
 from perfcheck.calibrate import collectives as coll
 from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity
 from perfcheck.calibrate import repeats as repeats_mod
@@ -223,11 +223,12 @@ class _Run:
 
     def group(self, title, cases):
         self.say(f"{title}: {len(cases)} cases x {self.cfg['repeats']} repeats")
-        # on a CPU every repeat is read against a tiny add timed right before it (cases.run_cases, repeats.py:
-        # the machine's phase); a GPU's kernels are timed with events, its host cases alone
-        reference = reference_fn(self.dev) if self.dev.type == "cpu" else None
+        # on a CPU every repeat is read against a tiny add and a 128^3 mm timed right before it (cases.run_cases,
+        # repeats.py: the machine's phase); a GPU's kernels are timed with events, its host cases alone
+        cpu = self.dev.type == "cpu"
         self.frames.append(run_cases(cases, self.timer, repeats=self.cfg["repeats"], target_s=self.cfg["target_s"],
-                                     reference=reference))
+                                     reference=reference_fn(self.dev) if cpu else None,
+                                     compute_reference=compute_reference_fn(self.dev) if cpu else None))
 
 
 def _checked_setup(base, mode, device, peaks, world_size):
@@ -349,24 +350,30 @@ def _spec(run: _Run, base_spec, peaks, name, conc, sync, ds):
 
 
 def _at_one_reference(frames) -> list:
-    """``frames`` with every group read against the reference re-anchored at the whole calibration's reference
-    time (``repeats.anchor_s`` of all their readings: one phase for every group), attrs dropped (the pooled
-    table's reference time and spread go to the calibration record, ``reference_record``)."""
+    """``frames`` with every group read against the references re-anchored at the whole calibration's reference
+    times (``repeats.anchor_s`` of all their readings: one phase for every group), attrs dropped (the pooled
+    reference times and spread go to the calibration record, ``reference_record``)."""
     readings = [x for f in frames for r in f.attrs.get("references") or () for x in r]
-    out = [reanchor(f, repeats_mod.anchor_s(readings)) if readings else f for f in frames]
+    computes = [x for f in frames for r in f.attrs.get("compute_references") or () for x in r]
+    compute_s = repeats_mod.anchor_s(computes) if computes else None
+    out = [reanchor(f, repeats_mod.anchor_s(readings), compute_s) if readings else f for f in frames]
     for f in out:
         f.attrs = {}
     return out
 
 
 def reference_record(frames) -> dict:
-    """The calibration record's ``reference_s`` and ``reference_spread`` (p90 / p10 of the readings) from
-    ``frames`` (empty without reference readings: a GPU's)."""
+    """The calibration record's ``reference_s``, ``reference_spread`` (p90 / p10 of the readings) and
+    ``compute_reference_s`` from ``frames`` (empty without reference readings: a GPU's)."""
     readings = sorted(x for f in frames for r in f.attrs.get("references") or () for x in r)
     if not readings:
         return {}
     p10, p90 = readings[int(0.1 * (len(readings) - 1))], readings[int(0.9 * (len(readings) - 1))]
-    return {"reference_s": repeats_mod.anchor_s(readings), "reference_spread": round(p90 / p10, 3)}
+    out = {"reference_s": repeats_mod.anchor_s(readings), "reference_spread": round(p90 / p10, 3)}
+    computes = [x for f in frames for r in f.attrs.get("compute_references") or () for x in r]
+    if computes:
+        out["compute_reference_s"] = repeats_mod.anchor_s(computes)
+    return out
 
 
 def unsteady_note(frames, shown: int = 6) -> Optional[str]:

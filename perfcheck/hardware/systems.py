@@ -80,6 +80,8 @@ CALIBRATION_KEYS = {
                 "it runs its GEMMs on evicted operands (``matrix_cold_curve``)",
     "reference_s": "seconds of the reference tiny add every case was read against (CPU; "
                    "perfcheck/calibrate/repeats.py anchor_s)",
+    "compute_reference_s": "seconds of the compute reference (a 128^3 fp32 mm) every kernel case was read against "
+                           "(CPU; perfcheck/calibrate/repeats.py)",
     "reference_spread": "90th over 10th percentile of the reference readings: how far the machine's phase moved "
                         "while it ran (1.0: steady)",
 }

@@ -27,6 +27,7 @@ class PhaseTimer:
 
     def __init__(self):
         self.phase = 1.0
+        self.compute_phase = 1.0  # the vector units' own phase (slows a kernel's work)
         self.cost = {}  # fn -> (host seconds, kernel work seconds)
 
     def plant(self, host_s=0.0, work_s=0.0):
@@ -36,7 +37,7 @@ class PhaseTimer:
 
     def loop(self, fn, iters, between=None, host=False):
         host_s, work_s = self.cost[fn]
-        return host_s * self.phase + work_s
+        return host_s * self.phase + work_s * self.compute_phase
 
 
 def _groups(timer, reference):
@@ -76,7 +77,7 @@ def test_read_against_the_reference_the_planted_costs_come_back():
     a, b = _groups(timer, ref)
     # each table alone sits at its own reference time: the loaded group at 3.4 us
     assert a.attrs["reference_s"] == pytest.approx(1.7 * US) and b.attrs["reference_s"] == pytest.approx(3.4 * US)
-    frames = _at_one_reference([a, b])  # readings: 9 at 1.7 us, 6 at 3.4 us; the 10th percentile is 1.7 us
+    frames = _at_one_reference([a, b])  # readings: 9 at 1.7 us, 6 at 3.4 us; the median (index 7) is 1.7 us
     table = pd.concat(frames, ignore_index=True)
     assert _sec(table, names.LAUNCH_OP) == pytest.approx(1.7 * US)
     assert _sec(table, names.round_robin_label(2)) == pytest.approx(12 * US)  # 24 / 3.4 x 1.7
@@ -119,7 +120,8 @@ def test_a_preempted_repeat_is_dropped_against_the_reference():
 
 
 def test_statistics_by_hand():
-    assert repeats.anchor_s([5, 1, 4, 2, 3, 9, 8, 7, 6, 10, 11]) == 2  # 11 readings: index int(0.1 x 10) = 1
+    assert repeats.anchor_s([5, 1, 4, 2, 3, 9, 8, 7, 6, 10, 11]) == 6  # 11 readings: the median, index 5
+    assert repeats.anchor_s([4, 1, 3, 2]) == 2  # even count: the lower neighbour, index int(0.5 x 3) = 1
     assert repeats.anchor_s([3.0]) == 3.0
     with pytest.raises(ValueError):
         repeats.anchor_s([])
@@ -127,8 +129,30 @@ def test_statistics_by_hand():
     assert repeats.against_reference([4.0, 6.0], [2.0, 3.0], host=False) == [2.0, 3.0]
     assert repeats.anchored(2.0, 1.5, host=True) == 3.0 and repeats.anchored(2.0, 1.5, host=False) == 3.5
     assert repeats.anchored(-1.0, 0.5, host=False) == 0.0
+    # kernel with a compute reference: (t - ref) / cref, back as x Rc + R
+    assert repeats.against_reference([10.0], [2.0], host=False, compute_refs=[4.0]) == [2.0]
+    assert repeats.anchored(2.0, 1.0, host=False, compute_reference_s=3.0) == 7.0
     with pytest.raises(ValueError):
         repeats.against_reference([1.0], [], host=True)
+
+
+def test_a_kernel_read_against_the_compute_reference():
+    """A LeNet-size convolution (1.7 us dispatch + 170 us of work) timed while the vector units run 1.6x slow,
+    the launch op at the fast phases; compute reference: a 40 us mm (its dispatch left out: a few percent)."""
+    timer = PhaseTimer()
+    ref, cref = timer.plant(host_s=DISPATCH), timer.plant(work_s=40 * US)
+    conv = Case(names.OPEFF, "convolution", timer.plant(host_s=DISPATCH, work_s=170 * US), "fp32")
+    op = Case(names.LAUNCH, names.LAUNCH_OP, timer.plant(host_s=DISPATCH), "fp32")
+    a = run_cases([op], timer, repeats=3, target_s=1e-3, reference=ref, compute_reference=cref)
+    timer.compute_phase = 1.6
+    b = run_cases([conv], timer, repeats=3, target_s=1e-3, reference=ref, compute_reference=cref)
+    raw = run_cases([conv], timer, repeats=3, target_s=1e-3)
+    assert _sec(raw, "convolution") == pytest.approx((1.7 + 272) * US)  # 170 x 1.6 of work
+    # compute readings: 3 at 40 us (group a), 3 at 64 us (group b): the median (index 2) is 40 us
+    table = pd.concat(_at_one_reference([a, b]), ignore_index=True)
+    # ((1.7 + 272) - 1.7) / 64 x 40 + 1.7 = 171.7 us: the planted call at the fast compute phase
+    assert _sec(table, "convolution") == pytest.approx(171.7 * US)
+    assert reference_record([a, b])["compute_reference_s"] == pytest.approx(40 * US)
 
 
 def test_reanchor_leaves_a_table_without_reference_alone():
@@ -142,8 +166,8 @@ def test_the_calibration_reads_every_cpu_group_against_the_reference(monkeypatch
 
     seen = []
 
-    def fake(cases, timer, *, repeats, target_s, max_iters=20000, reference=None):
-        seen.append(reference is not None)
+    def fake(cases, timer, *, repeats, target_s, max_iters=20000, reference=None, compute_reference=None):
+        seen.append(reference is not None and compute_reference is not None)
         t = pd.DataFrame([{"kind": names.LAUNCH, "label": names.LAUNCH_OP, "seconds": 1e-6}])
         return t
     monkeypatch.setattr(run, "run_cases", fake)
