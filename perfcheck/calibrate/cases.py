@@ -18,6 +18,7 @@ from perfcheck.errors import UserError
 from perfcheck.calibrate import case_names as names, repeats as repeats_mod
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.calibrate.layers import cold_filler
+from perfcheck.calibrate.phase import PHASE_HOST_KINDS, REFERENCE_LOOP_S
 from perfcheck.hardware.systems import normalize_dtype, torch_dtype
 
 
@@ -113,28 +114,6 @@ class Timer:
 
 #: Most calls per timed loop of a case run after a filler (``Case.between``).
 _COLD_MAX_ITERS = 50
-#: Seconds of one reference loop (``run_cases``' ``reference`` and ``compute_reference``): ~500 tiny adds or
-#: ~25 128^3 mms, long enough to dwarf the clock, short beside a case's own loop (``target_s``, 10 ms in quick
-#: mode): ~20% more time for the two.
-REFERENCE_LOOP_S = 1e-3
-#: Case kinds whose every call is framework code (dispatch, autograd, Python: read ``host`` against the
-#: references, ``repeats.against_reference``); every other kind is one dispatch and a kernel's work.
-PHASE_HOST_KINDS = (names.LAUNCH, names.HOST, names.OPFIXED, names.OPCOLD, names.MODFIXED, names.CLASSFIXED)
-
-
-def reference_fn(device):
-    """The host reference of ``run_cases``: one ``torch.add`` of 1-element tensors (the ``LAUNCH_OP`` case's call)."""
-    a, b = torch.ones(1, device=device), torch.ones(1, device=device)
-    return lambda: torch.add(a, b)
-
-
-def compute_reference_fn(device, n: int = 128):
-    """The compute reference of ``run_cases``: an fp32 ``torch.mm`` of n x n (128: ~40 us on the project's
-    Xeon, its vector units' work, with one dispatch a few percent of it)."""
-    a = torch.randn(n, n, device=device)
-    return lambda: torch.mm(a, a)
-
-
 def _sized(timer: Timer, fn, target_s: float, cap: int, between=None, host: bool = False) -> int:
     """Calls per timed loop: ``target_s`` over the fastest of up to three single calls (one call can hit a
     scheduler stall), within [1, cap]."""
@@ -144,20 +123,25 @@ def _sized(timer: Timer, fn, target_s: float, cap: int, between=None, host: bool
     return int(min(cap, max(1, math.ceil(target_s / max(t, 1e-9)))))
 
 
+def _row(c: Case, sec: float, lo: float, hi: float, repeats: int, iters: int) -> dict:
+    """One row of the measurement table (``MEASUREMENT_COLUMNS``)."""
+    return {"kind": c.kind, "label": c.label, "dtype": c.dtype, "m": c.shape[0], "k": c.shape[1], "n": c.shape[2],
+            "flops": c.flops, "bytes": c.bytes, "world_size": 1, "seconds": sec, "seconds_min": lo, "seconds_max": hi,
+            "repeats": repeats, "iters": iters, "flops_per_s": c.flops / sec if c.flops and sec > 0 else math.nan,
+            "bytes_per_s": c.bytes / sec if c.bytes and sec > 0 else math.nan, "busbw_bytes_per_s": math.nan}
+
+
 def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: int = 20000,
               reference=None, compute_reference=None) -> pd.DataFrame:
     """Time every case ``repeats`` times, interleaved, and the unsteady ones up to ``repeats`` times more;
     one row per case with the median of the fastest half of its per-call times (``repeats.fastest_half``:
     interference only adds time).
 
-    ``reference`` (a tiny call, ``reference_fn``; CPU) and ``compute_reference`` (``compute_reference_fn``;
-    optional): timed right before every repeat, and each repeat is kept against them
-    (``repeats.against_reference``: a ``PHASE_HOST_KINDS`` case as t / ref, another as (t - ref) / cref), so
-    cases timed seconds apart are read at one phase of a shared machine. The row's seconds are then at this
-    table's reference times (``repeats.anchor_s`` of its readings); ``reanchor`` moves them to a whole
-    calibration's. ``table.attrs``: "samples" (every repeat), and with a reference "references",
-    "compute_references", "reference_s", "compute_reference_s" and "relative" (per case: host?, kept, min,
-    max against the references)."""
+    ``reference``, ``compute_reference`` (CPU; ``perfcheck.calibrate.phase``): timed right before every repeat,
+    each repeat kept against them (``repeats.against_reference``), so cases timed seconds apart are read at one
+    phase of a shared machine; seconds at this table's reference times (``phase.reanchor``: a calibration's).
+    ``table.attrs``: "samples" (every repeat); with a reference also "references", "compute_references",
+    "reference_s", "compute_reference_s", "relative" (per case: host?, kept, min, max against them)."""
     iters = []
     for c in cases:  # warm-up (allocator, kernel selection, caches), then size the loop
         if c.setup:
@@ -198,11 +182,7 @@ def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: 
             sec, lo, hi = (repeats_mod.anchored(v, ref_s, host[i], cref_s) for v in relative[-1][1:])
         else:
             sec, lo, hi = repeats_mod.fastest_half(s), min(s), max(s)
-        rows.append({"kind": c.kind, "label": c.label, "dtype": c.dtype, "m": c.shape[0], "k": c.shape[1],
-                     "n": c.shape[2], "flops": c.flops, "bytes": c.bytes, "world_size": 1, "seconds": sec,
-                     "seconds_min": lo, "seconds_max": hi, "repeats": len(s), "iters": it,
-                     "flops_per_s": c.flops / sec if c.flops and sec > 0 else math.nan,
-                     "bytes_per_s": c.bytes / sec if c.bytes and sec > 0 else math.nan, "busbw_bytes_per_s": math.nan})
+        rows.append(_row(c, sec, lo, hi, len(s), it))
     table = pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS))
     table.attrs["samples"] = [list(s) for s in samples]  # every repeat, per case (bench/calibration_steadiness.py)
     if refd:
@@ -210,23 +190,6 @@ def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: 
                            compute_references=[list(r) for r in crefs] if compute_reference else None,
                            compute_reference_s=cref_s)
     return table
-
-
-def reanchor(table: pd.DataFrame, reference_s: float, compute_reference_s: float = None) -> pd.DataFrame:
-    """``table`` (from ``run_cases`` with a reference) with its seconds at the reference times ``reference_s``
-    and ``compute_reference_s`` (a whole calibration's ``repeats.anchor_s``) instead of its own; unchanged
-    without a reference."""
-    relative = table.attrs.get("relative")
-    if not relative:
-        return table
-    out = table.copy()
-    for col, j in (("seconds", 1), ("seconds_min", 2), ("seconds_max", 3)):
-        out[col] = [repeats_mod.anchored(rel[j], reference_s, rel[0], compute_reference_s) for rel in relative]
-    sec = out["seconds"].astype(float).where(out["seconds"] > 0)
-    out["flops_per_s"] = (out["flops"].astype(float) / sec).where(out["flops"] > 0)
-    out["bytes_per_s"] = (out["bytes"].astype(float) / sec).where(out["bytes"] > 0)
-    out.attrs = {**table.attrs, "reference_s": reference_s, "compute_reference_s": compute_reference_s}
-    return out
 
 
 # ------------------------------------------------------------------------------ cases

@@ -72,8 +72,9 @@ import pandas as pd
 import torch
 
 from perfcheck.calibrate.cases import (Case, Timer, alignment_cases, copy_cases, device_kernel_rows,  # noqa: F401
-                                      compute_reference_fn, host_cases, launch_cases, matmul_cases,
-                                      matmul_cold_cases, reanchor, reference_fn, run_cases, vector_cases)
+                                      host_cases, launch_cases, matmul_cases, matmul_cold_cases, run_cases,
+                                      vector_cases)
+from perfcheck.calibrate.phase import compute_reference_fn, reanchor, reference_fn
 from perfcheck.calibrate import collectives as coll
 from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity
 from perfcheck.calibrate import repeats as repeats_mod

@@ -14,7 +14,8 @@ import torch
 
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate import repeats
-from perfcheck.calibrate.cases import Case, reanchor, run_cases
+from perfcheck.calibrate.cases import Case, run_cases
+from perfcheck.calibrate.phase import reanchor
 from perfcheck.calibrate.fit_host import op_cold_excess
 from perfcheck.calibrate.run import _at_one_reference, reference_record
 
