@@ -59,25 +59,44 @@ def unsteady(samples) -> bool:
 # model of a call the estimator itself uses (a dispatch, then roofline work): a 4 us 32^3 mm moves with the add,
 # a 2.5 ms 512^3 mm with the mm.
 
-#: Quantile of all a calibration's readings of a reference taken as its time (``anchor_s``): 0, the fastest
-#: reading, i.e. the machine's fast phase, which even a calibration spent mostly in the slow one catches for a
-#: moment (a reading is a ~1 ms loop of the same tiny call, on a nanosecond clock: nothing makes one spuriously
-#: short). It was the steadiest statistic between calibrations: over twelve quick calibrations of one evening
-#: (~380 readings each) the tiny add's fastest reading was 1.40-1.66 us (1.18x), its tenth percentile 1.51-2.70
-#: (1.78x), its median 1.75-3.32 (1.90x: the phase mix of a 10 s window, bimodal); the 128^3 mm's 26.2-31.3 us
-#: (1.20x) against a median of 30.5-46.7 (1.53x). So a calibration reads the machine at its fast phase; a run
-#: measured while the slow phase lasts reads above it (bench/results/calibration_steadiness.md). Each case's own
-#: repeats still keep their fastest half (``fastest_half``).
-ANCHOR_QUANTILE = 0.0
+#: The statistic of all a calibration's readings of a reference taken as its time (``anchor_s``), by name: the
+#: level at which the whole calibration is put back in seconds (bench/results/calibration_anchor.md: the choice).
+#:   fastest       the fastest reading: the machine's fast phase, which even a calibration spent mostly in the slow
+#:                 one catches for a moment. Steadiest between calibrations (twelve quick ones: tiny add 1.40-1.66
+#:                 us, 1.18x), but a run that lasts longer than a phase is slower than it (up to the phase step).
+#:   median        the middle reading (the lower one of an even count): the phase mix of a ~10 s window, bimodal,
+#:                 so it flips between the two phases (1.75-3.32 us, 1.90x).
+#:   mean          the arithmetic mean of the readings. A long run doing a fixed amount of work takes the SUM of its
+#:                 calls' times, i.e. its call count times their mean time at the phase mix it meets; the readings
+#:                 are one per timed repeat (spread over the work, as a run's calls are), so their mean is that
+#:                 per-call time at the calibration's phase mix. It moves smoothly with the mix (no flip).
+#:   trimmed_mean  the mean of the readings between the 5th and the 95th percentile (``TRIM``): the mean, with a
+#:                 reading stretched by a preemption (wall clock) or a spuriously short one left out.
+ANCHOR_STATISTICS = ("fastest", "median", "mean", "trimmed_mean")
+#: The statistic a calibration uses (one of ``ANCHOR_STATISTICS``).
+ANCHOR = "fastest"
+#: Fraction of the readings ``trimmed_mean`` leaves out at EACH end.
+TRIM = 0.05
 
 
-def anchor_s(readings) -> float:
-    """A calibration's reference time: the ``ANCHOR_QUANTILE`` quantile of ``readings`` (seconds; the
-    lower neighbour, no interpolation)."""
+def anchor_s(readings, statistic: str = None) -> float:
+    """A calibration's reference time: the ``statistic`` (default ``ANCHOR``; one of ``ANCHOR_STATISTICS``, see
+    there) of ``readings`` (seconds)."""
     s = sorted(float(x) for x in readings)
     if not s:
         raise ValueError("anchor_s: no reference readings")
-    return s[int(ANCHOR_QUANTILE * (len(s) - 1))]
+    statistic = ANCHOR if statistic is None else statistic
+    if statistic == "fastest":
+        return s[0]
+    if statistic == "median":
+        return s[(len(s) - 1) // 2]
+    if statistic == "mean":
+        return math.fsum(s) / len(s)
+    if statistic == "trimmed_mean":
+        cut = int(TRIM * len(s))  # whole readings left out at each end (none below 1 / TRIM = 20 readings)
+        kept = s[cut:len(s) - cut]
+        return math.fsum(kept) / len(kept)
+    raise ValueError(f"anchor_s: statistic {statistic!r} is not one of {', '.join(ANCHOR_STATISTICS)}")
 
 
 def against_reference(samples, refs, host: bool, compute_refs=None) -> list:

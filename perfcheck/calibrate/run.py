@@ -367,13 +367,15 @@ def _at_one_reference(frames) -> list:
 
 
 def reference_record(frames) -> dict:
-    """The calibration record's ``reference_s``, ``reference_spread`` (p90 / p10 of the readings) and
-    ``compute_reference_s`` from ``frames`` (empty without reference readings: a GPU's)."""
+    """The calibration record's ``reference_s``, ``reference_statistic`` (``repeats.ANCHOR``), ``reference_spread``
+    (p90 / p10 of the readings) and ``compute_reference_s`` from ``frames`` (empty without reference readings: a
+    GPU's)."""
     readings = sorted(x for f in frames for r in f.attrs.get("references") or () for x in r)
     if not readings:
         return {}
     p10, p90 = readings[int(0.1 * (len(readings) - 1))], readings[int(0.9 * (len(readings) - 1))]
-    out = {"reference_s": repeats_mod.anchor_s(readings), "reference_spread": round(p90 / p10, 3)}
+    out = {"reference_s": repeats_mod.anchor_s(readings), "reference_statistic": repeats_mod.ANCHOR,
+           "reference_spread": round(p90 / p10, 3)}
     computes = [x for f in frames for r in f.attrs.get("compute_references") or () for x in r]
     if computes:
         out["compute_reference_s"] = repeats_mod.anchor_s(computes)

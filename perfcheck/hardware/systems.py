@@ -84,6 +84,8 @@ CALIBRATION_KEYS = {
                    "perfcheck/calibrate/repeats.py anchor_s)",
     "compute_reference_s": "seconds of the compute reference (a 128^3 fp32 mm) every kernel case was read against "
                            "(CPU; perfcheck/calibrate/repeats.py)",
+    "reference_statistic": "which statistic of the reference readings reference_s and compute_reference_s are "
+                           "(perfcheck/calibrate/repeats.py ANCHOR_STATISTICS)",
     "reference_spread": "90th over 10th percentile of the reference readings: how far the machine's phase moved "
                         "while it ran (1.0: steady)",
 }

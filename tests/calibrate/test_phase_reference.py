@@ -58,6 +58,13 @@ def _groups(timer, reference):
     return a, b
 
 
+@pytest.fixture(autouse=True)
+def _fastest_anchor(monkeypatch):
+    """The mechanism's tests read the planted costs back at the fast phase (``repeats.ANCHOR`` "fastest"),
+    whichever statistic the calibration uses; the statistics themselves: ``test_anchor_statistics_by_hand``."""
+    monkeypatch.setattr(repeats, "ANCHOR", "fastest")
+
+
 def _sec(table, label):
     return float(table.loc[table["label"] == label, "seconds"].iloc[0])
 
@@ -93,7 +100,7 @@ def test_reference_record_and_spread():
     a, b = _groups(timer, timer.plant(host_s=DISPATCH))
     rec = reference_record([a, b])
     # 15 readings sorted: 9 x 1.7, 6 x 3.4; p10 = reading 1 (1.7), p90 = reading 12 (3.4): spread 2
-    assert rec == {"reference_s": pytest.approx(1.7 * US), "reference_spread": 2.0}
+    assert rec == {"reference_s": pytest.approx(1.7 * US), "reference_statistic": "fastest", "reference_spread": 2.0}
     assert reference_record([pd.DataFrame(a.to_dict())]) == {}  # a table without readings
 
 
@@ -135,6 +142,36 @@ def test_statistics_by_hand():
     assert repeats.anchored(2.0, 1.0, host=False, compute_reference_s=3.0) == 7.0
     with pytest.raises(ValueError):
         repeats.against_reference([1.0], [], host=True)
+
+
+def test_anchor_statistics_by_hand():
+    # 1..19 and one reading stretched to 100 (a preemption): 20 readings
+    r = list(range(1, 20)) + [100]
+    assert repeats.anchor_s(r, "fastest") == 1
+    assert repeats.anchor_s(r, "median") == 10  # the lower middle of 20: the 10th reading
+    assert repeats.anchor_s(r, "mean") == pytest.approx((19 * 20 / 2 + 100) / 20)  # 14.5
+    # 5% of 20 = 1 reading left out at each end (1 and 100): the mean of 2..19
+    assert repeats.anchor_s(r, "trimmed_mean") == pytest.approx(10.5)
+    assert repeats.anchor_s([2.0, 4.0], "trimmed_mean") == 3.0  # under 20 readings nothing is left out
+    with pytest.raises(ValueError, match="statistic 'p10'"):
+        repeats.anchor_s(r, "p10")
+    assert repeats.ANCHOR_STATISTICS == ("fastest", "median", "mean", "trimmed_mean")
+
+
+def test_the_mean_anchor_reads_the_calibration_at_its_phase_mix(monkeypatch):
+    """The two groups of ``_groups`` (9 readings at the fast phase, 1.7 us; 6 at the loaded one, 3.4 us) anchored
+    at the mean reading: (9 x 1.7 + 6 x 3.4) / 15 = 2.38 us; every case is read at that one level."""
+    monkeypatch.setattr(repeats, "ANCHOR", "mean")
+    timer = PhaseTimer()
+    a, b = _groups(timer, timer.plant(host_s=DISPATCH))
+    table = pd.concat(_at_one_reference([a, b]), ignore_index=True)
+    assert reference_record([a, b])["reference_s"] == pytest.approx(2.38 * US)
+    assert _sec(table, names.LAUNCH_OP) == pytest.approx(2.38 * US)
+    assert _sec(table, names.round_robin_label(2)) == pytest.approx(16.8 * US)  # 24 / 3.4 x 2.38
+    # the tight loops 8 and 10 us at 1.7 -> 11.2 and 14.0: op_cold_s 16.8 - 12.6 = 4.2 us (3 x 2.38 / 1.7)
+    assert op_cold_excess(table)[0] == pytest.approx(4.2 * US)
+    # the mm, a kernel case without a compute reference: (5.7 - 3.4) + 2.38 us; its work is still the planted 2.3
+    assert _sec(table, "mm 32x32x32") - _sec(table, names.LAUNCH_OP) == pytest.approx(2.3 * US)
 
 
 def test_a_kernel_read_against_the_compute_reference():
