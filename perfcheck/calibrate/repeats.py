@@ -60,21 +60,27 @@ def unsteady(samples) -> bool:
 # a 2.5 ms 512^3 mm with the mm.
 
 #: The statistic of all a calibration's readings of a reference taken as its time (``anchor_s``), by name: the
-#: level at which the whole calibration is put back in seconds (bench/results/calibration_anchor.md: the choice).
-#:   fastest       the fastest reading: the machine's fast phase, which even a calibration spent mostly in the slow
-#:                 one catches for a moment. Steadiest between calibrations (twelve quick ones: tiny add 1.40-1.66
-#:                 us, 1.18x), but a run that lasts longer than a phase is slower than it (up to the phase step).
-#:   median        the middle reading (the lower one of an even count): the phase mix of a ~10 s window, bimodal,
-#:                 so it flips between the two phases (1.75-3.32 us, 1.90x).
-#:   mean          the arithmetic mean of the readings. A long run doing a fixed amount of work takes the SUM of its
-#:                 calls' times, i.e. its call count times their mean time at the phase mix it meets; the readings
-#:                 are one per timed repeat (spread over the work, as a run's calls are), so their mean is that
-#:                 per-call time at the calibration's phase mix. It moves smoothly with the mix (no flip).
-#:   trimmed_mean  the mean of the readings between the 5th and the 95th percentile (``TRIM``): the mean, with a
-#:                 reading stretched by a preemption (wall clock) or a spuriously short one left out.
+#: level at which the whole calibration is put back in seconds. Each was fitted on the same readings
+#: (bench/calibration_anchor.py; bench/results/calibration_anchor.md has the tables).
+#:   fastest       the fastest reading: the machine's fast phase. Steady only when a calibration catches that
+#:                 phase (16 quick ones: tiny add 1.37-2.61 us, 1.90x; LeNet forward 1.61x), and a run lasting
+#:                 longer than a phase is slower than it: the design set's steps read 1.30x its prediction
+#:                 (geometric mean of eight paired fits), the ZeRO sweep's forward 1.7-2.9x.
+#:   median        the middle reading (the lower one of an even count): the phase mix of a ~14 s window, which
+#:                 flips between the two phases when the mix is near even (0.66x against 1.14x on one design
+#:                 measurement with two calibrations; LeNet forward 1.39x over 16).
+#:   mean          the arithmetic mean. A long run doing a fixed amount of work takes the SUM of its calls' times,
+#:                 i.e. its call count times their mean time at the phase mix it meets; the readings are one per
+#:                 timed repeat (spread over the work, as a run's calls are), so their mean is that per-call time
+#:                 at the calibration's phase mix, moving smoothly with the mix (LeNet forward 1.35x over 16).
+#:   trimmed_mean  the mean of the readings between the 5th and the 95th percentile (``TRIM``): the mean without
+#:                 a reading stretched by a preemption (the wall clock of ``perfcheck calibrate`` on several
+#:                 threads) or a spuriously short one. The steadiest (LeNet forward 1.32x over 16, step 1.34x) and
+#:                 on the design set as close as the fits without references (median |step error| 16.9% against
+#:                 15.6%, level 0.90x against 0.95x, eight paired fits): the default.
 ANCHOR_STATISTICS = ("fastest", "median", "mean", "trimmed_mean")
 #: The statistic a calibration uses (one of ``ANCHOR_STATISTICS``).
-ANCHOR = "fastest"
+ANCHOR = "trimmed_mean"
 #: Fraction of the readings ``trimmed_mean`` leaves out at EACH end.
 TRIM = 0.05
 
