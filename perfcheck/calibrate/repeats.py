@@ -64,20 +64,21 @@ def unsteady(samples) -> bool:
 #: (bench/calibration_anchor.py; bench/results/calibration_anchor.md has the tables).
 #:   fastest       the fastest reading: the machine's fast phase. Steady only when a calibration catches that
 #:                 phase (16 quick ones: tiny add 1.37-2.61 us, 1.90x; LeNet forward 1.61x), and a run lasting
-#:                 longer than a phase is slower than it: the design set's steps read 1.30x its prediction
-#:                 (geometric mean of eight paired fits), the ZeRO sweep's forward 1.7-2.9x.
+#:                 longer than a phase is slower than it: the design set's steps read 1.34x its prediction
+#:                 (geometric mean over eight paired fits), the ZeRO sweep's forward 1.7-2.4x (CPU time).
 #:   median        the middle reading (the lower one of an even count): the phase mix of a ~14 s window, which
-#:                 flips between the two phases when the mix is near even (0.66x against 1.14x on one design
-#:                 measurement with two calibrations; LeNet forward 1.39x over 16).
+#:                 flips between the two phases when the mix is near even (design steps 1.14x then 0.66x their
+#:                 prediction with two calibrations around one measurement, the trimmed mean 1.08x then 0.72x;
+#:                 LeNet forward 1.39x over 16).
 #:   mean          the arithmetic mean. A long run doing a fixed amount of work takes the SUM of its calls' times,
 #:                 i.e. its call count times their mean time at the phase mix it meets; the readings are one per
 #:                 timed repeat (spread over the work, as a run's calls are), so their mean is that per-call time
 #:                 at the calibration's phase mix, moving smoothly with the mix (LeNet forward 1.35x over 16).
 #:   trimmed_mean  the mean of the readings between the 5th and the 95th percentile (``TRIM``): the mean without
 #:                 a reading stretched by a preemption (the wall clock of ``perfcheck calibrate`` on several
-#:                 threads) or a spuriously short one. The steadiest (LeNet forward 1.32x over 16, step 1.34x) and
-#:                 on the design set as close as the fits without references (median |step error| 16.9% against
-#:                 15.6%, level 0.90x against 0.95x, eight paired fits): the default.
+#:                 threads) or a spuriously short one. The steadiest averaging statistic (LeNet forward 1.32x over 16, step 1.34x) and
+#:                 on the design set within noise of the fit without references (median |step error| 15.1%
+#:                 against 13.7%, level 0.95x against 1.00x, six paired fits): the default.
 ANCHOR_STATISTICS = ("fastest", "median", "mean", "trimmed_mean")
 #: The statistic a calibration uses (one of ``ANCHOR_STATISTICS``).
 ANCHOR = "trimmed_mean"
