@@ -260,10 +260,16 @@ def fit_curves(spec: SystemSpec, table) -> dict:
 
 def apply(spec: SystemSpec, table, stamp: str) -> SystemSpec:
     """``spec`` with the curves of ``fit_curves`` in ``op_efficiency_curve`` (existing keys replaced) and a
-    source line; ``spec`` unchanged when the table has no ``gpuop`` rows."""
-    curves = fit_curves(spec, table)
+    source line; ``spec`` unchanged when the table has no ``gpuop`` rows. Where the attention family was measured,
+    this GPU's own curve prices the fused attention kernel: the spec's public ``attention_kernel_curve`` (another
+    machine's benchmark) is dropped, and every curve is fitted against the roofline without it."""
+    plain = dataclasses.replace(spec, attention_kernel_curve={},
+                                sources={k: v for k, v in spec.sources.items() if k != "attention_kernel_curve"})
+    curves = fit_curves(plain, table)
     if not curves:
         return spec
+    if any(k.split(":")[0].split("@")[0] in FAMILY_OPS["attention"] for k in curves):
+        spec = plain
     merged = {**dict(getattr(spec, "op_efficiency_curve", {}) or {}), **curves}
     spread = "; ".join(f"{k} {min(e for _, e in p):.3f}-{max(e for _, e in p):.3f}" for k, p in sorted(curves.items()))
     sources = {**dict(spec.sources), "op_efficiency_curve": (

@@ -201,7 +201,21 @@ def elementwise_cases(dev) -> list:
         cost = formula_costs(fwd, (xg,), name)
         out.append(_opeff(label, lambda f=fwd: f(x), cost["fwd"]))
         out.append(_opeff(f"{label}:bwd", bwd, cost["bwd"]))  # 1 kernel each way
-    return out + [safe_softmax_case(dev)]
+    return out + [safe_softmax_case(dev), transposed_copy_case(dev)]
+
+
+#: (rows, columns) of the transposed-copy case: ``ELEMENTWISE`` fp32 elements, the copy of its transpose.
+TRANSPOSED = (512, ELEMENTWISE // 512)
+
+
+def transposed_copy_case(dev) -> Case:
+    """``copy_transposed`` (aten_costs.op_class): ``.contiguous()`` of a transposed matrix, whose reads stride
+    through memory: torch's CPU copy took 4.7x the time of a contiguous copy of the same 1 MiB on the project's
+    Xeon (one thread, process time, 2026-11-26), so the class gets its own rate. Forward only: a copy's backward is
+    the gradient handed on (or a transposed view of it)."""
+    xt = torch.randn(*TRANSPOSED, device=dev).t()
+    cost = formula_costs(lambda t: t.contiguous(), (xt,), ("clone",))
+    return _opeff("copy_transposed", lambda: xt.contiguous(), cost["fwd"])
 
 
 #: Attention scores of the ``_safe_softmax`` case: (batch, heads, queries, keys), ``ELEMENTWISE`` / 4 elements.

@@ -70,6 +70,11 @@ def add_parser(subparsers):
                     help="dtype the gradients are reduced in (megatron, fsdp2; default: the gradients' own)")
     tr.add_argument("--no-reshard-after-forward", action="store_true",
                     help="fsdp2: keep each block's gathered parameters from forward to backward")
+    tr.add_argument("--eager", action="store_true",
+                    help="the layer as Meta's reference Llama code runs it eagerly (torchtitan): fp32 complex rotary, "
+                         "repeat_kv copies, the attention output's copy")
+    tr.add_argument("--eager-norm", action="store_true",
+                    help="RMSNorm as the reference code's Python (eight fp32 kernels) instead of one fused kernel")
     tr.add_argument("--no-scatter-gather", action="store_true",
                     help="send the whole activation from every TP rank between pipeline stages")
     tr.add_argument("--breakdown", action="store_true",
@@ -115,7 +120,8 @@ def _model_output(args) -> str:
               tp_scheme=args.tp_scheme,
               virtual_stages=args.virtual_stages, cp=args.cp, cp_kind=args.cp_kind, dp_engine=args.dp_engine,
               scatter_gather=not args.no_scatter_gather, recompute_every=args.recompute_every,
-              dp_reduce_dtype=args.dp_reduce_dtype, reshard_after_forward=not args.no_reshard_after_forward)
+              dp_reduce_dtype=args.dp_reduce_dtype, reshard_after_forward=not args.no_reshard_after_forward,
+              eager=args.eager, eager_norm=args.eager_norm)
     if args.tp_depth != 1:
         kw["tp_depth"] = args.tp_depth
     table = estimate_transformer(model, **kw)

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import types
 from functools import lru_cache
 from importlib import resources
@@ -63,7 +64,7 @@ _REQUIRED = (
 _OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve",
              "mem_bandwidth_curve", "host", "op_fixed_s",
              "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "calibrated", "sources",
-             "calibration")
+             "calibration", "attention_kernel_curve")
 #: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
 #: it (perfcheck/calibrate/sanity.py writes and checks it; every report header prints it).
 CALIBRATION_KEYS = {
@@ -272,6 +273,12 @@ class SystemSpec:
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: when and under what load a calibrated spec was measured (``CALIBRATION_KEYS``); empty for a datasheet
     calibration: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    #: "d<head dim>:<causal|full>" -> ((sequence length, fraction), ...): the rate the fused attention kernel
+    #: F.scaled_dot_product_attention runs on this GPU (FlashAttention-2 on an A100) sustains over its forward and
+    #: backward, as a fraction of the dtype's dense matrix peak, FLOPs counted as its benchmark counts them
+    #: (4 b h s^2 d forward, halved when causal; backward 2.5x). Measurements per GPU (sources); applied by
+    #: ``perfcheck.predict.attention_kernel``. Absent: the kernel is priced as a GEMM.
+    attention_kernel_curve: Mapping[str, Tuple[Tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         where = f"system {self.name!r}" if isinstance(self.name, str) else "system"
@@ -324,9 +331,10 @@ class SystemSpec:
             value = getattr(self, f)
             if f in ("matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve", "mem_bandwidth_curve", "host",
                      "op_fixed_s",
-                     "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "calibration") and not value:
+                     "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "calibration",
+                     "attention_kernel_curve") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
-            if f == "op_efficiency_curve":
+            if f in ("op_efficiency_curve", "attention_kernel_curve"):
                 value = {k: [list(p) for p in v] for k, v in value.items()}
             elif isinstance(value, types.MappingProxyType):
                 value = {k: dict(v) if isinstance(v, types.MappingProxyType) else v for k, v in value.items()}
@@ -361,6 +369,7 @@ class SystemSpec:
         _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, "op_fixed_s": {},
                                                    "op_efficiency": {}, "op_efficiency_curve": {},
                                                    "module_fixed_s": {}, "op_row_s": {}, "calibration": {},
+                                                   "attention_kernel_curve": {},
                                                    **data}), where)
         return cls(**data)
 
@@ -493,6 +502,23 @@ def _op_curves(value, where) -> types.MappingProxyType:
                                                    _fraction) for k, v in value.items()})
 
 
+#: ``attention_kernel_curve`` keys: the head dimension and whether the kernel skips the masked half.
+ATTENTION_CURVE_KEY = re.compile(r"^d([1-9][0-9]*):(causal|full)$")
+
+
+def _attention_curves(value, where) -> types.MappingProxyType:
+    """attention_kernel_curve: "d<head dim>:<causal|full>" -> [[sequence length, fraction of peak], ...]."""
+    if not isinstance(value, Mapping):
+        raise UserError(f"{where}: attention_kernel_curve must be an object of \"d<head dim>:<causal|full>\" -> "
+                        "[[sequence length, fraction], ...]")
+    for k in value:
+        if not isinstance(k, str) or not ATTENTION_CURVE_KEY.match(k):
+            raise UserError(f"{where}: attention_kernel_curve key {k!r} is not \"d<head dim>:causal\" or "
+                            "\"d<head dim>:full\"")
+    return types.MappingProxyType({k: _points(v, where, f"attention_kernel_curve.{k}", "seq_len", "fraction",
+                                              _fraction) for k, v in value.items()})
+
+
 def _unretired_modules(value):
     """``module_fixed_s`` less the retired classes (``RETIRED_MODULE_FIXED``); anything not a mapping as it is,
     for ``_per_op`` to reject."""
@@ -612,6 +638,7 @@ def _validated_fields(spec, where: str) -> dict:
         "op_efficiency": _per_op(getattr(spec, "op_efficiency", {}) or {}, "op_efficiency", where, fraction=True,
                                  most=op_efficiency_max(spec.kind)),
         "op_efficiency_curve": _op_curves(getattr(spec, "op_efficiency_curve", {}) or {}, where),
+        "attention_kernel_curve": _attention_curves(getattr(spec, "attention_kernel_curve", {}) or {}, where),
         "module_fixed_s": _per_op(_unretired_modules(getattr(spec, "module_fixed_s", {}) or {}), "module_fixed_s",
                                   where, fraction=False),
         "op_row_s": _per_row(getattr(spec, "op_row_s", {}) or {}, where),

@@ -65,9 +65,12 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
     """One row per traced op with its forward and backward cost and how it was resolved."""
     rows = []
     for i, op in enumerate(trace.ops):
+        attn = (float("nan"),) * 3  # key length, head dim, causal of a fused attention kernel (roofline curves)
         if op.sdpa or op.call.name in _FLASH_SDPA:
             q, k, v = op.call.args[:3]
-            cost, source = sdpa_cost(q, k, v, causal=causal and (op.causal or _is_causal(op.call))), "modeled"
+            counted_causal = causal and (op.causal or _is_causal(op.call))
+            cost, source = sdpa_cost(q, k, v, causal=counted_causal), "modeled"
+            attn = (float(k.shape[-2]), float(q.shape[-1]), float(counted_causal))
         else:
             resolved = cost_of(op.call)
             cost, source = resolved.cost, resolved.source
@@ -80,11 +83,12 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
         rows.append((i, ACCUMULATE_NAME if op.grad_accumulate else op.call.name, source, cost.fwd.macs, cost.fwd.flops, cost.fwd.bytes, cost.fwd.kernels,
                      cost.bwd.macs, cost.bwd.flops, cost.bwd.bytes, cost.bwd.kernels, _min_dim(op.call),
                      op.recompute, cost.fwd.rows, cost.bwd.rows, gemm_unaligned(op.call),
-                     gemm_dims(op.call), op_class(op.call), cost.fwd.gemms, cost.bwd.gemms))
+                     gemm_dims(op.call), op_class(op.call), cost.fwd.gemms, cost.bwd.gemms, *attn))
     return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
                                        "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "min_dim", "recompute",
                                        "rows_fwd", "rows_bwd", "unaligned", "gemm",
-                                       "op_class", "gemms_fwd", "gemms_bwd"])
+                                       "op_class", "gemms_fwd", "gemms_bwd", "attn_seq", "attn_head_dim",
+                                       "attn_causal"])
 
 
 def _min_dim(call) -> float:

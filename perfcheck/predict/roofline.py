@@ -32,6 +32,7 @@ import numpy as np
 
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, normalize_dtype, row_costs, spec_of
+from perfcheck.predict.attention_kernel import attention_fractions_of
 from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401
                                            cold_factor, memory_cold_factor)
 
@@ -54,7 +55,7 @@ def _scalar_out(value, *inputs):
     return value
 
 
-def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=None, cold=0.0):
+def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=None, cold=0.0, kernel_fraction=None):
     """Achievable fraction of the matrix peak; from the calibrated curves when the system has them.
 
     ``matrix_efficiency_curve`` gives efficiency by kernel size (FLOPs per kernel), interpolated
@@ -66,7 +67,8 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
     scales the curve by ``matrix_<dtype> / matrix``. ``align`` (optional, per GEMM) multiplies it:
     ``alignment_factor`` of GEMMs whose row strides are not 16-byte multiples. ``cold`` (per GEMM, the share of
     its operand bytes that come from beyond L2: ``predict.reuse.cold_shares``; any share > 0 counts) multiplies it
-    by ``cold_factor``. Capped at 1.
+    by ``cold_factor``. Capped at 1. ``kernel_fraction`` (per op; NaN: none): a fused kernel's measured rate
+    (``attention_kernel``) replaces all of that, times ``matrix_sustained`` (a short benchmark, as the curves').
     """
     system = spec_of(system)
     flat = system.matrix_efficiency(dtype)
@@ -78,9 +80,11 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
         ys = np.array([p[1] for p in curve])
         x = np.log(np.maximum(np.asarray(flops_per_kernel, dtype=float), 1.0))
         eff = np.interp(x, xs, ys) * (flat / system.efficiency["matrix"])
-    return np.minimum(np.asarray(eff, dtype=float) * shape_factor(system, min_dim)
-                      * (1.0 if align is None else np.asarray(align, dtype=float))
-                      * gemm_cold_blend(system, flops_per_kernel, cold), 1.0)[()]
+    eff = np.minimum(np.asarray(eff, dtype=float) * shape_factor(system, min_dim)
+                     * (1.0 if align is None else np.asarray(align, dtype=float))
+                     * gemm_cold_blend(system, flops_per_kernel, cold), 1.0)
+    kf = np.full(np.shape(eff), np.nan) if kernel_fraction is None else np.asarray(kernel_fraction, dtype=float)
+    return np.where(np.isfinite(kf), kf * system.efficiency.get("matrix_sustained", 1.0), eff)[()]
 
 
 def alignment_factor(system, unaligned, phase: str = "fwd"):
@@ -110,19 +114,22 @@ def shape_factor(system, min_dim):
     return np.where(np.isfinite(d) & (d > 0), f, 1.0)[()]
 
 
-def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, min_dim=None, align=None, cold=0.0):
+def compute_time_s(matrix_flops, other_flops, system, dtype, *, kernels=None, min_dim=None, align=None, cold=0.0,
+                   kernel_fraction=None):
     """Seconds to execute the FLOPs at achievable rates.
 
     ``kernels`` (optional) splits ``matrix_flops`` into equal kernels for the efficiency-curve
     lookup (FLOPs per kernel = matrix_flops / kernels); without it the whole is one kernel.
     ``min_dim`` (optional): the GEMMs' smallest dimension, for the shape curve; ``align`` (optional):
-    the GEMMs' ``alignment_factor``; ``cold``: operands evicted from L2 (``matrix_efficiency``).
+    the GEMMs' ``alignment_factor``; ``cold``: operands evicted from L2; ``kernel_fraction``: ``matrix_efficiency``'s
+    (a measured kernel rate covers the kernel's vector FLOPs too: not added).
     """
     system = spec_of(system)
     mf = _array(matrix_flops, "matrix_flops")
     of = _array(other_flops, "other_flops")
     per_kernel = mf if kernels is None else mf / np.maximum(_array(kernels, "kernels"), 1.0)
-    eff = matrix_efficiency(system, dtype, per_kernel, min_dim, align, cold)
+    eff = matrix_efficiency(system, dtype, per_kernel, min_dim, align, cold, kernel_fraction)
+    of = of if kernel_fraction is None else np.where(np.isfinite(np.asarray(kernel_fraction, dtype=float)), 0.0, of)
     t = mf / (system.matrix_peak(dtype) * eff) + of / (system.vector_peak(dtype) * system.efficiency["vector"])
     return _scalar_out(t, matrix_flops, other_flops, kernels)
 
@@ -305,7 +312,8 @@ def gemm_dims(call):
 
 
 def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
-                 align=None, op_eff=1.0, rows_s=0.0, cold=0.0, cold_memory=0.0, calls=None) -> dict:
+                 align=None, op_eff=1.0, rows_s=0.0, cold=0.0, cold_memory=0.0, calls=None,
+                 kernel_fraction=None) -> dict:
     """The device timeline of ops, the ONE timing path of every front-end (``perfcheck.estimate``'s op table via
     ``op_device_times``, the transformer front-end's sublayer rows via ``predict.step``): arrays of one shape in,
     a dict of arrays of that shape out:
@@ -332,12 +340,13 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
 
     ``calls`` (optional, per op; 0: one per kernel): the separate GEMM calls an op's kernels loop over
     (``formulas.Cost.gemms``: a CPU's per-sample GEMMs of a 1x1 convolution): the efficiency and bandwidth curves
-    are read per call (FLOPs and bytes / calls), the launch term stays per kernel.
+    are read per call (FLOPs and bytes / calls), the launch term stays per kernel. ``kernel_fraction`` (per op, NaN:
+    none; ``attention_kernel``): a fused kernel's measured rate, its whole efficiency (``op_eff`` 1 there).
     """
     k = _array(kernels, "kernels")
     split = k if calls is None else np.where(_array(calls, "calls") > 0, calls, k)
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=split, min_dim=min_dim,
-                                        align=align, cold=cold), dtype=float)
+                                        align=align, cold=cold, kernel_fraction=kernel_fraction), dtype=float)
     hot = np.asarray(memory_time_s(bytes_moved, system, kernels=split), dtype=float)
     top = np.maximum(compute, hot)
     memory = hot
@@ -345,6 +354,7 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
         memory = np.asarray(memory_time_s(bytes_moved, system, kernels=split, cold=cold_memory), dtype=float)
     evicted = memory - hot
     launch = k * _array(launch_s, "launch_s")
+    op_eff = op_eff if kernel_fraction is None else np.where(np.isfinite(np.asarray(kernel_fraction, float)), 1.0, op_eff)
     roof = top / np.asarray(op_eff, dtype=float) + evicted
     bound = np.where(launch > top + evicted, "overhead", np.where(compute >= memory, "compute", "memory"))
     return {"compute": compute, "memory": memory, "roof": roof, "launch": launch,
@@ -373,6 +383,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     loop over that many GEMM calls (torch's matmul path of a 1x1 convolution, one GEMM per sample) is priced as
     those GEMMs: the matrix curves read per call at its ``min_dim``, no class efficiency (its calls are the
     cpublas GEMM that torch.mm runs, which the matrix cases calibrate). Elsewhere (a GPU: cuDNN) as before.
+    Columns ``attn_seq``, ``attn_head_dim``, ``attn_causal`` (optional): a fused attention kernel's (``attention_kernel``).
     """
     system = spec_of(system)
     names = ops["name"].to_numpy(object)
@@ -394,7 +405,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         if min_dim is not None and not cpu and "gemms_fwd" in ops:  # a convolution's per-sample GEMMs: CPU only
             min_dim = np.where((ops["gemms_fwd"].to_numpy(float) > 0) | (ops["gemms_bwd"].to_numpy(float) > 0),
                                np.nan, min_dim)
-        shape = dict(launch_s=launch, calls=calls, min_dim=min_dim,
+        shape = dict(launch_s=launch, calls=calls, min_dim=min_dim, kernel_fraction=attention_fractions_of(system, ops),
                      align=alignment_factor(system, ops["unaligned"].to_numpy(float), phase)
                      if "unaligned" in ops else None,
                      cold=np.where(np.isin(names, COLD_GEMMS), share, 0.0),

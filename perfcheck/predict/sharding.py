@@ -37,7 +37,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from perfcheck.predict import formulas as F
+from perfcheck.predict import eager_ops, formulas as F
 from perfcheck.predict.sharding_grid import (grid_layer_sublayers, grid_linear, grid_model_sublayers,  # noqa: F401
                                              grid_problems)
 from perfcheck.predict.sharding_shape import (CORE_ATTENTION, SUBLAYER_KINDS, TP_SCHEMES,  # noqa: F401
@@ -78,9 +78,10 @@ def _sp_saved_input(cost: F.OpCost, x: Shape, features) -> F.OpCost:
     return replace(cost, act_mem=x.norm_tokens * features * x.elem_bytes)
 
 
-def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool):
+def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool, eager: bool = False):
     """qkv_proj .. out_proj: Megatron self-attention with h/t query heads and kv/t key/value
-    heads per GPU (grouped-query attention when kv_heads < heads)."""
+    heads per GPU (grouped-query attention when kv_heads < heads). ``eager``: the reference Llama code's
+    unfused rotary, repeat_kv and output copy (``eager_ops``)."""
     e, eb, T = model.hidden, x.elem_bytes, x.tokens
     q = e // model.heads
     heads_t, kv_t = model.heads / x.t, model.kv_heads / x.t
@@ -90,18 +91,24 @@ def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool):
     qkv = F.OpCost(qkv.fwd, qkv.bwd, np.where(x.sp, _sp_saved_input(qkv, x, e).act_mem, qkv.act_mem), qkv.params)
     rows.append(Sublayer("qkv_proj", "linear", qkv, comms=_col_parallel_comms(x, T * e),
                          gemm=(T, e, (model.heads + 2 * model.kv_heads) * q / x.t)))
-    if model.position == "rotary":
+    if model.position == "rotary" and eager:  # q and k, each with the (s, q/2) complex table
+        rows.append(Sublayer("rotary", "elementwise", eager_ops.rotary_complex(T * heads_t * q, x.s * q / 2, eb)
+                             + eager_ops.rotary_complex(T * kv_t * q, x.s * q / 2, eb)))
+    elif model.position == "rotary":
         # q and k rotated: x*cos + rotate_half(x)*sin, 3 FLOPs per element; cos/sin tables not counted.
         rows.append(Sublayer("rotary", "elementwise",
                              F.elementwise(T * (heads_t + kv_t) * q, flops_per_elem=3, bwd_flops_per_elem=3, saves=0,
                                            elem_bytes=eb)))
+    if eager and model.kv_heads < model.heads:  # k and v copied up to every query head
+        rows.append(Sublayer("repeat_kv", "elementwise",
+                             eager_ops.repeat_kv(T * heads_t * q, model.heads / model.kv_heads, eb).scale(2)))
     frac = 0.5 if causal else 1.0
     if flash:
         core = F.attention(x.b, heads_t, x.s, x.s, q, q, kv_heads=kv_t, causal=causal, elem_bytes=eb)
         # The kernel saves its output, which is also out_proj's saved input: one tensor, counted
         # there (autograd keeps one storage; the module estimator deduplicates it the same way).
         core = replace(core, act_mem=core.act_mem - x.tokens * e / x.t * eb)
-        rows.append(Sublayer("core_attention", "attention", core))
+        rows.append(Sublayer("core_attention", "attention", core, attention=(x.s, q, causal)))
     else:
         probs = x.b * heads_t * x.s * x.s  # elements of the (b, h/t, s, s) score matrix
         logits = F.matmul(x.s, q, x.s, batch=x.b * heads_t, elem_bytes=eb)  # (s,q) @ (q,s) per (b, head)
@@ -114,6 +121,8 @@ def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool):
         attend = F.matmul(x.s, x.s, q, batch=x.b * heads_t, elem_bytes=eb)  # (s,s) @ (s,q) per (b, head)
         rows.append(Sublayer("attend", "matmul", scale_macs(attend, frac), recomputed_act=probs * eb,
                              gemm=(x.s, x.s, q)))
+    if eager:
+        rows.append(Sublayer("attn_out_copy", "elementwise", eager_ops.transpose_copy(T * heads_t * q, eb)))
     out = F.linear(T, e / x.t, e, bias=model.bias, elem_bytes=eb)  # (T,e/t) @ (e/t,e); bias replicated
     rows.append(Sublayer("out_proj", "linear", out, comms=_row_parallel_comms(x, T * e), gemm=(T, e / x.t, e)))
     if model.dropout > 0:
@@ -168,13 +177,14 @@ def moe_sublayers(model, x: Shape):
     return rows
 
 
-def mlp_sublayers(model, x: Shape):
+def mlp_sublayers(model, x: Shape, eager_norm: bool = False):
     """layer_norm_2 .. residual_mlp: fc1 column-parallel (f/t outputs; 2f/t gate+up for SwiGLU),
     or the mixture-of-experts rows (``moe_sublayers``) when the model has experts."""
     e, eb, T = model.hidden, x.elem_bytes, x.tokens
     f_t = model.ffn_hidden / x.t
     glu = model.activation == "swiglu"
-    rows = [Sublayer("layer_norm_2", "layer_norm", norm_cost(model, x.norm_tokens, e, eb, residual=True))]
+    rows = [Sublayer("layer_norm_2", "layer_norm", norm_cost(model, x.norm_tokens, e, eb, residual=True,
+                                                            eager=eager_norm))]
     if model.experts:
         rows += moe_sublayers(model, x)
         if model.dropout > 0:
@@ -197,16 +207,18 @@ def mlp_sublayers(model, x: Shape):
     return rows
 
 
-def layer_sublayers(model, x: Shape, *, causal=False, flash=False):
-    """All sublayers of one transformer layer on one GPU, in execution order."""
+def layer_sublayers(model, x: Shape, *, causal=False, flash=False, eager=False, eager_norm=False):
+    """All sublayers of one transformer layer on one GPU, in execution order (``eager``, ``eager_norm``: the
+    reference Llama code's unfused ops, ``step.Options``)."""
     if x.grid:
         return grid_layer_sublayers(model, x, causal=causal, flash=flash)
     ln1 = Sublayer("layer_norm_1", "layer_norm", norm_cost(model, x.norm_tokens, model.hidden, x.elem_bytes,
-                                                          residual=True))
-    return [ln1, *attention_sublayers(model, x, causal=causal, flash=flash), *mlp_sublayers(model, x)]
+                                                          residual=True, eager=eager_norm))
+    return [ln1, *attention_sublayers(model, x, causal=causal, flash=flash, eager=eager),
+            *mlp_sublayers(model, x, eager_norm)]
 
 
-def model_sublayers(model, x: Shape, *, tied_copy):
+def model_sublayers(model, x: Shape, *, tied_copy, eager_norm=False):
     """Embedding (first stage) and final norm, LM head, loss (last stage).
 
     Vocabulary-parallel embedding and LM head (Megatron ``VocabParallelEmbedding``,
@@ -233,7 +245,8 @@ def model_sublayers(model, x: Shape, *, tied_copy):
                              "first"))
     if model.dropout > 0:
         rows.append(Sublayer("dropout_embedding", "dropout", F.dropout(x.norm_tokens * e, elem_bytes=eb), "first"))
-    rows.append(Sublayer("final_norm", "layer_norm", norm_cost(model, x.norm_tokens, e, eb), "last"))
+    rows.append(Sublayer("final_norm", "layer_norm", norm_cost(model, x.norm_tokens, e, eb, eager=eager_norm),
+                         "last"))
     head = F.linear(T, e, v_t, bias=False, elem_bytes=eb)
     head = F.OpCost(head.fwd, head.bwd, np.where(x.sp, _sp_saved_input(head, x, e).act_mem, head.act_mem),
                     head.params * tied_copy)

@@ -151,7 +151,7 @@ def grid_layer_sublayers(model, x: Shape, *, causal=False, flash=False):
         core = F.attention(b, hq, x.s, x.s, hd, hd, kv_heads=kvq, causal=causal, elem_bytes=eb)
         if x.scheme != "3d":  # its output is out_proj's saved block (3D's out_proj keeps a gathered copy)
             core = replace(core, act_mem=core.act_mem - x.local(e) * eb)
-        rows.append(Sublayer("core_attention", "attention", core))
+        rows.append(Sublayer("core_attention", "attention", core, attention=(x.s, hd, causal)))
     else:
         probs = b * hq * x.s * x.s
         rows.append(Sublayer("logits", "matmul", scale_macs(F.matmul(x.s, hd, x.s, batch=b * hq, elem_bytes=eb), frac),

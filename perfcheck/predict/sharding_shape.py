@@ -11,6 +11,7 @@ from typing import Tuple
 import numpy as np
 
 from perfcheck.predict import formulas as F
+from perfcheck.predict.eager_ops import eager_rms_norm
 from perfcheck.predict.collectives import COLLECTIVE_KINDS
 
 
@@ -61,6 +62,9 @@ class Sublayer:
     #: roofline's matrix_shape_curve (by min(m, k, n)) and alignment factor (k, n) need them, as they
     #: need ``roofline.gemm_min_dim`` / ``gemm_unaligned`` of the traced op in ``perfcheck.estimate``
     gemm: object = None
+    #: (key length, head dim, causal) of a fused attention kernel's row, None for other rows: the roofline's
+    #: ``attention_kernel_curve`` needs them, as ``perfcheck.estimate`` reads them off the traced SDPA op
+    attention: object = None
 
 
 @dataclass(frozen=True)
@@ -139,13 +143,15 @@ def grid_side(t, scheme, depth=1):
     return np.rint(np.sqrt(t / (depth if scheme == "2.5d" else 1)))
 
 
-def norm_cost(model, rows, cols, eb, residual: bool = False) -> F.OpCost:
+def norm_cost(model, rows, cols, eb, residual: bool = False, eager: bool = False) -> F.OpCost:
     """A LayerNorm/RMSNorm over ``rows`` x ``cols``. ``residual``: its input is the residual stream, which also
     feeds the residual add, so backward sums the two gradients after the norm's node (autograd's InputBuffer:
     one add of the stream, read 2 write 1; the module estimator's ``grad_accumulate`` op charged to the same
-    norm, perfcheck.predict.grad_accumulation): the two front-ends agree on the norm's backward."""
+    norm, perfcheck.predict.grad_accumulation): the two front-ends agree on the norm's backward. ``eager``: an
+    RMSNorm as the reference Llama code's Python (``eager_ops.eager_rms_norm``; a LayerNorm is one kernel anyway)."""
     rms = model.norm == "rmsnorm"
-    cost = F.layer_norm(rows, cols, bias=model.bias and not rms, rms=rms, elem_bytes=eb)
+    cost = (eager_rms_norm(rows, cols, eb) if eager and rms
+            else F.layer_norm(rows, cols, bias=model.bias and not rms, rms=rms, elem_bytes=eb))
     if not residual:
         return cost
     n = rows * cols

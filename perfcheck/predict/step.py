@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.predict import collectives, fsdp, pipeline, roofline, sharding
+from perfcheck.predict import attention_kernel, collectives, fsdp, pipeline, roofline, sharding
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
                                            full_recompute_share, make_options, single_layout, validate_layouts)
 from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, spec_of
@@ -56,8 +56,9 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
         b, s, t, sp, tied_copy = float(b[0]), float(s[0]), float(t[0]), bool(sp[0]), bool(tied_copy[0])
     x = sharding.Shape(b, s, t, sp, elem_bytes(dtype), 1 if tp1 else opts.ep,
                        "1d" if tp1 else opts.tp_scheme, opts.tp_depth)
-    rows = (sharding.layer_sublayers(model, x, causal=opts.causal, flash=opts.flash)
-            + sharding.model_sublayers(model, x, tied_copy=tied_copy))
+    rows = (sharding.layer_sublayers(model, x, causal=opts.causal, flash=opts.flash, eager=opts.eager,
+                                     eager_norm=opts.eager_norm)
+            + sharding.model_sublayers(model, x, tied_copy=tied_copy, eager_norm=opts.eager_norm))
     out = {"name": [r.name for r in rows], "formula": [r.formula for r in rows],
            "stage": np.array([r.stage for r in rows])}
     # The attention core of s/cp queries runs against all s keys: cp x the work of a local (s/cp)^2 core
@@ -77,6 +78,9 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     out["min_dim"] = _stack([nan if r.gemm is None else np.minimum(np.minimum(r.gemm[0], r.gemm[1]), r.gemm[2])
                              for r in rows], n)
     out["unaligned"] = _stack([nan if r.gemm is None else _unaligned(r.gemm, x.elem_bytes) for r in rows], n)
+    for i, f in enumerate(("attn_seq", "attn_head_dim", "attn_causal")):  # a fused attention kernel's row
+        out[f] = _stack([nan if r.attention is None else float(r.attention[i]) if np.ndim(r.attention[i]) == 0
+                         else np.asarray(r.attention[i], dtype=float) for r in rows], n)
     # bytes per (kind, group) for timing (each group has its own size), summed over groups per kind
     acc = {}  # (kind, group, beside) -> ([fwd bytes per row], [bwd bytes per row]), one pass over the collectives
     for i, r in enumerate(rows):
@@ -132,10 +136,12 @@ def _time_rows(out, group_sizes, system, dtype, opts):
         part = slice(i * rows, (i + 1) * rows)
         # (rows,) prices against the (rows, n) row counts: each name's price broadcasts over the layouts
         extra[part] = both["rows"][part] * roofline.row_prices(spec, names, phase)[:, None]
+    attention_fraction = attention_kernel.attention_kernel_fraction(spec, out["attn_seq"], out["attn_head_dim"],
+                                                                    out["attn_causal"])
     d = roofline.device_times(2 * both["macs"], both["flops"], both["bytes"], both["kernels"], spec, dtype,
                               launch_s=host_constants(spec)["device_kernel_s"],
                               min_dim=np.concatenate([out["min_dim"], out["min_dim"]]), align=align,
-                              op_eff=eff, rows_s=extra)
+                              op_eff=eff, rows_s=extra, kernel_fraction=np.tile(attention_fraction, (2, 1)))
     compute, memory, launch = d["compute"], d["memory"], d["launch"]
     by_beside = {"": np.zeros_like(compute), "dw": np.zeros_like(compute), "dx": np.zeros_like(compute)}
     for (kind, group, beside), (fwd, bwd) in out["comm_groups"].items():

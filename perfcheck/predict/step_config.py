@@ -56,6 +56,11 @@ class Options:
     dp_reduce_dtype: the dtype gradients are reduced in ("fp32", "bf16", "fp16"; None: the gradients' own):
       FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)`` (torchtitan: float32), Megatron's
       ``--accumulate-allreduce-grads-in-fp32`` / ``grad_reduce_in_fp32``. For dp_engine "megatron" and "fsdp2".
+    eager: the layer as Meta's reference Llama code runs it op by op (torchtitan's model.py, eager mode): rotary
+      through fp32 complex numbers, repeat_kv's copies of k and v (grouped-query attention), the attention
+      output's transpose copy (``predict.eager_ops``); False: fused kernels, as Megatron-LM runs them.
+    eager_norm: RMSNorm as the reference code's Python (eight kernels, fp32; ``eager_ops.eager_rms_norm``);
+      False: one fused kernel (apex, Triton, torch's fused rms_norm).
     reshard_after_forward: FSDP2's option (default True): free each block's gathered parameters after its
       forward and gather them again for backward.
     """
@@ -79,6 +84,8 @@ class Options:
     dp_engine: str = "deepspeed"
     dp_reduce_dtype: object = None
     reshard_after_forward: bool = True
+    eager: bool = False
+    eager_norm: bool = False
 
     def __post_init__(self):
         scheme = str(self.tp_scheme).lower()
@@ -90,7 +97,9 @@ class Options:
             raise UserError(f"tp_depth must be a positive integer (the 2.5D grid's depth d), got {d!r}")
         if d > 1 and scheme != "2.5d":
             raise UserError(f"tp_depth = {d} needs tp_scheme='2.5d' (got tp_scheme={scheme!r})")
-        for f in ("causal", "flash", "master_weights", "tp_async_backward"):
+        if (self.eager or self.eager_norm) and scheme != "1d":
+            raise UserError(f"eager / eager_norm describe a 1D (Megatron) layer; tp_scheme={scheme!r} has no such rows")
+        for f in ("causal", "flash", "master_weights", "tp_async_backward", "eager", "eager_norm"):
             value = getattr(self, f)
             if not isinstance(value, (bool, np.bool_)) and not (f == "master_weights" and value is None):
                 raise UserError(f"{f} must be true or false, got {getattr(self, f)!r}")

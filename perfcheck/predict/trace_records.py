@@ -56,8 +56,10 @@ def meta_of(t: torch.Tensor, elem_bytes_override, grad=None) -> TensorMeta:
     t = local_of(t)
     is_float = t.is_floating_point() or t.is_complex()
     eb = elem_bytes_override if (is_float and elem_bytes_override) else t.element_size()
-    distinct = math.prod(n for n, st in zip(t.shape, t.stride()) if st != 0) if t.layout == torch.strided else -1
-    return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct)
+    strided = t.layout == torch.strided
+    distinct = math.prod(n for n, st in zip(t.shape, t.stride()) if st != 0) if strided else -1
+    transposed = strided and t.dim() > 1 and t.shape[-1] > 1 and t.stride()[-1] not in (0, 1)
+    return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct, transposed)
 
 
 def to_meta(x, elem_bytes, grad=None):

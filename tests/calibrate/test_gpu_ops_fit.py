@@ -190,3 +190,19 @@ def test_curves_reach_a_model_estimate_under_the_keys_its_trace_uses(spec):
         assert after.loc[path, "pred_bwd_s"] > 1.5 * before.loc[path, "pred_bwd_s"], path
     assert after.loc["h.0.ln_1", "pred_fwd_s"] > 1.5 * before.loc["h.0.ln_1", "pred_fwd_s"]
     assert after.loc["h.0.mlp.c_fc", "pred_fwd_s"] == pytest.approx(before.loc["h.0.mlp.c_fc", "pred_fwd_s"])
+
+
+def test_a_measured_attention_curve_replaces_the_public_attention_kernel_curve(spec):
+    """The H100 spec ships FlashAttention-2's public rates (``attention_kernel_curve``); a calibration that timed
+    this GPU's attention kernel prices it by its own curve, fitted against the roofline without the public one
+    (1 TFLOP of matrix work at the 0.8 x 0.904 GEMM rate of 989.4 TFLOP/s = 1.397 ms, measured 2.796 ms less one
+    2 us kernel term -> 0.5); a calibration that did not time attention keeps the public curve."""
+    assert spec.attention_kernel_curve
+    attn = pd.DataFrame([_row("_scaled_dot_product_flash_attention fwd", "bf16", 1e6, 1, 2.796e-3 + KERNEL_S,
+                              flops=1e12)])
+    fitted = gpu_ops.apply(spec, attn, "stamp")
+    assert not fitted.attention_kernel_curve and "attention_kernel_curve" not in fitted.sources
+    (_, e), = fitted.op_efficiency_curve["_scaled_dot_product_flash_attention@bf16"]
+    assert e == pytest.approx(1e12 / (989.4e12 * 0.8 * 0.904) / 2.796e-3, rel=1e-3)
+    norm = pd.DataFrame([_row("native_layer_norm fwd", "bf16", 100e6, 1, 202e-6)])
+    assert gpu_ops.apply(spec, norm, "stamp").attention_kernel_curve == spec.attention_kernel_curve

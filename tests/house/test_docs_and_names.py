@@ -163,7 +163,7 @@ def test_results_history_has_a_legend_for_the_old_names():
 #: A public source: a URL, a paper, an issue, or a named public document (datasheet, whitepaper, ...).
 PUBLIC = re.compile(r"https?://|arXiv|\bdata ?sheets?\b|whitepaper|product brief|\w[\w.-]*\.(?:com|org|io|ai)/\S"
                     r"|\w+/[\w.-]+#\d+"
-                    r"|bench/results/[\w.-]+\.json", re.I)  # a measurement shipped in this repository, with its script
+                    r"|bench/(?:gpu_)?results/[\w./-]+\.(?:json|csv|csv\.gz)", re.I)  # a measurement shipped here
 #: Or it says plainly that the number is perfcheck's own choice.
 OWN_CHOICE = re.compile(r"default chosen by perfcheck|NOT a measurement", re.I)
 

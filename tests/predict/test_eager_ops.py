@@ -1,0 +1,118 @@
+"""The eager Llama ops (perfcheck/predict/eager_ops.py) against an independent count: ``perfcheck.estimate``'s trace
+of the reference code itself (torchtitan's model.py at 1ea476e9f, copied below), each aten op costed at the width
+it runs in (the model's own dtypes: bf16 tensors, fp32 upcasts), and against hand arithmetic; then the front-end's
+``eager`` rows and what they add to a layer."""
+import pytest
+import torch
+import torch.nn as nn
+
+from perfcheck.predict import eager_ops
+from perfcheck.predict import trace as tracing
+from perfcheck.predict.module_estimator import _op_table
+from perfcheck.predict.transformer import estimate_transformer
+
+
+class RMSNorm(nn.Module):  # torchtitan/models/norms.py (1ea476e9f)
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        return self._norm(x.float()).type_as(x) * self.weight
+
+
+class Rotary(nn.Module):  # apply_rotary_emb, one of q, k
+    def forward(self, xq, freqs_cis):
+        xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+        return torch.view_as_real(xq_ * freqs_cis).flatten(3).type_as(xq)
+
+
+class RepeatKV(nn.Module):
+    def __init__(self, n_rep):
+        super().__init__()
+        self.n_rep = n_rep
+
+    def forward(self, x):
+        bs, slen, kv, d = x.shape
+        return x[:, :, :, None, :].expand(bs, slen, kv, self.n_rep, d).reshape(bs, slen, kv * self.n_rep, d)
+
+
+class OutCopy(nn.Module):
+    def forward(self, o):
+        return o.transpose(1, 2).contiguous().view(o.shape[0], o.shape[2], -1)
+
+
+def _traced(module, *args):
+    """Sum of the traced ops' (bytes, kernels, FLOPs) per phase, at the tensors' own widths."""
+    ops = _op_table(tracing.trace_model(module, args), False)
+    return {p: (ops[f"bytes_{p}"].sum(), ops[f"kernels_{p}"].sum(), ops[f"other_{p}"].sum()) for p in ("fwd", "bwd")}
+
+
+def _meta(*shape, dtype=torch.bfloat16, grad=True):
+    return torch.empty(*shape, dtype=dtype, device="meta", requires_grad=grad)
+
+
+def test_rms_norm_is_its_eight_kernels_forward_and_eleven_backward():
+    T, e = 1024, 512
+    with torch.device("meta"):
+        norm = RMSNorm(e).to(torch.bfloat16)
+    got = eager_ops.eager_rms_norm(T, e, 2)
+    traced = _traced(norm, _meta(1, T, e))
+    assert got.fwd.bytes == pytest.approx(traced["fwd"][0], rel=0.005)
+    assert got.bwd.bytes == pytest.approx(traced["bwd"][0], rel=0.005)
+    assert (got.fwd.kernels, got.bwd.kernels) == (traced["fwd"][1], traced["bwd"][1]) == (8, 11)
+    assert got.fwd.bytes == pytest.approx(36 * T * e, rel=0.005)  # by hand: 7 x 4 + 4 x 2 bytes per element in bf16
+    assert got.bwd.bytes == pytest.approx(70 * T * e, rel=0.005)  # 14 x 4 + 7 x 2
+
+
+@pytest.mark.parametrize("T, h, d", [(1024, 8, 64), (512, 32, 128)])
+def test_rotary_is_a_cast_a_complex_product_and_a_cast_back(T, h, d):
+    freqs = torch.empty(1, T, 1, d // 2, dtype=torch.complex64, device="meta")
+    got = eager_ops.rotary_complex(T * h * d, T * d // 2, 2)
+    traced = _traced(Rotary(), _meta(1, T, h, d), freqs)
+    for p in ("fwd", "bwd"):
+        assert got.__getattribute__(p).bytes == pytest.approx(traced[p][0], rel=0.005), p
+        assert getattr(got, p).kernels == traced[p][1] == 3
+    assert got.fwd.bytes == pytest.approx(20 * T * h * d + T * d // 2 * 8)  # (4 x 4 + 2 x 2) per element + table
+
+
+def test_repeat_kv_copies_forward_and_sums_backward():
+    T, kv, rep, d = 1024, 2, 4, 64
+    got = eager_ops.repeat_kv(T * kv * rep * d, rep, 2)
+    traced = _traced(RepeatKV(rep), _meta(1, T, kv, d))
+    assert (got.fwd.bytes, got.bwd.bytes) == pytest.approx((traced["fwd"][0], traced["bwd"][0]))
+    assert got.bwd.bytes == pytest.approx(2 * T * kv * rep * d * 1.25)  # read the gradient, write a quarter
+
+
+def test_output_copy_is_one_copy_forward_none_backward():
+    T, h, d = 1024, 8, 64
+    got = eager_ops.transpose_copy(T * h * d, 2)
+    traced = _traced(OutCopy(), _meta(1, h, T, d))
+    assert (got.fwd.bytes, got.bwd.bytes, got.bwd.kernels) == pytest.approx((traced["fwd"][0], traced["bwd"][0], 0))
+
+
+LLAMA = dict(name="t", layers=2, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816, vocab=1000, seq_len=2048,
+             norm="rmsnorm", activation="swiglu", bias=False, tied_embeddings=False, position="rotary")
+
+
+def test_eager_rows_in_the_front_end():
+    """eager=True: the rotary row is the complex path on q and k, repeat_kv copies k and v (4 kv heads -> 16),
+    the attention output is copied; eager_norm=True: the norms are the eight-kernel RMSNorm. Bytes by hand."""
+    b, s, e, q = 1, 2048, 1024, 64
+    T = b * s
+    fused = estimate_transformer(LLAMA, batch=b, system="h100-sxm", dtype="bf16", flash=True,
+                                 causal=True).set_index("sublayer")
+    eager = estimate_transformer(LLAMA, batch=b, system="h100-sxm", dtype="bf16", flash=True, causal=True,
+                                 eager=True, eager_norm=True).set_index("sublayer")
+    qk = T * (16 + 4) * q
+    assert eager.loc["rotary", "bytes_fwd"] == pytest.approx(20 * qk + 2 * s * q // 2 * 8)
+    assert eager.loc["repeat_kv", "bytes_fwd"] == pytest.approx(2 * (2 * 2 * T * 16 * q))  # k and v, 2 eb each
+    assert eager.loc["attn_out_copy", "bytes_fwd"] == pytest.approx(2 * 2 * T * e)
+    assert eager.loc["layer_norm_1", "bytes_fwd"] == pytest.approx(36 * T * e + 5 * T * 4 + e * 2)
+    for row in ("qkv_proj", "core_attention", "fc1", "fc2"):  # the GEMMs and the attention kernel do not move
+        assert eager.loc[row, "pred_fwd_s"] == fused.loc[row, "pred_fwd_s"]
+    assert "repeat_kv" not in fused.index and "attn_out_copy" not in fused.index
+    assert eager["pred_fwd_s"].sum() > fused["pred_fwd_s"].sum()
