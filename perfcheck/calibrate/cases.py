@@ -18,6 +18,7 @@ from perfcheck.errors import UserError
 from perfcheck.calibrate import case_names as names, repeats as repeats_mod
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.calibrate.layers import cold_filler
+from perfcheck.calibrate.phase import PHASE_HOST_KINDS, REFERENCE_LOOP_S
 from perfcheck.hardware.systems import normalize_dtype, torch_dtype
 
 
@@ -113,40 +114,82 @@ class Timer:
 
 #: Most calls per timed loop of a case run after a filler (``Case.between``).
 _COLD_MAX_ITERS = 50
+def _sized(timer: Timer, fn, target_s: float, cap: int, between=None, host: bool = False) -> int:
+    """Calls per timed loop: ``target_s`` over the fastest of up to three single calls (one call can hit a
+    scheduler stall), within [1, cap]."""
+    t = timer.loop(fn, 1, between, host)
+    if t < target_s:
+        t = min(t, timer.loop(fn, 1, between, host), timer.loop(fn, 1, between, host))
+    return int(min(cap, max(1, math.ceil(target_s / max(t, 1e-9)))))
 
 
-def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: int = 20000) -> pd.DataFrame:
+def _row(c: Case, sec: float, lo: float, hi: float, repeats: int, iters: int) -> dict:
+    """One row of the measurement table (``MEASUREMENT_COLUMNS``)."""
+    return {"kind": c.kind, "label": c.label, "dtype": c.dtype, "m": c.shape[0], "k": c.shape[1], "n": c.shape[2],
+            "flops": c.flops, "bytes": c.bytes, "world_size": 1, "seconds": sec, "seconds_min": lo, "seconds_max": hi,
+            "repeats": repeats, "iters": iters, "flops_per_s": c.flops / sec if c.flops and sec > 0 else math.nan,
+            "bytes_per_s": c.bytes / sec if c.bytes and sec > 0 else math.nan, "busbw_bytes_per_s": math.nan}
+
+
+def run_cases(cases, timer: Timer, *, repeats: int, target_s: float, max_iters: int = 20000,
+              reference=None, compute_reference=None) -> pd.DataFrame:
     """Time every case ``repeats`` times, interleaved, and the unsteady ones up to ``repeats`` times more;
     one row per case with the median of the fastest half of its per-call times (``repeats.fastest_half``:
-    interference only adds time)."""
+    interference only adds time).
+
+    ``reference``, ``compute_reference`` (CPU; ``perfcheck.calibrate.phase``): timed right before every repeat,
+    each repeat kept against them (``repeats.against_reference``), so cases timed seconds apart are read at one
+    phase of a shared machine; seconds at this table's reference times (``phase.reanchor``: a calibration's).
+    ``table.attrs``: "samples" (every repeat); with a reference also "references", "compute_references",
+    "reference_s", "compute_reference_s", "relative" (per case: host?, kept, min, max against them)."""
     iters = []
-    for c in cases:  # warm-up (allocator, kernel selection, caches), then size the loop on the
-        if c.setup:  # fastest of three single calls (one call can hit a scheduler stall)
+    for c in cases:  # warm-up (allocator, kernel selection, caches), then size the loop
+        if c.setup:
             c.setup()
         c.fn()
-        t = timer.loop(c.fn, 1, c.between, c.host)
-        if t < target_s:
-            t = min(t, timer.loop(c.fn, 1, c.between, c.host), timer.loop(c.fn, 1, c.between, c.host))
         # a case with a filler is timed call by call, the filler's time outside: fewer calls bound its cost
-        cap = max_iters if c.between is None else _COLD_MAX_ITERS
-        iters.append(int(min(cap, max(1, math.ceil(target_s / max(t, 1e-9))))))
-    samples = [[] for _ in cases]
+        iters.append(_sized(timer, c.fn, target_s, max_iters if c.between is None else _COLD_MAX_ITERS,
+                            c.between, c.host))
+    refd = reference is not None
+    ref_iters = _sized(timer, reference, REFERENCE_LOOP_S, max_iters) if refd else 0
+    cref_iters = _sized(timer, compute_reference, REFERENCE_LOOP_S, max_iters) if compute_reference else 0
+    samples, refs, crefs = [[] for _ in cases], [[] for _ in cases], [[] for _ in cases]
+    host = [c.kind in PHASE_HOST_KINDS for c in cases]
+
+    def kept(i):  # what the statistic sees: the raw times, or the times against the references
+        if not refd:
+            return samples[i]
+        return repeats_mod.against_reference(samples[i], refs[i], host[i], crefs[i] if compute_reference else None)
+
     for r in range(2 * repeats):  # repeats rounds, then up to as many again of the unsteady cases only
-        todo = range(len(cases)) if r < repeats else [i for i, s in enumerate(samples) if repeats_mod.unsteady(s)]
+        todo = range(len(cases)) if r < repeats else [i for i in range(len(cases)) if repeats_mod.unsteady(kept(i))]
         for i in todo:
             c = cases[i]
             if c.setup:
                 c.setup()
+            if refd:
+                refs[i].append(max(timer.loop(reference, ref_iters), 1e-12))
+                if compute_reference:
+                    crefs[i].append(max(timer.loop(compute_reference, cref_iters), 1e-12))
             samples[i].append(timer.loop(c.fn, iters[i], c.between, c.host) / c.per_call)
-    rows = []
-    for c, s, it in zip(cases, samples, iters):
-        sec = repeats_mod.fastest_half(s)
-        rows.append({"kind": c.kind, "label": c.label, "dtype": c.dtype, "m": c.shape[0], "k": c.shape[1],
-                     "n": c.shape[2], "flops": c.flops, "bytes": c.bytes, "world_size": 1, "seconds": sec,
-                     "seconds_min": min(s), "seconds_max": max(s), "repeats": len(s), "iters": it,
-                     "flops_per_s": c.flops / sec if c.flops else math.nan,
-                     "bytes_per_s": c.bytes / sec if c.bytes else math.nan, "busbw_bytes_per_s": math.nan})
-    return pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS))
+    rows, relative = [], []
+    ref_s = repeats_mod.anchor_s([x for r in refs for x in r]) if refd else None
+    cref_s = repeats_mod.anchor_s([x for r in crefs for x in r]) if refd and compute_reference else None
+    for i, (c, s, it) in enumerate(zip(cases, samples, iters)):
+        if refd:
+            k = kept(i)
+            relative.append((host[i], repeats_mod.fastest_half(k), min(k), max(k)))
+            sec, lo, hi = (repeats_mod.anchored(v, ref_s, host[i], cref_s) for v in relative[-1][1:])
+        else:
+            sec, lo, hi = repeats_mod.fastest_half(s), min(s), max(s)
+        rows.append(_row(c, sec, lo, hi, len(s), it))
+    table = pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS))
+    table.attrs["samples"] = [list(s) for s in samples]  # every repeat, per case (bench/calibration_steadiness.py)
+    if refd:
+        table.attrs.update(references=[list(r) for r in refs], reference_s=ref_s, relative=relative,
+                           compute_references=[list(r) for r in crefs] if compute_reference else None,
+                           compute_reference_s=cref_s)
+    return table
 
 
 # ------------------------------------------------------------------------------ cases

@@ -30,7 +30,11 @@ Timing: cases of one group are *interleaved* (repeat r of every case, then repea
 a burst of noise on a shared machine hits every case alike; each repeat is a timed loop long
 enough to dwarf the clock (``target_s``); the number kept is the median of the FASTEST HALF of the
 repeats (``perfcheck.calibrate.repeats``: interference only adds time), and a case whose fastest
-half disagrees is timed again (min and max are kept in the table).
+half disagrees is timed again (min and max are kept in the table). On a CPU every repeat is read against a
+tiny add timed right before it and the whole calibration is anchored at one reference time
+(``repeats.anchor_s``): a shared machine runs for seconds at one speed and then at another, ~2x apart, and
+groups timed in different phases made every constant fitted as a difference between groups (op_cold_s, the
+small GEMMs less one tiny op, op_fixed_s) move with the phase (``perfcheck.calibrate.repeats``).
 
 Trust (``perfcheck.calibrate.sanity``): the calibration watches the load while it runs
 (``LoadWatch``: the cores other processes kept busy) and stamps the spec with a ``calibration`` record
@@ -71,8 +75,10 @@ from perfcheck.calibrate.cold_cases import memory_cold_cases
 from perfcheck.calibrate.cases import (Case, Timer, alignment_cases, copy_cases, device_kernel_rows,  # noqa: F401
                                       host_cases, launch_cases, matmul_cases, matmul_cold_cases, run_cases,
                                       vector_cases)
+from perfcheck.calibrate.phase import compute_reference_fn, reanchor, reference_fn
 from perfcheck.calibrate import collectives as coll
 from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity
+from perfcheck.calibrate import repeats as repeats_mod
 from perfcheck.calibrate.fit import (BENCHMARKED_KINDS, MEASUREMENT_COLUMNS, build_spec,  # noqa: F401
                                      reference_dtype)
 from perfcheck.calibrate.op_cases import (HOST_DTYPES_CUDA, module_fixed_cases, op_cold_cases,
@@ -219,7 +225,12 @@ class _Run:
 
     def group(self, title, cases):
         self.say(f"{title}: {len(cases)} cases x {self.cfg['repeats']} repeats")
-        self.frames.append(run_cases(cases, self.timer, repeats=self.cfg["repeats"], target_s=self.cfg["target_s"]))
+        # on a CPU every repeat is read against a tiny add and a 128^3 mm timed right before it (cases.run_cases,
+        # repeats.py: the machine's phase); a GPU's kernels are timed with events, its host cases alone
+        cpu = self.dev.type == "cpu"
+        self.frames.append(run_cases(cases, self.timer, repeats=self.cfg["repeats"], target_s=self.cfg["target_s"],
+                                     reference=reference_fn(self.dev) if cpu else None,
+                                     compute_reference=compute_reference_fn(self.dev) if cpu else None))
 
 
 def _checked_setup(base, mode, device, peaks, world_size):
@@ -327,7 +338,7 @@ def _multi_process_groups(run: _Run, mode, world_size, deepspeed, comm):
 def _spec(run: _Run, base_spec, peaks, name, conc, sync, ds):
     """The measurements' table and the spec fitted to it (each optional part applied where measured)."""
     dev = run.dev
-    table = pd.concat(run.frames, ignore_index=True)
+    table = pd.concat(_at_one_reference(run.frames), ignore_index=True)
     stamp = provenance(dev)
     spec = build_spec(base_spec, table, peaks=peaks, stamp=stamp, name=name, kind=_device_kind(dev),
                       mem_capacity_bytes=_capacity(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None)
@@ -342,6 +353,51 @@ def _spec(run: _Run, base_spec, peaks, name, conc, sync, ds):
     return table, spec
 
 
+def _at_one_reference(frames) -> list:
+    """``frames`` with every group read against the references re-anchored at the whole calibration's reference
+    times (``repeats.anchor_s`` of all their readings: one phase for every group), attrs dropped (the pooled
+    reference times and spread go to the calibration record, ``reference_record``)."""
+    readings = [x for f in frames for r in f.attrs.get("references") or () for x in r]
+    computes = [x for f in frames for r in f.attrs.get("compute_references") or () for x in r]
+    compute_s = repeats_mod.anchor_s(computes) if computes else None
+    out = [reanchor(f, repeats_mod.anchor_s(readings), compute_s) if readings else f for f in frames]
+    for f in out:
+        f.attrs = {}
+    return out
+
+
+def reference_record(frames) -> dict:
+    """The calibration record's ``reference_s``, ``reference_statistic`` (``repeats.ANCHOR``), ``reference_spread``
+    (p90 / p10 of the readings) and ``compute_reference_s`` from ``frames`` (empty without reference readings: a
+    GPU's)."""
+    readings = sorted(x for f in frames for r in f.attrs.get("references") or () for x in r)
+    if not readings:
+        return {}
+    p10, p90 = readings[int(0.1 * (len(readings) - 1))], readings[int(0.9 * (len(readings) - 1))]
+    out = {"reference_s": repeats_mod.anchor_s(readings), "reference_statistic": repeats_mod.ANCHOR,
+           "reference_spread": round(p90 / p10, 3)}
+    computes = [x for f in frames for r in f.attrs.get("compute_references") or () for x in r]
+    if computes:
+        out["compute_reference_s"] = repeats_mod.anchor_s(computes)
+    return out
+
+
+def unsteady_note(frames, shown: int = 6) -> Optional[str]:
+    """A note naming the cases whose repeats still disagree after the re-timing (kept value more than
+    ``repeats.UNSTEADY_SPREAD`` x the fastest repeat), or None: the constants fitted from them are the least
+    steady of this calibration (0-4 of 125 quick cases per calibration on the project's VM; which constants still
+    move between calibrations: bench/results/calibration_steadiness.md)."""
+    rows = [r for f in frames if {"seconds", "seconds_min"} <= set(f.columns) for r in f.itertuples(index=False)]
+    bad = [f"{r.kind} {r.label}" for r in rows
+           if r.seconds_min > 0 and r.seconds > repeats_mod.UNSTEADY_SPREAD * r.seconds_min]
+    if not bad:
+        return None
+    more = f" and {len(bad) - shown} more" if len(bad) > shown else ""
+    return (f"{len(bad)} of {len(rows)} cases' repeats still disagree after re-timing (kept value more than "
+            f"{repeats_mod.UNSTEADY_SPREAD:g}x the fastest): {', '.join(bad[:shown])}{more}; the constants fitted "
+            f"from them are the least steady (`perfcheck calibrate` times more repeats)")
+
+
 def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progress, deepspeed=None,
                clock="wall") -> Calibration:
     """The steps of ``calibrate`` in order: check, host groups, device groups, multi-process groups, fit."""
@@ -354,7 +410,13 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     _host_groups(run, measured)
     _device_groups(run, measured, base_spec)
     conc, sync, ds = _multi_process_groups(run, mode, world_size, deepspeed, comm)
+    phase = reference_record(run.frames)
+    unsteady = unsteady_note(run.frames)
+    if unsteady:
+        run.note(unsteady)
     table, spec = _spec(run, base_spec, peaks, name, conc, sync, ds)
+    if phase:
+        spec = sanity.stamped(spec, phase)
     elapsed = time.perf_counter() - run.start
     _progress(progress, f"[{elapsed:5.1f} s] done")
     return Calibration(spec, table, tuple(run.notes), elapsed)

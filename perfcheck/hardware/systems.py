@@ -81,6 +81,14 @@ CALIBRATION_KEYS = {
     "l2_bytes": "a core's L2 cache in bytes (Linux sysfs; CPU): a step whose working set exceeds "
                 "it runs its GEMMs and memory-bound ops on evicted operands (``matrix_cold_curve``, "
                 "``memory_cold_curve``)",
+    "reference_s": "seconds of the reference tiny add every case was read against (CPU; "
+                   "perfcheck/calibrate/repeats.py anchor_s)",
+    "compute_reference_s": "seconds of the compute reference (a 128^3 fp32 mm) every kernel case was read against "
+                           "(CPU; perfcheck/calibrate/repeats.py)",
+    "reference_statistic": "which statistic of the reference readings reference_s and compute_reference_s are "
+                           "(perfcheck/calibrate/repeats.py ANCHOR_STATISTICS)",
+    "reference_spread": "90th over 10th percentile of the reference readings: how far the machine's phase moved "
+                        "while it ran (1.0: steady)",
 }
 #: Phases an ``op_row_s`` entry prices: the op's forward kernel and its backward kernel (seconds per row).
 ROW_PHASES = ("fwd", "bwd")
