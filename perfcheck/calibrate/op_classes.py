@@ -382,6 +382,7 @@ def op_class_cases(device) -> list:
     dev = torch.device(device)
     # per-row prices are a CPU term (a GPU kernel spreads rows over its threads: roofline.row_prices)
     # a CPU convolution class's fixed cost per call is its kernel's (a GPU's is the host's, per op family)
-    return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + (embedding_row_cases(dev) + conv_weight_cases(dev)
-                                                       + conv_fixed_cases(dev) + embedding_bag_fixed_cases(dev) + rnn_cases(dev)
-                                                       if dev.type == "cpu" else [])
+    # a oneDNN LSTM layer is a CPU kernel (a GPU's nn.LSTM runs cuDNN: aten_costs._cudnn_rnn)
+    cpu_only = (embedding_row_cases(dev) + conv_weight_cases(dev) + conv_fixed_cases(dev)
+                + embedding_bag_fixed_cases(dev) + rnn_cases(dev)) if dev.type == "cpu" else []
+    return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + cpu_only
