@@ -330,11 +330,59 @@ def embedding_bag_fixed_cases(dev) -> list:
     return out
 
 
+#: oneDNN LSTM layer cases (``aten.mkldnn_rnn_layer``, what nn.LSTM runs on a CPU: aten_costs._mkldnn_rnn):
+#: (steps, batch, input, hidden), a mid size (not any benchmark model's layer) and the smallest. Why a class of its
+#: own: the op is one call that runs a whole layer (the weights reordered to oneDNN's layout, the input projection,
+#: one recurrent GEMM and the gate kernel per step, the workspace kept for the backward), at a rate and a fixed
+#: cost of its own: on the project's Xeon (1 thread, process time, 2026-11-26) a layer of 32 steps, batch 8,
+#: 128 -> 256 ran 2.6 ms forward and 5.1 ms backward (76-78 GFLOP/s) where the spec's matrix rate priced it at
+#: ~120 GFLOP/s; a 1-step, batch-1, 8 -> 8 call took 93 us forward and 208 us backward (~1.4 us for a tiny add).
+RNN_CASE = (16, 16, 128, 128)
+RNN_TINY = (1, 1, 8, 8)
+_LSTM_MODE = 2  # mkldnn/RNN.cpp's mode of an LSTM (aten_costs._RNN_GATES)
+
+
+def _lstm_calls(steps, batch, inputs, hidden, dev) -> tuple:
+    """``(layer(x), forward(), backward(), x)`` of one oneDNN LSTM layer in training mode: ``nn.LSTM``'s forward
+    (which calls aten.mkldnn_rnn_layer on a time-major input), the aten op on fixed tensors with the arguments torch
+    passes it (RNN.cpp ``mkldnn_impl``: time-major, contiguous; has_biases, batch_first False, train True), and
+    aten.mkldnn_rnn_layer_backward on a gradient of its output (what autograd's MkldnnRnnLayerBackward0 calls:
+    input, hidden, weight and bias gradients), each one aten call."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    layer = torch.nn.LSTM(inputs, hidden).to(dev)
+    x = torch.randn(steps, batch, inputs, generator=g).to(dev)
+    w_ih, w_hh, b_ih, b_hh = (p.detach() for p in layer.parameters())
+    h0 = torch.zeros(batch, hidden, device=dev)
+    args = (False, [], _LSTM_MODE, hidden, 1, True, False, False, True)
+    fwd = lambda: aten.mkldnn_rnn_layer(x, w_ih, w_hh, b_ih, b_hh, h0, h0, *args)  # noqa: E731
+    out, hy, cy, workspace = fwd()
+    go = torch.randn(out.shape, generator=g).to(dev)
+    bwd = lambda: aten.mkldnn_rnn_layer_backward(  # noqa: E731
+        x, w_ih, w_hh, b_ih, b_hh, h0, h0, out, hy, cy, go, None, None, False, _LSTM_MODE, hidden, 1, True, True,
+        False, [], False, workspace)
+    return (lambda t, m=layer: m(t)[0]), fwd, bwd, x.clone().requires_grad_(True)
+
+
+def rnn_cases(dev) -> list:
+    """The oneDNN LSTM layer class ``mkldnn_rnn_layer`` (CPU): ``opeff`` forward and backward (``:bwd``) at
+    ``RNN_CASE``, FLOPs and bytes by the estimator's formula (formulas.rnn through aten_costs.cost_of), and
+    ``classfixed`` tiny calls at ``RNN_TINY`` (the fit takes them out of the ``opeff`` times first: a class's time
+    is fixed + roofline / efficiency)."""
+    layer, fwd, bwd, xg = _lstm_calls(*RNN_CASE, dev)
+    cost = formula_costs(layer, (xg,), ("mkldnn_rnn_layer",))
+    _, tiny_fwd, tiny_bwd, _ = _lstm_calls(*RNN_TINY, dev)
+    return [_opeff("mkldnn_rnn_layer", fwd, cost["fwd"], cost["fwd"][3]),
+            _opeff("mkldnn_rnn_layer:bwd", bwd, cost["bwd"], cost["fwd"][3]),
+            Case(names.CLASSFIXED, "mkldnn_rnn_layer", tiny_fwd, "fp32", host=True),
+            Case(names.CLASSFIXED, "mkldnn_rnn_layer:bwd", tiny_bwd, "fp32", host=True)]
+
+
 def op_class_cases(device) -> list:
     """Every op-class case on ``device`` (fp32)."""
     dev = torch.device(device)
     # per-row prices are a CPU term (a GPU kernel spreads rows over its threads: roofline.row_prices)
     # a CPU convolution class's fixed cost per call is its kernel's (a GPU's is the host's, per op family)
-    return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + (embedding_row_cases(dev) + conv_weight_cases(dev)
-                                                       + conv_fixed_cases(dev) + embedding_bag_fixed_cases(dev)
-                                                       if dev.type == "cpu" else [])
+    # a oneDNN LSTM layer is a CPU kernel (a GPU's nn.LSTM runs cuDNN: aten_costs._cudnn_rnn)
+    cpu_only = (embedding_row_cases(dev) + conv_weight_cases(dev) + conv_fixed_cases(dev)
+                + embedding_bag_fixed_cases(dev) + rnn_cases(dev)) if dev.type == "cpu" else []
+    return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + cpu_only

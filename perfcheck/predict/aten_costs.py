@@ -364,9 +364,14 @@ _RNN_GATES = {0: 1, 1: 1, 2: 4, 3: 3}  # mkldnn/cuDNN modes: RNN_RELU, RNN_TANH,
 
 @register(*_packets("mkldnn_rnn_layer"))
 def _mkldnn_rnn(c: OpCall):
+    """One oneDNN LSTM layer and direction (the only recurrent layer torch's CPU build sends to oneDNN: RNN.cpp's
+    ``lstm`` calls ``lstm_mkldnn_stub``; GRU and Elman RNN run ``_rnn_impl``'s per-step ``linear`` and gate ops,
+    each traced and priced as itself). Its input is always time-major, (steps, batch, features): mkldnn/RNN.cpp's
+    ``mkldnn_impl`` transposes a batch-first input and makes it contiguous *before* calling the op, and passes
+    ``batch_first`` along only as a flag (arg 14) that no longer describes the tensor; reading it swapped the
+    steps and the batch (an 8 x 32 batch-first LSTM LM was priced as 8 steps of batch 32)."""
     x, w_ih = c.args[0], c.args[1]
-    batch_first = bool(c.args[14])
-    steps, batch = (x.shape[1], x.shape[0]) if batch_first and len(x.shape) == 3 else (x.shape[0], x.shape[-2] if len(x.shape) == 3 else 1)
+    steps, batch = (x.shape[0], x.shape[1]) if len(x.shape) == 3 else (1, x.shape[0] if len(x.shape) == 2 else 1)
     hidden = int(c.args[10])
     return F.rnn(steps, batch, x.shape[-1], hidden, w_ih.shape[0] // hidden, x_grad=x.requires_grad,
                  w_grad=w_ih.requires_grad, bias=bool(c.args[12]), elem_bytes=_eb(x))

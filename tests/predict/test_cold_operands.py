@@ -15,8 +15,11 @@ from perfcheck.calibrate.cases import l2_cache_bytes, matmul_cold_cases
 from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict import roofline
 from perfcheck.predict import reuse
+from perfcheck.predict.aten_costs import OpCall, TensorMeta
+from perfcheck.predict.grad_accumulation import ACCUMULATE_OP
 from perfcheck.predict.module_estimator import _op_table
 from perfcheck.predict.trace import trace_model
+from perfcheck.predict.trace_records import TracedOp
 
 US = 1e-6
 
@@ -213,3 +216,38 @@ def test_cold_cases_pair_every_shape_and_record_the_l2():
                       "linear 24x16x8", "l2"]
     assert all(c.kind == names.MATMUL_COLD and c.between is not None for c in cases[:-1])
     assert cases[-1].shape[0] == l2_cache_bytes()
+
+
+class InPlaceBetween(torch.nn.Module):
+    """A recurrent product with an in-place op on a 16 KiB buffer between two time steps."""
+
+    def __init__(self, d=64, steps=3):
+        super().__init__()
+        self.w, self.steps = torch.nn.Linear(d, d, bias=False), steps
+        self.register_buffer("buf", torch.zeros(4096))
+
+    def forward(self, x):
+        for _ in range(self.steps):
+            x = self.w(x)
+            self.buf.add_(1.0)
+        return x
+
+
+def test_reuse_distance_counts_distinct_bytes_not_traffic():
+    """Hand count, cache 24 KiB: between two recurrent products the in-place add_ reads and writes one 16 KiB buffer
+    (its formula moves 32 KiB). Counted as traffic, the weight (16 KiB) and the input (2 KiB) were 32 KiB away, far:
+    share 1; counted as distinct bytes (a stack distance), 16 KiB: hot. The first product reads the unseen batch
+    and weight: share 1 either way."""
+    ops = _shares(InPlaceBetween(), torch.randn(8, 64), 24 * 1024)
+    add = ops[ops["name"] == "add_"]
+    assert list(add["bytes_fwd"]) == [2 * 4096 * 4] * 3  # the formula's traffic: read + write
+    assert list(ops[ops["name"] == "mm"]["cold_fwd"]) == pytest.approx([1.0, 0.0, 0.0])
+
+
+def test_gradient_accumulation_touches_two_buffers():
+    """The engine's accumulation adds the incoming gradient into the buffer in place: a 768 x 256 fp32 gradient
+    (786,432 B) moves 3 x that (read both, write one) but touches 2 x that."""
+    g = TensorMeta((768, 256), 4, False, True, 768 * 256)
+    op = TracedOp(OpCall(ACCUMULATE_OP, (g, g), {}, (g,)), (), grad_accumulate=True)
+    assert reuse._footprint(op, 3 * 786_432) == 2 * 786_432 == 1_572_864
+    assert reuse._footprint(op, 0.0) == 0.0
