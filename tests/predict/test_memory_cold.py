@@ -110,9 +110,10 @@ def test_estimator_slows_the_far_share_of_memory_terms_only():
     batch and writes a fresh output (share 1): its memory term doubles; the norm reads the relu's output (distance
     0), its far 1 KiB weight and bias and writes a fresh 1 MiB output and 8 KiB of fp32 row statistics (1024 rows
     x mean, rstd), far like any new allocation (``reuse.cold_shares(fresh_writes=True)``): share
-    (2 KiB + 1 MiB + 8 KiB) / (1 MiB + 2 KiB + 1 MiB + 8 KiB), its memory term grows by that share; on the datasheet CPU spec both are
-    memory-bound. The relu's kernel is planted at efficiency 0.5: its hot time doubles, the refetch does not
-    (added after the efficiency). With the cache larger than the step nothing changes."""
+    (2 KiB + 1 MiB + 8 KiB) / (1 MiB + 2 KiB + 1 MiB + 8 KiB), its memory term grows by that share; on the
+    datasheet CPU spec both are memory-bound. The relu's kernel is planted at efficiency 0.5: its hot time
+    doubles, the refetch does not (added after the efficiency). With the cache larger than the step nothing
+    changes."""
     model, x = ReluNorm(), torch.randn(1024, 256)
     base = dataclasses.replace(load_system("cpu"), memory_cold_curve=((1.0, 0.5), (1e12, 0.5)),
                                host={k: 0.0 for k in load_system("cpu").host}, op_efficiency={"relu": 0.5})
