@@ -115,6 +115,8 @@ def _time_ops(ops: pd.DataFrame, spec: SystemSpec, dtype, trace=None) -> pd.Data
     cache = roofline.cold_cache_bytes(spec)
     if trace is not None and cache > 0:
         ops["cold_fwd"], ops["cold_bwd"] = reuse.cold_shares(trace, ops, cache)
+        # the memory terms' forward share also counts the op's fresh outputs (write-allocate of a new allocation)
+        ops["cold_memory_fwd"] = reuse.cold_shares(trace, ops, cache, fresh_writes=True)[0]
     return roofline.op_device_times(ops, spec, dtype, launch_s=host_constants(spec)["device_kernel_s"])
 
 

@@ -33,10 +33,20 @@ import numpy as np
 import pandas as pd
 
 
-def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
+def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float, *, fresh_writes: bool = False) -> tuple:
     """``(forward, backward)`` arrays aligned with ``ops`` (the estimator's op table: ``op`` = index into
     ``trace.ops``, ``bytes_fwd``, ``bytes_bwd``): per op the share (0-1) of its operand bytes whose reuse
-    distance exceeds ``cache_bytes``; zeros when ``cache_bytes`` is not positive."""
+    distance exceeds ``cache_bytes``; zeros when ``cache_bytes`` is not positive.
+
+    ``fresh_writes``: the forward share also counts the storages the op writes (each storage once with its
+    reads), a storage no kernel touched before in the step (a fresh output) as far as a step ago. Why: a forward
+    output is a new allocation while the step's activations are held, so the allocator hands out lines last
+    touched long ago and the kernel's stores miss (write-allocate); a tight loop recycles the chunk it just freed,
+    hot. A layer norm of 64 Ki elements with its input just read and only its output's lines cold ran 1.36-1.47x
+    its tight-loop time against 1.55-1.7x with everything evicted (bench/results/norm_attribution.md). Only the
+    memory term takes this share (``module_estimator``): a matrix product's cold flag keeps reads only. The
+    backward's outputs (input gradients) are not traced storages and reuse what the backward just freed: its
+    share is unchanged."""
     n = len(trace.ops)
     if cache_bytes <= 0 or not len(ops):
         return np.zeros(len(ops)), np.zeros(len(ops))
@@ -49,7 +59,8 @@ def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     share_f, share_b = np.zeros(n), np.zeros(n)
     moved, last = 0.0, {}
     for i, op in enumerate(trace.ops):
-        share_f[i] = _far_share(op.reads, lambda key: moved - last[key] if key in last else unseen, cache_bytes)
+        share_f[i] = _far_share(op.reads + op.writes if fresh_writes else op.reads,
+                                lambda key: moved - last[key] if key in last else unseen, cache_bytes)
         moved += _footprint(op, fwd_bytes[i])
         if fwd_bytes[i] > 0:  # a view or metadata op reads no data: it leaves the storage where it was
             for key, _ in op.reads + op.writes:

@@ -372,7 +372,8 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
     that op (``row_prices``) when the table has that column.
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it. Columns ``cold_fwd``,
-    ``cold_bwd`` (optional): the share of an op's operand bytes evicted from L2 (``predict.reuse.cold_shares``):
+    ``cold_bwd`` (optional): the share of an op's operand bytes evicted from L2 (``predict.reuse.cold_shares``;
+    ``cold_memory_fwd``/``cold_memory_bwd``, where present, the memory term's share instead: fresh outputs counted):
     a matrix product (``COLD_GEMMS``, the ops calibration's matmul cold cases time) with any evicted operand runs at
     the ``matrix_cold_curve`` rate; the memory term of an op without matrix FLOPs (elementwise, copies, fills,
     reductions, norms, embeddings) takes the share (``memory_time_s``, ``memory_cold_curve``). Convolutions keep
@@ -401,6 +402,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         args = (ops[f"macs_{phase}"].to_numpy(float) * 2, ops[f"other_{phase}"].to_numpy(float),
                 ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype)
         share = ops[f"cold_{phase}"].to_numpy(float) if f"cold_{phase}" in ops else np.zeros(len(ops))
+        mem_share = ops[f"cold_memory_{phase}"].to_numpy(float) if f"cold_memory_{phase}" in ops else share
         min_dim = ops["min_dim"].to_numpy(float) if "min_dim" in ops else None
         if min_dim is not None and not cpu and "gemms_fwd" in ops:  # a convolution's per-sample GEMMs: CPU only
             min_dim = np.where((ops["gemms_fwd"].to_numpy(float) > 0) | (ops["gemms_bwd"].to_numpy(float) > 0),
@@ -409,7 +411,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
                      align=alignment_factor(system, ops["unaligned"].to_numpy(float), phase)
                      if "unaligned" in ops else None,
                      cold=np.where(np.isin(names, COLD_GEMMS), share, 0.0),
-                     cold_memory=np.where(ops[f"macs_{phase}"].to_numpy(float) > 0, 0.0, share))
+                     cold_memory=np.where(ops[f"macs_{phase}"].to_numpy(float) > 0, 0.0, mem_share))
         # op_efficiency per op and phase; a measured curve (op_efficiency_curve) is read at the kernel's roofline
         # seconds, so the roofline is taken once at efficiency 1 and once with the efficiency found
         per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)

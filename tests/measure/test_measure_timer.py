@@ -602,3 +602,38 @@ def test_both_node_hook_routes_give_the_planted_backward_times(route, monkeypatc
     assert out._backward_hooks is None and hidden._backward_hooks is None  # no hook dict on user tensors
     assert torch.equal(out, ref) and all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), ref_grads))
     assert set(row(pc, p)["bwd_s_median"] > 0 for p in ("0", "2")) == {True}
+
+
+class SleepNorm(nn.LayerNorm):
+    """A LayerNorm whose backward also sleeps ``bwd`` nominal seconds (SleepFn on its output)."""
+
+    def __init__(self, width, bwd):
+        super().__init__(width)
+        self.bwd = bwd
+
+    def forward(self, x):
+        return SleepFn.apply(super().forward(x), 0.0, self.bwd)
+
+
+class PostNormBlock(nn.Module):
+    """A post-norm residual block as in nn.TransformerEncoderLayer: norm(x + sub(x)), then a consumer. The work
+    next to the norm in the backward is planted outside it: 20 ms in the parent's own residual path just before
+    the norm's input (its backward runs right after the norm's), 15 ms in the consumer after it."""
+
+    def __init__(self, width=4):
+        super().__init__()
+        self.sub, self.norm, self.post = nn.Linear(width, width), SleepNorm(width, 0.010), Sleepy(0.0, 0.015, width)
+
+    def forward(self, x):
+        h = SleepFn.apply(x + self.sub(x), 0.0, 0.020)
+        return self.post(self.norm(h))
+
+
+@pytest.mark.timing  # upper bound on planted wall-clock time: out of the fast lane
+def test_a_norm_between_residual_work_gets_only_its_own_backward():
+    """The norm's backward interval holds its own planted 10 ms, not the neighbours' (the residual path's 20 ms
+    that runs right after it, the consumer's 15 ms right before it); the parent holds all three."""
+    pc = run_steps(PostNormBlock(), lambda: (torch.randn(2, 4, requires_grad=True),))
+    assert_close(row(pc, "norm")["bwd_s_median"], 0.010, "norm backward")
+    assert_close(row(pc, "post")["bwd_s_median"], 0.015, "consumer backward")
+    assert row(pc, ROOT)["bwd_s_median"] >= (0.010 + 0.015 + 0.020) * STRETCH - 0.5 * MS

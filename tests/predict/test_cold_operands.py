@@ -251,3 +251,49 @@ def test_gradient_accumulation_touches_two_buffers():
     op = TracedOp(OpCall(ACCUMULATE_OP, (g, g), {}, (g,)), (), grad_accumulate=True)
     assert reuse._footprint(op, 3 * 786_432) == 2 * 786_432 == 1_572_864
     assert reuse._footprint(op, 0.0) == 0.0
+
+
+def test_fresh_outputs_count_in_the_memory_share_by_hand():
+    """``fresh_writes``: a forward op's new output is as far as a step ago (write-allocate of lines last touched
+    long ago). Hand count, batch 8 x 64 fp32 (2 KiB), LayerNorm(64), cache 1 KiB. The relu reads the unseen batch
+    (2048 B, far) and writes its fresh output (2048 B, far): share 1. The norm reads the relu's output (2048 B,
+    distance 0: hot), its far weight and bias (256 B each) and writes its fresh output (2048 B) and its mean and
+    rstd (8 rows x 4 B each, far): (512 + 2048 + 64) / (2048 + 512 + 2048 + 64). The backward share is the reads'
+    one (the backward's outputs are not traced), and without the flag the forward share is too."""
+    model, x = NormAfterRelu(), torch.randn(8, 64)
+    trace = trace_model(model, (x,))
+    ops = _op_table(trace, False)
+    plain_f, plain_b = reuse.cold_shares(trace, ops, 1024)
+    fresh_f, fresh_b = reuse.cold_shares(trace, ops, 1024, fresh_writes=True)
+    names = list(ops["name"])
+    relu, norm = names.index("relu"), names.index("native_layer_norm")
+    assert fresh_f[relu] == 1.0
+    assert fresh_f[norm] == pytest.approx((512 + 2048 + 64) / (2048 + 512 + 2048 + 64))
+    assert plain_f[norm] == pytest.approx(512 / (2048 + 512))
+    assert list(fresh_b) == list(plain_b)
+    # an output written into storage the step touched just before (an in-place op) stays hot
+    inplace = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU(inplace=True))
+    trace = trace_model(inplace, (torch.randn(8, 64),))
+    ops = _op_table(trace, False)
+    fresh_f, _ = reuse.cold_shares(trace, ops, 1024, fresh_writes=True)
+    assert list(fresh_f) == pytest.approx([1.0, 0.0])
+
+
+def test_estimator_prices_a_norms_fresh_output_as_cold():
+    """The estimator's memory term takes the fresh-output share (``cold_memory_fwd``), a matrix product's cold flag
+    keeps the reads' share: the op table's columns, read against the reuse module's own arrays."""
+    from perfcheck.predict import module_estimator
+
+    model, x = NormAfterRelu(), torch.randn(8, 64)
+    trace = trace_model(model, (x,))
+    ops = _op_table(trace, False)
+    spec = dataclasses.replace(load_system("cpu"), memory_cold_curve=((1e3, 0.5), (1e8, 0.5)),
+                               matrix_cold_curve=((1e6, 0.5), (1e8, 1.0)), calibration={"l2_bytes": 1024})
+    timed = module_estimator._time_ops(ops.copy(), spec, "fp32", trace)
+    norm = timed[timed["name"] == "native_layer_norm"].iloc[0]
+    assert norm["cold_memory_fwd"] == pytest.approx((512 + 2048 + 64) / (2048 + 512 + 2048 + 64))
+    assert norm["cold_fwd"] == pytest.approx(512 / (2048 + 512))
+    # memory term by hand: hot memory m, cold share s, factor 0.5 -> m * (1 + s); the norm is memory-timed here
+    hot = module_estimator._time_ops(ops.copy(), spec, "fp32", None)
+    hot_norm = hot[hot["name"] == "native_layer_norm"].iloc[0]
+    assert norm["t_fwd"] > hot_norm["t_fwd"]

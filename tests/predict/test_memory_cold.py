@@ -107,10 +107,13 @@ class ReluNorm(torch.nn.Module):
 
 def test_estimator_slows_the_far_share_of_memory_terms_only():
     """A flat f = 0.5 and every operand farther than the 1-byte cache except distance 0: the relu reads the unseen
-    batch (share 1): its memory term doubles; the norm reads the relu's fresh output and its far 1 KiB weight and
-    bias: share 2048 / (2048 + 1 MiB), its memory term grows by that share; on the datasheet CPU spec both are
-    memory-bound. The relu's kernel is planted at efficiency 0.5: its hot time doubles, the refetch does not
-    (added after the efficiency). With the cache larger than the step nothing changes."""
+    batch and writes a fresh output (share 1): its memory term doubles; the norm reads the relu's output (distance
+    0), its far 1 KiB weight and bias and writes a fresh 1 MiB output and 8 KiB of fp32 row statistics (1024 rows
+    x mean, rstd), far like any new allocation (``reuse.cold_shares(fresh_writes=True)``): share
+    (2 KiB + 1 MiB + 8 KiB) / (1 MiB + 2 KiB + 1 MiB + 8 KiB), its memory term grows by that share; on the
+    datasheet CPU spec both are memory-bound. The relu's kernel is planted at efficiency 0.5: its hot time
+    doubles, the refetch does not (added after the efficiency). With the cache larger than the step nothing
+    changes."""
     model, x = ReluNorm(), torch.randn(1024, 256)
     base = dataclasses.replace(load_system("cpu"), memory_cold_curve=((1.0, 0.5), (1e12, 0.5)),
                                host={k: 0.0 for k in load_system("cpu").host}, op_efficiency={"relu": 0.5})
@@ -119,7 +122,8 @@ def test_estimator_slows_the_far_share_of_memory_terms_only():
     hot, cold = (perfcheck.estimate(model, (x,), system=s).set_index("module") for s in (hot_spec, cold_spec))
     ops = _op_table(trace_model(model, (x,)), False)
     norm_bytes = float(ops.loc[ops["name"] == "native_layer_norm", "bytes_fwd"].iloc[0])
-    share = 2048 / (2048 + 1024 * 256 * 4)
+    mib = 1024 * 256 * 4
+    share = (2048 + mib + 8192) / (mib + 2048 + mib + 8192)
     extra = share * roofline.memory_time_s(norm_bytes, base, kernels=1)
     assert cold.loc["norm", "pred_fwd_s"] - hot.loc["norm", "pred_fwd_s"] == pytest.approx(extra, rel=1e-6)
     relu_bytes = float(ops.loc[ops["name"] == "relu", "bytes_fwd"].iloc[0])
