@@ -18,10 +18,8 @@ kernel's price per row beyond its elements: an embedding's index, a convolution 
 (dispatch, autograd, module calls) is on a second timeline that replaces this result per module
 (perfcheck.predict.host). Every factor with its formula: docs/model.md.
 
-``ideal_time_s`` is the same with datasheet peaks, efficiency 1 and no launch term, so
-``op_time_s >= ideal_time_s`` always (every efficiency is in (0, 1]; the launch term is >= 0).
-NB: matrix and vector work are added, not overlapped: a conservative choice for one module's
-kernels, which mostly run one after another on one stream.
+``ideal_time_s``: datasheet peaks, efficiency 1, no launch (a GPU's lower bound: its efficiencies are at most 1).
+Matrix and vector work are added, not overlapped: one module's kernels mostly run one after another on one stream.
 """
 from __future__ import annotations
 
