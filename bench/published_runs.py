@@ -504,8 +504,10 @@ tests/predict/test_transformer_recompute_every.py and test_transformer_recompute
   4 B kernel priced before), copies k and v up to every query head (`repeat_kv`, GQA models), copies the
   attention output (`.transpose(1, 2).contiguous()`), and where the row's `norm_type` is "rmsnorm" (the 70B
   rows; the others ran the Triton "fused_rmsnorm") normalises in eight kernels, five of them over every element
-  in fp32 (36 B per element forward, 70 backward, against about 6 for one fused kernel). Before -> after: mean
-  9.6% -> 6.5%, max 12.3% -> 9.7%; the 70B rows move most (-7.0% -> -2.9%, -10.9% -> -6.3%, -6.8% -> -2.3%).
+  in fp32 (36 B per element forward, 70 backward, against about 6 for one fused kernel); and it runs wq, wk, wv
+  and w1, w3 as separate GEMMs (the k and v products of a GQA model are N = kv heads x head dim wide, a slower
+  shape than the fused qkv). Before -> after: mean 9.6% -> 6.5% (elementwise), -> 6.1% (the GEMMs apart), max
+  12.3% -> 9.6%; the 70B rows move most (-7.0% -> -2.3%, -10.9% -> -5.9%, -6.8% -> -1.7%).
   The "fused elementwise kernels" column keeps the earlier figure per row. In honesty: this was looked for because
   the set was all one sign; every byte is read from the code and checked against the trace, nothing fitted.
 - What remains (still all too fast, 2-10%): with every collective exposed (the earlier model's upper bound) the

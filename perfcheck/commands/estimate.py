@@ -72,7 +72,7 @@ def add_parser(subparsers):
                     help="fsdp2: keep each block's gathered parameters from forward to backward")
     tr.add_argument("--eager", action="store_true",
                     help="the layer as Meta's reference Llama code runs it eagerly (torchtitan): fp32 complex rotary, "
-                         "repeat_kv copies, the attention output's copy")
+                         "repeat_kv copies, the attention output's copy, separate q/k/v and w1/w3 GEMMs")
     tr.add_argument("--eager-norm", action="store_true",
                     help="RMSNorm as the reference code's Python (eight fp32 kernels) instead of one fused kernel")
     tr.add_argument("--no-scatter-gather", action="store_true",

@@ -78,19 +78,32 @@ def _sp_saved_input(cost: F.OpCost, x: Shape, features) -> F.OpCost:
     return replace(cost, act_mem=x.norm_tokens * features * x.elem_bytes)
 
 
+def _column_linears(model, x: Shape, outs) -> list:
+    """Column-parallel linears of one input (the normed residual stream, (T, e)): ``outs`` = ((row name, output
+    features per GPU), ...), one GEMM each: Megatron's fused qkv / fc1 is one, the reference Llama code's wq, wk, wv
+    (or w1, w3) are three (two) separate GEMMs of their own shapes. The first row carries the operator-f
+    collectives and the saved input (its SP shard with SP); the others read the same tensor, which autograd saves
+    once (one storage), so they keep no activation of their own."""
+    e, eb, T = model.hidden, x.elem_bytes, x.tokens
+    rows = []
+    for i, (name, n) in enumerate(outs):
+        c = F.linear(T, e, n, bias=model.bias, elem_bytes=eb)
+        kept = np.where(x.sp, _sp_saved_input(c, x, e).act_mem, c.act_mem) if i == 0 else 0.0
+        rows.append(Sublayer(name, "linear", F.OpCost(c.fwd, c.bwd, kept, c.params),
+                             comms=_col_parallel_comms(x, T * e) if i == 0 else (), gemm=(T, e, n)))
+    return rows
+
+
 def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool, eager: bool = False):
     """qkv_proj .. out_proj: Megatron self-attention with h/t query heads and kv/t key/value
     heads per GPU (grouped-query attention when kv_heads < heads). ``eager``: the reference Llama code's
-    unfused rotary, repeat_kv and output copy (``eager_ops``)."""
+    unfused rotary, repeat_kv and output copy and its three projections wq, wk, wv (``eager_ops``)."""
     e, eb, T = model.hidden, x.elem_bytes, x.tokens
     q = e // model.heads
     heads_t, kv_t = model.heads / x.t, model.kv_heads / x.t
-    rows = []
-    qkv = F.linear(T, e, (model.heads + 2 * model.kv_heads) * q / x.t, bias=model.bias,
-                   elem_bytes=eb)  # (T,e) @ (e,(h+2kv)q/t); (e, 3e/t) without GQA
-    qkv = F.OpCost(qkv.fwd, qkv.bwd, np.where(x.sp, _sp_saved_input(qkv, x, e).act_mem, qkv.act_mem), qkv.params)
-    rows.append(Sublayer("qkv_proj", "linear", qkv, comms=_col_parallel_comms(x, T * e),
-                         gemm=(T, e, (model.heads + 2 * model.kv_heads) * q / x.t)))
+    # (T,e) @ (e,(h+2kv)q/t), (e, 3e/t) without GQA; eager: (T,e) @ (e,hq/t), and twice (T,e) @ (e,kv q/t)
+    rows = _column_linears(model, x, (("q_proj", heads_t * q), ("k_proj", kv_t * q), ("v_proj", kv_t * q)) if eager
+                           else (("qkv_proj", (heads_t + 2 * kv_t) * q),))
     if model.position == "rotary" and eager:  # q and k, each with the (s, q/2) complex table
         rows.append(Sublayer("rotary", "elementwise", eager_ops.rotary_complex(T * heads_t * q, x.s * q / 2, eb)
                              + eager_ops.rotary_complex(T * kv_t * q, x.s * q / 2, eb)))
@@ -177,9 +190,9 @@ def moe_sublayers(model, x: Shape):
     return rows
 
 
-def mlp_sublayers(model, x: Shape, eager_norm: bool = False):
-    """layer_norm_2 .. residual_mlp: fc1 column-parallel (f/t outputs; 2f/t gate+up for SwiGLU),
-    or the mixture-of-experts rows (``moe_sublayers``) when the model has experts."""
+def mlp_sublayers(model, x: Shape, eager_norm: bool = False, eager: bool = False):
+    """layer_norm_2 .. residual_mlp: fc1 column-parallel (f/t outputs; 2f/t gate+up for SwiGLU; ``eager`` SwiGLU:
+    w1 and w3 as two GEMMs, fc1_gate and fc1_up), or the mixture-of-experts rows (``moe_sublayers``)."""
     e, eb, T = model.hidden, x.elem_bytes, x.tokens
     f_t = model.ffn_hidden / x.t
     glu = model.activation == "swiglu"
@@ -191,9 +204,8 @@ def mlp_sublayers(model, x: Shape, eager_norm: bool = False):
             rows.append(Sublayer("dropout_mlp", "dropout", F.dropout(x.norm_tokens * e, elem_bytes=eb)))
         rows.append(Sublayer("residual_mlp", "elementwise", residual_add(x.norm_tokens * e, eb)))
         return rows
-    fc1 = F.linear(T, e, (2 if glu else 1) * f_t, bias=model.bias, elem_bytes=eb)
-    fc1 = F.OpCost(fc1.fwd, fc1.bwd, np.where(x.sp, _sp_saved_input(fc1, x, e).act_mem, fc1.act_mem), fc1.params)
-    rows.append(Sublayer("fc1", "linear", fc1, comms=_col_parallel_comms(x, T * e), gemm=(T, e, (2 if glu else 1) * f_t)))
+    rows += _column_linears(model, x, (("fc1_gate", f_t), ("fc1_up", f_t)) if glu and eager  # w1, w3
+                            else (("fc1", (2 if glu else 1) * f_t),))
     if glu:  # silu(gate) * up: the activation, then a product that saves both operands
         act = F.activation(T * f_t, "silu", elem_bytes=eb) + F.elementwise(T * f_t, inputs=2, saves=2, elem_bytes=eb)
     else:
@@ -215,7 +227,7 @@ def layer_sublayers(model, x: Shape, *, causal=False, flash=False, eager=False, 
     ln1 = Sublayer("layer_norm_1", "layer_norm", norm_cost(model, x.norm_tokens, model.hidden, x.elem_bytes,
                                                           residual=True, eager=eager_norm))
     return [ln1, *attention_sublayers(model, x, causal=causal, flash=flash, eager=eager),
-            *mlp_sublayers(model, x, eager_norm)]
+            *mlp_sublayers(model, x, eager_norm, eager)]
 
 
 def model_sublayers(model, x: Shape, *, tied_copy, eager_norm=False):

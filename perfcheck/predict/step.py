@@ -335,7 +335,8 @@ def op_policy_rerun_share(names, model) -> np.ndarray:
     work; all of out_proj; half of fc1 (w3 of w1/w3); none of fc2 and of the attention core; all of every
     other row (norms, rotary, activation, residual adds), none of which is a matmul."""
     kv = model.kv_heads * model.head_dim
-    fixed = {"qkv_proj": kv / (model.hidden + 2 * kv), "out_proj": 1.0, "fc1": 0.5, "fc2": 0.0}
+    fixed = {"qkv_proj": kv / (model.hidden + 2 * kv), "out_proj": 1.0, "fc1": 0.5, "fc2": 0.0,
+             "q_proj": 0.0, "k_proj": 1.0, "v_proj": 0.0, "fc1_gate": 0.0, "fc1_up": 1.0}  # eager: the GEMMs apart
     return np.array([0.0 if n in sharding.CORE_ATTENTION else fixed.get(n, 1.0) for n in names])
 
 

@@ -58,7 +58,8 @@ class Options:
       ``--accumulate-allreduce-grads-in-fp32`` / ``grad_reduce_in_fp32``. For dp_engine "megatron" and "fsdp2".
     eager: the layer as Meta's reference Llama code runs it op by op (torchtitan's model.py, eager mode): rotary
       through fp32 complex numbers, repeat_kv's copies of k and v (grouped-query attention), the attention
-      output's transpose copy (``predict.eager_ops``); False: fused kernels, as Megatron-LM runs them.
+      output's transpose copy (``predict.eager_ops``), wq/wk/wv and w1/w3 as separate GEMMs; False: fused kernels
+      and the fused qkv / fc1 GEMMs, as Megatron-LM runs them.
     eager_norm: RMSNorm as the reference code's Python (eight kernels, fp32; ``eager_ops.eager_rms_norm``);
       False: one fused kernel (apex, Triton, torch's fused rms_norm).
     reshard_after_forward: FSDP2's option (default True): free each block's gathered parameters after its

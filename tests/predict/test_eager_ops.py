@@ -112,7 +112,47 @@ def test_eager_rows_in_the_front_end():
     assert eager.loc["repeat_kv", "bytes_fwd"] == pytest.approx(2 * (2 * 2 * T * 16 * q))  # k and v, 2 eb each
     assert eager.loc["attn_out_copy", "bytes_fwd"] == pytest.approx(2 * 2 * T * e)
     assert eager.loc["layer_norm_1", "bytes_fwd"] == pytest.approx(36 * T * e + 5 * T * 4 + e * 2)
-    for row in ("qkv_proj", "core_attention", "fc1", "fc2"):  # the GEMMs and the attention kernel do not move
+    for row in ("core_attention", "out_proj", "fc2"):  # the attention kernel and the other GEMMs do not move
         assert eager.loc[row, "pred_fwd_s"] == fused.loc[row, "pred_fwd_s"]
     assert "repeat_kv" not in fused.index and "attn_out_copy" not in fused.index
     assert eager["pred_fwd_s"].sum() > fused["pred_fwd_s"].sum()
+
+
+def test_eager_projections_are_separate_gemms_of_their_own_shapes():
+    """The reference code's wq, wk, wv (and w1, w3) are separate GEMMs: the same FLOPs as the fused rows, each at
+    its own shape's rate. On a spec without a shape curve the times add up to the fused row's; on h100-sxm's
+    measured curve the k and v products (N = 4 kv heads x 64 = 256) run at the curve's 256 point, by hand."""
+    kw = dict(batch=1, dtype="bf16", flash=True, causal=True)
+    plain = dict(system="a100-80gb-sxm", **kw)
+    fused = estimate_transformer(LLAMA, **plain).set_index("sublayer")
+    eager = estimate_transformer(LLAMA, eager=True, **plain).set_index("sublayer")
+    qkv, fc1 = ["q_proj", "k_proj", "v_proj"], ["fc1_gate", "fc1_up"]
+    for split, whole in ((qkv, "qkv_proj"), (fc1, "fc1")):
+        assert eager.loc[split, "flops_fwd"].sum() == pytest.approx(fused.loc[whole, "flops_fwd"])
+        assert eager.loc[split, "t_compute_fwd_s"].sum() == pytest.approx(fused.loc[whole, "t_compute_fwd_s"])
+        assert eager.loc[split, "act_mem"].sum() == pytest.approx(fused.loc[whole, "act_mem"])  # x saved once
+    from perfcheck.hardware.systems import load_system
+    from perfcheck.predict.roofline import shape_factor
+
+    h100 = load_system("h100-sxm")
+    eager = estimate_transformer(LLAMA, system=h100, eager=True, **kw).set_index("sublayer")
+    T, e = 2048, 1024
+    rate = 989.4e12 * h100.matrix_efficiency("bf16")
+    assert eager.loc["k_proj", "t_compute_fwd_s"] == pytest.approx(2 * T * e * 256 / (rate * shape_factor(h100, 256)))
+    assert eager.loc["q_proj", "t_compute_fwd_s"] == pytest.approx(2 * T * e * 1024 / (rate * shape_factor(h100, 1024)))
+
+
+def test_selective_op_reruns_wk_and_w3_as_their_own_rows():
+    """torchtitan's op-level policy keeps mm calls 1, 3, 5, 7 (wq, wv, w1, w2) and the SDPA output, and re-runs wk,
+    wo, w3 and every non-matmul op: with the GEMMs apart the recompute is, by hand, the forward of k_proj, out_proj,
+    fc1_up and of every elementwise row, per layer (tp 1, one micro-batch)."""
+    from perfcheck.predict.transformer import transformer_step
+
+    kw = dict(batch=1, system="a100-80gb-sxm", dtype="bf16", flash=True, causal=True, eager=True)
+    rows = estimate_transformer(LLAMA, **kw).set_index("sublayer")
+    layer = rows[rows["stage"] == "layer"]
+    kept = {"q_proj", "v_proj", "fc1_gate", "fc2", "core_attention"}
+    expected = LLAMA["layers"] * layer.loc[[r for r in layer.index if r not in kept], "pred_fwd_s"].sum()
+    got = transformer_step(LLAMA, recompute="selective_op", **kw).values["recompute_time_s"]
+    assert got == pytest.approx(expected, rel=1e-9)
+    assert {"k_proj", "out_proj", "fc1_up", "rotary", "repeat_kv"} <= set(layer.index) - kept
