@@ -276,7 +276,6 @@ def _device_groups(run: _Run, measured, base_spec):
     run.group("memory copy", copy_cases(cfg["copy_mb"], dev))
     if dev.type == "cpu":  # memory-bound ops hot and with their operands evicted from L2 (memory_cold_curve)
         run.group("memory-bound ops, operands evicted from L2", memory_cold_cases(dev))
-    if dev.type == "cpu":
         vec = [d for d in ("fp32", "bf16") if d in base_spec.vector_flops_per_s]
         run.group("vector (elementwise add)", vector_cases(vec, dev))
     for d in measured:

@@ -114,9 +114,8 @@ def _time_ops(ops: pd.DataFrame, spec: SystemSpec, dtype, trace=None) -> pd.Data
     ``cold_fwd``/``cold_bwd``, read by the roofline: a matrix product's rate, a memory-bound op's memory term)."""
     cache = roofline.cold_cache_bytes(spec)
     if trace is not None and cache > 0:
-        ops["cold_fwd"], ops["cold_bwd"] = reuse.cold_shares(trace, ops, cache)
         # the memory terms' forward share also counts the op's fresh outputs (write-allocate of a new allocation)
-        ops["cold_memory_fwd"] = reuse.cold_shares(trace, ops, cache, fresh_writes=True)[0]
+        ops["cold_fwd"], ops["cold_bwd"], ops["cold_memory_fwd"] = reuse.all_cold_shares(trace, ops, cache)
     return roofline.op_device_times(ops, spec, dtype, launch_s=host_constants(spec)["device_kernel_s"])
 
 

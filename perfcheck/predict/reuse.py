@@ -47,20 +47,29 @@ def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float, *, fresh_writes: b
     memory term takes this share (``module_estimator``): a matrix product's cold flag keeps reads only. The
     backward's outputs (input gradients) are not traced storages and reuse what the backward just freed: its
     share is unchanged."""
+    fwd, bwd, fresh = all_cold_shares(trace, ops, cache_bytes)
+    return (fresh if fresh_writes else fwd), bwd
+
+
+def all_cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
+    """``(forward, backward, forward with fresh writes)``: both of ``cold_shares``' forward shares and its backward
+    one from one walk over the trace (the estimator needs all three: a GEMM's flag, a memory term's share)."""
     n = len(trace.ops)
     if cache_bytes <= 0 or not len(ops):
-        return np.zeros(len(ops)), np.zeros(len(ops))
+        return np.zeros(len(ops)), np.zeros(len(ops)), np.zeros(len(ops))
     fwd_bytes, bwd_bytes = np.zeros(n), np.zeros(n)
     index = ops["op"].to_numpy(int)
     fwd_bytes[index] = ops["bytes_fwd"].to_numpy(float)
     bwd_bytes[index] = ops["bytes_bwd"].to_numpy(float)
     step = float(fwd_bytes.sum() + bwd_bytes.sum())
     unseen = math.inf if step > cache_bytes else 0.0  # last touched a step ago
-    share_f, share_b = np.zeros(n), np.zeros(n)
+    share_f, share_b, share_w = np.zeros(n), np.zeros(n), np.zeros(n)
     moved, last = 0.0, {}
     for i, op in enumerate(trace.ops):
-        share_f[i] = _far_share(op.reads + op.writes if fresh_writes else op.reads,
-                                lambda key: moved - last[key] if key in last else unseen, cache_bytes)
+        def distance_f(key):
+            return moved - last[key] if key in last else unseen
+        share_f[i] = _far_share(op.reads, distance_f, cache_bytes)
+        share_w[i] = _far_share(op.reads + op.writes, distance_f, cache_bytes)
         moved += _footprint(op, fwd_bytes[i])
         if fwd_bytes[i] > 0:  # a view or metadata op reads no data: it leaves the storage where it was
             for key, _ in op.reads + op.writes:
@@ -78,7 +87,7 @@ def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float, *, fresh_writes: b
         if bwd_bytes[i] > 0:
             for key, _ in op.reads + op.writes:
                 last_b[key] = back
-    return share_f[index], share_b[index]
+    return share_f[index], share_b[index], share_w[index]
 
 
 def _footprint(op, moved: float) -> float:

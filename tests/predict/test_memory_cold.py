@@ -20,6 +20,8 @@ from perfcheck.predict.module_estimator import _op_table
 from perfcheck.predict.trace import trace_model
 from perfcheck.schema import ROOT
 
+from test_cold_operands import NormAfterRelu  # relu of the batch, then a layer norm of what the relu wrote
+
 US = 1e-6
 MIB = 2 ** 20
 
@@ -96,15 +98,6 @@ def test_memory_term_by_hand():
     assert roofline.memory_cold_factor(load_system("cpu"), 1e6) == 1.0  # no curve: no effect
 
 
-class ReluNorm(torch.nn.Module):
-    def __init__(self, d=256):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(d)
-
-    def forward(self, x):
-        return self.norm(torch.relu(x))
-
-
 def test_estimator_slows_the_far_share_of_memory_terms_only():
     """A flat f = 0.5 and every operand farther than the 1-byte cache except distance 0: the relu reads the unseen
     batch and writes a fresh output (share 1): its memory term doubles; the norm reads the relu's output (distance
@@ -114,7 +107,7 @@ def test_estimator_slows_the_far_share_of_memory_terms_only():
     datasheet CPU spec both are memory-bound. The relu's kernel is planted at efficiency 0.5: its hot time
     doubles, the refetch does not (added after the efficiency). With the cache larger than the step nothing
     changes."""
-    model, x = ReluNorm(), torch.randn(1024, 256)
+    model, x = NormAfterRelu(256), torch.randn(1024, 256)
     base = dataclasses.replace(load_system("cpu"), memory_cold_curve=((1.0, 0.5), (1e12, 0.5)),
                                host={k: 0.0 for k in load_system("cpu").host}, op_efficiency={"relu": 0.5})
     hot_spec = dataclasses.replace(base, calibration={"l2_bytes": 10 ** 12})
@@ -133,7 +126,7 @@ def test_estimator_slows_the_far_share_of_memory_terms_only():
 
 def test_reuse_shares_feed_the_memory_term():
     """The estimator's op table gets the shares of ``reuse.cold_shares`` (one walk for GEMMs and memory ops)."""
-    model, x = ReluNorm(), torch.randn(8, 256)
+    model, x = NormAfterRelu(256), torch.randn(8, 256)
     trace = trace_model(model, (x,))
     ops = _op_table(trace, False)
     fwd, _ = reuse.cold_shares(trace, ops, 1)
