@@ -162,7 +162,7 @@ class DecoderModel(torch.nn.Module):
 
     def forward(self, ids, memory):
         s = ids.shape[1]
-        mask = torch.triu(torch.full((s, s), float("-inf")), 1)
+        mask = torch.triu(torch.full((s, s), float("-inf"), device=ids.device), 1)
         return self.head(self.dec(self.emb(ids), memory, tgt_mask=mask, tgt_is_causal=True))
 
 
@@ -365,7 +365,7 @@ class ModuleTimer:
         def hook(mod, args, kwargs, out):
             t = self.now()
             r = self._r(path)
-            r["cur"]["fwd"] = r["cur"].get("fwd", 0.0) + t - r["cur"]["f0"]
+            r["cur"].setdefault("fwd_marks", []).append((r["cur"]["f0"], t))
             stop, seen, stack = r["cur"]["stop"], set(), [o.grad_fn for o in _tensors(out) if o.grad_fn is not None]
             while stack:
                 node = stack.pop()
@@ -390,8 +390,8 @@ class ModuleTimer:
     def end_step(self):
         for r in self.rec.values():
             c = r["cur"]
-            if "fwd" in c:
-                r["fwd"].append(c["fwd"])
+            if c.get("fwd_marks"):
+                r["fwd"].append(sum(b - a for a, b in c["fwd_marks"]))
             if "b0" in c and "b1" in c:
                 r["bwd"].append(c["b1"] - c["b0"])
 

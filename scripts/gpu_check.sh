@@ -142,6 +142,15 @@ if want late; then  # budget 20 s: LeNet and JSC again at the end of the call (d
   step accuracy_late 25 "$PY" bench/accuracy.py --device $DEV "${LT[@]}" "${CAL[@]}" \
     --csv "$WORK/accuracy_late.csv" --write "$WORK/accuracy_late.md"
 fi
+if want heldout; then  # budget 90 s: the held-out models (bench/heldout.py's split) on CUDA, fp32, CUDA events
+  if [ -n "$DRY" ]; then HO=(--device cpu --models wide_deep,nn_decoder --steps 2); else HO=(--steps 10); fi
+  SYS=()
+  [ -f "$WORK/calibrated.json" ] && SYS=(--system "$WORK/calibrated.json")
+  step heldout_gpu 90 "$PY" bench/heldout_gpu.py "${HO[@]}" "${SYS[@]}" --csv "$WORK/heldout_gpu.csv"
+fi
+if want beside; then  # budget 60 s: a GEMM's / an add's rate beside a k-CTA copy kernel (collectives' SMs and HBM)
+  if [ -z "$DRY" ]; then step beside 60 "$PY" bench/gemm_beside_copy.py --csv "$WORK/beside.csv"; fi
+fi
 if want run; then  # optional (not in the default STEPS): a CUDA run directory and its what-if on the other Hopper
   step run_gpt 60 "$PY" -m perfcheck run --model gpt --device $DEV --batch-size "${RUN_BATCH:-32}" --steps 10 --out "$WORK/run_gpt"
   step whatif_gpt 30 "$PY" -m perfcheck whatif "$WORK/run_gpt" --from "${WHATIF_FROM:-h100-sxm}" \
@@ -158,6 +167,8 @@ note "$FAILED step(s) failed; $((SECONDS - T_START)) s in all"
   grep -h "^EVK\|^repeat" "$WORK"/evk.log 2>/dev/null
   grep -h "us/module" "$WORK"/hooks.log 2>/dev/null | sed 's/^/hooks | /'
   grep -h "^cpu " "$WORK"/environment.log 2>/dev/null
+  grep -h "^| design\|^| scoring\|^| [A-Za-z ]* | [0-9.-]* \[" "$WORK"/heldout_gpu.log 2>/dev/null | sed 's/^/heldout_gpu /'
+  grep -h "^| \(gemm\|add\)\|^device" "$WORK"/beside.log 2>/dev/null | sed 's/^/beside /'
   "$PY" - "$WORK" <<'EOF' 2>&1 | tail -40
 import json, sys
 from pathlib import Path
@@ -189,7 +200,7 @@ find "$WORK" -name "trace.json" -size +5M -delete
 find "$WORK" \( -name "*.pt" -o -name "*.pyc" \) -delete
 rm -rf "$WORK/pytest_tmp"
 cp "$WORK/summary.txt" "$DIR/"
-for f in calibrated.json accuracy.md accuracy_gpt_b32.md overhead_gpt2.md events_vs_kernels.csv; do
+for f in calibrated.json accuracy.md accuracy_gpt_b32.md overhead_gpt2.md events_vs_kernels.csv heldout_gpu.csv beside.csv; do
   [ -f "$WORK/$f" ] && cp "$WORK/$f" "$DIR/"
 done
 tar -C "$(dirname "$WORK")" --exclude site -czf "$DIR/results.tar.gz" "$(basename "$WORK")"

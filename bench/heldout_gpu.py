@@ -1,0 +1,188 @@
+"""Held-out accuracy on a GPU: the same public models as ``bench/heldout.py`` (same split, same builds, same
+optimizers, fp32 as a user's defaults run them), measured on CUDA and predicted with a GPU system file.
+
+Why: issue 26 asks that the op-class work serve the GPU calibration too. These models are small (CPU-sized),
+so on a GPU most of their steps are host-bound: the benchmark scores the GPU host model (launch, per-op
+dispatch, op_cold_s, the optimizer's implementation: foreach on CUDA) and the small-kernel side on models none
+of those terms was designed on.
+
+Method: per model, 3 warm-up steps, then ``--steps`` bare steps timed per phase with CUDA events on the current
+stream (forward+loss, backward, optimizer.step()+zero_grad(set_to_none=True); step = their sum; events need
+no device sync inside the step: one ``synchronize`` per step, after it), medians. Then ``--steps`` steps with
+per-module CUDA events (forward: pre/post hooks; backward: pre/post hooks on the autograd nodes the module's
+forward created, first start to last end), medians per module. A CUDA event's time is when the stream reached
+it, so a host-bound module's span holds its host time, as PerfCheck's own timer measures it. Predicted:
+``perfcheck.estimate(model, inputs, system=<the system file>, optimizer=<the loop's optimizer>)``, exactly as
+``bench/heldout.py`` does (its ``predict`` and ``compare``). Ratios are measured / predicted.
+
+    python bench/heldout_gpu.py --system calibrated.json --csv out.csv            # on the GPU machine
+    python bench/heldout_gpu.py --device cpu --models wide_deep --steps 2          # a dry run here (CPU clock)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import heldout  # noqa: E402
+from perfcheck.hardware.systems import load_system  # noqa: E402
+
+
+class Clock:
+    """Marks on the device's timeline: CUDA events on a GPU (no sync until ``elapsed``), the process clock on a
+    CPU (dry runs). ``mark()`` returns a mark; ``seconds(a, b)`` the time between two marks once ``settle()``d."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.process_time()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def settle(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+
+class EventModuleTimer(heldout.ModuleTimer):
+    """``heldout.ModuleTimer`` with marks from a ``Clock``: the backward span is the earliest of its nodes'
+    starts to the latest of their ends, read after the step's one synchronize (events carry no order until then)."""
+
+    def __init__(self, modules: dict, clock: Clock):
+        super().__init__(modules)
+        self.clock, self.now = clock, clock.mark
+
+    def _bwd_pre(self, r):
+        def hook(grad_out):
+            r["cur"].setdefault("b0s", []).append(self.now())
+        return hook
+
+    def _bwd_post(self, r):
+        def hook(grad_in, grad_out):
+            r["cur"].setdefault("b1s", []).append(self.now())
+        return hook
+
+    def end_step(self):
+        self.clock.settle()
+        for r in self.rec.values():
+            c = r["cur"]
+            if c.get("fwd_marks"):
+                r["fwd"].append(sum(self.clock.seconds(a, b) for a, b in c["fwd_marks"]))
+            if c.get("b0s") and c.get("b1s"):
+                base = c["b0s"][0]
+                starts = [self.clock.seconds(base, m) for m in c["b0s"]]
+                ends = [self.clock.seconds(base, m) for m in c["b1s"]]
+                r["bwd"].append(max(ends) - min(starts))
+
+
+def to_device(w: heldout.Workload, device) -> heldout.Workload:
+    w.model.to(device)
+    w.inputs = tuple(x.to(device) for x in w.inputs)
+    w.target = w.target.to(device)
+    return w
+
+
+def measure(w: heldout.Workload, steps: int, clock: Clock) -> dict:
+    opt = w.optimizer(w.model.parameters())
+    phases = {"fwd": [], "bwd": [], "optim": []}
+    wall = []
+    for i in range(steps + 3):
+        t_wall = time.perf_counter()
+        m0 = clock.mark()
+        loss = w.loss(w.model(*w.inputs), w.target)
+        m1 = clock.mark()
+        loss.backward()
+        m2 = clock.mark()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        m3 = clock.mark()
+        clock.settle()
+        if i >= 3:
+            wall.append(time.perf_counter() - t_wall)
+            for k, (a, b) in zip(phases, ((m0, m1), (m1, m2), (m2, m3))):
+                phases[k].append(clock.seconds(a, b))
+    med = {k: float(np.median(v)) for k, v in phases.items()}
+    med["step"] = float(np.median([a + b + c for a, b, c in zip(*phases.values())]))
+    paths, classes, att = {}, {}, set()
+    for path, m in w.model.named_modules():
+        c = heldout.module_class(path, m, att)
+        if c:
+            paths[path], classes[path] = m, c
+    timer = heldout.hooked_steps(w, opt, EventModuleTimer(paths, clock), steps)
+    return {"phases": med, "modules": timer.medians(), "classes": classes, "optimizer": opt,
+            "wall_step_s": float(np.median(wall))}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--system", default=None, help="system name or file (default: h100-sxm on CUDA, a quick "
+                                                   "CPU calibration otherwise)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--set", choices=("design", "scoring", "both"), default="both")
+    ap.add_argument("--models", default=None, help="comma-separated subset")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--csv", default=None, help="write per-model rows (and <csv>.modules.csv)")
+    args = ap.parse_args(argv)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    if args.system:
+        spec, note = load_system(args.system), f"system {args.system}"
+    elif device.type == "cuda":
+        spec, note = load_system("h100-sxm"), "system h100-sxm (datasheet)"
+    else:
+        spec, note = heldout.calibration(None, None, say)[0], "quick CPU calibration"
+        spec = heldout.merged([spec])
+    clock = Clock(device)
+    sets = ("design", "scoring") if args.set == "both" else (args.set,)
+    chosen = [(s, m) for s in sets for m in heldout.SPLIT[s]]
+    if args.models:
+        keep = set(args.models.split(","))
+        chosen = [(s, m) for s, m in chosen if m in keep]
+    rows, mods = [], []
+    for s, name in chosen:
+        t0 = time.perf_counter()
+        try:
+            w = to_device(heldout.build(name), device)
+            meas = measure(w, args.steps, clock)
+            pred = heldout.predict(w, spec, meas["optimizer"])
+        except Exception as exc:  # a model that fails is reported, not skipped silently
+            say(f"{s} {name}: failed: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        row, m = heldout.compare(name, s, meas, pred)
+        row["wall_step_ms"] = meas["wall_step_s"] * 1e3
+        rows.append(row)
+        mods += m
+        say(f"{s} {name}: step {row['meas_step_ms']:.2f} ms meas (wall {row['wall_step_ms']:.2f}) / "
+            f"{row['pred_step_ms']:.2f} pred = {row['ratio_step']:.2f} (fwd {row['ratio_fwd']:.2f}, "
+            f"bwd {row['ratio_bwd']:.2f}, optim {row['ratio_optim']:.2f}) [{time.perf_counter() - t0:.0f} s]")
+    rows, mods = pd.DataFrame(rows), pd.DataFrame(mods)
+    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    out = [f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; torch {torch.__version__}; "
+           f"device {dev}; fp32 (user defaults); {note}; {args.steps} steps per model; CUDA-event phases.", ""]
+    if len(rows):
+        out += heldout.summary_lines(rows, mods)
+    print("\n".join(out))
+    if args.csv:
+        rows.to_csv(args.csv, index=False)
+        mods.to_csv(args.csv + ".modules.csv", index=False)
+    return rows, mods
+
+
+if __name__ == "__main__":
+    main()
