@@ -160,6 +160,7 @@ def main(argv=None):
         try:
             w = to_device(heldout.build(name), device)
             meas = measure(w, args.steps, clock)
+            t_meas = time.perf_counter() - t0
             pred = heldout.predict(w, spec, meas["optimizer"])
         except Exception as exc:  # a model that fails is reported, not skipped silently
             say(f"{s} {name}: failed: {type(exc).__name__}: {str(exc)[:300]}")
@@ -170,7 +171,11 @@ def main(argv=None):
         mods += m
         say(f"{s} {name}: step {row['meas_step_ms']:.2f} ms meas (wall {row['wall_step_ms']:.2f}) / "
             f"{row['pred_step_ms']:.2f} pred = {row['ratio_step']:.2f} (fwd {row['ratio_fwd']:.2f}, "
-            f"bwd {row['ratio_bwd']:.2f}, optim {row['ratio_optim']:.2f}) [{time.perf_counter() - t0:.0f} s]")
+            f"bwd {row['ratio_bwd']:.2f}, optim {row['ratio_optim']:.2f}) [built and measured in {t_meas:.0f} s, "
+            f"predicted in {time.perf_counter() - t0 - t_meas:.0f} s]")
+        if args.csv:  # after every model: a run stopped at its time limit keeps what it measured
+            pd.DataFrame(rows).to_csv(args.csv, index=False)
+            pd.DataFrame(mods).to_csv(args.csv + ".modules.csv", index=False)
     rows, mods = pd.DataFrame(rows), pd.DataFrame(mods)
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     out = [f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; torch {torch.__version__}; "
