@@ -357,7 +357,10 @@ class ModuleTimer:
     def _pre(self, path):
         def hook(mod, args, kwargs):
             r = self._r(path)
-            r["cur"]["stop"] = {id(t.grad_fn) for t in _tensors((args, kwargs)) if t.grad_fn is not None}
+            # the nodes themselves, not only their ids: a node's Python object lives only while referenced, and
+            # a freed one's id can be reused or the node re-wrapped under another id (the walk then runs past
+            # the module's inputs to the leaves)
+            r["cur"]["stop"] = {id(g): g for g in (t.grad_fn for t in _tensors((args, kwargs))) if g is not None}
             r["cur"]["f0"] = self.now()
         return hook
 
@@ -366,12 +369,12 @@ class ModuleTimer:
             t = self.now()
             r = self._r(path)
             r["cur"].setdefault("fwd_marks", []).append((r["cur"]["f0"], t))
-            stop, seen, stack = r["cur"]["stop"], set(), [o.grad_fn for o in _tensors(out) if o.grad_fn is not None]
+            stop, seen, stack = r["cur"]["stop"], {}, [o.grad_fn for o in _tensors(out) if o.grad_fn is not None]
             while stack:
                 node = stack.pop()
                 if node is None or id(node) in seen or id(node) in stop:
                     continue
-                seen.add(id(node))
+                seen[id(node)] = node  # kept alive until the walk ends (ids stay unique)
                 node.register_prehook(self._bwd_pre(r))
                 node.register_hook(self._bwd_post(r))
                 stack.extend(n for n, _ in node.next_functions)

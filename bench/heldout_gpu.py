@@ -96,7 +96,7 @@ def to_device(w: heldout.Workload, device) -> heldout.Workload:
     return w
 
 
-def measure(w: heldout.Workload, steps: int, clock: Clock) -> dict:
+def measure(w: heldout.Workload, steps: int, clock: Clock, modules: bool = True) -> dict:
     opt = w.optimizer(w.model.parameters())
     phases = {"fwd": [], "bwd": [], "optim": []}
     wall = []
@@ -122,6 +122,8 @@ def measure(w: heldout.Workload, steps: int, clock: Clock) -> dict:
         c = heldout.module_class(path, m, att)
         if c:
             paths[path], classes[path] = m, c
+    if not modules:
+        return {"phases": med, "modules": {}, "classes": {}, "optimizer": opt, "wall_step_s": float(np.median(wall))}
     timer = heldout.hooked_steps(w, opt, EventModuleTimer(paths, clock), steps)
     return {"phases": med, "modules": timer.medians(), "classes": classes, "optimizer": opt,
             "wall_step_s": float(np.median(wall))}
@@ -136,6 +138,7 @@ def main(argv=None):
     ap.add_argument("--models", default=None, help="comma-separated subset")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--csv", default=None, help="write per-model rows (and <csv>.modules.csv)")
+    ap.add_argument("--no-modules", action="store_true", help="phases only (no per-module hooks)")
     args = ap.parse_args(argv)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     device = torch.device(args.device)
@@ -159,7 +162,7 @@ def main(argv=None):
         t0 = time.perf_counter()
         try:
             w = to_device(heldout.build(name), device)
-            meas = measure(w, args.steps, clock)
+            meas = measure(w, args.steps, clock, modules=not args.no_modules)
             t_meas = time.perf_counter() - t0
             pred = heldout.predict(w, spec, meas["optimizer"])
         except Exception as exc:  # a model that fails is reported, not skipped silently

@@ -317,6 +317,21 @@ def test_published_megatron_runs_within_the_issue_targets():
     assert (scored > 0).any() and (scored < 0).any()
 
 
+def _rate_beside_measured(fraction: float) -> float:
+    """The rate a GEMM keeps beside a collective holding ``fraction`` of the SMs, read from the H200 measurement
+    (bench/gpu_results/2026-11-27-h200/beside.csv) by hand: per copier CTA count, the median over GEMM shapes
+    and copy rates of time alone / time beside, linearly interpolated in CTAs / SMs from (0, 1)."""
+    import numpy as np
+    import pandas as pd
+    from pathlib import Path
+
+    df = pd.read_csv(Path(__file__).resolve().parents[2] / "bench/gpu_results/2026-11-27-h200/beside.csv")
+    g = df[df["victim"].str.startswith("gemm")]
+    med = g.groupby("ctas")["rate_kept"].median()
+    xs = [0.0] + [k / 132 for k in med.index]
+    return float(np.interp(fraction, xs, [1.0] + list(med.values)))
+
+
 @pytest.mark.parametrize("sp", [False, True])
 def test_async_column_parallel_backward_exposes_only_the_excess_over_its_gemm(sp):
     """Megatron-LM's column-parallel backward: dX's all-reduce (reduce-scatter with SP) runs beside the dW GEMM,
@@ -327,7 +342,7 @@ def test_async_column_parallel_backward_exposes_only_the_excess_over_its_gemm(sp
     kw = dict(batch=1, parallel=dict(tp=8, sp=sp), system="a100-80gb-sxm", dtype="fp16")
     plain = estimate_transformer(model, **kw).set_index("sublayer")
     asyn = estimate_transformer(model, tp_async_backward=True, **kw).set_index("sublayer")
-    r = 84 / 108  # a100-80gb-sxm: a GEMM keeps 84 of 108 SMs beside NCCL's 24 channels
+    r = _rate_beside_measured(24 / 108)  # a100-80gb-sxm: NCCL's 24 channels hold 24 of 108 SMs
     for name in ("qkv_proj", "fc1"):
         comm, device = plain.loc[name, "t_comm_bwd_s"], plain.loc[name, "pred_bwd_s"] - plain.loc[name, "t_comm_bwd_s"]
         assert comm > 0
