@@ -197,10 +197,9 @@ def _matrix(d: Draft, table):
     mm = rows_of(table, names.MATMUL)
     measured = [x for x in dict.fromkeys(mm["dtype"]) if x]
     large, curves, shapes = {}, {}, {}
-    # On a CPU the estimator prices a GEMM as dispatch + op_fixed_s["mm"] (host) + FLOPs / (peak x eff), one after
-    # the other on one thread: the curve takes out both fixed parts, so a small GEMM's efficiency is its compute
-    # alone (a 32^3 mm: ~9.6 us of which ~4.8 us fixed on the project's VM). On a GPU the loop is timed on the
-    # device, where the host's fixed cost overlaps; only the tiny-op time comes out, as before.
+    # On a CPU a GEMM is priced dispatch + op_fixed_s["mm"] + FLOPs / (peak x eff) on one thread: the curve takes
+    # out both fixed parts (a 32^3 mm: ~9.6 us of which ~4.8 us fixed on the project's VM). On a GPU the loop is
+    # timed on the device, where the host's fixed cost overlaps; only the tiny-op time comes out.
     fixed_mm = seconds_of(table[(table["kind"] != names.OPFIXED) | fp32_rows(table)], names.OPFIXED, "mm")
     mm_fixed = max(fixed_mm - d.op_s, 0.0) if (fixed_mm is not None and d.kind == "cpu") else 0.0
     for dt in measured:
@@ -237,7 +236,8 @@ def _matrix(d: Draft, table):
             d.sources[f"efficiency.matrix_{dt}"] = (f"{d.stamp}: {dt} matmul rate {d.relative}, median of the "
                                                     f"{_LARGEST} largest shapes")
     d.eff.pop(f"matrix_{ref}", None)
-    d.fields["matrix_efficiency_curve"] = curves[ref] if len(curves[ref]) >= 2 else ()
+    d.fields["matrix_efficiency_curve"], d.fields["matrix_efficiency_curve_dtype"] = (
+        (curves[ref], ref) if len(curves[ref]) >= 2 else ((), ""))
     d.fields["matrix_shape_curve"] = shapes[ref]
     if shapes[ref]:
         d.sources["matrix_shape_curve"] = (
@@ -248,7 +248,7 @@ def _matrix(d: Draft, table):
         f"{d.stamp}: {ref} matmuls (torch.mm squares and non-skinny F.linear shapes), FLOPs per kernel -> measured rate "
         f"{d.relative} after subtracting the {d.op_s * 1e6:.2f} us tiny-op time"
         + (f" and mm's fixed cost ({mm_fixed * 1e6:.2f} us, op_fixed_s)" if mm_fixed else "")
-        + "; other dtypes scale it by efficiency.matrix_<dtype> / efficiency.matrix")
+        + "; other dtypes run its size-dependent floor plus their own flat rate (perfcheck.predict.matrix_curve)")
     d.sources["efficiency.matrix"] = (f"{d.stamp}: {ref} matmul rate {d.relative}, median of the {_LARGEST} largest "
                                       f"shapes" + "".join(f"; {x}: {large[x]:.3f}" for x in measured if x != ref))
     _matrix_cold(d, table)

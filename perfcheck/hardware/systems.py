@@ -61,7 +61,8 @@ _REQUIRED = (
     "mem_bandwidth_bytes_per_s", "mem_capacity_bytes", "intra_node_bandwidth_bytes_per_s",
     "gpus_per_node", "inter_node_bandwidth_bytes_per_s", "launch_overhead_s", "efficiency",
 )
-_OPTIONAL = ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve",
+_OPTIONAL = ("matrix_efficiency_curve", "matrix_efficiency_curve_dtype", "matrix_shape_curve", "matrix_cold_curve",
+             "memory_cold_curve",
              "mem_bandwidth_curve", "host", "op_fixed_s",
              "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "calibrated", "sources",
              "calibration", "attention_kernel_curve")
@@ -240,6 +241,9 @@ class SystemSpec:
     launch_overhead_s: float
     efficiency: Mapping[str, float]
     matrix_efficiency_curve: Tuple[Tuple[float, float], ...] = ()
+    #: the dtype whose matmuls ``matrix_efficiency_curve`` was measured on ("": unnamed, older files);
+    #: ``perfcheck.predict.matrix_curve`` carries the curve to the other dtypes
+    matrix_efficiency_curve_dtype: str = ""
     matrix_shape_curve: Tuple[Tuple[float, float], ...] = ()
     #: ((FLOPs per kernel, factor), ...): a GEMM's rate with its operands evicted from the core's L2 (as in a
     #: training step whose working set exceeds it: weights and saved activations come back from the last-level
@@ -332,7 +336,7 @@ class SystemSpec:
             if f in ("matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve", "mem_bandwidth_curve", "host",
                      "op_fixed_s",
                      "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "calibration",
-                     "attention_kernel_curve") and not value:
+                     "attention_kernel_curve", "matrix_efficiency_curve_dtype") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if f in ("op_efficiency_curve", "attention_kernel_curve"):
                 value = {k: [list(p) for p in v] for k, v in value.items()}
@@ -439,6 +443,20 @@ def _factor_at_most(limit: float):
             raise UserError(f"{where}: {name} = {factor!r} is outside (0, {limit:g}]")
         return factor
     return check
+
+
+def _curve_dtype(spec, where) -> str:
+    """``matrix_efficiency_curve_dtype``: "" or one of the spec's matrix dtypes (normalised)."""
+    value = getattr(spec, "matrix_efficiency_curve_dtype", "") or ""
+    if not isinstance(value, str):
+        raise UserError(f"{where}: matrix_efficiency_curve_dtype must be a dtype name, got {value!r}")
+    if not value:
+        return ""
+    d = normalize_dtype(value)
+    if d not in spec.matrix_flops_per_s:
+        raise UserError(f"{where}: matrix_efficiency_curve_dtype {value!r} is not one of matrix_flops_per_s's "
+                        f"dtypes ({', '.join(spec.matrix_flops_per_s)})")
+    return d
 
 
 def _shape_curve(value, where) -> tuple:
@@ -627,6 +645,7 @@ def _validated_fields(spec, where: str) -> dict:
         "launch_overhead_s": _number(spec.launch_overhead_s, "launch_overhead_s", where, allow_zero=True),
         "efficiency": _efficiency(spec.efficiency, where),
         "matrix_efficiency_curve": _curve(spec.matrix_efficiency_curve, where),
+        "matrix_efficiency_curve_dtype": _curve_dtype(spec, where),
         "matrix_shape_curve": _shape_curve(getattr(spec, "matrix_shape_curve", ()), where),
         "matrix_cold_curve": _points(getattr(spec, "matrix_cold_curve", ()), where, "matrix_cold_curve",
                                      "flops_per_kernel", "factor", _fraction),

@@ -31,6 +31,7 @@ import numpy as np
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, normalize_dtype, row_costs, spec_of
 from perfcheck.predict.attention_kernel import attention_fractions_of
+from perfcheck.predict import matrix_curve
 from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401
                                            cold_factor, memory_cold_factor)
 
@@ -73,11 +74,8 @@ def matrix_efficiency(system, dtype, flops_per_kernel=None, min_dim=None, align=
     curve = system.matrix_efficiency_curve
     if not curve or flops_per_kernel is None:
         eff = flat if flops_per_kernel is None else np.full(np.shape(flops_per_kernel), flat)
-    else:
-        xs = np.log(np.array([p[0] for p in curve]))
-        ys = np.array([p[1] for p in curve])
-        x = np.log(np.maximum(np.asarray(flops_per_kernel, dtype=float), 1.0))
-        eff = np.interp(x, xs, ys) * (flat / system.efficiency["matrix"])
+    else:  # the size curve, measured in one dtype, carried to this one (``matrix_curve``)
+        eff = matrix_curve.size_efficiency(system, dtype, flops_per_kernel)
     eff = np.minimum(np.asarray(eff, dtype=float) * shape_factor(system, min_dim)
                      * (1.0 if align is None else np.asarray(align, dtype=float))
                      * gemm_cold_blend(system, flops_per_kernel, cold), 1.0)
