@@ -520,8 +520,8 @@ tests/predict/test_transformer_recompute_every.py and test_transformer_recompute
   threads, one per channel) keep 0.84 / 0.76 / 0.75 / 0.66 / 0.44 of their rate at k = 8 / 16 / 24 / 32 / 64
   of 132 SMs, where the SM-count rule the spec used says 0.94 / 0.88 / 0.82 / 0.76 / 0.52: a GEMM loses about
   0.1 more than its share of the SMs (whole waves of tiles; the 2048-row tp-8 shape keeps 0.63 already at
-  k = 8). A memory-bound add keeps 0.96-1.0 beside a copier moving under 0.7 TB/s (NVLink's rates) and
-  0.77-0.91 beside 1.2-2.6 TB/s, so the HBM a collective shares matters little at NVLink rates and stays
+  k = 8). A memory-bound add keeps 0.96-1.02 beside a copier moving under 0.62 TB/s (NVLink's rates) and
+  0.77-0.95 beside 0.9-2.6 TB/s, so the HBM a collective shares matters little at NVLink rates and stays
   unmodelled. The A100 spec's 0.778 becomes the curve's 0.686 at 24 / 108 of the SMs (a transfer from
   Hopper: the A100 has no thread-block clusters; said in the spec's source). Before -> after: this set 6.1% ->
   4.7% mean, 9.6% -> 8.3% max, still all too fast; Korthikanti's held-out 4.3% / 9.1% -> 4.2% / 8.5%;
