@@ -256,6 +256,10 @@ def host_terms(d: Draft, table, threads):
     if names.HOST_MODULE_CALL in sec:
         put("module_call_s", sec[names.HOST_MODULE_CALL], "calling an nn.Module whose forward returns its input")
     _host_cold(table, put, d.kind)
+    if names.HOST_FRESH_FILL in sec and names.HOST_REUSED_FILL in sec:
+        put("page_fault_s", sec[names.HOST_FRESH_FILL] - sec[names.HOST_REUSED_FILL],
+            "torch.zeros of a fresh 32 MiB buffer (a new mapping: one minor fault per page) less zero_() of a kept "
+            "one, per 4 KiB page")
     _host_optimizers(host, put)
     if names.HOST_DEVICE_KERNEL in sec:
         put("device_kernel_s", sec[names.HOST_DEVICE_KERNEL], "GPU time per tiny add queued behind torch.cuda._sleep "
