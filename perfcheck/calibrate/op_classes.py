@@ -304,7 +304,7 @@ def embedding_row_cases(dev) -> list:
 #: tiny call took 11 us forward and 17 us backward (sum), 19 and 12 us (mean), where a tiny add takes 1.4 us; the
 #: per-index cases (``embedding_row_cases``) fit a slope, which leaves it out, so wide & deep's EmbeddingBag
 #: forwards (1024-2048 indices) read 20-50 us against 5-19 predicted.
-EMBEDDING_BAG_FIXED_CASES = {"_embedding_bag": 0, "_embedding_bag_mean": 1}
+EMBEDDING_BAG_FIXED_CASES = {"_embedding_bag": 0, "_embedding_bag_mean": 1, "_embedding_bag_max": 2}
 #: The tiny call's table rows, columns, indices and bags.
 EMBEDDING_BAG_TINY = (16, 4, 8, 2)
 
@@ -328,6 +328,32 @@ def embedding_bag_fixed_cases(dev) -> list:
         out += [Case(names.CLASSFIXED, label, fwd, "fp32", host=True),
                 Case(names.CLASSFIXED, f"{label}:bwd", bwd, "fp32", host=True)]
     return out
+
+
+#: The max-mode case (class ``_embedding_bag_max``): indices, columns and bags of 4 into an ``EMBED_ROWS`` table, a
+#: mid size (none of the held-out models' tables). Why its own rate: max runs a scalar loop per gathered element
+#: (EmbeddingBag.cpp ``embedding_bag_cpu_max_out``) and its backward one ``index_add_`` per column, not sum's
+#: fbgemm kernel and sorted row adds: on the project's Xeon (1 thread, process time, 2026-11-27) 630 us forward
+#: for 4096 indices of 32 columns against sum's 20 (bench/results/embedding_classes.md).
+EMBEDDING_BAG_MAX_CASE = (2048, 32, 512)
+
+
+def embedding_bag_max_cases(dev) -> list:
+    """``opeff`` rows ``_embedding_bag_max`` and ``_embedding_bag_max:bwd``: ``aten._embedding_bag`` in max mode
+    and its ``aten._embedding_bag_backward`` (one aten call each) at ``EMBEDDING_BAG_MAX_CASE``; the fit takes the
+    class's fixed cost (its tiny call, ``embedding_bag_fixed_cases``) out before the efficiency."""
+    n, dim, bags = EMBEDDING_BAG_MAX_CASE
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(EMBED_ROWS, dim, device=dev)
+    idx = torch.randint(0, EMBED_ROWS, (n,), generator=gen).to(dev)
+    offs = torch.arange(0, n, n // bags, device=dev)
+    g = torch.randn(bags, dim, device=dev)
+    _, o2b, bag_size, max_idx = aten._embedding_bag(table, idx, offs, False, 2)
+    bag = lambda t: torch.nn.functional.embedding_bag(idx, t, offs, mode="max")  # noqa: E731
+    cost = formula_costs(bag, (table.clone().requires_grad_(True),), ("_embedding_bag",))
+    return [_opeff("_embedding_bag_max", lambda: aten._embedding_bag(table, idx, offs, False, 2), cost["fwd"]),
+            _opeff("_embedding_bag_max:bwd", lambda: aten._embedding_bag_backward(
+                g, idx, offs, o2b, bag_size, max_idx, EMBED_ROWS, False, 2, False, None), cost["bwd"], cost["fwd"][3])]
 
 
 #: oneDNN LSTM layer cases (``aten.mkldnn_rnn_layer``, what nn.LSTM runs on a CPU: aten_costs._mkldnn_rnn):
@@ -384,5 +410,6 @@ def op_class_cases(device) -> list:
     # a CPU convolution class's fixed cost per call is its kernel's (a GPU's is the host's, per op family)
     # a oneDNN LSTM layer is a CPU kernel (a GPU's nn.LSTM runs cuDNN: aten_costs._cudnn_rnn)
     cpu_only = (embedding_row_cases(dev) + conv_weight_cases(dev) + conv_fixed_cases(dev)
-                + embedding_bag_fixed_cases(dev) + rnn_cases(dev)) if dev.type == "cpu" else []
+                + embedding_bag_fixed_cases(dev) + embedding_bag_max_cases(dev) + rnn_cases(dev)
+                ) if dev.type == "cpu" else []
     return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + cpu_only

@@ -386,20 +386,23 @@ def embedding(tokens, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8) -
     return OpCost(fwd, bwd.scale(w_grad), tokens * index_bytes * bool(w_grad), vocab * dim)
 
 
-def embedding_bag(indices, bags, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8) -> OpCost:
-    """EmbeddingBag (aten ``_embedding_bag``, sum/mean): per index a row gathered and added into its bag.
+def embedding_bag(indices, bags, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8, mode=0) -> OpCost:
+    """EmbeddingBag (aten ``_embedding_bag``; ``mode`` 0 sum, 1 mean, 2 max): per index a row gathered into its bag.
 
-    fwd: reads indices x dim elements, writes bags x dim, 1 add per gathered element; ``rows`` = indices.
-    bwd (dense, CPU ``_embedding_bag_dense_backward``): the (vocab, dim) gradient zeroed (FILL_STREAMS), the
-    indices sorted and counted, each index's bag gradient added into its row (3 streams per element); ``rows`` =
-    indices (the per-index price, op_row_s["_embedding_bag"], is calibrated); ``pages`` as ``embedding``'s (the
-    dense gradient is a fresh ``at::zeros`` every call). Saves indices and offsets."""
+    fwd: indices x dim elements read, bags x dim written, 1 add (max: compare) each; ``rows`` = indices. bwd, sum
+    and mean (CPU ``_embedding_bag_dense_backward_cpu_sum_mean``): the (vocab, dim) gradient zeroed (FILL_STREAMS),
+    indices sorted and counted, each index's bag gradient added into its row (3 streams); ``rows`` = indices
+    (op_row_s["_embedding_bag"]). bwd, max (``_embedding_bag_dense_backward_cpu_max``: an ``index_add_`` per column
+    into the rows that held the maxima): no sort, bags x dim scattered adds and the int64 max_indices, after the
+    same fill. ``pages``: the gradient's faults (``fresh_pages``). Saves indices, offsets (max: max_indices)."""
     moved, out = indices * dim, bags * dim
-    idx = (indices + bags) * index_bytes
+    idx, fill = (indices + bags) * index_bytes, FILL_STREAMS * vocab * dim * elem_bytes
     fwd = Cost(flops=moved, bytes=(moved + out) * elem_bytes + idx, kernels=1, rows=indices, row_elems=moved)
-    bwd = Cost(flops=moved, bytes=(3 * moved + out + FILL_STREAMS * vocab * dim) * elem_bytes + 2 * idx, kernels=3,
-               rows=indices, row_elems=moved, pages=fresh_pages(vocab * dim * elem_bytes))
-    return OpCost(fwd, bwd.scale(w_grad), idx * bool(w_grad), vocab * dim)
+    bwd = (Cost(flops=out, bytes=3 * out * elem_bytes + fill + out * index_bytes, kernels=2) if mode == 2 else
+           Cost(flops=moved, bytes=(3 * moved + out) * elem_bytes + fill + 2 * idx, kernels=3, rows=indices,
+                row_elems=moved)) + Cost(pages=fresh_pages(vocab * dim * elem_bytes))
+    saved = idx + out * index_bytes * (mode == 2)
+    return OpCost(fwd, bwd.scale(w_grad), saved * bool(w_grad), vocab * dim)
 
 
 def gather(moved, index_elems, *, x_grad=True, elem_bytes=4, index_bytes=8, accumulate=False) -> OpCost:
