@@ -11,7 +11,9 @@ median over rounds, process CPU time, one thread:
   pred_fwd / pred_bwd -- perfcheck.estimate of the module alone (its root row) under a calibration table re-fitted
                        from ``--calibration`` (bench/heldout.py --save-calibration).
 
-    OMP_NUM_THREADS=1 flock /tmp/perfcheck-bench.lock python3 bench/embedding_classes.py --calibration C.csv
+    OMP_NUM_THREADS=1 flock /tmp/perfcheck-bench.lock python3 bench/embedding_classes.py --calibration C.csv --csv M.csv
+    python3 bench/embedding_classes.py --calibration C.csv --measured M.csv   # the same rows re-predicted (a paired
+                                                                               # comparison: run it from each tree)
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,6 +42,7 @@ CONFIGS = (
     ("bag", 50000, 1, 2048, 256, "sum"), ("bag", 20000, 32, 1024, 256, "mean"), ("bag", 1000, 32, 1024, 256, "mean"),
     ("bag", 20000, 32, 1024, 256, "sum"), ("bag", 20000, 32, 1024, 256, "max"), ("bag", 20000, 32, 16384, 256, "sum"),
     ("bag", 1000000, 16, 1024, 256, "sum"), ("bag", 20000, 256, 1024, 256, "sum"), ("bag", 30000, 16, 384, 128, "sum"),
+    ("bag", 4096, 4, 4096, 1024, "max"), ("bag", 4096, 128, 4096, 1024, "max"), ("bag", 100000, 128, 1024, 256, "max"),
 )
 
 
@@ -92,25 +96,42 @@ def _round(m, ins, kern, zeros, reps) -> list:
     return [float(np.median(v)) for v in out.values()]
 
 
+def measure(cfgs, rounds: int, reps: int) -> list:
+    """Per configuration: (module, inputs, [mod fwd, mod bwd, kern bwd, zeros] medians over rounds, seconds)."""
+    gen = torch.Generator().manual_seed(0)
+    setups = [_setup(c, gen) for c in cfgs]
+    per = [[_round(*s, reps) for s in setups] for _ in range(rounds)]
+    return [(s[0], s[1], [float(np.median([r[i][j] for r in per])) for j in range(4)]) for i, s in enumerate(setups)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calibration", required=True)
+    ap.add_argument("--calibration", required=True, help="a saved table (calibrated now and saved there if absent)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--only", default=None, help="comma-separated indices into CONFIGS")
+    ap.add_argument("--csv", default=None, help="write the measured rows here")
+    ap.add_argument("--measured", default=None, help="re-predict these measured rows (a --csv output) only")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    spec, _ = heldout.calibration(args.calibration, None, print)
-    gen = torch.Generator().manual_seed(0)
+    spec, _ = heldout.calibration(args.calibration, args.calibration, print)
+    spec = getattr(spec, "spec", spec)  # a fresh calibration returns its result object
     cfgs = [CONFIGS[int(i)] for i in args.only.split(",")] if args.only else list(CONFIGS)
-    setups = [_setup(c, gen) for c in cfgs]
-    rounds = [[_round(*s, args.reps) for s in setups] for _ in range(args.rounds)]
-    print("us, medians over rounds; ratio = measured / predicted (module fwd+bwd)")
+    if args.measured:
+        meas = pd.read_csv(args.measured)
+        gen = torch.Generator().manual_seed(0)
+        rows = [(*_setup(c, gen)[:2], [float(meas.iloc[i][k]) for k in ("fwd", "bwd", "kern", "zeros")])
+                for i, c in enumerate(cfgs)]
+    else:
+        rows = measure(cfgs, args.rounds, args.reps)
+    if args.csv:
+        pd.DataFrame([t for _, _, t in rows], columns=["fwd", "bwd", "kern", "zeros"]).to_csv(args.csv, index=False)
+    print("us, medians over rounds; ratio = measured / predicted")
     print("| kind | vocab | dim | idx | bags | mode | mod fwd | pred fwd | mod bwd | kern bwd | zeros | pred bwd | "
           "fwd ratio | bwd ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for i, (cfg, (m, ins, _, _)) in enumerate(zip(cfgs, setups)):
-        f, b, k, z = (float(np.median([r[i][j] for r in rounds])) * 1e6 for j in range(4))
+    for cfg, (m, ins, t) in zip(cfgs, rows):
+        f, b, k, z = (v * 1e6 for v in t)
         p = perfcheck.estimate(m, ins, system=spec)
         root = p[p["module"] == ROOT].iloc[0]
         pf, pb = float(root.pred_fwd_s) * 1e6, float(root.pred_bwd_s) * 1e6

@@ -330,30 +330,36 @@ def embedding_bag_fixed_cases(dev) -> list:
     return out
 
 
-#: The max-mode case (class ``_embedding_bag_max``): indices, columns and bags of 4 into an ``EMBED_ROWS`` table, a
-#: mid size (none of the held-out models' tables). Why its own rate: max runs a scalar loop per gathered element
-#: (EmbeddingBag.cpp ``embedding_bag_cpu_max_out``) and its backward one ``index_add_`` per column, not sum's
-#: fbgemm kernel and sorted row adds: on the project's Xeon (1 thread, process time, 2026-11-27) 630 us forward
-#: for 4096 indices of 32 columns against sum's 20 (bench/results/embedding_classes.md).
-EMBEDDING_BAG_MAX_CASE = (2048, 32, 512)
+#: The max-mode cases (class ``_embedding_bag_max``): columns and bag counts (bags of 4 indices) into an
+#: ``EMBED_ROWS`` table, a mid size (none of the held-out models' tables). Why a class of its own: max runs a scalar
+#: loop per gathered element (EmbeddingBag.cpp ``embedding_bag_cpu_max_out``), not sum's fbgemm kernel, and its
+#: backward an ``index_add_`` per column, one strided element per bag, not sum's sorted row adds: on the project's
+#: Xeon (1 thread, process time, 2026-11-27) 630 us forward for 4096 indices of 32 columns against sum's 20, and
+#: ~6 ns per scattered element backward (bench/results/embedding_classes.md).
+EMBEDDING_BAG_MAX_DIM, EMBEDDING_BAG_MAX_BAGS = 32, (128, 1024)
 
 
 def embedding_bag_max_cases(dev) -> list:
-    """``opeff`` rows ``_embedding_bag_max`` and ``_embedding_bag_max:bwd``: ``aten._embedding_bag`` in max mode
-    and its ``aten._embedding_bag_backward`` (one aten call each) at ``EMBEDDING_BAG_MAX_CASE``; the fit takes the
-    class's fixed cost (its tiny call, ``embedding_bag_fixed_cases``) out before the efficiency."""
-    n, dim, bags = EMBEDDING_BAG_MAX_CASE
-    gen = torch.Generator().manual_seed(0)
+    """``opeff`` row ``_embedding_bag_max:fwd`` (``aten._embedding_bag`` in max mode at the larger bag count; the
+    fit takes the class's fixed cost, ``embedding_bag_fixed_cases``, out first) and ``oprows`` rows
+    ``_embedding_bag_max bwd`` (its ``aten._embedding_bag_backward``, m = bags x columns, the scattered elements)
+    at both ``EMBEDDING_BAG_MAX_BAGS``: the slope is the price per scattered element (op_row_s)."""
+    dim, gen, out = EMBEDDING_BAG_MAX_DIM, torch.Generator().manual_seed(0), []
     table = torch.randn(EMBED_ROWS, dim, device=dev)
-    idx = torch.randint(0, EMBED_ROWS, (n,), generator=gen).to(dev)
-    offs = torch.arange(0, n, n // bags, device=dev)
-    g = torch.randn(bags, dim, device=dev)
-    _, o2b, bag_size, max_idx = aten._embedding_bag(table, idx, offs, False, 2)
-    bag = lambda t: torch.nn.functional.embedding_bag(idx, t, offs, mode="max")  # noqa: E731
-    cost = formula_costs(bag, (table.clone().requires_grad_(True),), ("_embedding_bag",))
-    return [_opeff("_embedding_bag_max", lambda: aten._embedding_bag(table, idx, offs, False, 2), cost["fwd"]),
-            _opeff("_embedding_bag_max:bwd", lambda: aten._embedding_bag_backward(
-                g, idx, offs, o2b, bag_size, max_idx, EMBED_ROWS, False, 2, False, None), cost["bwd"], cost["fwd"][3])]
+    for bags in EMBEDDING_BAG_MAX_BAGS:
+        idx = torch.randint(0, EMBED_ROWS, (4 * bags,), generator=gen).to(dev)
+        offs = torch.arange(0, 4 * bags, 4, device=dev)
+        g = torch.randn(bags, dim, device=dev)
+        _, o2b, bag_size, max_idx = aten._embedding_bag(table, idx, offs, False, 2)
+        bag = lambda t, i=idx, o=offs: torch.nn.functional.embedding_bag(i, t, o, mode="max")  # noqa: E731
+        cost = formula_costs(bag, (table.clone().requires_grad_(True),), ("_embedding_bag",))
+        _, of, nb, k = cost["bwd"]
+        out.append(Case(names.OPROWS, "_embedding_bag_max bwd", lambda g=g, i=idx, o=offs, b=o2b, s=bag_size,
+                        x=max_idx: aten._embedding_bag_backward(g, i, o, b, s, x, EMBED_ROWS, False, 2, False, None),
+                        "fp32", float(of), float(nb), (bags * dim, 1, int(max(k, 1)))))
+    out.append(_opeff("_embedding_bag_max:fwd", lambda i=idx, o=offs: aten._embedding_bag(table, i, o, False, 2),
+                      cost["fwd"]))
+    return out
 
 
 #: oneDNN LSTM layer cases (``aten.mkldnn_rnn_layer``, what nn.LSTM runs on a CPU: aten_costs._mkldnn_rnn):

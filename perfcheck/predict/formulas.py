@@ -393,12 +393,14 @@ def embedding_bag(indices, bags, dim, vocab, *, w_grad=True, elem_bytes=4, index
     and mean (CPU ``_embedding_bag_dense_backward_cpu_sum_mean``): the (vocab, dim) gradient zeroed (FILL_STREAMS),
     indices sorted and counted, each index's bag gradient added into its row (3 streams); ``rows`` = indices
     (op_row_s["_embedding_bag"]). bwd, max (``_embedding_bag_dense_backward_cpu_max``: an ``index_add_`` per column
-    into the rows that held the maxima): no sort, bags x dim scattered adds and the int64 max_indices, after the
-    same fill. ``pages``: the gradient's faults (``fresh_pages``). Saves indices, offsets (max: max_indices)."""
+    into the rows that held the maxima): no sort; bags x dim scattered one-element adds (``rows``, each a strided
+    access: op_row_s["_embedding_bag_max"]) and the int64 max_indices, after the same fill. ``pages``: the
+    gradient's faults (``fresh_pages``). Saves indices, offsets (max: max_indices)."""
     moved, out = indices * dim, bags * dim
     idx, fill = (indices + bags) * index_bytes, FILL_STREAMS * vocab * dim * elem_bytes
     fwd = Cost(flops=moved, bytes=(moved + out) * elem_bytes + idx, kernels=1, rows=indices, row_elems=moved)
-    bwd = (Cost(flops=out, bytes=3 * out * elem_bytes + fill + out * index_bytes, kernels=2) if mode == 2 else
+    bwd = (Cost(flops=out, bytes=3 * out * elem_bytes + fill + out * index_bytes, kernels=2, rows=out,
+                row_elems=out) if mode == 2 else
            Cost(flops=moved, bytes=(3 * moved + out) * elem_bytes + fill + 2 * idx, kernels=3, rows=indices,
                 row_elems=moved)) + Cost(pages=fresh_pages(vocab * dim * elem_bytes))
     saved = idx + out * index_bytes * (mode == 2)

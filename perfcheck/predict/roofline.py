@@ -393,8 +393,8 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         calls = ops[f"gemms_{phase}"].to_numpy(float) if cpu and f"gemms_{phase}" in ops else np.zeros(len(ops))
         gemm_priced = calls > 0
         launch = system.launch_overhead_s if launch_s is None else launch_s
-        extra = (ops[f"rows_{phase}"].to_numpy(float) * row_prices(system, names, phase) if f"rows_{phase}" in ops
-                 else np.zeros(len(ops)))
+        extra = (ops[f"rows_{phase}"].to_numpy(float) * row_prices(system, names, phase, classes)
+                 if f"rows_{phase}" in ops else np.zeros(len(ops)))
         if cpu and f"pages_{phase}" in ops:  # first-touch faults of fresh mappings (predict.pages.fresh_pages)
             extra = extra + ops[f"pages_{phase}"].to_numpy(float) * host_constants(system)["page_fault_s"]
         args = (ops[f"macs_{phase}"].to_numpy(float) * 2, ops[f"other_{phase}"].to_numpy(float),
@@ -485,16 +485,15 @@ def class_efficiency(system, op_class: str, name: str, dtype, phase: str, roof_s
     return 1.0
 
 
-def row_prices(system, names, phase: str) -> np.ndarray:
-    """Seconds per row of each op in ``names`` in ``phase`` ("fwd"/"bwd"): the spec's ``op_row_s``
-    (measured by ``perfcheck calibrate``'s op-class cases, perfcheck/calibrate/op_classes.py) over the defaults
-    for its kind (``systems.row_costs``: host_defaults.json, none today); 0 for an op neither lists.
-
-    Why: some CPU kernels pay a fixed cost per row beyond their elements' roofline: an embedding's backward
-    per index (its index sort and scatter), a convolution's weight gradient per weight element (the reorder of
-    the gradient back to OIHW); perfcheck.predict.formulas counts the rows. The row-wise ops' per-row terms
-    (softmax, log_softmax, layer norm, nll_loss, by row length) were retired: no held-out model moved without
-    them (bench/results/pruning.md).
-    """
+def row_prices(system, names, phase: str, classes=None) -> np.ndarray:
+    """Seconds per row of each op in ``names`` in ``phase`` ("fwd"/"bwd"): the spec's ``op_row_s`` of the op's
+    class where ``classes`` is given and the spec lists it (EmbeddingBag's max mode scatters one element per row,
+    sum's sorts and adds whole rows), else of its name (measured by ``perfcheck calibrate``'s op-class cases,
+    perfcheck/calibrate/op_classes.py) over the defaults for its kind (``systems.row_costs``: host_defaults.json,
+    none today); 0 for an op neither lists. Why: some CPU kernels pay a fixed cost per row beyond their
+    elements' roofline: an embedding's backward per index (its index sort and scatter), a convolution's weight
+    gradient per weight element (the reorder back to OIHW); perfcheck.predict.formulas counts the rows. The
+    row-wise ops' per-row terms (softmax, layer norm, ...) were retired (bench/results/pruning.md)."""
     table = row_costs(spec_of(system))
-    return np.array([table.get(n, {}).get(phase, 0.0) for n in names], dtype=float)
+    keys = names if classes is None else [c if c in table else n for c, n in zip(classes, names)]
+    return np.array([table.get(n, {}).get(phase, 0.0) for n in keys], dtype=float)
