@@ -28,6 +28,8 @@ LAUNCH_AUTOGRAD = "autograd"           # a chain of tiny multiplies, forward and
 HOST_VIEW = "view"                     # Tensor.t() of a 1x1 tensor
 HOST_MODULE_CALL = "module call"       # an nn.Module whose forward returns its input
 HOST_DEVICE_KERNEL = "device kernel"   # a tiny add queued behind torch.cuda._sleep (GPU only)
+HOST_FRESH_FILL = "fresh fill"         # torch.zeros of a fresh 32 MiB buffer, per 4 KiB page (CPU only)
+HOST_REUSED_FILL = "reused fill"       # zero_() of a kept 32 MiB buffer, per 4 KiB page (CPU only)
 
 
 def count_of(label: str) -> int:

@@ -20,6 +20,7 @@ from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.calibrate.layers import cold_filler
 from perfcheck.calibrate.phase import PHASE_HOST_KINDS, REFERENCE_LOOP_S
 from perfcheck.hardware.systems import normalize_dtype, torch_dtype
+from perfcheck.predict.pages import MMAP_ALWAYS_BYTES, PAGE_BYTES
 
 
 
@@ -404,7 +405,7 @@ def host_cases(device, chain: int = 32) -> list:
     cases = [Case(names.HOST, names.HOST_VIEW, lambda: m2.t(), "fp32", host=True),
              Case(names.HOST, names.chain_label(True, chain), fwd_grad, "fp32", per_call=chain, host=True),
              Case(names.HOST, names.chain_label(False, chain), fwd_plain, "fp32", per_call=chain, host=True),
-             Case(names.HOST, names.HOST_MODULE_CALL, calls, "fp32", per_call=16, host=True)]
+             Case(names.HOST, names.HOST_MODULE_CALL, calls, "fp32", per_call=16, host=True)] + page_fault_cases(dev)
     # once-per-step costs (loss.backward()'s start: the chains' intercept; the optimizer step) are timed
     # once per filler call, after other code, as a step runs them (``cold_filler``), on the host clock on a
     # GPU too (Timer.loop); per-op costs stay tight loops: a step's ops follow one another. Before, a GPU
@@ -424,6 +425,18 @@ def host_cases(device, chain: int = 32) -> list:
             cases.append(Case(names.HOST, names.optim_label(label, n), _step_and_zero_grad(opt, params, dev), "fp32",
                               shape=(n, 0, 0), between=cold, host=True))
     return cases
+
+
+def page_fault_cases(dev) -> list:
+    """CPU only: ``torch.zeros`` of a fresh ``MMAP_ALWAYS_BYTES`` buffer (mapped anew at each allocation: every
+    page faults on its first touch) and ``zero_()`` of a kept one, each per 4 KiB page; their difference is
+    ``page_fault_s`` (perfcheck.predict.pages). Two 32 MiB fills per call: ~20 ms and ~3 ms."""
+    if dev.type != "cpu":
+        return []
+    pages, kept = MMAP_ALWAYS_BYTES // PAGE_BYTES, torch.zeros(MMAP_ALWAYS_BYTES // 4)
+    return [Case(names.HOST, names.HOST_FRESH_FILL, lambda: torch.zeros(MMAP_ALWAYS_BYTES // 4), "fp32",
+                 per_call=pages, host=True),
+            Case(names.HOST, names.HOST_REUSED_FILL, kept.zero_, "fp32", per_call=pages, host=True)]
 
 
 def _step_and_zero_grad(opt, params, dev):

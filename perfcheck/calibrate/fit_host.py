@@ -77,7 +77,9 @@ def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
         kernels = max(float(getattr(r, "k", 0) or 0), 1.0)
         roof, _ = roofline.op_time_s(float(r.flops), float(r.n), float(r.bytes), kernels, spec, r.dtype or "fp32",
                                      launch_s=0.0)
-        kernel_s = max(float(r.seconds) - d.op_s - fixed.get(r.label, 0.0), 1e-9)
+        # a class's forward-only case (``<class>:fwd``) less the class's own fixed cost (``<class>``)
+        kernel_s = max(float(r.seconds) - d.op_s - fixed.get(r.label, fixed.get(r.label.removesuffix(":fwd"), 0.0)),
+                       1e-9)
         eff[roofline.op_efficiency_key(r.label, r.dtype or "fp32")] = float(min(max(roof / kernel_s, 1e-4), cap))
     if fixed:
         sources["op_fixed_s"] = (f"{d.stamp}: per aten op, one call on tiny tensors (8x16, 1x1x6x6; a convolution "
@@ -256,6 +258,10 @@ def host_terms(d: Draft, table, threads):
     if names.HOST_MODULE_CALL in sec:
         put("module_call_s", sec[names.HOST_MODULE_CALL], "calling an nn.Module whose forward returns its input")
     _host_cold(table, put, d.kind)
+    if names.HOST_FRESH_FILL in sec and names.HOST_REUSED_FILL in sec:
+        put("page_fault_s", sec[names.HOST_FRESH_FILL] - sec[names.HOST_REUSED_FILL],
+            "torch.zeros of a fresh 32 MiB buffer (a new mapping: one minor fault per page) less zero_() of a kept "
+            "one, per 4 KiB page")
     _host_optimizers(host, put)
     if names.HOST_DEVICE_KERNEL in sec:
         put("device_kernel_s", sec[names.HOST_DEVICE_KERNEL], "GPU time per tiny add queued behind torch.cuda._sleep "

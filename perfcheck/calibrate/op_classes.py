@@ -304,7 +304,7 @@ def embedding_row_cases(dev) -> list:
 #: tiny call took 11 us forward and 17 us backward (sum), 19 and 12 us (mean), where a tiny add takes 1.4 us; the
 #: per-index cases (``embedding_row_cases``) fit a slope, which leaves it out, so wide & deep's EmbeddingBag
 #: forwards (1024-2048 indices) read 20-50 us against 5-19 predicted.
-EMBEDDING_BAG_FIXED_CASES = {"_embedding_bag": 0, "_embedding_bag_mean": 1}
+EMBEDDING_BAG_FIXED_CASES = {"_embedding_bag": 0, "_embedding_bag_mean": 1, "_embedding_bag_max": 2}
 #: The tiny call's table rows, columns, indices and bags.
 EMBEDDING_BAG_TINY = (16, 4, 8, 2)
 
@@ -327,6 +327,38 @@ def embedding_bag_fixed_cases(dev) -> list:
             g, idx, offs, o, b, x, rows, False, m, False, None)
         out += [Case(names.CLASSFIXED, label, fwd, "fp32", host=True),
                 Case(names.CLASSFIXED, f"{label}:bwd", bwd, "fp32", host=True)]
+    return out
+
+
+#: The max-mode cases (class ``_embedding_bag_max``): columns and bag counts (bags of 4 indices) into an
+#: ``EMBED_ROWS`` table, a mid size (none of the held-out models' tables). Why a class of its own: max runs a scalar
+#: loop per gathered element (EmbeddingBag.cpp ``embedding_bag_cpu_max_out``), not sum's fbgemm kernel, and its
+#: backward an ``index_add_`` per column, one strided element per bag, not sum's sorted row adds: on the project's
+#: Xeon (1 thread, process time, 2026-11-27) 630 us forward for 4096 indices of 32 columns against sum's 20, and
+#: ~6 ns per scattered element backward (bench/results/embedding_classes.md).
+EMBEDDING_BAG_MAX_DIM, EMBEDDING_BAG_MAX_BAGS = 32, (128, 1024)
+
+
+def embedding_bag_max_cases(dev) -> list:
+    """``opeff`` row ``_embedding_bag_max:fwd`` (``aten._embedding_bag`` in max mode at the larger bag count; the
+    fit takes the class's fixed cost, ``embedding_bag_fixed_cases``, out first) and ``oprows`` rows
+    ``_embedding_bag_max bwd`` (its ``aten._embedding_bag_backward``, m = bags x columns, the scattered elements)
+    at both ``EMBEDDING_BAG_MAX_BAGS``: the slope is the price per scattered element (op_row_s)."""
+    dim, gen, out = EMBEDDING_BAG_MAX_DIM, torch.Generator().manual_seed(0), []
+    table = torch.randn(EMBED_ROWS, dim, device=dev)
+    for bags in EMBEDDING_BAG_MAX_BAGS:
+        idx = torch.randint(0, EMBED_ROWS, (4 * bags,), generator=gen).to(dev)
+        offs = torch.arange(0, 4 * bags, 4, device=dev)
+        g = torch.randn(bags, dim, device=dev)
+        _, o2b, bag_size, max_idx = aten._embedding_bag(table, idx, offs, False, 2)
+        bag = lambda t, i=idx, o=offs: torch.nn.functional.embedding_bag(i, t, o, mode="max")  # noqa: E731
+        cost = formula_costs(bag, (table.clone().requires_grad_(True),), ("_embedding_bag",))
+        _, of, nb, k = cost["bwd"]
+        out.append(Case(names.OPROWS, "_embedding_bag_max bwd", lambda g=g, i=idx, o=offs, b=o2b, s=bag_size,
+                        x=max_idx: aten._embedding_bag_backward(g, i, o, b, s, x, EMBED_ROWS, False, 2, False, None),
+                        "fp32", float(of), float(nb), (bags * dim, 1, int(max(k, 1)))))
+    out.append(_opeff("_embedding_bag_max:fwd", lambda i=idx, o=offs: aten._embedding_bag(table, i, o, False, 2),
+                      cost["fwd"]))
     return out
 
 
@@ -384,5 +416,6 @@ def op_class_cases(device) -> list:
     # a CPU convolution class's fixed cost per call is its kernel's (a GPU's is the host's, per op family)
     # a oneDNN LSTM layer is a CPU kernel (a GPU's nn.LSTM runs cuDNN: aten_costs._cudnn_rnn)
     cpu_only = (embedding_row_cases(dev) + conv_weight_cases(dev) + conv_fixed_cases(dev)
-                + embedding_bag_fixed_cases(dev) + rnn_cases(dev)) if dev.type == "cpu" else []
+                + embedding_bag_fixed_cases(dev) + embedding_bag_max_cases(dev) + rnn_cases(dev)
+                ) if dev.type == "cpu" else []
     return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + cpu_only

@@ -124,6 +124,9 @@ HOST_KEYS = {
     "backward_node_s": "autograd engine time per node evaluated in backward, beside its kernels' dispatch",
     "backward_call_s": "fixed cost of one loss.backward() (graph task, engine start)",
     "module_call_s": "Python cost of one nn.Module.__call__ (hook checks, forward frame)",
+    "page_fault_s": "first touch of one 4 KiB page of a fresh mapping (a minor page fault: the kernel maps and "
+                    "zeroes the page), per page; a CPU buffer of 32 MiB or more is mapped anew at every allocation "
+                    "(perfcheck.predict.formulas.fresh_pages); perfcheck/calibrate/cases.py page_fault_cases",
     "optim_step_s": "fixed cost of one optimizer.step() + zero_grad(set_to_none=True) (torch.optim.SGD, for-loop)",
     "optim_sgd_foreach_step_s": "the same fixed cost for torch.optim.SGD's foreach implementation (its grouping of the "
                                 "tensors by device and dtype and each _foreach_ op's launch: dearer than the for-loop's)",

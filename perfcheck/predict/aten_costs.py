@@ -354,7 +354,7 @@ def _embedding_bag(c: OpCall):
     offsets = c.arg(2, "offsets")
     bags = c.outputs[0].shape[0] if c.outputs and c.outputs[0].shape else (offsets.numel if offsets else 1)
     return F.embedding_bag(idx.numel, bags, w.shape[1], w.shape[0], w_grad=w.requires_grad, elem_bytes=_eb(w),
-                           index_bytes=idx.elem_bytes)
+                           index_bytes=idx.elem_bytes, mode=int(c.arg(4, "mode", 0) or 0))
 
 
 # -------------------------------------------------------------------------- recurrent layers
@@ -605,8 +605,9 @@ def op_class(c: OpCall) -> str:
                     Each class has its own fixed cost per call (op_fixed_s[<class>], and <class>:bwd for the
                     backward: calibration's tiny call of the class, op_classes.conv_fixed_cases)
       gelu          ``gelu_tanh`` for approximate="tanh" (a polynomial and tanh, not erf)
-      embedding bag ``_embedding_bag`` (sum, max) or ``_embedding_bag_mean`` (``embedding_bag_class``), each with its
-                    fixed cost per call (op_fixed_s[<class>], <class>:bwd: op_classes.embedding_bag_fixed_cases)
+      embedding bag ``_embedding_bag`` (sum), ``_embedding_bag_mean``, ``_embedding_bag_max`` (``embedding_bag_class``),
+                    each with its fixed cost per call (op_fixed_s[<class>], <class>:bwd:
+                    op_classes.embedding_bag_fixed_cases); max's rate: op_classes.embedding_bag_max_cases
       others        the op's name
     """
     if c.name in ("convolution", "_convolution") and len(c.args) > 1 and isinstance(c.args[1], TensorMeta):
@@ -631,12 +632,16 @@ def op_class(c: OpCall) -> str:
 
 
 def embedding_bag_class(mode: int) -> str:
-    """The class of an ``_embedding_bag`` call by its ``mode`` (0 sum, 1 mean, 2 max): ``_embedding_bag`` for sum
-    (and max), ``_embedding_bag_mean`` for mean. Why: their CPU paths differ in fixed cost per call (mean fills
-    bag_size and divides each bag; EmbeddingBag.cpp ``_embedding_bag_cpu_impl_out``): a tiny call took 11 us
-    (sum) and 19 us (mean) forward on the project's Xeon (1 thread, process time, 2026-11-26), each beyond a
-    tiny add's 1.4 us; calibration measures each (op_classes.embedding_bag_fixed_cases)."""
-    return "_embedding_bag_mean" if mode == 1 else "_embedding_bag"
+    """The class of an ``_embedding_bag`` call by its ``mode`` (0 sum, 1 mean, 2 max): ``_embedding_bag``,
+    ``_embedding_bag_mean``, ``_embedding_bag_max``. Why: their CPU paths differ (EmbeddingBag.cpp
+    ``_embedding_bag_cpu_impl_out``): mean fills bag_size and divides each bag (a tiny call 19 us forward against
+    sum's 11, beside a tiny add's 1.4, on the project's Xeon, 1 thread, process time, 2026-11-26); max runs a
+    scalar loop per gathered element (``embedding_bag_cpu_max_out``: compare, store value and index), not
+    fbgemm's vectorized kernel, and its backward one ``index_add_`` per column: 2218 us forward for 4096 indices of
+    128 columns against sum's 78, 1237 us backward against 580 (2026-11-27, bench/results/embedding_classes.md).
+    Calibration measures each class's fixed cost (op_classes.embedding_bag_fixed_cases) and max's rate
+    (op_classes.embedding_bag_max_cases)."""
+    return {1: "_embedding_bag_mean", 2: "_embedding_bag_max"}.get(mode, "_embedding_bag")
 
 
 def _is_1x1_matmul_path(c: OpCall, w: TensorMeta) -> bool:

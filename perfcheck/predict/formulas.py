@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from perfcheck.predict.pages import fresh_pages
+
 
 @dataclass(frozen=True)
 class Cost:
@@ -39,6 +41,10 @@ class Cost:
     #: slow_conv2d_forward_out_cpu: ``slow_conv2d_update_output_frame`` per sample) runs one GEMM per sample, so
     #: its rate is a per-sample GEMM's (perfcheck.predict.roofline.op_device_times reads FLOPs and bytes per call)
     gemms: float = 0
+    #: 4 KiB pages of a fresh allocation the phase first-touches where the C library maps that allocation anew on
+    #: every call (``fresh_pages``): each a minor page fault, the kernel zeroing the page, priced per page by the
+    #: spec's host constant ``page_fault_s`` (a CPU's; measured by calibration's page-fault cases)
+    pages: float = 0
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -364,8 +370,6 @@ def pool(n, channels, out_spatial, in_spatial, kernel_numel, *, kind="max", x_gr
 #: first (read-for-ownership, Intel 64 and IA-32 Optimization Reference Manual, "write-allocate"), so zeroing B
 #: bytes moves ~2B (a 16 MiB zero_() took 0.75x a 16 MiB copy_ on the project's Xeon, not 0.5x).
 FILL_STREAMS = 2
-
-
 def embedding(tokens, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8) -> OpCost:
     """Embedding lookup (aten ``embedding``: index_select of one row per token).
 
@@ -373,27 +377,34 @@ def embedding(tokens, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8) -
     spec's op_row_s["embedding"] prices it per index, calibrated by op_classes.embedding_row_cases).
     bwd (aten.embedding_dense_backward on a CPU): the dense (vocab, dim) gradient is zeroed (FILL_STREAMS per
     element), then each token's gradient row is added into its row (read g, read + write the row: 3 streams)
-    after the indices are sorted; ``rows`` = tokens. Saves the int64 indices."""
+    after the indices are sorted; ``rows`` = tokens; ``pages``: the gradient's first-touch faults where it is a
+    fresh mapping every call (``fresh_pages``). Saves the int64 indices."""
     out = tokens * dim
     fwd = Cost(bytes=2 * out * elem_bytes + tokens * index_bytes, kernels=1, rows=tokens, row_elems=out)
     bwd = Cost(flops=out, bytes=(3 * out + FILL_STREAMS * vocab * dim) * elem_bytes + tokens * index_bytes,
-               kernels=2, rows=tokens, row_elems=out)
+               kernels=2, rows=tokens, row_elems=out, pages=fresh_pages(vocab * dim * elem_bytes))
     return OpCost(fwd, bwd.scale(w_grad), tokens * index_bytes * bool(w_grad), vocab * dim)
 
 
-def embedding_bag(indices, bags, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8) -> OpCost:
-    """EmbeddingBag (aten ``_embedding_bag``, sum/mean): per index a row gathered and added into its bag.
+def embedding_bag(indices, bags, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8, mode=0) -> OpCost:
+    """EmbeddingBag (aten ``_embedding_bag``; ``mode`` 0 sum, 1 mean, 2 max): per index a row gathered into its bag.
 
-    fwd: reads indices x dim elements, writes bags x dim, 1 add per gathered element; ``rows`` = indices.
-    bwd (dense, CPU ``_embedding_bag_dense_backward``): the (vocab, dim) gradient zeroed (FILL_STREAMS), the
-    indices sorted and counted, each index's bag gradient added into its row (3 streams per element); ``rows`` =
-    indices (the per-index price, op_row_s["_embedding_bag"], is calibrated). Saves indices and offsets."""
+    fwd: indices x dim elements read, bags x dim written, 1 add (max: compare) each; ``rows`` = indices. bwd, sum
+    and mean (CPU ``_embedding_bag_dense_backward_cpu_sum_mean``): the (vocab, dim) gradient zeroed (FILL_STREAMS),
+    indices sorted and counted, each index's bag gradient added into its row (3 streams); ``rows`` = indices
+    (op_row_s["_embedding_bag"]). bwd, max (``_embedding_bag_dense_backward_cpu_max``: an ``index_add_`` per column
+    into the rows that held the maxima): no sort; bags x dim scattered one-element adds (``rows``, each a strided
+    access: op_row_s["_embedding_bag_max"]) and the int64 max_indices, after the same fill. ``pages``: the
+    gradient's faults (``fresh_pages``). Saves indices, offsets (max: max_indices)."""
     moved, out = indices * dim, bags * dim
-    idx = (indices + bags) * index_bytes
+    idx, fill = (indices + bags) * index_bytes, FILL_STREAMS * vocab * dim * elem_bytes
     fwd = Cost(flops=moved, bytes=(moved + out) * elem_bytes + idx, kernels=1, rows=indices, row_elems=moved)
-    bwd = Cost(flops=moved, bytes=(3 * moved + out + FILL_STREAMS * vocab * dim) * elem_bytes + 2 * idx, kernels=3,
-               rows=indices, row_elems=moved)
-    return OpCost(fwd, bwd.scale(w_grad), idx * bool(w_grad), vocab * dim)
+    bwd = (Cost(flops=out, bytes=3 * out * elem_bytes + fill + out * index_bytes, kernels=2, rows=out,
+                row_elems=out) if mode == 2 else
+           Cost(flops=moved, bytes=(3 * moved + out) * elem_bytes + fill + 2 * idx, kernels=3, rows=indices,
+                row_elems=moved)) + Cost(pages=fresh_pages(vocab * dim * elem_bytes))
+    saved = idx + out * index_bytes * (mode == 2)
+    return OpCost(fwd, bwd.scale(w_grad), saved * bool(w_grad), vocab * dim)
 
 
 def gather(moved, index_elems, *, x_grad=True, elem_bytes=4, index_bytes=8, accumulate=False) -> OpCost:

@@ -29,7 +29,7 @@ import os
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, normalize_dtype, row_costs, spec_of
+from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, row_costs, spec_of
 from perfcheck.predict.attention_kernel import attention_fractions_of
 from perfcheck.predict import matrix_curve
 from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401
@@ -364,9 +364,9 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
 
     Per op: ``device_times`` with ``launch_s`` per kernel, the roofline part divided by the spec's
     ``op_efficiency`` of that op in ``dtype`` and phase, read off its curve at the kernel's roofline seconds where
-    the spec has one (``op_efficiency()``: a kernel measured slower than the
-    roofline on this machine: a CPU convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of
-    that op (``row_prices``) when the table has that column.
+    the spec has one (``op_efficiency()``: a kernel measured slower than the roofline on this machine: a CPU
+    convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of that op
+    (``row_prices``) when the table has that column (on a CPU also ``pages_<phase>`` x ``page_fault_s``).
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it. Columns ``cold_fwd``,
     ``cold_bwd`` (optional): the share of an op's operand bytes evicted from L2 (``predict.reuse.cold_shares``;
     ``cold_memory_fwd``/``cold_memory_bwd``, where present, the memory term's share instead: fresh outputs counted):
@@ -388,13 +388,13 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     cpu = system.kind == "cpu"
     for phase in ("fwd", "bwd"):
         k = ops[f"kernels_{phase}"].to_numpy(float)
-        calls = (ops[f"gemms_{phase}"].to_numpy(float) if cpu and f"gemms_{phase}" in ops
-                 else np.zeros(len(ops)))
+        calls = ops[f"gemms_{phase}"].to_numpy(float) if cpu and f"gemms_{phase}" in ops else np.zeros(len(ops))
         gemm_priced = calls > 0
         launch = system.launch_overhead_s if launch_s is None else launch_s
-        extra = np.zeros(len(ops))
-        if f"rows_{phase}" in ops:
-            extra = extra + ops[f"rows_{phase}"].to_numpy(float) * row_prices(system, names, phase)
+        extra = (ops[f"rows_{phase}"].to_numpy(float) * row_prices(system, names, phase, classes)
+                 if f"rows_{phase}" in ops else np.zeros(len(ops)))
+        if cpu and f"pages_{phase}" in ops:  # first-touch faults of fresh mappings (predict.pages.fresh_pages)
+            extra = extra + ops[f"pages_{phase}"].to_numpy(float) * host_constants(system)["page_fault_s"]
         args = (ops[f"macs_{phase}"].to_numpy(float) * 2, ops[f"other_{phase}"].to_numpy(float),
                 ops[f"bytes_{phase}"].to_numpy(float), k, system, dtype)
         share = ops[f"cold_{phase}"].to_numpy(float) if f"cold_{phase}" in ops else np.zeros(len(ops))
@@ -483,16 +483,15 @@ def class_efficiency(system, op_class: str, name: str, dtype, phase: str, roof_s
     return 1.0
 
 
-def row_prices(system, names, phase: str) -> np.ndarray:
-    """Seconds per row of each op in ``names`` in ``phase`` ("fwd"/"bwd"): the spec's ``op_row_s``
-    (measured by ``perfcheck calibrate``'s op-class cases, perfcheck/calibrate/op_classes.py) over the defaults
-    for its kind (``systems.row_costs``: host_defaults.json, none today); 0 for an op neither lists.
-
-    Why: some CPU kernels pay a fixed cost per row beyond their elements' roofline: an embedding's backward
-    per index (its index sort and scatter), a convolution's weight gradient per weight element (the reorder of
-    the gradient back to OIHW); perfcheck.predict.formulas counts the rows. The row-wise ops' per-row terms
-    (softmax, log_softmax, layer norm, nll_loss, by row length) were retired: no held-out model moved without
-    them (bench/results/pruning.md).
-    """
+def row_prices(system, names, phase: str, classes=None) -> np.ndarray:
+    """Seconds per row of each op in ``names`` in ``phase`` ("fwd"/"bwd"): the spec's ``op_row_s`` of the op's
+    class where ``classes`` is given and the spec lists it (EmbeddingBag's max mode scatters one element per row,
+    sum's sorts and adds whole rows), else of its name (measured by ``perfcheck calibrate``'s op-class cases,
+    perfcheck/calibrate/op_classes.py) over the defaults for its kind (``systems.row_costs``: host_defaults.json,
+    none today); 0 for an op neither lists. Why: some CPU kernels pay a fixed cost per row beyond their
+    elements' roofline: an embedding's backward per index (its index sort and scatter), a convolution's weight
+    gradient per weight element (the reorder back to OIHW); perfcheck.predict.formulas counts the rows. The
+    row-wise ops' per-row terms (softmax, layer norm, ...) were retired (bench/results/pruning.md)."""
     table = row_costs(spec_of(system))
-    return np.array([table.get(n, {}).get(phase, 0.0) for n in names], dtype=float)
+    keys = names if classes is None else [c if c in table else n for c, n in zip(classes, names)]
+    return np.array([table.get(n, {}).get(phase, 0.0) for n in keys], dtype=float)
