@@ -5,19 +5,22 @@ Why: the host model charges ``op_cold_s`` to every op whose family differs from 
 loops. A recurrent layer without a oneDNN path (nn.GRU, nn.RNN, a hand-written cell loop) repeats the same ~12
 families every time step; if their code stays hot in the instruction cache and branch predictors, each op
 costs only its tight-loop price. This script measures the excess per op of a cycle over k distinct families
-(the first k of ``FAMILIES``, GRU cell ops first) against each family's tight loop:
+(the first k of ``families()``, GRU cell ops first) against each family's tight loop:
 
     excess(k) = cycle(k) time per op - mean over the k families of their tight-loop time per op
 
 with one intra-op thread and process CPU time, all (k, repeat) blocks interleaved in a shuffled order, medians
-over repeats. Also a plain nn.GRU's forward and backward time per aten op (aten op count under a TorchDispatchMode) beside the
-tight-loop mean of the ops it runs.
+over repeats; the calibration's 14-op round-robin with each family left out; and recurrent layers without a oneDNN
+path (nn.GRU, nn.RNN, a GRUCell loop) measured alone, per aten call (TorchDispatchMode), and predicted on a saved
+calibration table (``--calibration``; ``--measured F.csv`` keeps one measurement for two trees' predictions).
 
     OMP_NUM_THREADS=1 flock /tmp/perfcheck-bench.lock python3 bench/op_family_reuse.py [--repeats 15]
+        [--measured rec.csv --calibration cal.csv]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -92,27 +95,64 @@ def family_sweep(repeats: int, n_ops: int) -> list:
     return rows, {name: t * 1e6 for (name, _), t in zip(ops, t_med)}
 
 
-def gru_per_op(repeats: int) -> dict:
-    """A bidirectional nn.GRU(64, 128) on batch 16 x 40 (no oneDNN path: per-step native ops): forward and
-    backward process time, aten op counts and time per op; medians over ``repeats``."""
+class CellLoop(torch.nn.Module):
+    """A hand-written GRU cell loop (nn.GRUCell over the steps of a batch-first input)."""
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.cell, self.hidden = torch.nn.GRUCell(dim, hidden), hidden
+
+    def forward(self, x):
+        h = x.new_zeros(x.shape[0], self.hidden)
+        for t in range(x.shape[1]):
+            h = self.cell(x[:, t], h)
+        return h
+
+
+def recurrent_modules() -> dict:
+    """name -> (module, input): recurrent layers without a oneDNN path at a design-like size (batch 8 x 32 steps,
+    128 -> 256; not a scoring model's shape), and a one-step control."""
     g = torch.Generator().manual_seed(0)
-    rnn = torch.nn.GRU(64, 128, batch_first=True, bidirectional=True)
-    x = torch.rand(16, 40, 64, generator=g, requires_grad=True)
+    x = torch.rand(8, 32, 128, generator=g, requires_grad=True)
+    torch.manual_seed(0)
+    return {"nn.GRU 128->256, 8x32": (torch.nn.GRU(128, 256, batch_first=True), x),
+            "nn.RNN tanh 128->256, 8x32": (torch.nn.RNN(128, 256, batch_first=True), x),
+            "GRUCell loop 128->256, 8x32": (CellLoop(128, 256), x)}
+
+
+def _out(y):
+    return y[0] if isinstance(y, tuple) else y
+
+
+def module_times(m, x, repeats: int) -> tuple:
+    """(forward s, backward s, forward aten calls, backward aten calls): process time medians of ``repeats``
+    (after 3 warm-ups) and the calls a TorchDispatchMode sees."""
     fwd, bwd = [], []
     for r in range(repeats + 3):
         t0 = time.process_time()
-        out, _ = rnn(x)
-        loss = out.sum()
+        out = _out(m(x))
         t1 = time.process_time()
-        loss.backward()
+        out.backward(torch.ones_like(out))
         t2 = time.process_time()
         if r >= 3:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
-    n_fwd, counts_f = _top_aten(lambda: rnn(x))
-    n_all, counts = _top_aten(lambda: rnn(x)[0].sum().backward())
-    return {"fwd_ms": statistics.median(fwd) * 1e3, "bwd_ms": statistics.median(bwd) * 1e3,
-            "fwd_ops": n_fwd, "bwd_ops": n_all - n_fwd - 2, "counts_fwd": counts_f, "counts": counts}
+    n_fwd, _ = _top_aten(lambda: _out(m(x)))
+    n_all, _ = _top_aten(lambda: _out(m(x)).backward(torch.ones_like(_out(m(x)))))
+    return statistics.median(fwd), statistics.median(bwd), n_fwd, n_all - 2 * n_fwd - 1
+
+
+def predicted(m, x, calibration: str) -> tuple:
+    """(forward s, backward s) the estimator predicts for ``m(x)`` on the spec re-fitted from a saved table."""
+    import pandas as pd
+
+    import perfcheck
+    from perfcheck.calibrate.fit import build_spec
+    from perfcheck.schema import ROOT
+    table = pd.read_csv(calibration, keep_default_na=True)
+    table["dtype"] = table["dtype"].fillna("")
+    spec = build_spec("cpu", table, peaks="measured", stamp="saved table", kind="cpu", threads=1)
+    root = perfcheck.estimate(m, (x,), system=spec).set_index("module").loc[ROOT]
+    return float(root["pred_fwd_s"]), float(root["pred_bwd_s"])
 
 
 def _top_aten(fn) -> tuple:
@@ -160,8 +200,19 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--ops", type=int, default=960, help="ops per timed cycle block (a multiple of 48)")
+    ap.add_argument("--measured", default=None, help="recurrent modules' times: read this CSV if it exists, else "
+                                                     "measure them and write it (so two trees predict one measurement)")
+    ap.add_argument("--calibration", default=None, help="a saved calibration table (bench/heldout.py "
+                                                        "--save-calibration): predict the recurrent modules on it; absent: a quick "
+                                                        "calibration right after the measurement, saved there")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.measured is None or not os.path.exists(args.measured):
+        sweep(args)
+    recurrent(args)
+
+
+def sweep(args):
     rows, tight = family_sweep(args.repeats, args.ops)
     print("| k families | cycle us/op | tight mean us/op | excess us/op |\n|---|---|---|---|")
     for k, c, t, e in rows:
@@ -171,12 +222,32 @@ def main(argv=None):
     print("calibration round-robin (tiny_ops), excess us/op with one family left out:")
     print(", ".join(f"{n} {e:+.2f}" for n, e in loo))
     print("tight us/op:", ", ".join(f"{n} {v:.2f}" for n, v in t_cal.items()))
-    gru = gru_per_op(args.repeats)
-    print(f"GRU(64,128,bi) 16x40: fwd {gru['fwd_ms']:.2f} ms, bwd {gru['bwd_ms']:.2f} ms, "
-          f"top-level aten calls: fwd {gru['fwd_ops']}, bwd {gru['bwd_ops']} (dispatch mode; bwd less the loss's sum and ones_like); "
-          f"per op fwd {gru['fwd_ms'] * 1e3 / gru['fwd_ops']:.2f} us, bwd {gru['bwd_ms'] * 1e3 / gru['bwd_ops']:.2f} us")
-    print("fwd counts:", sorted(gru["counts_fwd"].items(), key=lambda kv: -kv[1]))
-    print("counts:", sorted(gru["counts"].items(), key=lambda kv: -kv[1])[:20])
+
+
+def recurrent(args):
+    """Per recurrent module: measured forward/backward (or read from ``--measured``), calls, time per call and,
+    with ``--calibration``, the prediction and measured/predicted."""
+    import pandas as pd
+    mods = recurrent_modules()
+    if args.measured and os.path.exists(args.measured):
+        meas = pd.read_csv(args.measured).set_index("module")
+    else:
+        meas = pd.DataFrame([(n, *module_times(m, x, args.repeats)) for n, (m, x) in mods.items()],
+                            columns=["module", "fwd_s", "bwd_s", "fwd_calls", "bwd_calls"]).set_index("module")
+        if args.measured:
+            meas.to_csv(args.measured)
+    if args.calibration and not os.path.exists(args.calibration):  # a quick calibration right after: one machine state
+        from perfcheck.calibrate.run import calibrate
+        calibrate("cpu", mode="quick", device="cpu", comm=False, threads=1, name="auto",
+                  clock="process").measurements.to_csv(args.calibration, index=False)
+    print("| module | fwd ms | bwd ms | fwd calls | bwd calls | us/call fwd | us/call bwd | pred fwd ms | pred bwd ms "
+          "| meas/pred fwd | meas/pred bwd |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    for n, (m, x) in mods.items():
+        r = meas.loc[n]
+        p = predicted(m, x, args.calibration) if args.calibration else (float("nan"),) * 2
+        print(f"| {n} | {r.fwd_s * 1e3:.2f} | {r.bwd_s * 1e3:.2f} | {int(r.fwd_calls)} | {int(r.bwd_calls)} | "
+              f"{r.fwd_s * 1e6 / r.fwd_calls:.2f} | {r.bwd_s * 1e6 / r.bwd_calls:.2f} | {p[0] * 1e3:.2f} | "
+              f"{p[1] * 1e3:.2f} | {r.fwd_s / p[0]:.2f} | {r.bwd_s / p[1]:.2f} |")
 
 
 if __name__ == "__main__":
