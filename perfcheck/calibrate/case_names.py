@@ -57,10 +57,22 @@ def optim_label(line: str, n: int) -> str:
 #: fit_host.op_cold_excess prefers it to the tight round-robin on a GPU spec).
 AFTER_FILLER = "round-robin after filler"
 
+#: Label prefix of the OPCOLD round-robin of the light families, the op_fixed cases' tiny ops less the convolution
+#: (op_cases.op_cold_near_cases; fit_host.op_cold_near_excess, ``host.op_cold_near_s``).
+NEAR = "round-robin near"
+#: The op_fixed family the near round-robin leaves out: on a CPU its classes pay their own evicted excess
+#: (perfcheck.predict.host._class_cold), and its code made most of the 14-op round-robin's excess.
+NEAR_LEFT_OUT = ("convolution",)
+
 
 def round_robin_label(n: int, after_filler: bool = False) -> str:
     """The OPCOLD case: ``n`` tiny ops called one after another (``after_filler``: each round after the cold filler)."""
     return f"{AFTER_FILLER if after_filler else 'round-robin'} x{n}"
+
+
+def near_label(n: int) -> str:
+    """The OPCOLD case of ``n`` light tiny ops called one after another (``op_cold_near_s``)."""
+    return f"{NEAR} x{n}"
 
 
 def is_label(label: str, builder, *args) -> bool:

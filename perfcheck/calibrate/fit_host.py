@@ -213,6 +213,7 @@ def op_cold_excess(table, dtype: str = "fp32", after_filler: bool = True) -> Opt
         rr, fixed = rr[rr["dtype"] == dtype], fixed[fixed["dtype"] == dtype]
     if not len(rr) or not len(fixed):
         return None
+    rr = rr[~rr["label"].astype(str).str.startswith(names.NEAR)]  # the light round-robin: op_cold_near_excess
     after = rr[rr["label"].astype(str).str.startswith(names.AFTER_FILLER)]
     tight_rr = rr[~rr["label"].astype(str).str.startswith(names.AFTER_FILLER)]
     if not len(tight_rr) and not len(after):
@@ -223,6 +224,21 @@ def op_cold_excess(table, dtype: str = "fp32", after_filler: bool = True) -> Opt
         return None
     tight = float(fixed["seconds"].mean())
     return max(float(r["seconds"]) - tight, 0.0), n, float(r["seconds"]), tight
+
+
+def op_cold_near_excess(table) -> Optional[tuple]:
+    """``(op_cold_near_s, ops, round-robin s per op, tight-loop s per op)`` from the fp32 ``round-robin near`` case
+    (op_cases.op_cold_near_cases: the op_fixed tiny ops less ``case_names.NEAR_LEFT_OUT``, one after another) and the same
+    ops' op_fixed tight loops: the round-robin's time per op less their mean, floored at 0, as op_cold_excess.
+    None without both or when the row's op count is not the light ops' (a table from another version)."""
+    rr, fixed = rows_of(table, names.OPCOLD), rows_of(table, names.OPFIXED)
+    rr, fixed = rr[fp32_rows(rr)], fixed[fp32_rows(fixed)]
+    rr = rr[rr["label"].astype(str).str.startswith(names.NEAR)]
+    fixed = fixed[~fixed["label"].astype(str).isin(names.NEAR_LEFT_OUT)]
+    if not len(rr) or not len(fixed) or names.count_of(rr.iloc[0]["label"]) != len(fixed):
+        return None
+    per_op, tight = float(rr.iloc[0]["seconds"]), float(fixed["seconds"].mean())
+    return max(per_op - tight, 0.0), len(fixed), per_op, tight
 
 
 def launch(d: Draft, table, threads):
@@ -313,6 +329,12 @@ def _host_cold(table, put, kind: str):
                               f"{cold[2] * 1e6:.2f} us per op, less the same ops each in a tight loop, "
                               f"{cold[3] * 1e6:.2f} us per op (mean)"
                               + ("" if dt == "fp32" else f"; {dt}, on tensors needing a gradient"))
+    near = op_cold_near_excess(table) if kind not in AFTER_FILLER_KINDS else None
+    if near is not None:
+        put("op_cold_near_s", near[0], f"the {near[1]} light tiny ops of the op_fixed cases (less "
+                                       f"{', '.join(names.NEAR_LEFT_OUT)}) called one after another, {near[2] * 1e6:.2f} us "
+                                       f"per op, less the same ops each in a tight loop, {near[3] * 1e6:.2f} us per op "
+                                       f"(mean); perfcheck.predict.family_reuse")
 
 
 def _host_optimizers(host, put):

@@ -84,7 +84,23 @@ def op_cold_cases(device, dtypes=()) -> list:
     # per dtype of ``dtypes``: the same ops in that dtype with gradients, as op_fixed_cases' cases of that dtype
     per_dtype = [("fp32", list(tiny_ops(dev).values()))] + [
         (dt, list(tiny_ops(dev, torch_dtype(dt), grad=True).values())) for dt in dtypes]
-    return [_round_robin(dt, ops) for dt, ops in per_dtype] + op_cold_filler_cases(dev, per_dtype)
+    return ([_round_robin(dt, ops) for dt, ops in per_dtype] + op_cold_filler_cases(dev, per_dtype)
+            + op_cold_near_cases(dev))
+
+
+def op_cold_near_cases(device) -> list:
+    """The fp32 round-robin again without the convolution (label ``round-robin near x13``, time per op): each op's
+    family ran 12 light families ago (``perfcheck.predict.family_reuse.NEAR_DISTANCE``), as a recurrent layer's
+    time step repeats its cell's ops. Its excess over the same ops' tight loops is ``op_cold_near_s``
+    (fit_host.op_cold_near_excess). Why: on the project's Xeon (1 thread, process time,
+    bench/results/op_family_reuse.md) the 14-op round-robin cost 2.4 us per op above the tight loops and 1.0 us
+    without the convolution, and a cycle over 2-24 light families 0.2-0.5 us. Placed after the other OPCOLD
+    rows (a table's first tight round-robin is the 14-op one, which op_cold_excess reads)."""
+    ops = [fn for name, fn in tiny_ops(torch.device(device)).items() if name not in names.NEAR_LEFT_OUT]
+    def round_robin():
+        for fn in ops:
+            fn()
+    return [Case(names.OPCOLD, names.near_label(len(ops)), round_robin, "fp32", per_call=len(ops), host=True)]
 
 
 def _round_robin(dt: str, ops, between=None) -> Case:

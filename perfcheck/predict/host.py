@@ -9,7 +9,8 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
 
     forward, per traced aten op     op_dispatch_s (view_dispatch_s for a view/metadata op)
                                     + op_cold_s when its family differs from the op before (``op_switches``;
-                                    a CPU convolution class: its measured evicted-call excess, ``_class_cold``)
+                                    a CPU convolution class: its measured evicted-call excess, ``_class_cold``;
+                                    op_cold_near_s when its family ran a few light families ago, ``family_reuse``)
                                     + autograd_node_s when an input needs a gradient (grad_fn node)
     forward, per module call        module_call_s (nn.Module.__call__ and the forward frame)
                                     + module_fixed_s[class] for a standard nn layer (its Python
@@ -72,6 +73,7 @@ from perfcheck.hardware.host_keys import op_cold_key, optim_line, optim_per_tens
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, normalize_dtype, spec_of
 from perfcheck.predict import optimizers
 from perfcheck.predict.aten_costs import is_view_op, op_class
+from perfcheck.predict.family_reuse import near_reuse
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.predict.roofline import compute_time_s, memory_time_s
 
@@ -205,6 +207,18 @@ def dtype_host_terms(spec, hc: dict, dtype) -> tuple:
     return fixed, cold
 
 
+def _with_cold(hc: dict, spec, dtype, cold: float) -> dict:
+    """``hc`` with the step's ``op_cold_s`` (``cold``: the dtype's, ``dtype_host_terms``) and ``op_cold_near_s``: the
+    spec's host block's where calibration measured it (in fp32) and the model runs in fp32/tf32, else ``cold`` (no
+    near discount without its measurement)."""
+    try:
+        key = None if dtype is None else normalize_dtype(dtype)
+    except UserError:
+        key = None
+    near = dict(spec.host).get("op_cold_near_s")
+    return {**hc, "op_cold_s": cold, "op_cold_near_s": cold if near is None or key in LOW_HOST_DTYPES else float(near)}
+
+
 def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) -> tuple:
     """Per-op forward and backward host seconds (before module-call and AccumulateGrad terms).
 
@@ -235,6 +249,13 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     # in the forward; it is no node and takes no part in the family switches around it
     acc = seq["accumulate"].to_numpy(bool) if "accumulate" in seq else np.zeros(len(seq), dtype=bool)
     fwd_switch, bwd_switch = op_switches(seq["name"].to_numpy(object), view | acc)
+    # an op whose family ran a few light families ago finds its code warm: op_cold_near_s (family_reuse; a class
+    # with its own evicted price is heavy: never near, and every op after it is far)
+    heavy = np.array([by_class and f"{c}{EVICTED_SUFFIX}" in (op_fixed or {}) for c in classes], dtype=bool)
+    near_f, near_b = near_reuse(seq["name"].to_numpy(object), view | acc, heavy)
+    near = hc.get("op_cold_near_s", cold)
+    cold_f = np.where(near_f, np.minimum(cold_f, near), cold_f)
+    cold_b = np.where(near_b, np.minimum(cold_b, near), cold_b)
     fwd = (np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + fwd_switch * cold_f
            + node * hc["autograd_node_s"])
     # a view's backward node is a view of the gradient unless autograd's formula runs kernels (select_backward's
@@ -307,7 +328,7 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     op_fixed, cold = dtype_host_terms(spec, hc, dtype)
     # a CPU's per-op fixed cost is its kernel's, which differs by op class; a GPU's is the host's set-up (cuDNN
     # heuristics and descriptors), paid by every call of the family whatever its class
-    h_op, hb_op = _host_arrays(seq, {**hc, "op_cold_s": cold}, op_fixed, by_class=spec.kind == "cpu")
+    h_op, hb_op = _host_arrays(seq, _with_cold(hc, spec, dtype, cold), op_fixed, by_class=spec.kind == "cpu")
     mod_fixed = dict(getattr(spec, "module_fixed_s", {}) or {})  # class name -> s per call (a layer's Python)
     param_tensors = param_tensors or {}
     h_fwd, h_bwd, d_fwd, d_bwd, stacks, seen, prev = [], [], [], [], [], set(), ()

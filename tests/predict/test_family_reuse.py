@@ -1,0 +1,112 @@
+"""The near rule of the per-op cold cost (perfcheck.predict.family_reuse): which ops find their family's code warm
+(a reuse distance over op families, by hand), its calibration case (the op_fixed ops less the convolution, one
+after another), its fit (that round-robin less the same ops' tight loops, by hand) and what the estimator adds
+(op_cold_near_s to a near op, op_cold_s to a far one, by hand on a cell loop)."""
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+
+import perfcheck
+from perfcheck.calibrate import case_names, fit, fit_host, op_cases
+from perfcheck.hardware.systems import host_constants, load_system
+from perfcheck.predict.family_reuse import NEAR_DISTANCE, near_reuse
+
+US = 1e-6
+
+
+def _row(kind, label, seconds):
+    return {"kind": kind, "label": label, "dtype": "fp32", "m": 0, "k": 0, "n": 0, "flops": 0.0, "bytes": 0.0,
+            "world_size": 1, "seconds": seconds}
+
+
+# ---------------------------------------------------------------------------- the walk, by hand
+def test_near_by_hand():
+    names = ["addmm", "sigmoid", "t", "tanh", "addmm", "sigmoid", "tanh", "addmm"]
+    view = [False, False, True, False, False, False, False, False]
+    fwd, bwd = near_reuse(names, view, [False] * 8)
+    # forward: first calls far; addmm at 4 after {tanh, sigmoid} (2 others) near; sigmoid 5, tanh 6 and addmm 7 near
+    assert list(fwd) == [False, False, False, False, True, True, True, True]
+    # backward walks 7, 6, ..., 0: addmm 7, tanh 6, sigmoid 5 first (far); addmm 4 after {sigmoid, tanh} near, ...
+    assert list(bwd) == [True, True, False, True, True, False, False, False]
+    assert [list(a) for a in near_reuse([], [], [])] == [[], []]
+
+
+def test_a_heavy_op_makes_every_op_after_it_far_and_is_never_near():
+    names = ["relu", "convolution", "relu", "convolution", "relu"]
+    heavy = [False, True, False, True, False]
+    fwd, _ = near_reuse(names, [False] * 5, heavy)
+    assert list(fwd) == [False] * 5
+
+
+def test_near_up_to_the_distance_then_far():
+    cycle = [f"f{i}" for i in range(NEAR_DISTANCE + 1)]  # each family's second call: NEAR_DISTANCE others ago
+    fwd, _ = near_reuse(cycle * 2, [False] * len(cycle) * 2, [False] * len(cycle) * 2)
+    assert not fwd[:len(cycle)].any() and fwd[len(cycle):].all()
+    longer = cycle + ["g"]  # one family more: NEAR_DISTANCE + 1 others between two calls
+    fwd, _ = near_reuse(longer * 2, [False] * len(longer) * 2, [False] * len(longer) * 2)
+    assert not fwd.any()
+
+
+# ---------------------------------------------------------------------------- calibration case and fit
+def test_near_case_is_the_round_robin_without_the_convolution():
+    near = op_cases.op_cold_cases("cpu")[-1]
+    ops = op_cases.tiny_ops(torch.device("cpu"))
+    assert near.kind == "opcold" and near.per_call == len(ops) - 1 == NEAR_DISTANCE + 1
+    assert near.label == f"round-robin near x{len(ops) - 1}"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        near.fn()
+    seen = {e.key for e in prof.key_averages()}
+    assert "aten::convolution" not in seen and {"aten::addmm", "aten::gelu", "aten::embedding"} <= seen
+
+
+def test_near_fit_by_hand_and_the_far_fit_unchanged():
+    # tight loops: convolution 50, a 4, b 6 us; the 3 ops in turn 30 us per op, the 2 light ones 7 us per op
+    table = pd.DataFrame([_row("opfixed", "convolution", 50 * US), _row("opfixed", "a", 4 * US),
+                          _row("opfixed", "b", 6 * US), _row("opcold", "round-robin x3", 30 * US),
+                          _row("opcold", "round-robin near x2", 7 * US)])
+    near, n, rr, tight = fit_host.op_cold_near_excess(table)
+    assert (n, rr, tight) == (2, pytest.approx(7 * US), pytest.approx(5 * US)) and near == pytest.approx(2 * US)
+    assert fit_host.op_cold_excess(table)[0] == pytest.approx(10 * US)  # 30 - (50 + 4 + 6) / 3
+    assert fit_host.op_cold_near_excess(table.iloc[:4]) is None  # no near row: no near price
+    rows = [_row("launch", "op", 4 * US), _row("host", "view", 2 * US), *table.to_dict("records")]
+    spec = fit.build_spec("cpu", pd.DataFrame(rows), peaks="measured", stamp="t")
+    assert spec.host["op_cold_near_s"] == pytest.approx(2 * US) and spec.host["op_cold_s"] == pytest.approx(10 * US)
+    assert case_names.NEAR_LEFT_OUT == ("convolution",)
+
+
+# ---------------------------------------------------------------------------- what the estimator adds
+class CellLoop(torch.nn.Module):
+    """Three steps of a tiny Elman cell: per step addmm, tanh (2 families, both near from the second step)."""
+    def __init__(self):
+        super().__init__()
+        self.cell = torch.nn.Linear(4, 4)
+
+    def forward(self, h):
+        for _ in range(3):
+            h = torch.tanh(self.cell(h))
+        return h
+
+
+def _spec(**host_values):
+    base = load_system("cpu")
+    values = {k: 0.0 for k in host_constants(base)}
+    values.update(host_values)
+    return dataclasses.replace(base, host=values)
+
+
+def test_estimator_charges_near_ops_the_near_price():
+    torch.manual_seed(0)
+    x = (torch.randn(2, 4, requires_grad=True),)
+    m = CellLoop()
+    warm = perfcheck.estimate(m, x, system=_spec())
+    far = perfcheck.estimate(m, x, system=_spec(op_cold_s=10 * US, op_cold_near_s=10 * US))
+    near = perfcheck.estimate(m, x, system=_spec(op_cold_s=10 * US, op_cold_near_s=1 * US))
+    root = lambda df, col: float(df.set_index("module").loc["(root)", col])  # noqa: E731
+    # forward, computing ops addmm tanh addmm tanh addmm tanh (t is a view): every one a switch; the first two far
+    # (first calls), the other four near: 6 x 10 us far, 2 x 10 + 4 x 1 = 24 us near
+    assert root(far, "host_fwd_s") - root(warm, "host_fwd_s") == pytest.approx(60 * US)
+    assert root(near, "host_fwd_s") - root(warm, "host_fwd_s") == pytest.approx(24 * US)
+    # backward: the 6 nodes in reverse, the same pattern
+    assert root(near, "host_bwd_s") - root(warm, "host_bwd_s") == pytest.approx(24 * US)
