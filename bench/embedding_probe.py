@@ -76,14 +76,18 @@ class FaultTimer(heldout.ModuleTimer):
         self.faults = {p: [] for p in modules}
 
     def _bwd_pre(self, r):
+        timed = super()._bwd_pre(r)
+
         def hook(grad_out):
-            r["cur"].setdefault("b0", self.now())
+            timed(grad_out)
             r["cur"].setdefault("f_0", resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
         return hook
 
     def _bwd_post(self, r):
+        timed = super()._bwd_post(r)
+
         def hook(grad_in, grad_out):
-            r["cur"]["b1"] = self.now()
+            timed(grad_in, grad_out)
             r["cur"]["f_1"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         return hook
 

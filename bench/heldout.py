@@ -329,13 +329,39 @@ def _tensors(obj):
         yield from _tensors(obj.to_tuple())
 
 
-class ModuleTimer:
-    """Per-module forward and backward process CPU time: forward pre/post hooks; backward from the first of
-    its autograd nodes to start to the last to finish (node pre/post hooks on the nodes its forward created:
-    from its outputs' grad_fn back to its inputs' grad_fn, AccumulateGrad of its parameters included)."""
+class Clock:
+    """Marks on the device's timeline: the process clock on a CPU; CUDA events on a GPU (``bench/heldout_gpu.py``),
+    which need no sync until ``settle()``. ``mark()`` returns a mark; ``seconds(a, b)`` the time between two marks
+    once settled."""
 
-    def __init__(self, modules: dict):
-        self.modules, self.handles, self.rec, self.now = modules, [], {}, time.process_time
+    def __init__(self, device=torch.device("cpu")):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.process_time()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def settle(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+
+class ModuleTimer:
+    """Per-module forward and backward time on ``clock`` (default: process CPU time): forward pre/post hooks;
+    backward from the earliest of its autograd nodes' starts to the latest of their ends (node pre/post hooks on
+    the nodes its forward created: from its outputs' grad_fn back to its inputs' grad_fn, AccumulateGrad of its
+    parameters included), read after the step's one ``settle`` (CUDA events carry no order until then)."""
+
+    def __init__(self, modules: dict, clock: Clock = None):
+        self.modules, self.handles, self.rec = modules, [], {}
+        self.clock = clock or Clock()
+        self.now = self.clock.mark
 
     def __enter__(self):
         for path, m in self.modules.items():
@@ -382,21 +408,24 @@ class ModuleTimer:
 
     def _bwd_pre(self, r):
         def hook(grad_out):
-            r["cur"].setdefault("b0", self.now())
+            r["cur"].setdefault("b0s", []).append(self.now())
         return hook
 
     def _bwd_post(self, r):
         def hook(grad_in, grad_out):
-            r["cur"]["b1"] = self.now()
+            r["cur"].setdefault("b1s", []).append(self.now())
         return hook
 
     def end_step(self):
+        self.clock.settle()
         for r in self.rec.values():
             c = r["cur"]
             if c.get("fwd_marks"):
-                r["fwd"].append(sum(b - a for a, b in c["fwd_marks"]))
-            if "b0" in c and "b1" in c:
-                r["bwd"].append(c["b1"] - c["b0"])
+                r["fwd"].append(sum(self.clock.seconds(a, b) for a, b in c["fwd_marks"]))
+            if c.get("b0s") and c.get("b1s"):
+                base = c["b0s"][0]
+                r["bwd"].append(max(self.clock.seconds(base, m) for m in c["b1s"])
+                                - min(self.clock.seconds(base, m) for m in c["b0s"]))
 
     def medians(self) -> dict:
         return {p: (float(np.median(r["fwd"])) if r["fwd"] else np.nan,
@@ -404,32 +433,40 @@ class ModuleTimer:
 
 
 # ------------------------------------------------------------------------------ measure and predict
-def measure(w: Workload, steps: int) -> dict:
+def measure(w: Workload, steps: int, clock: Clock = None, warmup: int = 2, modules: bool = True) -> dict:
+    """``warmup`` then ``steps`` bare steps timed per phase on ``clock`` (default: process CPU time; one settle per
+    step, after it), medians; then, with ``modules``, ``steps`` hooked steps for the per-module times."""
+    clock = clock or Clock()
     opt = w.optimizer(w.model.parameters())
-    now = time.process_time
-    phases = {"fwd": [], "bwd": [], "optim": []}
-    for i in range(steps + 2):
-        t0 = now()
+    phases, wall = {"fwd": [], "bwd": [], "optim": []}, []
+    for i in range(steps + warmup):
+        t_wall = time.perf_counter()
+        m0 = clock.mark()
         loss = w.loss(w.model(*w.inputs), w.target)
-        t1 = now()
+        m1 = clock.mark()
         loss.backward()
-        t2 = now()
+        m2 = clock.mark()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        t3 = now()
-        if i >= 2:
-            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
-                phases[k].append(v)
+        m3 = clock.mark()
+        clock.settle()
+        if i >= warmup:
+            wall.append(time.perf_counter() - t_wall)
+            for k, (a, b) in zip(phases, ((m0, m1), (m1, m2), (m2, m3))):
+                phases[k].append(clock.seconds(a, b))
     med = {k: float(np.median(v)) for k, v in phases.items()}
     med["step"] = float(np.median([a + b + c for a, b, c in zip(*phases.values())]))
+    out = {"phases": med, "modules": {}, "classes": {}, "optimizer": opt, "wall_step_s": float(np.median(wall))}
+    if not modules:
+        return out
     paths, classes = {}, {}
     att = set()
     for path, m in w.model.named_modules():
         c = module_class(path, m, att)
         if c:
             paths[path], classes[path] = m, c
-    timer = hooked_steps(w, opt, ModuleTimer(paths), steps)
-    return {"phases": med, "modules": timer.medians(), "classes": classes, "optimizer": opt}
+    timer = hooked_steps(w, opt, ModuleTimer(paths, clock), steps)
+    return {**out, "modules": timer.medians(), "classes": classes}
 
 
 def hooked_steps(w: Workload, opt, timer, steps: int):

@@ -26,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -36,97 +35,11 @@ import heldout  # noqa: E402
 from perfcheck.hardware.systems import load_system  # noqa: E402
 
 
-class Clock:
-    """Marks on the device's timeline: CUDA events on a GPU (no sync until ``elapsed``), the process clock on a
-    CPU (dry runs). ``mark()`` returns a mark; ``seconds(a, b)`` the time between two marks once ``settle()``d."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def mark(self):
-        if not self.cuda:
-            return time.process_time()
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        return e
-
-    def settle(self):
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def seconds(self, a, b) -> float:
-        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
-
-
-class EventModuleTimer(heldout.ModuleTimer):
-    """``heldout.ModuleTimer`` with marks from a ``Clock``: the backward span is the earliest of its nodes'
-    starts to the latest of their ends, read after the step's one synchronize (events carry no order until then)."""
-
-    def __init__(self, modules: dict, clock: Clock):
-        super().__init__(modules)
-        self.clock, self.now = clock, clock.mark
-
-    def _bwd_pre(self, r):
-        def hook(grad_out):
-            r["cur"].setdefault("b0s", []).append(self.now())
-        return hook
-
-    def _bwd_post(self, r):
-        def hook(grad_in, grad_out):
-            r["cur"].setdefault("b1s", []).append(self.now())
-        return hook
-
-    def end_step(self):
-        self.clock.settle()
-        for r in self.rec.values():
-            c = r["cur"]
-            if c.get("fwd_marks"):
-                r["fwd"].append(sum(self.clock.seconds(a, b) for a, b in c["fwd_marks"]))
-            if c.get("b0s") and c.get("b1s"):
-                base = c["b0s"][0]
-                starts = [self.clock.seconds(base, m) for m in c["b0s"]]
-                ends = [self.clock.seconds(base, m) for m in c["b1s"]]
-                r["bwd"].append(max(ends) - min(starts))
-
-
 def to_device(w: heldout.Workload, device) -> heldout.Workload:
     w.model.to(device)
     w.inputs = tuple(x.to(device) for x in w.inputs)
     w.target = w.target.to(device)
     return w
-
-
-def measure(w: heldout.Workload, steps: int, clock: Clock, modules: bool = True) -> dict:
-    opt = w.optimizer(w.model.parameters())
-    phases = {"fwd": [], "bwd": [], "optim": []}
-    wall = []
-    for i in range(steps + 3):
-        t_wall = time.perf_counter()
-        m0 = clock.mark()
-        loss = w.loss(w.model(*w.inputs), w.target)
-        m1 = clock.mark()
-        loss.backward()
-        m2 = clock.mark()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        m3 = clock.mark()
-        clock.settle()
-        if i >= 3:
-            wall.append(time.perf_counter() - t_wall)
-            for k, (a, b) in zip(phases, ((m0, m1), (m1, m2), (m2, m3))):
-                phases[k].append(clock.seconds(a, b))
-    med = {k: float(np.median(v)) for k, v in phases.items()}
-    med["step"] = float(np.median([a + b + c for a, b, c in zip(*phases.values())]))
-    paths, classes, att = {}, {}, set()
-    for path, m in w.model.named_modules():
-        c = heldout.module_class(path, m, att)
-        if c:
-            paths[path], classes[path] = m, c
-    if not modules:
-        return {"phases": med, "modules": {}, "classes": {}, "optimizer": opt, "wall_step_s": float(np.median(wall))}
-    timer = heldout.hooked_steps(w, opt, EventModuleTimer(paths, clock), steps)
-    return {"phases": med, "modules": timer.medians(), "classes": classes, "optimizer": opt,
-            "wall_step_s": float(np.median(wall))}
 
 
 def main(argv=None):
@@ -151,7 +64,7 @@ def main(argv=None):
     else:
         spec, note = heldout.calibration(None, None, say)[0], "quick CPU calibration"
         spec = heldout.merged([spec])
-    clock = Clock(device)
+    clock = heldout.Clock(device)
     sets = ("design", "scoring") if args.set == "both" else (args.set,)
     chosen = [(s, m) for s in sets for m in heldout.SPLIT[s]]
     if args.models:
@@ -162,7 +75,7 @@ def main(argv=None):
         t0 = time.perf_counter()
         try:
             w = to_device(heldout.build(name), device)
-            meas = measure(w, args.steps, clock, modules=not args.no_modules)
+            meas = heldout.measure(w, args.steps, clock, warmup=3, modules=not args.no_modules)
             t_meas = time.perf_counter() - t0
             pred = heldout.predict(w, spec, meas["optimizer"])
         except Exception as exc:  # a model that fails is reported, not skipped silently
