@@ -24,6 +24,7 @@
 #   test_gpu_kernels.py: ~45 s in 2026-11-23's runs) | diag the rest, up to 50 (scripts/gpu_phases.py: phases of
 #   LeNet and JSC, then per-op host costs tight loop vs in sequence: ~30 s each in 2026-11-23's calls 4, 5, 8)
 #   | packing 12. Sum 350 before diag: on DEADLINE=400 diag gets ~40 s. Not in the default STEPS (name them):
+#   layers 75 (bench/layer_gpu.py: a torchtitan Llama block at the published rows' shapes, + SUSTAIN_S s back to back) |
 #   heldout 90 (bench/heldout_gpu.py, 15 models; H200 2026-11-27: 88 s phases only, --no-modules; the per-module
 #   hooks hung then, fixed since but not yet timed on a GPU) | beside 60 (bench/gemm_beside_copy.py: 24 s on an H200).
 set -uo pipefail
@@ -148,10 +149,14 @@ if want heldout; then  # budget 90 s: the held-out models (bench/heldout.py's sp
   if [ -n "$DRY" ]; then HO=(--device cpu --models wide_deep,nn_decoder --steps 2); else HO=(--steps 10); fi
   SYS=()
   [ -f "$WORK/calibrated.json" ] && SYS=(--system "$WORK/calibrated.json")
-  step heldout_gpu 90 "$PY" bench/heldout_gpu.py "${HO[@]}" "${SYS[@]}" --csv "$WORK/heldout_gpu.csv"
+  step heldout_gpu "${HELDOUT_S:-90}" "$PY" bench/heldout_gpu.py "${HO[@]}" "${SYS[@]}" --csv "$WORK/heldout_gpu.csv"
 fi
 if want beside; then  # budget 60 s: a GEMM's / an add's rate beside a k-CTA copy kernel (collectives' SMs and HBM)
   if [ -z "$DRY" ]; then step beside 60 "$PY" bench/gemm_beside_copy.py --csv "$WORK/beside.csv"; fi
+fi
+if want layers; then  # budget 60 s: a torchtitan Llama block (8B, 13B, 70B shapes), fwd/bwd by CUDA events + kernel table
+  if [ -n "$DRY" ]; then LY=(--device cpu --tiny --iters 1); else LY=(--iters 8 --sustain "${SUSTAIN_S:-20}"); fi
+  step layers 75 "$PY" bench/layer_gpu.py "${LY[@]}" --csv "$WORK/layers.csv"
 fi
 if want run; then  # optional (not in the default STEPS): a CUDA run directory and its what-if on the other Hopper
   step run_gpt 60 "$PY" -m perfcheck run --model gpt --device $DEV --batch-size "${RUN_BATCH:-32}" --steps 10 --out "$WORK/run_gpt"
@@ -171,6 +176,7 @@ note "$FAILED step(s) failed; $((SECONDS - T_START)) s in all"
   grep -h "^cpu " "$WORK"/environment.log 2>/dev/null
   grep -h "^| design\|^| scoring\|^| [A-Za-z ]* | [0-9.-]* \[" "$WORK"/heldout_gpu.log 2>/dev/null | sed 's/^/heldout_gpu /'
   grep -h "^| \(gemm\|add\)\|^device" "$WORK"/beside.log 2>/dev/null | sed 's/^/beside /'
+  grep -h "^LAYER\|^SUSTAIN" "$WORK"/layers.log 2>/dev/null
   "$PY" - "$WORK" <<'EOF' 2>&1 | tail -40
 import json, sys
 from pathlib import Path

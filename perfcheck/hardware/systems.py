@@ -65,7 +65,7 @@ _OPTIONAL = ("matrix_efficiency_curve", "matrix_efficiency_curve_dtype", "matrix
              "memory_cold_curve",
              "mem_bandwidth_curve", "host", "op_fixed_s",
              "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "calibrated", "sources",
-             "calibration", "attention_kernel_curve")
+             "calibration", "attention_kernel_curve", "strided_elements_per_s")
 #: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
 #: it (perfcheck/calibrate/sanity.py writes and checks it; every report header prints it).
 CALIBRATION_KEYS = {
@@ -289,6 +289,9 @@ class SystemSpec:
     #: (4 b h s^2 d forward, halved when causal; backward 2.5x). Measurements per GPU (sources); applied by
     #: ``perfcheck.predict.attention_kernel``. Absent: the kernel is priced as a GEMM.
     attention_kernel_curve: Mapping[str, Tuple[Tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
+    #: elements per second a GPU's elementwise kernels write off the vectorised loop (a broadcast, strided or
+    #: widening operand: perfcheck.predict.strided; measured by bench/elementwise_gpu.py); 0: not modelled
+    strided_elements_per_s: float = 0.0
 
     def __post_init__(self):
         where = f"system {self.name!r}" if isinstance(self.name, str) else "system"
@@ -342,7 +345,7 @@ class SystemSpec:
             if f in ("matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve", "mem_bandwidth_curve", "host",
                      "op_fixed_s",
                      "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "calibration",
-                     "attention_kernel_curve", "matrix_efficiency_curve_dtype") and not value:
+                     "attention_kernel_curve", "matrix_efficiency_curve_dtype", "strided_elements_per_s") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if f in ("op_efficiency_curve", "attention_kernel_curve"):
                 value = {k: [list(p) for p in v] for k, v in value.items()}
@@ -649,6 +652,8 @@ def _validated_fields(spec, where: str) -> dict:
         "matrix_flops_per_s": _dtype_map(spec.matrix_flops_per_s, "matrix_flops_per_s", where),
         "vector_flops_per_s": _dtype_map(spec.vector_flops_per_s, "vector_flops_per_s", where),
         "launch_overhead_s": _number(spec.launch_overhead_s, "launch_overhead_s", where, allow_zero=True),
+        "strided_elements_per_s": _number(getattr(spec, "strided_elements_per_s", 0.0), "strided_elements_per_s",
+                                          where, allow_zero=True),
         "efficiency": _efficiency(spec.efficiency, where),
         "matrix_efficiency_curve": _curve(spec.matrix_efficiency_curve, where),
         "matrix_efficiency_curve_dtype": _curve_dtype(spec, where),

@@ -14,12 +14,13 @@ How these costs become a module's predicted time: docs/model.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import torch
 
 from perfcheck.predict import formulas as F
+from perfcheck.predict.strided import is_strided_operand
 
 aten = torch.ops.aten
 
@@ -33,6 +34,7 @@ class TensorMeta:
     requires_grad: bool
     is_float: bool
     distinct: int = -1  # elements actually stored (an expanded view repeats them); -1: numel
+    contiguous: bool = True  # row-major dense (a transposed or expanded view is not: predict.strided)
 
     @property
     def numel(self) -> int:
@@ -42,6 +44,12 @@ class TensorMeta:
     def nbytes_read(self) -> int:
         """Bytes a kernel reads for this input: its distinct elements, not its broadcast size."""
         return (self.numel if self.distinct < 0 else self.distinct) * self.elem_bytes
+
+    def off_vector_loop(self, out_numel) -> bool:
+        """As an operand of a GPU elementwise kernel writing ``out_numel`` elements: does it keep the kernel off the
+        vectorised loop (``strided.is_strided_operand``: broadcast or not contiguous)?"""
+        stored = self.numel if self.distinct < 0 else self.distinct
+        return is_strided_operand(stored, self.numel, out_numel, self.contiguous)
 
 
 @dataclass(frozen=True)
@@ -454,6 +462,14 @@ def _copy(c: OpCall):
     out = c.outputs[0]
     grad = any(t.requires_grad for t in c.tensors())
     cost = F.copy(src, out.numel * out.elem_bytes, x_grad=grad, elem_bytes=1, out_elem_bytes=1)
+    # off a GPU's vectorised loop (predict.strided): a broadcast or strided source, or a float widened on load;
+    # a narrowing cast's backward widens
+    sources = [t for t in (ins[1:] if c.name == "copy_" else ins) if t.numel > 0]
+    widen = [t.is_float and out.is_float and t.elem_bytes < out.elem_bytes for t in sources]
+    if any(w or t.off_vector_loop(out.numel) for t, w in zip(sources, widen)):
+        cost = replace(cost, fwd=replace(cost.fwd, strided_elems=out.numel, strided_bytes=cost.fwd.bytes))
+    if c.name == "_to_copy" and any(t.is_float and out.is_float and t.elem_bytes > out.elem_bytes for t in sources):
+        cost = replace(cost, bwd=replace(cost.bwd, strided_elems=out.numel * grad, strided_bytes=cost.bwd.bytes))
     if c.name in _GRAD_PASSTHROUGH or (c.name == "_to_copy" and ins and ins[0].elem_bytes == out.elem_bytes):
         return F.OpCost(cost.fwd, F.ZERO, cost.act_mem, cost.params)
     return cost
@@ -515,6 +531,11 @@ def _pointwise(c: OpCall) -> F.OpCost:
     bwd = F.Cost(flops=out.numel * grad_inputs,
                  bytes=(out.numel * (1 + grad_inputs) + saves * out.numel) * out.elem_bytes,
                  kernels=grad_inputs)
+    if any(t.off_vector_loop(out.numel) for t in ins):  # a broadcast or strided operand (predict.strided)
+        fwd = replace(fwd, strided_elems=out.numel, strided_bytes=fwd.bytes)
+        # the gradient of each full-size operand reads the broadcast one (g * w); add/sub's pass through
+        full = (saves > 0) * sum(t.requires_grad and t.is_float and not t.off_vector_loop(out.numel) for t in ins)
+        bwd = replace(bwd, strided_elems=full * out.numel, strided_bytes=full * 3 * out.numel * out.elem_bytes)
     return F.OpCost(fwd, bwd, (saves * out.numel * out.elem_bytes) * (grad_inputs > 0), 0)
 
 
@@ -522,7 +543,9 @@ def _reduction(c: OpCall) -> F.OpCost:
     x = c.tensors()[0]
     out_numel = sum(t.numel for t in c.outputs[:1])
     per = 3 if c.name in ("var", "std", "var_mean", "std_mean", "logsumexp", "norm", "linalg_vector_norm") else 1
-    return F.reduction(x.numel, out_numel, x_grad=x.requires_grad, elem_bytes=_eb(x), flops_per_elem=per)
+    cost = F.reduction(x.numel, out_numel, x_grad=x.requires_grad, elem_bytes=_eb(x), flops_per_elem=per)
+    # backward broadcasts grad_out back over x's shape: off a GPU's vectorised loop (predict.strided)
+    return replace(cost, bwd=replace(cost.bwd, strided_elems=x.numel * x.requires_grad, strided_bytes=cost.bwd.bytes))
 
 
 def _counted(c: OpCall, formula) -> F.OpCost:

@@ -37,11 +37,15 @@ def eager_rms_norm(rows, cols, elem_bytes) -> OpCost:
     pow's (g 2x: 3 x 4), the sum of x's two gradients (3 x 4), x.float()'s (4 + eb): 14 x 4 + 7 eb per element
     (70 in bf16); 6 FLOPs per element. Saves x.float() (which pow and the product share), the row statistic and
     the normalised output in eb (the weight product's input): 4 + eb bytes per element.
+    Off a GPU's vectorised loop (``predict.strided``), n elements each: forward x.float() (a widening cast, where
+    eb < 4), x * r (r broadcast), * weight (broadcast); backward g w, .type_as's (widening), g r, mean's expand.
     """
     n, eb = rows * cols, elem_bytes
-    row = rows * FP32
-    fwd = Cost(flops=4 * n, bytes=(7 * FP32 + 4 * eb) * n + 5 * row + cols * eb, kernels=8)
-    bwd = Cost(flops=6 * n, bytes=(14 * FP32 + 7 * eb) * n + 6 * row + cols * eb, kernels=11)
+    row, wide = rows * FP32, 1 * (eb < FP32)
+    fwd = Cost(flops=4 * n, bytes=(7 * FP32 + 4 * eb) * n + 5 * row + cols * eb, kernels=8,
+               strided_elems=(2 + wide) * n, strided_bytes=(wide * (eb + FP32) + 2 * FP32 + 2 * eb) * n)
+    bwd = Cost(flops=6 * n, bytes=(14 * FP32 + 7 * eb) * n + 6 * row + cols * eb, kernels=11,
+               strided_elems=(3 + wide) * n, strided_bytes=(2 * eb + wide * (eb + FP32) + 3 * FP32) * n)
     return OpCost(fwd, bwd, (FP32 + eb) * n + row, cols)
 
 
@@ -53,24 +57,32 @@ def rotary_complex(numel, table_elems, elem_bytes) -> OpCost:
     entry), .type_as (4 + eb): 4 x 4 + 2 eb per element (20 in bf16); 3 FLOPs per real element (a complex product:
     4 multiplies, 2 adds per pair). backward, three: the cast up (eb + 4), the product with the conjugate table
     (4 x 4), the cast down (4 + eb): 6 x 4 + 2 eb (28 in bf16); its read of the table (8 / (28 heads) of the
-    rest, under 4% from 8 heads on) is left out, as ``perfcheck.estimate``'s count of that product leaves it."""
+    rest, under 4% from 8 heads on) is left out, as ``perfcheck.estimate``'s count of that product leaves it.
+    Off a GPU's vectorised loop (``predict.strided``): each direction's widening cast (eb < 4), n elements. The
+    product with the broadcast table is off it too, but moves 8 bytes per element, memory-bound on every card measured
+    (0.75-0.86 of the bandwidth): no excess, so it is left out here, where its slack would hide the cast's."""
     n, eb, table = numel, elem_bytes, table_elems * 2 * FP32
-    fwd = Cost(flops=3 * n, bytes=(4 * FP32 + 2 * eb) * n + table, kernels=3)
-    bwd = Cost(flops=3 * n, bytes=(6 * FP32 + 2 * eb) * n, kernels=3)
+    wide = 1 * (eb < FP32)
+    fwd = Cost(flops=3 * n, bytes=(4 * FP32 + 2 * eb) * n + table, kernels=3, strided_elems=wide * n,
+               strided_bytes=wide * (eb + FP32) * n)
+    bwd = Cost(flops=3 * n, bytes=(6 * FP32 + 2 * eb) * n, kernels=3, strided_elems=wide * n,
+               strided_bytes=wide * (eb + FP32) * n)
     return OpCost(fwd, bwd, FP32 * n, 0)
 
 
 def repeat_kv(repeated_elems, n_rep, elem_bytes) -> OpCost:
     """The reference ``repeat_kv`` of one of k, v to ``repeated_elems`` elements (n_rep copies of each head).
 
-    forward: the reshape of the expanded view copies it: reads the view, writes the copy (2 eb per output element).
+    forward: the reshape of the expanded view copies it: reads the view, writes the copy (2 eb per output element),
+    off a GPU's vectorised loop (a zero-stride source: ``predict.strided``).
     backward: expand's gradient sums the n_rep copies: reads the gradient, writes 1/n_rep of it."""
     n, eb = repeated_elems, elem_bytes
-    return OpCost(Cost(bytes=2 * eb * n, kernels=1),
+    return OpCost(Cost(bytes=2 * eb * n, kernels=1, strided_elems=n, strided_bytes=2 * eb * n),
                   Cost(flops=n, bytes=eb * n * (1 + 1 / n_rep), kernels=1), 0, 0)
 
 
 def transpose_copy(numel, elem_bytes) -> OpCost:
     """``.transpose(1, 2).contiguous()`` of the attention output: one copy forward (read + write); its backward is
-    a view of the gradient (no kernel)."""
-    return OpCost(Cost(bytes=2 * elem_bytes * numel, kernels=1), Cost(), 0, 0)
+    a view of the gradient (no kernel). The copy reads a permuted source: off a GPU's vectorised loop."""
+    return OpCost(Cost(bytes=2 * elem_bytes * numel, kernels=1, strided_elems=numel,
+                       strided_bytes=2 * elem_bytes * numel), Cost(), 0, 0)

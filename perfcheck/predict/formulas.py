@@ -1,18 +1,17 @@
 """Per-op cost formulas, forward and backward, written once.
 
-Each formula takes sizes (Python numbers or numpy arrays: every term is plain arithmetic, so the
-transformer front-end evaluates thousands of configurations in one call) and returns an
-``OpCost``: matrix MACs, other FLOPs, bytes read+written and kernel launches for forward and for
-backward, the activation bytes autograd keeps for backward, and the op's parameters.
+Each formula takes sizes (Python numbers or numpy arrays: every term is plain arithmetic, so the transformer
+front-end evaluates thousands of configurations in one call) and returns an ``OpCost``: matrix MACs, other FLOPs,
+bytes read+written and kernel launches for forward and backward, the activation bytes autograd keeps, the parameters.
 
 Conventions (shared with torch.utils.flop_counter and DeepSpeed's profiler):
 - One MAC = 2 FLOPs; a k-term dot product is 2k FLOPs (not 2k-1). Bias adds are "other" FLOPs.
-- Backward follows autograd: an input gradient only when that input requires grad, a weight
-  gradient only when the weight requires grad. ``x_grad``/``w_grad`` flags say which.
-- Bytes are what the kernels read and write at the op's element size: every input once, every
-  output once. Caches and fusion are the roofline's business, not the formula's.
-- ``act_mem`` counts tensors the op itself saves; when several ops save the same tensor the
-  module estimator deduplicates by storage (it reads autograd's saved tensors directly).
+- Backward follows autograd: an input gradient only when that input requires grad, a weight gradient only when
+  the weight requires grad. ``x_grad``/``w_grad`` flags say which.
+- Bytes are what the kernels read and write at the op's element size: every input once, every output once.
+  Caches and fusion are the roofline's business, not the formula's.
+- ``act_mem`` counts tensors the op itself saves; when several ops save the same tensor the module estimator
+  deduplicates by storage (it reads autograd's saved tensors directly).
 """
 from __future__ import annotations
 
@@ -36,15 +35,16 @@ class Cost:
     #: SIMD width (full vectors, then a scalar tail: a 5-float row costs ~3x an 8-float one on AVX2), so
     #: perfcheck.predict.roofline.row_time_s reads the length as row_elems / rows
     row_elems: float = 0
-    #: separate GEMM calls the phase's matrix FLOPs run as, where one kernel loops over several (0: one per
-    #: kernel). torch's CPU matmul path of a 1x1 convolution (aten/src/ATen/native/ConvolutionMM2d.cpp,
-    #: slow_conv2d_forward_out_cpu: ``slow_conv2d_update_output_frame`` per sample) runs one GEMM per sample, so
-    #: its rate is a per-sample GEMM's (perfcheck.predict.roofline.op_device_times reads FLOPs and bytes per call)
+    #: separate GEMM calls the phase's matrix FLOPs run as, where one kernel loops over several (0: one per kernel).
+    #: torch's CPU matmul path of a 1x1 convolution (ConvolutionMM2d.cpp, slow_conv2d_forward_out_cpu:
+    #: ``slow_conv2d_update_output_frame`` per sample) runs one GEMM per sample: roofline.op_device_times prices it
     gemms: float = 0
-    #: 4 KiB pages of a fresh allocation the phase first-touches where the C library maps that allocation anew on
-    #: every call (``fresh_pages``): each a minor page fault, the kernel zeroing the page, priced per page by the
-    #: spec's host constant ``page_fault_s`` (a CPU's; measured by calibration's page-fault cases)
+    #: 4 KiB pages of a fresh allocation the phase first-touches where the C library maps it anew on every call
+    #: (``fresh_pages``): each a minor page fault, priced by the spec's host ``page_fault_s`` (calibrated, CPU)
     pages: float = 0
+    #: elements written by kernels off a GPU's vectorised loop and their bytes (in ``bytes``): see predict.strided
+    strided_elems: float = 0
+    strided_bytes: float = 0
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))

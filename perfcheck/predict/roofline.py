@@ -1,25 +1,25 @@
 """Roofline times on a ``SystemSpec``: the device time of an op (compute vs memory, its efficiency factors and launches).
 
-Every function takes scalars or numpy arrays of one shape (numpy broadcasting) and never loops
-in Python, so a 10k-module estimate is a handful of array operations. Scalars in, scalars out.
+Every function takes scalars or numpy arrays of one shape (numpy broadcasting) and never loops in Python, so a
+10k-module estimate is a handful of array operations. Scalars in, scalars out.
 
-Model (Williams et al., "Roofline", CACM 2009), as ``device_times`` applies it to every op and phase
-(the one device-time path of ``perfcheck.estimate`` and the transformer front-end):
+Model (Williams et al., "Roofline", CACM 2009), as ``device_times`` applies it to every op and phase (the one
+device-time path of ``perfcheck.estimate`` and the transformer front-end):
 
     compute  = matrix_flops / (matrix_peak(dtype) * e_matrix) + other_flops / (vector_peak * eff_vector)
-    memory   = bytes_moved / (mem_bandwidth * eff_memory * bandwidth_factor(bytes per kernel))
+    memory   = bytes_moved / (mem_bandwidth * eff_memory * bandwidth_factor(bytes per kernel)) + strided excess
     time     = max(compute, memory) / op_efficiency + kernels * device_kernel_s + rows_s
     bound    = "overhead" if the launch term exceeds max(compute, memory), else the larger of the two
 
 e_matrix = the efficiency curve by FLOPs per kernel x ``shape_factor`` (GEMM smallest dimension) x
 ``alignment_factor`` (GEMM row strides); ``op_efficiency`` = ``class_efficiency`` (the op's class, phase
 and dtype; a measured curve read at the kernel's roofline seconds); ``rows_s`` = rows x ``row_prices`` (a CPU
-kernel's price per row beyond its elements: an embedding's index, a convolution weight's reorder). The host side of each op
-(dispatch, autograd, module calls) is on a second timeline that replaces this result per module
-(perfcheck.predict.host). Every factor with its formula: docs/model.md.
+kernel's price per row beyond its elements: an embedding's index, a convolution weight's reorder); the strided
+excess: ``predict.strided``. The host side of each op (dispatch, autograd, module calls) is on a second timeline
+that replaces this result per module (perfcheck.predict.host). Every factor with its formula: docs/model.md.
 
-``ideal_time_s``: datasheet peaks, efficiency 1, no launch (a GPU's lower bound: its efficiencies are at most 1).
-Matrix and vector work are added, not overlapped: one module's kernels mostly run one after another on one stream.
+``ideal_time_s``: datasheet peaks, efficiency 1, no launch (a GPU's lower bound: its efficiencies are at most 1). Matrix
+and vector work are added, not overlapped: one module's kernels mostly run one after another on one stream.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, row_costs, spec_of
 from perfcheck.predict.attention_kernel import attention_fractions_of
 from perfcheck.predict import matrix_curve
+from perfcheck.predict.strided import strided_columns, strided_excess_s
 from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401
                                            cold_factor, memory_cold_factor)
 
@@ -309,14 +310,14 @@ def gemm_dims(call):
 
 def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
                  align=None, op_eff=1.0, rows_s=0.0, cold=0.0, cold_memory=0.0, calls=None,
-                 kernel_fraction=None) -> dict:
+                 kernel_fraction=None, strided=None) -> dict:
     """The device timeline of ops, the ONE timing path of every front-end (``perfcheck.estimate``'s op table via
-    ``op_device_times``, the transformer front-end's sublayer rows via ``predict.step``): arrays of one shape in,
-    a dict of arrays of that shape out:
+    ``op_device_times``, the transformer front-end's rows via ``predict.step``): arrays of one shape in and out:
 
         compute  = ``compute_time_s`` (matrix_efficiency_curve by FLOPs per kernel, matrix_shape_curve by the
                    GEMM's smallest dimension ``min_dim``, ``align``ment factor)
-        memory   = ``memory_time_s`` (mem_bandwidth_curve by bytes per kernel), its operands in L2
+        memory   = ``memory_time_s`` (mem_bandwidth_curve by bytes per kernel), its operands in L2, + the strided
+                   kernels' excess (``strided``)
         evicted  = memory_cold - memory
                    (``memory_cold``: ``memory_time_s`` with ``cold_memory``, the share of the op's operand bytes
                    evicted from L2, memory_cold_curve: the refetch, stalled on whatever bounds the hot kernel)
@@ -328,26 +329,27 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
     The refetch is added, as the calibration fits it (``calibrate.fit._memory_cold``: cold = hot + e, f = m / (m + e)),
     whatever bounds the hot kernel: its layer norm and softmax cases, compute-bound here, paid it as the copies did
     (a layer norm of 64 Ki elements 53 us hot, 99 us cold; bench/results/memory_cold.md). Taken as max(compute,
-    memory_cold) - max(compute, memory) instead, a row-wise op's refetch vanished under its compute term.
-    It is added after ``op_eff``, not divided by it: a kernel slower than
-    its roofline (a CPU max-pool's backward, efficiency ~0.2) is slow at its own work, not at fetching its bytes:
-    divided by its efficiency, LeNet's pool backward (1 MiB) took 0.77 ms more, 2.5x its hot time.
-    ``memory`` in the result is memory_cold.
+    memory_cold) - max(compute, memory) instead, a row-wise op's refetch vanished under its compute term. It is
+    added after ``op_eff``, not divided by it: a kernel slower than its roofline (a CPU max-pool's backward,
+    efficiency ~0.2) is slow at its own work, not at fetching its bytes:
+    divided by its efficiency, LeNet's pool backward (1 MiB) took 0.77 ms more. ``memory`` in the result is memory_cold.
 
     ``calls`` (optional, per op; 0: one per kernel): the separate GEMM calls an op's kernels loop over
     (``formulas.Cost.gemms``: a CPU's per-sample GEMMs of a 1x1 convolution): the efficiency and bandwidth curves
     are read per call (FLOPs and bytes / calls), the launch term stays per kernel. ``kernel_fraction`` (per op, NaN:
     none; ``attention_kernel``): a fused kernel's measured rate, its whole efficiency (``op_eff`` 1 there).
+    ``strided`` (optional, (elements, bytes) per op): kernels off the vectorised loop, ``strided.strided_excess_s``.
     """
     k = _array(kernels, "kernels")
     split = k if calls is None else np.where(_array(calls, "calls") > 0, calls, k)
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=split, min_dim=min_dim,
                                         align=align, cold=cold, kernel_fraction=kernel_fraction), dtype=float)
-    hot = np.asarray(memory_time_s(bytes_moved, system, kernels=split), dtype=float)
+    index = 0.0 if strided is None else strided_excess_s(*strided, system)
+    hot = np.asarray(memory_time_s(bytes_moved, system, kernels=split), dtype=float) + index
     top = np.maximum(compute, hot)
     memory = hot
     if np.any(np.asarray(cold_memory, dtype=float) > 0):
-        memory = np.asarray(memory_time_s(bytes_moved, system, kernels=split, cold=cold_memory), dtype=float)
+        memory = np.asarray(memory_time_s(bytes_moved, system, kernels=split, cold=cold_memory), dtype=float) + index
     evicted = memory - hot
     launch = k * _array(launch_s, "launch_s")
     op_eff = op_eff if kernel_fraction is None else np.where(np.isfinite(np.asarray(kernel_fraction, float)), 1.0, op_eff)
@@ -376,11 +378,10 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     their class efficiencies, calibrated apart: with the memory share applied to them too, the design set's dense
     and grouped convolution classes went from 1.04 and 1.15 measured/predicted to 0.79 and 0.44 (their memory
     terms at a few hundred KiB per kernel took the small-size end of the curve; bench/results/memory_cold.md).
-    Columns ``gemms_fwd``, ``gemms_bwd`` (optional; ``formulas.Cost.gemms``), on a CPU spec: an op whose kernels
-    loop over that many GEMM calls (torch's matmul path of a 1x1 convolution, one GEMM per sample) is priced as
-    those GEMMs: the matrix curves read per call at its ``min_dim``, no class efficiency (its calls are the
-    cpublas GEMM that torch.mm runs, which the matrix cases calibrate). Elsewhere (a GPU: cuDNN) as before.
-    Columns ``attn_seq``, ``attn_head_dim``, ``attn_causal`` (optional): a fused attention kernel's (``attention_kernel``).
+    Columns ``gemms_<phase>`` (optional; ``formulas.Cost.gemms``), CPU: an op looping over that many GEMM calls
+    (a 1x1 convolution's per-sample GEMMs) is priced as those GEMMs (matrix curves per call, no class efficiency).
+    Optional: ``attn_seq``, ``attn_head_dim``, ``attn_causal`` (a fused attention kernel's); ``strided_elems_<phase>``,
+    ``strided_bytes_<phase>`` (``device_times``'s ``strided``).
     """
     system = spec_of(system)
     names = ops["name"].to_numpy(object)
@@ -407,7 +408,8 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
                      align=alignment_factor(system, ops["unaligned"].to_numpy(float), phase)
                      if "unaligned" in ops else None,
                      cold=np.where(np.isin(names, COLD_GEMMS), share, 0.0),
-                     cold_memory=np.where(ops[f"macs_{phase}"].to_numpy(float) > 0, 0.0, mem_share))
+                     cold_memory=np.where(ops[f"macs_{phase}"].to_numpy(float) > 0, 0.0, mem_share),
+                     strided=strided_columns(ops, phase))
         # op_efficiency per op and phase; a measured curve (op_efficiency_curve) is read at the kernel's roofline
         # seconds, so the roofline is taken once at efficiency 1 and once with the efficiency found
         per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)

@@ -66,7 +66,7 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     core = np.isin(out["name"], sharding.CORE_ATTENTION)[:, None] * (cfg.cp.astype(float) - 1) + 1
     for phase in ("fwd", "bwd"):
         costs = [getattr(r.cost, phase) for r in rows]
-        for f in ("macs", "flops", "bytes", "kernels"):
+        for f in ("macs", "flops", "bytes", "kernels", "strided_elems", "strided_bytes"):
             out[f"{f}_{phase}"] = _stack([getattr(c, f) for c in costs], n) * (core if f != "kernels" else 1)
     out["act_mem"] = _stack([r.cost.act_mem for r in rows], n) * core
     out["params"] = _stack([r.cost.params for r in rows], n)
@@ -125,7 +125,7 @@ def _time_rows(out, group_sizes, system, dtype, opts):
     """
     spec = spec_of(system)
     both = {f: np.concatenate([out[f"{f}_fwd"], out[f"{f}_bwd"]])
-            for f in ("macs", "flops", "bytes", "kernels", "rows")}
+            for f in ("macs", "flops", "bytes", "kernels", "rows", "strided_elems", "strided_bytes")}
     rows = len(out["name"])
     names = np.array([ATEN_OF_FORMULA.get(f, f) for f in out["formula"]], dtype=object)
     eff = np.tile(np.array([roofline.op_efficiency(spec, nm, dtype) for nm in names]), 2)[:, None]
@@ -141,7 +141,8 @@ def _time_rows(out, group_sizes, system, dtype, opts):
     d = roofline.device_times(2 * both["macs"], both["flops"], both["bytes"], both["kernels"], spec, dtype,
                               launch_s=host_constants(spec)["device_kernel_s"],
                               min_dim=np.concatenate([out["min_dim"], out["min_dim"]]), align=align,
-                              op_eff=eff, rows_s=extra, kernel_fraction=np.tile(attention_fraction, (2, 1)))
+                              op_eff=eff, rows_s=extra, kernel_fraction=np.tile(attention_fraction, (2, 1)),
+                              strided=(both["strided_elems"], both["strided_bytes"]))
     compute, memory, launch = d["compute"], d["memory"], d["launch"]
     by_beside = {"": np.zeros_like(compute), "dw": np.zeros_like(compute), "dx": np.zeros_like(compute)}
     for (kind, group, beside), (fwd, bwd) in out["comm_groups"].items():

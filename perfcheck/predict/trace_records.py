@@ -57,7 +57,8 @@ def meta_of(t: torch.Tensor, elem_bytes_override, grad=None) -> TensorMeta:
     is_float = t.is_floating_point() or t.is_complex()
     eb = elem_bytes_override if (is_float and elem_bytes_override) else t.element_size()
     distinct = math.prod(n for n, st in zip(t.shape, t.stride()) if st != 0) if t.layout == torch.strided else -1
-    return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct)
+    contiguous = bool(t.is_contiguous()) if t.layout == torch.strided else True
+    return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct, contiguous)
 
 
 def to_meta(x, elem_bytes, grad=None):

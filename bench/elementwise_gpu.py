@@ -1,0 +1,120 @@
+"""Achieved memory bandwidth of PyTorch's eager elementwise kernels on a GPU, contiguous against broadcast and strided.
+
+Why (issue 23): a torchtitan Llama block measured on an H200 (bench/layer_gpu.py) spent 1.4-1.6x the time the spec's
+one memory efficiency (0.88 of the HBM bandwidth) gives its elementwise kernels, while its plain copies and
+activations ran near 0.88. PyTorch's CUDA loops (aten/src/ATen/native/cuda/CUDALoops.cuh, ``gpu_kernel_impl``) take
+the vectorised kernel (``vectorized_elementwise_kernel``: 16-byte loads, no index arithmetic) only when every
+operand is contiguous; an operand with a zero stride (a broadcast row statistic, a weight, a rotary table) or any
+other stride sends the op to ``elementwise_kernel`` / ``unrolled_elementwise_kernel``, which computes each element's
+offsets through ``OffsetCalculator`` (an integer divide and modulo per dimension per operand) and loads one element at
+a time. This times each pattern the eager Llama code runs, at its shapes, with CUDA events.
+
+Per case: bytes moved (each operand read once, the output written once; a broadcast operand's distinct bytes), median
+of ``--iters`` timed calls after 3 warm-up calls, achieved bytes/s and its fraction of the card's datasheet bandwidth
+(``--bandwidth``, default the h200 spec's). Writes ``<csv>``.
+
+    python bench/elementwise_gpu.py --system h200 --csv elementwise.csv     # on the GPU machine
+    python bench/elementwise_gpu.py --device cpu --tiny                      # a dry run here
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from perfcheck.hardware.systems import load_system  # noqa: E402
+
+
+def cases(T: int, D: int, device):
+    """(name, path, fn, bytes): ``path`` is the loop PyTorch's CUDA code takes: vectorized (all contiguous),
+    strided (a zero-stride or permuted operand). T rows (tokens) of D columns, as one Llama layer's activations."""
+    bf, f32 = torch.bfloat16, torch.float32
+    x16 = torch.randn(T, D, device=device, dtype=bf)
+    y16 = torch.randn(T, D, device=device, dtype=bf)
+    x32 = torch.randn(T, D, device=device, dtype=f32)
+    row = torch.randn(T, 1, device=device, dtype=f32)
+    w16 = torch.randn(D, device=device, dtype=bf)
+    hd = 128
+    xc = torch.randn(T, D // hd, hd // 2, device=device, dtype=torch.complex64)
+    table = torch.randn(T, 1, hd // 2, device=device, dtype=torch.complex64)
+    kv = torch.randn(1, T, D // hd // 4, hd, device=device, dtype=bf)  # 4 query heads per K/V head
+    heads = torch.randn(1, D // hd, T, hd, device=device, dtype=bf)
+    n = T * D
+    return [
+        ("silu bf16", "vectorized", lambda: torch.nn.functional.silu(x16), 4 * n),
+        ("add bf16", "vectorized", lambda: x16 + y16, 6 * n),
+        ("cast fp32->bf16", "vectorized", lambda: x32.to(bf), 6 * n),
+        ("cast bf16->fp32", "vectorized", lambda: x16.float(), 6 * n),
+        ("mul fp32", "vectorized", lambda: x32 * x32, 8 * n),
+        ("mul fp32 by a row (T,1)", "strided", lambda: x32 * row, 8 * n + 4 * T),
+        ("mul bf16 by a weight (D,)", "strided", lambda: x16 * w16, 4 * n + 2 * D),
+        ("complex mul by a table", "strided", lambda: xc * table, 16 * xc.numel() + 8 * table.numel()),
+        ("repeat_kv expand+reshape copy", "strided",
+         lambda: kv.unsqueeze(3).expand(1, T, kv.shape[2], 4, hd).reshape(1, T, -1, hd), 2 * kv.numel() + 2 * n),
+        ("transpose(1,2).contiguous()", "strided", lambda: heads.transpose(1, 2).contiguous(), 4 * n),
+        ("mean fp32 over rows (-1)", "reduction", lambda: x32.mean(-1, keepdim=True), 4 * n + 4 * T),
+        ("sum bf16 over tokens (0)", "reduction", lambda: x16.sum(0), 2 * n + 2 * D),
+    ]
+
+
+def time_case(fn, iters: int, device) -> float:
+    for _ in range(3):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for a, b in ev:
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        return statistics.median(a.elapsed_time(b) / 1e3 for a, b in ev)
+    out = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--system", default="h200", help="spec whose mem_bandwidth_bytes_per_s the fraction is of")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--csv", default="elementwise.csv")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    bw = load_system(args.system).mem_bandwidth_bytes_per_s
+    shapes = [(64, 512)] if args.tiny else [(8192, 4096), (8192, 8192), (4096, 1024)]
+    rows = []
+    if device.type == "cuda":
+        print("device", torch.cuda.get_device_name(), "torch", torch.__version__, "bandwidth of", args.system,
+              f"{bw / 1e12:.2f} TB/s", flush=True)
+    for T, D in shapes:
+        for name, path, fn, nbytes in cases(T, D, device):
+            s = time_case(fn, args.iters, device)
+            rows.append(dict(case=name, path=path, T=T, D=D, bytes=nbytes, seconds=s, bytes_per_s=nbytes / s,
+                             fraction=nbytes / s / bw))
+            print(f"EW {T}x{D} {path:10} {name:32} {s * 1e6:9.1f} us {nbytes / s / 1e12:6.2f} TB/s "
+                  f"{nbytes / s / bw:5.2f} of {args.system}", flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    df.to_csv(args.csv, index=False)
+    big = df[df["bytes"] >= df["bytes"].max() / 8]
+    for path, g in big.groupby("path"):
+        print(f"EWPATH {path}: median fraction {g.fraction.median():.3f} over {len(g)} cases "
+              f"(min {g.fraction.min():.3f}, max {g.fraction.max():.3f})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
