@@ -527,6 +527,19 @@ tests/predict/test_transformer_recompute_every.py and test_transformer_recompute
   4.7% mean, 9.6% -> 8.3% max, still all too fast; Korthikanti's held-out 4.3% / 9.1% -> 4.2% / 8.5%;
   Narayanan's runs do not move (no beside term). In honesty: the measurement was planned because this set is
   all one sign and the term was the largest uncertain one; its value is the micro-benchmark's, nothing fitted.
+- The eager elementwise kernels at the rate they really run (2026-11-27, `perfcheck/predict/strided.py`; raw data
+  bench/gpu_results/2026-11-27-layers/): a torchtitan Llama block timed on an H200 and an H100
+  (`bench/layer_gpu.py`, the 8B, 13B and 70B shapes of these rows) spent 1.4-1.6x the time the spec's one memory
+  efficiency gives its elementwise kernels. `bench/elementwise_gpu.py` on both cards found why: the kernels with a
+  broadcast operand (RMSNorm's x * r and * weight), a permuted or expanded source (the output's transpose copy,
+  repeat_kv) or a widening cast (bf16 -> fp32) leave PyTorch's vectorised CUDA loop and write 287-500 G elements/s
+  on both cards although the H200 has 43% more bandwidth: they are bound by the SMs, not by HBM. The spec's
+  `strided_elements_per_s` (H100 and H200 measured; the A100's derived from them by SMs x clock, 108 x 1410 MHz
+  against 132 x 1980, stated in its source) prices them at max(bytes / bandwidth, elements / rate). Before ->
+  after on this set: 4.7% -> 4.2% mean, 8.3% -> 7.9% max, 1 slower / 7 faster; the block on the H200 (not a
+  scored row): elementwise measured/predicted 1.38-1.57 -> 1.13-1.28. Megatron's rows (fused kernels) do not move.
+  In honesty: the block was measured because this set is all one sign; the rate is the micro-benchmark's and the
+  A100's a stated transfer, nothing fitted on these rows.
 - What remains (still all too fast, 1-8%): with every collective exposed (the earlier model's upper bound) the
   set now reads 3.2% mean, 3 slower / 5 faster, so what FSDP2's prefetch hides in our model (up to 5% of a step)
   is now the largest uncertain term; the rest is the GEMMs at the spec's large-GEMM rate (MAMF 0.87 x sustained
