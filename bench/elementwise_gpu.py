@@ -63,6 +63,28 @@ def cases(T: int, D: int, device):
     ]
 
 
+def megatron_cases(device):
+    """Kernels of a Megatron GPT layer that are not GEMMs, fp16, at Korthikanti et al.'s 22B shapes per GPU (micro-batch
+    4, 2048 tokens, 64 heads / tp 8 = 8 heads; hidden 6144): the attention probabilities' softmax and dropout
+    (4 x 8 x 2048 x 2048 elements), LayerNorm and GELU on the hidden states. ``path`` "rng": dropout draws Philox
+    random numbers per element (is it bound by its bytes or by the draws?)."""
+    f16 = torch.float16
+    scores = torch.randn(4 * 8 * 2048, 2048, device=device, dtype=f16)
+    hid = torch.randn(4 * 2048, 6144, device=device, dtype=f16)
+    ffn = torch.randn(4 * 2048 // 8, 4 * 6144, device=device, dtype=f16)
+    ln = torch.nn.LayerNorm(6144, device=device, dtype=f16)
+    n, h, g = scores.numel(), hid.numel(), ffn.numel()
+    drop = torch.nn.functional.dropout
+    return [
+        ("dropout p=0.1 fp16 (scores)", "rng", lambda: drop(scores, 0.1, True), 5 * n),  # x, out, uint8 mask
+        ("copy fp16 (scores)", "vectorized", lambda: scores.clone(), 4 * n),
+        ("softmax fp16 (scores rows)", "row", lambda: torch.softmax(scores, -1), 4 * n),
+        ("dropout p=0.1 fp16 (hidden)", "rng", lambda: drop(hid, 0.1, True), 5 * h),
+        ("layer_norm fp16 (hidden)", "row", lambda: ln(hid), 4 * h),
+        ("gelu tanh fp16 (ffn)", "vectorized", lambda: torch.nn.functional.gelu(ffn, approximate="tanh"), 4 * g),
+    ]
+
+
 def time_case(fn, iters: int, device) -> float:
     for _ in range(3):
         fn()
@@ -90,6 +112,7 @@ def main(argv=None):
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--csv", default="elementwise.csv")
+    ap.add_argument("--megatron", action="store_true", help="also a Megatron layer's dropout, softmax, LayerNorm, GELU")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     bw = load_system(args.system).mem_bandwidth_bytes_per_s
@@ -107,9 +130,17 @@ def main(argv=None):
                   f"{nbytes / s / bw:5.2f} of {args.system}", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    if args.megatron and not args.tiny:
+        with torch.no_grad():
+            for name, path, fn, nbytes in megatron_cases(device):
+                s = time_case(fn, args.iters, device)
+                rows.append(dict(case=name, path=path, T=0, D=0, bytes=nbytes, seconds=s, bytes_per_s=nbytes / s,
+                                 fraction=nbytes / s / bw))
+                print(f"EW megatron {path:10} {name:32} {s * 1e6:9.1f} us {nbytes / s / 1e12:6.2f} TB/s "
+                      f"{nbytes / s / bw:5.2f} of {args.system}", flush=True)
     df = pd.DataFrame(rows)
     df.to_csv(args.csv, index=False)
-    big = df[df["bytes"] >= df["bytes"].max() / 8]
+    big = df[(df["bytes"] >= df["bytes"].max() / 8) & (df["T"] > 0)]
     for path, g in big.groupby("path"):
         print(f"EWPATH {path}: median fraction {g.fraction.median():.3f} over {len(g)} cases "
               f"(min {g.fraction.min():.3f}, max {g.fraction.max():.3f})", flush=True)

@@ -147,7 +147,8 @@ def norm_cost(model, rows, cols, eb, residual: bool = False, eager: bool = False
     """A LayerNorm/RMSNorm over ``rows`` x ``cols``. ``residual``: its input is the residual stream, which also
     feeds the residual add, so backward sums the two gradients after the norm's node (autograd's InputBuffer:
     one add of the stream, read 2 write 1; the module estimator's ``grad_accumulate`` op charged to the same
-    norm, perfcheck.predict.grad_accumulation): the two front-ends agree on the norm's backward. ``eager``: an
+    norm, perfcheck.predict.grad_accumulation): the two front-ends agree on the norm's backward, except under a spec
+    with a norm efficiency (a calibrated one), which this row applies to the add as well (open). ``eager``: an
     RMSNorm as the reference Llama code's Python (``eager_ops.eager_rms_norm``; a LayerNorm is one kernel anyway)."""
     rms = model.norm == "rmsnorm"
     cost = (eager_rms_norm(rows, cols, eb) if eager and rms

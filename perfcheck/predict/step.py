@@ -128,7 +128,7 @@ def _time_rows(out, group_sizes, system, dtype, opts):
             for f in ("macs", "flops", "bytes", "kernels", "rows", "strided_elems", "strided_bytes")}
     rows = len(out["name"])
     names = np.array([ATEN_OF_FORMULA.get(f, f) for f in out["formula"]], dtype=object)
-    eff = np.tile(np.array([roofline.op_efficiency(spec, nm, dtype) for nm in names]), 2)[:, None]
+    eff = np.array([roofline.op_efficiency(spec, nm, dtype, phase) for phase in ("fwd", "bwd") for nm in names])[:, None]
     align = np.concatenate([roofline.alignment_factor(spec, out["unaligned"], "fwd"),  # 1 for non-GEMM (NaN) rows
                             roofline.alignment_factor(spec, out["unaligned"], "bwd")])
     extra = np.zeros_like(both["rows"])
