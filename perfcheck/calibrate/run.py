@@ -16,7 +16,8 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
             more small op costs in a training step. ``launch_overhead_s`` is the latter;
 * gpu ops   (GPU) LayerNorm, RMSNorm, softmax, embedding, attention and convolution (per dtype) kernels,
             forward and backward, at a few model-like sizes: their efficiency against the roofline by size
-            (``op_efficiency_curve``; ``perfcheck.calibrate.gpu_ops``);
+            (``op_efficiency_curve``; ``perfcheck.calibrate.gpu_ops``); four kernels off the vectorised loop
+            (``strided_elements_per_s``; ``perfcheck.calibrate.strided_cases``);
 * collectives  all-reduce / all-gather / reduce-scatter bus bandwidth by message size across
             ranks (``perfcheck.calibrate.collectives``: gloo on CPU, NCCL on GPU);
 * deepspeed  DeepSpeed's own host cost per ZeRO stage and phase, per module call and per parameter
@@ -77,7 +78,7 @@ from perfcheck.calibrate.cases import (Case, Timer, alignment_cases, copy_cases,
                                       vector_cases)
 from perfcheck.calibrate.phase import compute_reference_fn, reanchor, reference_fn
 from perfcheck.calibrate import collectives as coll
-from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity
+from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity, strided_cases
 from perfcheck.calibrate import repeats as repeats_mod
 from perfcheck.calibrate.fit import (BENCHMARKED_KINDS, MEASUREMENT_COLUMNS, build_spec,  # noqa: F401
                                      reference_dtype)
@@ -293,6 +294,11 @@ def _device_groups(run: _Run, measured, base_spec):
         except (RuntimeError, ValueError, TypeError, torch.cuda.OutOfMemoryError) as exc:
             run.note(f"GPU kernel-class cases not measured ({type(exc).__name__}: {exc}); "
                      f"op_efficiency_curve stays empty")
+        run.say("elementwise kernels off the vectorised loop (strided_cases)")
+        try:
+            run.frames.append(strided_cases.bench_strided(dev))
+        except (RuntimeError, ValueError, torch.cuda.OutOfMemoryError) as exc:
+            run.note(f"strided kernels not measured ({type(exc).__name__}: {exc}); the base spec's rate stays")
 
 
 def _multi_process_groups(run: _Run, mode, world_size, deepspeed, comm):
@@ -342,7 +348,7 @@ def _spec(run: _Run, base_spec, peaks, name, conc, sync, ds):
     spec = build_spec(base_spec, table, peaks=peaks, stamp=stamp, name=name, kind=_device_kind(dev),
                       mem_capacity_bytes=_capacity(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None)
     if dev.type == "cuda":
-        spec = gpu_ops.apply(spec, table, stamp)
+        spec = strided_cases.apply(gpu_ops.apply(spec, table, stamp), table, stamp)
     if ds is not None:
         spec = deepspeed_cases.apply(spec, ds, stamp)
     if conc is not None:
