@@ -126,8 +126,7 @@ def row_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
         name, phase = str(label).rsplit(" ", 1)
         if name in RETIRED_ROW_OPS:
             continue
-        # the row cases run in fp32; the phase's own efficiency (a BatchNorm backward's, ``native_batch_norm:bwd``)
-        eff = roofline.op_efficiency(spec, name, "fp32", phase)
+        eff = roofline.op_efficiency(spec, name, "fp32")  # the row cases run in fp32
         slopes = []
         for _, g in group.groupby("k", sort=True):
             g = g.sort_values("m")

@@ -31,9 +31,7 @@ from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.cases import Case, l2_cache_bytes
 from perfcheck.calibrate.op_cases import ROW_CASE_LENGTH
 from perfcheck.calibrate.layers import CallModule
-from perfcheck.hardware.cpu_vector import kernel_vector_bytes
 from perfcheck.predict.aten_costs import cost_of
-from perfcheck.predict.batch_norm_cpu import batch_norm_reduction_steps
 from perfcheck.predict.host import EVICTED_SUFFIX
 from perfcheck.predict.trace import trace_model
 
@@ -265,59 +263,6 @@ def norm_cases(dev) -> list:
     return out
 
 
-#: The BatchNorm backward cases (aten.native_batch_norm_backward, training, affine, fp32). ``BN_EFFICIENCY``: (N, C, H, W)
-#: of the efficiency case, 64 Ki elements in planes of 2048 (its per-plane steps are <1% of its time);
-#: ``BN_STEP_CHANNELS``: channel counts of the per-step cases, on 4 samples, planes of half a vector and of two vectors
-#: (``batch_norm_step_lengths``). Why: the kernel (aten/src/ATen/native/cpu/batch_norm_kernel.cpp) pays per
-#: (sample, channel) plane, beyond its elements, serial reduction steps (batch_norm_cpu.batch_norm_reduction_steps): on the
-#: project's Xeon (1 thread, process time, 2026-11-27) a backward of 4 x 512 x 2 x 2 took 130-250 us where one of
-#: 4 x 64 x 16 x 16 (8x the elements) took 26-85 us; at the elementwise add's rate, the estimator had priced the
-#: first at 62 us and the second at 383 (bench/results/cnn_backward.md).
-BN_EFFICIENCY = (4, 8, 32, 64)
-BN_STEP_CHANNELS = (64, 512)
-
-
-def batch_norm_step_lengths() -> tuple:
-    """Plane lengths of the per-step cases: half the BatchNorm kernel's vector (its slow path: one step per element)
-    and two vectors (one step per plane), in fp32 elements of this machine's kernel (perfcheck.hardware.cpu_vector)."""
-    vec = kernel_vector_bytes() // 4
-    return (max(vec // 2, 2), 2 * vec)
-
-
-def _bn_backward(shape, dev):
-    """``(batch_norm(x), backward(), x)``: F.batch_norm in training on ``shape`` (affine) and the one
-    aten.native_batch_norm_backward call its autograd node makes (input, weight and bias gradients)."""
-    c = shape[1]
-    x, g = torch.randn(*shape, device=dev), torch.randn(*shape, device=dev)
-    w, b = torch.ones(c, device=dev), torch.zeros(c, device=dev)
-    rm, rv = torch.zeros(c, device=dev), torch.ones(c, device=dev)
-    _, mean, invstd = aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)
-    bwd = lambda: aten.native_batch_norm_backward(g, x, w, rm, rv, mean, invstd, True, 1e-5,  # noqa: E731
-                                                  [True, True, True])
-    fwd = lambda t, w_, b_: torch.nn.functional.batch_norm(t, None, None, w_, b_, training=True)  # noqa: E731
-    return fwd, bwd, tuple(t.clone().requires_grad_(True) for t in (x, w, b))
-
-
-def batch_norm_cases(dev) -> list:
-    """``opeff`` row ``native_batch_norm:bwd`` (the backward's rate at ``BN_EFFICIENCY``, FLOPs and bytes by
-    formulas.batch_norm) and ``oprows`` rows ``native_batch_norm bwd`` (m = its reduction steps,
-    batch_norm_cpu.batch_norm_reduction_steps; k = the plane length) at ``BN_STEP_CHANNELS`` x ``batch_norm_step_lengths``:
-    per plane length the slope over the steps less the roofline's is the price per step (op_row_s; the fit takes the
-    median over the lengths). CPU only: a GPU runs cuDNN's kernel."""
-    names_bn = ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional")
-    fwd, bwd, inputs = _bn_backward(BN_EFFICIENCY, dev)
-    cost = formula_costs(fwd, inputs, names_bn)
-    out = [_opeff("native_batch_norm:bwd", bwd, cost["bwd"], cost["fwd"][3])]
-    for length in batch_norm_step_lengths():
-        for c in BN_STEP_CHANNELS:
-            fwd, bwd, inputs = _bn_backward((4, c, length), dev)
-            mf, of, nb, k = formula_costs(fwd, inputs, names_bn)["bwd"]
-            steps = batch_norm_reduction_steps(4, c, length, kernel_vector_bytes() // 4)
-            out.append(Case(names.OPROWS, "native_batch_norm bwd", bwd, "fp32", float(of), float(nb),
-                            (int(steps), length, int(max(k, 1)))))
-    return out
-
-
 def embedding_row_cases(dev) -> list:
     """Per index: ``nn.Embedding`` (aten ``embedding``: a row gather; backward aten.embedding_dense_backward: the
     dense gradient, then one row added per index) and ``nn.EmbeddingBag`` (``_embedding_bag``, sum over bags of 4;
@@ -470,8 +415,7 @@ def op_class_cases(device) -> list:
     # per-row prices are a CPU term (a GPU kernel spreads rows over its threads: roofline.row_prices)
     # a CPU convolution class's fixed cost per call is its kernel's (a GPU's is the host's, per op family)
     # a oneDNN LSTM layer is a CPU kernel (a GPU's nn.LSTM runs cuDNN: aten_costs._cudnn_rnn)
-    # a CPU BatchNorm backward's rate and its per-plane reduction steps (CUDA runs cuDNN's kernel)
-    cpu_only = (embedding_row_cases(dev) + batch_norm_cases(dev) + conv_weight_cases(dev) + conv_fixed_cases(dev)
+    cpu_only = (embedding_row_cases(dev) + conv_weight_cases(dev) + conv_fixed_cases(dev)
                 + embedding_bag_fixed_cases(dev) + embedding_bag_max_cases(dev) + rnn_cases(dev)
                 ) if dev.type == "cpu" else []
     return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + cpu_only

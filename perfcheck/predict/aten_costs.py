@@ -14,14 +14,12 @@ How these costs become a module's predicted time: docs/model.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
-from perfcheck.hardware.cpu_vector import kernel_vector_bytes
 from perfcheck.predict import formulas as F
-from perfcheck.predict.batch_norm_cpu import batch_norm_reduction_steps
 
 aten = torch.ops.aten
 
@@ -243,16 +241,8 @@ def _batch_norm(c: OpCall):
     else:
         training = bool(next(a for a in c.args[3:] if isinstance(a, bool)))
     affine = isinstance(w, TensorMeta)
-    n, ch, spatial = x.shape[0], x.shape[1], math.prod(x.shape[2:])
-    cost = F.batch_norm(n, ch, spatial, training=training, affine=affine, x_grad=x.requires_grad,
-                        w_grad=affine and w.requires_grad, elem_bytes=_eb(x))
-    if not training or not (cost.bwd.flops > 0):
-        return cost
-    # the backward's serial reduction steps per plane (batch_norm_cpu.batch_norm_reduction_steps), by the CPU kernel's
-    # vector size in elements; a GPU spec has no price for them (op_row_s is a CPU calibration's). bf16/fp16 run
-    # another kernel (batch_norm_cpu_backward_contiguous_internal: float vectors, a scalar loop for the tail): none
-    vector_elems = kernel_vector_bytes() // _eb(x) if _eb(x) >= 4 else None
-    return replace(cost, bwd=replace(cost.bwd, rows=batch_norm_reduction_steps(n, ch, spatial, vector_elems)))
+    return F.batch_norm(x.shape[0], x.shape[1], math.prod(x.shape[2:]), training=training, affine=affine,
+                        x_grad=x.requires_grad, w_grad=affine and w.requires_grad, elem_bytes=_eb(x))
 
 
 @register(aten.native_group_norm)
