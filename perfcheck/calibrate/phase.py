@@ -40,7 +40,10 @@ def reanchor(table: pd.DataFrame, reference_s: float, compute_reference_s: float
         return table
     out = table.copy()
     for col, j in (("seconds", 1), ("seconds_min", 2), ("seconds_max", 3)):
-        out[col] = [repeats_mod.anchored(rel[j], reference_s, rel[0], compute_reference_s) for rel in relative]
+        anchored = [repeats_mod.anchored(rel[j], reference_s, rel[0], compute_reference_s) for rel in relative]
+        # a kernel faster than the tiny-add reference read in a slow phase anchors at 0 or below: no reading
+        # at the reference times exists for it, so it keeps its own (a positive time, never a zero to divide by)
+        out[col] = [a if a > 0 else raw for a, raw in zip(anchored, table[col])]
     sec = out["seconds"].astype(float).where(out["seconds"] > 0)
     out["flops_per_s"] = (out["flops"].astype(float) / sec).where(out["flops"] > 0)
     out["bytes_per_s"] = (out["bytes"].astype(float) / sec).where(out["bytes"] > 0)

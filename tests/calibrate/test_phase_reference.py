@@ -193,6 +193,19 @@ def test_a_kernel_read_against_the_compute_reference():
     assert reference_record([a, b])["compute_reference_s"] == pytest.approx(40 * US)
 
 
+def test_reanchor_keeps_a_reading_that_would_anchor_at_zero():
+    """A small copy timed at 2 us right after a 5 us reading of the tiny-add reference (a slow phase) reads
+    (2 - 5) / 40 against the references; at a 1 us reference and a 40 us compute reference that anchors at
+    -3 + 1 < 0: no time at the reference exists, so the case keeps its own 2 us (a calibration divided by 0)."""
+    t = pd.DataFrame({"seconds": [2e-6], "seconds_min": [2e-6], "seconds_max": [2e-6], "flops": [0.0],
+                      "bytes": [8e3]})
+    t.attrs["relative"] = [(False, -3e-6 / 40e-6, -3e-6 / 40e-6, -3e-6 / 40e-6)]
+    out = reanchor(t, 1e-6, 40e-6)
+    assert out["seconds"].iloc[0] == pytest.approx(2e-6) and out["bytes_per_s"].iloc[0] == pytest.approx(4e9)
+    t.attrs["relative"] = [(False, 1e-6 / 40e-6, 1e-6 / 40e-6, 1e-6 / 40e-6)]
+    assert reanchor(t, 1e-6, 40e-6)["seconds"].iloc[0] == pytest.approx(2e-6)  # (1/40) x 40 + 1 us: anchored
+
+
 def test_reanchor_leaves_a_table_without_reference_alone():
     t = pd.DataFrame({"seconds": [1.0]})
     assert reanchor(t, 2.0) is t
