@@ -10,6 +10,7 @@ import pandas as pd
 from perfcheck.hardware.labels import datasheet_default
 from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict import zero
+from perfcheck.predict.run_speed import at_run_speed
 from perfcheck.predict.host import deepspeed_host_s, process_slowdown
 
 
@@ -125,3 +126,38 @@ def predict(facts: dict, predicted: pd.DataFrame, system=None, local=None) -> ze
                               compute_fwd_s=0.0 if math.isnan(fwd) else fwd,
                               compute_bwd_s=0.0 if math.isnan(bwd) else bwd,
                               host_s=host_s)
+
+
+def host_shares(predicted: pd.DataFrame) -> dict:
+    """The host share of the model's predicted forward and backward (predicted.csv's root ``host_<phase>_s`` over
+    ``pred_<phase>_s``, in [0, 1]): the part of the compute terms that moves with the host reference. NaN where
+    the file has no host column."""
+    out = {"fwd": math.nan, "bwd": math.nan}
+    if predicted.empty or "module" not in predicted:
+        return out
+    root = predicted[predicted["depth"] == 0] if "depth" in predicted else predicted.iloc[:1]
+    for ph in out:
+        if f"host_{ph}_s" in root and f"pred_{ph}_s" in root:
+            t, h = float(root[f"pred_{ph}_s"].iloc[0]), float(root[f"host_{ph}_s"].iloc[0])
+            out[ph] = min(max(h / t, 0.0), 1.0) if t > 0 and h == h else math.nan
+    return out
+
+
+def at_run_times(times: dict, shares: dict, host_factor: float, compute_factor: float) -> dict:
+    """The ZeRO estimate's phase times (``ZeroEstimate.times``) at the speed a run met (``predict.run_speed``):
+    per phase, the model's compute split by its host share (``host_shares``; all compute without one), DeepSpeed's
+    host terms x the host factor, the optimizer's update x the compute factor, collectives and waits unscaled:
+
+        fwd, bwd  = at_run_speed(compute, share x compute) + s_h x host + comm + wait
+        optim     = s_c x optimizer update + s_h x host + comm + wait
+        step      = fwd + bwd + optim
+    """
+    out = {}
+    for ph in ("fwd", "bwd", "optim"):
+        compute = times[f"{ph}_compute_s"]
+        share = shares.get(ph, math.nan) if ph != "optim" else 0.0
+        share = 0.0 if share != share else share
+        out[f"{ph}_s"] = (at_run_speed(compute, share * compute, host_factor, compute_factor)
+                          + host_factor * times[f"{ph}_host_s"] + times[f"{ph}_comm_s"] + times[f"{ph}_wait_s"])
+    out["step_s"] = out["fwd_s"] + out["bwd_s"] + out["optim_s"]
+    return out
