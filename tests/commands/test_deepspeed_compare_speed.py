@@ -41,6 +41,9 @@ def planted(tmp_path_factory):
         warm = steps["role"] == "warmup"
         steps["ref_s"] = [10 * CAL["reference_s"] if w else 2 * CAL["reference_s"] for w in warm]
         steps["cref_s"] = [10 * CAL["compute_reference_s"] if w else 1.5 * CAL["compute_reference_s"] for w in warm]
+        for ph in ("fwd", "bwd", "step"):  # process CPU time: half of each phase's elapsed time
+            steps[f"{ph}_cpu_s"] = 0.5 * steps[f"{ph}_s"]
+        steps["total_cpu_s"] = steps[["fwd_cpu_s", "bwd_cpu_s", "step_cpu_s"]].sum(axis=1)
         steps.to_csv(path, index=False)
     pred = pd.read_csv(run / "predicted.csv")
     for ph in ("fwd", "bwd"):
@@ -83,3 +86,10 @@ def test_the_answer_gives_both_ratios(planted):
     assert "stage 0: host x2.00, compute x1.50" in text
     assert f"forward {r['meas_fwd_s'] / r['pred_fwd_s']:.2f} -> {r['meas_fwd_s'] / r['pred_fwd_at_run_s']:.2f}" in text
     assert not math.isnan(r["pred_step_at_run_s"])
+    # the step's process CPU time against its predicted work (compute and host terms) at the run's speed, by hand
+    work = (1.5 * (1 - HOST_SHARE) * (r["pred_fwd_compute_s"] + r["pred_bwd_compute_s"])
+            + 2.0 * HOST_SHARE * (r["pred_fwd_compute_s"] + r["pred_bwd_compute_s"])
+            + 1.5 * r["pred_optim_compute_s"] + 2.0 * (r["pred_fwd_host_s"] + r["pred_bwd_host_s"] + r["pred_optim_host_s"]))
+    assert r["meas_step_cpu_s"] > 0
+    assert f"(CPU time / predicted work {r['meas_step_cpu_s'] / work:.2f})" in text
+    assert f"(CPU time {r['meas_fwd_cpu_s'] / r['pred_fwd_at_run_s']:.2f})" in text
