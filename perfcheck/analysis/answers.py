@@ -418,7 +418,8 @@ def _run_speed(s) -> str:
             "every optimizer step; their median over the calibration's reference times is the machine's speed then "
             "(> 1: slower than when it was calibrated; a shared core's speed moves by up to 2x for seconds at a time). "
             "Measured / predicted, plain -> with the prediction set at that speed (host terms x host factor, kernel "
-            "work x compute factor, collectives and waits as predicted); in brackets the process CPU time, which "
+            "work x compute factor, collectives and waits as predicted, the ranks' process slowdown taken out: the "
+            "references were read with the peers running); in brackets the process CPU time, which "
             "leaves out waiting for a core and for the peers, against the same prediction (the forward: no "
             "collective below stage 3) or its work alone (the step: compute and host terms): " + "; ".join(parts) + ".")
 

@@ -143,21 +143,27 @@ def host_shares(predicted: pd.DataFrame) -> dict:
     return out
 
 
-def at_run_times(times: dict, shares: dict, host_factor: float, compute_factor: float) -> dict:
+def at_run_times(times: dict, shares: dict, host_factor: float, compute_factor: float, slowdown: float = 1.0) -> dict:
     """The ZeRO estimate's phase times (``ZeroEstimate.times``) at the speed a run met (``predict.run_speed``):
     per phase, the model's compute split by its host share (``host_shares``; all compute without one), DeepSpeed's
     host terms x the host factor, the optimizer's update x the compute factor, collectives and waits unscaled:
 
-        fwd, bwd  = at_run_speed(compute, share x compute) + s_h x host + comm + wait
-        optim     = s_c x optimizer update + s_h x host + comm + wait
+        fwd, bwd  = at_run_speed(compute / k, share x compute / k) + s_h x host / k + comm + wait
+        optim     = s_c x optimizer update + s_h x host / k + comm + wait
         step      = fwd + bwd + optim
+
+    k = ``slowdown``, the process slowdown the estimate applied to its compute and host terms for the ranks
+    sharing the host (``predict.host.process_slowdown``): the ranks read the references while their peers ran
+    (all of them leave the step together), so the factors already hold the peers' share, and k is taken out to
+    count it once. The optimizer's update carries no k (``zero.estimate_zero`` applies none to it).
     """
+    k = slowdown if slowdown == slowdown and slowdown > 0 else 1.0
     out = {}
     for ph in ("fwd", "bwd", "optim"):
-        compute = times[f"{ph}_compute_s"]
+        compute = times[f"{ph}_compute_s"] / (k if ph != "optim" else 1.0)
         share = shares.get(ph, math.nan) if ph != "optim" else 0.0
         share = 0.0 if share != share else share
         out[f"{ph}_s"] = (at_run_speed(compute, share * compute, host_factor, compute_factor)
-                          + host_factor * times[f"{ph}_host_s"] + times[f"{ph}_comm_s"] + times[f"{ph}_wait_s"])
+                          + host_factor * times[f"{ph}_host_s"] / k + times[f"{ph}_comm_s"] + times[f"{ph}_wait_s"])
     out["step_s"] = out["fwd_s"] + out["bwd_s"] + out["optim_s"]
     return out

@@ -349,11 +349,12 @@ def _host_cells(row: dict, est: zero.ZeroEstimate, facts: dict, stage: dict, sys
 def _speed_cells(row: dict, est: zero.ZeroEstimate, stage: dict, spec) -> None:
     """The machine's speed during the run against the calibration's (``meas_host_speed``, ``meas_compute_speed``:
     ``perfcheck.predict.run_speed.speed_factors`` of the references the ranks read between steps) and every phase's
-    prediction set at that speed (``pred_<phase>_at_run_s``, ``pred_step_at_run_s``: ``stage_prediction.at_run_times``);
-    NaN without references on either side."""
+    prediction set at that speed (``pred_<phase>_at_run_s``, ``pred_step_at_run_s``: ``stage_prediction.at_run_times``,
+    the ranks' process slowdown taken out: the readings hold it); NaN without references on either side.
+    Runs after ``_host_cells`` (``pred_process_slowdown``)."""
     sh, sc = run_speed.speed_factors(getattr(spec, "calibration", {}), row.get("meas_ref_s"), row.get("meas_cref_s"))
     row["meas_host_speed"], row["meas_compute_speed"] = sh, sc
-    at = at_run_times(est.times, host_shares(stage["predicted"]), sh, sc)
+    at = at_run_times(est.times, host_shares(stage["predicted"]), sh, sc, row["pred_process_slowdown"])
     for name in PHASES.values():
         row[f"pred_{name}_at_run_s"] = at[f"{name}_s"]
     row["pred_step_at_run_s"] = at["step_s"]

@@ -15,6 +15,8 @@ rest is kernel work is, at the run's speed,
 
     t_run = s_h * host_s + s_c * (t - host_s)                                    (``at_run_speed``)
 
+Read by ranks whose peers run beside them, the factors also hold the peers' share of the host, so a prediction
+that already carries a process slowdown for them has it taken out first (``analysis.stage_prediction.at_run_times``).
 Communication and the wait for a peer are not scaled (the collective terms are not read against the
 references). The factors are a measurement beside the prediction, not a fitted constant: with s_h = s_c = 1
 (a run at the calibration's level) nothing changes.
