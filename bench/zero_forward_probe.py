@@ -14,7 +14,9 @@ steps of every rank. What it separates:
   call at that stage (the prediction's ``zero<S>_fwd_s`` terms);
 * N ranks against 1 (CPU time): the slowdown of processes sharing the host's cores and caches (the
   prediction's ``process_slowdown``);
-* wall - CPU: waiting (for a core, for a peer rank).
+* wall - CPU: waiting (for a core, for a peer rank);
+* the calibration's two references (a tiny add, a 128^3 mm: ``perfcheck.calibrate.phase``) read before every
+  step: the machine's speed beside each step (the same readings ``perfcheck.measure.speed`` takes in a sweep).
 
 Stage 3 replaces ``F.linear`` for the whole process, so its engine runs in a second group after the
 others (as ``perfcheck.calibrate.deepspeed_cases`` does).
@@ -149,14 +151,15 @@ def run(ranks: int, rounds: int, per_round: int, warm: int, groups=GROUPS) -> li
 
 def table(rows: list, ranks: int) -> str:
     """Medians over every rank's steps, ms, per configuration."""
-    lines = [f"ranks {ranks}", "| config | fwd wall | fwd CPU | bwd wall | bwd CPU | step wall | step CPU | steps |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"ranks {ranks} (ms; the references in us per call)",
+             "| config | fwd wall | fwd CPU | bwd wall | bwd CPU | step wall | step CPU | add ref | mm ref | steps |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in dict.fromkeys(r["config"] for r in rows):
         pooled = {k: [v for r in rows if r["config"] == c for v in r[k]]
-                  for k in (f"{ph}_{w}" for ph in PHASES for w in ("s", "cpu_s"))}
+                  for k in [f"{ph}_{w}" for ph in PHASES for w in ("s", "cpu_s")] + ["ref_s", "cref_s"]}
         med = {k: 1e3 * statistics.median(v) for k, v in pooled.items()}
         lines.append(f"| {c} | " + " | ".join(f"{med[f'{ph}_{w}']:.3f}" for ph in PHASES for w in ("s", "cpu_s"))
-                     + f" | {len(pooled['fwd_s'])} |")
+                     + f" | {1e3 * med['ref_s']:.2f} | {1e3 * med['cref_s']:.1f} | {len(pooled['fwd_s'])} |")
     return "\n".join(lines)
 
 
