@@ -3,7 +3,7 @@
 phase, plain torch beside a DeepSpeed engine at each ZeRO stage, at 1 rank and at N ranks at once.
 
     OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu flock /tmp/perfcheck-bench.lock \\
-        python3 bench/zero_forward_probe.py --ranks 1 --ranks 2 [--rounds 12 --per-round 6]
+        python3 bench/zero_forward_probe.py --ranks 1 --ranks 2 [--rounds 12 --per-round-steps 6]
 
 Per rank and configuration (``torch``: the bare model and torch.optim.Adam; ``0``-``3``: an engine at that
 stage, the sweep's config), rounds are interleaved (a few steps of every configuration, then the next
@@ -167,13 +167,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, action="append", default=None, help="ranks at once (repeatable)")
     p.add_argument("--rounds", type=int, default=12)
-    p.add_argument("--per-round", type=int, default=6)
+    p.add_argument("--per-round-steps", type=int, default=6)
     p.add_argument("--warm", type=int, default=2, help="rounds not timed")
     p.add_argument("--json", default=None, help="also write every step's times here")
     args = p.parse_args(argv)
     everything = {}
     for n in args.ranks or [1, 2]:
-        rows = run(n, args.rounds, args.per_round, args.warm)
+        rows = run(n, args.rounds, args.per_round_steps, args.warm)
         everything[n] = rows
         print(table(rows, n), flush=True)
     if args.json:
