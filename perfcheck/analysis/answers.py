@@ -186,6 +186,9 @@ def answers(table: pd.DataFrame) -> list:
     waiting = _waiting(s)
     if waiting:
         out.append(("How much of each measured step is waiting rather than work?", waiting))
+    speed = _run_speed(s)
+    if speed:
+        out.append(("Did the machine run at the calibration's speed?", speed))
     bad = table[table["status"] != "ok"].drop_duplicates("run" if "run" in table else "stage")
     if not bad.empty:
         names = [f"{r.get('run', 'stage' + str(r['stage']))} (ZeRO stage {r['stage']})" for _, r in bad.iterrows()]
@@ -385,6 +388,40 @@ def _waiting(s) -> str:
                  "ranks wait for a core and for each other at every collective, which no per-op model predicts; "
                  "compare the prediction with the CPU time, or measure on a quiet machine.")
     return text
+
+
+def _run_speed(s) -> str:
+    """The machine's speed during each stage against the calibration's (the references the ranks read between
+    steps, ``perfcheck.measure.speed``) and measured / predicted forward and step, plain and with the prediction
+    set at that speed (``pred_<phase>_at_run_s``). Empty for runs without references (older files, GPUs)."""
+    if "meas_host_speed" not in s or not s["meas_host_speed"].notna().any():
+        return ""
+    parts = []
+    for st, r in s.iterrows():
+        sh, sc = r["meas_host_speed"], r.get("meas_compute_speed", math.nan)
+        if sh != sh:
+            continue
+
+        def ratio(meas, pred):
+            m, p = r.get(meas, math.nan), r.get(pred, math.nan)
+            return f"{m / p:.2f}" if m == m and p == p and p > 0 else "-"
+        waits = sum(r.get(f"pred_{n}_{w}_s", 0.0) for n in ("fwd", "bwd", "optim") for w in ("comm", "wait"))
+        work = r.get("pred_step_at_run_s", math.nan) - waits  # the step's predicted work at the run's speed
+        cpu_work = r.get("meas_step_cpu_s", math.nan) / work if work == work and work > 0 else math.nan
+        parts.append(f"stage {int(st)}: host x{sh:.2f}, compute x{sc:.2f}; forward {ratio('meas_fwd_s', 'pred_fwd_s')}"
+                     f" -> {ratio('meas_fwd_s', 'pred_fwd_at_run_s')} (CPU time {ratio('meas_fwd_cpu_s', 'pred_fwd_at_run_s')}),"
+                     f" step {ratio('meas_step_s', 'pred_step_s')} -> {ratio('meas_step_s', 'pred_step_at_run_s')} "
+                     f"(CPU time / predicted work {cpu_work:.2f})")
+    if not parts:
+        return ""
+    return ("The ranks timed the calibration's two references (a tiny add: host code; a 128^3 mm: kernel work) after "
+            "every optimizer step; their median over the calibration's reference times is the machine's speed then "
+            "(> 1: slower than when it was calibrated; a shared core's speed moves by up to 2x for seconds at a time). "
+            "Measured / predicted, plain -> with the prediction set at that speed (host terms x host factor, kernel "
+            "work x compute factor, collectives and waits as predicted, the ranks' process slowdown taken out: the "
+            "references were read with the peers running); in brackets the process CPU time, which "
+            "leaves out waiting for a core and for the peers, against the same prediction (the forward: no "
+            "collective below stage 3) or its work alone (the step: compute and host terms): " + "; ".join(parts) + ".")
 
 
 def _where_util(s) -> str:

@@ -10,6 +10,7 @@ import pandas as pd
 from perfcheck.hardware.labels import datasheet_default
 from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict import zero
+from perfcheck.predict.run_speed import at_run_speed
 from perfcheck.predict.host import deepspeed_host_s, process_slowdown
 
 
@@ -125,3 +126,44 @@ def predict(facts: dict, predicted: pd.DataFrame, system=None, local=None) -> ze
                               compute_fwd_s=0.0 if math.isnan(fwd) else fwd,
                               compute_bwd_s=0.0 if math.isnan(bwd) else bwd,
                               host_s=host_s)
+
+
+def host_shares(predicted: pd.DataFrame) -> dict:
+    """The host share of the model's predicted forward and backward (predicted.csv's root ``host_<phase>_s`` over
+    ``pred_<phase>_s``, in [0, 1]): the part of the compute terms that moves with the host reference. NaN where
+    the file has no host column."""
+    out = {"fwd": math.nan, "bwd": math.nan}
+    if predicted.empty or "module" not in predicted:
+        return out
+    root = predicted[predicted["depth"] == 0] if "depth" in predicted else predicted.iloc[:1]
+    for ph in out:
+        if f"host_{ph}_s" in root and f"pred_{ph}_s" in root:
+            t, h = float(root[f"pred_{ph}_s"].iloc[0]), float(root[f"host_{ph}_s"].iloc[0])
+            out[ph] = min(max(h / t, 0.0), 1.0) if t > 0 and h == h else math.nan
+    return out
+
+
+def at_run_times(times: dict, shares: dict, host_factor: float, compute_factor: float, slowdown: float = 1.0) -> dict:
+    """The ZeRO estimate's phase times (``ZeroEstimate.times``) at the speed a run met (``predict.run_speed``):
+    per phase, the model's compute split by its host share (``host_shares``; all compute without one), DeepSpeed's
+    host terms x the host factor, the optimizer's update x the compute factor, collectives and waits unscaled:
+
+        fwd, bwd  = at_run_speed(compute / k, share x compute / k) + s_h x host / k + comm + wait
+        optim     = s_c x optimizer update + s_h x host / k + comm + wait
+        step      = fwd + bwd + optim
+
+    k = ``slowdown``, the process slowdown the estimate applied to its compute and host terms for the ranks
+    sharing the host (``predict.host.process_slowdown``): the ranks read the references while their peers ran
+    (all of them leave the step together), so the factors already hold the peers' share, and k is taken out to
+    count it once. The optimizer's update carries no k (``zero.estimate_zero`` applies none to it).
+    """
+    k = slowdown if slowdown == slowdown and slowdown > 0 else 1.0
+    out = {}
+    for ph in ("fwd", "bwd", "optim"):
+        compute = times[f"{ph}_compute_s"] / (k if ph != "optim" else 1.0)
+        share = shares.get(ph, math.nan) if ph != "optim" else 0.0
+        share = 0.0 if share != share else share
+        out[f"{ph}_s"] = (at_run_speed(compute, share * compute, host_factor, compute_factor)
+                          + host_factor * times[f"{ph}_host_s"] / k + times[f"{ph}_comm_s"] + times[f"{ph}_wait_s"])
+    out["step_s"] = out["fwd_s"] + out["bwd_s"] + out["optim_s"]
+    return out

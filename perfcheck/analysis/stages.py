@@ -23,6 +23,11 @@ plus ``meas_<phase>_cpu_s`` / ``meas_step_cpu_s`` (process CPU time in the engin
 less waiting for a core or for the peer ranks' collectives), ``meas_other_s`` (step wall time outside
 the engine calls), ``meas_peak_mem_bytes``,
 ``meas_gpu_util`` / ``meas_cpu_util`` (the sampler) and ``notes`` explaining every remainder.
+``meas_ref_s`` / ``meas_cref_s`` are the calibration's two references read by the ranks between steps
+(``perfcheck.measure.speed``), ``meas_host_speed`` / ``meas_compute_speed`` the same over the calibration's
+reference times (> 1: the machine ran slower than when it was calibrated), and ``pred_<phase>_at_run_s`` /
+``pred_step_at_run_s`` the prediction set at that speed (``perfcheck.predict.run_speed``): measured over it is
+the model's error with the machine's drift since the calibration taken out.
 A stage whose run failed keeps its row with ``status`` = failed and the tail of its log.
 The prediction side (the ZeRO model for what a rank recorded) is ``analysis.stage_prediction``.
 """
@@ -38,11 +43,12 @@ import perfcheck.rundir as runs
 import perfcheck.rundir.deepspeed_files as run_files
 from perfcheck.analysis.answers import notes
 from perfcheck.analysis.pipeline import reconcile_run
-from perfcheck.analysis.stage_prediction import local_processes, predict, stage_system, zero3_parts
+from perfcheck.analysis.stage_prediction import (at_run_times, host_shares, local_processes, predict, stage_system,
+                                                 zero3_parts)
 from perfcheck.errors import UserError
 from perfcheck.hardware.labels import spec_label
 from perfcheck.hardware.systems import load_system
-from perfcheck.predict import for_run, zero
+from perfcheck.predict import for_run, run_speed, zero
 from perfcheck.predict.for_run import load_predicted
 from perfcheck.predict.host import process_slowdown
 from perfcheck.predict.zero import KINDS
@@ -54,7 +60,9 @@ PHASES = {"fwd": "fwd", "bwd": "bwd", "step": "optim"}
 PREDICTED_ONLY = ("pred_fwd_host_s", "pred_bwd_host_s", "pred_optim_host_s", "pred_zero3_hooks_s",
                   "pred_zero3_gather_host_s", "pred_allgather_s", "pred_process_slowdown",
                   "pred_fwd_wait_s", "pred_bwd_wait_s", "pred_optim_wait_s",
-                  "pred_fwd_syncs", "pred_bwd_syncs", "pred_optim_syncs", "pred_batched_calls")
+                  "pred_fwd_syncs", "pred_bwd_syncs", "pred_optim_syncs", "pred_batched_calls",
+                  # the prediction at the run's speed: its measured twins are the plain meas_<phase>_s / _cpu_s
+                  "pred_fwd_at_run_s", "pred_bwd_at_run_s", "pred_optim_at_run_s", "pred_step_at_run_s")
 BYTES_TOLERANCE = 0.05
 LOG_NAMES = ("launcher.log", "log.txt")
 
@@ -187,8 +195,8 @@ def measured_times(steps: pd.DataFrame, facts: dict) -> dict:
     or over the bare steps (no module hooks) when the run has them; ``meas_steps_role`` says which."""
     cpu_cols = ("fwd_cpu_s", "bwd_cpu_s", "step_cpu_s", "total_cpu_s")
     cpu_keys = ("meas_fwd_cpu_s", "meas_bwd_cpu_s", "meas_optim_cpu_s", "meas_step_cpu_s")
-    nan = {k: math.nan for k in ("meas_fwd_s", "meas_bwd_s", "meas_optim_s", "meas_total_s", "meas_step_spread")
-           + cpu_keys}
+    nan = {k: math.nan for k in ("meas_fwd_s", "meas_bwd_s", "meas_optim_s", "meas_total_s", "meas_step_spread",
+                                 "meas_ref_s", "meas_cref_s") + cpu_keys}
     if steps.empty:
         return nan
     # bare steps (PerfCheck's module hooks off, the block's overhead_pairs) measure DeepSpeed as the model
@@ -207,6 +215,9 @@ def measured_times(steps: pd.DataFrame, facts: dict) -> dict:
            "meas_step_spread": float((total.max() - total.min()) / total.median()) if total.median() > 0 else math.nan}
     for col, key in zip(cpu_cols, cpu_keys):  # process CPU time (files from before the column: NaN)
         out[key] = float(per[col].median()) if col in per else math.nan
+    for col in ("ref_s", "cref_s"):  # the machine's speed on the same steps (measure.speed; one reading per step)
+        vals = m[col].dropna() if col in m else pd.Series(dtype=float)
+        out[f"meas_{col}"] = float(vals.median()) if not vals.empty else math.nan
     out["meas_steps_role"] = role
     return out
 
@@ -251,6 +262,7 @@ def _row(stage: dict, rank: int, data: dict, system=None, local=None) -> dict:
     for col in ("gpu_util", "cpu_util"):
         row[f"meas_{col}"] = float(samples[col].mean()) if not samples.empty and col in samples else math.nan
     _host_cells(row, est, facts, stage, system, local)
+    _speed_cells(row, est, stage, load_system(stage_system(facts, system, local)))
     row["compute_predicted"] = not stage["predicted"].empty
     row["bytes_ok"] = bytes_within(row)
     row["notes"] = "; ".join(notes_for(row, facts, est))
@@ -306,7 +318,7 @@ def _time_cells(row: dict, est: zero.ZeroEstimate, facts: dict, steps) -> None:
         comm = row[f"meas_{name}_comm_s"]
         row[f"meas_{name}_compute_s"] = row[f"meas_{name}_s"] - (0 if math.isnan(comm) else comm)
     row["pred_step_s"], row["meas_step_s"] = t["step_s"], mt["meas_total_s"]
-    for key in ("meas_fwd_cpu_s", "meas_bwd_cpu_s", "meas_optim_cpu_s", "meas_step_cpu_s"):
+    for key in ("meas_fwd_cpu_s", "meas_bwd_cpu_s", "meas_optim_cpu_s", "meas_step_cpu_s", "meas_ref_s", "meas_cref_s"):
         row[key] = mt[key]
     row["meas_steps_role"] = mt.get("meas_steps_role", "")
     other = mt["meas_total_s"] - sum(mt[f"meas_{n}_s"] for n in PHASES.values())
@@ -334,6 +346,20 @@ def _host_cells(row: dict, est: zero.ZeroEstimate, facts: dict, stage: dict, sys
     row["pred_allgather_s"] = float(sum(
         zero.comm_time_s([c for c in est.collectives if c.kind == "allgather"], facts["dp"],
                          load_system(stage_system(facts, system, local)), spans_nodes=facts.get("nodes", 1) > 1).values()))
+
+
+def _speed_cells(row: dict, est: zero.ZeroEstimate, stage: dict, spec) -> None:
+    """The machine's speed during the run against the calibration's (``meas_host_speed``, ``meas_compute_speed``:
+    ``perfcheck.predict.run_speed.speed_factors`` of the references the ranks read between steps) and every phase's
+    prediction set at that speed (``pred_<phase>_at_run_s``, ``pred_step_at_run_s``: ``stage_prediction.at_run_times``,
+    the ranks' process slowdown taken out: the readings hold it); NaN without references on either side.
+    Runs after ``_host_cells`` (``pred_process_slowdown``)."""
+    sh, sc = run_speed.speed_factors(getattr(spec, "calibration", {}), row.get("meas_ref_s"), row.get("meas_cref_s"))
+    row["meas_host_speed"], row["meas_compute_speed"] = sh, sc
+    at = at_run_times(est.times, host_shares(stage["predicted"]), sh, sc, row["pred_process_slowdown"])
+    for name in PHASES.values():
+        row[f"pred_{name}_at_run_s"] = at[f"{name}_s"]
+    row["pred_step_at_run_s"] = at["step_s"]
 
 
 def bytes_within(row, tol: float = BYTES_TOLERANCE) -> bool:

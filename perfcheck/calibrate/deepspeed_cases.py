@@ -13,7 +13,11 @@ module calls and parameter tensors vary independently), a plain torch run (torch
 sweep's optimizer) and one engine per ZeRO configuration (``CONFIGS``: stages 0-3, and stage 3 with
 every parameter gathered, ``3g``). Rounds are interleaved (a round of steps of every run, then the
 next) and each phase is timed in process CPU time (``time.process_time``: what the work costs with a
-core to itself; a shared machine's waiting for a core is not in it), median over steps.
+core to itself; a shared machine's waiting for a core is not in it), median over steps. Before each run's steps
+of a round the calibration's host reference (a tiny add, ``perfcheck.calibrate.phase``) is read too, and
+``apply`` puts the fitted constants at the calibration's level (``reference_level``: the calibration's reference
+time over the same statistic of these readings): a shared core's speed moves by up to 2x for seconds at a time,
+and the case runs after the quick calibration, so its raw level is another phase's.
 
 The fit (``fit``), per stage S and phase (fwd, bwd, step), least squares over the three models:
 
@@ -51,7 +55,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfcheck.calibrate import repeats
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
+from perfcheck.calibrate.phase import reference_fn
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import host_constants
 from perfcheck.predict.host import process_slowdown
@@ -69,6 +75,9 @@ CONFIGS = {"0": {"stage": 0}, "1": {"stage": 1}, "2": {"stage": 2}, "3": {"stage
 #: ``zero_ranks``, the ranks per host they were measured at.
 KEYS = tuple([zero_key(s, ph, part) for s in STAGES for ph in PHASES for part in ("", "tensor")]
              + [zero_key(3, ph, "module") for ph in ("fwd", "bwd")] + [zero_key(3, ph, "gather") for ph in PHASES])
+#: Calls of the calibration's host reference per reading, beside every run's steps of a round (``reference_level``):
+#: ~0.2-0.3 ms on the project's Xeon.
+REFERENCE_ADDS = 100
 #: Steps per mode: warm-up steps, rounds, steps per round.
 MODES = {"quick": (3, 3, 4), "default": (4, 5, 6), "full": (5, 9, 8)}
 COLUMNS = ("model", "config", "calls", "tensors", "fwd_s", "bwd_s", "step_s", "steps")
@@ -165,6 +174,7 @@ class _ChildBench:
         import torch
 
         self.deepspeed, self.clock, self.spent = deepspeed, clock, spent
+        self.references = []  # host reference readings (``reference``), one per run and round
         self.dev = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if device == "cuda" else torch.device("cpu")
         self.sync = (lambda: torch.cuda.synchronize(self.dev)) if device == "cuda" else (lambda: None)
         gen = torch.Generator().manual_seed(0)
@@ -211,9 +221,21 @@ class _ChildBench:
             for ph, a, b in (("fwd", t0, t1), ("bwd", t1, t2), ("step", t2, t3)):
                 times[ph].append(b - a)
 
+    def reference(self) -> float:
+        """The calibration's host reference (``phase.reference_fn``: a tiny add), seconds per call on the phases'
+        clock, or NaN off the CPU (``REFERENCE_ADDS`` calls)."""
+        if self.dev.type != "cpu":
+            return float("nan")
+        add = self._add = getattr(self, "_add", None) or reference_fn(self.dev)
+        t0 = self.clock()
+        for _ in range(REFERENCE_ADDS):
+            add()
+        return (self.clock() - t0) / REFERENCE_ADDS
+
     def group_rows(self, group, mode: str) -> list:
         """Median seconds per phase of every chain model under each configuration of ``group``,
-        interleaved round by round."""
+        interleaved round by round; the host reference is read before each run's steps of a round
+        (``self.references``)."""
         warm, rounds, per_round = MODES[mode]
         runs = {(m, c): self.build(n, b, c) for m, n, b in MODELS for c in group}
         times = {k: {ph: [] for ph in PHASES} for k in runs}
@@ -222,6 +244,7 @@ class _ChildBench:
                 self.one(run, None)
         for _ in range(rounds):
             for k, run in runs.items():
+                self.references.append(self.reference())
                 for _ in range(per_round):
                     self.one(run, times[k])
         rows = []
@@ -243,7 +266,7 @@ def _child(out_path: str, mode: str, device: str) -> None:  # pragma: no cover -
         rows += bench.group_rows(group, mode)
     Path(f"{out_path}.rank{rank}" if world > 1 else out_path).write_text(json.dumps(
         {"rows": rows, "deepspeed": deepspeed.__version__, "torch": torch.__version__, "clock": clock.__name__,
-         "world_size": world}))
+         "world_size": world, "references": [r for r in bench.references if r == r]}))
 
 
 # ------------------------------------------------------------------------------ the parent side
@@ -304,7 +327,9 @@ def bench_deepspeed(mode: str = "quick", *, device: str = "cpu", threads: int = 
     table = tables[0].copy()
     for ph in PHASES:  # the mean of the ranks' medians (the ranks ran the same configurations in the same order)
         table[f"{ph}_s"] = np.mean([t[f"{ph}_s"].to_numpy(float) for t in tables], axis=0)
-    return {"table": table, "deepspeed": data[0]["deepspeed"], "clock": data[0]["clock"], "world_size": world_size}
+    readings = [r for d in data for r in d.get("references", [])]
+    return {"table": table, "deepspeed": data[0]["deepspeed"], "clock": data[0]["clock"], "world_size": world_size,
+            "reference_s": repeats.anchor_s(readings) if readings else None}
 
 
 def _lstsq(cols, y) -> np.ndarray:
@@ -379,6 +404,11 @@ def apply(spec, result: dict, stamp: str):
     fitted = {k: (v / slow, how + (f"; / {slow:.3f}, the process slowdown of {result['world_size']} ranks on one "
                                    "host that the stage model applies" if slow != 1 else ""))
               for k, (v, how) in fitted.items()}
+    level = reference_level(spec, result)
+    if level != 1.0:
+        fitted = {k: (v * level, how + f"; x {level:.3f}, from the case's host reference to the calibration's "
+                                       "(its reference_s over the case's)")
+                  for k, (v, how) in fitted.items()}
     ranks = int(result.get("world_size", 1))
     where = (f"{stamp}, DeepSpeed {result['deepspeed']}, "
              + ("one rank" if ranks == 1 else f"{ranks} ranks on this host, the time inside collectives left out")
@@ -387,6 +417,19 @@ def apply(spec, result: dict, stamp: str):
     host = {**dict(spec.host), **{k: v for k, (v, _) in fitted.items()}}
     sources = {**dict(spec.sources), **{f"host.{k}": f"{where}: {how}" for k, (_, how) in fitted.items()}}
     return dataclasses.replace(spec, host=host, sources=sources)
+
+
+def reference_level(spec, result: dict) -> float:
+    """The factor that puts the case's constants at the calibration's level: the calibration's host reference
+    (``spec.calibration["reference_s"]``, a tiny add, ``repeats.ANCHOR`` of its readings) over the same statistic of
+    the readings taken beside the case's rounds (``result["reference_s"]``). Every constant the case fits is host
+    work (Python, dispatch), which moves with that reference (perfcheck/calibrate/repeats.py), so a case run while
+    the shared core was at another speed than during the calibration is read at the calibration's speed like every
+    other case. 1 when either side has no reference (a GPU, a spec without a CPU calibration, an older result)."""
+    cal = (getattr(spec, "calibration", None) or {}).get("reference_s")
+    case = result.get("reference_s")
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and x > 0 for x in (cal, case))
+    return float(cal) / float(case) if ok else 1.0
 
 
 def rows_for_table(result: dict) -> pd.DataFrame:

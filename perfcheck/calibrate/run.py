@@ -340,8 +340,10 @@ def _multi_process_groups(run: _Run, mode, world_size, deepspeed, comm):
     return conc, sync, ds
 
 
-def _spec(run: _Run, base_spec, peaks, name, conc, sync, ds):
-    """The measurements' table and the spec fitted to it (each optional part applied where measured)."""
+def _spec(run: _Run, base_spec, peaks, name, conc, sync, ds, phase=None):
+    """The measurements' table and the spec fitted to it (each optional part applied where measured). ``phase``
+    (``reference_record``) is stamped before the DeepSpeed case is applied, which puts its constants at the
+    calibration's reference level (``deepspeed_cases.reference_level``)."""
     dev = run.dev
     table = pd.concat(_at_one_reference(run.frames), ignore_index=True)
     stamp = provenance(dev)
@@ -349,6 +351,8 @@ def _spec(run: _Run, base_spec, peaks, name, conc, sync, ds):
                       mem_capacity_bytes=_capacity(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None)
     if dev.type == "cuda":
         spec = strided_cases.apply(gpu_ops.apply(spec, table, stamp), table, stamp)
+    if phase:
+        spec = sanity.stamped(spec, phase)
     if ds is not None:
         spec = deepspeed_cases.apply(spec, ds, stamp)
     if conc is not None:
@@ -419,9 +423,7 @@ def _calibrate(base, mode, device, dtypes, peaks, comm, world_size, name, progre
     unsteady = unsteady_note(run.frames)
     if unsteady:
         run.note(unsteady)
-    table, spec = _spec(run, base_spec, peaks, name, conc, sync, ds)
-    if phase:
-        spec = sanity.stamped(spec, phase)
+    table, spec = _spec(run, base_spec, peaks, name, conc, sync, ds, phase)
     elapsed = time.perf_counter() - run.start
     _progress(progress, f"[{elapsed:5.1f} s] done")
     return Calibration(spec, table, tuple(run.notes), elapsed)

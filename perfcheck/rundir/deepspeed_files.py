@@ -50,9 +50,12 @@ ENGINE_STEP_COLUMNS = {
     "total_s": "from the forward's start to the step's end, s",
     "fwd_cpu_s": "process CPU time in the engine forward, s", "bwd_cpu_s": "process CPU time in engine.backward, s",
     "step_cpu_s": "process CPU time in engine.step, s", "total_cpu_s": "sum of the three, s",
+    "ref_s": "the calibration's host reference (a tiny torch.add) timed after the optimizer step, s per call "
+             "(process CPU time; measure.speed; NaN off the CPU and on micro-steps without an optimizer step)",
+    "cref_s": "the calibration's compute reference (a 128^3 fp32 torch.mm) timed beside ref_s, s per call",
 }
 #: Columns added after files of this schema version were written: a file without them reads with NaN.
-ADDED_ENGINE_STEP_COLUMNS = ("fwd_cpu_s", "bwd_cpu_s", "step_cpu_s", "total_cpu_s")
+ADDED_ENGINE_STEP_COLUMNS = ("fwd_cpu_s", "bwd_cpu_s", "step_cpu_s", "total_cpu_s", "ref_s", "cref_s")
 
 
 def write_zero_json(rank_dir, facts: dict) -> Path:

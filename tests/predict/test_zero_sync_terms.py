@@ -205,3 +205,20 @@ def test_the_case_leaves_the_collectives_time_out():
     assert fake.all_gather_into_tensor(None, None) is None
     # 3 (all-reduce) + 1 (issue) + 5 (wait) + 1 (blocking all-gather) = 10 s of the 12 s elapsed
     assert spent["cpu"] == pytest.approx(10.0) and now["t"] == pytest.approx(12.0)
+
+
+def test_deepspeed_terms_are_put_at_the_calibrations_reference_level(monkeypatch):
+    """The DeepSpeed case reads the calibration's host reference (a tiny add) beside its rounds. Run while the
+    shared core was 1.5x slower than during the calibration (the case's reference 3 us, the calibration's 2 us),
+    its 1.2 ms is 0.8 ms at the calibration's level: x 2/3 (hand), like every other case of the calibration.
+    Without a reference on either side nothing changes."""
+    monkeypatch.setattr(deepspeed_cases, "fit", lambda table: {"zero1_fwd_s": (1.2 * MS, "fixed part")})
+    base = dataclasses.replace(load_system("cpu"), calibration={"reference_s": 2e-6})
+    result = {"table": None, "deepspeed": "0.19.8", "clock": "process_time", "reference_s": 3e-6}
+    assert deepspeed_cases.reference_level(base, result) == pytest.approx(2 / 3)
+    out = deepspeed_cases.apply(base, result, "stamp")
+    assert host_constants(out)["zero1_fwd_s"] == pytest.approx(0.8 * MS)
+    assert "x 0.667" in out.sources["host.zero1_fwd_s"]
+    for spec, res in ((load_system("cpu"), result), (base, {**result, "reference_s": None})):
+        assert deepspeed_cases.reference_level(spec, res) == 1.0
+        assert host_constants(deepspeed_cases.apply(spec, res, "stamp"))["zero1_fwd_s"] == pytest.approx(1.2 * MS)

@@ -5,7 +5,9 @@ Nothing in torch or DeepSpeed is patched: the wrapper calls the engine's own ``f
 cuts the comms logger's records at those boundaries. Beside each phase's elapsed time it records
 the process CPU time spent in it (``<phase>_cpu_s``): on a machine shared with other jobs the
 elapsed time also holds waiting for a core, and waiting for the peer ranks' collectives, which
-the CPU time does not. Attribute access falls through to the
+the CPU time does not. After each optimizer step, outside every timed phase, it times the calibration's two
+references (``perfcheck.measure.speed``: the machine's speed during the run, ``ref_s`` and ``cref_s``), so a
+comparison can set the prediction at the level the run met. Attribute access falls through to the
 engine, so ``session.module``, ``session.save_checkpoint(...)`` and friends behave as before.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from perfcheck.measure.clocks import clock_for
 from perfcheck.measure.schedule import StepSchedule
+from perfcheck.measure.speed import SpeedProbe
 import perfcheck.rundir as runs
 import perfcheck.rundir.deepspeed_files as run_files
 from perfcheck.integrations.deepspeed import comms as ds_comms, facts as ds_facts
@@ -59,6 +62,7 @@ class EngineSession:
         d["_device"] = next((p.device for p in engine.module.parameters()), torch.device("cpu"))
         d["_clock"] = clock_for(self._device)
         d["_comms"] = ds_comms.CommsCapture(facts["rank"], facts["dp"])
+        d["_speed"] = SpeedProbe(self._device)
         p = block.profiler
         d["_schedule"] = StepSchedule(warmup=block.warmup_steps, steps=block.steps,
                                       profile_window=(p.wait, p.warmup, p.active) if p.enabled else None,
@@ -162,16 +166,19 @@ class EngineSession:
             return self._engine.step(*args, **kwargs)
         boundary = bool(self._engine.is_gradient_accumulation_boundary())
         out = self._timed("step", self._engine.step, *args, **kwargs)
-        self._record(boundary)
+        # the machine's speed, once per optimizer step, after its windows (the next forward's are not open yet)
+        refs = self._speed.read() if boundary else (float("nan"), float("nan"))
+        self._record(boundary, refs)
         self.__dict__["_micro"] += 1
         if boundary:
             self._end_step()
         return out
 
     # ----------------------------------------------------------------------------- steps
-    def _record(self, boundary: bool):
+    def _record(self, boundary: bool, refs=(float("nan"), float("nan"))):
         cpu = {f"{ph}_cpu_s": self._cpu.get(ph, float("nan")) for ph in ("fwd", "bwd", "step")}
         cpu["total_cpu_s"] = sum(self._cpu.values()) if self._cpu else float("nan")
+        cpu["ref_s"], cpu["cref_s"] = refs
         self._pending.append(({"rank": self._facts["rank"], "step": self._step, "micro_step": self._micro,
                                "role": self._role_now, "comms_logged": self._comms.active, "boundary": boundary,
                                **cpu}, dict(self._marks)))
