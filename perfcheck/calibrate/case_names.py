@@ -30,6 +30,8 @@ HOST_MODULE_CALL = "module call"       # an nn.Module whose forward returns its 
 HOST_DEVICE_KERNEL = "device kernel"   # a tiny add queued behind torch.cuda._sleep (GPU only)
 HOST_FRESH_FILL = "fresh fill"         # torch.zeros of a fresh 32 MiB buffer, per 4 KiB page (CPU only)
 HOST_REUSED_FILL = "reused fill"       # zero_() of a kept 32 MiB buffer, per 4 KiB page (CPU only)
+HOST_SQRT_ZERO = "sqrt zeros"          # torch.sqrt of a 256 Ki-element buffer of zeros, per element
+HOST_SQRT_NORMAL = "sqrt normal"      # torch.sqrt of the same buffer of normal values, per element
 
 
 def count_of(label: str) -> int:

@@ -439,6 +439,21 @@ def page_fault_cases(dev) -> list:
             Case(names.HOST, names.HOST_REUSED_FILL, kept.zero_, "fp32", per_call=pages, host=True)]
 
 
+#: Elements of the sqrt cases: 1 MiB of fp32, past the size where the per-element price settles (16 Ki elements on
+#: the project's Xeon: 5.2 ns per zero at 16 Ki, 5.4 at 256 Ki, 5.0 at 4 Mi) and quick (~1.3 ms per call of zeros).
+SQRT_ELEMENTS = 256 * 1024
+
+
+def sqrt_zero_cases(dev) -> list:
+    """``torch.sqrt`` of a buffer of zeros and of the same buffer of normal values (1.0), per element; their
+    difference is ``sqrt_zero_s`` (perfcheck.predict.zero_rows: an adaptive optimizer's root of a second moment
+    that stays 0 on embedding rows no batch reaches; a CPU's vectorized sqrt of 0 takes a slow path)."""
+    zeros = torch.zeros(SQRT_ELEMENTS, device=dev)
+    ones = torch.ones(SQRT_ELEMENTS, device=dev)
+    return [Case(names.HOST, names.HOST_SQRT_ZERO, lambda: torch.sqrt(zeros), "fp32", per_call=SQRT_ELEMENTS),
+            Case(names.HOST, names.HOST_SQRT_NORMAL, lambda: torch.sqrt(ones), "fp32", per_call=SQRT_ELEMENTS)]
+
+
 def _step_and_zero_grad(opt, params, dev):
     """What a training loop runs per step and the host model predicts (perfcheck.predict.host.optimizer_time):
     ``opt.step()`` then ``opt.zero_grad(set_to_none=True)``; the gradients are put back first (the same

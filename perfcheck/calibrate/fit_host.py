@@ -278,6 +278,9 @@ def host_terms(d: Draft, table, threads):
         put("page_fault_s", sec[names.HOST_FRESH_FILL] - sec[names.HOST_REUSED_FILL],
             "torch.zeros of a fresh 32 MiB buffer (a new mapping: one minor fault per page) less zero_() of a kept "
             "one, per 4 KiB page")
+    if names.HOST_SQRT_ZERO in sec and names.HOST_SQRT_NORMAL in sec:
+        put("sqrt_zero_s", sec[names.HOST_SQRT_ZERO] - sec[names.HOST_SQRT_NORMAL],
+            "torch.sqrt of a buffer of zeros less the same of ones, per element (perfcheck.predict.zero_rows)")
     _host_optimizers(host, put)
     if names.HOST_DEVICE_KERNEL in sec:
         put("device_kernel_s", sec[names.HOST_DEVICE_KERNEL], "GPU time per tiny add queued behind torch.cuda._sleep "

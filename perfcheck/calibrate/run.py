@@ -75,7 +75,7 @@ import torch
 from perfcheck.calibrate.cold_cases import memory_cold_cases
 from perfcheck.calibrate.cases import (Case, Timer, alignment_cases, copy_cases, device_kernel_rows,  # noqa: F401
                                       host_cases, launch_cases, matmul_cases, matmul_cold_cases, run_cases,
-                                      vector_cases)
+                                      sqrt_zero_cases, vector_cases)
 from perfcheck.calibrate.phase import compute_reference_fn, reanchor, reference_fn
 from perfcheck.calibrate import collectives as coll
 from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity, strided_cases
@@ -258,6 +258,7 @@ def _host_groups(run: _Run, measured):
     dev = run.dev
     run.group("launch overhead", launch_cases(dev))
     run.group("host (dispatch, autograd, module call, optimizer)", host_cases(dev))
+    run.group("square root of zeros (an adaptive optimizer's untouched embedding rows)", sqrt_zero_cases(dev))
     # on CUDA also in bf16 with gradients (op_cases.HOST_DTYPES_CUDA: cuBLAS/cuDNN's bf16 host paths cost more)
     host_dtypes = [d for d in HOST_DTYPES_CUDA if d in measured] if dev.type == "cuda" else []
     run.group("per-op fixed costs", op_fixed_cases(dev, host_dtypes))

@@ -130,6 +130,9 @@ HOST_KEYS = {
     "page_fault_s": "first touch of one 4 KiB page of a fresh mapping (a minor page fault: the kernel maps and "
                     "zeroes the page), per page; a CPU buffer of 32 MiB or more is mapped anew at every allocation "
                     "(perfcheck.predict.formulas.fresh_pages); perfcheck/calibrate/cases.py page_fault_cases",
+    "sqrt_zero_s": "extra time of a square root per element whose value is exactly 0 (an adaptive optimizer's "
+                   "second moment on embedding rows no batch reaches: the CPU's vectorized sqrt takes a slow path), "
+                   "per element; perfcheck.predict.zero_rows; perfcheck/calibrate/cases.py sqrt_zero_cases",
     "optim_step_s": "fixed cost of one optimizer.step() + zero_grad(set_to_none=True) (torch.optim.SGD, for-loop)",
     "optim_sgd_foreach_step_s": "the same fixed cost for torch.optim.SGD's foreach implementation (its grouping of the "
                                 "tensors by device and dtype and each _foreach_ op's launch: dearer than the for-loop's)",

@@ -26,7 +26,8 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
     optimizer step                  optim_<impl>_step_s (the implementation's fixed cost; optim_step_s is
                                     SGD for-loop's) + per tensor its implementation's calibrated line at the
                                     step's ops per tensor (host); per tensor and kernel, its streams x the
-                                    tensor's bytes at the memory ceiling (device; optimizers.profile)
+                                    tensor's bytes at the memory ceiling (device; optimizers.profile);
+                                    + sqrt_zero_s per square root of a zero second moment (predict.zero_rows)
     DeepSpeed, ZeRO stage S         zero<S>_* per phase: fixed + per parameter tensor, ZeRO-3 per
                                     module call and per partitioned tensor (``deepspeed_host_s``)
     N processes on one host         each one's host time (and CPU compute) x (1 + (N - 1) x
@@ -76,6 +77,7 @@ from perfcheck.predict.aten_costs import is_view_op, op_class
 from perfcheck.predict.family_reuse import near_reuse
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.predict.roofline import compute_time_s, memory_time_s
+from perfcheck.predict.zero_rows import zero_elements
 
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
 
@@ -465,7 +467,8 @@ def optimizer_host_per_tensor(kind: str, impl: str, hc) -> float:
     return float(max(c0 + (c1 - c0) * (x - x0) / (x1 - x0), 0.0)) if x1 != x0 else float(c0)
 
 
-def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int = 4) -> OptimizerCost:
+def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int = 4,
+                   zero_numel: float = 0.0) -> OptimizerCost:
     """Predicted optimizer.step() + zero_grad(set_to_none=True) for parameter tensors of ``param_numels``.
 
     Host: the implementation's fixed cost (``step_key``: optim_step_s for SGD's for-loop, optim_<base>[_foreach]_step_s
@@ -477,6 +480,10 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     predicted; the fused Adam 3.9 / 3.5; the for-loop Adam's 8 kernels 14.1 / 10.5, on the project's Xeon
     under load), + device_kernel_s per kernel (for-loop: per kernel and tensor; foreach/fused: per op for the
     whole list); Muon's Newton-Schulz matmuls: n^1.5 MACs each (a square parameter) at the matrix rate.
+    Square roots of zeros: ``zero_numel`` elements whose gradient is 0 every step (embedding rows no index
+    reaches, ``perfcheck.predict.zero_rows``) keep a second moment of exactly 0, and each of the step's sqrt
+    kernels (``Profile.sqrts``: Adam/AdamW/RMSprop/Adagrad 1, SGD and fused 0) pays ``sqrt_zero_s`` per such
+    element on top of its roofline time:  sqrts x zero_numel x sqrt_zero_s.
     CPU: host + device (same thread); GPU: max(host, device) (the step's kernels queue behind it).
     """
     spec = spec_of(spec)
@@ -506,6 +513,7 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
             device += float(compute_time_s(2 * prof.matmuls * float(np.sum(numels ** 1.5)), 0.0, spec, "fp32"))
         launches = tensors * len(prof.kernels) if impl == "for-loop" else len(prof.kernels)
         device += launches * hc["device_kernel_s"]
+        device += prof.sqrts * float(zero_numel) * hc["sqrt_zero_s"]
     total = host + device if spec.kind == "cpu" else max(host, device)
     return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total), float(fixed))
 
@@ -599,13 +607,18 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: System
         frame["pred_optim_s"] = float("nan")
         return frame
     optim = []
+    zeros = zero_elements(trace, modules)  # embedding rows the batch never reaches (predict.zero_rows)
     for path in frame["module"]:
         mod = modules.get(path)
         # the elements this rank's optimizer updates: a sharded layout's twin records its local shard
         # (perfcheck_optim_numel: FSDP2 / DTensor, predict.twins), ZeRO-3 its ds_numel
+        params = ([q for q in {id(q): q for q in mod.parameters()}.values() if q.requires_grad]
+                  if mod is not None else [])
         numels = [int(getattr(q, "perfcheck_optim_numel", 0) or getattr(q, "ds_numel", 0) or q.numel()) for q in
-                  {id(q): q for q in mod.parameters()}.values() if q.requires_grad] if mod is not None else []
-        cost = optimizer_time(numels, optimizer, spec)
+                  params]
+        # a sharded weight's zero rows: this rank's share of them (its elements over the whole weight's)
+        zero = sum(zeros.get(id(q), 0.0) * min(1.0, n / max(q.numel(), 1)) for q, n in zip(params, numels))
+        cost = optimizer_time(numels, optimizer, spec, zero_numel=zero)
         optim.append(max(cost.time_s - (cost.fixed_s if path != _root() else 0.0), 0.0) if numels else 0.0)
     frame["pred_optim_s"] = optim
     return frame

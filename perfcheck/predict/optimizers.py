@@ -14,6 +14,9 @@ op, and derives from the schema of each op:
   host ops per tensor  element-ops (an op counts 1, a foreach op its list length) per extra parameter tensor,
                        from two runs with 2 and 3 tensors (the slope; the step's own ops are the intercept)
   matmuls per tensor   mm/addmm/bmm/baddbmm per tensor (Muon's Newton-Schulz iterations)
+  square roots         sqrt kernels per tensor over a parameter-sized tensor (Adam's, RMSprop's, Adagrad's
+                       denominator: the root of a second-moment state, which stays exactly 0 where the gradient
+                       always was; a CPU's sqrt of 0 takes a slow path, ``perfcheck.predict.zero_rows``)
 
 Kind names: the class name in lower case, then the variant flags that change the kernels, ``_``-joined in
 ``FLAGS`` order: ``sgd``, ``sgd_momentum``, ``sgd_momentum_nesterov``, ``adam``, ``adam_wd``,
@@ -43,12 +46,14 @@ FLAGS = {"momentum": {"momentum": 0.9}, "nesterov": {"nesterov": True}, "wd": {"
 #: numels no other tensor of a step has (the step counters, Adafactor's row/column factors).
 PROFILE_SHAPES = ((6, 7), (5, 11), (9, 13))
 _MATMULS = ("mm", "addmm", "bmm", "baddbmm")
+_SQRTS = ("sqrt", "sqrt_", "_foreach_sqrt", "_foreach_sqrt_")
 
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
     """Per parameter tensor: ``kernels`` = streams of each parameter-sized kernel (elements read + written, per
-    element of the tensor); ``host_ops`` = element-ops; ``matmuls``; and ``step_ops``: ops once per step."""
+    element of the tensor); ``host_ops`` = element-ops; ``matmuls``; ``step_ops``: ops once per step; ``sqrts``:
+    square-root kernels over a parameter-sized tensor (a fused kernel's own root is inside it: 0)."""
 
     kind: str
     implementation: str
@@ -56,6 +61,7 @@ class Profile:
     host_ops: float
     matmuls: float
     step_ops: float
+    sqrts: float = 0.0
 
     @property
     def streams(self) -> float:
@@ -132,8 +138,9 @@ def _flat(x):
 
 
 def _count(ops, sizes) -> tuple:
-    """(streams per kernel, element-ops, matmuls) of the recorded ``ops`` over parameter numels ``sizes``."""
-    kernels, elem_ops, mm = [], 0, 0
+    """(streams per kernel, element-ops, matmuls, square roots) of the recorded ``ops`` over parameter numels
+    ``sizes``."""
+    kernels, elem_ops, mm, roots = [], 0, 0, 0
     for func, args, kwargs, out in ops:
         schema = func._schema
         per = {}
@@ -154,7 +161,8 @@ def _count(ops, sizes) -> tuple:
         elem_ops += max(lists) if lists else 1
         kernels += [s for s in per.values() if s]
         mm += func.overloadpacket.__name__ in _MATMULS
-    return kernels, elem_ops, mm
+        roots += sum(1 for s in per.values() if s) if func.overloadpacket.__name__ in _SQRTS else 0
+    return kernels, elem_ops, mm, roots
 
 
 def _run(cls, kw, shapes):
@@ -184,8 +192,8 @@ def profile(kind: str, impl: str) -> Profile:
     cls, flags = parse(kind)
     kw = _kwargs(cls, flags, impl)
     try:
-        k2, e2, m2 = _run(cls, kw, PROFILE_SHAPES[:2])
-        k3, e3, m3 = _run(cls, kw, PROFILE_SHAPES)
+        k2, e2, m2, r2 = _run(cls, kw, PROFILE_SHAPES[:2])
+        k3, e3, m3, r3 = _run(cls, kw, PROFILE_SHAPES)
     except (RuntimeError, ValueError) as exc:
         raise UserError(f"optimizer: torch.optim.{cls.__name__} ({kind}, {impl}) does not run on CPU tensors here: "
                         f"{str(exc).splitlines()[0][:160]}") from None
@@ -195,4 +203,5 @@ def profile(kind: str, impl: str) -> Profile:
     for s in k2:
         if s in extra:
             extra.remove(s)
-    return Profile(kind, impl, tuple(sorted(extra)), float(per_tensor), float(m3 - m2), float(e2 - 2 * per_tensor))
+    return Profile(kind, impl, tuple(sorted(extra)), float(per_tensor), float(m3 - m2), float(e2 - 2 * per_tensor),
+                   float(r3 - r2))
