@@ -13,22 +13,32 @@ from _frameworks import hide_broken_torchvision  # noqa: E402
 hide_broken_torchvision()
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
+# One intra-op thread for the whole session, and (OMP_NUM_THREADS, set below) for the processes it starts:
+# the tests' tensors are small, and where the cores are busy with other work a second OpenMP thread waits
+# for a core at every parallel op. tests/measure's fast lane with both cores of a 2-core VM busy: 77 s and
+# 45 s of wall time with 2 threads, 26 s and 23 s with 1 (bench/results/suite_time.md). A test that sets
+# its own thread count still does.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _empty_calibration_cache(tmp_path_factory):
     """An empty per-user calibration cache for the whole session (perfcheck.hardware.cache): a
     developer's `perfcheck calibrate` result must not change what the tests predict, nor may an
     automatic quick calibration (PERFCHECK_AUTO_CALIBRATE=0). Also puts this
-    checkout first on subprocesses' PYTHONPATH."""
+    checkout first on subprocesses' PYTHONPATH and gives them one intra-op thread."""
     import os
 
-    saved = {name: os.environ.get(name) for name in ("PERFCHECK_CACHE_DIR", "PYTHONPATH", "PERFCHECK_AUTO_CALIBRATE")}
+    saved = {name: os.environ.get(name) for name in ("PERFCHECK_CACHE_DIR", "PYTHONPATH", "PERFCHECK_AUTO_CALIBRATE",
+                                                     "OMP_NUM_THREADS")}
     os.environ["PERFCHECK_CACHE_DIR"] = str(tmp_path_factory.mktemp("perfcheck-cache"))
     # ...and it stays empty: no automatic quick calibration (a test that wants one turns it on)
     os.environ["PERFCHECK_AUTO_CALIBRATE"] = "0"
     # Subprocesses (training scripts, deepspeed ranks, CLI calls) import this checkout, whatever
     # perfcheck an editable install elsewhere on the machine points at.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), saved["PYTHONPATH"]) if p)
+    # ...on one intra-op thread each, as this process (above)
+    os.environ["OMP_NUM_THREADS"] = "1"
     yield
     for name, value in saved.items():
         if value is None:

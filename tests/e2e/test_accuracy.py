@@ -62,12 +62,26 @@ def test_write_replaces_only_its_section(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_calibrated_large_matmul_rows_are_measured_and_predicted():
+def test_calibrated_large_matmul_rows_are_measured_and_predicted(monkeypatch):
     """The bench's calibrated rows for the large Linears exist, each with a measured and a predicted
     time. How close they are is a benchmark result (bench/accuracy.py, bench/RESULTS.md), not a unit
-    test: a timed band here failed whenever another job shared the 2 cores."""
+    test: a timed band here failed whenever another job shared the 2 cores. The bench brackets the
+    measurement with two quick calibrations; the second is the first's result again (one real quick
+    calibration, ~10 s, is what this needs; test_merge_measurements_takes_the_median_per_case merges
+    unequal ones)."""
+    from perfcheck.calibrate import run as calrun
+
+    real, done = calrun.calibrate, []
+
+    def once(*args, **kwargs):
+        if not done:
+            done.append(real(*args, **kwargs))
+        return done[0]
+
+    monkeypatch.setattr(calrun, "calibrate", once)
     acc = _bench()
     rows, *_ = acc.run(["gpt"], rounds=1, steps=2, threads=1, progress=lambda m: None)
+    assert len(done) == 1
     big = rows[(rows["system"] == "calibrated") & rows["large_matmul"]]
     assert len(big) >= 12
     assert np.isfinite(big["ratio"]).all() and (big["ratio"] > 0).all()

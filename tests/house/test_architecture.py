@@ -24,7 +24,7 @@ def _modules():
 
 def _imports(name, path):
     """perfcheck modules that ``name`` imports anywhere in its source (functions included)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _parsed(path)[1]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
@@ -127,7 +127,7 @@ def test_no_private_names_reached_across_modules():
     """``from perfcheck.x import _name`` or ``module._name`` of another perfcheck module is a hidden coupling."""
     offenders = []
     for name, path in MODULES.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _parsed(path)[1]
         module_aliases = set()  # local names bound to another perfcheck module
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("perfcheck"):
@@ -194,9 +194,15 @@ def _parsed(path):
     return text, ast.parse(text)
 
 
+@functools.lru_cache(maxsize=None)
 def _import_nodes(name, path):
     """(node, perfcheck modules it imports, inside a function?) for every import statement of
-    ``name`` (relative imports resolved; ``from a import b`` names the module a.b where there is one)."""
+    ``name`` (relative imports resolved; ``from a import b`` names the module a.b where there is one);
+    found once per file for all the scans below."""
+    return tuple(_scan_imports(name, path))
+
+
+def _scan_imports(name, path):
     tree = _parsed(path)[1]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))

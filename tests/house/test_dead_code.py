@@ -25,10 +25,11 @@ def _python_files(tops):
                 yield f
 
 
-def definitions(tree) -> list:
-    """(line, name) of every undecorated function, class and method, and every module-level assignment."""
+def definitions(tree, nodes=None) -> list:
+    """(line, name) of every undecorated function, class and method, and every module-level assignment
+    (``nodes``: the tree's nodes when already listed)."""
     out = []
-    for node in ast.walk(tree):
+    for node in nodes or ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.decorator_list:
             out.append((node.lineno, node.name))
     for node in tree.body:
@@ -37,10 +38,11 @@ def definitions(tree) -> list:
     return out
 
 
-def references(tree) -> list:
-    """Every name a tree uses: names, attributes, imported names and the words of its string constants."""
+def references(tree, nodes=None) -> list:
+    """Every name a tree uses: names, attributes, imported names and the words of its string constants
+    (``nodes``: the tree's nodes when already listed)."""
     out = []
-    for node in ast.walk(tree):
+    for node in nodes or ast.walk(tree):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Store):
             out.append(node.id)
         elif isinstance(node, ast.Attribute):
@@ -57,9 +59,11 @@ def _exempt(name: str) -> bool:
 
 
 def dead_names() -> list:
+    trees = {f: ast.parse(f.read_text(encoding="utf-8")) for f in _python_files(REFERENCING)}  # each file once
+    nodes = {f: list(ast.walk(tree)) for f, tree in trees.items()}  # ...and walked once for both scans
     counts = {}
-    for f in _python_files(REFERENCING):
-        for name in references(ast.parse(f.read_text(encoding="utf-8"))):
+    for f in trees:
+        for name in references(trees[f], nodes[f]):
             counts[name] = counts.get(name, 0) + 1
     prose = [ROOT / "README.md", ROOT / "setup.cfg", *(ROOT / "docs").glob("*.md"), *(ROOT / "scripts").glob("*.sh"),
              *(ROOT / "perfcheck").rglob("*.json")]
@@ -68,7 +72,7 @@ def dead_names() -> list:
             counts[name] = counts.get(name, 0) + 1
     out = []
     for f in _python_files(SCANNED):
-        for line, name in definitions(ast.parse(f.read_text(encoding="utf-8"))):
+        for line, name in definitions(trees[f], nodes[f]):  # SCANNED is inside REFERENCING
             if not _exempt(name) and counts.get(name, 0) == 0:
                 out.append(f"{f.relative_to(ROOT).as_posix()}:{line}: {name}")
     return out

@@ -55,8 +55,11 @@ def _spec_with(tmp_path, **efficiency):
 
 
 def _linear_fwd_s(n, system):
-    model = torch.nn.Linear(768, n, bias=False).to(torch.bfloat16)
-    x = torch.randn(8192, 768, dtype=torch.bfloat16)
+    # on the meta device: the estimate reads shapes only (a meta model estimates as its CPU twin,
+    # tests/predict/test_module_estimator_autograd.py), and 38.6M real bf16 weights take a second to fill
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    model = torch.nn.Linear(768, n, bias=False, **meta)
+    x = torch.empty(8192, 768, **meta)
     pred = perfcheck.estimate(model, (x,), system=system)
     return pred.set_index("module").loc["(root)"]
 
