@@ -9,7 +9,6 @@ as N,Cin,H,Cout,k,stride,groups.
         tv_resnet18 [4,64,16,128,1,2,1 ...]
 """
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -20,22 +19,9 @@ from perfcheck.calibrate.layers import CallModule  # noqa: E402
 from perfcheck.predict import module_estimator as me  # noqa: E402
 from perfcheck.predict import trace as tracing  # noqa: E402
 from perfcheck.predict.host import _fixed_bwd, _fixed_cost  # noqa: E402
+from conv_grad_split import cpu_time  # noqa: E402  (one timing loop for both scripts)
 
 aten = torch.ops.aten
-
-
-def cpu_time(fn) -> float:
-    """Seconds per call: the second fastest of 5 loops of ~20 ms (process CPU time)."""
-    fn(); fn()
-    t0 = time.process_time(); fn(); one = max(time.process_time() - t0, 1e-6)
-    reps = max(3, min(2000, int(0.02 / one)))
-    best = []
-    for _ in range(5):
-        t0 = time.process_time()
-        for _ in range(reps):
-            fn()
-        best.append((time.process_time() - t0) / reps)
-    return sorted(best)[1]
 
 
 def model_convs(name):
