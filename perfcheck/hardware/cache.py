@@ -4,7 +4,8 @@ prediction made without an explicit system uses it when it matches the device, e
 Where: ``$PERFCHECK_CACHE_DIR``, else ``$XDG_CACHE_HOME/perfcheck``, else ``~/.cache/perfcheck``.
 One file per *fingerprint*: host name and machine id (``/etc/machine-id``: cloud VMs are often all
 named alike, e.g. ``vm``, and a faster or slower host must not reuse another's host constants),
-device (CPU model or GPU name), torch version and, on a CPU, the intra-op thread count (a 1-thread calibration does not describe a 16-thread run). The file
+device (CPU model or GPU name), torch version, the calibration's format and, on a CPU, the intra-op thread count (a
+1-thread calibration does not describe a 16-thread run). The file
 name is a readable slug plus a hash of the fingerprint, so a match is an exact match; the
 fingerprint is also stored in the spec's description for a reader.
 
@@ -43,9 +44,16 @@ def cache_dir() -> Path:
     return Path(base) / "perfcheck"
 
 
+#: The calibration's format: bumped when ``perfcheck calibrate`` gains or changes the cases a spec's fields come
+#: from (3: the optimizer's sqrt of zeros, a GPU's strided element rate, the DeepSpeed case and the reference
+#: record read against the references). Part of the fingerprint, so a file another format wrote is not read: the
+#: automatic calibration measures this machine anew once, instead of predicting without the newer fields.
+CALIBRATION_FORMAT = 3
+
+
 def fingerprint(device=None, threads=None) -> dict:
     """What a calibration depends on: host, device name, torch version (and CPU threads: ``threads``,
-    default torch's current setting)."""
+    default torch's current setting), and the calibration's format (``CALIBRATION_FORMAT``)."""
     import torch
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -54,7 +62,7 @@ def fingerprint(device=None, threads=None) -> dict:
     else:
         name, threads = cpu_name().rsplit(",", 1)[0], threads or torch.get_num_threads()
     return {"host": socket.gethostname(), "machine": machine_id(), "device_type": dev.type, "device": name,
-            "torch": torch.__version__, "threads": threads}
+            "torch": torch.__version__, "threads": threads, "format": CALIBRATION_FORMAT}
 
 
 def cpu_name() -> str:

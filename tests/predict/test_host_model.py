@@ -273,6 +273,22 @@ def test_calibration_cache_round_trip_and_labels(tmp_path, monkeypatch):
     assert other != path  # a calibration with other threads does not describe this run
 
 
+def test_a_calibration_of_another_format_is_not_read(tmp_path, monkeypatch):
+    """A cached calibration written before ``perfcheck calibrate`` gained cases (CALIBRATION_FORMAT) is not used:
+    the spec it lacks fields for would predict without them (the run-speed columns stayed empty on a 2026-11-26
+    cache); the next prediction finds no entry and the automatic calibration measures anew."""
+    from perfcheck.hardware import cache
+
+    monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path))
+    spec = dataclasses.replace(load_system("cpu"), name="older", calibrated=True)
+    monkeypatch.setattr(cache, "CALIBRATION_FORMAT", cache.CALIBRATION_FORMAT - 1)
+    old = cache.save_to_cache(spec, "cpu")
+    assert cache.cached_spec("cpu").name == "older"  # read back by the code of its own format
+    monkeypatch.undo()
+    monkeypatch.setenv("PERFCHECK_CACHE_DIR", str(tmp_path))
+    assert cache.cache_path("cpu") != old and cache.cached_spec("cpu") is None
+
+
 def test_cache_fingerprint_tells_machines_with_one_host_name_apart(monkeypatch):
     """Lent cloud VMs are all named alike ("vm"): a calibration kept on one must not be found on another
     (its host may be 1.6x faster, bench/RESULTS.md), so the machine id is part of the fingerprint."""
