@@ -57,7 +57,7 @@ import pandas as pd
 
 from perfcheck.calibrate import repeats
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
-from perfcheck.calibrate.phase import reference_fn
+from perfcheck.calibrate.phase import per_call_s, reference_fn
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import host_constants
 from perfcheck.predict.host import process_slowdown
@@ -227,10 +227,7 @@ class _ChildBench:
         if self.dev.type != "cpu":
             return float("nan")
         add = self._add = getattr(self, "_add", None) or reference_fn(self.dev)
-        t0 = self.clock()
-        for _ in range(REFERENCE_ADDS):
-            add()
-        return (self.clock() - t0) / REFERENCE_ADDS
+        return per_call_s(add, REFERENCE_ADDS, self.clock)
 
     def group_rows(self, group, mode: str) -> list:
         """Median seconds per phase of every chain model under each configuration of ``group``,

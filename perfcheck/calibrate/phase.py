@@ -31,6 +31,15 @@ def compute_reference_fn(device, n: int = 128):
     return lambda: torch.mm(a, a)
 
 
+def per_call_s(fn, calls: int, clock) -> float:
+    """Seconds per call of ``calls`` back-to-back calls of ``fn`` on ``clock`` (a reading of a reference between
+    timed windows: the DeepSpeed case's rounds, a run's steps, ``perfcheck.measure.speed``)."""
+    t0 = clock()
+    for _ in range(calls):
+        fn()
+    return (clock() - t0) / calls
+
+
 def reanchor(table: pd.DataFrame, reference_s: float, compute_reference_s: float = None) -> pd.DataFrame:
     """``table`` (from ``run_cases`` with a reference) with its seconds at the reference times ``reference_s``
     and ``compute_reference_s`` (a whole calibration's ``repeats.anchor_s``) instead of its own; unchanged

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from perfcheck.calibrate.phase import compute_reference_fn, reference_fn
+from perfcheck.calibrate.phase import compute_reference_fn, per_call_s, reference_fn
 
 #: Calls of each reference per reading: ~100 tiny adds (1.6-3.2 us each on the project's Xeon: 0.16-0.32 ms,
 #: far above the clock's resolution) and 4 128^3 mms (~45 us each); about 5% of a LeNet ZeRO step.
@@ -48,12 +48,4 @@ class SpeedProbe:
         """(host reference s per call, compute reference s per call), process CPU time; (nan, nan) off the CPU."""
         if not self.enabled:
             return math.nan, math.nan
-        add, mm = self._add, self._mm
-        c0 = time.process_time()
-        for _ in range(ADDS):
-            add()
-        c1 = time.process_time()
-        for _ in range(MMS):
-            mm()
-        c2 = time.process_time()
-        return (c1 - c0) / ADDS, (c2 - c1) / MMS
+        return per_call_s(self._add, ADDS, time.process_time), per_call_s(self._mm, MMS, time.process_time)

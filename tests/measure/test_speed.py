@@ -12,7 +12,8 @@ def test_read_is_seconds_per_call_of_each_reference(monkeypatch):
     calls = {"add": 0, "mm": 0}
     probe._add = lambda: calls.__setitem__("add", calls["add"] + 1)
     probe._mm = lambda: calls.__setitem__("mm", calls["mm"] + 1)
-    stamps = iter([10.0, 10.0 + speed.ADDS * 3e-6, 10.0 + speed.ADDS * 3e-6 + speed.MMS * 50e-6])
+    after_adds = 10.0 + speed.ADDS * 3e-6  # each reference's loop reads the clock before and after it
+    stamps = iter([10.0, after_adds, after_adds, after_adds + speed.MMS * 50e-6])
     monkeypatch.setattr(speed.time, "process_time", lambda: next(stamps))
     ref, cref = probe.read()
     assert calls == {"add": speed.ADDS, "mm": speed.MMS}
