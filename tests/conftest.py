@@ -22,6 +22,28 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _signals_as_a_terminal_gives_them():
+    """SIGINT and SIGTERM with the dispositions a program started from a terminal has, for the session.
+
+    Why: a shell starts a background job (``pytest ... &``, a CI step sent to the background) with SIGINT
+    ignored, and the child processes the tests start inherit that. PerfCheck rightly leaves an ignored signal
+    alone (perfcheck.measure.signals installs its handler only over the default one), so the tests that send a
+    signal and expect the interrupted run's files and KeyboardInterrupt would fail there for the launcher's
+    reason, not the code's. A signal ignored at the start gets Python's default here; restored at the end."""
+    import signal
+
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    saved = {sig: signal.getsignal(sig) for sig in defaults}
+    for sig, handler in defaults.items():
+        if saved[sig] is signal.SIG_IGN:
+            signal.signal(sig, handler)
+    yield
+    for sig, handler in saved.items():
+        if handler is signal.SIG_IGN:
+            signal.signal(sig, handler)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _empty_calibration_cache(tmp_path_factory):
     """An empty per-user calibration cache for the whole session (perfcheck.hardware.cache): a
     developer's `perfcheck calibrate` result must not change what the tests predict, nor may an
