@@ -23,7 +23,6 @@ and vector work are added, not overlapped: one module's kernels mostly run one a
 """
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -33,6 +32,8 @@ from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dty
 from perfcheck.predict.attention_kernel import attention_fractions_of
 from perfcheck.predict import matrix_curve
 from perfcheck.predict.strided import strided_columns, strided_excess_s
+from perfcheck.predict.efficiency import (CLASS_PARENTS, class_efficiency, efficiencies, op_curve_at,  # noqa: F401
+                                          op_efficiency, op_efficiency_key)
 from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401
                                            cold_factor, memory_cold_factor)
 
@@ -359,6 +360,21 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
             "time": roof + launch + np.asarray(rows_s, dtype=float), "bound": bound}
 
 
+def device_times_read(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, names, phase, classes=None,
+                      unpriced=None, rows_s=0.0, **shape) -> dict:
+    """``device_times`` with each op's efficiency (``efficiency.efficiencies``: class, name, ``phase``, dtype) read at
+    the op's own roofline seconds per kernel, as a curve (``op_efficiency_curve``) is measured: the roofline is taken
+    once at efficiency 1 to find them, then with them. ``unpriced`` (bool per op): ops priced without one (1).
+    Both front-ends time through here (``op_device_times``, ``predict.step``)."""
+    k = _array(kernels, "kernels")
+    args = (matrix_flops, other_flops, bytes_moved, kernels, system, dtype)
+    per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)
+    eff = efficiencies(system, names, dtype, phase, per_kernel, classes)
+    if unpriced is not None:
+        eff = np.where(np.reshape(unpriced, (-1,) + (1,) * (eff.ndim - 1)), 1.0, eff)
+    return device_times(*args, **shape, op_eff=eff, rows_s=rows_s)
+
+
 def op_device_times(ops, system, dtype, launch_s: float = None):
     """Device seconds and bound per op and phase for the estimator's op table (a DataFrame with
     name, macs_*, other_*, bytes_*, kernels_*, min_dim, optionally unaligned): adds columns ``t_fwd``, ``t_bwd``,
@@ -410,79 +426,11 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
                      cold=np.where(np.isin(names, COLD_GEMMS), share, 0.0),
                      cold_memory=np.where(ops[f"macs_{phase}"].to_numpy(float) > 0, 0.0, mem_share),
                      strided=strided_columns(ops, phase))
-        # op_efficiency per op and phase; a measured curve (op_efficiency_curve) is read at the kernel's roofline
-        # seconds, so the roofline is taken once at efficiency 1 and once with the efficiency found
-        per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)
-        eff = np.array([1.0 if g else class_efficiency(system, c, n, dtype, phase, r)
-                        for c, n, r, g in zip(classes, names, per_kernel, gemm_priced)], dtype=float)
-        d = device_times(*args, **shape, op_eff=eff, rows_s=extra)
+        d = device_times_read(*args, names=names, classes=classes, phase=phase, unpriced=gemm_priced, rows_s=extra,
+                              **shape)
         ops[f"t_{phase}"] = np.where(k > 0, d["time"], 0.0)
         ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(d["bound"], dtype=object), len(ops))
     return ops
-
-
-def op_efficiency_key(name: str, dtype: str) -> str:
-    """The spec's ``op_efficiency`` key of op ``name`` measured in ``dtype``: the op's name for fp32 (and tf32,
-    which runs on fp32 tensors), ``name@dtype`` for the others (bf16, fp16): a cuDNN convolution's efficiency in
-    bf16 is not its efficiency in fp32 (an H100's 3->6 channel conv: 0.029 in bf16, about 2x that in fp32)."""
-    dtype = normalize_dtype(dtype)
-    return name if dtype in ("fp32", "tf32") else f"{name}@{dtype}"
-
-
-def op_efficiency(system, name: str, dtype, phase: str = "fwd", roof_s: float = None) -> float:
-    """Measured / roofline rate of op ``name``'s kernel in ``dtype`` and ``phase`` on ``system``: the value measured
-    in that dtype, else the fp32 one (a spec calibrated in fp32 only, e.g. a CPU's, for a bf16 run), else 1.
-    The backward looks for its own entry first (key ``<name>:bwd``, ``op_efficiency_key``; a LayerNorm's or an
-    embedding's backward kernel is not as efficient as its forward), then the forward's. Per key, a curve in
-    ``op_efficiency_curve`` (measured by size on a GPU, perfcheck.calibrate.gpu_ops) wins over the flat
-    ``op_efficiency``: read at ``roof_s``, the kernel's roofline seconds (``op_curve_at``), its middle point
-    when ``roof_s`` is not given."""
-    keys = [op_efficiency_key(name, dtype), name]
-    if phase == "bwd":
-        keys = [op_efficiency_key(f"{name}:bwd", dtype), keys[0], f"{name}:bwd", name]
-    curves, flat = getattr(system, "op_efficiency_curve", {}) or {}, system.op_efficiency
-    for key in keys:
-        if key in curves and curves[key]:
-            points = curves[key]
-            return op_curve_at(points, points[len(points) // 2][0] if roof_s is None else roof_s)
-        if key in flat:
-            return float(flat[key])
-    return 1.0
-
-
-def op_curve_at(points, roof_s: float) -> float:
-    """An ``op_efficiency_curve`` read at ``roof_s`` roofline seconds per kernel: linear in log(seconds) between
-    the measured sizes, the end value beyond them (no extrapolation: a kernel smaller or larger than any
-    measured one keeps the nearest measured efficiency)."""
-    xs = np.log([p[0] for p in points])
-    ys = [p[1] for p in points]
-    return float(np.interp(math.log(max(float(roof_s), 1e-12)), xs, ys))
-
-
-#: A class split out of another, read as that one where a spec has no entry of its own (a calibration taken before
-#: the split): the 1x1 matrix-product convolutions were ``convolution_wide``.
-CLASS_PARENTS = {"convolution_1x1": "convolution_wide"}
-
-
-def class_efficiency(system, op_class: str, name: str, dtype, phase: str, roof_s: float = None) -> float:
-    """The efficiency of an op of efficiency class ``op_class`` (perfcheck.predict.aten_costs.op_class) and aten name
-    ``name`` in ``phase``: the first key the spec has of ``<class>:<phase>``, ``<class>``, ``<name>:<phase>``,
-    ``<name>`` (after the class, its ``CLASS_PARENTS`` entry's keys), each in ``dtype`` first
-    (``op_efficiency_key``: a GPU's bf16 convolution is not its fp32 one), then as measured in fp32; per key a measured curve (``op_efficiency_curve``, GPU kernel classes by size, read at the
-    kernel's roofline seconds ``roof_s``: ``op_curve_at``) before a flat ``op_efficiency``; else 1. A phase key
-    exists where calibration timed the backward apart (a depthwise convolution's or a LayerNorm's backward runs at
-    another rate than its forward)."""
-    curves, flat = getattr(system, "op_efficiency_curve", {}) or {}, system.op_efficiency
-    parent = CLASS_PARENTS.get(op_class, op_class)
-    keys = list(dict.fromkeys((f"{op_class}:{phase}", op_class, f"{parent}:{phase}", parent, f"{name}:{phase}",
-                               name)))
-    for key in dict.fromkeys([op_efficiency_key(k, dtype) for k in keys] + keys):
-        if curves.get(key):
-            points = curves[key]
-            return op_curve_at(points, points[len(points) // 2][0] if roof_s is None else roof_s)
-        if key in flat:
-            return float(flat[key])
-    return 1.0
 
 
 def row_prices(system, names, phase: str, classes=None) -> np.ndarray:

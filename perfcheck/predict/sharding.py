@@ -42,7 +42,7 @@ from perfcheck.predict.sharding_grid import (grid_layer_sublayers, grid_linear, 
                                              grid_problems)
 from perfcheck.predict.sharding_shape import (CORE_ATTENTION, SUBLAYER_KINDS, TP_SCHEMES,  # noqa: F401
                                               Collective, Shape,
-                                              Sublayer, norm_cost, padded_vocab, residual_add, scale_macs,
+                                              Sublayer, norm_cost, norm_sublayer, padded_vocab, residual_add, scale_macs,
                                               scaled_softmax)
 
 # The names above that this module does not use itself (the sublayer names and schemes, grid_linear,
@@ -196,8 +196,7 @@ def mlp_sublayers(model, x: Shape, eager_norm: bool = False, eager: bool = False
     e, eb, T = model.hidden, x.elem_bytes, x.tokens
     f_t = model.ffn_hidden / x.t
     glu = model.activation == "swiglu"
-    rows = [Sublayer("layer_norm_2", "layer_norm", norm_cost(model, x.norm_tokens, e, eb, residual=True,
-                                                            eager=eager_norm))]
+    rows = [norm_sublayer("layer_norm_2", model, x.norm_tokens, e, eb, residual=True, eager=eager_norm)]
     if model.experts:
         rows += moe_sublayers(model, x)
         if model.dropout > 0:
@@ -224,8 +223,8 @@ def layer_sublayers(model, x: Shape, *, causal=False, flash=False, eager=False, 
     reference Llama code's unfused ops, ``step.Options``)."""
     if x.grid:
         return grid_layer_sublayers(model, x, causal=causal, flash=flash)
-    ln1 = Sublayer("layer_norm_1", "layer_norm", norm_cost(model, x.norm_tokens, model.hidden, x.elem_bytes,
-                                                          residual=True, eager=eager_norm))
+    ln1 = norm_sublayer("layer_norm_1", model, x.norm_tokens, model.hidden, x.elem_bytes, residual=True,
+                        eager=eager_norm)
     return [ln1, *attention_sublayers(model, x, causal=causal, flash=flash, eager=eager),
             *mlp_sublayers(model, x, eager_norm, eager)]
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from perfcheck.predict import formulas as F
-from perfcheck.predict.sharding_shape import (Collective, Shape, Sublayer, grid_side, norm_cost, padded_vocab,
+from perfcheck.predict.sharding_shape import (Collective, Shape, Sublayer, grid_side, norm_sublayer, padded_vocab,
                                               residual_add, scale_macs, scaled_softmax)
 
 
@@ -128,9 +128,8 @@ def _grid_norm(model, x: Shape, name, stage="layer"):
     mean of squares: two values per token) all-reduced over the q feature ranks, fwd and bwd."""
     rows, eb = x.tokens / x.row_split, x.elem_bytes
     stats = 2 * rows * eb * (x.q > 1)
-    return Sublayer(name, "layer_norm", norm_cost(model, rows, model.hidden / x.q, eb, residual=stage == "layer"),
-                    stage,
-                    (Collective("fwd", "allreduce", stats, "q"), Collective("bwd", "allreduce", stats, "q")))
+    return norm_sublayer(name, model, rows, model.hidden / x.q, eb, residual=stage == "layer", stage=stage,
+                         comms=(Collective("fwd", "allreduce", stats, "q"), Collective("bwd", "allreduce", stats, "q")))
 
 
 def grid_layer_sublayers(model, x: Shape, *, causal=False, flash=False):

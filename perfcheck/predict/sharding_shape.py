@@ -65,6 +65,9 @@ class Sublayer:
     #: (key length, head dim, causal) of a fused attention kernel's row, None for other rows: the roofline's
     #: ``attention_kernel_curve`` needs them, as ``perfcheck.estimate`` reads them off the traced SDPA op
     attention: object = None
+    #: ((aten name, cost), ...) of kernels of other ops the row runs, inside ``cost``: each timed under its own op's
+    #: efficiency (``row_times``), as ``perfcheck.estimate`` times that op (a norm's residual gradient sum: an add)
+    parts: Tuple[Tuple[str, F.OpCost], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,20 +146,30 @@ def grid_side(t, scheme, depth=1):
     return np.rint(np.sqrt(t / (depth if scheme == "2.5d" else 1)))
 
 
-def norm_cost(model, rows, cols, eb, residual: bool = False, eager: bool = False) -> F.OpCost:
-    """A LayerNorm/RMSNorm over ``rows`` x ``cols``. ``residual``: its input is the residual stream, which also
-    feeds the residual add, so backward sums the two gradients after the norm's node (autograd's InputBuffer:
-    one add of the stream, read 2 write 1; the module estimator's ``grad_accumulate`` op charged to the same
-    norm, perfcheck.predict.grad_accumulation): the two front-ends agree on the norm's backward, except under a spec
-    with a norm efficiency (a calibrated one), which this row applies to the add as well (open). ``eager``: an
-    RMSNorm as the reference Llama code's Python (``eager_ops.eager_rms_norm``; a LayerNorm is one kernel anyway)."""
+def norm_cost(model, rows, cols, eb, eager: bool = False) -> F.OpCost:
+    """A LayerNorm/RMSNorm over ``rows`` x ``cols``. ``eager``: an RMSNorm as the reference Llama code's Python
+    (``eager_ops.eager_rms_norm``; a LayerNorm is one kernel anyway)."""
     rms = model.norm == "rmsnorm"
-    cost = (eager_rms_norm(rows, cols, eb) if eager and rms
+    return (eager_rms_norm(rows, cols, eb) if eager and rms
             else F.layer_norm(rows, cols, bias=model.bias and not rms, rms=rms, elem_bytes=eb))
-    if not residual:
-        return cost
+
+
+def residual_grad_sum(rows, cols, eb) -> F.OpCost:
+    """Backward of a norm whose input is the residual stream, which also feeds the residual add: autograd sums the
+    two gradients after the norm's node (InputBuffer: one add of the stream, read 2 write 1, 1 FLOP per element),
+    the module estimator's ``grad_accumulate`` op charged to the same norm (perfcheck.predict.grad_accumulation)."""
     n = rows * cols
-    return replace(cost, bwd=cost.bwd + F.Cost(flops=n, bytes=3 * n * eb, kernels=1))
+    return F.OpCost(bwd=F.Cost(flops=n, bytes=3 * n * eb, kernels=1))
+
+
+def norm_sublayer(name, model, rows, cols, eb, *, residual: bool, eager: bool = False, stage="layer", comms=()):
+    """The norm's row: ``norm_cost``, and with ``residual`` the gradient sum (``residual_grad_sum``) as a part priced
+    as the add it is (``Sublayer.parts``)."""
+    cost = norm_cost(model, rows, cols, eb, eager=eager)
+    if not residual:
+        return Sublayer(name, "layer_norm", cost, stage, comms)
+    add = residual_grad_sum(rows, cols, eb)
+    return Sublayer(name, "layer_norm", cost + add, stage, comms, parts=(("add", add),))
 
 
 def scaled_softmax(rows, cols, eb) -> F.OpCost:

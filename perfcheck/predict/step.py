@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.predict import attention_kernel, collectives, fsdp, pipeline, roofline, sharding
+from perfcheck.predict import collectives, fsdp, pipeline, roofline, row_times, sharding
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
                                            full_recompute_share, make_options, single_layout, validate_layouts)
 from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, spec_of
@@ -68,6 +68,7 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
         costs = [getattr(r.cost, phase) for r in rows]
         for f in ("macs", "flops", "bytes", "kernels", "strided_elems", "strided_bytes"):
             out[f"{f}_{phase}"] = _stack([getattr(c, f) for c in costs], n) * (core if f != "kernels" else 1)
+    out["parts"] = row_times.part_columns(rows, lambda values: _stack(values, n), core)
     out["act_mem"] = _stack([r.cost.act_mem for r in rows], n) * core
     out["params"] = _stack([r.cost.params for r in rows], n)
     out["recomputed_act"] = _stack([r.recomputed_act for r in rows], n) * core
@@ -99,14 +100,6 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     return out
 
 
-#: The aten op behind each sublayer formula (``perfcheck.estimate`` traces these): the spec's per-op
-#: ``op_efficiency`` and per-row prices are keyed by aten names, so the rows look them up by these.
-ATEN_OF_FORMULA = {"linear": "addmm", "matmul": "bmm", "softmax": "_softmax", "layer_norm": "native_layer_norm",
-                   "embedding": "embedding", "dropout": "native_dropout", "activation": "gelu",
-                   "elementwise": "add", "attention": "_scaled_dot_product_flash_attention",
-                   "cross_entropy": "_log_softmax"}
-
-
 def _unaligned(gemm, elem_bytes):
     """1.0 where the GEMM's k or n rows are not 16-byte multiples (``roofline.gemm_unaligned``'s rule)."""
     k, n = np.asarray(gemm[1], dtype=float), np.asarray(gemm[2], dtype=float)
@@ -117,32 +110,16 @@ def _unaligned(gemm, elem_bytes):
 def _time_rows(out, group_sizes, system, dtype, opts):
     """Device time and TP collective time of every row, fwd and bwd stacked so each model runs once.
 
-    The device time is ``roofline.device_times``, the function ``perfcheck.estimate`` times its traced
-    ops with (efficiency curves, matrix_shape_curve by the GEMM's smallest dimension, alignment,
-    mem_bandwidth_curve by bytes per kernel, op_efficiency, per-row prices, the device-side
-    ``device_kernel_s`` per kernel): one path, so the two front-ends agree on every layer under any spec.
+    The device time is ``row_times.device_rows``: ``roofline.device_times_read``, the function
+    ``perfcheck.estimate`` times its traced ops with (efficiency curves, matrix_shape_curve by the GEMM's smallest
+    dimension, alignment, mem_bandwidth_curve by bytes per kernel, op_efficiency read at each kernel's roofline
+    seconds, per-row prices, the device-side ``device_kernel_s`` per kernel; a row's parts under their own ops):
+    one path, so the two front-ends agree on every layer under any spec.
     ``group_sizes``: ranks per group name (``Shape.group_sizes``), one entry per layout.
     """
     spec = spec_of(system)
-    both = {f: np.concatenate([out[f"{f}_fwd"], out[f"{f}_bwd"]])
-            for f in ("macs", "flops", "bytes", "kernels", "rows", "strided_elems", "strided_bytes")}
     rows = len(out["name"])
-    names = np.array([ATEN_OF_FORMULA.get(f, f) for f in out["formula"]], dtype=object)
-    eff = np.array([roofline.op_efficiency(spec, nm, dtype, phase) for phase in ("fwd", "bwd") for nm in names])[:, None]
-    align = np.concatenate([roofline.alignment_factor(spec, out["unaligned"], "fwd"),  # 1 for non-GEMM (NaN) rows
-                            roofline.alignment_factor(spec, out["unaligned"], "bwd")])
-    extra = np.zeros_like(both["rows"])
-    for i, phase in enumerate(("fwd", "bwd")):  # per-row prices of CPU kernels (roofline.row_prices; none on a GPU)
-        part = slice(i * rows, (i + 1) * rows)
-        # (rows,) prices against the (rows, n) row counts: each name's price broadcasts over the layouts
-        extra[part] = both["rows"][part] * roofline.row_prices(spec, names, phase)[:, None]
-    attention_fraction = attention_kernel.attention_kernel_fraction(spec, out["attn_seq"], out["attn_head_dim"],
-                                                                    out["attn_causal"])
-    d = roofline.device_times(2 * both["macs"], both["flops"], both["bytes"], both["kernels"], spec, dtype,
-                              launch_s=host_constants(spec)["device_kernel_s"],
-                              min_dim=np.concatenate([out["min_dim"], out["min_dim"]]), align=align,
-                              op_eff=eff, rows_s=extra, kernel_fraction=np.tile(attention_fraction, (2, 1)),
-                              strided=(both["strided_elems"], both["strided_bytes"]))
+    d = row_times.device_rows(out, spec, dtype)
     compute, memory, launch = d["compute"], d["memory"], d["launch"]
     by_beside = {"": np.zeros_like(compute), "dw": np.zeros_like(compute), "dx": np.zeros_like(compute)}
     for (kind, group, beside), (fwd, bwd) in out["comm_groups"].items():

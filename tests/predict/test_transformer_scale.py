@@ -24,9 +24,12 @@ def _curve_spec(backward_efficiencies=False):
     d = json.loads((ROOT_SPECS / "a100-80gb-sxm.json").read_text())
     d.update(name="a100-curve", matrix_shape_curve=[[1, 0.5], [100000, 0.5]],
              mem_bandwidth_curve=[[1e5, 2.0], [1e8, 1.0]])
-    if backward_efficiencies:  # (not a norm's: the front-end's norm row carries the residual gradients' sum, which
-        # the module estimator prices as its own add; open, see sharding_shape.norm_cost)
-        d["op_efficiency"] = {"native_dropout@fp16": 0.9, "native_dropout:bwd@fp16": 0.5, "gelu:bwd@fp16": 0.6}
+    if backward_efficiencies:  # a norm's and an add's too (the norm row's residual gradient sum is an add), and a
+        # curve by kernel size, read at each kernel's own roofline seconds (as calibration measures a GPU's)
+        d["op_efficiency"] = {"native_dropout@fp16": 0.9, "native_dropout:bwd@fp16": 0.5, "gelu:bwd@fp16": 0.6,
+                              "native_layer_norm@fp16": 0.7, "native_layer_norm:bwd@fp16": 0.3, "add@fp16": 0.85,
+                              "add:bwd@fp16": 0.95}
+        d["op_efficiency_curve"] = {"gelu@fp16": [[1e-5, 0.2], [1e-3, 0.9]]}
     return SystemSpec.from_dict(d)
 
 
