@@ -51,6 +51,12 @@ def _phase(cols, phase, spec, dtype, names, **shape):
                                       strided=(c["strided_elems"], c["strided_bytes"]), **shape)
 
 
+def _bound(d):
+    """``device_times``' bound of summed terms: "overhead" where the launches outlast the larger of compute and memory."""
+    top = np.maximum(d["compute"], d["memory"])
+    return np.where(d["launch"] > top, "overhead", np.where(d["compute"] >= d["memory"], "compute", "memory"))
+
+
 def device_rows(out, spec, dtype) -> dict:
     """compute, memory, launch, time (seconds) and bound of every row, fwd rows then bwd rows ((2 rows, layouts)),
     its parts included (module docstring). ``out``: ``step.evaluate``'s arrays (``<field>_<phase>``, ``formula``,
@@ -71,6 +77,8 @@ def device_rows(out, spec, dtype) -> dict:
                            align=None)
             for key in ("compute", "memory", "launch", "time"):
                 np.add.at(row[key], parts["owner"], extra[key])
+            owners = np.isin(np.arange(len(names)), parts["owner"])[:, None]  # their bound: the sum's
+            row["bound"] = np.where(owners, _bound(row), row["bound"])
         for key, value in row.items():
             d.setdefault(key, []).append(value)
     return {key: np.concatenate(v) for key, v in d.items()}

@@ -42,7 +42,7 @@ from perfcheck.predict.sharding_grid import (grid_layer_sublayers, grid_linear, 
                                              grid_problems)
 from perfcheck.predict.sharding_shape import (CORE_ATTENTION, SUBLAYER_KINDS, TP_SCHEMES,  # noqa: F401
                                               Collective, Shape,
-                                              Sublayer, norm_cost, norm_sublayer, padded_vocab, residual_add, scale_macs,
+                                              Sublayer, act_sublayer, norm_cost, norm_sublayer, padded_vocab, residual_add, scale_macs,
                                               scaled_softmax)
 
 # The names above that this module does not use itself (the sublayer names and schemes, grid_linear,
@@ -154,15 +154,10 @@ def _expert_mlp(model, x: Shape, tokens, prefix, copies, a2a_bytes):
     fc1 = F.linear(tokens, e, (2 if glu else 1) * f_t, bias=model.bias, elem_bytes=eb)
     fc1 = F.OpCost(fc1.fwd, fc1.bwd, fc1.act_mem, fc1.params * copies)
     a2a = (Collective("fwd", "alltoall", a2a_bytes, "ep"), Collective("bwd", "alltoall", a2a_bytes, "ep"))
-    if glu:
-        act = F.activation(tokens * f_t, "silu", elem_bytes=eb) + F.elementwise(tokens * f_t, inputs=2, saves=2,
-                                                                                elem_bytes=eb)
-    else:
-        act = F.activation(tokens * f_t, model.activation, elem_bytes=eb)
     fc2 = F.linear(tokens, f_t, e, bias=model.bias, elem_bytes=eb)
     fc2 = F.OpCost(fc2.fwd, fc2.bwd, fc2.act_mem, fc2.params * copies)
     return [Sublayer(f"{prefix}fc1", "linear", fc1, comms=a2a + _col_parallel_comms(x, T * e)),
-            Sublayer(f"{prefix}act", "activation", act),
+            act_sublayer(f"{prefix}act", model, tokens * f_t, eb),
             Sublayer(f"{prefix}fc2", "linear", fc2, comms=a2a + _row_parallel_comms(x, T * e))]  # grouped: no GEMM dims
 
 
@@ -205,11 +200,7 @@ def mlp_sublayers(model, x: Shape, eager_norm: bool = False, eager: bool = False
         return rows
     rows += _column_linears(model, x, (("fc1_gate", f_t), ("fc1_up", f_t)) if glu and eager  # w1, w3
                             else (("fc1", (2 if glu else 1) * f_t),))
-    if glu:  # silu(gate) * up: the activation, then a product that saves both operands
-        act = F.activation(T * f_t, "silu", elem_bytes=eb) + F.elementwise(T * f_t, inputs=2, saves=2, elem_bytes=eb)
-    else:
-        act = F.activation(T * f_t, model.activation, elem_bytes=eb)
-    rows.append(Sublayer("act", "activation", act))
+    rows.append(act_sublayer("act", model, T * f_t, eb))
     fc2 = F.linear(T, f_t, e, bias=model.bias, elem_bytes=eb)
     rows.append(Sublayer("fc2", "linear", fc2, comms=_row_parallel_comms(x, T * e), gemm=(T, f_t, e)))
     if model.dropout > 0:

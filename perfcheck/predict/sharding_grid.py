@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 
 from perfcheck.predict import formulas as F
-from perfcheck.predict.sharding_shape import (Collective, Shape, Sublayer, grid_side, norm_sublayer, padded_vocab,
-                                              residual_add, scale_macs, scaled_softmax)
+from perfcheck.predict.sharding_shape import (Collective, Shape, Sublayer, act_sublayer, grid_side, norm_sublayer,
+                                              padded_vocab, residual_add, scale_macs, scaled_softmax)
 
 
 # ---- 2D, 2.5D and 3D tensor parallelism ---------------------------------------------------------------
@@ -171,9 +171,7 @@ def grid_layer_sublayers(model, x: Shape, *, causal=False, flash=False):
     rows.append(Sublayer("fc1", "linear", fc1, comms=comms,
                          gemm=grid_gemm(x, T, e, (2 if glu else 1) * model.ffn_hidden)))
     inner = x.inner(model.ffn_hidden)
-    act = (F.activation(inner, "silu", elem_bytes=eb) + F.elementwise(inner, inputs=2, saves=2, elem_bytes=eb)
-           if glu else F.activation(inner, model.activation, elem_bytes=eb))
-    rows.append(Sublayer("act", "activation", act))
+    rows.append(act_sublayer("act", model, inner, eb))
     fc2, comms = grid_linear(x, T, model.ffn_hidden, e, bias=model.bias, elem_bytes=eb)
     rows.append(Sublayer("fc2", "linear", fc2, comms=comms, gemm=grid_gemm(x, T, model.ffn_hidden, e)))
     if model.dropout > 0:

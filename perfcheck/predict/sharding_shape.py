@@ -172,6 +172,18 @@ def norm_sublayer(name, model, rows, cols, eb, *, residual: bool, eager: bool = 
     return Sublayer(name, "layer_norm", cost + add, stage, comms, parts=(("add", add),))
 
 
+def act_sublayer(name, model, numel, eb):
+    """The MLP's activation over ``numel`` elements; SwiGLU: silu(gate) * up, the activation, then a product that
+    saves both operands. Each kernel is a part (``Sublayer.parts``) priced under its own op's efficiency, as
+    ``perfcheck.estimate`` prices silu and mul (``row_times``)."""
+    if model.activation == "swiglu":
+        parts = (("silu", F.activation(numel, "silu", elem_bytes=eb)),
+                 ("mul", F.elementwise(numel, inputs=2, saves=2, elem_bytes=eb)))
+    else:
+        parts = ((model.activation, F.activation(numel, model.activation, elem_bytes=eb)),)
+    return Sublayer(name, "activation", sum((c for _, c in parts[1:]), parts[0][1]), parts=parts)
+
+
 def scaled_softmax(rows, cols, eb) -> F.OpCost:
     """softmax(scores / sqrt(q)) over ``rows`` rows of ``cols`` scores: Megatron's fused scale + softmax
     (FusedScaleMaskSoftmax): one kernel, ``formulas.softmax``'s bytes, plus the scaling's 1 FLOP per

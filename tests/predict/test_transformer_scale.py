@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import SystemSpec, load_system
+from perfcheck.hardware.systems import SystemSpec, host_constants, load_system
 from perfcheck.predict.module_estimator import estimate
 from perfcheck.predict.transformer import estimate_transformer
 from perfcheck.schema import ROOT
@@ -63,6 +63,22 @@ def test_two_front_ends_time_every_layer_alike(system):
     if system == "curve":  # the shape curve halves the GEMM rate: fc1 takes 2x its datasheet-spec time
         plain = estimate_transformer(m, batch=b, system="a100-80gb-sxm", dtype="fp16").set_index("sublayer")
         assert tab.loc["fc1", "t_compute_fwd_s"] == pytest.approx(2 * plain.loc["fc1", "t_compute_fwd_s"], rel=1e-3)  # bias adds: vector rate
+
+
+def test_swiglu_act_row_prices_silu_and_mul_each_at_its_own_efficiency():
+    """The SwiGLU row is two kernels, silu and a product: each at its own op's efficiency (perfcheck.estimate prices
+    them so), not both at the activation's. By hand, memory-bound on an A100 in fp16: silu reads and writes n
+    elements (2 n x 2 bytes), the product reads two and writes one (3 n x 2), at 0.88 of 2.039 TB/s, divided by 0.5
+    and 0.8, plus two kernels' device time."""
+    d = json.loads((ROOT_SPECS / "a100-80gb-sxm.json").read_text())
+    d.update(name="a100-act", op_efficiency={"silu@fp16": 0.5, "mul@fp16": 0.8, "gelu@fp16": 0.1})
+    spec = SystemSpec.from_dict(d)
+    m = dict(name="t", layers=1, hidden=1024, heads=8, ffn_hidden=4096, vocab=1000, seq_len=2048, norm="rmsnorm",
+             activation="swiglu", bias=False, tied_embeddings=True)
+    act = estimate_transformer(m, batch=2, system=spec, dtype="fp16").set_index("sublayer").loc["act"]
+    n, bw = 2 * 2048 * 4096, 2.039e12 * 0.88
+    kernel_s = host_constants(spec)["device_kernel_s"]  # the spec's input, not an output
+    assert act["pred_fwd_s"] == pytest.approx((2 * n * 2 / 0.5 + 3 * n * 2 / 0.8) / bw + 2 * kernel_s, rel=0.01)
 
 
 def test_issue_reproduction_tp8_fc1():
