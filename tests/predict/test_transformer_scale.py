@@ -2,6 +2,7 @@
 schedules and collectives of Megatron-style runs (each formula repeated by hand from its paper),
 the step breakdown, and the layout planner."""
 import json
+from pathlib import Path
 
 import pandas as pd
 
@@ -38,25 +39,31 @@ from importlib import resources  # noqa: E402
 ROOT_SPECS = resources.files("perfcheck.hardware") / "specs"
 
 
-@pytest.mark.parametrize("system", ["a100-80gb-sxm", "curve", "h100-sxm", "per-phase"])  # h100-sxm: a measured curve
+#: A GPU's own calibration (an H200, 2026-11-27: op efficiencies and curves by kernel size, bench/results/elementwise_gpu.md)
+CALIBRATED_H200 = Path(__file__).resolve().parents[2] / "bench" / "gpu_results" / "2026-11-27-layers" / "calibrated_h200.json"
+
+
+# h100-sxm: a measured shape curve; h200-calibrated: a GPU's own calibration (efficiencies and curves by size)
+@pytest.mark.parametrize("system", ["a100-80gb-sxm", "curve", "h100-sxm", "per-phase", "h200-calibrated"])
 def test_two_front_ends_time_every_layer_alike(system):
     """Issue 23's defect: estimate_transformer ignored matrix_shape_curve (3.17 ms where estimate() gave
-    6.35 ms for a tp-8 fc1). Now both time through roofline.device_times: every sublayer within 1%."""
+    6.35 ms for a tp-8 fc1). Now both time through roofline.device_times_read: every sublayer within 1%, under a
+    calibrated spec too (the efficiency curves read at each kernel's size, a norm's residual gradient sum as an add)."""
     spec = (_curve_spec() if system == "curve" else _curve_spec(True) if system == "per-phase"
-            else load_system(system))
+            else load_system(CALIBRATED_H200) if system == "h200-calibrated" else load_system(system))
     e, h, f, b, s = 4096, 32, 16384, 2, 2048
     with torch.device("meta"):
-        model = nn.Sequential(MegatronBlock(e, h, f), MegatronBlock(e, h, f))
+        model = nn.Sequential(*(MegatronBlock(e, h, f) for _ in range(3)))
     x = torch.empty(b, s, e, device="meta", requires_grad=True)
-    dtype = "bf16" if system == "cpu" else "fp16"  # the CPU spec has no fp16 peak; its rows carry per-row prices
+    dtype = "bf16" if system in ("cpu", "h200-calibrated") else "fp16"  # CPU: no fp16 peak; H200: calibrated in bf16
     mod = estimate(model, (x,), system=spec, dtype=dtype).set_index("module")
-    m = dict(name="t", layers=2, hidden=e, heads=h, ffn_hidden=f, vocab=1000, seq_len=s, norm="layernorm",
+    m = dict(name="t", layers=3, hidden=e, heads=h, ffn_hidden=f, vocab=1000, seq_len=s, norm="layernorm",
              activation="gelu", bias=True, tied_embeddings=True, dropout=0.1)
     tab = estimate_transformer(m, batch=b, system=spec, dtype=dtype).set_index("sublayer")
     pairs = (("layer_norm_1", "ln_1"), ("qkv_proj", "qkv_proj"), ("out_proj", "out_proj"), ("layer_norm_2", "ln_2"),
              ("fc1", "fc1"), ("act", "act"), ("fc2", "fc2"), ("dropout_softmax", "dropout_softmax"),
              ("dropout_attn", "dropout_attn"), ("dropout_mlp", "dropout_mlp"))
-    for ours, theirs in pairs:  # the second block: the first op of a model waits on the host timeline
+    for ours, theirs in pairs:  # the middle block: a step's first ops, forward and backward, wait on the host timeline
         for ph in ("fwd", "bwd"):
             assert tab.loc[ours, f"pred_{ph}_s"] == pytest.approx(mod.loc[f"1.{theirs}", f"pred_{ph}_s"], rel=0.01), \
                 (ours, ph)
