@@ -303,10 +303,17 @@ times a collective running alone.
 ## The other targets, checked
 
 - Two front-ends, one roofline: tests/predict/test_transformer_scale.py::test_two_front_ends_time_every_layer_alike
-  compares `perfcheck.estimate` of two Megatron blocks with `estimate_transformer`, every sublayer forward and
-  backward within 1%, on a100-80gb-sxm, a spec with a flat 0.5 shape curve and a bandwidth curve (the
-  issue's reproduction), and the shipped h100-sxm with its measured curve (added with them); the grid TP
-  schemes now give their GEMM shapes too, so 2D/2.5D/3D at q = 1 equal 1D under a shape curve.
+  compares `perfcheck.estimate` of three Megatron blocks (the middle one) with `estimate_transformer`, every
+  sublayer forward and backward within 1%, on a100-80gb-sxm, a spec with a flat 0.5 shape curve and a bandwidth
+  curve (the issue's reproduction), the shipped h100-sxm with its measured curve, a spec whose efficiencies differ
+  by phase and op (norm, add, dropout, a gelu curve by size), and an H200's own calibration (2026-11-27-layers/
+  calibrated_h200.json); the grid TP schemes give their GEMM shapes too, so 2D/2.5D/3D at q = 1 equal 1D under a
+  shape curve. Two defects found by the last two, fixed 2026-11-27 (perfcheck/predict/efficiency.py,
+  row_times.py): the front-end read a measured efficiency curve at its middle point, not at each kernel's size,
+  and priced a norm's residual gradient sum (an add) and SwiGLU's product (a mul) at the norm's and gelu's
+  efficiencies. Open: the eager Llama rows (`eager=True`, `eager_norm=True`) are priced per row, not per aten op,
+  and on the h200 spec the module estimator's eager RMSNorm moved 22 bytes per element where its formula and its
+  raw op table count 36 (8192 x 4096, bf16): not yet explained.
 - `perfcheck plan` for llama3-70b on 512 h100-sxm, global batch 512 (2026-11-26, this VM, one thread, under
   the bench lock, /tmp script calling `planner.plan`): pruned search 5,836 layouts (2,573 fit) in 0.11 s of
   process CPU (0.8 s wall); exhaustive search 22,510 layouts (8,001 fit) in 0.40 s CPU (2.7 s wall). Best
