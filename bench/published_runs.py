@@ -311,9 +311,11 @@ times a collective running alone.
   shape curve. Two defects found by the last two, fixed 2026-11-27 (perfcheck/predict/efficiency.py,
   row_times.py): the front-end read a measured efficiency curve at its middle point, not at each kernel's size,
   and priced a norm's residual gradient sum (an add) and SwiGLU's product (a mul) at the norm's and gelu's
-  efficiencies. Open: the eager Llama rows (`eager=True`, `eager_norm=True`) are priced per row, not per aten op,
-  and on the h200 spec the module estimator's eager RMSNorm moved 22 bytes per element where its formula and its
-  raw op table count 36 (8192 x 4096, bf16): not yet explained.
+  efficiencies. Open: the eager Llama rows (`eager=True`, `eager_norm=True`) are priced per row, not per aten op:
+  the reference RMSNorm over 8192 x 4096 in bf16 takes 0.42 ms forward in both front-ends on the h200 datasheet
+  spec, but under the H200's calibration 0.51 ms in the front-end (all eight kernels at native_layer_norm's
+  efficiency) against 0.30 ms in `perfcheck.estimate` (each op at its own); the fix is to write the eager rows as
+  parts, one per aten op.
 - `perfcheck plan` for llama3-70b on 512 h100-sxm, global batch 512 (2026-11-26, this VM, one thread, under
   the bench lock, /tmp script calling `planner.plan`): pruned search 5,836 layouts (2,573 fit) in 0.11 s of
   process CPU (0.8 s wall); exhaustive search 22,510 layouts (8,001 fit) in 0.40 s CPU (2.7 s wall). Best
