@@ -26,63 +26,110 @@ from perfcheck.predict.formulas import Cost, OpCost
 FP32 = 4
 
 
+def total(parts) -> OpCost:
+    """One cost of a row's parts ((aten name, cost) pairs)."""
+    out = OpCost()
+    for _, cost in parts:
+        out = out + cost
+    return out
+
+
+def _cost(bytes_fwd, bytes_bwd, *, flops=(0, 0), kernels=(1, 1), strided=((0, 0), (0, 0)), act_mem=0, params=0):
+    """An OpCost from per-phase (bytes, FLOPs, kernels, (strided elements, strided bytes))."""
+    (ef, bf), (eb_, bb) = strided
+    return OpCost(Cost(flops=flops[0], bytes=bytes_fwd, kernels=kernels[0], strided_elems=ef, strided_bytes=bf),
+                  Cost(flops=flops[1], bytes=bytes_bwd, kernels=kernels[1], strided_elems=eb_, strided_bytes=bb),
+                  act_mem, params)
+
+
+def eager_rms_norm_parts(rows, cols, elem_bytes) -> tuple:
+    """The reference RMSNorm over ``rows`` x ``cols`` (n elements), eb = ``elem_bytes``, as its aten ops ((name, cost)
+    pairs, as ``perfcheck.estimate`` traces them; tests/predict/test_eager_ops.py compares them op by op).
+
+    forward: x.float() (eb + 4 per element; only where eb < 4: on fp32 it returns x), pow (4 + 4), mean (4; writes a
+    row), + eps and rsqrt (on the rows), x * r (4 + 4, reads the row), .type_as(x) (4 + eb; only where eb < 4),
+    * weight (eb + eb, reads the weight): 7 x 4 + 4 eb bytes per element in bf16 (36), eight kernels.
+    backward as autograd runs them: * weight's two gradients (g w: eb + eb; the weight's, summed over rows: 3 eb:
+    two kernels), .type_as's (4 + eb), x * r's two (g r: 4 + 4, summed per row; g x: 3 x 4: two kernels), rsqrt's
+    and add's (rows), mean's expand (4), pow's (g 2x: 3 x 4), the sum of x's two gradients (autograd's add, 3 x 4),
+    x.float()'s (4 + eb): 14 x 4 + 7 eb per element in bf16 (70), eleven kernels. FLOPs: pow, mean, each product
+    one per element forward, their gradients two per product; the row ops one per row.
+    Off a GPU's vectorised loop (``predict.strided``), n elements each: forward x.float() (a widening cast), x * r
+    (r broadcast), * weight (broadcast); backward .type_as's (widening), mean's expand, x * r's and * weight's (a
+    broadcast operand). Saved (on the last part): x.float(), the row statistic, the normalised output in eb."""
+    n, eb, row = rows * cols, elem_bytes, rows * FP32
+    wide = eb < FP32
+    w = cols * eb
+    parts = [
+        ("pow", _cost(8 * n, 12 * n, flops=(n, n))),
+        ("mean", _cost(4 * n + row, 4 * n + row, flops=(n, 0), strided=((0, 0), (n, 4 * n + row)))),
+        ("add", _cost(2 * row, 2 * row, flops=(rows, rows))),
+        ("rsqrt", _cost(2 * row, 3 * row, flops=(rows, rows))),
+        ("mul", _cost(8 * n + row, 20 * n, flops=(n, 2 * n), kernels=(1, 2), strided=((n, 8 * n + row), (n, 12 * n)))),
+        ("mul", _cost(2 * eb * n + w, 5 * eb * n, flops=(n, 2 * n), kernels=(1, 2),
+                      strided=((n, 2 * eb * n + w), (n, 3 * eb * n)), act_mem=(FP32 + eb) * n + row, params=cols)),
+        ("add", _cost(0, 12 * n, flops=(0, n), kernels=(0, 1))),  # autograd's sum of x.float()'s two gradients
+    ]
+    if wide:
+        parts += [("_to_copy", _cost((eb + FP32) * n, (eb + FP32) * n, strided=((n, (eb + FP32) * n), (0, 0)))),
+                  ("_to_copy", _cost((eb + FP32) * n, (eb + FP32) * n, strided=((0, 0), (n, (eb + FP32) * n))))]
+    return tuple(parts)
+
+
 def eager_rms_norm(rows, cols, elem_bytes) -> OpCost:
-    """The reference RMSNorm over ``rows`` x ``cols`` (n elements), eb = ``elem_bytes``.
-
-    forward, eight kernels: x.float() (eb + 4 per element), pow (4 + 4), mean (4; writes a row), + eps and rsqrt
-    (on the rows), x * r (4 + 4), .type_as(x) (4 + eb), * weight (eb + eb): 7 x 4 + 4 eb bytes per element (36 in
-    bf16); 4 FLOPs per element (pow, mean, mul, mul).
-    backward, eleven: * weight's two gradients (g w: eb + eb; g out, then summed over rows: 3 eb), .type_as's
-    (4 + eb), x * r's two (g r: 4 + 4; g x, summed over the row: 3 x 4), mean's expand (4), rsqrt's and add's (rows),
-    pow's (g 2x: 3 x 4), the sum of x's two gradients (3 x 4), x.float()'s (4 + eb): 14 x 4 + 7 eb per element
-    (70 in bf16); 6 FLOPs per element. Saves x.float() (which pow and the product share), the row statistic and
-    the normalised output in eb (the weight product's input): 4 + eb bytes per element.
-    Off a GPU's vectorised loop (``predict.strided``), n elements each: forward x.float() (a widening cast, where
-    eb < 4), x * r (r broadcast), * weight (broadcast); backward g w, .type_as's (widening), g r, mean's expand.
-    """
-    n, eb = rows * cols, elem_bytes
-    row, wide = rows * FP32, 1 * (eb < FP32)
-    fwd = Cost(flops=4 * n, bytes=(7 * FP32 + 4 * eb) * n + 5 * row + cols * eb, kernels=8,
-               strided_elems=(2 + wide) * n, strided_bytes=(wide * (eb + FP32) + 2 * FP32 + 2 * eb) * n)
-    bwd = Cost(flops=6 * n, bytes=(14 * FP32 + 7 * eb) * n + 6 * row + cols * eb, kernels=11,
-               strided_elems=(3 + wide) * n, strided_bytes=(2 * eb + wide * (eb + FP32) + 3 * FP32) * n)
-    return OpCost(fwd, bwd, (FP32 + eb) * n + row, cols)
+    """The reference RMSNorm as one cost: the sum of ``eager_rms_norm_parts``."""
+    return total(eager_rms_norm_parts(rows, cols, elem_bytes))
 
 
-def rotary_complex(numel, table_elems, elem_bytes) -> OpCost:
+def rotary_complex_parts(numel, table_elems, elem_bytes) -> tuple:
     """The reference ``apply_rotary_emb`` on one tensor of ``numel`` elements with a cos/sin table of
-    ``table_elems`` complex64 entries (seq x head_dim / 2).
+    ``table_elems`` complex64 entries (seq x head_dim / 2), as its aten ops.
 
     forward, three kernels: .float() (eb + 4), the complex product with the table (4 + 4, the table's 8 bytes per
     entry), .type_as (4 + eb): 4 x 4 + 2 eb per element (20 in bf16); 3 FLOPs per real element (a complex product:
     4 multiplies, 2 adds per pair). backward, three: the cast up (eb + 4), the product with the conjugate table
     (4 x 4), the cast down (4 + eb): 6 x 4 + 2 eb (28 in bf16); its read of the table (8 / (28 heads) of the
     rest, under 4% from 8 heads on) is left out, as ``perfcheck.estimate``'s count of that product leaves it.
-    Off a GPU's vectorised loop (``predict.strided``): each direction's widening cast (eb < 4), n elements. The
-    product with the broadcast table is off it too, but moves 8 bytes per element, memory-bound on every card measured
-    (0.75-0.86 of the bandwidth): no excess, so it is left out here, where its slack would hide the cast's."""
+    Off a GPU's vectorised loop (``predict.strided``): each direction's widening cast (eb < 4), n elements, and the
+    product with the broadcast table (n / 2 complex elements), memory-bound on every card measured (0.75-0.86 of the
+    bandwidth): timed as its own kernel, it pays no excess."""
     n, eb, table = numel, elem_bytes, table_elems * 2 * FP32
     wide = 1 * (eb < FP32)
-    fwd = Cost(flops=3 * n, bytes=(4 * FP32 + 2 * eb) * n + table, kernels=3, strided_elems=wide * n,
-               strided_bytes=wide * (eb + FP32) * n)
-    bwd = Cost(flops=3 * n, bytes=(6 * FP32 + 2 * eb) * n, kernels=3, strided_elems=wide * n,
-               strided_bytes=wide * (eb + FP32) * n)
-    return OpCost(fwd, bwd, FP32 * n, 0)
+    cast = (eb + FP32) * n
+    return (("_to_copy", _cost(cast, cast, strided=((wide * n, wide * cast), (0, 0)))),
+            ("mul", _cost(2 * FP32 * n + table, 4 * FP32 * n, flops=(3 * n, 3 * n),
+                          strided=((n / 2, 2 * FP32 * n + table), (n / 2, 4 * FP32 * n)), act_mem=FP32 * n)),
+            ("_to_copy", _cost(cast, cast, strided=((0, 0), (wide * n, wide * cast)))))
+
+
+def rotary_complex(numel, table_elems, elem_bytes) -> OpCost:
+    """The reference rotary embedding as one cost: the sum of ``rotary_complex_parts``."""
+    return total(rotary_complex_parts(numel, table_elems, elem_bytes))
+
+
+def repeat_kv_parts(repeated_elems, n_rep, elem_bytes) -> tuple:
+    """The reference ``repeat_kv`` of one of k, v to ``repeated_elems`` elements (n_rep copies of each head).
+
+    forward: the reshape of the expanded view copies it (``clone``): reads the view, writes the copy (2 eb per output
+    element), off a GPU's vectorised loop (a zero-stride source: ``predict.strided``).
+    backward: expand's gradient sums the n_rep copies: reads the gradient, writes 1/n_rep of it."""
+    n, eb = repeated_elems, elem_bytes
+    return (("clone", _cost(2 * eb * n, 0, kernels=(1, 0), strided=((n, 2 * eb * n), (0, 0)))),
+            ("expand", _cost(0, eb * n * (1 + 1 / n_rep), flops=(0, n), kernels=(0, 1))))
 
 
 def repeat_kv(repeated_elems, n_rep, elem_bytes) -> OpCost:
-    """The reference ``repeat_kv`` of one of k, v to ``repeated_elems`` elements (n_rep copies of each head).
+    """``repeat_kv`` as one cost: the sum of ``repeat_kv_parts``."""
+    return total(repeat_kv_parts(repeated_elems, n_rep, elem_bytes))
 
-    forward: the reshape of the expanded view copies it: reads the view, writes the copy (2 eb per output element),
-    off a GPU's vectorised loop (a zero-stride source: ``predict.strided``).
-    backward: expand's gradient sums the n_rep copies: reads the gradient, writes 1/n_rep of it."""
-    n, eb = repeated_elems, elem_bytes
-    return OpCost(Cost(bytes=2 * eb * n, kernels=1, strided_elems=n, strided_bytes=2 * eb * n),
-                  Cost(flops=n, bytes=eb * n * (1 + 1 / n_rep), kernels=1), 0, 0)
+
+def transpose_copy_parts(numel, elem_bytes) -> tuple:
+    """``.transpose(1, 2).contiguous()`` of the attention output: one copy forward (``clone``: read + write); its
+    backward is a view of the gradient (no kernel). The copy reads a permuted source: off a GPU's vectorised loop."""
+    return (("clone", _cost(2 * elem_bytes * numel, 0, kernels=(1, 0),
+                            strided=((numel, 2 * elem_bytes * numel), (0, 0)))),)
 
 
 def transpose_copy(numel, elem_bytes) -> OpCost:
-    """``.transpose(1, 2).contiguous()`` of the attention output: one copy forward (read + write); its backward is
-    a view of the gradient (no kernel). The copy reads a permuted source: off a GPU's vectorised loop."""
-    return OpCost(Cost(bytes=2 * elem_bytes * numel, kernels=1, strided_elems=numel,
-                       strided_bytes=2 * elem_bytes * numel), Cost(), 0, 0)
+    """The output copy as one cost: the sum of ``transpose_copy_parts``."""
+    return total(transpose_copy_parts(numel, elem_bytes))

@@ -38,11 +38,12 @@ from dataclasses import replace
 import numpy as np
 
 from perfcheck.predict import eager_ops, formulas as F
+from perfcheck.predict.eager_ops import total as eager_total
 from perfcheck.predict.sharding_grid import (grid_layer_sublayers, grid_linear, grid_model_sublayers,  # noqa: F401
                                              grid_problems)
 from perfcheck.predict.sharding_shape import (CORE_ATTENTION, SUBLAYER_KINDS, TP_SCHEMES,  # noqa: F401
                                               Collective, Shape,
-                                              Sublayer, act_sublayer, norm_cost, norm_sublayer, padded_vocab, residual_add, scale_macs,
+                                              Sublayer, act_sublayer, gradient_sum, norm_sublayer, padded_vocab, parts_sublayer, residual_add, scale_macs,
                                               scaled_softmax)
 
 # The names above that this module does not use itself (the sublayer names and schemes, grid_linear,
@@ -83,14 +84,18 @@ def _column_linears(model, x: Shape, outs) -> list:
     features per GPU), ...), one GEMM each: Megatron's fused qkv / fc1 is one, the reference Llama code's wq, wk, wv
     (or w1, w3) are three (two) separate GEMMs of their own shapes. The first row carries the operator-f
     collectives and the saved input (its SP shard with SP); the others read the same tensor, which autograd saves
-    once (one storage), so they keep no activation of their own."""
+    once (one storage), so they keep no activation of their own. Backward sums their input gradients, one add per
+    further linear (``gradient_sum``), charged as autograd runs them: to every linear but the last (its gradient
+    arrives first), as a part priced as an add."""
     e, eb, T = model.hidden, x.elem_bytes, x.tokens
     rows = []
     for i, (name, n) in enumerate(outs):
         c = F.linear(T, e, n, bias=model.bias, elem_bytes=eb)
         kept = np.where(x.sp, _sp_saved_input(c, x, e).act_mem, c.act_mem) if i == 0 else 0.0
-        rows.append(Sublayer(name, "linear", F.OpCost(c.fwd, c.bwd, kept, c.params),
-                             comms=_col_parallel_comms(x, T * e) if i == 0 else (), gemm=(T, e, n)))
+        parts = (("add", gradient_sum(T, e, eb)),) if i < len(outs) - 1 else ()
+        cost = F.OpCost(c.fwd, c.bwd, kept, c.params)
+        rows.append(Sublayer(name, "linear", cost + eager_total(parts), comms=_col_parallel_comms(x, T * e) if i == 0 else (),
+                             gemm=(T, e, n), parts=parts))
     return rows
 
 
@@ -105,16 +110,16 @@ def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool, eager: bo
     rows = _column_linears(model, x, (("q_proj", heads_t * q), ("k_proj", kv_t * q), ("v_proj", kv_t * q)) if eager
                            else (("qkv_proj", (heads_t + 2 * kv_t) * q),))
     if model.position == "rotary" and eager:  # q and k, each with the (s, q/2) complex table
-        rows.append(Sublayer("rotary", "elementwise", eager_ops.rotary_complex(T * heads_t * q, x.s * q / 2, eb)
-                             + eager_ops.rotary_complex(T * kv_t * q, x.s * q / 2, eb)))
+        rows.append(parts_sublayer("rotary", "elementwise", eager_ops.rotary_complex_parts(T * heads_t * q, x.s * q / 2, eb)
+                                   + eager_ops.rotary_complex_parts(T * kv_t * q, x.s * q / 2, eb)))
     elif model.position == "rotary":
         # q and k rotated: x*cos + rotate_half(x)*sin, 3 FLOPs per element; cos/sin tables not counted.
         rows.append(Sublayer("rotary", "elementwise",
                              F.elementwise(T * (heads_t + kv_t) * q, flops_per_elem=3, bwd_flops_per_elem=3, saves=0,
                                            elem_bytes=eb)))
     if eager and model.kv_heads < model.heads:  # k and v copied up to every query head
-        rows.append(Sublayer("repeat_kv", "elementwise",
-                             eager_ops.repeat_kv(T * heads_t * q, model.heads / model.kv_heads, eb).scale(2)))
+        rows.append(parts_sublayer("repeat_kv", "elementwise", tuple(  # k and v
+            (name, cost.scale(2)) for name, cost in eager_ops.repeat_kv_parts(T * heads_t * q, model.heads / model.kv_heads, eb))))
     frac = 0.5 if causal else 1.0
     if flash:
         core = F.attention(x.b, heads_t, x.s, x.s, q, q, kv_heads=kv_t, causal=causal, elem_bytes=eb)
@@ -135,7 +140,7 @@ def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool, eager: bo
         rows.append(Sublayer("attend", "matmul", scale_macs(attend, frac), recomputed_act=probs * eb,
                              gemm=(x.s, x.s, q)))
     if eager:
-        rows.append(Sublayer("attn_out_copy", "elementwise", eager_ops.transpose_copy(T * heads_t * q, eb)))
+        rows.append(parts_sublayer("attn_out_copy", "elementwise", eager_ops.transpose_copy_parts(T * heads_t * q, eb)))
     out = F.linear(T, e / x.t, e, bias=model.bias, elem_bytes=eb)  # (T,e/t) @ (e/t,e); bias replicated
     rows.append(Sublayer("out_proj", "linear", out, comms=_row_parallel_comms(x, T * e), gemm=(T, e / x.t, e)))
     if model.dropout > 0:
@@ -247,8 +252,7 @@ def model_sublayers(model, x: Shape, *, tied_copy, eager_norm=False):
                              "first"))
     if model.dropout > 0:
         rows.append(Sublayer("dropout_embedding", "dropout", F.dropout(x.norm_tokens * e, elem_bytes=eb), "first"))
-    rows.append(Sublayer("final_norm", "layer_norm", norm_cost(model, x.norm_tokens, e, eb, eager=eager_norm),
-                         "last"))
+    rows.append(norm_sublayer("final_norm", model, x.norm_tokens, e, eb, residual=False, eager=eager_norm, stage="last"))
     head = F.linear(T, e, v_t, bias=False, elem_bytes=eb)
     head = F.OpCost(head.fwd, head.bwd, np.where(x.sp, _sp_saved_input(head, x, e).act_mem, head.act_mem),
                     head.params * tied_copy)

@@ -11,7 +11,7 @@ from typing import Tuple
 import numpy as np
 
 from perfcheck.predict import formulas as F
-from perfcheck.predict.eager_ops import eager_rms_norm
+from perfcheck.predict.eager_ops import eager_rms_norm_parts, total as eager_total
 from perfcheck.predict.collectives import COLLECTIVE_KINDS
 
 
@@ -146,30 +146,35 @@ def grid_side(t, scheme, depth=1):
     return np.rint(np.sqrt(t / (depth if scheme == "2.5d" else 1)))
 
 
-def norm_cost(model, rows, cols, eb, eager: bool = False) -> F.OpCost:
-    """A LayerNorm/RMSNorm over ``rows`` x ``cols``. ``eager``: an RMSNorm as the reference Llama code's Python
-    (``eager_ops.eager_rms_norm``; a LayerNorm is one kernel anyway)."""
+def norm_cost(model, rows, cols, eb) -> F.OpCost:
+    """A LayerNorm/RMSNorm over ``rows`` x ``cols``, one kernel each way."""
     rms = model.norm == "rmsnorm"
-    return (eager_rms_norm(rows, cols, eb) if eager and rms
-            else F.layer_norm(rows, cols, bias=model.bias and not rms, rms=rms, elem_bytes=eb))
+    return F.layer_norm(rows, cols, bias=model.bias and not rms, rms=rms, elem_bytes=eb)
 
 
-def residual_grad_sum(rows, cols, eb) -> F.OpCost:
-    """Backward of a norm whose input is the residual stream, which also feeds the residual add: autograd sums the
-    two gradients after the norm's node (InputBuffer: one add of the stream, read 2 write 1, 1 FLOP per element),
-    the module estimator's ``grad_accumulate`` op charged to the same norm (perfcheck.predict.grad_accumulation)."""
+def gradient_sum(rows, cols, eb) -> F.OpCost:
+    """Autograd summing two gradients of one (rows, cols) tensor in backward (InputBuffer: one add, read 2 write 1,
+    1 FLOP per element): the module estimator's ``grad_accumulate`` op, charged to the consumer whose gradient
+    arrives second (perfcheck.predict.grad_accumulation). The residual stream feeds a norm and the residual add; the
+    normed input feeds the reference Llama code's separate wq, wk, wv (w1, w3)."""
     n = rows * cols
     return F.OpCost(bwd=F.Cost(flops=n, bytes=3 * n * eb, kernels=1))
 
 
 def norm_sublayer(name, model, rows, cols, eb, *, residual: bool, eager: bool = False, stage="layer", comms=()):
-    """The norm's row: ``norm_cost``, and with ``residual`` the gradient sum (``residual_grad_sum``) as a part priced
-    as the add it is (``Sublayer.parts``)."""
-    cost = norm_cost(model, rows, cols, eb, eager=eager)
-    if not residual:
-        return Sublayer(name, "layer_norm", cost, stage, comms)
-    add = residual_grad_sum(rows, cols, eb)
-    return Sublayer(name, "layer_norm", cost + add, stage, comms, parts=(("add", add),))
+    """The norm's row: ``norm_cost``, or with ``eager`` an RMSNorm as the reference Llama code's Python, its eight
+    aten ops as parts (``eager_ops.eager_rms_norm_parts``; a LayerNorm is one kernel anyway); with ``residual`` the
+    gradient sum (``gradient_sum``) as a part priced as the add it is (``Sublayer.parts``)."""
+    parts = eager_rms_norm_parts(rows, cols, eb) if eager and model.norm == "rmsnorm" else ()
+    if residual:
+        parts += (("add", gradient_sum(rows, cols, eb)),)
+    main = F.OpCost() if eager and model.norm == "rmsnorm" else norm_cost(model, rows, cols, eb)
+    return Sublayer(name, "layer_norm", main + eager_total(parts), stage, comms, parts=parts)
+
+
+def parts_sublayer(name, formula, parts, stage="layer", comms=()):
+    """A row made of its aten ops alone ((name, cost) pairs, each priced as that op: ``Sublayer.parts``)."""
+    return Sublayer(name, formula, eager_total(parts), stage, comms, parts=tuple(parts))
 
 
 def act_sublayer(name, model, numel, eb):
@@ -181,7 +186,7 @@ def act_sublayer(name, model, numel, eb):
                  ("mul", F.elementwise(numel, inputs=2, saves=2, elem_bytes=eb)))
     else:
         parts = ((model.activation, F.activation(numel, model.activation, elem_bytes=eb)),)
-    return Sublayer(name, "activation", sum((c for _, c in parts[1:]), parts[0][1]), parts=parts)
+    return parts_sublayer(name, "activation", parts)
 
 
 def scaled_softmax(rows, cols, eb) -> F.OpCost:
