@@ -497,7 +497,10 @@ tests/predict/test_transformer_recompute_every.py and test_transformer_recompute
   row; and the separate wq, wk, wv (w1, w3) read one input, whose gradients autograd sums in backward (two adds in
   attention, one in the MLP) that the rows had left out. tests/predict/test_transformer_scale.py compares every
   module of a middle eager Llama block with `perfcheck.estimate`'s, within 1%, on the h200 spec and under an H200's
-  own calibration (the old rows failed both). Effect here: 4.2% / 7.9% -> 3.9% / 7.5%, every row 0.2-0.5% slower.
+  own calibration (the old rows failed both). The same check showed the output's `transpose(1, 2).contiguous()`
+  copies nothing after a fused attention kernel, which writes (b, s, h, d) (an H200's kernel table of this code has
+  no such copy either): that row is now only for unfused attention. Effect here: the sums 4.2% / 7.9% -> 3.9% /
+  7.5%, then without the copy 4.1% / 7.8%.
 - FSDP2 as it runs (2026-11-26, `perfcheck/predict/fsdp.py`, hand tests in tests/predict/test_fsdp2_schedule.py):
   the earlier model treated FSDP as the Megatron engine's zero_stage 3 with every collective hidden for free,
   bf16 gradients on the wire and no copies: 19.2% mean, 23.8% max, all too fast. Three things read from

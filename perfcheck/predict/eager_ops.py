@@ -11,7 +11,10 @@ copies (read at commit 1ea476e9f, April 2024) and which runs op by op without ``
   copy, a complex product and a copy back, for q and for k (``rotary_complex``).
 - ``repeat_kv`` (grouped-query attention): ``x[:, :, :, None, :].expand(...).reshape(...)`` copies k and v up to
   every query head; its backward sums them back (``repeat_kv``).
-- ``output.transpose(1, 2).contiguous()`` after the attention kernel: one copy of the output (``transpose_copy``).
+- ``output.transpose(1, 2).contiguous()`` after the attention: one copy of the output (``transpose_copy``) where the
+  attention is unfused (matmul, softmax, matmul: a (b, h, s, d) product); a fused SDPA kernel (flash, cuDNN, the CPU's
+  flash) writes its output as (b, s, h, d), so the transpose is already contiguous and no kernel runs (the trace of
+  torchtitan's code on the meta device, and an H200's kernel table of it: bench/gpu_results/2026-11-27-layers/).
 
 Every cost lists its aten ops with their bytes at the width each runs in (``eb`` the model's element bytes,
 fp32 4); backward as autograd runs them (derivatives.yaml). They are the ops ``perfcheck.estimate`` traces from

@@ -139,7 +139,7 @@ def attention_sublayers(model, x: Shape, *, causal: bool, flash: bool, eager: bo
         attend = F.matmul(x.s, x.s, q, batch=x.b * heads_t, elem_bytes=eb)  # (s,s) @ (s,q) per (b, head)
         rows.append(Sublayer("attend", "matmul", scale_macs(attend, frac), recomputed_act=probs * eb,
                              gemm=(x.s, x.s, q)))
-    if eager:
+    if eager and not flash:  # a fused kernel writes its output as (b, s, h, d): the transpose is contiguous already
         rows.append(parts_sublayer("attn_out_copy", "elementwise", eager_ops.transpose_copy_parts(T * heads_t * q, eb)))
     out = F.linear(T, e / x.t, e, bias=model.bias, elem_bytes=eb)  # (T,e/t) @ (e/t,e); bias replicated
     rows.append(Sublayer("out_proj", "linear", out, comms=_row_parallel_comms(x, T * e), gemm=(T, e / x.t, e)))

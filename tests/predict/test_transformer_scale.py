@@ -133,6 +133,9 @@ def test_two_front_ends_time_the_eager_llama_layer_alike(system):
         for ph in ("fwd", "bwd"):
             assert tab.loc[ours, f"pred_{ph}_s"] == pytest.approx(mod.loc[f"layers.1.{theirs}", f"pred_{ph}_s"],
                                                                   rel=0.01), (ours, ph)
+    layer = tab[tab["stage"] == "layer"]  # and the whole layer: rotary, repeat_kv, SDPA (its output needs no copy)...
+    for ph in ("fwd", "bwd"):
+        assert layer[f"pred_{ph}_s"].sum() == pytest.approx(mod.loc["layers.1", f"pred_{ph}_s"], rel=0.01), ph
 
 
 def test_swiglu_act_row_prices_silu_and_mul_each_at_its_own_efficiency():
