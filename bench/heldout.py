@@ -881,8 +881,9 @@ def targets(models: pd.DataFrame, classes: pd.DataFrame, sfx: str = "") -> pd.Da
         ccol = "ratio" + sfx
         row = {"set": s, "models": len(g), "steps_within": within(f"ratio_step{sfx}", STEP_TARGET),
                "median_error": float(np.median(err)) if err.notna().all() else np.nan,
-               "fwd_within": within(f"ratio_fwd{sfx}", PHASE_TARGET), "bwd_within": within(f"ratio_bwd{sfx}", PHASE_TARGET),
-               "classes": len(c), "classes_within": int((np.abs(c[ccol] - 1) <= CLASS_TARGET).sum()) if ccol in c else 0}
+               "fwd_within": within(f"ratio_fwd{sfx}", PHASE_TARGET),
+               "bwd_within": within(f"ratio_bwd{sfx}", PHASE_TARGET), "classes": len(c),
+               "classes_within": int((np.abs(c[ccol] - 1) <= CLASS_TARGET).sum()) if ccol in c else 0}
         row["steps_pass"] = row["steps_within"] == len(g)
         row["median_pass"] = bool(row["median_error"] <= MEDIAN_TARGET)
         row["fwd_pass"], row["bwd_pass"] = row["fwd_within"] == len(g), row["bwd_within"] == len(g)
@@ -902,8 +903,8 @@ def target_lines(rows: pd.DataFrame, mods: pd.DataFrame) -> list:
     n = run_count(rows)
     lines = [f"Targets on the per-model medians over {n} run{'s' if n > 1 else ''} (class medians: median over "
              "modules of each module's median):", "",
-             "| set | ratios | every step within 25% | median abs step error <= 12% | fwd within 35% | bwd within 35% | "
-             "class medians within 30% |", "|---|---|---|---|---|---|---|"]
+             "| set | ratios | every step within 25% | median abs step error <= 12% | fwd within 35% | "
+             "bwd within 35% | class medians within 30% |", "|---|---|---|---|---|---|---|"]
     for label, sfx in (("as calibrated", ""), ("at the run's speed", AT_RUN)):
         if f"ratio_step{sfx}" not in rows or rows[f"ratio_step{sfx}"].isna().all():
             continue  # no references read
