@@ -25,7 +25,7 @@ optimizer) plus the loss estimated as a one-module model. Ratios are measured / 
 The machine's speed (why: a shared 2-core VM changes speed by up to ~2x within minutes, in process CPU time too,
 so one model moved by 1.7x between two runs on nearly the same code). After every measured step, outside the
 timed windows, the calibration's two references (a tiny add, a 128^3 mm) are read (``perfcheck.measure.speed.
-SpeedProbe``, as the ZeRO sweep's ranks do; ~0.5 ms per reading, ~0.1 s over a whole run), and every prediction is
+SpeedProbe``, as the ZeRO sweep's ranks do; ~0.5 ms per reading, 0.15 s over both sets), and every prediction is
 reported twice: as calibrated (``ratio_<phase>``, the headline, unchanged) and at the run's speed
 (``ratio_<phase>_at_run``): the same prediction set at the speed the references read beside the measurement,
 through ``perfcheck.predict.run_speed`` (host factor = median run add / calibration add, compute factor the same
