@@ -22,7 +22,30 @@ nodes the module's forward created, first start to last end), medians per module
 ``perfcheck.estimate(model, inputs, system=spec, optimizer=<the loop's optimizer>)`` root row (forward, backward,
 optimizer) plus the loss estimated as a one-module model. Ratios are measured / predicted.
 
+The machine's speed (why: a shared 2-core VM changes speed by up to ~2x within minutes, in process CPU time too,
+so one model moved by 1.7x between two runs on nearly the same code). After every measured step, outside the
+timed windows, the calibration's two references (a tiny add, a 128^3 mm) are read (``perfcheck.measure.speed.
+SpeedProbe``, as the ZeRO sweep's ranks do; ~0.5 ms per reading, 0.15 s over both sets), and every prediction is
+reported twice: as calibrated (``ratio_<phase>``, the headline, unchanged) and at the run's speed
+(``ratio_<phase>_at_run``): the same prediction set at the speed the references read beside the measurement,
+through ``perfcheck.predict.run_speed`` (host factor = median run add / calibration add, compute factor the same
+for the mm; the estimator's host share of each phase x the first, the rest x the second). It is a reading of the
+same prediction at the machine's measured speed, not a re-fit; both stay reported. ``--repeats N`` runs the whole
+benchmark N times, the models round-robin, and reports per model the median ratio over the runs and its spread,
+and the targets on those medians.
+
+CSV columns (``--csv F``; one row per model and run): ``run`` (0..N-1); ``meas_<k>_ms``, ``pred_<k>_ms``,
+``ratio_<k>`` for k in step, fwd, bwd, optim (as calibrated); ``pred_<k>_at_run_ms``, ``ratio_<k>_at_run`` (at the
+run's speed); ``meas_ref_us`` / ``meas_cref_us`` the median add / mm reading over the bare steps (per call),
+``meas_mod_ref_us`` / ``meas_mod_cref_us`` over the hooked steps (for the modules), ``cal_ref_us`` /
+``cal_cref_us`` the calibration's (the merged spec's: median of the two calibrations'), ``host_speed`` /
+``compute_speed`` the factors (run over calibration; > 1: the run met a slower machine). ``F.modules.csv``: per
+module ``ratio`` and ``ratio_at_run`` (``pred_at_run_s``). ``F.repeats.csv`` (``--repeats`` > 1): per model the
+median of each ratio over the runs and its ``_min`` / ``_max``. A run-speed column is NaN where the calibration has
+no reference times (a ``--calibration`` table saved without its ``.reference.json``) or the run none.
+
     flock /tmp/perfcheck-bench.lock python bench/heldout.py                  # both sets
+    ... --set scoring --repeats 3 --csv /tmp/ho.csv                          # 3 interleaved runs of the scoring set
     ... --set design --models hf_bert,tv_resnet18 --calibration /tmp/cal.csv --save-calibration /tmp/cal.csv
     ... --ablate        # prediction-only ablation of each host-term family (same measurements)
 """
@@ -31,7 +54,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import json
+import math
 import os
+import statistics
 import sys
 import time
 import types
@@ -45,7 +71,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import perfcheck  # noqa: E402
-from perfcheck.hardware.systems import SystemSpec  # noqa: E402
+from perfcheck.hardware.cache import AUTO_NAME  # noqa: E402
+from perfcheck.hardware.systems import SystemSpec, host_constants  # noqa: E402
+from perfcheck.measure.speed import SpeedProbe  # noqa: E402
+from perfcheck.predict import run_speed  # noqa: E402
+from perfcheck.predict.host import optimizer_time  # noqa: E402
 from perfcheck.schema import ROOT  # noqa: E402
 
 #: design: developed on; scoring: only scored (see the module docstring). Decided before any scoring result.
@@ -55,6 +85,12 @@ SPLIT = {
                 "timm_mixer"),
 }
 STEP_TARGET, MEDIAN_TARGET, PHASE_TARGET, CLASS_TARGET = 0.25, 0.12, 0.35, 0.30
+#: The module classes issue 26's class target names (Linear, Conv dense, Conv grouped, Embedding, LayerNorm as
+#: this file's Norm, attention, optimizer); BatchNorm and RNN are shown, not judged.
+TARGET_CLASSES = ("Linear", "Conv dense", "Conv grouped", "Embedding", "Norm", "attention", "optimizer")
+#: The phases whose ratios are reported, and the suffix of a ratio at the run's speed (``at_run``).
+PHASES = ("step", "fwd", "bwd", "optim")
+AT_RUN = "_at_run"
 
 
 def _torchvision():
@@ -433,12 +469,19 @@ class ModuleTimer:
 
 
 # ------------------------------------------------------------------------------ measure and predict
-def measure(w: Workload, steps: int, clock: Clock = None, warmup: int = 2, modules: bool = True) -> dict:
+def measure(w: Workload, steps: int, clock: Clock = None, warmup: int = 2, modules: bool = True,
+            probe: SpeedProbe = None) -> dict:
     """``warmup`` then ``steps`` bare steps timed per phase on ``clock`` (default: process CPU time; one settle per
-    step, after it), medians; then, with ``modules``, ``steps`` hooked steps for the per-module times."""
+    step, after it), medians; then, with ``modules``, ``steps`` hooked steps for the per-module times.
+
+    With ``probe`` (``perfcheck.measure.speed.SpeedProbe``) the calibration's two references are read after every
+    measured step, outside every timed window (after the step's last mark and its settle; in the hooked steps after
+    ``zero_grad``, where no module's window is open): ``ref_s`` / ``cref_s``, the medians over the bare steps (the
+    machine's speed for the phases), ``mod_ref_s`` / ``mod_cref_s`` over the hooked steps (for the modules), and
+    ``probe_s``, the wall seconds the readings took. NaN without a probe."""
     clock = clock or Clock()
     opt = w.optimizer(w.model.parameters())
-    phases, wall = {"fwd": [], "bwd": [], "optim": []}, []
+    phases, wall, reads = {"fwd": [], "bwd": [], "optim": []}, [], _Readings(probe)
     for i in range(steps + warmup):
         t_wall = time.perf_counter()
         m0 = clock.mark()
@@ -454,24 +497,51 @@ def measure(w: Workload, steps: int, clock: Clock = None, warmup: int = 2, modul
             wall.append(time.perf_counter() - t_wall)
             for k, (a, b) in zip(phases, ((m0, m1), (m1, m2), (m2, m3))):
                 phases[k].append(clock.seconds(a, b))
+            reads.read()
     med = {k: float(np.median(v)) for k, v in phases.items()}
     med["step"] = float(np.median([a + b + c for a, b, c in zip(*phases.values())]))
-    out = {"phases": med, "modules": {}, "classes": {}, "optimizer": opt, "wall_step_s": float(np.median(wall))}
+    out = {"phases": med, "modules": {}, "classes": {}, "optimizer": opt, "wall_step_s": float(np.median(wall)),
+           **reads.medians("")}
     if not modules:
-        return out
+        return {**out, **reads.medians("mod_"), "probe_s": reads.spent_s}
     paths, classes = {}, {}
     att = set()
     for path, m in w.model.named_modules():
         c = module_class(path, m, att)
         if c:
             paths[path], classes[path] = m, c
-    timer = hooked_steps(w, opt, ModuleTimer(paths, clock), steps)
-    return {**out, "modules": timer.medians(), "classes": classes}
+    hooked = _Readings(probe)
+    timer = hooked_steps(w, opt, ModuleTimer(paths, clock), steps, between=hooked.read)
+    return {**out, "modules": timer.medians(), "classes": classes, **hooked.medians("mod_"),
+            "probe_s": reads.spent_s + hooked.spent_s}
 
 
-def hooked_steps(w: Workload, opt, timer, steps: int):
+class _Readings:
+    """The references read by a ``SpeedProbe`` between steps (none without one): per-call seconds of each."""
+
+    def __init__(self, probe):
+        self.probe, self.host, self.compute, self.spent_s = probe, [], [], 0.0
+
+    def read(self):
+        if self.probe is None:
+            return
+        t0 = time.perf_counter()
+        h, c = self.probe.read()
+        self.spent_s += time.perf_counter() - t0
+        self.host.append(h)
+        self.compute.append(c)
+
+    def medians(self, prefix: str) -> dict:
+        """{prefix + "ref_s": median host reading, prefix + "cref_s": median compute reading} (NaN for none), the
+        statistic the ZeRO sweep's comparison reads its ranks' readings with (``analysis.stages.measured_times``)."""
+        med = lambda v: float(np.median(v)) if v else math.nan  # noqa: E731
+        return {f"{prefix}ref_s": med(self.host), f"{prefix}cref_s": med(self.compute)}
+
+
+def hooked_steps(w: Workload, opt, timer, steps: int, between=None):
     """``steps`` training steps of ``w`` under ``timer`` (a ``ModuleTimer``; the first step, which attaches the
-    backward hooks, is not kept), each ended by ``opt.step()`` and ``zero_grad(set_to_none=True)``; returns it."""
+    backward hooks, is not kept), each ended by ``opt.step()`` and ``zero_grad(set_to_none=True)``, then
+    ``between()`` (if given) after each kept step, outside every module's window; returns the timer."""
     with timer:
         for i in range(steps + 1):
             timer.new_step()
@@ -480,6 +550,8 @@ def hooked_steps(w: Workload, opt, timer, steps: int):
                 timer.end_step()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if i and between is not None:
+                between()
     return timer
 
 
@@ -493,78 +565,163 @@ class _Loss(torch.nn.Module):
 
 
 def predict(w: Workload, spec, optimizer) -> dict:
-    from perfcheck.hardware.systems import host_constants
-
-    note = ""
+    """The root row's forward (the loss's added), backward and optimizer step, per module fwd + bwd, and the host
+    share of each (the estimator's ``host_<phase>_s``; the optimizer's from ``predict.host.optimizer_time``, the
+    function that priced ``pred_optim_s``), which ``at_run_speed`` scales by the host factor; and the spec's
+    calibration record (its reference times, ``run_speed.speed_factors``)."""
+    note, used = "", optimizer
     try:
         pred = perfcheck.estimate(w.model, w.inputs, system=spec, optimizer=optimizer)
     except NotImplementedError as exc:
-        note = f"optimizer not modelled ({exc}); predicted as SGD"
+        note, used = f"optimizer not modelled ({exc}); predicted as SGD", "sgd"
         pred = perfcheck.estimate(w.model, w.inputs, system=spec, optimizer="sgd")
     with torch.no_grad():
         out = w.model(*w.inputs)
     lp = perfcheck.estimate(_Loss(w.loss, w.target), (out.detach().requires_grad_(True),), system=spec)
     lroot = lp[lp["module"] == ROOT].iloc[0]
     root = pred[pred["module"] == ROOT].iloc[0]
+    call = host_constants(spec)["backward_call_s"]
     fwd = float(root.pred_fwd_s + lroot.pred_fwd_s)
-    bwd = float(root.pred_bwd_s + lroot.pred_bwd_s - host_constants(spec)["backward_call_s"])
+    bwd = float(root.pred_bwd_s + lroot.pred_bwd_s - call)
     optim = float(root.pred_optim_s)
+    params = [q for q in {id(q): q for q in w.model.parameters()}.values() if q.requires_grad]
+    host = {"fwd": float(root.host_fwd_s + lroot.host_fwd_s), "bwd": float(root.host_bwd_s + lroot.host_bwd_s - call),
+            "optim": optimizer_time([q.numel() for q in params], used, spec).host_s}
+    host["step"] = host["fwd"] + host["bwd"] + host["optim"]
     mods = {r.module: (float(r.pred_fwd_s), float(r.pred_bwd_s)) for r in pred.itertuples()}
+    mod_host = {r.module: float(r.host_fwd_s + r.host_bwd_s) for r in pred.itertuples()}
     return {"phases": {"fwd": fwd, "bwd": bwd, "optim": optim, "step": fwd + bwd + optim}, "modules": mods,
-            "note": note}
+            "note": note, "host": host, "module_host": mod_host,
+            "calibration": dict(getattr(spec, "calibration", None) or {})}
+
+
+def at_run(pred: dict, host_factor: float, compute_factor: float) -> dict:
+    """The predicted phases at the run's speed (``perfcheck.predict.run_speed.at_run_speed`` per phase, its host
+    share from ``predict``; the step the sum of the three; NaN without a factor)."""
+    out = {k: run_speed.at_run_speed(pred["phases"][k], pred["host"][k], host_factor, compute_factor)
+           for k in ("fwd", "bwd", "optim")}
+    out["step"] = out["fwd"] + out["bwd"] + out["optim"]
+    return out
+
+
+def _ratio(meas: float, pred: float) -> float:
+    return meas / pred if pred > 0 else np.nan
 
 
 def compare(name, set_name, meas, pred) -> tuple:
+    """The model's row and its module rows: measured, predicted, measured/predicted as calibrated (``ratio_<k>``)
+    and at the run's speed (``ratio_<k>_at_run``: the same prediction set at the speed the references read beside
+    the measurement, ``at_run``; NaN where the run or the calibration has no references). The phases use the
+    readings of the bare steps, the modules those of the hooked steps (the bare ones without them)."""
     row = {"model": name, "set": set_name, "note": pred["note"]}
-    for k in ("step", "fwd", "bwd", "optim"):
+    cal = pred.get("calibration") or {}
+    refs = {k: meas.get(k, np.nan) for k in ("ref_s", "cref_s", "mod_ref_s", "mod_cref_s")}
+    sh, sc = run_speed.speed_factors(cal, refs["ref_s"], refs["cref_s"])
+    if not (refs["mod_ref_s"] > 0 and refs["mod_cref_s"] > 0):
+        refs["mod_ref_s"], refs["mod_cref_s"] = refs["ref_s"], refs["cref_s"]
+    msh, msc = run_speed.speed_factors(cal, refs["mod_ref_s"], refs["mod_cref_s"])
+    at = at_run(pred, sh, sc)
+    for k in PHASES:
         row[f"meas_{k}_ms"] = meas["phases"][k] * 1e3
         row[f"pred_{k}_ms"] = pred["phases"][k] * 1e3
-        row[f"ratio_{k}"] = meas["phases"][k] / pred["phases"][k] if pred["phases"][k] > 0 else np.nan
+        row[f"ratio_{k}"] = _ratio(meas["phases"][k], pred["phases"][k])
+    for k in PHASES:
+        row[f"pred_{k}{AT_RUN}_ms"] = at[k] * 1e3
+        row[f"ratio_{k}{AT_RUN}"] = _ratio(meas["phases"][k], at[k])
+    row.update({"meas_ref_us": refs["ref_s"] * 1e6, "meas_cref_us": refs["cref_s"] * 1e6,
+                "meas_mod_ref_us": refs["mod_ref_s"] * 1e6, "meas_mod_cref_us": refs["mod_cref_s"] * 1e6,
+                "cal_ref_us": _us(cal.get("reference_s")), "cal_cref_us": _us(cal.get("compute_reference_s")),
+                "host_speed": sh, "compute_speed": sc})
     mods = []
     for path, cls in meas["classes"].items():
         mf, mb = meas["modules"].get(path, (np.nan, 0.0))
         pf, pb = pred["modules"].get(path, (np.nan, np.nan))
         if np.isfinite(mf) and np.isfinite(pf) and pf + pb > 0:
+            p_run = run_speed.at_run_speed(pf + pb, pred["module_host"].get(path, 0.0), msh, msc)
             mods.append({"model": name, "set": set_name, "module": path, "class": cls, "meas_s": mf + mb,
-                         "pred_s": pf + pb, "ratio": (mf + mb) / (pf + pb)})
+                         "pred_s": pf + pb, "ratio": (mf + mb) / (pf + pb), "pred_at_run_s": p_run,
+                         "ratio_at_run": _ratio(mf + mb, p_run)})
     mods.append({"model": name, "set": set_name, "module": "(optimizer)", "class": "optimizer",
-                 "meas_s": meas["phases"]["optim"], "pred_s": pred["phases"]["optim"], "ratio": row["ratio_optim"]})
+                 "meas_s": meas["phases"]["optim"], "pred_s": pred["phases"]["optim"], "ratio": row["ratio_optim"],
+                 "pred_at_run_s": at["optim"], "ratio_at_run": row[f"ratio_optim{AT_RUN}"]})
     return row, mods
 
 
+def _us(seconds) -> float:
+    return float(seconds) * 1e6 if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else np.nan
+
+
+#: The calibration record's reference times (``calibrate.run.reference_record``), which a saved table does not
+#: carry: ``--save-calibration F`` writes them to ``F`` + ``REFERENCE_SUFFIX`` and ``--calibration F`` reads them
+#: back when that file exists (without it the re-fitted spec has none and the run-speed columns are NaN).
+REFERENCE_KEYS = ("reference_s", "compute_reference_s")
+REFERENCE_SUFFIX = ".reference.json"
+
+
 def calibration(path_in, path_out, progress):
-    """The calibrated spec: a quick calibration now (saved to ``path_out`` as CSV), or ``path_in``'s table re-fitted."""
-    from perfcheck.hardware.cache import AUTO_NAME
-    from perfcheck.calibrate.fit import build_spec
-    from perfcheck.calibrate.run import calibrate, provenance
+    """The calibrated spec: a quick calibration now (saved to ``path_out`` as CSV, its reference times beside it),
+    or ``path_in``'s table re-fitted (with the reference times saved beside it, if any)."""
+    from perfcheck.calibrate.run import calibrate
 
     if path_in and Path(path_in).is_file():
         table = pd.read_csv(path_in, keep_default_na=True)
         table["dtype"] = table["dtype"].fillna("")
-        return build_spec("cpu", table, peaks="measured", stamp=provenance(torch.device("cpu")), name=AUTO_NAME,
-                          kind="cpu", threads=1), f"re-fitted from {path_in}"
+        spec = _with_references(_fit(table), saved_references(path_in))
+        return spec, f"re-fitted from {path_in}"
     t0 = time.perf_counter()
     res = calibrate("cpu", mode="quick", device="cpu", comm=False, threads=1, name=AUTO_NAME, clock="process")
     if path_out:
         res.measurements.to_csv(path_out, index=False)
+        refs = {k: res.spec.calibration[k] for k in REFERENCE_KEYS if k in (res.spec.calibration or {})}
+        Path(str(path_out) + REFERENCE_SUFFIX).write_text(json.dumps(refs, indent=1) + "\n")
     progress(f"quick calibration: {time.perf_counter() - t0:.1f} s")
     return res, f"quick calibration, {time.perf_counter() - t0:.0f} s"
 
 
+def saved_references(path) -> dict:
+    """The reference times saved beside calibration table ``path`` (``REFERENCE_SUFFIX``), or {} without them."""
+    side = Path(str(path) + REFERENCE_SUFFIX)
+    if not side.is_file():
+        return {}
+    refs = json.loads(side.read_text())
+    return {k: float(refs[k]) for k in REFERENCE_KEYS if isinstance(refs.get(k), (int, float))}
+
+
+def merged_references(calibrations) -> dict:
+    """The reference times of the merged table: per reference the median of the calibrations' (``{}`` for one a
+    calibration lacks). Why the median: ``merge_measurements`` takes each case's median over the tables, and each
+    table is anchored at its own reference times (host case: reading x reference_s; kernel case: reading x
+    compute_reference_s + reference_s, ``calibrate.repeats.anchored``), so for readings that agree the merged
+    case sits at the median (two tables: the mean) of the reference times, as the merged case does."""
+    out = {}
+    for key in REFERENCE_KEYS:
+        vals = [c.spec.calibration.get(key) for c in calibrations]
+        if vals and all(isinstance(v, (int, float)) and v > 0 for v in vals):
+            out[key] = float(statistics.median(vals))
+    return out
+
+
+def _with_references(spec, refs: dict):
+    """``spec`` whose calibration record carries reference times ``refs`` (``spec`` itself without any)."""
+    if not refs:
+        return spec
+    return dataclasses.replace(spec, calibration={**dict(spec.calibration or {}), **refs})
+
+
 def merged(calibrations):
     """The spec of quick calibrations taken either side of a measurement (per case the median,
-    ``merge_measurements``): a shared machine's speed drifts, and the pair brackets the measurement. The merged
-    table rides on the spec's ``table`` attribute for the re-fitted ablations (``refitted``)."""
+    ``merge_measurements``): a shared machine's speed drifts, and the pair brackets the measurement; its calibration
+    record carries the reference times the merged table sits at (``merged_references``). The merged table rides on
+    the spec's ``table`` attribute for the re-fitted ablations (``refitted``)."""
     from perfcheck.calibrate.fit import merge_measurements
 
     table = merge_measurements([c.measurements for c in calibrations])
-    spec = _fit(table)
+    spec = _with_references(_fit(table), merged_references(calibrations))
     object.__setattr__(spec, "_heldout_table", table)
     return spec
 
 
 def _fit(table):
-    from perfcheck.hardware.cache import AUTO_NAME
     from perfcheck.calibrate.fit import build_spec
     from perfcheck.calibrate.run import provenance
 
@@ -635,28 +792,142 @@ def _row_table(spec):
 
 
 # ------------------------------------------------------------------------------ report
+def run_count(rows: pd.DataFrame) -> int:
+    """How many runs ``rows`` holds (1 without a ``run`` column)."""
+    return int(rows["run"].nunique()) if "run" in rows else 1
+
+
 def summary_lines(rows: pd.DataFrame, mods: pd.DataFrame) -> list:
-    lines = ["| set | model | step meas ms | step pred ms | step | fwd | bwd | optim | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows.itertuples():
-        lines.append(f"| {r.set} | {r.model} | {r.meas_step_ms:.1f} | {r.pred_step_ms:.1f} | {r.ratio_step:.2f} | "
-                     f"{r.ratio_fwd:.2f} | {r.ratio_bwd:.2f} | {r.ratio_optim:.2f} | {r.note[:60]} |")
-    lines += ["", "| set | models | step within 25% | median abs step error | fwd within 35% | bwd within 35% |",
-              "|---|---|---|---|---|---|"]
-    for s, g in rows.groupby("set", sort=False):
-        err = np.abs(g["ratio_step"] - 1)
-        lines.append(f"| {s} | {len(g)} | {int((err <= STEP_TARGET).sum())}/{len(g)} | {np.median(err):.1%} | "
-                     f"{int((np.abs(g['ratio_fwd'] - 1) <= PHASE_TARGET).sum())}/{len(g)} | "
-                     f"{int((np.abs(g['ratio_bwd'] - 1) <= PHASE_TARGET).sum())}/{len(g)} |")
-    lines += ["", "Per-module-class medians of measured/predicted (fwd+bwd per module; optimizer: per model):", "",
-              "| class | " + " | ".join(f"{s} median [n]" for s in rows["set"].unique()) + " |",
-              "|---|" + "---|" * rows["set"].nunique()]
+    """Per model and run: measured/predicted as calibrated and at the run's speed, the speed factors; per set and
+    run the targets' counts for both; per class the medians of the module ratios (pooled over the runs)."""
+    many = run_count(rows) > 1
+    run_h, run_s = ("run | ", "---|") if many else ("", "")
+    lines = [f"| set | model | {run_h}step meas ms | step pred ms | step | fwd | bwd | optim | step at run | "
+             "fwd at run | bwd at run | optim at run | speed host, compute | note |",
+             f"|---|---|{run_s}---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows.to_dict("records"):
+        run = f"{r['run']} | " if many else ""
+        at = " | ".join(f"{r.get(f'ratio_{k}{AT_RUN}', np.nan):.2f}" for k in PHASES)
+        lines.append(f"| {r['set']} | {r['model']} | {run}{r['meas_step_ms']:.1f} | {r['pred_step_ms']:.1f} | "
+                     f"{r['ratio_step']:.2f} | {r['ratio_fwd']:.2f} | {r['ratio_bwd']:.2f} | {r['ratio_optim']:.2f} | "
+                     f"{at} | {r.get('host_speed', np.nan):.2f}, {r.get('compute_speed', np.nan):.2f} | "
+                     f"{str(r['note'])[:60]} |")
+    lines += ["", f"| set | {run_h}ratios | models | step within 25% | median abs step error | fwd within 35% | "
+                  "bwd within 35% |", f"|---|{run_s}---|---|---|---|---|---|"]
+    keys = ["set", "run"] if many else ["set"]
+    for key, g in rows.groupby(keys, sort=False):
+        s, run = (key[0], f"{key[1]} | ") if many else ((key[0] if isinstance(key, tuple) else key), "")
+        for label, sfx in (("as calibrated", ""), ("at the run's speed", AT_RUN)):
+            if f"ratio_step{sfx}" not in g or g[f"ratio_step{sfx}"].isna().all():
+                continue  # no references read (a file from before the readings, a GPU run)
+            err = np.abs(g[f"ratio_step{sfx}"] - 1)
+            lines.append(f"| {s} | {run}{label} | {len(g)} | {int((err <= STEP_TARGET).sum())}/{len(g)} | "
+                         f"{np.median(err):.1%} | "
+                         f"{int((np.abs(g[f'ratio_fwd{sfx}'] - 1) <= PHASE_TARGET).sum())}/{len(g)} | "
+                         f"{int((np.abs(g[f'ratio_bwd{sfx}'] - 1) <= PHASE_TARGET).sum())}/{len(g)} |")
+    sets = list(rows["set"].unique())
+    lines += ["", "Per-module-class medians of measured/predicted, as calibrated / at the run's speed (fwd+bwd per "
+                  "module; optimizer: per model" + ("; all runs pooled" if many else "") + "):", "",
+              "| class | " + " | ".join(f"{s} median [n]" for s in sets) + " |", "|---|" + "---|" * len(sets)]
     for cls, g in mods.groupby("class"):
         cells = []
-        for s in rows["set"].unique():
-            r = g[g["set"] == s]["ratio"].dropna()
-            cells.append(f"{np.median(r):.2f} [{len(r)}]" if len(r) else "-")
+        for s in sets:
+            r = g[g["set"] == s]
+            cal, run = r["ratio"].dropna(), r["ratio_at_run"].dropna() if "ratio_at_run" in r else pd.Series([])
+            cells.append(f"{np.median(cal):.2f} / {np.median(run) if len(run) else np.nan:.2f} [{len(cal)}]"
+                         if len(cal) else "-")
         lines.append(f"| {cls} | " + " | ".join(cells) + " |")
+    return lines
+
+
+# ------------------------------------------------------------------------------ repeats
+def ratio_columns(frame: pd.DataFrame) -> list:
+    """The ratio columns ``frame`` has: ``ratio_<phase>`` (as calibrated), then ``ratio_<phase>_at_run``."""
+    return [f"ratio_{k}{sfx}" for sfx in ("", AT_RUN) for k in PHASES if f"ratio_{k}{sfx}" in frame]
+
+
+def per_model(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per model (set, model; first-seen order): ``runs``, and per ratio column the median over the runs and its
+    spread, ``<col>_min`` and ``<col>_max`` (NaNs left out: a run without references has no run-speed ratio)."""
+    g = rows.groupby(["set", "model"], sort=False)
+    out = g.size().rename("runs").to_frame()
+    for c in ratio_columns(rows):
+        out[c], out[f"{c}_min"], out[f"{c}_max"] = g[c].median(), g[c].min(), g[c].max()
+    return out.reset_index()
+
+
+def class_medians(mods: pd.DataFrame) -> pd.DataFrame:
+    """Per set and class: the median over modules of each module's median ratio over the runs (``ratio``,
+    ``ratio_at_run``), and ``n`` the modules."""
+    cols = [c for c in ("ratio", "ratio_at_run") if c in mods]
+    per_mod = mods.groupby(["set", "model", "module", "class"], sort=False)[cols].median().reset_index()
+    g = per_mod.groupby(["set", "class"], sort=False)
+    out = g[cols].median()
+    out["n"] = g.size()
+    return out.reset_index()
+
+
+def targets(models: pd.DataFrame, classes: pd.DataFrame, sfx: str = "") -> pd.DataFrame:
+    """Issue 26's targets per set on the per-model medians (``per_model``) and the class medians
+    (``class_medians``; the classes of ``TARGET_CLASSES`` the set has), for the ratios as calibrated (``sfx`` "")
+    or at the run's speed (``AT_RUN``): every step within +-25% (``steps_within`` of ``models``), median |step
+    error| <= 12% (``median_error``), forward and backward each within +-35%, every class median within +-30%;
+    ``<target>_pass`` booleans. A NaN ratio counts as outside (a model without references has no run-speed one)."""
+    out = []
+    for s, g in models.groupby("set", sort=False):
+        err = np.abs(g[f"ratio_step{sfx}"] - 1)
+        within = lambda col, tol: int((np.abs(g[col] - 1) <= tol).sum())  # noqa: E731
+        c = classes[(classes["set"] == s) & classes["class"].isin(TARGET_CLASSES)]
+        ccol = "ratio" + sfx
+        row = {"set": s, "models": len(g), "steps_within": within(f"ratio_step{sfx}", STEP_TARGET),
+               "median_error": float(np.median(err)) if err.notna().all() else np.nan,
+               "fwd_within": within(f"ratio_fwd{sfx}", PHASE_TARGET),
+               "bwd_within": within(f"ratio_bwd{sfx}", PHASE_TARGET), "classes": len(c),
+               "classes_within": int((np.abs(c[ccol] - 1) <= CLASS_TARGET).sum()) if ccol in c else 0}
+        row["steps_pass"] = row["steps_within"] == len(g)
+        row["median_pass"] = bool(row["median_error"] <= MEDIAN_TARGET)
+        row["fwd_pass"], row["bwd_pass"] = row["fwd_within"] == len(g), row["bwd_within"] == len(g)
+        row["classes_pass"] = row["classes_within"] == len(c)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _verdict(ok: bool) -> str:
+    return "pass" if ok else "FAIL"
+
+
+def target_lines(rows: pd.DataFrame, mods: pd.DataFrame) -> list:
+    """The targets on the per-model medians over the runs (one run: its own ratios), as calibrated and at the
+    run's speed."""
+    models, classes = per_model(rows), class_medians(mods)
+    n = run_count(rows)
+    lines = [f"Targets on the per-model medians over {n} run{'s' if n > 1 else ''} (class medians: median over "
+             "modules of each module's median):", "",
+             "| set | ratios | every step within 25% | median abs step error <= 12% | fwd within 35% | "
+             "bwd within 35% | class medians within 30% |", "|---|---|---|---|---|---|---|"]
+    for label, sfx in (("as calibrated", ""), ("at the run's speed", AT_RUN)):
+        if f"ratio_step{sfx}" not in rows or rows[f"ratio_step{sfx}"].isna().all():
+            continue  # no references read
+        for t in targets(models, classes, sfx).to_dict("records"):
+            m = t["models"]
+            lines.append(f"| {t['set']} | {label} | {t['steps_within']}/{m} {_verdict(t['steps_pass'])} | "
+                         f"{t['median_error']:.1%} {_verdict(t['median_pass'])} | "
+                         f"{t['fwd_within']}/{m} {_verdict(t['fwd_pass'])} | {t['bwd_within']}/{m} "
+                         f"{_verdict(t['bwd_pass'])} | {t['classes_within']}/{t['classes']} "
+                         f"{_verdict(t['classes_pass'])} |")
+    return lines
+
+
+def repeat_lines(rows: pd.DataFrame) -> list:
+    """Per model the median ratio over the runs with its spread [min-max], as calibrated and at the run's speed."""
+    models = per_model(rows)
+    cell = lambda r, c: f"{r[c]:.2f} [{r[c + '_min']:.2f}-{r[c + '_max']:.2f}]"  # noqa: E731
+    cols = ratio_columns(rows)
+    lines = [f"Per model over {run_count(rows)} runs: median [min-max] of measured/predicted", "",
+             "| set | model | runs | " + " | ".join(c.replace("ratio_", "").replace(AT_RUN, " at run") for c in cols)
+             + " |", "|---|---|---|" + "---|" * len(cols)]
+    for r in models.to_dict("records"):
+        lines.append(f"| {r['set']} | {r['model']} | {r['runs']} | " + " | ".join(cell(r, c) for c in cols) + " |")
     return lines
 
 
@@ -665,12 +936,16 @@ def main(argv=None):
     ap.add_argument("--set", choices=("design", "scoring", "both"), default="both")
     ap.add_argument("--models", default=None, help="comma-separated subset")
     ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=1, help="run the whole benchmark this many times, the models "
+                                                           "round-robin, and report per model the median and spread")
     ap.add_argument("--calibration", default=None, help="a saved measurement table (CSV) to re-fit instead of "
                                                          "calibrating")
     ap.add_argument("--save-calibration", default=None, help="write the quick calibration's table here")
     ap.add_argument("--ablate", action="store_true", help="also predict with each host-term family removed")
     ap.add_argument("--csv", default=None, help="write per-model rows (and <csv>.modules.csv)")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats: must be at least 1, got {args.repeats}")
     torch.set_num_threads(1)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     sets = ("design", "scoring") if args.set == "both" else (args.set,)
@@ -679,23 +954,30 @@ def main(argv=None):
         keep = set(args.models.split(","))
         chosen = [(s, m) for s, m in chosen if m in keep]
     spec, cal_note = calibration(args.calibration, args.save_calibration, say)
-    measured = []
-    for s, name in chosen:  # per model: measure, then calibrate again; its spec merges the calibrations either side
-        t0 = time.perf_counter()
-        w = build(name)
-        meas = measure(w, args.steps)
-        if isinstance(spec, SystemSpec):
-            model_spec = spec
-        else:
-            after, _ = calibration(None, None, say)
-            model_spec = merged([spec, after])
-            spec = after
-        measured.append((s, name, w, meas, model_spec))
-        say(f"{s} {name}: measured in {time.perf_counter() - t0:.0f} s")
+    probe = SpeedProbe("cpu")
+    measured, probe_s = [], 0.0
+    # per model: measure, then calibrate again; its spec merges the calibrations either side. With repeats the
+    # models go round-robin (run 0 of every model, then run 1, ...), so a slow spell of the machine falls on
+    # different models in different runs
+    for run in range(args.repeats):
+        for s, name in chosen:
+            t0 = time.perf_counter()
+            w = build(name)
+            meas = measure(w, args.steps, probe=probe)
+            probe_s += meas["probe_s"]
+            if isinstance(spec, SystemSpec):
+                model_spec = spec
+            else:
+                after, _ = calibration(None, None, say)
+                model_spec = merged([spec, after])
+                spec = after
+            measured.append((run, s, name, w, meas, model_spec))
+            say(f"{s} {name} (run {run}): measured in {time.perf_counter() - t0:.0f} s (references read in "
+                f"{meas['probe_s'] * 1e3:.0f} ms)")
     if not args.calibration:
         cal_note += " before and after each model, merged per model (the brackets of a shared machine's drift)"
     rows, mods, abl, abl_mods = [], [], [], []
-    for s, name, w, meas, model_spec in measured:
+    for run, s, name, w, meas, model_spec in measured:
         specs = ablations(model_spec) if args.ablate else {"full": model_spec}
         t0 = time.perf_counter()
         try:
@@ -705,19 +987,23 @@ def main(argv=None):
             continue
         for label, pred in preds.items():
             row, m = compare(name, s, meas, pred)
+            row, m = {"run": run, **row}, [{"run": run, **x} for x in m]
             if label == "full":
                 rows.append(row)
                 mods += m
-            abl.append({"model": name, "set": s, "spec": label, "ratio_step": row["ratio_step"]})
+            abl.append({"model": name, "set": s, "run": run, "spec": label, "ratio_step": row["ratio_step"]})
             abl_mods += [{**x, "spec": label} for x in m]
         r = rows[-1]
-        say(f"{s} {name}: step {r['meas_step_ms']:.1f} ms meas / {r['pred_step_ms']:.1f} pred = {r['ratio_step']:.2f}"
-            f" (fwd {r['ratio_fwd']:.2f}, bwd {r['ratio_bwd']:.2f}, optim {r['ratio_optim']:.2f}) "
-            f"[{time.perf_counter() - t0:.0f} s]")
+        say(f"{s} {name} (run {run}): step {r['meas_step_ms']:.1f} ms meas / {r['pred_step_ms']:.1f} pred = "
+            f"{r['ratio_step']:.2f}, at the run's speed {r['ratio_step_at_run']:.2f} (fwd {r['ratio_fwd']:.2f}, "
+            f"bwd {r['ratio_bwd']:.2f}, optim {r['ratio_optim']:.2f}) [{time.perf_counter() - t0:.0f} s]")
     rows, mods = pd.DataFrame(rows), pd.DataFrame(mods)
     out = [f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; torch {torch.__version__}; "
-           f"1 thread; process CPU time; calibration: {cal_note}; {args.steps} steps per model.", "",
-           *summary_lines(rows, mods)]
+           f"1 thread; process CPU time; calibration: {cal_note}; {args.steps} steps per model; {args.repeats} "
+           f"run{'s' if args.repeats > 1 else ''}; the references read between steps took {probe_s:.2f} s in all.",
+           "", *summary_lines(rows, mods), "", *target_lines(rows, mods)]
+    if args.repeats > 1:
+        out += ["", *repeat_lines(rows)]
     if args.ablate:
         a = pd.DataFrame(abl)
         out += ["", "Ablation (prediction only, same measurements): median |step error| per set", "",
@@ -737,6 +1023,8 @@ def main(argv=None):
     if args.csv:
         rows.to_csv(args.csv, index=False)
         mods.to_csv(args.csv + ".modules.csv", index=False)
+        if args.repeats > 1:
+            per_model(rows).to_csv(args.csv + ".repeats.csv", index=False)
         if args.ablate:
             pd.DataFrame(abl).to_csv(args.csv + ".ablation.csv", index=False)
     return rows, mods

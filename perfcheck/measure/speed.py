@@ -13,9 +13,9 @@ between its steps knows the level it ran at; the comparison then sets the predic
 
 What. ``SpeedProbe.read()`` times ``ADDS`` calls of the calibration's host reference and ``MMS`` of its compute
 reference (``perfcheck.calibrate.phase``: the same two calls) in process CPU time (the automatic calibration's
-clock) and returns seconds per call of each: ~0.3 ms and ~0.2 ms on the project's Xeon, once per optimizer step,
-outside every timed phase. CPU only: a GPU run's host is not the kernels' clock, and no GPU calibration has
-these references (``read`` returns NaNs there).
+clock) and returns seconds per call of each: ~0.3 ms and ~0.2 ms on the project's Xeon (a warm-up call of each
+before its loop: ``read``), once per optimizer step, outside every timed phase. CPU only: a GPU run's host is not
+the kernels' clock, and no GPU calibration has these references (``read`` returns NaNs there).
 """
 from __future__ import annotations
 
@@ -45,7 +45,16 @@ class SpeedProbe:
             self._mm()
 
     def read(self) -> tuple:
-        """(host reference s per call, compute reference s per call), process CPU time; (nan, nan) off the CPU."""
+        """(host reference s per call, compute reference s per call), process CPU time; (nan, nan) off the CPU.
+
+        Each reference is called once untimed first: the step before a reading evicts the reference's operands
+        from the caches (the mm's three 64 KiB matrices), and the first mm after a training step ran 2.2x a warm
+        one (128 vs 53 us after a tv_resnet18 step on the project's Xeon), so a 4-mm reading read ~1.4x and the
+        100 adds ~1.1x what they read warm, where the calibration's reference loop (~25 mms, ~500 adds,
+        ``phase.REFERENCE_LOOP_S``) spreads one such call over the loop (bench/results/heldout_speed.md)."""
         if not self.enabled:
             return math.nan, math.nan
-        return per_call_s(self._add, ADDS, time.process_time), per_call_s(self._mm, MMS, time.process_time)
+        self._add()
+        ref = per_call_s(self._add, ADDS, time.process_time)
+        self._mm()
+        return ref, per_call_s(self._mm, MMS, time.process_time)
