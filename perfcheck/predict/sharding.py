@@ -43,7 +43,7 @@ from perfcheck.predict.sharding_grid import (grid_layer_sublayers, grid_linear, 
                                              grid_problems)
 from perfcheck.predict.sharding_shape import (CORE_ATTENTION, SUBLAYER_KINDS, TP_SCHEMES,  # noqa: F401
                                               Collective, Shape,
-                                              Sublayer, act_sublayer, gradient_sum, norm_sublayer, padded_vocab, parts_sublayer, residual_add, scale_macs,
+                                              Sublayer, act_sublayer, cross_entropy_sublayer, gradient_sum, norm_sublayer, padded_vocab, parts_sublayer, residual_add, scale_macs,
                                               scaled_softmax)
 
 # The names above that this module does not use itself (the sublayer names and schemes, grid_linear,
@@ -258,6 +258,6 @@ def model_sublayers(model, x: Shape, *, tied_copy, eager_norm=False):
                     head.params * tied_copy)
     rows.append(Sublayer("lm_head", "linear", head, "last", _col_parallel_comms(x, T * e), gemm=(T, e, v_t)))
     ce_bytes = 3 * T * 4 * (x.t > 1)  # fp32 max, sum-exp and target logit per token
-    rows.append(Sublayer("cross_entropy", "cross_entropy", F.cross_entropy(T, v_t, elem_bytes=eb), "last",
-                         (Collective("fwd", "allreduce", ce_bytes * np.ones_like(np.asarray(T, dtype=float))),)))
+    rows.append(cross_entropy_sublayer(T, v_t, eb, (Collective("fwd", "allreduce",
+                                                           ce_bytes * np.ones_like(np.asarray(T, dtype=float))),)))
     return rows

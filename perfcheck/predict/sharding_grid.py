@@ -9,8 +9,9 @@ from dataclasses import replace
 import numpy as np
 
 from perfcheck.predict import formulas as F
-from perfcheck.predict.sharding_shape import (Collective, Shape, Sublayer, act_sublayer, grid_side, norm_sublayer,
-                                              padded_vocab, residual_add, scale_macs, scaled_softmax)
+from perfcheck.predict.sharding_shape import (Collective, Shape, Sublayer, act_sublayer, cross_entropy_sublayer,
+                                              grid_side, norm_sublayer, padded_vocab, residual_add, scale_macs,
+                                              scaled_softmax)
 
 
 # ---- 2D, 2.5D and 3D tensor parallelism ---------------------------------------------------------------
@@ -208,6 +209,6 @@ def grid_model_sublayers(model, x: Shape, *, tied_copy):
     head = replace(head, params=head.params * tied_copy)
     rows.append(Sublayer("lm_head", "linear", head, "last", comms, gemm=grid_gemm(x, T, e, v_q * q)))
     ce_bytes = 3 * tokens_local * 4 * (q > 1)
-    rows.append(Sublayer("cross_entropy", "cross_entropy", F.cross_entropy(tokens_local, v_q, elem_bytes=eb), "last",
-                         (Collective("fwd", "allreduce", ce_bytes * np.ones_like(np.asarray(T, dtype=float)), "q"),)))
+    rows.append(cross_entropy_sublayer(tokens_local, v_q, eb, (Collective(
+        "fwd", "allreduce", ce_bytes * np.ones_like(np.asarray(T, dtype=float)), "q"),)))
     return rows

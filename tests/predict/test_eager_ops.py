@@ -162,3 +162,38 @@ def test_selective_op_reruns_wk_and_w3_as_their_own_rows():
     got = transformer_step(LLAMA, recompute="selective_op", **kw).values["recompute_time_s"]
     assert got == pytest.approx(expected, rel=1e-9)
     assert {"k_proj", "out_proj", "fc1_up", "rotary", "repeat_kv"} <= set(layer.index) - kept
+
+
+class LossHead(nn.Module):
+    """The reference Llama code's head and torchtitan's loss: ``self.output(h).float()``, then cross entropy."""
+
+    def __init__(self, e, vocab):
+        super().__init__()
+        self.output = nn.Linear(e, vocab, bias=False)
+
+    def forward(self, h, labels):
+        return nn.functional.cross_entropy(self.output(h).float().flatten(0, 1), labels.flatten(0, 1))
+
+
+def test_loss_row_is_the_fp32_cast_log_softmax_and_nll_loss():
+    """The cross-entropy row (sharding_shape.cross_entropy_sublayer) against the trace of the code: the widening cast
+    of bf16 logits (6 bytes per element each way, off a GPU's loop forward), log_softmax and nll_loss in fp32."""
+    from perfcheck.predict.sharding_shape import cross_entropy_sublayer
+
+    T, e, vocab = 512, 256, 1000
+    with torch.device("meta"):
+        head = LossHead(e, vocab).to(torch.bfloat16)
+    ops = _op_table(tracing.trace_model(head, (_meta(1, T, e), torch.zeros(1, T, dtype=torch.long, device="meta"))),
+                    False)
+    row = cross_entropy_sublayer(T, vocab, 2)
+    parts = dict(row.parts)
+    assert [name for name, _ in row.parts] == ["_to_copy", "_log_softmax", "nll_loss_forward"]
+    traced = ops.set_index("name")
+    for name in ("_to_copy", "_log_softmax"):
+        for phase in ("fwd", "bwd"):
+            got = getattr(parts[name], phase)
+            assert got.bytes == pytest.approx(traced.loc[name, f"bytes_{phase}"]), (name, phase)
+            assert got.strided_elems == traced.loc[name, f"strided_elems_{phase}"], (name, phase)
+    assert parts["_to_copy"].fwd.bytes == 6 * T * vocab  # by hand: read bf16, write fp32
+    assert parts["nll_loss_forward"].bwd.bytes == pytest.approx(traced.loc["nll_loss_forward", "bytes_bwd"])
+    assert row.cost.fwd.kernels == traced.loc[["_to_copy", "_log_softmax", "nll_loss_forward"], "kernels_fwd"].sum()
