@@ -500,7 +500,15 @@ tests/predict/test_transformer_recompute_every.py and test_transformer_recompute
   own calibration (the old rows failed both). The same check showed the output's `transpose(1, 2).contiguous()`
   copies nothing after a fused attention kernel, which writes (b, s, h, d) (an H200's kernel table of this code has
   no such copy either): that row is now only for unfused attention. Effect here: the sums 4.2% / 7.9% -> 3.9% /
-  7.5%, then without the copy 4.1% / 7.8%.
+  7.5%, then without the copy 4.1% / 7.8%. Then the loss in fp32, as the code computes it (`self.output(h).float()`
+  at both commits; `sharding_shape.cross_entropy_sublayer`, tested against the trace): 3.9% / 7.8%.
+- Tried on the Megatron rows too, and kept out: Megatron-LM also computes the loss in fp32 unless
+  `--fp16-lm-cross-entropy` (`vocab_parallel_cross_entropy(output.float(), labels)`). With it, the alpha fitted on
+  Narayanan's four design rows moved from 0.6 to 0 (their mean error 4.47% at 0 against 4.56% at 0.6, 4.92% at
+  0.3: the fit cannot tell the two apart) and both Megatron sets it is not fitted on got worse (Narayanan's
+  pipelined runs 1.3% -> 2.2%, the held-out Korthikanti runs 4.2% / 8.5% -> 4.5% / 10.5%); at a fixed alpha of 0.6
+  it moved them by under 0.1%. By the rule (a term stays only if it improves what it was not designed on) it is
+  out of the Megatron rows; the open lesson is the fitted alpha, which absorbs whatever the design rows miss.
 - FSDP2 as it runs (2026-11-26, `perfcheck/predict/fsdp.py`, hand tests in tests/predict/test_fsdp2_schedule.py):
   the earlier model treated FSDP as the Megatron engine's zero_stage 3 with every collective hidden for free,
   bf16 gradients on the wire and no copies: 19.2% mean, 23.8% max, all too fast. Three things read from

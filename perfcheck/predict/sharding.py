@@ -225,8 +225,9 @@ def layer_sublayers(model, x: Shape, *, causal=False, flash=False, eager=False, 
             *mlp_sublayers(model, x, eager_norm, eager)]
 
 
-def model_sublayers(model, x: Shape, *, tied_copy, eager_norm=False):
-    """Embedding (first stage) and final norm, LM head, loss (last stage).
+def model_sublayers(model, x: Shape, *, tied_copy, eager_norm=False, eager=False):
+    """Embedding (first stage) and final norm, LM head, loss (last stage; ``eager``: in fp32, as the reference Llama
+    code computes it, ``cross_entropy_sublayer``).
 
     Vocabulary-parallel embedding and LM head (Megatron ``VocabParallelEmbedding``,
     ``ColumnParallelLinear``): V/t rows per rank. The embedding's partial lookups are all-reduced
@@ -259,5 +260,6 @@ def model_sublayers(model, x: Shape, *, tied_copy, eager_norm=False):
     rows.append(Sublayer("lm_head", "linear", head, "last", _col_parallel_comms(x, T * e), gemm=(T, e, v_t)))
     ce_bytes = 3 * T * 4 * (x.t > 1)  # fp32 max, sum-exp and target logit per token
     rows.append(cross_entropy_sublayer(T, v_t, eb, (Collective("fwd", "allreduce",
-                                                           ce_bytes * np.ones_like(np.asarray(T, dtype=float))),)))
+                                                           ce_bytes * np.ones_like(np.asarray(T, dtype=float))),),
+                                       upcast=eager))
     return rows

@@ -58,7 +58,8 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
                        "1d" if tp1 else opts.tp_scheme, opts.tp_depth)
     rows = (sharding.layer_sublayers(model, x, causal=opts.causal, flash=opts.flash, eager=opts.eager,
                                      eager_norm=opts.eager_norm)
-            + sharding.model_sublayers(model, x, tied_copy=tied_copy, eager_norm=opts.eager_norm))
+            + sharding.model_sublayers(model, x, tied_copy=tied_copy, eager_norm=opts.eager_norm,
+                                       eager=opts.eager))
     out = {"name": [r.name for r in rows], "formula": [r.formula for r in rows],
            "stage": np.array([r.stage for r in rows])}
     # The attention core of s/cp queries runs against all s keys: cp x the work of a local (s/cp)^2 core

@@ -185,7 +185,7 @@ def test_loss_row_is_the_fp32_cast_log_softmax_and_nll_loss():
         head = LossHead(e, vocab).to(torch.bfloat16)
     ops = _op_table(tracing.trace_model(head, (_meta(1, T, e), torch.zeros(1, T, dtype=torch.long, device="meta"))),
                     False)
-    row = cross_entropy_sublayer(T, vocab, 2)
+    row = cross_entropy_sublayer(T, vocab, 2, upcast=True)
     parts = dict(row.parts)
     assert [name for name, _ in row.parts] == ["_to_copy", "_log_softmax", "nll_loss_forward"]
     traced = ops.set_index("name")
