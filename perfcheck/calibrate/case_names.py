@@ -21,6 +21,7 @@ OPCOLD = "opcold"            # the same tiny ops one after another (op_cold_s)
 MODFIXED = "modfixed"        # a standard layer's Python beyond its aten ops (module_fixed_s)
 OPEFF = "opeff"              # an op efficiency class (op_classes.py)
 OPROWS = "oprows"            # per-row op costs (op_classes.py)
+CPU_STRIDED = "cpustrided"   # a CPU kernel off its vectorised loop and its contiguous twin (cpu_strided_cases.py)
 
 # ---- labels (the ``label`` column) of the LAUNCH and HOST cases
 LAUNCH_OP = "op"                       # torch.add of 1-element tensors
@@ -95,3 +96,7 @@ def aligned_twin(label: str) -> str:
 def is_unaligned(label: str, phase: str) -> bool:
     """True for an unaligned GEMM_ALIGN case of ``phase``."""
     return str(label).startswith(f"unaligned {phase} ")
+
+
+#: Label suffix of a CPU_STRIDED case's contiguous twin (the same op on row-major operands of the same size).
+TWIN = ":twin"

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.calibrate.fit_draft import Draft, cap, fmt_rate, rows_of, seconds_of, size_text
-from perfcheck.calibrate import case_names as names
+from perfcheck.calibrate import case_names as names, cpu_strided_fit
 from perfcheck.calibrate.fit_host import (alignment, collective_latency, fp32_rows, host_terms, launch,
                                           module_costs, per_op_costs, row_costs)
 from perfcheck.errors import UserError
@@ -165,6 +165,7 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
         matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
         sources=sources, **d.fields)
     spec = row_costs(per_op_costs(spec, table, d), table, d)
+    spec = cpu_strided_fit.apply(spec, table, stamp)  # a CPU's strided element rate (no rows on a GPU)
     return alignment(module_costs(spec, table, d), table, d)
 
 

@@ -85,6 +85,7 @@ from perfcheck.calibrate.fit import (BENCHMARKED_KINDS, MEASUREMENT_COLUMNS, bui
 from perfcheck.calibrate.op_cases import (HOST_DTYPES_CUDA, module_fixed_cases, op_cold_cases,
                                          op_efficiency_cases, op_fixed_cases)
 from perfcheck.calibrate.op_classes import op_class_cases
+from perfcheck.calibrate.cpu_strided_cases import cpu_strided_cases
 from perfcheck.errors import UserError
 from perfcheck.hardware.cache import cpu_name
 from perfcheck.hardware.systems import SystemSpec, load_system, match_device_name, normalize_dtype
@@ -280,6 +281,8 @@ def _device_groups(run: _Run, measured, base_spec):
         run.group("memory-bound ops, operands evicted from L2", memory_cold_cases(dev))
         vec = [d for d in ("fp32", "bf16") if d in base_spec.vector_flops_per_s]
         run.group("vector (elementwise add)", vector_cases(vec, dev))
+        # kernels off the vectorised loop beside their contiguous twins: strided_elements_per_s (cpu_strided_fit)
+        run.group("elementwise kernels off the vectorised loop (cpu_strided_cases)", cpu_strided_cases(dev))
     for d in measured:
         other = dev.type == "cpu" and d != reference_dtype("cpu", measured) and cfg.get("other_squares")
         run.group(f"matmul {d}", matmul_cases(d, cfg["other_squares"], (), dev) if other

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import torch
 
 from perfcheck.predict import formulas as F
+from perfcheck.predict import cpu_vector_loop as cpu_loop
 from perfcheck.predict.strided import is_strided_operand
 
 aten = torch.ops.aten
@@ -35,6 +36,7 @@ class TensorMeta:
     is_float: bool
     distinct: int = -1  # elements actually stored (an expanded view repeats them); -1: numel
     contiguous: bool = True  # row-major dense (a transposed or expanded view is not: predict.strided)
+    stride: tuple = ()  # strides in elements (a CPU kernel's vectorised loop: predict.cpu_vector_loop); (): row-major
 
     @property
     def numel(self) -> int:
@@ -50,6 +52,11 @@ class TensorMeta:
         vectorised loop (``strided.is_strided_operand``: broadcast or not contiguous)?"""
         stored = self.numel if self.distinct < 0 else self.distinct
         return is_strided_operand(stored, self.numel, out_numel, self.contiguous)
+
+    @property
+    def strides(self) -> tuple:
+        """Strides in elements: the traced ones, row-major where none were recorded."""
+        return tuple(self.stride) if len(self.stride) == len(self.shape) else cpu_loop.contiguous_strides(self.shape)
 
 
 @dataclass(frozen=True)
@@ -567,7 +574,15 @@ def _memory_only(c: OpCall) -> F.OpCost:
 
 
 def cost_of(c: OpCall) -> Resolved:
-    """Resolve one traced op to a cost (see the module docstring for the order)."""
+    """Resolve one traced op to a cost (see the module docstring for the order), its kernels off a CPU's vectorised
+    loop tagged (``cpu_vector_loop_cost``)."""
+    resolved = _resolve(c)
+    if resolved.source == "free":
+        return resolved
+    return Resolved(cpu_vector_loop_cost(c, resolved.cost), resolved.source)
+
+
+def _resolve(c: OpCall) -> Resolved:
     packet = c.func.overloadpacket
     fn: Optional[Callable] = _REGISTRY.get(packet)
     if fn is not None:
@@ -577,7 +592,7 @@ def cost_of(c: OpCall) -> Resolved:
         return Resolved(F.OpCost(), "free")  # inplace_view: as_strided_, transpose_, ... change metadata only
     functional = _functional_twin(c)
     if functional is not None:  # masked_fill_ -> masked_fill: same work, written in place
-        return cost_of(functional)
+        return _resolve(functional)
     if packet in _FILL_OPS:
         return Resolved(_write_only(c), "modeled")
     if torch.Tag.pointwise in tags:
@@ -677,3 +692,97 @@ def _is_1x1_matmul_path(c: OpCall, w: TensorMeta) -> bool:
     stride, dilation = c.arg(3, "stride", [1]), c.arg(5, "dilation", [1])
     return all(int(s) == 1 for s in stride) and all(int(d) == 1 for d in dilation)
 
+
+
+# ------------------------------------------------------------- a CPU's vectorised loop (predict.cpu_vector_loop)
+
+#: Ops that are one TensorIterator copy of their source into their output (Copy.cpp ``copy_impl``; ``contiguous``
+#: and ``reshape`` of a view that cannot be viewed run ``clone`` with contiguous_format, seen as such in the trace).
+_CPU_COPY_OPS = frozenset(("clone", "_to_copy", "copy_", "contiguous", "expand_copy", "permute_copy",
+                           "_reshape_copy"))
+#: Norms whose CPU kernel makes a row-major copy of a strided input inside the op, forward and backward, unseen by
+#: the trace (layer_norm_kernel.cpp / layer_norm.cpp: ``layer_norm_cpu`` and ``layer_norm_backward_cpu`` call
+#: ``X.expect_contiguous()``). GroupNorm's composite ``group_norm`` calls ``input.contiguous(memory_format)`` before
+#: ``native_group_norm``: the trace shows that copy as a ``clone`` (priced above); RMSNorm on a CPU is decomposed
+#: into pointwise ops and a reduction (priced as such).
+_CPU_ROW_NORMS = frozenset(("native_layer_norm",))
+#: Batch norms: torch's CPU kernel takes a contiguous or a channels-last input (batch_norm_kernel.cpp); any other
+#: layout runs the generic TensorIterator path (``batch_norm_cpu_transform_input_template``), one strided pass.
+_CPU_BATCH_NORMS = frozenset(("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+                              "_native_batch_norm_legit_no_training"))
+
+
+def _dense(t: TensorMeta) -> tuple:
+    return (t.shape, t.strides)
+
+
+def _copy_off_loop(out: TensorMeta, src: TensorMeta) -> bool:
+    """A copy of ``src`` into ``out`` on a CPU runs the scalar loop (``cpu_vector_loop``; a 2-D transposed source
+    goes to the blocked transpose, ``is_blocked_transpose``)."""
+    if src.numel <= 1 or cpu_loop.is_blocked_transpose(out.shape, out.strides, src.shape, src.strides,
+                                                        src.elem_bytes == out.elem_bytes):
+        return False
+    return cpu_loop.off_vector_loop(out.shape, [_dense(out), _dense(src)])
+
+
+def _row_major(t: TensorMeta) -> TensorMeta:
+    return replace(t, stride=cpu_loop.contiguous_strides(t.shape), contiguous=True)
+
+
+def _channels_last(t: TensorMeta) -> bool:
+    """A 4-D / 5-D tensor dense in channels-last order (channels innermost, then the spatial dims, then batch)."""
+    if len(t.shape) not in (4, 5):
+        return False
+    order = (0, *range(2, len(t.shape)), 1)
+    want = cpu_loop.contiguous_strides([t.shape[i] for i in order])
+    return all(t.shape[i] == 1 or t.strides[i] == w for i, w in zip(order, want))
+
+
+def cpu_vector_loop_cost(c: OpCall, cost: F.OpCost) -> F.OpCost:
+    """``cost`` with ``cpu_strided_elems`` / ``cpu_strided_bytes`` set where a CPU runs the op's kernel off its
+    vectorised loop (``predict.cpu_vector_loop.off_vector_loop`` on the traced strides):
+
+      copies (``_CPU_COPY_OPS``): source to output; the whole copy (its elements, its bytes) is the strided kernel
+      pointwise ops and activations, forward: output and every tensor operand as traced (the output's strides are
+                  the ones TensorIterator gave it). Backward, where the op saves its inputs (``act_mem`` > 0): the
+                  gradient kernels read a full-size saved input beside the incoming gradient, taken row-major (the
+                  next op's backward writes a fresh contiguous gradient: an assumption, the trace records no
+                  gradient's strides); each of those kernels is strided when that input is
+      norms (``_CPU_ROW_NORMS``; ``_CPU_BATCH_NORMS`` unless channels-last): a strided input costs one more pass
+                  over its elements in each direction, not in the op's bytes (``cpu_strided_bytes`` 0)
+
+    What it leaves out: a kernel whose scalar function is itself costly off the vector loop (erf-GELU's ``basic_loop``
+    runs the scalar erf: 14-23 ns per element on the project's Xeon against ~1.2 for a strided copy,
+    bench/results/cpu_strided.md) is priced at the one element rate, and reductions / matrix products on strided
+    operands are not tagged (their CPU kernels take strides their own way)."""
+    out = c.outputs[0] if c.outputs else None
+    if not isinstance(out, TensorMeta) or out.numel <= 1:
+        return cost
+    name = c.name
+    if name in _CPU_COPY_OPS:
+        src = next((a for a in (c.args[1:2] if name == "copy_" else c.args[:1]) if isinstance(a, TensorMeta)), None)
+        if src is not None and _copy_off_loop(out, src):
+            return replace(cost, fwd=replace(cost.fwd, cpu_strided_elems=out.numel, cpu_strided_bytes=cost.fwd.bytes))
+        return cost
+    if name in _CPU_ROW_NORMS or name in _CPU_BATCH_NORMS:
+        x = c.args[0]
+        if not isinstance(x, TensorMeta) or (name in _CPU_BATCH_NORMS and _channels_last(x)):
+            return cost
+        if not _copy_off_loop(_row_major(x), x):
+            return cost
+        return replace(cost, fwd=replace(cost.fwd, cpu_strided_elems=x.numel, cpu_strided_bytes=0.0),
+                       bwd=replace(cost.bwd, cpu_strided_elems=x.numel * (cost.bwd.kernels > 0), cpu_strided_bytes=0.0))
+    pointwise = _REGISTRY.get(c.func.overloadpacket) is _activation or (
+        c.func.overloadpacket not in _REGISTRY and torch.Tag.pointwise in getattr(c.func, "tags", ()))
+    if not pointwise:
+        return cost
+    ins = c.tensors()
+    fwd, bwd = cost.fwd, cost.bwd
+    if cpu_loop.off_vector_loop(out.shape, [_dense(out)] + [_dense(t) for t in ins]):
+        fwd = replace(fwd, cpu_strided_elems=out.numel, cpu_strided_bytes=fwd.bytes)
+    grad = _row_major(out)
+    if cost.act_mem > 0 and bwd.kernels > 0 and any(
+            t.is_float and t.numel == out.numel and cpu_loop.off_vector_loop(out.shape, [(out.shape, None), _dense(grad),
+                                                                                          _dense(t)]) for t in ins):
+        bwd = replace(bwd, cpu_strided_elems=out.numel * bwd.kernels, cpu_strided_bytes=bwd.bytes)
+    return F.OpCost(fwd, bwd, cost.act_mem, cost.params)

@@ -45,6 +45,11 @@ class Cost:
     #: elements written by kernels off a GPU's vectorised loop and their bytes (in ``bytes``): see predict.strided
     strided_elems: float = 0
     strided_bytes: float = 0
+    #: the same on a CPU, whose rule differs (predict.cpu_vector_loop): elements its kernels move off the
+    #: vectorised loop, and the bytes of those kernels already in ``bytes`` (0 for a pass ``bytes`` leaves out:
+    #: the copy a layer norm makes of a strided input inside its kernel)
+    cpu_strided_elems: float = 0
+    cpu_strided_bytes: float = 0
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))

@@ -85,13 +85,16 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
                      op.recompute, cost.fwd.rows, cost.bwd.rows, gemm_unaligned(op.call),
                      gemm_dims(op.call), op_class(op.call), cost.fwd.gemms, cost.bwd.gemms, *attn,
                      cost.fwd.pages, cost.bwd.pages, cost.fwd.strided_elems, cost.bwd.strided_elems,
-                     cost.fwd.strided_bytes, cost.bwd.strided_bytes))
+                     cost.fwd.strided_bytes, cost.bwd.strided_bytes, cost.fwd.cpu_strided_elems,
+                     cost.bwd.cpu_strided_elems, cost.fwd.cpu_strided_bytes, cost.bwd.cpu_strided_bytes))
     return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
                                        "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "min_dim", "recompute",
                                        "rows_fwd", "rows_bwd", "unaligned", "gemm",
                                        "op_class", "gemms_fwd", "gemms_bwd", "attn_seq", "attn_head_dim",
                                        "attn_causal", "pages_fwd", "pages_bwd", "strided_elems_fwd",
-                                       "strided_elems_bwd", "strided_bytes_fwd", "strided_bytes_bwd"])
+                                       "strided_elems_bwd", "strided_bytes_fwd", "strided_bytes_bwd",
+                                       "cpu_strided_elems_fwd", "cpu_strided_elems_bwd", "cpu_strided_bytes_fwd",
+                                       "cpu_strided_bytes_bwd"])
 
 
 def _min_dim(call) -> float:

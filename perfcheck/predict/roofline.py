@@ -338,13 +338,17 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
     (``formulas.Cost.gemms``: a CPU's per-sample GEMMs of a 1x1 convolution): the efficiency and bandwidth curves
     are read per call (FLOPs and bytes / calls), the launch term stays per kernel. ``kernel_fraction`` (per op, NaN:
     none; ``attention_kernel``): a fused kernel's measured rate, its whole efficiency (``op_eff`` 1 there).
-    ``strided`` (optional, (elements, bytes) per op): kernels off the vectorised loop, ``strided.strided_excess_s``.
+    ``strided`` (optional, (elements, bytes) per op): kernels off the vectorised loop, ``strided.strided_excess_s``:
+    inside the memory term on a GPU, added to the roof after the op's efficiency on a CPU (``predict.strided``).
     """
     k = _array(kernels, "kernels")
     split = k if calls is None else np.where(_array(calls, "calls") > 0, calls, k)
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=split, min_dim=min_dim,
                                         align=align, cold=cold, kernel_fraction=kernel_fraction), dtype=float)
     index = 0.0 if strided is None else strided_excess_s(*strided, system)
+    after = 0.0
+    if getattr(system, "kind", "") == "cpu":  # one thread: the strided pass runs beside nothing (predict.strided)
+        index, after = 0.0, index
     hot = np.asarray(memory_time_s(bytes_moved, system, kernels=split), dtype=float) + index
     top = np.maximum(compute, hot)
     memory = hot
@@ -353,7 +357,7 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
     evicted = memory - hot
     launch = k * _array(launch_s, "launch_s")
     op_eff = op_eff if kernel_fraction is None else np.where(np.isfinite(np.asarray(kernel_fraction, float)), 1.0, op_eff)
-    roof = top / np.asarray(op_eff, dtype=float) + evicted
+    roof = top / np.asarray(op_eff, dtype=float) + evicted + after
     bound = np.where(launch > top + evicted, "overhead", np.where(compute >= memory, "compute", "memory"))
     return {"compute": compute, "memory": memory, "roof": roof, "launch": launch,
             "time": roof + launch + np.asarray(rows_s, dtype=float), "bound": bound}
@@ -409,7 +413,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
                      if "unaligned" in ops else None,
                      cold=np.where(np.isin(names, COLD_GEMMS), share, 0.0),
                      cold_memory=np.where(ops[f"macs_{phase}"].to_numpy(float) > 0, 0.0, mem_share),
-                     strided=strided_columns(ops, phase))
+                     strided=strided_columns(ops, phase, cpu))
         # op_efficiency per op and phase; a measured curve (op_efficiency_curve) is read at the kernel's roofline
         # seconds, so the roofline is taken once at efficiency 1 and once with the efficiency found
         per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)

@@ -142,7 +142,8 @@ def _time_rows(out, group_sizes, system, dtype, opts):
                               launch_s=host_constants(spec)["device_kernel_s"],
                               min_dim=np.concatenate([out["min_dim"], out["min_dim"]]), align=align,
                               op_eff=eff, rows_s=extra, kernel_fraction=np.tile(attention_fraction, (2, 1)),
-                              strided=(both["strided_elems"], both["strided_bytes"]))
+                              # a GPU's tags: the eager rows carry none of a CPU's (predict.cpu_vector_loop)
+                              strided=None if spec.kind == "cpu" else (both["strided_elems"], both["strided_bytes"]))
     compute, memory, launch = d["compute"], d["memory"], d["launch"]
     by_beside = {"": np.zeros_like(compute), "dw": np.zeros_like(compute), "dx": np.zeros_like(compute)}
     for (kind, group, beside), (fwd, bwd) in out["comm_groups"].items():

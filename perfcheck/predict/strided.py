@@ -24,10 +24,25 @@ so the excess over the memory term the roofline already charges is
 A cost (``formulas.Cost``) carries such kernels' written elements (``strided_elems``) and the bytes they move
 (``strided_bytes``, already inside ``bytes``); ``roofline.device_times`` adds the excess to the memory term, for both
 front-ends (the transformer's eager rows, ``eager_ops``, and the traced ops, ``aten_costs``).
+
+A CPU: the same formula with its own rate and its own predicate. Its elementwise loop leaves SIMD on another rule
+(``predict.cpu_vector_loop``: an operand's innermost stride after TensorIterator's reorder and coalesce neither 1
+nor a lone 0; a broadcast, a widening cast keep it), so the traced ops carry the CPU's tags apart
+(``Cost.cpu_strided_elems`` / ``cpu_strided_bytes``, tagged by ``aten_costs.cpu_vector_loop_cost``) and a CPU spec's
+``strided_elements_per_s`` is calibrated (``calibrate.cpu_strided_cases``: strided kernels against their contiguous
+twins). On a CPU the excess is added after the op's roofline (``roofline.device_times``), not inside its memory
+term: one thread runs the strided pass and the op's other work one after the other (a layer norm's row-major
+copy of a strided input, then the norm), and the calibration measures it so, as the difference from the twin.
 """
+
 from __future__ import annotations
 
 import numpy as np
+
+
+def memory_rate(system) -> float:
+    """Bytes per second the excess is taken against: the spec's bandwidth x its memory efficiency."""
+    return system.mem_bandwidth_bytes_per_s * system.efficiency["memory"]
 
 
 def strided_excess_s(strided_elems, strided_bytes, system):
@@ -36,8 +51,7 @@ def strided_excess_s(strided_elems, strided_bytes, system):
     elems = np.asarray(strided_elems, dtype=float)
     if rate <= 0:
         return np.zeros_like(elems)
-    memory_rate = system.mem_bandwidth_bytes_per_s * system.efficiency["memory"]
-    return np.maximum(0.0, elems / rate - np.asarray(strided_bytes, dtype=float) / memory_rate)
+    return np.maximum(0.0, elems / rate - np.asarray(strided_bytes, dtype=float) / memory_rate(system))
 
 
 def is_strided_operand(stored: int, numel: int, out_numel: int, contiguous: bool = True) -> bool:
@@ -48,9 +62,11 @@ def is_strided_operand(stored: int, numel: int, out_numel: int, contiguous: bool
     return stored < out_numel or not contiguous
 
 
-def strided_columns(ops, phase):
+def strided_columns(ops, phase, cpu: bool = False):
     """(elements, bytes) of an op table's kernels off the vectorised loop in ``phase`` (columns
-    ``strided_elems_<phase>``, ``strided_bytes_<phase>``), or None where the table has none."""
-    if f"strided_elems_{phase}" not in ops:
+    ``strided_elems_<phase>``, ``strided_bytes_<phase>``; on a CPU ``cpu_strided_elems_<phase>``,
+    ``cpu_strided_bytes_<phase>``: the CPU's own predicate, predict.cpu_vector_loop), or None where the table has none."""
+    prefix = "cpu_strided" if cpu else "strided"
+    if f"{prefix}_elems_{phase}" not in ops:
         return None
-    return ops[f"strided_elems_{phase}"].to_numpy(float), ops[f"strided_bytes_{phase}"].to_numpy(float)
+    return ops[f"{prefix}_elems_{phase}"].to_numpy(float), ops[f"{prefix}_bytes_{phase}"].to_numpy(float)

@@ -58,7 +58,8 @@ def meta_of(t: torch.Tensor, elem_bytes_override, grad=None) -> TensorMeta:
     eb = elem_bytes_override if (is_float and elem_bytes_override) else t.element_size()
     distinct = math.prod(n for n, st in zip(t.shape, t.stride()) if st != 0) if t.layout == torch.strided else -1
     contiguous = bool(t.is_contiguous()) if t.layout == torch.strided else True
-    return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct, contiguous)
+    stride = tuple(int(s) for s in t.stride()) if t.layout == torch.strided else ()
+    return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct, contiguous, stride)
 
 
 def to_meta(x, elem_bytes, grad=None):
