@@ -712,6 +712,10 @@ _CPU_BATCH_NORMS = frozenset(("native_batch_norm", "_native_batch_norm_legit", "
                               "_native_batch_norm_legit_no_training"))
 
 
+#: Pointwise ops whose gradients are the incoming gradient alone (derivatives.yaml: add, sub pass it through).
+_CPU_GRAD_ALONE = frozenset(("add", "add_", "sub", "sub_", "rsub"))
+
+
 def _dense(t: TensorMeta) -> tuple:
     return (t.shape, t.strides)
 
@@ -747,7 +751,9 @@ def cpu_vector_loop_cost(c: OpCall, cost: F.OpCost) -> F.OpCost:
                   the ones TensorIterator gave it). Backward, where the op saves its inputs (``act_mem`` > 0): the
                   gradient kernels read a full-size saved input beside the incoming gradient, taken row-major (the
                   next op's backward writes a fresh contiguous gradient: an assumption, the trace records no
-                  gradient's strides); each of those kernels is strided when that input is
+                  gradient's strides); each of those kernels is strided when that input is. Such kernels: an
+                  activation's (its gradient reads x), a product's of two tensors (g * b); not a sum's, a
+                  difference's or a product by a scalar (the gradient alone)
       norms (``_CPU_ROW_NORMS``; ``_CPU_BATCH_NORMS`` unless channels-last): a strided input costs one more pass
                   over its elements in each direction, not in the op's bytes (``cpu_strided_bytes`` 0)
 
@@ -780,9 +786,12 @@ def cpu_vector_loop_cost(c: OpCall, cost: F.OpCost) -> F.OpCost:
     fwd, bwd = cost.fwd, cost.bwd
     if cpu_loop.off_vector_loop(out.shape, [_dense(out)] + [_dense(t) for t in ins]):
         fwd = replace(fwd, cpu_strided_elems=out.numel, cpu_strided_bytes=fwd.bytes)
+    # the gradient kernels that read a saved full-size input: an activation's (gelu_backward(g, x)) and a product's
+    # of two tensors (g * b for a); a product by a scalar, a sum, a difference read the gradient alone
+    reads = ins if _REGISTRY.get(c.func.overloadpacket) is _activation else (
+        ins if sum(t.numel > 1 for t in ins) >= 2 and c.name not in _CPU_GRAD_ALONE else [])
     grad = _row_major(out)
-    if cost.act_mem > 0 and bwd.kernels > 0 and any(
-            t.is_float and t.numel == out.numel and cpu_loop.off_vector_loop(out.shape, [(out.shape, None), _dense(grad),
-                                                                                          _dense(t)]) for t in ins):
+    if bwd.kernels > 0 and any(t.is_float and t.numel == out.numel and cpu_loop.off_vector_loop(
+            out.shape, [(out.shape, None), _dense(grad), _dense(t)]) for t in reads):
         bwd = replace(bwd, cpu_strided_elems=out.numel * bwd.kernels, cpu_strided_bytes=bwd.bytes)
     return F.OpCost(fwd, bwd, cost.act_mem, cost.params)
