@@ -4,7 +4,8 @@ Why: on a CPU an elementwise kernel leaves SIMD when, after TensorIterator's reo
 innermost stride is neither 1 nor a lone 0 (``perfcheck.predict.cpu_vector_loop``): a permuted copy
 (``x.permute(0, 2, 3, 1).contiguous()``, ConvNeXt's NCHW -> NHWC), a residual add of a contiguous and a permuted
 tensor, a layer norm of a permuted view (its kernel's own row-major copy). Measured on the project's Xeon
-(1 thread, process time): a permuted copy 1.2-1.6 ns per element against a clone's 0.4-0.5.
+(1 thread, process time, bench/results/cpu_strided.md): a permuted copy 0.8-1.8 ns per element against a
+clone's 0.2-0.4.
 
 What: four such kernels at a mid size (``SHAPE``: 230 400 fp32 elements, about the op-class cases' 1 MiB, no
 benchmark model's layer), each beside its contiguous twin (the same op on row-major operands of the same size):

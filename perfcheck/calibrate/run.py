@@ -11,6 +11,10 @@ Micro-benchmarks (each a *case*: a closure, the FLOPs and bytes of one call):
             factor over the ceiling);
 * vector    ``torch.add(a, b, out=c)`` on a cache-resident buffer, 1 FLOP per element (the
             estimator's count for a pointwise op); CPU only (GPU elementwise work is memory-bound);
+* cpu strided  (CPU) four kernels off the vectorised loop beside their contiguous twins (a permuted copy, an add
+            with a permuted operand, a layer norm of a permuted view, relu of a step-2 view;
+            ``perfcheck.calibrate.cpu_strided_cases``): the element rate ``cpu_strided_fit`` reads off them is
+            measured but not put in the spec (``cpu_strided_fit.IN_MODEL``); 0.3 s of the quick calibration;
 * launch    ``op``: one tiny ``torch.add``; ``autograd``: a chain of tiny multiplies run forward
             and backward, per kernel the estimator counts (1 forward + 1 backward each): what one
             more small op costs in a training step. ``launch_overhead_s`` is the latter;
