@@ -6,12 +6,10 @@ bytes read+written and kernel launches for forward and backward, the activation 
 
 Conventions (shared with torch.utils.flop_counter and DeepSpeed's profiler):
 - One MAC = 2 FLOPs; a k-term dot product is 2k FLOPs (not 2k-1). Bias adds are "other" FLOPs.
-- Backward follows autograd: an input gradient only when that input requires grad, a weight gradient only when
-  the weight requires grad. ``x_grad``/``w_grad`` flags say which.
+- Backward follows autograd: a gradient only for an input or weight that requires grad (``x_grad``/``w_grad``).
 - Bytes are what the kernels read and write at the op's element size: every input once, every output once.
   Caches and fusion are the roofline's business, not the formula's.
-- ``act_mem`` counts tensors the op itself saves; when several ops save the same tensor the module estimator
-  deduplicates by storage (it reads autograd's saved tensors directly).
+- ``act_mem`` counts tensors the op itself saves; the module estimator deduplicates them by storage (autograd's).
 """
 from __future__ import annotations
 
@@ -42,12 +40,9 @@ class Cost:
     #: 4 KiB pages of a fresh allocation the phase first-touches where the C library maps it anew on every call
     #: (``fresh_pages``): each a minor page fault, priced by the spec's host ``page_fault_s`` (calibrated, CPU)
     pages: float = 0
-    #: elements written by kernels off a GPU's vectorised loop and their bytes (in ``bytes``): see predict.strided
+    #: elements written by kernels off a GPU's (cpu_*: a CPU's) vectorised loop, their bytes in ``bytes``: strided.py
     strided_elems: float = 0
     strided_bytes: float = 0
-    #: the same on a CPU, whose rule differs (predict.cpu_vector_loop): elements its kernels move off the
-    #: vectorised loop, and the bytes of those kernels already in ``bytes`` (0 for a pass ``bytes`` leaves out:
-    #: the copy a layer norm makes of a strided input inside its kernel)
     cpu_strided_elems: float = 0
     cpu_strided_bytes: float = 0
 

@@ -338,17 +338,14 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
     (``formulas.Cost.gemms``: a CPU's per-sample GEMMs of a 1x1 convolution): the efficiency and bandwidth curves
     are read per call (FLOPs and bytes / calls), the launch term stays per kernel. ``kernel_fraction`` (per op, NaN:
     none; ``attention_kernel``): a fused kernel's measured rate, its whole efficiency (``op_eff`` 1 there).
-    ``strided`` (optional, (elements, bytes) per op): kernels off the vectorised loop, ``strided.strided_excess_s``:
-    inside the memory term on a GPU, added to the roof after the op's efficiency on a CPU (``predict.strided``).
+    ``strided`` (optional, (elements, bytes) per op): ``strided.strided_excess_s``, in the memory term (a CPU: after).
     """
     k = _array(kernels, "kernels")
     split = k if calls is None else np.where(_array(calls, "calls") > 0, calls, k)
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=split, min_dim=min_dim,
                                         align=align, cold=cold, kernel_fraction=kernel_fraction), dtype=float)
     index = 0.0 if strided is None else strided_excess_s(*strided, system)
-    after = 0.0
-    if getattr(system, "kind", "") == "cpu":  # one thread: the strided pass runs beside nothing (predict.strided)
-        index, after = 0.0, index
+    index, after = (0.0, index) if getattr(system, "kind", "") == "cpu" else (index, 0.0)  # a CPU's: after the roof
     hot = np.asarray(memory_time_s(bytes_moved, system, kernels=split), dtype=float) + index
     top = np.maximum(compute, hot)
     memory = hot
