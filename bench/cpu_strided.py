@@ -30,10 +30,8 @@ from perfcheck.calibrate.cpu_strided_cases import cpu_strided_cases
 from perfcheck.calibrate.fit import build_spec
 from perfcheck.calibrate.layers import CallModule
 from perfcheck.calibrate.phase import compute_reference_fn, reference_fn
-from perfcheck.predict import cpu_vector_loop as L
 from perfcheck.schema import ROOT
 
-aten = torch.ops.aten
 
 
 def _per_call(fn, budget=0.04, repeats=7) -> float:
