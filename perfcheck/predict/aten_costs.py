@@ -518,6 +518,28 @@ def _write_only(c: OpCall) -> F.OpCost:
     return F.OpCost(F.Cost(bytes=written, kernels=1 if written else 0))
 
 
+#: Ops whose backward hands the output's gradient on as each input's (AddBackward0, SubBackward0: ``grad`` and
+#: ``maybe_multiply(grad, alpha)``, which returns it unchanged for alpha 1, torch/csrc/autograd/FunctionsManual.cpp).
+_GRAD_IS_THE_OUTPUTS = frozenset(("add", "add_", "sub", "sub_"))
+
+
+def _add_backward(c: OpCall, ins, out) -> F.Cost:
+    """add's and sub's backward: no kernel for an input of the output's shape (autograd passes the same gradient
+    on; summing it with another gradient of that input is the engine's add, ``grad_accumulation``); an input
+    broadcast to the output gets it summed back to its shape (``sum_to_size``: a reduction over the output's
+    gradient); sub's second input, or an input scaled by an ``alpha`` other than 1, gets one pointwise kernel."""
+    alpha = c.arg(2, "alpha", 1)
+    flops = nbytes = kernels = 0
+    for i, t in enumerate(ins):
+        if not (t.is_float and t.requires_grad):
+            continue
+        if t.numel < out.numel:  # sum_to_size
+            flops, nbytes, kernels = flops + out.numel, nbytes + (out.numel + t.numel) * out.elem_bytes, kernels + 1
+        elif i == 1 and (c.name.startswith("sub") or alpha != 1):  # -grad, alpha * grad
+            flops, nbytes, kernels = flops + out.numel, nbytes + 2 * out.numel * out.elem_bytes, kernels + 1
+    return F.Cost(flops=flops, bytes=nbytes, kernels=kernels)
+
+
 def _pointwise(c: OpCall) -> F.OpCost:
     """Any op tagged pointwise (add, mul, div, pow, where, masked_fill, ...): 1 FLOP per output."""
     ins = [t for t in c.tensors()]
@@ -528,9 +550,9 @@ def _pointwise(c: OpCall) -> F.OpCost:
     in_bytes = sum(t.nbytes_read for t in ins)
     saves = 0 if c.name in ("add", "add_", "sub", "sub_", "neg", "clone") else len(ins)
     fwd = F.Cost(flops=out.numel, bytes=in_bytes + out.numel * out.elem_bytes, kernels=1)
-    bwd = F.Cost(flops=out.numel * grad_inputs,
-                 bytes=(out.numel * (1 + grad_inputs) + saves * out.numel) * out.elem_bytes,
-                 kernels=grad_inputs)
+    bwd = (_add_backward(c, ins, out) if c.name in _GRAD_IS_THE_OUTPUTS else
+           F.Cost(flops=out.numel * grad_inputs, bytes=(out.numel * (1 + grad_inputs) + saves * out.numel) * out.elem_bytes,
+                  kernels=grad_inputs))
     if any(t.off_vector_loop(out.numel) for t in ins):  # a broadcast or strided operand (predict.strided)
         fwd = replace(fwd, strided_elems=out.numel, strided_bytes=fwd.bytes)
         # the gradient of each full-size operand reads the broadcast one (g * w); add/sub's pass through

@@ -54,8 +54,8 @@ def eager_rms_norm_parts(rows, cols, elem_bytes) -> tuple:
     * weight (eb + eb, reads the weight): 7 x 4 + 4 eb bytes per element in bf16 (36), eight kernels.
     backward as autograd runs them: * weight's two gradients (g w: eb + eb; the weight's, summed over rows: 3 eb:
     two kernels), .type_as's (4 + eb), x * r's two (g r: 4 + 4, summed per row; g x: 3 x 4: two kernels), rsqrt's
-    and add's (rows), mean's expand (4), pow's (g 2x: 3 x 4), the sum of x's two gradients (autograd's add, 3 x 4),
-    x.float()'s (4 + eb): 14 x 4 + 7 eb per element in bf16 (70), eleven kernels. FLOPs: pow, mean, each product
+    (rows; + eps passes its gradient on), mean's expand (4), pow's (g 2x: 3 x 4), the sum of x's two gradients (autograd's add, 3 x 4),
+    x.float()'s (4 + eb): 14 x 4 + 7 eb per element in bf16 (70), ten kernels (the + eps hands its gradient on). FLOPs: pow, mean, each product
     one per element forward, their gradients two per product; the row ops one per row.
     Off a GPU's vectorised loop (``predict.strided``), n elements each: forward x.float() (a widening cast), x * r
     (r broadcast), * weight (broadcast); backward .type_as's (widening), mean's expand, x * r's and * weight's (a
@@ -66,7 +66,7 @@ def eager_rms_norm_parts(rows, cols, elem_bytes) -> tuple:
     parts = [
         ("pow", _cost(8 * n, 12 * n, flops=(n, n))),
         ("mean", _cost(4 * n + row, 4 * n + row, flops=(n, 0), strided=((0, 0), (n, 4 * n + row)))),
-        ("add", _cost(2 * row, 2 * row, flops=(rows, rows))),
+        ("add", _cost(2 * row, 0, flops=(rows, 0), kernels=(1, 0))),  # + eps: its gradient passes through
         ("rsqrt", _cost(2 * row, 3 * row, flops=(rows, rows))),
         ("mul", _cost(8 * n + row, 20 * n, flops=(n, 2 * n), kernels=(1, 2), strided=((n, 8 * n + row), (n, 12 * n)))),
         ("mul", _cost(2 * eb * n + w, 5 * eb * n, flops=(n, 2 * n), kernels=(1, 2),

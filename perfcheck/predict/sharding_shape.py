@@ -224,9 +224,10 @@ def scaled_softmax(rows, cols, eb) -> F.OpCost:
     return replace(cost, fwd=replace(cost.fwd, flops=cost.fwd.flops + n), bwd=replace(cost.bwd, flops=cost.bwd.flops + n))
 
 
-def residual_add(numel, eb) -> F.OpCost:
-    # x + branch(x): 1 FLOP per element; backward passes the gradient to both inputs. Saves nothing.
-    return F.elementwise(numel, inputs=2, flops_per_elem=1, bwd_flops_per_elem=1, saves=0, elem_bytes=eb)
+def residual_add(numel, eb):
+    """x + branch(x): 1 FLOP per element forward. Backward hands the gradient to both inputs unchanged (AddBackward0:
+    no kernel; summing it with the stream's other gradient is the engine's add, ``gradient_sum``). Saves nothing."""
+    return F.OpCost(F.elementwise(numel, inputs=2, flops_per_elem=1, saves=0, elem_bytes=eb).fwd, F.Cost(), 0, 0)
 
 
 def scale_macs(cost: F.OpCost, frac) -> F.OpCost:
