@@ -13,7 +13,8 @@ perfcheck.predict.roofline.class_efficiency), so each case here sets one class's
                    n = its other FLOPs, bytes: perfcheck.predict.formulas through aten_costs.cost_of, the one
                    op-cost path) / (measured time - one tiny op's dispatch)
   kind ``oprows``  label ``<op> fwd|bwd``, m = rows (indices), k = row length: ``fit_host.row_costs`` sets the
-                   per-row price op_row_s[op][phase] = the slope over the row counts less the roofline's slope
+                   per-row price op_row_s[op][phase] = the slope over the row counts less the roofline's slope;
+                   ``<class>:gemm_call bwd`` (m = sgemm calls): fit_host.gemm_call_costs (predict.gemm_calls)
   kind ``classfixed`` label ``<class>`` or ``<class>:bwd`` (CPU): one tiny call of the class; ``fit._per_op_costs``
                    sets op_fixed_s[label] = its time less one tiny op's dispatch (the class's fixed cost per call,
                    host time in the estimator) and takes it out of the class's ``opeff`` case before the
