@@ -155,9 +155,8 @@ def row_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
 
 def gemm_call_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
     """op_row_s["<class>:gemm_call"]["bwd"] (the price of one sgemm call of a GEMM-based weight gradient,
-    formulas.conv ``weight_gemm_calls``) and the class's backward efficiency op_efficiency["<class>:bwd"], solved
-    together from two measurements (op_classes.depthwise_call_cases and the class's ``opeff`` backward case,
-    op_classes.CONV_CASES), each less one tiny op's dispatch and the class's fixed cost (op_fixed_s["<class>:bwd"]):
+    predict.gemm_calls) and the class's backward efficiency op_efficiency["<class>:bwd"], solved together from two
+    measurements (op_classes.depthwise_call_cases and the class's ``opeff`` backward case, conv_shapes.CONV_CASES), each less one tiny op's dispatch and the class's fixed cost (op_fixed_s["<class>:bwd"]):
 
         class case   T0           = R0 / e + M0 * p
         call slope   T2 - T1      = (R2 - R1) / e + (M2 - M1) * p
@@ -165,7 +164,7 @@ def gemm_call_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
     R = the estimator's roofline time of the call (its matrix FLOPs, bytes, kernels) at efficiency 1, M = its sgemm
     calls (batch x groups), e = the class's backward efficiency, p = the price per call. Solved apart, the efficiency
     fitted at the class case would price that case's calls as MACs, and the slope would count the MACs' share twice.
-    A price below 0 (noise) is floored at 0 and e then read off the class case alone (as ``per_op_costs`` does)."""
+    A price below 0 (noise), or no solution, leaves p 0 and e read off the class case alone (as ``per_op_costs``)."""
     rows = rows_of(table, names.OPROWS)
     if not len(rows):
         return spec
@@ -192,7 +191,10 @@ def gemm_call_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
                                 max(float(c0["k"] or 0), 1.0), spec, "fp32", launch_s=0.0)[0]
         t0, m0 = max(float(c0["seconds"]) - base, 1e-9), float(xs[0] * groups)
         dt, dr, dm = float(hi["seconds"] - lo["seconds"]), roof(hi) - roof(lo), float(hi["m"] - lo["m"])
-        inv_e, price = np.linalg.solve(np.array([[r0, m0], [dr, dm]]), np.array([t0, dt]))
+        try:
+            inv_e, price = np.linalg.solve(np.array([[r0, m0], [dr, dm]]), np.array([t0, dt]))
+        except np.linalg.LinAlgError:
+            inv_e, price = 0.0, -1.0
         if price < 0 or inv_e <= 0:
             price, inv_e = 0.0, t0 / r0
         table_out[key] = {"bwd": float(price)}
@@ -202,9 +204,9 @@ def gemm_call_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
     if not shown:
         return spec
     sources = dict(spec.sources)
-    sources["op_row_s"] = sources.get("op_row_s", "") + (
-        f"; {d.stamp}: <class>:gemm_call, the price of one sgemm call of a GEMM-based weight gradient, solved with "
-        f"the class's backward efficiency from its opeff case and the slope over the calls: " + "; ".join(shown))
+    sources["op_row_s"] = "; ".join(filter(None, (sources.get("op_row_s", ""), (
+        f"{d.stamp}: <class>:gemm_call, the price of one sgemm call of a GEMM-based weight gradient, solved with "
+        f"the class's backward efficiency from its opeff case and the slope over the calls: " + "; ".join(shown)))))
     return dataclasses.replace(spec, op_row_s=table_out, op_efficiency=eff, sources=sources)
 
 
