@@ -14,10 +14,12 @@ import pandas as pd
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.fit_draft import Draft, cap, rows_of, seconds_of, size_text
 from perfcheck.calibrate.layers import tiny_modules
+from perfcheck.calibrate.conv_shapes import CONV_CASES
 from perfcheck.hardware.host_keys import OPTIM_LINES, op_cold_key, optim_per_tensor_key, optim_step_key
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, RETIRED_ROW_OPS, SystemSpec, host_constants, op_efficiency_max
 from perfcheck.predict import roofline
 from perfcheck.predict.estimate import estimate
+from perfcheck.predict.gemm_calls import GEMM_CALL_SUFFIX
 from perfcheck.predict.host import EVICTED_SUFFIX
 from perfcheck.schema import ROOT
 
@@ -124,7 +126,7 @@ def row_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
     table_out, shown = {}, []
     for label, group in rows.groupby("label", sort=False):
         name, phase = str(label).rsplit(" ", 1)
-        if name in RETIRED_ROW_OPS:
+        if name in RETIRED_ROW_OPS or name.endswith(GEMM_CALL_SUFFIX):  # the latter: gemm_call_costs
             continue
         eff = roofline.op_efficiency(spec, name, "fp32")  # the row cases run in fp32
         slopes = []
@@ -149,6 +151,63 @@ def row_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
                            f"less the slope of the estimator's roofline time for the same calls (fp32), floored at 0: "
                            + "; ".join(shown))
     return dataclasses.replace(spec, op_row_s=table_out, sources=sources)
+
+
+def gemm_call_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
+    """op_row_s["<class>:gemm_call"]["bwd"] (the price of one sgemm call of a GEMM-based weight gradient,
+    predict.gemm_calls) and the class's backward efficiency op_efficiency["<class>:bwd"], solved together from two
+    measurements (op_classes.depthwise_call_cases and the class's ``opeff`` backward case, conv_shapes.CONV_CASES), each less one tiny op's dispatch and the class's fixed cost (op_fixed_s["<class>:bwd"]):
+
+        class case   T0           = R0 / e + M0 * p
+        call slope   T2 - T1      = (R2 - R1) / e + (M2 - M1) * p
+
+    R = the estimator's roofline time of the call (its matrix FLOPs, bytes, kernels) at efficiency 1, M = its sgemm
+    calls (batch x groups), e = the class's backward efficiency, p = the price per call. Solved apart, the efficiency
+    fitted at the class case would price that case's calls as MACs, and the slope would count the MACs' share twice.
+    A price below 0 (noise), or no solution, leaves p 0 and e read off the class case alone (as ``per_op_costs``)."""
+    rows = rows_of(table, names.OPROWS)
+    if not len(rows):
+        return spec
+    rows = rows[rows["label"].astype(str).str.endswith(f"{GEMM_CALL_SUFFIX} bwd")]
+    eff_rows = rows_of(table, names.OPEFF)
+    fixed_rows = rows_of(table, names.CLASSFIXED)
+    table_out, eff, shown = dict(spec.op_row_s), dict(spec.op_efficiency), []
+    for label, group in rows.groupby("label", sort=False):
+        key = str(label).rsplit(" ", 1)[0]
+        cls = key.removesuffix(GEMM_CALL_SUFFIX)
+        case = eff_rows[eff_rows["label"] == f"{cls}:bwd"]
+        g = group.sort_values("m")
+        if cls not in CONV_CASES or not len(case) or len(g) < 2 or g["m"].iloc[-1] <= g["m"].iloc[0]:
+            continue
+        fixed = fixed_rows[fixed_rows["label"] == f"{cls}:bwd"]
+        base = d.op_s + (max(float(fixed["seconds"].iloc[0]) - d.op_s, 0.0) if len(fixed) else 0.0)
+
+        def roof(r) -> float:
+            return roofline.op_time_s(float(r["flops"]), 0.0, float(r["bytes"]), float(max(r["n"], 1)), spec,
+                                      "fp32", launch_s=0.0)[0]
+        c0, lo, hi = case.iloc[0], g.iloc[0], g.iloc[-1]
+        xs, groups = CONV_CASES[cls][0], CONV_CASES[cls][2]
+        r0 = roofline.op_time_s(float(c0["flops"]), float(c0["n"]), float(c0["bytes"]),
+                                max(float(c0["k"] or 0), 1.0), spec, "fp32", launch_s=0.0)[0]
+        t0, m0 = max(float(c0["seconds"]) - base, 1e-9), float(xs[0] * groups)
+        dt, dr, dm = float(hi["seconds"] - lo["seconds"]), roof(hi) - roof(lo), float(hi["m"] - lo["m"])
+        try:
+            inv_e, price = np.linalg.solve(np.array([[r0, m0], [dr, dm]]), np.array([t0, dt]))
+        except np.linalg.LinAlgError:
+            inv_e, price = 0.0, -1.0
+        if price < 0 or inv_e <= 0:
+            price, inv_e = 0.0, t0 / r0
+        table_out[key] = {"bwd": float(price)}
+        eff[roofline.op_efficiency_key(f"{cls}:bwd", "fp32")] = float(min(max(1.0 / inv_e, 1e-4),
+                                                                            efficiency_cap(spec)))
+        shown.append(f"{cls}: {price * 1e9:.0f} ns per call, backward efficiency {1.0 / inv_e:.4f}")
+    if not shown:
+        return spec
+    sources = dict(spec.sources)
+    sources["op_row_s"] = "; ".join(filter(None, (sources.get("op_row_s", ""), (
+        f"{d.stamp}: <class>:gemm_call, the price of one sgemm call of a GEMM-based weight gradient, solved with "
+        f"the class's backward efficiency from its opeff case and the slope over the calls: " + "; ".join(shown)))))
+    return dataclasses.replace(spec, op_row_s=table_out, op_efficiency=eff, sources=sources)
 
 
 def module_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:

@@ -13,7 +13,8 @@ perfcheck.predict.roofline.class_efficiency), so each case here sets one class's
                    n = its other FLOPs, bytes: perfcheck.predict.formulas through aten_costs.cost_of, the one
                    op-cost path) / (measured time - one tiny op's dispatch)
   kind ``oprows``  label ``<op> fwd|bwd``, m = rows (indices), k = row length: ``fit_host.row_costs`` sets the
-                   per-row price op_row_s[op][phase] = the slope over the row counts less the roofline's slope
+                   per-row price op_row_s[op][phase] = the slope over the row counts less the roofline's slope;
+                   ``<class>:gemm_call bwd`` (m = sgemm calls): fit_host.gemm_call_costs (predict.gemm_calls)
   kind ``classfixed`` label ``<class>`` or ``<class>:bwd`` (CPU): one tiny call of the class; ``fit._per_op_costs``
                    sets op_fixed_s[label] = its time less one tiny op's dispatch (the class's fixed cost per call,
                    host time in the estimator) and takes it out of the class's ``opeff`` case before the
@@ -29,27 +30,16 @@ import torch
 
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.cases import Case, l2_cache_bytes
+from perfcheck.calibrate.conv_shapes import CONV_CASES
 from perfcheck.calibrate.op_cases import ROW_CASE_LENGTH
 from perfcheck.calibrate.layers import CallModule
 from perfcheck.predict.aten_costs import cost_of
 from perfcheck.predict.host import EVICTED_SUFFIX
+from perfcheck.predict.gemm_calls import gemm_call_key
 from perfcheck.predict.trace import trace_model
 
 aten = torch.ops.aten
 
-#: Convolution classes (perfcheck.predict.aten_costs.op_class): input (N, C, *spatial), weight, groups, stride,
-#: padding. Mid-size shapes of each family (a MobileNet-like depthwise 3x3 and 5x5 at 64 channels, a
-#: grouped 3x3 with 8 channels per group, a ResNet-like dense 3x3 at 64 channels, a Conv1d, a 2x up-sampling
-#: transposed conv), not any benchmark model's layer.
-CONV_CASES = {
-    "convolution_depthwise": ((4, 64, 16, 16), (64, 1, 3, 3), 64, 1, 1),
-    "convolution_depthwise_large": ((4, 64, 16, 16), (64, 1, 5, 5), 64, 1, 2),
-    "convolution_grouped": ((4, 64, 16, 16), (64, 8, 3, 3), 8, 1, 1),
-    "convolution_wide": ((4, 64, 16, 16), (64, 64, 3, 3), 1, 1, 1),
-    "convolution_1x1": ((4, 64, 16, 16), (64, 64, 1, 1), 1, 1, 0),
-    "convolution_1d": ((4, 64, 128), (64, 64, 3), 1, 1, 1),
-    "convolution_transposed": ((4, 64, 8, 8), (64, 32, 4, 4), 1, 2, 1),
-}
 #: The same classes at the smallest shape of each (batch 2, 8 channels, 4x4 pixels; grouped: 2 groups of 8): the
 #: time of such a call is its class's fixed cost. Why: on the project's Xeon (1 thread, process time, 2026-11-26)
 #: every oneDNN convolution call took 57-104 us forward and ~130 us backward (both gradients) whatever its size,
@@ -180,6 +170,30 @@ def conv_weight_cases(dev) -> list:
             _, of, nb, k = cost[phase]
             out.append(Case(names.OPROWS, f"convolution {phase}", fn, "fp32", float(of), float(nb),
                             (c * c * 9, ROW_CASE_LENGTH, int(max(k, 1)))))
+    return out
+
+
+#: The per-call cases of the depthwise 5x5 backward (``depthwise_call_cases``): channels, output pixels per side,
+#: and the two batch sizes whose difference is the slope over oneDNN's (sample, group) sgemm calls. A 2x2 output
+#: keeps the MACs per call small (2 x 100 of both gradients against a call's ~0.6 us on the project's Xeon), so the
+#: slope is mostly the call; the channels stay fixed so the weight reorder (per weight element) cancels out.
+DEPTHWISE_CALL_CASE = (128, 2, (1, 8))
+
+
+def depthwise_call_cases(dev) -> list:
+    """``convolution_depthwise_large:gemm_call bwd`` (kind ``oprows``; m = the weight gradient's sgemm calls, batch x
+    groups; flops = both gradients' matrix FLOPs; bytes by the formula; n = kernels): aten.convolution_backward of a
+    5x5 depthwise convolution at ``DEPTHWISE_CALL_CASE``'s two batch sizes. ``fit_host.gemm_call_costs`` solves
+    this slope with the class's ``opeff`` backward case for the price per call and the class's backward efficiency
+    (two unknowns, two equations; formulas.conv ``weight_gemm_calls``, bench/results/depthwise_law.md)."""
+    label = "convolution_depthwise_large"
+    ch, pixels, batches = DEPTHWISE_CALL_CASE
+    out = []
+    for n in batches:
+        fwd_fn, _, bwd, x, w = _conv_calls(label, ((n, ch, pixels, pixels), (ch, 1, 5, 5), ch, 1, 2), dev)
+        mf, _, nb, k = formula_costs(fwd_fn, (x, w), ("convolution",))["bwd"]
+        out.append(Case(names.OPROWS, f"{gemm_call_key(label)} bwd", bwd, "fp32", float(mf), float(nb),
+                        (n * ch, ROW_CASE_LENGTH, int(max(k, 1)))))
     return out
 
 
@@ -415,7 +429,7 @@ def op_class_cases(device) -> list:
     # per-row prices are a CPU term (a GPU kernel spreads rows over its threads: roofline.row_prices)
     # a CPU convolution class's fixed cost per call is its kernel's (a GPU's is the host's, per op family)
     # a oneDNN LSTM layer is a CPU kernel (a GPU's nn.LSTM runs cuDNN: aten_costs._cudnn_rnn)
-    cpu_only = (embedding_row_cases(dev) + conv_weight_cases(dev) + conv_fixed_cases(dev)
+    cpu_only = (embedding_row_cases(dev) + conv_weight_cases(dev) + conv_fixed_cases(dev) + depthwise_call_cases(dev)
                 + embedding_bag_fixed_cases(dev) + embedding_bag_max_cases(dev) + rnn_cases(dev)
                 ) if dev.type == "cpu" else []
     return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + cpu_only

@@ -24,6 +24,7 @@ from perfcheck.predict import collectives, reuse, roofline, trace as tracing, ze
 from perfcheck.predict.aten_costs import cost_of, matmul_path_min_dim, op_class, sdpa_cost
 from perfcheck.predict.combine import predicted_times
 from perfcheck.predict.formulas import ZERO
+from perfcheck.predict.gemm_calls import weight_gemm_calls
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, spec_of, torch_dtype
 from perfcheck.predict.host import add_host_columns
@@ -85,13 +86,15 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
                      op.recompute, cost.fwd.rows, cost.bwd.rows, gemm_unaligned(op.call),
                      gemm_dims(op.call), op_class(op.call), cost.fwd.gemms, cost.bwd.gemms, *attn,
                      cost.fwd.pages, cost.bwd.pages, cost.fwd.strided_elems, cost.bwd.strided_elems,
-                     cost.fwd.strided_bytes, cost.bwd.strided_bytes))
+                     cost.fwd.strided_bytes, cost.bwd.strided_bytes,
+                     weight_gemm_calls(op.call) if op.backward and not op.grad_accumulate else 0.0))
     return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
                                        "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "min_dim", "recompute",
                                        "rows_fwd", "rows_bwd", "unaligned", "gemm",
                                        "op_class", "gemms_fwd", "gemms_bwd", "attn_seq", "attn_head_dim",
                                        "attn_causal", "pages_fwd", "pages_bwd", "strided_elems_fwd",
-                                       "strided_elems_bwd", "strided_bytes_fwd", "strided_bytes_bwd"])
+                                       "strided_elems_bwd", "strided_bytes_fwd", "strided_bytes_bwd",
+                                       "weight_gemm_calls_bwd"])
 
 
 def _min_dim(call) -> float:

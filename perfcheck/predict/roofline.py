@@ -30,6 +30,7 @@ import numpy as np
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, row_costs, spec_of
 from perfcheck.predict.attention_kernel import attention_fractions_of
+from perfcheck.predict.gemm_calls import gemm_call_seconds
 from perfcheck.predict import matrix_curve
 from perfcheck.predict.strided import strided_columns, strided_excess_s
 from perfcheck.predict.efficiency import (CLASS_PARENTS, class_efficiency, efficiencies, op_curve_at,  # noqa: F401
@@ -384,7 +385,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
     ``op_efficiency`` of that op in ``dtype`` and phase, read off its curve at the kernel's roofline seconds where
     the spec has one (``op_efficiency()``: a kernel measured slower than the roofline on this machine: a CPU
     convolution with few channels, a max-pool), plus ``rows_<phase>`` x the spec's per-row price of that op
-    (``row_prices``) when the table has that column (on a CPU also ``pages_<phase>`` x ``page_fault_s``).
+    (``row_prices``; and gemm_calls.gemm_call_seconds) where the table has them (CPU: ``pages_<phase>`` x page_fault_s).
     An op family's fixed cost (``op_fixed_s``) is host time: perfcheck.predict.host adds it. Columns ``cold_fwd``,
     ``cold_bwd`` (optional): the share of an op's operand bytes evicted from L2 (``predict.reuse.cold_shares``;
     ``cold_memory_fwd``/``cold_memory_bwd``, where present, the memory term's share instead: fresh outputs counted):
@@ -409,7 +410,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         gemm_priced = calls > 0
         launch = system.launch_overhead_s if launch_s is None else launch_s
         extra = (ops[f"rows_{phase}"].to_numpy(float) * row_prices(system, names, phase, classes)
-                 if f"rows_{phase}" in ops else np.zeros(len(ops)))
+                 if f"rows_{phase}" in ops else np.zeros(len(ops))) + gemm_call_seconds(system, ops, classes, phase)
         if cpu and f"pages_{phase}" in ops:  # first-touch faults of fresh mappings (predict.pages.fresh_pages)
             extra = extra + ops[f"pages_{phase}"].to_numpy(float) * host_constants(system)["page_fault_s"]
         args = (ops[f"macs_{phase}"].to_numpy(float) * 2, ops[f"other_{phase}"].to_numpy(float),
