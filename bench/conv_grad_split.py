@@ -13,11 +13,11 @@ import torch
 aten = torch.ops.aten
 
 
-def cpu_time(fn) -> float:
-    """Seconds per call: the second fastest of 5 loops of ~20 ms (process CPU time)."""
+def cpu_time(fn, loop_s: float = 0.02, min_reps: int = 3) -> float:
+    """Seconds per call: the second fastest of 5 loops of ~``loop_s`` (process CPU time)."""
     fn(); fn()
     t0 = time.process_time(); fn(); one = max(time.process_time() - t0, 1e-6)
-    reps = max(3, min(2000, int(0.02 / one)))
+    reps = max(min_reps, min(2000, int(loop_s / one)))
     best = []
     for _ in range(5):
         t0 = time.process_time()

@@ -7,9 +7,12 @@ pixels, batch 1/2/8), none of them a benchmark model's layer.
 """
 import csv
 import sys
-import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conv_grad_split import cpu_time as split_cpu_time  # noqa: E402
 
 aten = torch.ops.aten
 CHANNELS = (32, 128, 384, 768)
@@ -19,17 +22,8 @@ KERNELS = (3, 5, 7)
 
 
 def cpu_time(fn) -> float:
-    """Seconds per call: the second fastest of 5 loops of ~10 ms (process CPU time)."""
-    fn(); fn()
-    t0 = time.process_time(); fn(); one = max(time.process_time() - t0, 1e-6)
-    reps = max(2, min(2000, int(0.01 / one)))
-    best = []
-    for _ in range(5):
-        t0 = time.process_time()
-        for _ in range(reps):
-            fn()
-        best.append((time.process_time() - t0) / reps)
-    return sorted(best)[1]
+    """Seconds per call: the second fastest of 5 loops of ~10 ms (process CPU time; conv_grad_split's loop)."""
+    return split_cpu_time(fn, loop_s=0.01, min_reps=2)
 
 
 def shapes(max_macs):
