@@ -10,13 +10,19 @@ from perfcheck.schema import ROOT
 HUGE = 1e18  # FLOP/s and B/s so large that every roofline term is ~1e-14 s: only the host, row and GEMM terms are left
 
 
-def host_only_spec(op_row_s=None, **host_values):
-    """The ``cpu`` spec with every host constant 0 but ``host_values``, ``op_row_s`` as given, infinite FLOP/s and
-    bandwidth."""
+def cpu_spec_with_host(**host_values):
+    """The ``cpu`` spec with every host constant 0 but ``host_values`` (its roofline terms as shipped)."""
     base = load_system("cpu")
     values = {k: 0.0 for k in host_constants(base)}
     values.update(host_values)
-    return dataclasses.replace(base, host=values, matrix_flops_per_s={d: HUGE for d in base.matrix_flops_per_s},
+    return dataclasses.replace(base, host=values)
+
+
+def host_only_spec(op_row_s=None, **host_values):
+    """The ``cpu`` spec with every host constant 0 but ``host_values``, ``op_row_s`` as given, infinite FLOP/s and
+    bandwidth."""
+    base = cpu_spec_with_host(**host_values)
+    return dataclasses.replace(base, matrix_flops_per_s={d: HUGE for d in base.matrix_flops_per_s},
                                vector_flops_per_s={d: HUGE for d in base.vector_flops_per_s},
                                mem_bandwidth_bytes_per_s=HUGE, matrix_efficiency_curve=(), mem_bandwidth_curve=(),
                                op_row_s=op_row_s or {})

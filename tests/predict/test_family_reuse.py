@@ -2,7 +2,6 @@
 (a reuse distance over op families, by hand), its calibration case (the op_fixed ops less the convolution, one
 after another), its fit (that round-robin less the same ops' tight loops, by hand) and what the estimator adds
 (op_cold_near_s to a near op, op_cold_s to a far one, by hand on a cell loop)."""
-import dataclasses
 
 import pandas as pd
 import pytest
@@ -10,8 +9,8 @@ import torch
 
 import perfcheck
 from perfcheck.calibrate import case_names, fit, fit_host, op_cases
-from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict.family_reuse import NEAR_DISTANCE, near_reuse
+from _host_only_specs import cpu_spec_with_host as _spec  # the cpu spec, every host constant 0 but the ones given
 
 US = 1e-6
 
@@ -87,13 +86,6 @@ class CellLoop(torch.nn.Module):
         for _ in range(3):
             h = torch.tanh(self.cell(h))
         return h
-
-
-def _spec(**host_values):
-    base = load_system("cpu")
-    values = {k: 0.0 for k in host_constants(base)}
-    values.update(host_values)
-    return dataclasses.replace(base, host=values)
 
 
 def test_estimator_charges_near_ops_the_near_price():

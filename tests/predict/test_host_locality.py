@@ -3,7 +3,6 @@ cost (``op_cold_s``), its calibration case (the op_fixed ops one after another),
 time per op less the same ops' tight loops), and where the estimator adds it (once per computing op and per
 backward node whose family differs from the one before, never a view), by hand; a planted case (ops whose
 switch costs a known busy-wait); and the convolution's fixed cost measured on the path a training batch takes."""
-import dataclasses
 import time
 
 import pandas as pd
@@ -14,15 +13,9 @@ import perfcheck
 from perfcheck.calibrate import fit, fit_host, op_cases
 from perfcheck.calibrate.cases import Case, Timer, run_cases
 from perfcheck.hardware.systems import host_constants, host_source, load_system
+from _host_only_specs import cpu_spec_with_host as _spec  # the cpu spec, every host constant 0 but the ones given
 
 US = 1e-6
-
-
-def _spec(**host_values):
-    base = load_system("cpu")
-    values = {k: 0.0 for k in host_constants(base)}
-    values.update(host_values)
-    return dataclasses.replace(base, host=values)
 
 
 def _row(kind, label, seconds):

@@ -3,7 +3,6 @@ on the embedding rows no index reaches, and a CPU's sqrt of 0 is slow (bench/res
 by hand: the untouched share, the zero elements of an embedding (tied and sparse ones left out), the square roots
 per tensor counted from torch's code, the price in the optimizer's time, the estimator's column and the fit of
 ``sqrt_zero_s`` from its two cases."""
-import dataclasses
 import math
 
 import pandas as pd
@@ -13,19 +12,12 @@ import torch
 import perfcheck
 from perfcheck.calibrate import cases, fit
 from perfcheck.calibrate import case_names as names
-from perfcheck.hardware.systems import host_constants, load_system
 from perfcheck.predict import host, optimizers
 from perfcheck.predict.trace import trace_model
 from perfcheck.predict.zero_rows import untouched_share, zero_elements
+from _host_only_specs import cpu_spec_with_host as _spec  # the cpu spec, every host constant 0 but the ones given
 
 NS = 1e-9
-
-
-def _spec(**host_values):
-    base = load_system("cpu")
-    values = {k: 0.0 for k in host_constants(base)}
-    values.update(host_values)
-    return dataclasses.replace(base, host=values)
 
 
 class _Lookup(torch.nn.Module):
