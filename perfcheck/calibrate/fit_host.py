@@ -18,6 +18,7 @@ from perfcheck.calibrate.conv_shapes import CONV_CASES
 from perfcheck.hardware.host_keys import OPTIM_LINES, op_cold_key, optim_per_tensor_key, optim_step_key
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, RETIRED_ROW_OPS, SystemSpec, host_constants, op_efficiency_max
 from perfcheck.predict import roofline
+from perfcheck.predict import efficiency
 from perfcheck.predict.estimate import estimate
 from perfcheck.predict.gemm_calls import GEMM_CALL_SUFFIX
 from perfcheck.predict.host import EVICTED_SUFFIX
@@ -69,7 +70,7 @@ def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
     # each priced apart in the estimator; keyed <op>@<dtype> (the estimator falls back to <op> for a dtype
     # calibration did not run)
     node = float(host_constants(spec)["autograd_node_s"])
-    low = {roofline.op_efficiency_key(r.label, r.dtype): max(float(r.seconds) - d.op_s - node, 0.0)
+    low = {efficiency.op_efficiency_key(r.label, r.dtype): max(float(r.seconds) - d.op_s - node, 0.0)
            for r in all_fixed[~fp32].itertuples(index=False)}
     eff, sources = {}, dict(spec.sources)
     cap = efficiency_cap(spec)
@@ -82,7 +83,7 @@ def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
         # a class's forward-only case (``<class>:fwd``) less the class's own fixed cost (``<class>``)
         kernel_s = max(float(r.seconds) - d.op_s - fixed.get(r.label, fixed.get(r.label.removesuffix(":fwd"), 0.0)),
                        1e-9)
-        eff[roofline.op_efficiency_key(r.label, r.dtype or "fp32")] = float(min(max(roof / kernel_s, 1e-4), cap))
+        eff[efficiency.op_efficiency_key(r.label, r.dtype or "fp32")] = float(min(max(roof / kernel_s, 1e-4), cap))
     if fixed:
         sources["op_fixed_s"] = (f"{d.stamp}: per aten op, one call on tiny tensors (8x16, 1x1x6x6; a convolution "
                                  f"on 2x1x6x6, the path of a batch >= 2) less one plain tiny op ({d.op_s * 1e6:.2f} us): the op family's fixed cost beyond a "
@@ -128,7 +129,7 @@ def row_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
         name, phase = str(label).rsplit(" ", 1)
         if name in RETIRED_ROW_OPS or name.endswith(GEMM_CALL_SUFFIX):  # the latter: gemm_call_costs
             continue
-        eff = roofline.op_efficiency(spec, name, "fp32")  # the row cases run in fp32
+        eff = efficiency.op_efficiency(spec, name, "fp32")  # the row cases run in fp32
         slopes = []
         for _, g in group.groupby("k", sort=True):
             g = g.sort_values("m")
@@ -198,7 +199,7 @@ def gemm_call_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
         if price < 0 or inv_e <= 0:
             price, inv_e = 0.0, t0 / r0
         table_out[key] = {"bwd": float(price)}
-        eff[roofline.op_efficiency_key(f"{cls}:bwd", "fp32")] = float(min(max(1.0 / inv_e, 1e-4),
+        eff[efficiency.op_efficiency_key(f"{cls}:bwd", "fp32")] = float(min(max(1.0 / inv_e, 1e-4),
                                                                             efficiency_cap(spec)))
         shown.append(f"{cls}: {price * 1e9:.0f} ns per call, backward efficiency {1.0 / inv_e:.4f}")
     if not shown:

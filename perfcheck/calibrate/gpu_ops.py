@@ -13,8 +13,8 @@ alone, so only that op's backward kernels run), with the device held by ``torch.
 queues the calls (``DeviceTimer``), so the events time the kernels back to back and not the host's pace.
 The estimator's own cost of the call (``trace_model`` + ``aten_costs.cost_of`` of the family's aten op: the one
 op-cost path) gives the roofline seconds on the calibrated spec; ``fit_curves`` stores, per op key and phase
-(``roofline.op_efficiency_key``; the backward's key ends in ``:bwd``), the points (roofline seconds per
-kernel, roofline / measured), which ``roofline.op_efficiency`` reads at a kernel's roofline seconds.
+(``efficiency.op_efficiency_key``; the backward's key ends in ``:bwd``), the points (roofline seconds per
+kernel, roofline / measured), which ``efficiency.op_efficiency`` reads at a kernel's roofline seconds.
 
 The attention's math path (``SDPBackend.MATH``: bmm, softmax, bmm) is priced through its parts: the GEMM curve
 and the softmax family here. Causal attention is counted in full, as the estimator's default
@@ -37,6 +37,7 @@ from perfcheck.calibrate.cases import Case, Timer, run_cases
 from perfcheck.calibrate.layers import CallModule
 from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, torch_dtype
 from perfcheck.predict import roofline
+from perfcheck.predict import efficiency
 from perfcheck.predict.aten_costs import cost_of
 from perfcheck.predict.trace import trace_model
 
@@ -253,7 +254,7 @@ def fit_curves(spec: SystemSpec, table) -> dict:
         if roof <= 0 or not math.isfinite(measured):
             continue
         eff = float(min(max(roof / max(measured, 1e-12), 1e-4), 1.0))
-        key = roofline.op_efficiency_key(name if phase == "fwd" else f"{name}:bwd", r.dtype or "fp32")
+        key = efficiency.op_efficiency_key(name if phase == "fwd" else f"{name}:bwd", r.dtype or "fp32")
         points[key][roof / kernels].append(eff)
     return {key: tuple((x, statistics.median(v)) for x, v in sorted(by_x.items())) for key, by_x in points.items()}
 

@@ -6,7 +6,7 @@ a 3x3 depthwise convolution ran 7-13x below the dense convolution's efficiency; 
 with bernoulli_ at 11-18 ns per element (a copy moves an element in ~0.3 ns); an Embedding's backward writes the
 whole dense (vocab x dim) gradient and then adds one row per index, at ~60-100 ns per index beyond its bytes.
 The estimator looks each op's efficiency up by its class first (perfcheck.predict.aten_costs.op_class,
-perfcheck.predict.roofline.class_efficiency), so each case here sets one class's number:
+perfcheck.predict.efficiency.class_efficiency), so each case here sets one class's number:
 
   kind ``opeff``   label ``<class>`` or ``<class>:<phase>``: ``fit_host.per_op_costs`` sets
                    op_efficiency[label] = the estimator's roofline time for the call (flops = its matrix FLOPs,

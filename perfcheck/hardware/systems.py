@@ -270,7 +270,7 @@ class SystemSpec:
     host: Mapping[str, float] = dataclasses.field(default_factory=dict)
     op_fixed_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
     op_efficiency: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    #: op_efficiency key (``roofline.op_efficiency_key``, with ``:bwd`` for the backward) -> ((roofline seconds
+    #: op_efficiency key (``efficiency.op_efficiency_key``, with ``:bwd`` for the backward) -> ((roofline seconds
     #: per kernel, efficiency), ...): a GPU kernel class's measured efficiency by size (LayerNorm, softmax,
     #: embedding and its backward, attention, convolution; perfcheck.calibrate.gpu_ops). Wins over
     #: ``op_efficiency`` for that key.

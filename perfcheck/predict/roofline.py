@@ -12,7 +12,7 @@ device-time path of ``perfcheck.estimate`` and the transformer front-end):
     bound    = "overhead" if the launch term exceeds max(compute, memory), else the larger of the two
 
 e_matrix = the efficiency curve by FLOPs per kernel x ``shape_factor`` (GEMM smallest dimension) x
-``alignment_factor`` (GEMM row strides); ``op_efficiency`` = ``class_efficiency`` (the op's class, phase
+``alignment_factor`` (GEMM row strides); ``op_efficiency`` = ``efficiency.class_efficiency`` (the op's class, phase
 and dtype; a measured curve read at the kernel's roofline seconds); ``rows_s`` = rows x ``row_prices`` (a CPU
 kernel's price per row beyond its elements: an embedding's index, a convolution weight's reorder); the strided
 excess: ``predict.strided``. The host side of each op (dispatch, autograd, module calls) is on a second timeline
@@ -33,8 +33,7 @@ from perfcheck.predict.attention_kernel import attention_fractions_of
 from perfcheck.predict.gemm_calls import gemm_call_seconds
 from perfcheck.predict import matrix_curve
 from perfcheck.predict.strided import strided_columns, strided_excess_s
-from perfcheck.predict.efficiency import (CLASS_PARENTS, class_efficiency, efficiencies, op_curve_at,  # noqa: F401
-                                          op_efficiency, op_efficiency_key)
+from perfcheck.predict.efficiency import efficiencies
 from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401
                                            cold_factor, memory_cold_factor)
 

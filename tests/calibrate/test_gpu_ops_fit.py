@@ -17,6 +17,7 @@ from perfcheck.calibrate import gpu_ops
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.hardware.systems import SystemSpec, load_system
 from perfcheck.predict import roofline
+from perfcheck.predict import efficiency
 
 BW, KERNEL_S = 1e12, 2e-6
 
@@ -66,14 +67,14 @@ def test_roofline_reads_the_curve_by_phase_dtype_and_size(spec):
     curves = {"embedding@bf16": ((10e-6, 0.5), (1000e-6, 0.9)), "embedding:bwd@bf16": ((10e-6, 0.1),)}
     s = dataclasses.replace(spec, op_efficiency_curve=curves, op_efficiency={"embedding": 0.7})
     # log-linear between points: 100 us is halfway in log between 10 and 1000 us -> 0.7
-    assert roofline.op_efficiency(s, "embedding", "bf16", "fwd", 100e-6) == pytest.approx(0.7)
-    assert roofline.op_efficiency(s, "embedding", "bf16", "fwd", 1e-9) == pytest.approx(0.5)  # clamped
-    assert roofline.op_efficiency(s, "embedding", "bf16", "fwd", 1.0) == pytest.approx(0.9)
-    assert roofline.op_efficiency(s, "embedding", "bf16", "bwd", 1.0) == pytest.approx(0.1)  # its own phase
+    assert efficiency.op_efficiency(s, "embedding", "bf16", "fwd", 100e-6) == pytest.approx(0.7)
+    assert efficiency.op_efficiency(s, "embedding", "bf16", "fwd", 1e-9) == pytest.approx(0.5)  # clamped
+    assert efficiency.op_efficiency(s, "embedding", "bf16", "fwd", 1.0) == pytest.approx(0.9)
+    assert efficiency.op_efficiency(s, "embedding", "bf16", "bwd", 1.0) == pytest.approx(0.1)  # its own phase
     # fp32 has no curve: the flat fp32 entry (as before curves existed), for both phases
-    assert roofline.op_efficiency(s, "embedding", "fp32", "bwd", 1e-6) == pytest.approx(0.7)
+    assert efficiency.op_efficiency(s, "embedding", "fp32", "bwd", 1e-6) == pytest.approx(0.7)
     # an op with nothing measured keeps 1
-    assert roofline.op_efficiency(s, "gelu", "bf16", "bwd", 1e-6) == 1.0
+    assert efficiency.op_efficiency(s, "gelu", "bf16", "bwd", 1e-6) == 1.0
 
 
 def test_op_device_times_divides_the_roofline_part_by_the_curve(spec):

@@ -12,6 +12,7 @@ import perfcheck
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, host_constants, load_system
 from perfcheck.predict import host, roofline
+from perfcheck.predict import efficiency
 
 US = 1e-6
 
@@ -418,11 +419,11 @@ def test_op_efficiency_is_kept_and_applied_per_dtype():
     from perfcheck.predict import roofline
 
     spec = dataclasses.replace(_spec("cpu"), op_efficiency={"addmm": 0.5, "addmm@bf16": 0.25})
-    assert roofline.op_efficiency(spec, "addmm", "fp32") == 0.5
-    assert roofline.op_efficiency(spec, "addmm", "tf32") == 0.5  # fp32 tensors
-    assert roofline.op_efficiency(spec, "addmm", "bf16") == 0.25
-    assert roofline.op_efficiency(spec, "addmm", "fp16") == 0.5  # none of its own: fp32's
-    assert roofline.op_efficiency(spec, "mm", "bf16") == 1.0
+    assert efficiency.op_efficiency(spec, "addmm", "fp32") == 0.5
+    assert efficiency.op_efficiency(spec, "addmm", "tf32") == 0.5  # fp32 tensors
+    assert efficiency.op_efficiency(spec, "addmm", "bf16") == 0.25
+    assert efficiency.op_efficiency(spec, "addmm", "fp16") == 0.5  # none of its own: fp32's
+    assert efficiency.op_efficiency(spec, "mm", "bf16") == 1.0
     # in the device time: the roofline part / efficiency (no launch term: kernels' launch set to 0)
     ops = pd.DataFrame({"name": ["addmm"], "macs_fwd": [1e9], "macs_bwd": [0.0], "other_fwd": [0.0], "other_bwd": [0.0],
                         "bytes_fwd": [0.0], "bytes_bwd": [0.0], "kernels_fwd": [1.0], "kernels_bwd": [0.0]})

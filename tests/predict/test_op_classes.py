@@ -9,6 +9,7 @@ import perfcheck
 from perfcheck.hardware.systems import load_system
 from perfcheck.predict import formulas as F
 from perfcheck.predict import host, roofline
+from perfcheck.predict import efficiency
 from perfcheck.predict.aten_costs import OpCall, TensorMeta, cost_of, op_class
 
 aten = torch.ops.aten
@@ -48,13 +49,13 @@ def test_convolution_classes_by_groups_kernel_and_channels():
 def test_class_efficiency_looks_up_phase_then_class_then_name():
     spec = dataclasses.replace(load_system("cpu"), op_efficiency={
         "convolution": 0.5, "convolution_depthwise": 0.1, "convolution_depthwise:bwd": 0.05})
-    assert roofline.class_efficiency(spec, "convolution_depthwise", "convolution", "fp32", "bwd") == 0.05
-    assert roofline.class_efficiency(spec, "convolution_depthwise", "convolution", "fp32", "fwd") == 0.1
-    assert roofline.class_efficiency(spec, "convolution_wide", "convolution", "fp32", "fwd") == 0.5
-    assert roofline.class_efficiency(spec, "relu", "relu", "fp32", "fwd") == 1.0
+    assert efficiency.class_efficiency(spec, "convolution_depthwise", "convolution", "fp32", "bwd") == 0.05
+    assert efficiency.class_efficiency(spec, "convolution_depthwise", "convolution", "fp32", "fwd") == 0.1
+    assert efficiency.class_efficiency(spec, "convolution_wide", "convolution", "fp32", "fwd") == 0.5
+    assert efficiency.class_efficiency(spec, "relu", "relu", "fp32", "fwd") == 1.0
     # a calibration from before the 1x1 class existed: its 1x1 convolutions read as convolution_wide, as then
     old = dataclasses.replace(spec, op_efficiency={"convolution": 0.5, "convolution_wide": 0.9})
-    assert roofline.class_efficiency(old, "convolution_1x1", "convolution", "fp32", "fwd") == 0.9
+    assert efficiency.class_efficiency(old, "convolution_1x1", "convolution", "fp32", "fwd") == 0.9
 
 
 def test_fixed_cost_is_the_class_entry_or_the_name_for_its_own_class():
