@@ -34,10 +34,17 @@ def part_columns(rows, stack, core) -> dict:
     factor a row's work is scaled by (context parallelism's attention core)."""
     listed = [(i, name, cost) for i, r in enumerate(rows) for name, cost in r.parts]
     out = {"owner": np.array([i for i, _, _ in listed], dtype=int), "name": np.array([n for _, n, _ in listed], object)}
-    scale = core[out["owner"]] if listed else 1.0
+    out.update(cost_columns([c for _, _, c in listed], stack, core[out["owner"]] if listed else 1.0))
+    return out
+
+
+def cost_columns(costs, stack, scale) -> dict:
+    """``<field>_<phase>`` arrays of ``costs`` (``formulas.OpCost`` per row), each field but the counts (kernels,
+    rows) multiplied by ``scale`` (per row: context parallelism's attention core)."""
+    out = {}
     for phase in ("fwd", "bwd"):
         for f in FIELDS:
-            values = stack([getattr(getattr(c, phase), f) for _, _, c in listed])
+            values = stack([getattr(getattr(c, phase), f) for c in costs])
             out[f"{f}_{phase}"] = values * (scale if f not in ("kernels", "rows") else 1)
     return out
 
@@ -84,4 +91,4 @@ def device_rows(out, spec, dtype) -> dict:
     return {key: np.concatenate(v) for key, v in d.items()}
 
 
-__all__ = ["ATEN_OF_FORMULA", "FIELDS", "part_columns", "device_rows"]
+__all__ = ["ATEN_OF_FORMULA", "FIELDS", "cost_columns", "part_columns", "device_rows"]

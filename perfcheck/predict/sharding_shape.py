@@ -165,10 +165,11 @@ def norm_sublayer(name, model, rows, cols, eb, *, residual: bool, eager: bool = 
     """The norm's row: ``norm_cost``, or with ``eager`` an RMSNorm as the reference Llama code's Python, its eight
     aten ops as parts (``eager_ops.eager_rms_norm_parts``; a LayerNorm is one kernel anyway); with ``residual`` the
     gradient sum (``gradient_sum``) as a part priced as the add it is (``Sublayer.parts``)."""
-    parts = eager_rms_norm_parts(rows, cols, eb) if eager and model.norm == "rmsnorm" else ()
+    python_rms = eager and model.norm == "rmsnorm"
+    parts = eager_rms_norm_parts(rows, cols, eb) if python_rms else ()
     if residual:
         parts += (("add", gradient_sum(rows, cols, eb)),)
-    main = F.OpCost() if eager and model.norm == "rmsnorm" else norm_cost(model, rows, cols, eb)
+    main = F.OpCost() if python_rms else norm_cost(model, rows, cols, eb)
     return Sublayer(name, "layer_norm", main + eager_total(parts), stage, comms, parts=parts)
 
 

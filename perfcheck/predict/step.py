@@ -30,7 +30,7 @@ from perfcheck.errors import UserError
 from perfcheck.predict import collectives, fsdp, pipeline, roofline, row_times, sharding
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
                                            full_recompute_share, make_options, single_layout, validate_layouts)
-from perfcheck.hardware.systems import element_bytes as elem_bytes, host_constants, spec_of
+from perfcheck.hardware.systems import element_bytes as elem_bytes, spec_of
 
 
 # ---- evaluation ------------------------------------------------------------------------------------
@@ -65,17 +65,12 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
     # The attention core of s/cp queries runs against all s keys: cp x the work of a local (s/cp)^2 core
     # (ring attention: cp blocks of (s/cp) keys; Ulysses: s tokens of heads/cp heads: the same products).
     core = np.isin(out["name"], sharding.CORE_ATTENTION)[:, None] * (cfg.cp.astype(float) - 1) + 1
-    for phase in ("fwd", "bwd"):
-        costs = [getattr(r.cost, phase) for r in rows]
-        for f in ("macs", "flops", "bytes", "kernels", "strided_elems", "strided_bytes"):
-            out[f"{f}_{phase}"] = _stack([getattr(c, f) for c in costs], n) * (core if f != "kernels" else 1)
-    out["parts"] = row_times.part_columns(rows, lambda values: _stack(values, n), core)
+    stack = lambda values: _stack(values, n)  # noqa: E731
+    out.update(row_times.cost_columns([r.cost for r in rows], stack, core))
+    out["parts"] = row_times.part_columns(rows, stack, core)
     out["act_mem"] = _stack([r.cost.act_mem for r in rows], n) * core
     out["params"] = _stack([r.cost.params for r in rows], n)
     out["recomputed_act"] = _stack([r.recomputed_act for r in rows], n) * core
-    for phase in ("fwd", "bwd"):
-        costs = [getattr(r.cost, phase) for r in rows]
-        out[f"rows_{phase}"] = _stack([c.rows for c in costs], n)
     nan = float("nan")
     out["min_dim"] = _stack([nan if r.gemm is None else np.minimum(np.minimum(r.gemm[0], r.gemm[1]), r.gemm[2])
                              for r in rows], n)
