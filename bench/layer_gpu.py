@@ -133,8 +133,12 @@ class Timer:
 
 
 def kernel_class(name: str) -> str:
+    """gemm / attention / elementwise by the kernel's name. cuDNN's fused attention launches auxiliary kernels
+    beside its fprop/bprop (``cudnn::fusion::compute_dot_do_o_specialized``: the backward's rowwise dO . O,
+    ``convert_dq_to_16bits``: dQ's fp32 accumulator to bf16): they are attention's work, classed with it; a block
+    of this benchmark runs no other cuDNN kernel."""
     n = name.lower()
-    if "flash" in n or "fmha" in n or "attention" in n:
+    if "flash" in n or "fmha" in n or "attention" in n or "sdpa" in n or n.startswith("void cudnn::fusion::"):
         return "attention"
     if any(k in n for k in ("gemm", "cutlass", "sm90_xmma", "sm80_xmma", "nvjet", "ampere_", "hopper_", "cublas")):
         return "gemm"
