@@ -18,8 +18,8 @@ dimension). Transferring H100 ratios to an A100 is an assumption: the attention 
 (smallest dimension = head dim 96-160, few heads per GPU) ran at 0.19-0.44 of the reference on the
 H100, whose large tiles suit small products worse than an A100's. One exponent therefore carries them over:
 ``alpha``, applied to those small-dimension ratios on the A100 (0: no penalty, 1: the H100's). It is NOT fitted to
-any run: ``bench/a100_attention.py`` takes it from a public A100 measurement of exactly those products
-(FlashAttention-2's benchmark of PyTorch's unfused attention) and writes it to bench/results/a100_attention.json,
+any run: ``bench/a100_attention.py`` takes it from public measurements of exactly those products on an A100 and
+an H100 (FlashAttention-2's benchmark of PyTorch's unfused attention) and writes it to bench/results/a100_attention.json,
 which this script reads (``ALPHA``). Every run below is scored.
 
 Further scored sets with the same spec and alpha, nothing fitted on them: Korthikanti et al. 2022 Table 5
@@ -174,7 +174,7 @@ def report(df, alpha, fixed) -> str:
              "", "Source of the rows: Narayanan et al. 2021 (arXiv 2104.04473) Table 1 via "
              "`bench/data/published_runs.csv`; measured s/iteration = eq. (3) / (GPUs x TFLOP/s).", "",
              f"alpha = {alpha} (exponent of the H100 attention-shape ratios on the A100), NOT fitted to any run: taken "
-             "from a public A100 measurement of unfused attention by bench/a100_attention.py (bench/results/"
+             "from public A100 and H100 measurements of unfused attention by bench/a100_attention.py (bench/results/"
              "a100_attention.md). Every other constant: datasheets, nccl-tests efficiencies already in the spec, and "
              "the H100 micro-benchmarks shipped in the h100-sxm spec (matrix_shape_curve, "
              "efficiency.matrix_sustained). Every row is scored.", "",
@@ -220,7 +220,8 @@ def report(df, alpha, fixed) -> str:
               "4.4% / 10.3% (3 slower); with the SMs NCCL holds beside the GEMM (the SM-count rule, 0.778) 4.3% / 9.1%; "
               "with the rate a GEMM keeps beside a copy kernel measured on an H200 (0.686, bench/beside_curve.py) "
               "4.1% / 8.2%; alpha taken from the public A100 attention measurement instead of fitted on four "
-              "Narayanan runs (0.65 -> 0.8, bench/a100_attention.py): this table."]
+              "Narayanan runs (0.65 -> 0.7: the A100's unfused attention made to err as the H100's does under its own "
+              "curve, bench/a100_attention.py): this table."]
     lines += ["", "## Not scored: Llama 3 405B (Llama Team 2024, arXiv 2407.21783, Table 4; 430/400/380 TFLOP/s per H100)",
               "", "Tried with the H100 ratios above (alpha = 1, the GPU they were measured on), a 128-layer stand-in "
               "(the paper drops one layer from the first and last of 16 stages), SP, the distributed optimizer, DP "
