@@ -26,7 +26,7 @@ import bisect
 import torch
 
 from perfcheck.predict.aten_costs import OpCall, TensorMeta
-from perfcheck.predict.trace_records import TracedOp
+from perfcheck.predict.trace_records import TracedOp, element_size
 
 #: The op an accumulation is costed as: an out-of-place add of two gradients (read 2, write 1).
 ACCUMULATE_OP = torch.ops.aten.add.Tensor
@@ -86,9 +86,9 @@ def accumulations(seen: dict, made: dict, leaf_owners: dict, elem_bytes) -> list
 
 
 def _meta(shape, dtype, elem_bytes) -> TensorMeta:
-    """The gradient's shape record, in the trace's element size (``elem_bytes`` overrides floating dtypes)."""
+    """The gradient's shape record, in the trace's element size (``elem_bytes``: the trace's ``ElemSize`` or None)."""
     floating = dtype.is_floating_point or dtype.is_complex
-    eb = elem_bytes if (floating and elem_bytes) else torch.empty((), dtype=dtype).element_size()
+    eb = element_size(dtype, torch.empty((), dtype=dtype).element_size(), elem_bytes)
     numel = 1
     for n in shape:
         numel *= int(n)

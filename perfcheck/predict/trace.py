@@ -33,7 +33,7 @@ from perfcheck.errors import UserError
 from perfcheck.model_paths import module_paths, unwrap
 from perfcheck.predict import grad_accumulation
 from perfcheck.predict.trace_modes import FusedCatcher, GradRule, Recorder, Saved, early_stop, mark_backward
-from perfcheck.predict.trace_records import Trace, local_of
+from perfcheck.predict.trace_records import ElemSize, Trace, local_of
 from perfcheck.predict.zero3_twin import aten_linear, shape_twin
 
 
@@ -97,15 +97,22 @@ def _param_device(model) -> torch.device:
     return torch.device("cpu")
 
 
+def _native_dtype(model, example_inputs) -> torch.dtype:
+    """The model's own floating dtype: its first floating parameter's, else buffer's, else input's; else fp32."""
+    tensors = (list(model.parameters()) + list(model.buffers())
+               + [t for t in example_inputs if isinstance(t, torch.Tensor)])
+    return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+
+
 def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwargs=None,
                 fused_dropout: bool = False) -> Trace:
     """Run ``model(*example_inputs, **kwargs)`` once under fake tensors and record what ran.
 
     ``example_inputs``: a tensor or tuple of tensors/values (real, fake or meta), as the model's
-    forward takes them. ``elem_bytes`` overrides the element size of floating tensors (to
-    estimate bf16 on an fp32 model without converting it). ``fused_dropout``: the target is a
-    GPU: attention is the fused kernel and dropout CUDA's single kernel with a 1-byte mask (the
-    estimator sets it for GPU targets; see ``FusedCatcher``).
+    forward takes them. ``elem_bytes`` (bytes per element) runs the model's own floating dtype at that size (to
+    estimate bf16 on an fp32 model without converting it); tensors of other dtypes keep theirs (``ElemSize``).
+    ``fused_dropout``: the target is a GPU: attention is the fused kernel and dropout CUDA's single kernel with a
+    1-byte mask (the estimator sets it for GPU targets; see ``FusedCatcher``).
 
     Parameters, buffers and inputs on the meta device are traced as fake *CPU* tensors, so that a
     model built on the meta device and the same model built on the CPU dispatch to the same
@@ -114,6 +121,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     model = shape_twin(unwrap(model))  # ZeRO-3: full shapes, without DeepSpeed's gather hooks
+    elem_bytes = ElemSize(_native_dtype(model, example_inputs), int(elem_bytes)) if elem_bytes else None
     trace = Trace()
     paths = module_paths(model)
     modules = _ModuleStack(trace, paths)

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from perfcheck.predict.aten_costs import OpCall
-from perfcheck.predict.trace_records import Trace, TracedOp, local_of, meta_of, to_meta
+from perfcheck.predict.trace_records import Trace, TracedOp, element_size, local_of, meta_of, to_meta
 
 
 _REENTRANT_FORWARD = None
@@ -208,8 +208,8 @@ class Saved:
         if key in self.state_storages or not self.stack:
             return
         nbytes = t.untyped_storage().nbytes() if hasattr(t, "untyped_storage") else t.numel() * t.element_size()
-        if self.elem_bytes and t.is_floating_point():
-            nbytes = nbytes * self.elem_bytes // t.element_size()
+        if t.is_floating_point():
+            nbytes = nbytes * element_size(t.dtype, t.element_size(), self.elem_bytes) // t.element_size()
         self.add(key, nbytes, alive)
 
     def pack(self, t):

@@ -49,13 +49,37 @@ def local_of(t: torch.Tensor) -> torch.Tensor:
     return local if isinstance(local, torch.Tensor) and hasattr(t, "placements") else t
 
 
+@dataclass(frozen=True)
+class ElemSize:
+    """The bytes per element an estimate costs a traced tensor at, when the caller asks for another dtype
+    (``estimate(dtype=...)``): the model's own floating dtype ``native`` (its parameters', else its inputs') runs as
+    one of ``nbytes`` per element, and every other dtype keeps its real size. So an fp32 model is costed as a bf16
+    run, while the casts a mixed-precision model makes on purpose stay as they run: a bf16 model's ``x.float()``
+    (Llama's RMSNorm, an fp32 loss) still writes 4 bytes per element, a rotary table stays complex64.
+    (Overriding every floating tensor instead erased those casts: a bf16 block asked for in bf16 lost its eight
+    backward casts and half its cast bytes.)"""
+
+    native: torch.dtype
+    nbytes: int
+
+    def of(self, dtype: torch.dtype, real: int) -> int:
+        """Bytes per element of a tensor of ``dtype`` whose real element size is ``real``."""
+        return self.nbytes if dtype == self.native else real
+
+
+def element_size(dtype: torch.dtype, real: int, size: "ElemSize | None") -> int:
+    """The costed element size of a tensor of ``dtype`` (``real`` bytes) under ``size`` (None: no override)."""
+    return real if size is None else size.of(dtype, real)
+
+
 def meta_of(t: torch.Tensor, elem_bytes_override, grad=None) -> TensorMeta:
     """``grad``: a function tensor -> bool for ``requires_grad`` (default: the tensor's own flag).
-    A DTensor (tensor parallel) is costed at its local shard's shape: one rank's work."""
+    A DTensor (tensor parallel) is costed at its local shard's shape: one rank's work. ``elem_bytes_override``:
+    an ``ElemSize`` or None."""
     rg = bool(t.requires_grad) if grad is None else grad(t)
     t = local_of(t)
     is_float = t.is_floating_point() or t.is_complex()
-    eb = elem_bytes_override if (is_float and elem_bytes_override) else t.element_size()
+    eb = element_size(t.dtype, t.element_size(), elem_bytes_override)
     distinct = math.prod(n for n, st in zip(t.shape, t.stride()) if st != 0) if t.layout == torch.strided else -1
     contiguous = bool(t.is_contiguous()) if t.layout == torch.strided else True
     return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct, contiguous)
