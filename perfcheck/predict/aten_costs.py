@@ -653,6 +653,8 @@ def op_class(c: OpCall) -> str:
       embedding bag ``_embedding_bag`` (sum), ``_embedding_bag_mean``, ``_embedding_bag_max`` (``embedding_bag_class``),
                     each with its fixed cost per call (op_fixed_s[<class>], <class>:bwd:
                     op_classes.embedding_bag_fixed_cases); max's rate: op_classes.embedding_bag_max_cases
+      softmax       ``softmax_block`` (``softmax_class``): rows CUDA's softmax runs with its block kernels, not one warp
+                    per row
       others        the op's name
     """
     if c.name in ("convolution", "_convolution") and len(c.args) > 1 and isinstance(c.args[1], TensorMeta):
@@ -673,7 +675,31 @@ def op_class(c: OpCall) -> str:
         return "gelu_tanh"
     if c.name in ("_embedding_bag", "_embedding_bag_forward_only"):
         return embedding_bag_class(int(c.arg(4, "mode", 0) or 0))
+    if c.name in ("_softmax", "_log_softmax") and c.args and isinstance(c.args[0], TensorMeta):
+        return softmax_class(c.args[0], int(c.arg(1, "dim", -1)), c.name)
     return c.name
+
+
+#: CUDA's softmax keeps a row in one warp's registers (``dispatch_softmax_forward``) only while it has at most this
+#: many elements and bytes (aten/src/ATen/native/cuda/SoftMax.cu, ``host_softmax``: ``dim_size <= 1024 &&
+#: dim_size*sizeof(scalar_t) <= 4096``, the last dimension, inner size 1); longer rows run the block kernels
+#: (``cunn_SoftMaxForward``/``...Smem``, ``cunn_SoftMaxBackward``), which an H100 ran at 0.50 of its bandwidth on
+#: 2048-column fp16 rows where a copy moves 0.89 (bench/results/elementwise_gpu.md).
+SOFTMAX_WARP_ELEMENTS, SOFTMAX_WARP_BYTES = 1024, 4096
+
+
+def softmax_class(x: TensorMeta, dim: int, name: str = "_softmax") -> str:
+    """``softmax_block`` for a (log-)softmax over the last dimension whose rows exceed the warp kernel's limits
+    (``SOFTMAX_WARP_ELEMENTS`` elements or ``SOFTMAX_WARP_BYTES`` bytes), else the op's ``name``. A spec without a
+    ``softmax_block`` entry (every CPU spec) reads the op's own (``efficiency._class_keys``); torch's CPU softmax has
+    no such split."""
+    if not x.shape:
+        return name
+    d = dim % len(x.shape)
+    cols = x.shape[d]
+    last = math.prod(x.shape[d + 1:]) == 1
+    return "softmax_block" if last and (cols > SOFTMAX_WARP_ELEMENTS or cols * x.elem_bytes > SOFTMAX_WARP_BYTES) \
+        else name
 
 
 def embedding_bag_class(mode: int) -> str:
