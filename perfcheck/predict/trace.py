@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_map
 
 from perfcheck.errors import UserError
 from perfcheck.model_paths import module_paths, unwrap
-from perfcheck.predict import grad_accumulation
+from perfcheck.predict import grad_accumulation, relayout
 from perfcheck.predict.trace_modes import FusedCatcher, GradRule, Recorder, Saved, early_stop, mark_backward
 from perfcheck.predict.trace_records import Trace, local_of
 from perfcheck.predict.zero3_twin import aten_linear, shape_twin
@@ -155,6 +155,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
     saved.finish()
     del result
     grad_accumulation.insert(trace, adds)  # after saved.finish(): its liveness checks read ops by index
+    relayout.insert(trace)  # the copies a kernel makes of a permuted input (a LayerNorm's), last: it shifts indices
     return trace
 
 
