@@ -73,7 +73,8 @@ def cases():
                 (f"GroupNorm(8) NCHW {tag}", lambda c=c: nn.GroupNorm(8, c), s),
                 (f"Linear 4x contiguous {tag}", lambda c=c: _Last(nn.Linear(c, 4 * c)), s),
                 (f"Linear 4x permuted {tag}", lambda c=c: Permuted(nn.Linear(c, 4 * c)), s),
-                (f"CNBlock {tag}", lambda c=c: _cnblock(c), s)]
+                (f"CNBlock {tag}", lambda c=c: _cnblock(c), s),
+                (f"CNBlock channels-last {tag}", lambda c=c: _cnblock(c), s + ("nhwc",))]
     return out
 
 
@@ -87,6 +88,13 @@ class _Last(nn.Module):
     def forward(self, x):
         n, c, h, w = x.shape
         return self.inner(x.reshape(n, h, w, c))
+
+
+def _input(shape):
+    """A leaf input of NCHW ``shape``; ``(..., "nhwc")``: in channels-last memory, as ConvNeXt's blocks get theirs."""
+    if shape[-1] == "nhwc":
+        return torch.randn(*shape[:-1]).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    return torch.randn(*shape).requires_grad_(True)
 
 
 def measure(mods, xs, rounds):
@@ -148,7 +156,7 @@ def main(argv=None):
     spec, _ = heldout.calibration(args.calibration, None, print)
     sel = [c for c in cases() if args.only in c[0]]
     mods = [f() for _, f, _ in sel]
-    xs = [torch.randn(*s).requires_grad_(True) for _, _, s in sel]
+    xs = [_input(s) for _, _, s in sel]
     meas = measure(mods, xs, args.rounds)
     print("| case | fwd meas us | fwd pred us | fwd m/p | bwd meas us | bwd pred us | bwd m/p |")
     print("|---|---|---|---|---|---|---|")
