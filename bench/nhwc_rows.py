@@ -9,10 +9,12 @@ table's rows as a check of the anchoring.
 """
 import json
 import sys
+from pathlib import Path
 
 import pandas as pd
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's perfcheck first
 from perfcheck.calibrate.cases import Timer, run_cases
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
 from perfcheck.calibrate.op_classes import conv_cases, conv_fixed_cases
