@@ -15,11 +15,11 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's perfcheck first
-from perfcheck.calibrate.cases import Timer, run_cases
-from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS
-from perfcheck.calibrate.op_classes import conv_cases, conv_fixed_cases
-from perfcheck.calibrate.phase import compute_reference_fn, reanchor, reference_fn
-from perfcheck.predict.aten_costs import NHWC_SUFFIX
+from perfcheck.calibrate.cases import Timer, run_cases  # noqa: E402
+from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS  # noqa: E402
+from perfcheck.calibrate.op_classes import conv_cases, conv_fixed_cases  # noqa: E402
+from perfcheck.calibrate.phase import compute_reference_fn, reanchor, reference_fn  # noqa: E402
+from perfcheck.predict.aten_costs import NHWC_SUFFIX  # noqa: E402
 
 CLASSES = ("convolution_depthwise", "convolution_depthwise_large")
 
