@@ -20,10 +20,13 @@ from perfcheck.predict import trace as tracing  # noqa: E402
 
 BWD = {"aten::convolution_backward": ("convolution", 1), "aten::native_batch_norm_backward": ("native_batch_norm", 1),
        "aten::threshold_backward": ("relu_", 1), "aten::max_pool2d_with_indices_backward": ("max_pool2d_with_indices", 1),
-       "aten::hardswish_backward": ("hardswish_", 1), "aten::hardsigmoid_backward": ("hardsigmoid", 1)}
+       "aten::hardswish_backward": ("hardswish_", 1), "aten::hardsigmoid_backward": ("hardsigmoid", 1),
+       "aten::native_layer_norm_backward": ("native_layer_norm", 1), "aten::gelu_backward": ("gelu", 1),
+       "aten::_softmax_backward_data": ("_softmax", 1)}
 FWD = {"aten::convolution": "convolution", "aten::native_batch_norm": "native_batch_norm", "aten::relu_": "relu_",
        "aten::max_pool2d_with_indices": "max_pool2d_with_indices", "aten::add_": "add_", "aten::mean": "mean",
-       "aten::hardswish_": "hardswish_", "aten::addmm": "addmm"}
+       "aten::hardswish_": "hardswish_", "aten::addmm": "addmm", "aten::native_layer_norm": "native_layer_norm",
+       "aten::gelu": "gelu", "aten::_softmax": "_softmax", "aten::add": "add"}
 
 
 def main(cal, models):

@@ -13,4 +13,8 @@ CONV_CASES = {
     "convolution_1x1": ((4, 64, 16, 16), (64, 64, 1, 1), 1, 1, 0),
     "convolution_1d": ((4, 64, 128), (64, 64, 3), 1, 1, 1),
     "convolution_transposed": ((4, 64, 8, 8), (64, 32, 4, 4), 1, 2, 1),
+    # the depthwise classes again on a channels-last input and output gradient (op_class's ``_nhwc``): oneDNN's
+    # NHWC kernels (bench/results/norm_permuted.md)
+    "convolution_depthwise_nhwc": ((4, 64, 16, 16), (64, 1, 3, 3), 64, 1, 1),
+    "convolution_depthwise_large_nhwc": ((4, 64, 16, 16), (64, 1, 5, 5), 64, 1, 2),
 }

@@ -33,7 +33,7 @@ from perfcheck.calibrate.cases import Case, l2_cache_bytes
 from perfcheck.calibrate.conv_shapes import CONV_CASES
 from perfcheck.calibrate.op_cases import ROW_CASE_LENGTH
 from perfcheck.calibrate.layers import CallModule
-from perfcheck.predict.aten_costs import cost_of
+from perfcheck.predict.aten_costs import NHWC_SUFFIX, cost_of
 from perfcheck.predict.host import EVICTED_SUFFIX
 from perfcheck.predict.gemm_calls import gemm_call_key
 from perfcheck.predict.trace import trace_model
@@ -54,6 +54,8 @@ CONV_FIXED_CASES = {
     "convolution_1x1": ((2, 8, 4, 4), (8, 8, 1, 1), 1, 1, 0),
     "convolution_1d": ((2, 8, 8), (8, 8, 3), 1, 1, 1),
     "convolution_transposed": ((2, 8, 4, 4), (8, 8, 4, 4), 1, 2, 1),
+    "convolution_depthwise_nhwc": ((2, 8, 4, 4), (8, 1, 3, 3), 8, 1, 1),
+    "convolution_depthwise_large_nhwc": ((2, 8, 4, 4), (8, 1, 5, 5), 8, 1, 2),
 }
 #: Elements of the elementwise cases (1 MiB of fp32: in L2, as a layer's activations of a small batch are).
 ELEMENTWISE = 1 << 18
@@ -93,9 +95,12 @@ def _opeff(label, fn, cost, fwd_kernels=1.0, dtype="fp32") -> Case:
 
 def _conv_calls(label, shape, dev) -> tuple:
     """``(forward(x, w), forward(), backward(), x, w)`` of a ``CONV_CASES``-style shape: the functional call, it on
-    fixed tensors, and aten.convolution_backward (input and weight gradients) on a gradient of its output."""
+    fixed tensors, and aten.convolution_backward (input and weight gradients) on a gradient of its output. A class
+    ending in ``aten_costs.NHWC_SUFFIX`` runs on a channels-last input and output gradient (as a model whose
+    activations are channels-last hands them over; the weight stays as ``nn.Conv2d`` makes it)."""
     xs, ws, groups, stride, pad = shape
-    x = torch.randn(*xs, device=dev, requires_grad=True)
+    layout = torch.channels_last if label.endswith(NHWC_SUFFIX) else torch.contiguous_format
+    x = torch.randn(*xs, device=dev).contiguous(memory_format=layout).requires_grad_(True)
     w = torch.randn(*ws, device=dev, requires_grad=True)
     transposed = label == "convolution_transposed"
     nd = len(xs) - 2
@@ -106,7 +111,7 @@ def _conv_calls(label, shape, dev) -> tuple:
         return conv(x, w, None, stride, pad) if transposed else conv(x, w, None, stride, pad, groups=groups)
     with torch.no_grad():
         y = fwd_fn(x, w)
-    g = torch.randn_like(y)
+    g = torch.randn_like(y).contiguous(memory_format=layout if y.dim() == 4 else torch.contiguous_format)
     xd, wd = x.detach(), w.detach()
     args = dict(bias_sizes=None, stride=[stride] * nd, padding=[pad] * nd, dilation=[1] * nd,
                 transposed=transposed, output_padding=[0] * nd, groups=groups, output_mask=[True, True, False])

@@ -35,6 +35,11 @@ class TensorMeta:
     is_float: bool
     distinct: int = -1  # elements actually stored (an expanded view repeats them); -1: numel
     contiguous: bool = True  # row-major dense (a transposed or expanded view is not: predict.strided)
+    #: dense in channels-last order and not row-major (4-D: NHWC strides, what ``x.permute(0, 3, 1, 2)`` of an
+    #: (N, H, W, C) tensor or ``.to(memory_format=torch.channels_last)`` gives): torch's oneDNN convolution runs
+    #: such an input in NHWC (aten/src/ATen/native/ConvUtils.h, ``mkldnn_conv_use_channels_last``); a sliced NCHW
+    #: view is not contiguous either, and runs the NCHW kernels
+    channels_last: bool = False
 
     @property
     def numel(self) -> int:
@@ -632,6 +637,10 @@ def _functional_twin(c: OpCall) -> Optional[OpCall]:
     return OpCall(overload, c.args, c.kwargs, c.outputs)
 
 
+#: Suffix of a depthwise convolution class on a channels-last operand (``op_class``).
+NHWC_SUFFIX = "_nhwc"
+
+
 def op_class(c: OpCall) -> str:
     """The op's efficiency class: the key its ``op_efficiency`` is looked up under first (then its name), for op
     families whose CPU kernels run at different rates by shape (``perfcheck calibrate``'s op-class cases,
@@ -640,6 +649,11 @@ def op_class(c: OpCall) -> str:
       convolution   ``convolution_depthwise`` (groups == C_in > 1: one filter per channel, MobileNet's 3x3;
                     ``convolution_depthwise_large`` above 3x3, 5x5 and 7x7: their backward leaves oneDNN's 3x3
                     kernel, 0.7 ns per MAC against 0.26-0.5 on the project's Xeon),
+                    each with ``_nhwc`` appended where the input or weight is channels-last
+                    (``TensorMeta.channels_last``: torch then runs oneDNN's NHWC kernels, jit:avx512_core's weight
+                    gradient in place of the per-(sample, channel) GEMMs; 1.3-2.6x faster per phase on the
+                    project's Xeon, bench/results/depthwise_law.md section 5; torchvision's ConvNeXt feeds its 7x7
+                    depthwise convolutions the channels-last output of its permuted LayerNorm and layer scale),
                     ``convolution_grouped`` (1 < groups < C_in: ResNeXt, ShuffleNet's grouped 1x1),
                     ``convolution_transposed``; ``convolution_1x1`` for a 1x1 kernel, stride 1, no dilation,
                     batch < 16 (torch's ConvParams::use_mkldnn sends it to the matmul path, not oneDNN, on one
@@ -663,7 +677,8 @@ def op_class(c: OpCall) -> str:
         if bool(c.arg(6, "transposed", False)):
             return "convolution_transposed"
         if groups > 1 and groups == x.shape[1]:
-            return "convolution_depthwise" if math.prod(w.shape[2:]) <= 9 else "convolution_depthwise_large"
+            depthwise = "convolution_depthwise" if math.prod(w.shape[2:]) <= 9 else "convolution_depthwise_large"
+            return depthwise + NHWC_SUFFIX if (x.channels_last or w.channels_last) else depthwise
         if groups > 1:
             return "convolution_grouped"
         if _is_1x1_matmul_path(c, w):

@@ -17,8 +17,10 @@ import numpy as np
 from perfcheck.hardware.systems import normalize_dtype
 
 #: A class split out of another, read as that one where a spec has no entry of its own (a calibration taken before
-#: the split): the 1x1 matrix-product convolutions were ``convolution_wide``.
-CLASS_PARENTS = {"convolution_1x1": "convolution_wide"}
+#: the split): the 1x1 matrix-product convolutions were ``convolution_wide``, a depthwise convolution on a
+#: channels-last input (``aten_costs.op_class``, ``_nhwc``) its NCHW class.
+CLASS_PARENTS = {"convolution_1x1": "convolution_wide", "convolution_depthwise_nhwc": "convolution_depthwise",
+                 "convolution_depthwise_large_nhwc": "convolution_depthwise_large"}
 
 
 def op_efficiency_key(name: str, dtype: str) -> str:

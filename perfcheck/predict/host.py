@@ -74,6 +74,7 @@ from perfcheck.hardware.host_keys import op_cold_key, optim_line, optim_per_tens
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, normalize_dtype, spec_of
 from perfcheck.predict import optimizers
 from perfcheck.predict.aten_costs import is_view_op, op_class
+from perfcheck.predict.efficiency import CLASS_PARENTS
 from perfcheck.predict.family_reuse import near_reuse
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.predict.roofline import compute_time_s, memory_time_s
@@ -234,6 +235,7 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     node = seq["node"].to_numpy(bool)
     k_fwd = seq["kernels_fwd"].to_numpy(float)
     k_bwd = seq["kernels_bwd"].to_numpy(float)
+    seq = seq.assign(op_class=[_measured_class(op_fixed or {}, c) for c in seq["op_class"]])
     fixed = np.array([_fixed_cost(op_fixed or {}, n, c if by_class else n) for n, c in zip(seq["name"], seq["op_class"])],
                      dtype=float)
     fixed_bwd = np.array([_fixed_bwd(op_fixed or {}, c, f, kb, kf) if by_class else f * kb / max(kf, 1.0)
@@ -266,6 +268,13 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
                            np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed_bwd)
     bwd = node * (hc["backward_node_s"] + bwd_kernels + bwd_switch * cold_b)
     return np.where(acc, 0.0, fwd), np.where(acc, hc["op_dispatch_s"], bwd)
+
+
+def _measured_class(op_fixed: dict, op_class: str) -> str:
+    """The class whose fixed costs price ``op_class``: itself where calibration timed its tiny call, else the class
+    it was split out of (``efficiency.CLASS_PARENTS``: a table taken before the split prices it as before)."""
+    parent = CLASS_PARENTS.get(op_class)
+    return parent if parent is not None and op_class not in op_fixed and parent in op_fixed else op_class
 
 
 def _fixed_bwd(op_fixed: dict, op_class: str, fixed: float, k_bwd: float, k_fwd: float) -> float:

@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_map
 
 from perfcheck.errors import UserError
 from perfcheck.model_paths import module_paths, unwrap
-from perfcheck.predict import grad_accumulation
+from perfcheck.predict import grad_accumulation, relayout
 from perfcheck.predict.trace_modes import FusedCatcher, GradRule, Recorder, Saved, early_stop, mark_backward
 from perfcheck.predict.trace_records import ElemSize, Trace, local_of
 from perfcheck.predict.zero3_twin import aten_linear, shape_twin
@@ -162,8 +162,16 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
     outs.clear()  # frees the graphs backward never reaches, and with them their saved tensors
     saved.finish()
     del result
-    grad_accumulation.insert(trace, adds)  # after saved.finish(): its liveness checks read ops by index
+    _insert_unrecorded(trace, adds)  # after saved.finish(): the liveness checks read ops by index
     return trace
+
+
+def _insert_unrecorded(trace, adds) -> None:
+    """Put in ``trace.ops`` the work no dispatch recorded: autograd's gradient accumulations (``adds``,
+    predict.grad_accumulation), then the copies a kernel makes of a permuted input (predict.relayout: a LayerNorm's),
+    last because it shifts the ops' indices."""
+    grad_accumulation.insert(trace, adds)
+    relayout.insert(trace)
 
 
 def _owners(model, state: dict) -> dict:

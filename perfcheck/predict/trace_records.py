@@ -82,7 +82,9 @@ def meta_of(t: torch.Tensor, elem_bytes_override, grad=None) -> TensorMeta:
     eb = element_size(t.dtype, t.element_size(), elem_bytes_override)
     distinct = math.prod(n for n, st in zip(t.shape, t.stride()) if st != 0) if t.layout == torch.strided else -1
     contiguous = bool(t.is_contiguous()) if t.layout == torch.strided else True
-    return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct, contiguous)
+    nhwc = (not contiguous and t.layout == torch.strided and t.dim() == 4
+            and bool(t.is_contiguous(memory_format=torch.channels_last)))
+    return TensorMeta(tuple(t.shape), eb, rg, is_float, distinct, contiguous, nhwc)
 
 
 def to_meta(x, elem_bytes, grad=None):
