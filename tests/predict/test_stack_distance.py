@@ -54,7 +54,8 @@ def test_a_native_rnn_loop_stays_in_l2():
     """nn.RNN(32 -> 96, tanh), batch 4 x 64 steps, fp32. Its distinct data, by hand: the input 4*64*32*4 = 32 KiB,
     W_ih 12 KiB, W_hh 36 KiB, the biases 0.75 KiB, the input projection 4*64*96*4 = 96 KiB, per step the recurrent
     product's and the tanh's outputs (1.5 KiB each: 192 KiB over 64 steps), the stacked output 96 KiB: ~0.5 MiB,
-    and the backward's gradients are a few recycled buffers (<= 96 KiB each). So in a 2 MiB L2 nothing is evicted,
+    and the backward's gradients are recycled buffers, one per size (<= 96 KiB each; ~0.9 MiB in all). So in a 2 MiB
+    L2 nothing is evicted,
     though its kernels move more than 2 MiB (each step's backward re-reads W_hh and writes a 36 KiB weight
     gradient: 64 x ~150 KiB): counted as traffic, every backward product read its saved state as evicted and was
     priced at the cold curve's small end. A 32 KiB cache does evict (the shares are not all 0)."""
