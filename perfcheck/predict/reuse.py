@@ -7,13 +7,14 @@ every time step. A GEMM of 17-67 MFLOP ran 1.2-1.8x its tight-loop time with its
 Xeon, a 2.4 GFLOP one the same (bench/results/cold_operands.md; ``cold_curves.cold_factor`` prices it).
 
 Model (one pass over the traced forward, one over it reversed for the backward): an operand's reuse distance is
-the bytes the step's kernels moved since that storage was last read or written by a kernel
-(``TracedOp.reads``/``writes`` of an op that moves bytes: a view touches no data; each op's bytes are its
-formulas' ``bytes_<phase>``). The backward of op i runs after the backward of every later
-op and touches what op i read and wrote (its saved inputs and weights, its output's gradient), so a storage last
-touched in the forward is as far as the forward's bytes after that touch plus the backward's so far. A storage no
-op touched before in the step (a parameter, the batch) was last touched in the previous step: as far as a whole
-step's bytes. An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``). Each op's cold
+the bytes of the distinct storages kernels touched since that storage was last read or written by a kernel (a
+stack distance, ``all_cold_shares``; ``TracedOp.reads``/``writes`` of an op that moves bytes: a view touches no
+data; the backward's gradients, which are not traced, one buffer per size, ``_touched``). The backward of op i
+runs after the backward of every later op and touches what op i read and wrote (its saved inputs and weights, its
+output's gradient), so a storage last touched in the forward is as far as the distinct data the rest of the
+forward and the backward so far touched. A storage no op touched before in the step (a parameter, the batch) was
+last touched in the previous step: far when the step's kernels move more than the L2 (their bytes, the
+formulas' ``bytes_<phase>``). An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``). Each op's cold
 share is the far operands' bytes over all its operands' bytes (each storage once). A matrix product with any far
 operand is cold (``cold_curves.gemm_cold_blend``: share > 0): with only the weight evicted, a 17-50 MFLOP linear ran 1.16-1.44x
 its tight-loop time against 1.28-1.83x with both operands evicted, more than the weight's share of the operand
@@ -74,12 +75,10 @@ def all_cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
                                                                    if bwd_bytes[i] > 0]
     touched = [_touched(trace.ops[i], fwd_bytes[i] if phase == "fwd" else bwd_bytes[i], phase, i)
                for i, phase in events]
-    sizes = {}
-    for keys in touched:
-        for key, nbytes in keys.items():
-            sizes[key] = max(sizes.get(key, 0.0), nbytes)
-    # a storage no kernel touched before in the step was last touched a step ago: as far as the step's distinct bytes
-    unseen = math.inf if sum(sizes.values()) > cache_bytes else 0.0
+    # a storage no kernel touched before in the step (a parameter, the batch) was last touched a step ago, with the
+    # loss, the optimizer, the data loading and Python's own data in between, none of it traced: far when the step's
+    # kernels move more than the L2 (its traffic, the conservative side), as before this walk counted distinct bytes
+    unseen = math.inf if float(fwd_bytes.sum() + bwd_bytes.sum()) > cache_bytes else 0.0
     stack = _StackDistance(len(events))
     share_f, share_b, share_w = np.zeros(n), np.zeros(n), np.zeros(n)
     at = {(i, phase): e for e, (i, phase) in enumerate(events)}
