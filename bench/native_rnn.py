@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -133,7 +132,9 @@ def per_op_prediction(m, x, spec) -> pd.DataFrame:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calibration", required=True, help="a saved calibration table (heldout --save-calibration); absent: a quick calibration right after the measurement, saved there")
+    ap.add_argument("--calibration", required=True,
+                    help="a saved calibration table (heldout --save-calibration); absent: a quick calibration "
+                         "right after the measurement, saved there")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--measured", default=None, help="a CSV of the layers' measured times: read where it exists, "
                                                      "else written after measuring")
@@ -158,7 +159,7 @@ def main(argv=None):
         calibrate("cpu", mode="quick", device="cpu", comm=False, threads=1, name="auto",
                   clock="process").measurements.to_csv(args.calibration, index=False)
     spec = spec_from(args.calibration)
-    print(f"| layer | measured fwd / bwd ms | predicted fwd / bwd ms | meas/pred fwd / bwd |\n|---|---|---|---|")
+    print("| layer | measured fwd / bwd ms | predicted fwd / bwd ms | meas/pred fwd / bwd |\n|---|---|---|---|")
     for name, (m, x) in mods.items():
         pf, pb = predicted(m, x, spec)
         mf, mb = meas[name]

@@ -14,13 +14,13 @@ runs after the backward of every later op and touches what op i read and wrote (
 output's gradient), so a storage last touched in the forward is as far as the distinct data the rest of the
 forward and the backward so far touched. A storage no op touched before in the step (a parameter, the batch) was
 last touched in the previous step: far when the step's kernels move more than the L2 (their bytes, the
-formulas' ``bytes_<phase>``). An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``). Each op's cold
-share is the far operands' bytes over all its operands' bytes (each storage once). A matrix product with any far
-operand is cold (``cold_curves.gemm_cold_blend``: share > 0): with only the weight evicted, a 17-50 MFLOP linear ran 1.16-1.44x
-its tight-loop time against 1.28-1.83x with both operands evicted, more than the weight's share of the operand
-bytes (19-43%) would give (the packed weight panel stalls the whole kernel; the project's Xeon, 2026-11-26). A
-memory-bound op streams its operands, so only the far bytes refetch: its memory term takes the share
-(``roofline.memory_time_s``); a layer norm whose input the op before just wrote and whose weight (a few KiB) was
+formulas' ``bytes_<phase>``). An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``).
+Each op's cold share is the far operands' bytes over all its operands' bytes (each storage once). A matrix product
+with any far operand is cold (``cold_curves.gemm_cold_blend``: share > 0): with only the weight evicted, a 17-50
+MFLOP linear ran 1.16-1.44x its tight-loop time against 1.28-1.83x with both operands evicted, more than the
+weight's share of the operand bytes (19-43%) would give (the packed weight panel stalls the whole kernel; the
+project's Xeon, 2026-11-26). A memory-bound op streams its operands, so only the far bytes refetch: its memory term
+takes the share (``roofline.memory_time_s``); a layer norm whose input the op before just wrote and whose weight (a few KiB) was
 last read a step ago has a share of a few per mille, not 1.
 Why reuse and not one flag per step: an RNN's recurrent GEMMs re-read the same weight every time step, so they
 stay hot in a step whose working set exceeds L2 (a GRU classifier's step read 0.53 measured/predicted with the
@@ -60,10 +60,10 @@ def all_cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     each an event touching the storages ``_touched`` gives; an operand's distance is the bytes of the *distinct*
     storages touched by the events after its own last touch (``_StackDistance``), not the bytes those events moved.
     Why: an RNN's time-step loop touches the same few storages at every step (the recurrent weight, its gradient,
-    the recycled per-step gradient buffers); summed as traffic, 64 steps of a 96-wide nn.RNN moved 5 MiB between a
-    hidden state's forward and its backward, so every backward GEMM read "far" and was priced at the cold curve's
-    small end (4x96x96: 56 us, 20x its 2.6 us), while the whole backward step measured ~80 us
-    (bench/results/native_rnn.md)."""
+    the recycled per-step gradient buffers); summed as traffic, 64 steps of a 96-wide nn.RNN moved several MiB
+    between a hidden state's forward and its backward (16 MiB in its step, 0.93 MiB distinct), so every backward
+    GEMM read "far" and was priced at the cold curve's small end (4x96x96: 56 us, 20x its 2.6 us), while the whole
+    backward step measured ~50-80 us (bench/results/native_rnn.md)."""
     n = len(trace.ops)
     if cache_bytes <= 0 or not len(ops):
         return np.zeros(len(ops)), np.zeros(len(ops)), np.zeros(len(ops))
@@ -81,7 +81,7 @@ def all_cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     unseen = math.inf if float(fwd_bytes.sum() + bwd_bytes.sum()) > cache_bytes else 0.0
     stack = _StackDistance(len(events))
     share_f, share_b, share_w = np.zeros(n), np.zeros(n), np.zeros(n)
-    at = {(i, phase): e for e, (i, phase) in enumerate(events)}
+    at = set(events)
     # ops moving no bytes in a phase (views) touch nothing: their shares are read where the walk stands
     e = 0
     for i in range(n):
@@ -130,8 +130,9 @@ class _StackDistance:
 
     def touch(self, keys: dict, event: int) -> None:
         for key, nbytes in keys.items():
-            if key in self.last:
-                self._add(*self.last[key][:1], -self.last[key][1])
+            if key in self.last:  # its bytes move from its previous touch to this one
+                before, size = self.last[key]
+                self._add(before, -size)
             self.last[key] = (event, nbytes)
             self._add(event, nbytes)
 
@@ -154,7 +155,9 @@ def _touched(op, moved: float, phase: str, i: int) -> dict:
     recorded = float(sum(storages.values()))
     if phase == "bwd":
         grad = max(moved - recorded, 0.0)
-        return {**storages, **({("grad", grad): grad} if grad > 0 else {})} if recorded > 0 else {("grad", moved): moved}
+        if recorded <= 0:
+            return {("grad", moved): moved}
+        return {**storages, ("grad", grad): grad} if grad > 0 else storages
     if recorded <= 0:
         return {("op", i): moved}
     scale = min(1.0, moved / recorded)
