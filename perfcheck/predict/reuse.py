@@ -20,8 +20,8 @@ with any far operand is cold (``cold_curves.gemm_cold_blend``: share > 0): with 
 MFLOP linear ran 1.16-1.44x its tight-loop time against 1.28-1.83x with both operands evicted, more than the
 weight's share of the operand bytes (19-43%) would give (the packed weight panel stalls the whole kernel; the
 project's Xeon, 2026-11-26). A memory-bound op streams its operands, so only the far bytes refetch: its memory term
-takes the share (``roofline.memory_time_s``); a layer norm whose input the op before just wrote and whose weight (a few KiB) was
-last read a step ago has a share of a few per mille, not 1.
+takes the share (``roofline.memory_time_s``); a layer norm whose input the op before just wrote and whose weight
+(a few KiB) was last read a step ago has a share of a few per mille, not 1.
 Why reuse and not one flag per step: an RNN's recurrent GEMMs re-read the same weight every time step, so they
 stay hot in a step whose working set exceeds L2 (a GRU classifier's step read 0.53 measured/predicted with the
 per-step flag, 0.74 without the term, 0.74 with reuse distances).
