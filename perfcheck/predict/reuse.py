@@ -7,20 +7,21 @@ every time step. A GEMM of 17-67 MFLOP ran 1.2-1.8x its tight-loop time with its
 Xeon, a 2.4 GFLOP one the same (bench/results/cold_operands.md; ``cold_curves.cold_factor`` prices it).
 
 Model (one pass over the traced forward, one over it reversed for the backward): an operand's reuse distance is
-the bytes the step's kernels moved since that storage was last read or written by a kernel
-(``TracedOp.reads``/``writes`` of an op that moves bytes: a view touches no data; each op's bytes are its
-formulas' ``bytes_<phase>``). The backward of op i runs after the backward of every later
-op and touches what op i read and wrote (its saved inputs and weights, its output's gradient), so a storage last
-touched in the forward is as far as the forward's bytes after that touch plus the backward's so far. A storage no
-op touched before in the step (a parameter, the batch) was last touched in the previous step: as far as a whole
-step's bytes. An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``). Each op's cold
-share is the far operands' bytes over all its operands' bytes (each storage once). A matrix product with any far
-operand is cold (``cold_curves.gemm_cold_blend``: share > 0): with only the weight evicted, a 17-50 MFLOP linear ran 1.16-1.44x
-its tight-loop time against 1.28-1.83x with both operands evicted, more than the weight's share of the operand
-bytes (19-43%) would give (the packed weight panel stalls the whole kernel; the project's Xeon, 2026-11-26). A
-memory-bound op streams its operands, so only the far bytes refetch: its memory term takes the share
-(``roofline.memory_time_s``); a layer norm whose input the op before just wrote and whose weight (a few KiB) was
-last read a step ago has a share of a few per mille, not 1.
+the bytes of the distinct storages kernels touched since that storage was last read or written by a kernel (a
+stack distance, ``all_cold_shares``; ``TracedOp.reads``/``writes`` of an op that moves bytes: a view touches no
+data; the backward's gradients, which are not traced, one buffer per size, ``_touched``). The backward of op i
+runs after the backward of every later op and touches what op i read and wrote (its saved inputs and weights, its
+output's gradient), so a storage last touched in the forward is as far as the distinct data the rest of the
+forward and the backward so far touched. A storage no op touched before in the step (a parameter, the batch) was
+last touched in the previous step: far when the step's kernels move more than the L2 (their bytes, the
+formulas' ``bytes_<phase>``). An operand is *far* when its distance exceeds the L2 (``calibration.l2_bytes``).
+Each op's cold share is the far operands' bytes over all its operands' bytes (each storage once). A matrix product
+with any far operand is cold (``cold_curves.gemm_cold_blend``: share > 0): with only the weight evicted, a 17-50
+MFLOP linear ran 1.16-1.44x its tight-loop time against 1.28-1.83x with both operands evicted, more than the
+weight's share of the operand bytes (19-43%) would give (the packed weight panel stalls the whole kernel; the
+project's Xeon, 2026-11-26). A memory-bound op streams its operands, so only the far bytes refetch: its memory term
+takes the share (``roofline.memory_time_s``); a layer norm whose input the op before just wrote and whose weight
+(a few KiB) was last read a step ago has a share of a few per mille, not 1.
 Why reuse and not one flag per step: an RNN's recurrent GEMMs re-read the same weight every time step, so they
 stay hot in a step whose working set exceeds L2 (a GRU classifier's step read 0.53 measured/predicted with the
 per-step flag, 0.74 without the term, 0.74 with reuse distances).
@@ -53,7 +54,16 @@ def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float, *, fresh_writes: b
 
 def all_cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     """``(forward, backward, forward with fresh writes)``: both of ``cold_shares``' forward shares and its backward
-    one from one walk over the trace (the estimator needs all three: a GEMM's flag, a memory term's share)."""
+    one from one walk over the trace (the estimator needs all three: a GEMM's flag, a memory term's share).
+
+    The walk is a stack distance (Mattson et al. 1970): the forward's ops in order, then the backward's in reverse,
+    each an event touching the storages ``_touched`` gives; an operand's distance is the bytes of the *distinct*
+    storages touched by the events after its own last touch (``_StackDistance``), not the bytes those events moved.
+    Why: an RNN's time-step loop touches the same few storages at every step (the recurrent weight, its gradient,
+    the recycled per-step gradient buffers); summed as traffic, 64 steps of a 96-wide nn.RNN moved several MiB
+    between a hidden state's forward and its backward (16 MiB in its step, 0.93 MiB distinct), so every backward
+    GEMM read "far" and was priced at the cold curve's small end (4x96x96: 56 us, 20x its 2.6 us), while the whole
+    backward step measured ~50-80 us (bench/results/native_rnn.md)."""
     n = len(trace.ops)
     if cache_bytes <= 0 or not len(ops):
         return np.zeros(len(ops)), np.zeros(len(ops)), np.zeros(len(ops))
@@ -61,38 +71,103 @@ def all_cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     index = ops["op"].to_numpy(int)
     fwd_bytes[index] = ops["bytes_fwd"].to_numpy(float)
     bwd_bytes[index] = ops["bytes_bwd"].to_numpy(float)
-    step = float(fwd_bytes.sum() + bwd_bytes.sum())
-    unseen = math.inf if step > cache_bytes else 0.0  # last touched a step ago
+    events = [(i, "fwd") for i in range(n) if fwd_bytes[i] > 0] + [(i, "bwd") for i in range(n - 1, -1, -1)
+                                                                   if bwd_bytes[i] > 0]
+    touched = [_touched(trace.ops[i], fwd_bytes[i] if phase == "fwd" else bwd_bytes[i], phase, i)
+               for i, phase in events]
+    # a storage no kernel touched before in the step (a parameter, the batch) was last touched a step ago, with the
+    # loss, the optimizer, the data loading and Python's own data in between, none of it traced: far when the step's
+    # kernels move more than the L2 (its traffic, the conservative side), as before this walk counted distinct bytes
+    unseen = math.inf if float(fwd_bytes.sum() + bwd_bytes.sum()) > cache_bytes else 0.0
+    stack = _StackDistance(len(events))
     share_f, share_b, share_w = np.zeros(n), np.zeros(n), np.zeros(n)
-    moved, last = 0.0, {}
-    for i, op in enumerate(trace.ops):
-        def distance_f(key):
-            return moved - last[key] if key in last else unseen
-        share_f[i] = _far_share(op.reads, distance_f, cache_bytes)
-        share_w[i] = _far_share(op.reads + op.writes, distance_f, cache_bytes)
-        moved += _footprint(op, fwd_bytes[i])
-        if fwd_bytes[i] > 0:  # a view or metadata op reads no data: it leaves the storage where it was
-            for key, _ in op.reads + op.writes:
-                last[key] = moved
-    forward_total, back, last_b = moved, 0.0, {}
+    at = set(events)
+    # ops moving no bytes in a phase (views) touch nothing: their shares are read where the walk stands
+    e = 0
+    for i in range(n):
+        share_f[i] = _far_share(trace.ops[i].reads, lambda key: stack.distance(key, e, unseen), cache_bytes)
+        share_w[i] = _far_share(trace.ops[i].reads + trace.ops[i].writes, lambda key: stack.distance(key, e, unseen),
+                                cache_bytes)
+        if (i, "fwd") in at:
+            stack.touch(touched[e], e)
+            e += 1
     for i in range(n - 1, -1, -1):
-        op = trace.ops[i]
-
-        def distance(key):
-            if key in last_b:
-                return back - last_b[key]
-            return forward_total - last[key] + back if key in last else unseen
-        share_b[i] = _far_share(op.reads, distance, cache_bytes)
-        back += _footprint(op, bwd_bytes[i]) if op.grad_accumulate else bwd_bytes[i]
-        if bwd_bytes[i] > 0:
-            for key, _ in op.reads + op.writes:
-                last_b[key] = back
+        share_b[i] = _far_share(trace.ops[i].reads, lambda key: stack.distance(key, e, unseen), cache_bytes)
+        if (i, "bwd") in at:
+            stack.touch(touched[e], e)
+            e += 1
     return share_f[index], share_b[index], share_w[index]
+
+
+class _StackDistance:
+    """Distinct bytes touched since a storage's last touch, over a sequence of events (a Fenwick tree over event
+    positions holding each storage's bytes at its latest touch: O(log events) per touch and query)."""
+
+    def __init__(self, events: int):
+        self.tree = [0.0] * (events + 1)
+        self.last = {}  # storage key -> (event, bytes) of its latest touch
+
+    def _add(self, pos: int, value: float) -> None:
+        pos += 1
+        while pos < len(self.tree):
+            self.tree[pos] += value
+            pos += pos & -pos
+
+    def _prefix(self, pos: int) -> float:
+        """Sum over events [0, pos)."""
+        total = 0.0
+        while pos > 0:
+            total += self.tree[pos]
+            pos -= pos & -pos
+        return total
+
+    def distance(self, key, now: int, unseen: float) -> float:
+        """Bytes of the distinct storages touched by events after ``key``'s last touch and before event ``now``;
+        ``unseen`` for a storage not touched before."""
+        if key not in self.last:
+            return unseen
+        return self._prefix(now) - self._prefix(self.last[key][0] + 1)
+
+    def touch(self, keys: dict, event: int) -> None:
+        for key, nbytes in keys.items():
+            if key in self.last:  # its bytes move from its previous touch to this one
+                before, size = self.last[key]
+                self._add(before, -size)
+            self.last[key] = (event, nbytes)
+            self._add(event, nbytes)
+
+
+def _touched(op, moved: float, phase: str, i: int) -> dict:
+    """The storages (key -> bytes) an op's kernels in ``phase`` touch, whose lines it brings into the cache.
+
+    Forward: its recorded storages (reads and writes, each once), scaled down to the formula's bytes where those are
+    fewer (a kernel reading part of a tensor); none recorded: a storage of its own of the formula's bytes.
+    Backward: the recorded storages (its saved inputs, weights) and the gradients it writes, which are not traced:
+    the formula's bytes beyond the recorded ones, as one buffer *recycled by size* (key ``("grad", bytes)``): the
+    CPU allocator hands a freed block back to the next request of its size, so a loop's per-step gradients of one
+    shape reuse the same lines (the same reason ``cold_shares`` keeps the backward's outputs out of its share).
+    The engine's gradient accumulation records no storages and adds the incoming gradient into the buffer in place
+    (autograd's ``InputBuffer::accumulate``; a profiler shows ``aten::add_``): two gradient-sized buffers, recycled
+    by size as well (``_footprint``: 2 x the gradient where its formula moves 3)."""
+    if op.grad_accumulate:
+        return {("accumulate", _footprint(op, moved)): _footprint(op, moved)}
+    storages = dict(op.reads + op.writes)
+    recorded = float(sum(storages.values()))
+    if phase == "bwd":
+        grad = max(moved - recorded, 0.0)
+        if recorded <= 0:
+            return {("grad", moved): moved}
+        return {**storages, ("grad", grad): grad} if grad > 0 else storages
+    if recorded <= 0:
+        return {("op", i): moved}
+    scale = min(1.0, moved / recorded)
+    return {key: nbytes * scale for key, nbytes in storages.items()}
 
 
 def _footprint(op, moved: float) -> float:
     """The bytes an op brings into the cache: its distinct storages' bytes (each once) where it records them and
-    they are fewer than the bytes its formula moves, else those. Why: a reuse distance counts the distinct data
+    they are fewer than the bytes its formula moves, else those (``_touched`` reads it for the gradient
+    accumulation). Why: a reuse distance counts the distinct data
     touched in between (Mattson et al. 1970's stack distance), not the traffic: an in-place op reads and writes the
     same lines, and torch's CPU oneDNN LSTM layer re-reads its recurrent weight at every time step. Used for the
     forward (an op's recorded storages are its forward's tensors; its backward also writes gradients they do not

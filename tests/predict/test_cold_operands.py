@@ -126,12 +126,16 @@ def test_reuse_distance_by_hand():
     small, mid = mm(_shares(model, x, 1024)), mm(_shares(model, x, 64 * 1024))
     assert list(small["cold_fwd"]) == pytest.approx([1.0] + [16 / 18] * 6)
     assert list(mid["cold_fwd"]) == pytest.approx([1.0] + [0.0] * 5 + [16 / 18])
-    # backward, walked in reverse: the head's backward runs right after its forward (nothing moved in between):
-    # hot. The last recurrent product's backward reads its weight, last read by its forward 4 + 20 KiB of forward
-    # and 40 + 6 KiB of backward ago (70 KiB), and its input, 20 KiB further: both far, share 1. Each earlier one
-    # re-reads the weight the later step's backward just read (6 KiB of tanh backward between: hot) and its input,
-    # saved in the forward more than 64 KiB ago: far, 2/18
-    assert list(mid["cold_bwd"]) == pytest.approx([2 / 18] * 5 + [1.0, 0.0])
+    # backward, walked in reverse, distances in distinct bytes (a stack distance; the backward's gradients are
+    # buffers recycled by size, reuse._touched): the head's backward runs right after its forward: hot. The last
+    # recurrent product's backward (mm5) reads its weight W and input x5, last touched by its forward; since then
+    # the tanh forward (y5, x6), the head forward (x6, H, out), the head backward (x6, H, out and a 20 KiB gradient
+    # buffer: its 40 KiB less the 20 recorded) and the tanh backward (y5, x6 and a 2 KiB gradient: 6 less 4) touched
+    # y5 2 + x6 2 + H 16 + out 2 + 20 + 2 = 44 KiB distinct: hot (counted as traffic, 70 KiB: far). mm4's input
+    # x4: those 44 KiB and y4, x5 (its own step's forward) and W: 64 KiB, not beyond the 64 KiB cache: hot; mm3's
+    # x3 adds y3 and x4: 68 KiB, far, and so every earlier one: its input's share 2/18 (W: hot, re-read by the
+    # later step's backward just before)
+    assert list(mid["cold_bwd"]) == pytest.approx([2 / 18] * 4 + [0.0, 0.0, 0.0])
     # a cache larger than the whole step (forward ~0.16 MiB, backward ~0.3 MiB): nothing is cold
     huge = mm(_shares(model, x, 2 ** 20))
     assert huge["cold_fwd"].sum() == 0 and huge["cold_bwd"].sum() == 0
