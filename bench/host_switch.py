@@ -14,6 +14,11 @@ elementwise families (k = 1..8, in-place and out-of-place), and the calibration'
 thread, process CPU time, all blocks shuffled per repeat, medians over repeats.
 
     OMP_NUM_THREADS=1 flock /tmp/perfcheck-bench.lock python3 bench/host_switch.py [--repeats 15]
+
+``--modules --measured M.csv --calibration C.csv``: instead, native recurrent layers (nn.GRU, nn.RNN, an nn.GRUCell
+loop) at shapes of no scoring model (hidden 48/200, batch 2/16, 16/64 steps) measured forward and backward
+(bench/native_rnn.py's ``measure``; M.csv written if absent, else read) and predicted on C.csv (a quick
+calibration right after the measurement where C.csv is absent): run it from two trees on the same M.csv and C.csv.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's perfcheck first
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/native_rnn.py
 from perfcheck.calibrate import case_names as names  # noqa: E402
 from perfcheck.calibrate.op_cases import tiny_ops  # noqa: E402
 
@@ -84,6 +90,62 @@ def cycles() -> dict:
     return out
 
 
+class CellLoop(torch.nn.Module):
+    """A hand-written GRU cell loop (nn.GRUCell over the steps of a batch-first input)."""
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.cell, self.hidden = torch.nn.GRUCell(dim, hidden), hidden
+
+    def forward(self, x):
+        h = x.new_zeros(x.shape[0], self.hidden)
+        for t in range(x.shape[1]):
+            h = self.cell(x[:, t], h)
+        return h
+
+
+def layers() -> dict:
+    """name -> (module, input): native recurrent layers at shapes of no scoring model (batch_first)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+
+    def x(b, t, i):
+        return torch.rand(b, t, i, generator=g, requires_grad=True)
+
+    return {"GRU 48->48 b2 t64": (torch.nn.GRU(48, 48, batch_first=True), x(2, 64, 48)),
+            "GRU 32->200 b16 t16": (torch.nn.GRU(32, 200, batch_first=True), x(16, 16, 32)),
+            "GRU 100->48 b16 t64 bi": (torch.nn.GRU(100, 48, batch_first=True, bidirectional=True), x(16, 64, 100)),
+            "RNN 48->48 b2 t64": (torch.nn.RNN(48, 48, batch_first=True), x(2, 64, 48)),
+            "RNN 32->200 b16 t16": (torch.nn.RNN(32, 200, batch_first=True), x(16, 16, 32)),
+            "GRUCell loop 32->48 b2 t32": (CellLoop(32, 48), x(2, 32, 32)),
+            "GRUCell loop 32->200 b16 t16": (CellLoop(32, 200), x(16, 16, 32))}
+
+
+def modules(args):
+    """The recurrent layers measured (or read from --measured) and predicted on --calibration."""
+    import pandas as pd
+    import native_rnn
+    mods = layers()
+    if args.measured and Path(args.measured).exists():
+        saved = pd.read_csv(args.measured).set_index("layer")
+        meas = {n: (float(saved.loc[n, "fwd_s"]), float(saved.loc[n, "bwd_s"])) for n in mods}
+    else:
+        meas = native_rnn.measure(mods, args.repeats)
+        pd.DataFrame([(n, f, b) for n, (f, b) in meas.items()], columns=["layer", "fwd_s", "bwd_s"]).to_csv(
+            args.measured, index=False)
+    if not Path(args.calibration).exists():
+        from perfcheck.calibrate.run import calibrate
+        calibrate("cpu", mode="quick", device="cpu", comm=False, threads=1, name="auto",
+                  clock="process").measurements.to_csv(args.calibration, index=False)
+    spec = native_rnn.spec_from(args.calibration)
+    print({k: f"{v * 1e6:.2f} us" for k, v in spec.host.items() if k.startswith(("op_cold", "op_dispatch"))})
+    print("| layer | measured fwd / bwd ms | predicted fwd / bwd ms | meas/pred fwd / bwd |\n|---|---|---|---|")
+    for name, (m, x) in mods.items():
+        pf, pb = native_rnn.predicted(m, x, spec)
+        mf, mb = meas[name]
+        print(f"| {name} | {mf * 1e3:.2f} / {mb * 1e3:.2f} | {pf * 1e3:.2f} / {pb * 1e3:.2f} | "
+              f"{mf / pf:.2f} / {mb / pb:.2f} |")
+
+
 def time_seq(seq, reps: int) -> float:
     """Process seconds per pass of ``seq`` (fns) repeated ``reps`` times."""
     t0 = time.process_time()
@@ -97,8 +159,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--ops", type=int, default=600, help="op calls per timed block")
+    ap.add_argument("--modules", action="store_true", help="the recurrent layers instead of the cycles")
+    ap.add_argument("--measured", default=None)
+    ap.add_argument("--calibration", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.modules:
+        return modules(args)
     cyc = cycles()
     # tight loops: each distinct (cycle, op index); blocks of one op repeated, or of the cycle in order
     blocks = [("cycle", name, None) for name in cyc] + [("tight", name, j) for name, ops in cyc.items()
