@@ -67,6 +67,19 @@ NEAR = "round-robin near"
 NEAR_LEFT_OUT = ("convolution",)
 
 
+#: Label prefixes of the OPCOLD cases of light families (op_cases.op_cold_light_cases; fit_host.op_cold_light_excess,
+#: ``host.op_cold_light_s``): the families one after another, and each repeated in its own short tight run.
+LIGHT = "round-robin light"
+LIGHT_TIGHT = "light tight"
+#: Calls of each light family in a row in the ``light tight`` case (one switch per this many ops).
+LIGHT_TIGHT_RUN = 32
+
+
+def light_labels(n: int) -> tuple:
+    """The two OPCOLD cases of ``n`` light families: (one after another, each in a tight run)."""
+    return f"{LIGHT} x{n}", f"{LIGHT_TIGHT} x{n}"
+
+
 def round_robin_label(n: int, after_filler: bool = False) -> str:
     """The OPCOLD case: ``n`` tiny ops called one after another (``after_filler``: each round after the cold filler)."""
     return f"{AFTER_FILLER if after_filler else 'round-robin'} x{n}"

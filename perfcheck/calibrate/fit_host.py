@@ -274,6 +274,7 @@ def op_cold_excess(table, dtype: str = "fp32", after_filler: bool = True) -> Opt
     if not len(rr) or not len(fixed):
         return None
     rr = rr[~rr["label"].astype(str).str.startswith(names.NEAR)]  # the light round-robin: op_cold_near_excess
+    rr = rr[~rr["label"].astype(str).str.startswith((names.LIGHT, names.LIGHT_TIGHT))]  # op_cold_light_excess
     after = rr[rr["label"].astype(str).str.startswith(names.AFTER_FILLER)]
     tight_rr = rr[~rr["label"].astype(str).str.startswith(names.AFTER_FILLER)]
     if not len(tight_rr) and not len(after):
@@ -299,6 +300,26 @@ def op_cold_near_excess(table) -> Optional[tuple]:
         return None
     per_op, tight = float(rr.iloc[0]["seconds"]), float(fixed["seconds"].mean())
     return max(per_op - tight, 0.0), len(fixed), per_op, tight
+
+
+def op_cold_light_excess(table) -> Optional[tuple]:
+    """``(op_cold_light_s, ops, round-robin s per op, tight s per op)`` from the fp32 ``round-robin light`` and
+    ``light tight`` cases of one op count (op_cases.op_cold_light_cases): the first less the second, floored at 0.
+
+    Derivation: the round-robin's op i costs p_i + c (c: what a switch within a light cycle costs), the tight
+    runs' p_i + c / R (one switch per R = LIGHT_TIGHT_RUN calls); per op over the N families, round-robin - tight =
+    c (1 - 1/R), and c = (round-robin - tight) / (1 - 1/R). None without both rows."""
+    rr = rows_of(table, names.OPCOLD)
+    rr = rr[fp32_rows(rr)]
+    labels = rr["label"].astype(str)
+    cyc, tight = rr[labels.str.startswith(names.LIGHT)], rr[labels.str.startswith(names.LIGHT_TIGHT)]
+    if not len(cyc) or not len(tight):
+        return None
+    n = names.count_of(cyc.iloc[0]["label"])
+    if n != names.count_of(tight.iloc[0]["label"]):
+        return None
+    per_op, t = float(cyc.iloc[0]["seconds"]), float(tight.iloc[0]["seconds"])
+    return max(per_op - t, 0.0) / (1.0 - 1.0 / names.LIGHT_TIGHT_RUN), n, per_op, t
 
 
 def launch(d: Draft, table, threads):
@@ -398,6 +419,12 @@ def _host_cold(table, put, kind: str):
                                        f"{', '.join(names.NEAR_LEFT_OUT)}) called one after another, {near[2] * 1e6:.2f} us "
                                        f"per op, less the same ops each in a tight loop, {near[3] * 1e6:.2f} us per op "
                                        f"(mean); perfcheck.predict.family_reuse")
+    light = op_cold_light_excess(table) if kind not in AFTER_FILLER_KINDS else None
+    if light is not None:
+        put("op_cold_light_s", light[0], f"{light[1]} light op families (pointwise, a copy, a small GEMM) called one "
+                                         f"after another, {light[2] * 1e6:.2f} us per op, less each {names.LIGHT_TIGHT_RUN} "
+                                         f"times in a row, {light[3] * 1e6:.2f} us per op; "
+                                         f"perfcheck.predict.family_reuse.light_reuse")
 
 
 def _host_optimizers(host, put):

@@ -85,7 +85,7 @@ def op_cold_cases(device, dtypes=()) -> list:
     per_dtype = [("fp32", list(tiny_ops(dev).values()))] + [
         (dt, list(tiny_ops(dev, torch_dtype(dt), grad=True).values())) for dt in dtypes]
     return ([_round_robin(dt, ops) for dt, ops in per_dtype] + op_cold_filler_cases(dev, per_dtype)
-            + op_cold_near_cases(dev))
+            + op_cold_near_cases(dev) + op_cold_light_cases(dev))
 
 
 def op_cold_near_cases(device) -> list:
@@ -101,6 +101,43 @@ def op_cold_near_cases(device) -> list:
         for fn in ops:
             fn()
     return [Case(names.OPCOLD, names.near_label(len(ops)), round_robin, "fp32", per_call=len(ops), host=True)]
+
+
+def light_ops(dev) -> dict:
+    """aten family -> a call of it on tiny tensors: 13 light families (``family_reuse.is_light``: pointwise ops in
+    place and not, a copy, a small GEMM), so in a cycle each family's last call was 12 others ago, the distance
+    ``family_reuse.NEAR_DISTANCE`` covers."""
+    g = torch.Generator().manual_seed(0)
+    a, b, s = (torch.rand(8, 16, generator=g).to(dev) for _ in range(3))
+    w, bias = torch.rand(16, 16, generator=g).to(dev), torch.rand(16, generator=g).to(dev)
+    return {"add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b, "div": lambda: a / (b + 1),
+            "add_": lambda: s.add_(b), "mul_": lambda: s.mul_(1.0), "sigmoid_": lambda: s.sigmoid_(),
+            "tanh_": lambda: s.tanh_(), "sigmoid": lambda: a.sigmoid(), "tanh": lambda: a.tanh(),
+            "relu": lambda: a.relu(), "clone": lambda: a.clone(), "addmm": lambda: torch.addmm(bias, a, w)}
+
+
+def op_cold_light_cases(device) -> list:
+    """Two OPCOLD cases over ``light_ops``: one call of each family in turn (label ``round-robin light x13``, time
+    per op) and each family ``case_names.LIGHT_TIGHT_RUN`` times in a row before the next (``light tight x13``, time per op:
+    the families' tight-loop mean, timed in the same case run a moment apart rather than by the op_fixed cases).
+    The first less the second is ``op_cold_light_s`` (fit_host.op_cold_light_excess). Why: on the project's Xeon
+    (1 thread, process time, bench/results/host_switch.md) a switch among such families cost 0.1-0.75 us, the near
+    round-robin's 1.4 us, of which its norms, pooling, mean, gelu and embedding made most; and the near price,
+    a difference against tight loops timed minutes apart, swung 2.3-5.5 us between calibrations.
+    NB: the tight run pays 1 switch per ``case_names.LIGHT_TIGHT_RUN`` ops (subtracted once by the fit: negligible)."""
+    ops = list(light_ops(torch.device(device)).values())
+    rr, tight = names.light_labels(len(ops))
+
+    def round_robin():
+        for fn in ops:
+            fn()
+
+    def tight_runs():
+        for fn in ops:
+            for _ in range(names.LIGHT_TIGHT_RUN):
+                fn()
+    return [Case(names.OPCOLD, rr, round_robin, "fp32", per_call=len(ops), host=True),
+            Case(names.OPCOLD, tight, tight_runs, "fp32", per_call=len(ops) * names.LIGHT_TIGHT_RUN, host=True)]
 
 
 def _round_robin(dt: str, ops, between=None) -> Case:

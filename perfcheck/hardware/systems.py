@@ -121,6 +121,10 @@ HOST_KEYS = {
     "op_cold_near_s": "op_cold_s for an op whose family ran at most a few light families ago (a recurrent layer's "
                       "time step; perfcheck.predict.family_reuse; perfcheck/calibrate/op_cases.py op_cold_near_cases); "
                       "read only where calibration measured it, else op_cold_s",
+    "op_cold_light_s": "op_cold_near_s for a near op in a cycle of light families only (pointwise ops, copies, "
+                       "splits, small GEMMs: a native GRU/RNN time step; perfcheck.predict.family_reuse.light_reuse; "
+                       "perfcheck/calibrate/op_cases.py op_cold_light_cases); read only where calibration measured "
+                       "it, else op_cold_near_s",
     **{op_cold_key(dt): f"op_cold_s for a model run in {dt} (measured on tensors needing a gradient; a spec that "
                           f"has no measured value uses op_cold_s)" for dt in ("bf16", "fp16")},
     "autograd_node_s": "extra forward host time of an op whose input needs a gradient (grad_fn node, saved tensors)",

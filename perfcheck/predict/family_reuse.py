@@ -17,32 +17,79 @@ the convolution, ``NEAR_DISTANCE + 1`` = 13 families, so each op's family ran 12
 distance it measures), any other switching op ``op_cold_s``; a repeat of the op before pays nothing, as before.
 NB: families are counted, not their code bytes; between the near round-robin's 12 and the micro-benchmark's
 flat range (up to 23) the rule keeps the full price, the conservative side.
+
+Light cycles (``light_reuse``): the near round-robin's 13 families include six of large code (batch and layer
+norm, mean, max-pool, gelu, embedding). Measured on the project's Xeon (1 thread, process time, bench/host_switch.py,
+bench/results/host_switch.md), a switch inside a cycle of pointwise ops, copies, splits and small GEMMs (a native
+GRU or RNN time step at batch 2-16, hidden 48-200; cycles of 2-8 elementwise families) cost 0.1-0.75 us over the
+tight loops, while the near round-robin's switch cost 1.4 us (its six large-code ops 1.8 us, its seven others 0.4
+us) and ``op_cold_near_s`` read 2.3-5.5 us across calibrations. So an op is *light-near* when it is near and it and
+every family run since its last call are light (``is_light``: a TensorIterator pointwise op, tagged ``pointwise``
+in native_functions.yaml, a copy, a split, or a GEMM of ``LIGHT_OTHERS``); it pays ``op_cold_light_s``, the
+excess of calibration's own light round-robin (op_cases.op_cold_light_cases: 13 light families, so again 12
+others between two calls of a family, the distance ``NEAR_DISTANCE`` measures).
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
+import torch
 
 #: Distinct other families between two calls of a family within which the call is near: the near round-robin's
 #: own (perfcheck/calibrate/op_cases.op_cold_near_cases: the 14 tiny ops less the convolution, 13 families).
 NEAR_DISTANCE = 12
+
+#: Light families beside the pointwise-tagged ones: copies (the copy kernel, a TensorIterator loop), splits (views
+#: in all but name), and the GEMMs a recurrent step runs (their code is small and stays warm; their data's
+#: coldness is priced apart, perfcheck.predict.reuse).
+LIGHT_OTHERS = frozenset(("clone", "copy_", "contiguous", "_to_copy", "unsafe_split", "split", "split_with_sizes",
+                          "unsafe_chunk", "chunk", "addmm", "mm", "bmm"))
+
+
+@lru_cache(maxsize=None)
+def is_light(name: str) -> bool:
+    """True for an aten op family of small, shared code: one of ``LIGHT_OTHERS``, or a family with an overload
+    tagged ``pointwise`` (torch.Tag.pointwise: native_functions.yaml's TensorIterator elementwise ops, in place or
+    not: add_, mul_, sigmoid_, tanh, relu, gelu, their backward ops ...). Why: a cycle of such families cost
+    0.1-0.75 us per switch on the project's Xeon, the near round-robin's norms, pooling, mean and embedding 1.8
+    (module docstring)."""
+    if name in LIGHT_OTHERS:
+        return True
+    packet = getattr(torch.ops.aten, str(name), None)
+    if packet is None or not hasattr(packet, "overloads"):
+        return False
+    return any(torch.Tag.pointwise in getattr(getattr(packet, o), "tags", ()) for o in packet.overloads())
 
 
 def near_reuse(names, skip, heavy) -> tuple:
     """``(forward, backward)`` bool arrays: True where a computing op is near (module docstring), per pass.
     ``names``: op family per op; ``skip``: ops outside the walk (views, gradient accumulations); ``heavy``: ops
     whose family evicts the others' code (they are never near themselves and make every op after them far)."""
+    return _passes(names, skip, heavy, light_only=False)
+
+
+def light_reuse(names, skip, heavy) -> tuple:
+    """``(forward, backward)`` bool arrays: True where a computing op is near (``near_reuse``) and it and every
+    family run since its family's last call in the pass are light (``is_light``)."""
+    return _passes(names, skip, heavy, light_only=True)
+
+
+def _passes(names, skip, heavy, light_only: bool) -> tuple:
+    """The forward walk over the computing ops in order and the backward walk in reverse (``_walk``)."""
     names = np.asarray(names, dtype=object)
     skip, heavy = np.asarray(skip, dtype=bool), np.asarray(heavy, dtype=bool)
     idx = np.flatnonzero(~skip)
     fwd, bwd = np.zeros(len(names), dtype=bool), np.zeros(len(names), dtype=bool)
-    fwd[idx] = _walk(names[idx], heavy[idx])
-    bwd[idx] = _walk(names[idx][::-1], heavy[idx][::-1])[::-1]
+    fwd[idx] = _walk(names[idx], heavy[idx], light_only)
+    bwd[idx] = _walk(names[idx][::-1], heavy[idx][::-1], light_only)[::-1]
     return fwd, bwd
 
 
-def _walk(run, heavy) -> np.ndarray:
+def _walk(run, heavy, light_only: bool = False) -> np.ndarray:
     """Near flags along ``run`` in order: an LRU list of families (most recent first); a family found at
-    position p has p distinct others run since its last call; a heavy op empties the list."""
+    position p has p distinct others run since its last call; a heavy op empties the list. ``light_only``: near
+    only when the op's family and the p others are all light (``is_light``)."""
     recent, out = [], np.zeros(len(run), dtype=bool)
     for i, (name, h) in enumerate(zip(run, heavy)):
         if h:
@@ -50,7 +97,7 @@ def _walk(run, heavy) -> np.ndarray:
             continue
         if name in recent:
             p = recent.index(name)
-            out[i] = p <= NEAR_DISTANCE
+            out[i] = p <= NEAR_DISTANCE and (not light_only or all(is_light(f) for f in recent[:p + 1]))
             del recent[p]
         recent.insert(0, name)
     return out

@@ -10,7 +10,8 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
     forward, per traced aten op     op_dispatch_s (view_dispatch_s for a view/metadata op)
                                     + op_cold_s when its family differs from the op before (``op_switches``;
                                     a CPU convolution class: its measured evicted-call excess, ``_class_cold``;
-                                    op_cold_near_s when its family ran a few light families ago, ``family_reuse``)
+                                    op_cold_near_s when its family ran a few light families ago, ``family_reuse``;
+                                    op_cold_light_s when those and it are pointwise/copy/split/small-GEMM ops)
                                     + autograd_node_s when an input needs a gradient (grad_fn node)
     forward, per module call        module_call_s (nn.Module.__call__ and the forward frame)
                                     + module_fixed_s[class] for a standard nn layer (its Python
@@ -75,7 +76,7 @@ from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constan
 from perfcheck.predict import optimizers
 from perfcheck.predict.aten_costs import is_view_op, op_class
 from perfcheck.predict.efficiency import CLASS_PARENTS
-from perfcheck.predict.family_reuse import near_reuse
+from perfcheck.predict.family_reuse import light_reuse, near_reuse
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.predict.roofline import compute_time_s, memory_time_s
 from perfcheck.predict.zero_rows import zero_elements
@@ -211,15 +212,17 @@ def dtype_host_terms(spec, hc: dict, dtype) -> tuple:
 
 
 def _with_cold(hc: dict, spec, dtype, cold: float) -> dict:
-    """``hc`` with the step's ``op_cold_s`` (``cold``: the dtype's, ``dtype_host_terms``) and ``op_cold_near_s``: the
+    """``hc`` with the step's ``op_cold_s`` (``cold``: the dtype's, ``dtype_host_terms``), ``op_cold_near_s``: the
     spec's host block's where calibration measured it (in fp32) and the model runs in fp32/tf32, else ``cold`` (no
-    near discount without its measurement)."""
+    near discount without its measurement), and ``op_cold_light_s`` likewise (else the near price)."""
     try:
         key = None if dtype is None else normalize_dtype(dtype)
     except UserError:
         key = None
-    near = dict(spec.host).get("op_cold_near_s")
-    return {**hc, "op_cold_s": cold, "op_cold_near_s": cold if near is None or key in LOW_HOST_DTYPES else float(near)}
+    near, light = dict(spec.host).get("op_cold_near_s"), dict(spec.host).get("op_cold_light_s")
+    near = cold if near is None or key in LOW_HOST_DTYPES else float(near)
+    light = near if light is None or key in LOW_HOST_DTYPES else float(light)
+    return {**hc, "op_cold_s": cold, "op_cold_near_s": near, "op_cold_light_s": light}
 
 
 def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) -> tuple:
@@ -260,6 +263,11 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     near = hc.get("op_cold_near_s", cold)
     cold_f = np.where(near_f, np.minimum(cold_f, near), cold_f)
     cold_b = np.where(near_b, np.minimum(cold_b, near), cold_b)
+    # a near op in a cycle of light families only (pointwise, copies, splits, small GEMMs) pays op_cold_light_s
+    light_f, light_b = light_reuse(seq["name"].to_numpy(object), view | acc, heavy)
+    light = hc.get("op_cold_light_s", near)
+    cold_f = np.where(light_f, np.minimum(cold_f, light), cold_f)
+    cold_b = np.where(light_b, np.minimum(cold_b, light), cold_b)
     fwd = (np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + fwd_switch * cold_f
            + node * hc["autograd_node_s"])
     # a view's backward node is a view of the gradient unless autograd's formula runs kernels (select_backward's

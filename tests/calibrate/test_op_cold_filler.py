@@ -54,7 +54,8 @@ def test_op_cold_cases_have_a_filler_case_per_dtype():
     assert labels == [(f"round-robin x{n}", "fp32", False), (f"round-robin x{n}", "bf16", False),
                       (f"round-robin after filler x{n}", "fp32", True),
                       (f"round-robin after filler x{n}", "bf16", True),
-                      (f"round-robin near x{n - 1}", "fp32", False)]  # tests/predict/test_family_reuse.py
+                      (f"round-robin near x{n - 1}", "fp32", False),  # tests/predict/test_family_reuse.py
+                      ("round-robin light x13", "fp32", False), ("light tight x13", "fp32", False)]
     # the real filler runs (a forward and backward of other layers) and the case's ops run once each
     got[2].between()
     got[2].fn()

@@ -9,7 +9,7 @@ import torch
 
 import perfcheck
 from perfcheck.calibrate import case_names, fit, fit_host, op_cases
-from perfcheck.predict.family_reuse import NEAR_DISTANCE, near_reuse
+from perfcheck.predict.family_reuse import NEAR_DISTANCE, is_light, light_reuse, near_reuse
 from _host_only_specs import cpu_spec_with_host as _spec  # the cpu spec, every host constant 0 but the ones given
 
 US = 1e-6
@@ -50,7 +50,7 @@ def test_near_up_to_the_distance_then_far():
 
 # ---------------------------------------------------------------------------- calibration case and fit
 def test_near_case_is_the_round_robin_without_the_convolution():
-    near = op_cases.op_cold_cases("cpu")[-1]
+    near = next(c for c in op_cases.op_cold_cases("cpu") if c.label.startswith(case_names.NEAR))
     ops = op_cases.tiny_ops(torch.device("cpu"))
     assert near.kind == "opcold" and near.per_call == len(ops) - 1 == NEAR_DISTANCE + 1
     assert near.label == f"round-robin near x{len(ops) - 1}"
@@ -93,8 +93,9 @@ def test_estimator_charges_near_ops_the_near_price():
     x = (torch.randn(2, 4, requires_grad=True),)
     m = CellLoop()
     warm = perfcheck.estimate(m, x, system=_spec())
-    far = perfcheck.estimate(m, x, system=_spec(op_cold_s=10 * US, op_cold_near_s=10 * US))
-    near = perfcheck.estimate(m, x, system=_spec(op_cold_s=10 * US, op_cold_near_s=1 * US))
+    # (addmm and tanh are light families: the light price is set to the near one here, its own test is below)
+    far = perfcheck.estimate(m, x, system=_spec(op_cold_s=10 * US, op_cold_near_s=10 * US, op_cold_light_s=10 * US))
+    near = perfcheck.estimate(m, x, system=_spec(op_cold_s=10 * US, op_cold_near_s=1 * US, op_cold_light_s=1 * US))
     root = lambda df, col: float(df.set_index("module").loc["(root)", col])  # noqa: E731
     # forward, computing ops addmm tanh addmm tanh addmm tanh (t is a view): every one a switch; the first two far
     # (first calls), the other four near: 6 x 10 us far, 2 x 10 + 4 x 1 = 24 us near
@@ -102,3 +103,74 @@ def test_estimator_charges_near_ops_the_near_price():
     assert root(near, "host_fwd_s") - root(warm, "host_fwd_s") == pytest.approx(24 * US)
     # backward: the 6 nodes in reverse, the same pattern
     assert root(near, "host_bwd_s") - root(warm, "host_bwd_s") == pytest.approx(24 * US)
+
+
+# ---------------------------------------------------------------------------- light cycles (op_cold_light_s)
+def test_light_families():
+    for name in ("add", "add_", "sub", "mul_", "sigmoid_", "tanh", "relu", "gelu", "sigmoid_backward", "clone",
+                 "unsafe_split", "addmm", "mm"):
+        assert is_light(name), name
+    for name in ("native_layer_norm", "native_batch_norm", "embedding", "convolution", "sum", "mean",
+                 "max_pool2d_with_indices", "not_an_aten_op"):
+        assert not is_light(name), name
+
+
+def test_light_by_hand():
+    names = ["addmm", "tanh", "addmm", "native_layer_norm", "tanh", "addmm", "tanh"]
+    near, _ = near_reuse(names, [False] * 7, [False] * 7)
+    light, light_b = light_reuse(names, [False] * 7, [False] * 7)
+    assert list(near) == [False, False, True, False, True, True, True]
+    # addmm 2 after {tanh}; tanh 6 after {addmm}: light. tanh 4 and addmm 5 have the layer norm in between: near only
+    assert list(light) == [False, False, True, False, False, False, True]
+    # backward (6, 5, ..., 0): tanh 4 after {addmm 5} light; addmm 2 after {nln, tanh} and tanh 1 after
+    # {addmm, nln} near only; addmm 0 after {tanh 1} light
+    assert list(light_b) == [True, False, False, False, True, False, False]
+    heavy = [False, False, False, True, False, False, False]  # a heavy op: its families' earlier calls forgotten
+    assert list(light_reuse(names, [False] * 7, heavy)[0]) == [False, False, True, False, False, False, True]
+
+
+def test_light_cases_and_fit_by_hand():
+    cases = [c for c in op_cases.op_cold_cases("cpu") if c.label.startswith((case_names.LIGHT, case_names.LIGHT_TIGHT))]
+    ops = op_cases.light_ops(torch.device("cpu"))
+    assert len(ops) == NEAR_DISTANCE + 1 and all(is_light(n) for n in ops)
+    assert [c.label for c in cases] == [f"round-robin light x{len(ops)}", f"light tight x{len(ops)}"]
+    assert [c.per_call for c in cases] == [len(ops), len(ops) * case_names.LIGHT_TIGHT_RUN]
+    for c in cases:
+        c.fn()
+    # one after another 5 us per op, each 32 in a row 4 us: c (1 - 1/32) = 1 us, c = 32/31 us
+    rows = [_row("opfixed", "a", 4 * US), _row("opfixed", "b", 6 * US), _row("opcold", "round-robin x2", 30 * US),
+            _row("opcold", "round-robin light x13", 5 * US), _row("opcold", "light tight x13", 4 * US)]
+    table = pd.DataFrame(rows)
+    light, n, rr, tight = fit_host.op_cold_light_excess(table)
+    assert (n, rr, tight) == (13, pytest.approx(5 * US), pytest.approx(4 * US))
+    assert light == pytest.approx(32 / 31 * US)
+    assert fit_host.op_cold_excess(table)[0] == pytest.approx(25 * US)  # 30 - (4 + 6) / 2: the light rows left out
+    assert fit_host.op_cold_light_excess(table.iloc[:4]) is None
+    spec = fit.build_spec("cpu", pd.DataFrame([_row("launch", "op", 4 * US), _row("host", "view", 2 * US), *rows]),
+                          peaks="measured", stamp="t")
+    assert spec.host["op_cold_light_s"] == pytest.approx(32 / 31 * US)
+
+
+class NormCellLoop(torch.nn.Module):
+    """Three steps of addmm, native_layer_norm, tanh: near from the second step, never light (the norm)."""
+    def __init__(self):
+        super().__init__()
+        self.cell, self.norm = torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)
+
+    def forward(self, h):
+        for _ in range(3):
+            h = torch.tanh(self.norm(self.cell(h)))
+        return h
+
+
+def test_estimator_charges_light_cycles_the_light_price():
+    torch.manual_seed(0)
+    x = (torch.randn(2, 4, requires_grad=True),)
+    root = lambda df, col: float(df.set_index("module").loc["(root)", col])  # noqa: E731
+    prices = dict(op_cold_s=10 * US, op_cold_near_s=5 * US, op_cold_light_s=1 * US)
+    for m, extra in ((CellLoop(), 2 * 10 + 4 * 1), (NormCellLoop(), 3 * 10 + 6 * 5)):
+        # CellLoop: addmm tanh x 3, 2 first calls far, 4 light; NormCellLoop: 3 first calls far, 6 near, none light
+        warm = perfcheck.estimate(m, x, system=_spec())
+        priced = perfcheck.estimate(m, x, system=_spec(**prices))
+        assert root(priced, "host_fwd_s") - root(warm, "host_fwd_s") == pytest.approx(extra * US)
+        assert root(priced, "host_bwd_s") - root(warm, "host_bwd_s") == pytest.approx(extra * US)

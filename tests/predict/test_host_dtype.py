@@ -44,7 +44,8 @@ def test_bf16_cases_run_each_op_in_bf16_with_gradients():
     # the tight round-robins, then the same after the cold filler (op_cases.op_cold_filler_cases)
     assert [(c.kind, c.dtype, c.per_call, c.between is None) for c in cold] == [
         ("opcold", "fp32", n, True), ("opcold", "bf16", n, True), ("opcold", "fp32", n, False),
-        ("opcold", "bf16", n, False), ("opcold", "fp32", n - 1, True)]  # the near one: test_family_reuse.py
+        ("opcold", "bf16", n, False), ("opcold", "fp32", n - 1, True),  # the near one: test_family_reuse.py
+        ("opcold", "fp32", 13, True), ("opcold", "fp32", 13 * 32, True)]  # the light ones: test_family_reuse.py
     cold[1].fn()  # runs
     assert op_cases.op_fixed_cases("cpu") == [] or all(c.dtype == "fp32" for c in op_cases.op_fixed_cases("cpu"))
 

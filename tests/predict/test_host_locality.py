@@ -51,7 +51,8 @@ def test_build_spec_keeps_the_measured_cold_cost_with_its_source():
 
 
 def test_round_robin_case_calls_each_op_fixed_op_once_per_call():
-    case, after, _near = op_cases.op_cold_cases("cpu")  # the near round-robin: tests/predict/test_family_reuse.py
+    # the near round-robin and the two light cases: tests/predict/test_family_reuse.py
+    case, after, _near, _light, _light_tight = op_cases.op_cold_cases("cpu")
     assert after.label == f"round-robin after filler x{case.per_call}" and after.between is not None
     assert case.between is None
     ops = op_cases.tiny_ops(torch.device("cpu"))
