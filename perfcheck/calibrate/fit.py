@@ -204,7 +204,7 @@ def _matrix(d: Draft, table):
     fixed_mm = seconds_of(table[(table["kind"] != names.OPFIXED) | fp32_rows(table)], names.OPFIXED, "mm")
     mm_fixed = max(fixed_mm - d.op_s, 0.0) if (fixed_mm is not None and d.kind == "cpu") else 0.0
     for dt in measured:
-        rows = mm[mm["dtype"] == dt].sort_values("flops", kind="stable")
+        rows = _timed(mm[mm["dtype"] == dt].sort_values("flops", kind="stable"), dt)
         best = float((rows["flops"] / rows["seconds"]).max())
         if d.peaks == "measured":
             d.matrix[dt] = best
@@ -253,6 +253,18 @@ def _matrix(d: Draft, table):
     d.sources["efficiency.matrix"] = (f"{d.stamp}: {ref} matmul rate {d.relative}, median of the {_LARGEST} largest "
                                       f"shapes" + "".join(f"; {x}: {large[x]:.3f}" for x in measured if x != ref))
     _matrix_cold(d, table)
+
+
+def _timed(rows: pd.DataFrame, dtype: str) -> pd.DataFrame:
+    """The matmul rows that read a time: a case's repeats are read against the tiny-op reference timed before each
+    (``repeats.against_reference``: t - ref), so on a busy machine a small GEMM's reading can fall to the floor
+    (seconds 0 after ``anchored``'s clip at 0): such a row says nothing of the rate and is left out, not read as an
+    infinite one (which made the peak infinite and every prediction after it wrong). None left: a one-line error."""
+    kept = rows[np.isfinite(rows["seconds"].to_numpy(float)) & (rows["seconds"].to_numpy(float) > 0)]
+    if kept.empty:
+        raise UserError(f"calibration: no {dtype} matmul case read a time above the tiny-op reference (the machine "
+                        "was too busy while it ran); run `perfcheck calibrate` again on a quieter machine")
+    return kept
 
 
 def _matrix_cold(d: Draft, table: pd.DataFrame):

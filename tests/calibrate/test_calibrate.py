@@ -339,3 +339,18 @@ def test_small_gemm_efficiency_takes_out_mm_fixed_cost_on_a_cpu():
     # a GPU's loop is timed on the device: only the tiny-op time comes out there, as before
     gpu = build_spec("h100-sxm", pd.DataFrame(rows, columns=list(MEASUREMENT_COLUMNS)), peaks="measured", stamp=STAMP)
     assert dict(gpu.matrix_efficiency_curve)[2.0 * 32 ** 3] < 0.1
+
+
+def test_a_matmul_case_read_at_the_floor_is_left_out_not_an_infinite_peak():
+    """A busy machine can push a small GEMM's reading against the tiny-op reference to 0 s (``anchored``'s floor):
+    the peak is the best of the cases that read a time (the n=1024 one, by hand), the curve leaves the zero row out;
+    every matmul at the floor: a one-line error naming the calibration."""
+    t = _table()
+    t.loc[t["label"] == "mm 64", "seconds"] = 0.0
+    spec = build_spec("cpu", t, peaks="measured", stamp=STAMP, threads=1)
+    assert spec.matrix_flops_per_s["fp32"] == pytest.approx(2 * 1024 ** 3 / (2 * 1024 ** 3 / 100e9 + 2e-6))
+    assert 2.0 * 64 ** 3 not in dict(spec.matrix_efficiency_curve)
+    t.loc[(t["kind"] == "matmul") & (t["dtype"] == "fp32"), "seconds"] = 0.0
+    with pytest.raises(UserError, match="calibration: no fp32 matmul case") as err:
+        build_spec("cpu", t, peaks="measured", stamp=STAMP, threads=1)
+    assert len(str(err.value).splitlines()) == 1
