@@ -1,4 +1,5 @@
 """Fixtures shared by the test modules: the repository's paths and one small measured run."""
+import gc
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,15 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 # 45 s of wall time with 2 threads, 26 s and 23 s with 1 (bench/results/suite_time.md). A test that sets
 # its own thread count still does.
 torch.set_num_threads(1)
+
+# Fewer cyclic-garbage collections for the session (CPython's defaults are 700, 10, 10). With torch, pandas and
+# the test modules loaded, each full (generation 2) collection walks ~300k long-lived objects (~0.3 s on the 2-core
+# VM), and the tests that build many objects (the AST scans of tests/house, traced graphs) set one off every few
+# hundred milliseconds: ~10% of the fast lane's time went to them. A 50k-object first generation and 20x ratios
+# leave a few full collections per session (tests/house + tests/predict: 23 -> 4 full collections, GC time 8.9 s
+# -> 4.6 s; bench/results/fast_lane.md). Nothing here asserts on when garbage is freed; memory stays bounded
+# (a young generation of 50k objects is a few MB).
+gc.set_threshold(50_000, 20, 20)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,8 +22,10 @@ def _modules():
         yield ".".join(parts), path
 
 
+@functools.lru_cache(maxsize=None)
 def _imports(name, path):
-    """perfcheck modules that ``name`` imports anywhere in its source (functions included)."""
+    """perfcheck modules that ``name`` imports anywhere in its source (functions included); found once per file
+    (a frozenset: the cycle test and its planted twin build the graph from the same scan)."""
     tree = _parsed(path)[1]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
@@ -39,7 +41,7 @@ def _imports(name, path):
             found.add(base)
             for a in node.names:  # "from perfcheck.x import y" may import the module perfcheck.x.y
                 found.add(f"{base}.{a.name}")
-    return found
+    return frozenset(found)
 
 
 MODULES = dict(_modules())

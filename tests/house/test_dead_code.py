@@ -10,6 +10,7 @@ what it reports is dead for sure.
 """
 import ast
 import re
+from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,11 +26,27 @@ def _python_files(tops):
                 yield f
 
 
+def walk(tree) -> list:
+    """Every node of ``tree`` in ``ast.walk``'s order (breadth first, fields in order), as a list: the same
+    nodes without ``ast.walk``'s two generators per node, which were a third of this scan's time."""
+    out, todo, node_type = [], deque([tree]), ast.AST
+    while todo:
+        node = todo.popleft()
+        out.append(node)
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, node_type):
+                todo.append(value)
+            elif isinstance(value, list):
+                todo.extend(v for v in value if isinstance(v, node_type))
+    return out
+
+
 def definitions(tree, nodes=None) -> list:
     """(line, name) of every undecorated function, class and method, and every module-level assignment
     (``nodes``: the tree's nodes when already listed)."""
     out = []
-    for node in nodes or ast.walk(tree):
+    for node in nodes or walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.decorator_list:
             out.append((node.lineno, node.name))
     for node in tree.body:
@@ -42,7 +59,7 @@ def references(tree, nodes=None) -> list:
     """Every name a tree uses: names, attributes, imported names and the words of its string constants
     (``nodes``: the tree's nodes when already listed)."""
     out = []
-    for node in nodes or ast.walk(tree):
+    for node in nodes or walk(tree):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Store):
             out.append(node.id)
         elif isinstance(node, ast.Attribute):
@@ -60,7 +77,7 @@ def _exempt(name: str) -> bool:
 
 def dead_names() -> list:
     trees = {f: ast.parse(f.read_text(encoding="utf-8")) for f in _python_files(REFERENCING)}  # each file once
-    nodes = {f: list(ast.walk(tree)) for f, tree in trees.items()}  # ...and walked once for both scans
+    nodes = {f: walk(tree) for f, tree in trees.items()}  # ...and walked once for both scans
     counts = {}
     for f in trees:
         for name in references(trees[f], nodes[f]):
@@ -90,3 +107,11 @@ def test_the_scan_finds_a_planted_dead_function():
     refs = set(references(tree))
     assert {"used", "unused_xyz", "X"} <= set(names) and "_mm" not in names  # decorated: registered, not dead
     assert [n for n in names if n not in refs] == ["unused_xyz", "X"]
+
+
+def test_walk_visits_what_ast_walk_visits():
+    """The scan's walk is ``ast.walk`` made faster, not another traversal: the same nodes in the same order, on
+    this file and on the package's largest module."""
+    for f in (Path(__file__), ROOT / "perfcheck" / "predict" / "aten_costs.py"):
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        assert walk(tree) == list(ast.walk(tree)), f

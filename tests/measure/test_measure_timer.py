@@ -4,6 +4,7 @@ their parent); in-place ops, shared modules, shared inputs, first layers, checkp
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import pytest
@@ -404,6 +405,13 @@ def _timed_forwards(model):
             if isinstance(vars(m).get("forward"), _TimedForward) or isinstance(vars(m).get("_compiled_call_impl"), _TimedForward)}
 
 
+@pytest.fixture
+def unslept(monkeypatch):
+    """The planted sleeps at zero length, for the tests below that check what the timer wraps and unwraps, never a
+    time: TwoSleepy's structure without its 150 ms per forward (0.75 s of each such test's wall time)."""
+    monkeypatch.setattr(sys.modules[__name__], "STRETCH", 0)
+
+
 @pytest.fixture(params=["direct", "forward"])
 def route(request, monkeypatch):
     """Both ways a module is timed without hooks: ``_compiled_call_impl`` (torch's Module.__call__
@@ -417,7 +425,7 @@ def route(request, monkeypatch):
     return request.param
 
 
-def test_timed_forward_keeps_signature_and_copies_run_their_own_forward(route):
+def test_timed_forward_keeps_signature_and_copies_run_their_own_forward(route, unslept):
     import copy
     import inspect
     import io
@@ -516,7 +524,7 @@ def test_two_input_module_backward_ends_at_its_inputs():
     assert_close(row(pc, "right")["bwd_s_median"], 0.015, "right backward")
 
 
-def test_a_wrapper_put_over_ours_keeps_working_after_stop(monkeypatch):
+def test_a_wrapper_put_over_ours_keeps_working_after_stop(monkeypatch, unslept):
     import functools
 
     from perfcheck.measure.timer import torch_internals
