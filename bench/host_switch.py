@@ -32,9 +32,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's perfcheck first
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/native_rnn.py
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/native_rnn.py, bench/op_family_reuse.py
 from perfcheck.calibrate import case_names as names  # noqa: E402
 from perfcheck.calibrate.op_cases import tiny_ops  # noqa: E402
+from op_family_reuse import CellLoop  # noqa: E402
 
 
 def gru_step(b: int, h: int) -> list:
@@ -88,19 +89,6 @@ def cycles() -> dict:
     out["near case: light ops"] = [x for x in near if x[0] in light_names]
     out["near case: other ops"] = [x for x in near if x[0] not in light_names]
     return out
-
-
-class CellLoop(torch.nn.Module):
-    """A hand-written GRU cell loop (nn.GRUCell over the steps of a batch-first input)."""
-    def __init__(self, dim, hidden):
-        super().__init__()
-        self.cell, self.hidden = torch.nn.GRUCell(dim, hidden), hidden
-
-    def forward(self, x):
-        h = x.new_zeros(x.shape[0], self.hidden)
-        for t in range(x.shape[1]):
-            h = self.cell(x[:, t], h)
-        return h
 
 
 def layers() -> dict:

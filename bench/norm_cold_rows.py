@@ -10,19 +10,17 @@ does not run these cases.
     OMP_NUM_THREADS=1 flock /tmp/perfcheck-bench.lock python3 bench/norm_cold_rows.py CAL.csv OUT.csv
 (OUT.csv: CAL.csv with the new rows appended; the saved op_fixed row of the forward's tiny call printed beside.)
 """
-import json
 import sys
 from pathlib import Path
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's perfcheck first
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/case_rows.py
+from case_rows import measured_beside, write_extended  # noqa: E402
 from perfcheck.calibrate import case_names as names  # noqa: E402
-from perfcheck.calibrate.cases import Case, Timer, l2_cache_bytes, run_cases  # noqa: E402
-from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS  # noqa: E402
-from perfcheck.calibrate.phase import compute_reference_fn, reanchor, reference_fn  # noqa: E402
+from perfcheck.calibrate.cases import Case, l2_cache_bytes  # noqa: E402
 from perfcheck.predict.host import EVICTED_SUFFIX  # noqa: E402
 
 LABEL = "native_layer_norm"
@@ -44,21 +42,8 @@ def cases(dev):
 
 
 def main(cal, out):
-    torch.set_num_threads(1)
-    dev = torch.device("cpu")
-    table = run_cases(cases(dev), Timer(dev, "process"), repeats=3, target_s=0.01, reference=reference_fn(dev),
-                      compute_reference=compute_reference_fn(dev))
-    refs = json.loads(open(cal + ".reference.json").read())
-    table = reanchor(table, refs["reference_s"], refs.get("compute_reference_s"))
-    saved = pd.read_csv(cal, keep_default_na=True)
-    old = saved.set_index(["kind", "label"])["seconds"]
-    for r in table.itertuples():
-        was = old.get((r.kind, r.label))
-        print(f"{r.kind:10s} {r.label:45s} now {r.seconds * 1e6:8.1f} us" + (f"  saved {was * 1e6:8.1f} us" if was else ""))
-    new = table[table["kind"] == names.CLASSFIXED][list(MEASUREMENT_COLUMNS)]
-    pd.concat([saved, new], ignore_index=True).to_csv(out, index=False)
-    with open(out + ".reference.json", "w") as f:
-        json.dump(refs, f, indent=1)
+    table, saved, refs = measured_beside(cases(torch.device("cpu")), cal)
+    write_extended(saved, table[table["kind"] == names.CLASSFIXED], refs, out)
 
 
 if __name__ == "__main__":
