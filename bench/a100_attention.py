@@ -89,10 +89,13 @@ class PytorchAttention(torch.nn.Module):
 
 
 def bars() -> pd.DataFrame:
-    """The A100 measurement, one row per configuration, with ``measured_s`` = the benchmark's FLOPs / its TFLOP/s."""
-    df = pd.read_csv(DATA)
-    df["measured_s"] = [benchmark_flops(r) / (r["tflops_per_s"] * 1e12) for _, r in df.iterrows()]
-    return df
+    """The A100 measurement, one row per configuration (``with_seconds``)."""
+    return with_seconds(pd.read_csv(DATA))
+
+
+def with_seconds(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with ``measured_s`` = the benchmark's FLOPs / its TFLOP/s per row."""
+    return df.assign(measured_s=[benchmark_flops(r) / (r["tflops_per_s"] * 1e12) for _, r in df.iterrows()])
 
 
 def benchmark_flops(row) -> float:
@@ -120,9 +123,7 @@ def h100_bars() -> pd.DataFrame:
     """``H100_BARS`` as rows of the A100 table's columns, ``measured_s`` included."""
     rows = [dict(head_dim=d, causal=c, batch=b, seq=s, nheads=HIDDEN // d, tflops_per_s=t)
             for (d, c), ts in H100_BARS.items() for (b, s), t in zip(H100_BATCH_SEQ, ts)]
-    df = pd.DataFrame(rows)
-    df["measured_s"] = [benchmark_flops(r) / (r["tflops_per_s"] * 1e12) for _, r in df.iterrows()]
-    return df
+    return with_seconds(pd.DataFrame(rows))
 
 
 def matched(a100: pd.DataFrame, h100: pd.DataFrame) -> tuple:
