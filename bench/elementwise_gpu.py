@@ -15,6 +15,7 @@ of ``--iters`` timed calls after 3 warm-up calls, achieved bytes/s and its fract
 
     python bench/elementwise_gpu.py --system h200 --csv elementwise.csv     # on the GPU machine
     python bench/elementwise_gpu.py --device cpu --tiny                      # a dry run here
+    python bench/elementwise_gpu.py --softmax --csv softmax.csv              # + softmax by row length, dtype, phase
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from perfcheck.hardware.systems import load_system  # noqa: E402
+from perfcheck.predict.aten_costs import TensorMeta, softmax_class  # noqa: E402
 
 
 def cases(T: int, D: int, device):
@@ -85,6 +87,32 @@ def megatron_cases(device):
     ]
 
 
+#: Row lengths of ``softmax_cases``: both sides of CUDA's one-warp limit (1024 elements, 4096 bytes:
+#: ``aten_costs.softmax_class``) and the long rows of unfused attention and of a loss over a vocabulary.
+SOFTMAX_COLS = (256, 512, 1024, 2048, 4096, 8192, 32768)
+
+
+def softmax_cases(device, elements: int):
+    """torch's softmax over rows of ``SOFTMAX_COLS`` columns (``elements`` in all), forward and backward
+    (``aten._softmax_backward_data``: reads the output and its gradient, writes the input's), fp16, bf16 and fp32:
+    what ``softmax_block`` and the one-warp kernel each run at, per phase and dtype (the specs hold the forward's
+    rate at 2048 fp16 columns only; the backward reads it by fallback). ``path``: "block" where
+    ``aten_costs.softmax_class`` says so, else "warp"."""
+    out = []
+    for dtype, name in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        eb = torch.empty((), dtype=dtype).element_size()
+        for cols in SOFTMAX_COLS:
+            x = torch.randn(max(elements // cols, 1), cols, device=device, dtype=dtype)
+            y, g = torch.softmax(x, -1), torch.randn_like(x)
+            block = softmax_class(TensorMeta((x.shape[0], cols), eb, True, True), -1) == "softmax_block"
+            path = "block" if block else "warp"
+            n = x.numel()
+            out += [(f"softmax fwd {name} {cols} cols", path, lambda x=x: torch.softmax(x, -1), 2 * eb * n),
+                    (f"softmax bwd {name} {cols} cols", path,
+                     lambda y=y, g=g, dtype=dtype: torch.ops.aten._softmax_backward_data(g, y, -1, dtype), 3 * eb * n)]
+    return out
+
+
 def time_case(fn, iters: int, device) -> float:
     for _ in range(3):
         fn()
@@ -113,6 +141,7 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--csv", default="elementwise.csv")
     ap.add_argument("--megatron", action="store_true", help="also a Megatron layer's dropout, softmax, LayerNorm, GELU")
+    ap.add_argument("--softmax", action="store_true", help="also softmax forward and backward by row length and dtype")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     bw = load_system(args.system).mem_bandwidth_bytes_per_s
@@ -137,6 +166,14 @@ def main(argv=None):
                 rows.append(dict(case=name, path=path, T=0, D=0, bytes=nbytes, seconds=s, bytes_per_s=nbytes / s,
                                  fraction=nbytes / s / bw))
                 print(f"EW megatron {path:10} {name:32} {s * 1e6:9.1f} us {nbytes / s / 1e12:6.2f} TB/s "
+                      f"{nbytes / s / bw:5.2f} of {args.system}", flush=True)
+    if args.softmax:
+        with torch.no_grad():
+            for name, path, fn, nbytes in softmax_cases(device, 1 << (12 if args.tiny else 27)):
+                s = time_case(fn, args.iters, device)
+                rows.append(dict(case=name, path=path, T=0, D=0, bytes=nbytes, seconds=s, bytes_per_s=nbytes / s,
+                                 fraction=nbytes / s / bw))
+                print(f"EW softmax {path:6} {name:30} {s * 1e6:9.1f} us {nbytes / s / 1e12:6.2f} TB/s "
                       f"{nbytes / s / bw:5.2f} of {args.system}", flush=True)
     df = pd.DataFrame(rows)
     df.to_csv(args.csv, index=False)
