@@ -26,7 +26,8 @@
 #   | packing 12. Sum 350 before diag: on DEADLINE=400 diag gets ~40 s. Not in the default STEPS (name them):
 #   layers 75 (bench/layer_gpu.py: a torchtitan Llama block at the published rows' shapes, + SUSTAIN_S s back to back) |
 #   heldout 90 (bench/heldout_gpu.py, 15 models; H200 2026-11-27: 88 s phases only, --no-modules; the per-module
-#   hooks hung then, fixed since but not yet timed on a GPU) | beside 60 (bench/gemm_beside_copy.py: 24 s on an H200).
+#   hooks hung then, fixed since but not yet timed on a GPU) | beside 60 (bench/gemm_beside_copy.py: 24 s on an H200) |
+#   softmax 30 (bench/elementwise_gpu.py --softmax: 21 row lengths x dtypes x phases; sized on CPU, not yet timed on a GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR=${OUT:-gpu_check_out}
@@ -153,6 +154,12 @@ if want heldout; then  # budget 90 s: the held-out models (bench/heldout.py's sp
 fi
 if want beside; then  # budget 60 s: a GEMM's / an add's rate beside a k-CTA copy kernel (collectives' SMs and HBM)
   if [ -z "$DRY" ]; then step beside 60 "$PY" bench/gemm_beside_copy.py --csv "$WORK/beside.csv"; fi
+fi
+if want softmax; then  # budget 30 s: torch's softmax fwd/bwd by row length and dtype (aten_costs.softmax_class's two kernels)
+  if [ -n "$DRY" ]; then SM=(--device cpu --tiny); else SM=(--iters 10); fi
+  # the fraction is of the H200's bandwidth when the card is one, else the H100 SXM's (the kinds lent)
+  SMSYS=$("$PY" -c "import torch; print('h200' if torch.cuda.is_available() and 'H200' in torch.cuda.get_device_name() else 'h100-sxm')" 2>/dev/null || echo h100-sxm)
+  step softmax 30 "$PY" bench/elementwise_gpu.py "${SM[@]}" --softmax --system "$SMSYS" --csv "$WORK/softmax.csv"
 fi
 if want layers; then  # budget 60 s: a torchtitan Llama block (8B, 13B, 70B shapes), fwd/bwd by CUDA events + kernel table
   if [ -n "$DRY" ]; then LY=(--device cpu --tiny --iters 1); else LY=(--iters 8 --sustain "${SUSTAIN_S:-20}"); fi
