@@ -545,8 +545,46 @@ def _add_backward(c: OpCall, ins, out) -> F.Cost:
     return F.Cost(flops=flops, bytes=nbytes, kernels=kernels)
 
 
+def _several_kernel_backward(c: OpCall, ins, out) -> Optional[F.Cost]:
+    """The backward of a pointwise op whose derivative autograd computes in several full-size kernels
+    (tools/autograd/derivatives.yaml and FunctionsManual.cpp; each checked against torch.profiler, CPU, torch 2.13:
+    tests/predict/test_pointwise_backward.py), as (kernels, passes of the output's size): a pass reads or writes one
+    tensor of the output's elements. None: the one-kernel rule of ``_pointwise``.
+
+      pow(x, scalar e)   grad * (e * x.pow(e - 1))          pow (a copy for e = 2), e *, grad *:  3 kernels, 7 passes
+      rsqrt(x)           -0.5 * grad * result.pow(3)        -0.5 *, pow, *:                        3 kernels, 7 passes
+      sqrt(x)            grad / (2 * result)                2 *, /:                                2 kernels, 5 passes
+      div(a, b)          a: grad / b; b: -grad * ((a / b) / b)   a: 1 kernel, 3 passes; b: 4, 11 (-, /, /, *)
+
+    Why: pricing these as one kernel of 3 passes left an eager RMSNorm's backward (x.pow(2)) 2 kernels and 4 passes
+    short per norm; on an H200 torchtitan block those were the pow backward's copy and scalar product kernels that no
+    row priced (bench/gpu_results/2026-11-27-layers/layers_h200_kernels.csv)."""
+    grads = [bool(t.is_float and t.requires_grad) for t in ins]
+    if c.name in ("pow", "pow_") and len(c.args) > 1 and not isinstance(c.args[1], TensorMeta) and grads[:1] == [True]:
+        kernels, passes = 3, 7
+    elif c.name in ("rsqrt", "rsqrt_") and grads[:1] == [True]:
+        kernels, passes = 3, 7
+    elif c.name in ("sqrt", "sqrt_") and grads[:1] == [True]:
+        kernels, passes = 2, 5
+    elif c.name in ("div", "div_") and len(ins) == 2 and ins[0].numel == ins[1].numel == out.numel and any(grads):
+        kernels, passes = grads[0] * 1 + grads[1] * 4, grads[0] * 3 + grads[1] * 11
+    else:
+        return None
+    return F.Cost(flops=out.numel * kernels, bytes=passes * out.numel * out.elem_bytes, kernels=kernels)
+
+
+def _broadcast_sums(ins, out) -> F.Cost:
+    """A broadcast operand's gradient is the full-size product summed back to its shape (autograd's
+    ``sum_to_size``): a reduction kernel of its own after the product (torch.profiler: ``mul`` then ``sum`` for the
+    weight of ``x * w``, CPU and CUDA alike), reading the product and writing the operand's elements."""
+    small = [t for t in ins if t.is_float and t.requires_grad and t.numel < out.numel]
+    return F.Cost(flops=out.numel * len(small), kernels=len(small),
+                  bytes=sum(out.numel + t.numel for t in small) * out.elem_bytes)
+
+
 def _pointwise(c: OpCall) -> F.OpCost:
-    """Any op tagged pointwise (add, mul, div, pow, where, masked_fill, ...): 1 FLOP per output."""
+    """Any op tagged pointwise (add, mul, div, pow, where, masked_fill, ...): 1 FLOP per output; backward one kernel per
+    input needing a gradient, except the ops whose derivative runs several (``_several_kernel_backward``)."""
     ins = [t for t in c.tensors()]
     out = c.outputs[0] if c.outputs else None
     if out is None:
@@ -556,8 +594,9 @@ def _pointwise(c: OpCall) -> F.OpCost:
     saves = 0 if c.name in ("add", "add_", "sub", "sub_", "neg", "clone") else len(ins)
     fwd = F.Cost(flops=out.numel, bytes=in_bytes + out.numel * out.elem_bytes, kernels=1)
     bwd = (_add_backward(c, ins, out) if c.name in _GRAD_IS_THE_OUTPUTS else
+           _several_kernel_backward(c, ins, out) or
            F.Cost(flops=out.numel * grad_inputs, bytes=(out.numel * (1 + grad_inputs) + saves * out.numel) * out.elem_bytes,
-                  kernels=grad_inputs))
+                  kernels=grad_inputs) + _broadcast_sums(ins, out))
     if any(t.off_vector_loop(out.numel) for t in ins):  # a broadcast or strided operand (predict.strided)
         fwd = replace(fwd, strided_elems=out.numel, strided_bytes=fwd.bytes)
         # the gradient of each full-size operand reads the broadcast one (g * w); add/sub's pass through

@@ -52,11 +52,14 @@ def eager_rms_norm_parts(rows, cols, elem_bytes) -> tuple:
     forward: x.float() (eb + 4 per element; only where eb < 4: on fp32 it returns x), pow (4 + 4), mean (4; writes a
     row), + eps and rsqrt (on the rows), x * r (4 + 4, reads the row), .type_as(x) (4 + eb; only where eb < 4),
     * weight (eb + eb, reads the weight): 7 x 4 + 4 eb bytes per element in bf16 (36), eight kernels.
-    backward as autograd runs them: * weight's two gradients (g w: eb + eb; the weight's, summed over rows: 3 eb:
-    two kernels), .type_as's (4 + eb), x * r's two (g r: 4 + 4, summed per row; g x: 3 x 4: two kernels), rsqrt's
-    (rows; + eps passes its gradient on), mean's expand (4), pow's (g 2x: 3 x 4), the sum of x's two gradients (autograd's add, 3 x 4),
-    x.float()'s (4 + eb): 14 x 4 + 7 eb per element in bf16 (70), ten kernels (the + eps hands its gradient on). FLOPs: pow, mean, each product
-    one per element forward, their gradients two per product; the row ops one per row.
+    backward as autograd runs them: * weight's two gradients (g w: eb + eb; the weight's: the product g x_n, 3 eb,
+    then its sum over rows, eb: three kernels), .type_as's (4 + eb), x * r's two (g r: 4 + 4; r's: the product
+    g x, 3 x 4, then its sum per row, 4: three kernels; ``aten_costs._broadcast_sums``), rsqrt's
+    (rows, three kernels: ``aten_costs._several_kernel_backward``; + eps passes its gradient on), mean's expand (4),
+    pow's (grad * (2 * x.pow(1)): a copy, a scalar product, a product: 7 x 4, three kernels), the sum of x's two
+    gradients (autograd's add, 3 x 4), x.float()'s (4 + eb): 19 x 4 + 8 eb per element in bf16 (92), sixteen
+    kernels, as torch.profiler lists them (the + eps hands its gradient on). FLOPs: pow, mean, each product one per
+    element forward, their gradients three per product (the sum's included), pow's three; the row ops one per row.
     Off a GPU's vectorised loop (``predict.strided``), n elements each: forward x.float() (a widening cast), x * r
     (r broadcast), * weight (broadcast); backward .type_as's (widening), mean's expand, x * r's and * weight's (a
     broadcast operand). Saved (on the last part): x.float(), the row statistic, the normalised output in eb."""
@@ -64,12 +67,13 @@ def eager_rms_norm_parts(rows, cols, elem_bytes) -> tuple:
     wide = eb < FP32
     w = cols * eb
     parts = [
-        ("pow", _cost(8 * n, 12 * n, flops=(n, n))),
+        ("pow", _cost(8 * n, 28 * n, flops=(n, 3 * n), kernels=(1, 3))),  # backward: x.pow(1), 2 *, grad *
         ("mean", _cost(4 * n + row, 4 * n + row, flops=(n, 0), strided=((0, 0), (n, 4 * n + row)))),
         ("add", _cost(2 * row, 0, flops=(rows, 0), kernels=(1, 0))),  # + eps: its gradient passes through
-        ("rsqrt", _cost(2 * row, 3 * row, flops=(rows, rows))),
-        ("mul", _cost(8 * n + row, 20 * n, flops=(n, 2 * n), kernels=(1, 2), strided=((n, 8 * n + row), (n, 12 * n)))),
-        ("mul", _cost(2 * eb * n + w, 5 * eb * n, flops=(n, 2 * n), kernels=(1, 2),
+        ("rsqrt", _cost(2 * row, 7 * row, flops=(rows, 3 * rows), kernels=(1, 3))),  # backward: -0.5 *, pow, *
+        ("mul", _cost(8 * n + row, 24 * n + row, flops=(n, 3 * n), kernels=(1, 3),
+                      strided=((n, 8 * n + row), (n, 12 * n)))),
+        ("mul", _cost(2 * eb * n + w, 6 * eb * n + w, flops=(n, 3 * n), kernels=(1, 3),
                       strided=((n, 2 * eb * n + w), (n, 3 * eb * n)), act_mem=(FP32 + eb) * n + row, params=cols)),
         ("add", _cost(0, 12 * n, flops=(0, n), kernels=(0, 1))),  # autograd's sum of x.float()'s two gradients
     ]
