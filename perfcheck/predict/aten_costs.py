@@ -545,6 +545,11 @@ def _add_backward(c: OpCall, ins, out) -> F.Cost:
     return F.Cost(flops=flops, bytes=nbytes, kernels=kernels)
 
 
+#: (kernels, passes of the output's size) of the one-input pointwise backwards autograd runs in several kernels
+#: (``_several_kernel_backward``'s table; eager_ops' RMSNorm parts read the same numbers).
+SEVERAL_KERNEL_BACKWARD = {"pow": (3, 7), "rsqrt": (3, 7), "sqrt": (2, 5)}
+
+
 def _several_kernel_backward(c: OpCall, ins, out) -> Optional[F.Cost]:
     """The backward of a pointwise op whose derivative autograd computes in several full-size kernels
     (tools/autograd/derivatives.yaml and FunctionsManual.cpp; each checked against torch.profiler, CPU, torch 2.13:
@@ -560,12 +565,10 @@ def _several_kernel_backward(c: OpCall, ins, out) -> Optional[F.Cost]:
     short per norm; on an H200 torchtitan block those were the pow backward's copy and scalar product kernels that no
     row priced (bench/gpu_results/2026-11-27-layers/layers_h200_kernels.csv)."""
     grads = [bool(t.is_float and t.requires_grad) for t in ins]
-    if c.name in ("pow", "pow_") and len(c.args) > 1 and not isinstance(c.args[1], TensorMeta) and grads[:1] == [True]:
-        kernels, passes = 3, 7
-    elif c.name in ("rsqrt", "rsqrt_") and grads[:1] == [True]:
-        kernels, passes = 3, 7
-    elif c.name in ("sqrt", "sqrt_") and grads[:1] == [True]:
-        kernels, passes = 2, 5
+    base = c.name.rstrip("_")
+    scalar_pow = base != "pow" or (len(c.args) > 1 and not isinstance(c.args[1], TensorMeta))
+    if base in SEVERAL_KERNEL_BACKWARD and scalar_pow and grads[:1] == [True]:
+        kernels, passes = SEVERAL_KERNEL_BACKWARD[base]
     elif c.name in ("div", "div_") and len(ins) == 2 and ins[0].numel == ins[1].numel == out.numel and any(grads):
         kernels, passes = grads[0] * 1 + grads[1] * 4, grads[0] * 3 + grads[1] * 11
     else:

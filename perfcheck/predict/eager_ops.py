@@ -24,6 +24,7 @@ table) are counted where the ops read them.
 """
 from __future__ import annotations
 
+from perfcheck.predict.aten_costs import SEVERAL_KERNEL_BACKWARD
 from perfcheck.predict.formulas import Cost, OpCost
 
 FP32 = 4
@@ -66,11 +67,12 @@ def eager_rms_norm_parts(rows, cols, elem_bytes) -> tuple:
     n, eb, row = rows * cols, elem_bytes, rows * FP32
     wide = eb < FP32
     w = cols * eb
+    (pow_k, pow_passes), (rsqrt_k, rsqrt_passes) = SEVERAL_KERNEL_BACKWARD["pow"], SEVERAL_KERNEL_BACKWARD["rsqrt"]
     parts = [
-        ("pow", _cost(8 * n, 28 * n, flops=(n, 3 * n), kernels=(1, 3))),  # backward: x.pow(1), 2 *, grad *
+        ("pow", _cost(8 * n, pow_passes * FP32 * n, flops=(n, pow_k * n), kernels=(1, pow_k))),  # x.pow(1), 2 *, g *
         ("mean", _cost(4 * n + row, 4 * n + row, flops=(n, 0), strided=((0, 0), (n, 4 * n + row)))),
         ("add", _cost(2 * row, 0, flops=(rows, 0), kernels=(1, 0))),  # + eps: its gradient passes through
-        ("rsqrt", _cost(2 * row, 7 * row, flops=(rows, 3 * rows), kernels=(1, 3))),  # backward: -0.5 *, pow, *
+        ("rsqrt", _cost(2 * row, rsqrt_passes * row, flops=(rows, rsqrt_k * rows), kernels=(1, rsqrt_k))),  # -0.5*, pow
         ("mul", _cost(8 * n + row, 24 * n + row, flops=(n, 3 * n), kernels=(1, 3),
                       strided=((n, 8 * n + row), (n, 12 * n)))),
         ("mul", _cost(2 * eb * n + w, 6 * eb * n + w, flops=(n, 3 * n), kernels=(1, 3),
