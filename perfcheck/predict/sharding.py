@@ -44,7 +44,7 @@ from perfcheck.predict.sharding_grid import (grid_layer_sublayers, grid_linear, 
 from perfcheck.predict.sharding_shape import (CORE_ATTENTION, SUBLAYER_KINDS, TP_SCHEMES,  # noqa: F401
                                               Collective, Shape,
                                               Sublayer, act_sublayer, cross_entropy_sublayer, gradient_sum, norm_sublayer, padded_vocab, parts_sublayer, residual_add, scale_macs,
-                                              scaled_softmax)
+                                              scaled_softmax, vocab_parallel_cross_entropy_sublayer)
 
 # The names above that this module does not use itself (the sublayer names and schemes, grid_linear,
 # grid_problems) are the front-ends' and tests' ``sharding.X``: this module is the tensor-parallel
@@ -226,8 +226,9 @@ def layer_sublayers(model, x: Shape, *, causal=False, flash=False, eager=False, 
 
 
 def model_sublayers(model, x: Shape, *, tied_copy, eager_norm=False, eager=False):
-    """Embedding (first stage) and final norm, LM head, loss (last stage; ``eager``: in fp32, as the reference Llama
-    code computes it, ``cross_entropy_sublayer``).
+    """Embedding (first stage) and final norm, LM head, loss (last stage: Megatron-LM's vocab-parallel loss on the
+    fp32 logits, ``vocab_parallel_cross_entropy_sublayer``; ``eager``: torch's cross entropy on them, as the
+    reference Llama code computes it, ``cross_entropy_sublayer``).
 
     Vocabulary-parallel embedding and LM head (Megatron ``VocabParallelEmbedding``,
     ``ColumnParallelLinear``): V/t rows per rank. The embedding's partial lookups are all-reduced
@@ -259,7 +260,7 @@ def model_sublayers(model, x: Shape, *, tied_copy, eager_norm=False, eager=False
                     head.params * tied_copy)
     rows.append(Sublayer("lm_head", "linear", head, "last", _col_parallel_comms(x, T * e), gemm=(T, e, v_t)))
     ce_bytes = 3 * T * 4 * (x.t > 1)  # fp32 max, sum-exp and target logit per token
-    rows.append(cross_entropy_sublayer(T, v_t, eb, (Collective("fwd", "allreduce",
-                                                           ce_bytes * np.ones_like(np.asarray(T, dtype=float))),),
-                                       upcast=eager))
+    ce_comms = (Collective("fwd", "allreduce", ce_bytes * np.ones_like(np.asarray(T, dtype=float))),)
+    rows.append(cross_entropy_sublayer(T, v_t, eb, ce_comms, upcast=True) if eager
+                else vocab_parallel_cross_entropy_sublayer(T, v_t, eb, ce_comms))
     return rows

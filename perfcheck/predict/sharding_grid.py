@@ -9,9 +9,9 @@ from dataclasses import replace
 import numpy as np
 
 from perfcheck.predict import formulas as F
-from perfcheck.predict.sharding_shape import (Collective, Shape, Sublayer, act_sublayer, cross_entropy_sublayer,
+from perfcheck.predict.sharding_shape import (Collective, Shape, Sublayer, act_sublayer,
                                               grid_side, norm_sublayer, padded_vocab, residual_add, scale_macs,
-                                              scaled_softmax)
+                                              scaled_softmax, vocab_parallel_cross_entropy_sublayer)
 
 
 # ---- 2D, 2.5D and 3D tensor parallelism ---------------------------------------------------------------
@@ -189,7 +189,9 @@ def grid_model_sublayers(model, x: Shape, *, tied_copy):
     ranks in forward (Megatron's vocab-parallel pattern along one grid dimension; Colossal-AI's
     exact gather/scatter sequence for the embedding is not reproduced). LM head: a ``grid_linear``
     (e -> ceil(V/q) * q). Cross entropy: vocab-parallel over the q ranks holding a token's logits
-    (three fp32 values per local token all-reduced).
+    (three fp32 values per local token all-reduced), Megatron's kernels on fp32 logits
+    (``vocab_parallel_cross_entropy_sublayer``: Colossal-AI's ``_VocabParallelCrossEntropy2D`` is "modified based on
+    megatron.mpu.cross_entropy", its inputs cast to fp32 by ``custom_fwd(cast_inputs=torch.float32)``).
     """
     e, eb, T, q = model.hidden, x.elem_bytes, x.tokens, x.q
     v_q = padded_vocab(model, q)
@@ -209,6 +211,6 @@ def grid_model_sublayers(model, x: Shape, *, tied_copy):
     head = replace(head, params=head.params * tied_copy)
     rows.append(Sublayer("lm_head", "linear", head, "last", comms, gemm=grid_gemm(x, T, e, v_q * q)))
     ce_bytes = 3 * tokens_local * 4 * (q > 1)
-    rows.append(cross_entropy_sublayer(tokens_local, v_q, eb, (Collective(
+    rows.append(vocab_parallel_cross_entropy_sublayer(tokens_local, v_q, eb, (Collective(
         "fwd", "allreduce", ce_bytes * np.ones_like(np.asarray(T, dtype=float)), "q"),)))
     return rows

@@ -190,6 +190,16 @@ def act_sublayer(name, model, numel, eb):
     return parts_sublayer(name, "activation", parts)
 
 
+def widening_cast(numel, eb) -> F.OpCost:
+    """``.float()`` of ``numel`` elements of ``eb`` bytes: one kernel each way where eb < 4 (forward reads eb and
+    writes 4 per element, off a GPU's vectorised loop, ``predict.strided``; backward casts the gradient down,
+    4 + eb), nothing where eb = 4 (it returns the tensor)."""
+    wide = 1.0 * (np.asarray(eb) < 4)
+    cast = (eb + 4) * numel * wide
+    return F.OpCost(F.Cost(bytes=cast, kernels=wide, strided_elems=numel * wide, strided_bytes=cast),
+                    F.Cost(bytes=cast, kernels=wide), 0, 0)
+
+
 def cross_entropy_sublayer(rows, classes, eb, comms=(), *, upcast: bool = False):
     """The loss over (rows, classes) logits: log_softmax and nll_loss, each a part priced as its own op
     (``Sublayer.parts``, the ops ``perfcheck.estimate`` traces from ``F.cross_entropy``). ``upcast``: the reference
@@ -197,23 +207,52 @@ def cross_entropy_sublayer(rows, classes, eb, comms=(), *, upcast: bool = False)
     the transformer front-end's ``eager``): a widening cast of the logits where they are narrower than fp32
     (``_to_copy``: eb + 4 bytes per element each way, off a GPU's vectorised loop forward, ``predict.strided``),
     then both ops in fp32.
-    NB: Megatron-LM computes its loss in fp32 as well (``vocab_parallel_cross_entropy(output.float(), labels)``
-    unless ``--fp16-lm-cross-entropy``), but its rows keep the logits' dtype: with the upcast there, the alpha the
-    published-runs benchmark then fitted on four of its runs moved from 0.6 to 0 and both Megatron sets it was not
-    fitted on got worse (bench/results/published_runs.md); alpha now comes from a measurement (bench/a100_attention.py),
-    at which the upcast moves those runs by under 0.1%, and Megatron's vocab-parallel loss is not these two ops
-    either: modelling it as it runs is open."""
+    Megatron-LM's default path runs its own vocab-parallel loss instead: ``vocab_parallel_cross_entropy_sublayer``."""
     parts = ()
     if upcast and np.any(np.asarray(eb) < 4):
-        n, wide = rows * classes, 1.0 * (np.asarray(eb) < 4)
-        cast = (eb + 4) * n * wide
-        parts += (("_to_copy", F.OpCost(F.Cost(bytes=cast, kernels=wide, strided_elems=n * wide, strided_bytes=cast),
-                                         F.Cost(bytes=cast, kernels=wide))),)
+        parts += (("_to_copy", widening_cast(rows * classes, eb)),)
         eb = 4
     log_softmax = F.softmax(rows, classes, elem_bytes=eb, log=True)
     loss = F.cross_entropy(rows, classes, elem_bytes=eb)
     nll = F.OpCost(loss.fwd + log_softmax.fwd.scale(-1), loss.bwd + log_softmax.bwd.scale(-1))
     parts += (("_log_softmax", log_softmax), ("nll_loss_forward", nll))
+    return parts_sublayer("cross_entropy", "cross_entropy", parts, "last", comms)
+
+
+def vocab_parallel_cross_entropy_sublayer(rows, classes, eb, comms=()):
+    """Megatron-LM's loss as it runs: ``vocab_parallel_cross_entropy(output.float(), labels)`` (the default; with
+    ``--fp16-lm-cross-entropy`` the logits stay narrow), the autograd function ``_VocabParallelCrossEntropy`` of
+    megatron/mpu/cross_entropy.py (2020-2022; megatron/core/tensor_parallel/cross_entropy.py since), over this rank's
+    n = rows x classes logits (classes = V/t), in place on the fp32 copy, eb the logits' element bytes:
+
+        forward   .float()            eb + 4 per element (a widening cast: off a GPU's vectorised loop,
+                                      ``predict.strided``; none where eb = 4, .float() returns the tensor)
+                  max over the vocab  4 (a row reduction; its all-reduce is ``comms``)
+                  sub_ the row max    4 + 4 (a broadcast operand: off the vectorised loop)
+                  exp (out=)          4 + 4
+                  sum over the vocab  4
+                  div_ by the sum     4 + 4 (broadcast)                 -> 36 + eb bytes, six kernels (five in fp32)
+        backward  mul_ by the row's loss gradient   4 + 4 (broadcast)
+                  .float()'s backward, the cast down  4 + eb              -> 12 + eb bytes, two kernels (one in fp32)
+
+    The target logit's gather and the backward's -1 at the target touch one element per row and are left out. Saves
+    the fp32 softmax (4 n bytes). FLOPs: one per element per kernel but the casts (max's compare, the subtract, exp,
+    the sum's add, the divide; the product backward). Each kernel is a part priced as its own op (``Sublayer.parts``).
+    Where torch's ``F.cross_entropy`` runs the loss instead (log_softmax, nll_loss): ``cross_entropy_sublayer``."""
+    n = rows * classes
+
+    def kernel(nbytes, *, flops=1, strided=False, phase="fwd", act_mem=0):
+        cost = F.Cost(flops=flops * n, bytes=nbytes, kernels=1, strided_elems=n * strided,
+                      strided_bytes=nbytes * strided)
+        return F.OpCost(cost, F.Cost(), act_mem, 0) if phase == "fwd" else F.OpCost(F.Cost(), cost, 0, 0)
+
+    parts = (("_to_copy", widening_cast(n, eb)),
+             ("max", kernel(4 * n)),
+             ("sub_", kernel(8 * n, strided=True)),
+             ("exp", kernel(8 * n)),
+             ("sum", kernel(4 * n)),
+             ("div_", kernel(8 * n, strided=True, act_mem=4 * n)),
+             ("mul_", kernel(8 * n, strided=True, phase="bwd")))
     return parts_sublayer("cross_entropy", "cross_entropy", parts, "last", comms)
 
 

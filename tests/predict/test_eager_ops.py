@@ -200,3 +200,43 @@ def test_loss_row_is_the_fp32_cast_log_softmax_and_nll_loss():
     assert parts["_to_copy"].fwd.bytes == 6 * T * vocab  # by hand: read bf16, write fp32
     assert parts["nll_loss_forward"].bwd.bytes == pytest.approx(traced.loc["nll_loss_forward", "bytes_bwd"])
     assert row.cost.fwd.kernels == traced.loc[["_to_copy", "_log_softmax", "nll_loss_forward"], "kernels_fwd"].sum()
+
+
+class VocabParallelLossForward(nn.Module):
+    """The forward of Megatron-LM's ``_VocabParallelCrossEntropy`` on one rank (megatron/mpu/cross_entropy.py; its
+    all-reduces are no-ops at t = 1), on ``output.float()`` as ``post_language_model_processing`` calls it: the
+    ops in the order that code runs them, in place on the fp32 copy."""
+
+    def forward(self, logits, target):
+        x = logits.float()
+        x.sub_(torch.max(x, dim=-1)[0].unsqueeze(-1))
+        torch.exp(x, out=x)
+        sum_exp = x.sum(dim=-1)
+        x.div_(sum_exp.unsqueeze(-1))
+        return torch.log(sum_exp)
+
+
+def test_megatron_loss_row_is_its_kernels_in_fp32():
+    """sharding_shape.vocab_parallel_cross_entropy_sublayer against the trace of the loss's forward (each op's bytes
+    and its kernels off a GPU's loop) and, backward (a hand-written autograd function the trace does not enter), by
+    hand: mul_ by the broadcast loss gradient (4 + 4 bytes per element) and the cast down (4 + 2)."""
+    from perfcheck.predict.sharding_shape import vocab_parallel_cross_entropy_sublayer
+
+    T, vocab = 512, 1000
+    ops = _op_table(tracing.trace_model(VocabParallelLossForward(), (_meta(T, vocab, grad=False),
+                                                                     torch.zeros(T, dtype=torch.long, device="meta"))),
+                    False)
+    traced = ops[ops.kernels_fwd > 0].groupby("name")[["bytes_fwd", "kernels_fwd", "strided_elems_fwd"]].sum()
+    row = vocab_parallel_cross_entropy_sublayer(T, vocab, 2)
+    parts = dict(row.parts)
+    assert [name for name, _ in row.parts] == ["_to_copy", "max", "sub_", "exp", "sum", "div_", "mul_"]
+    for name in ("_to_copy", "max", "sub_", "exp", "sum", "div_"):  # the row statistics' bytes aside
+        assert parts[name].fwd.bytes == pytest.approx(traced.loc[name, "bytes_fwd"], rel=0.01), name
+        assert parts[name].fwd.strided_elems == traced.loc[name, "strided_elems_fwd"], name
+    n = T * vocab
+    assert row.cost.fwd.kernels == 6 and row.cost.fwd.bytes == (2 + 4 + 4 + 8 + 8 + 4 + 8) * n
+    assert row.cost.bwd.kernels == 2 and row.cost.bwd.bytes == (8 + 6) * n
+    assert row.cost.bwd.strided_elems == n  # mul_ by the broadcast gradient; the cast down stays on the loop
+    assert row.cost.act_mem == 4 * n  # the fp32 softmax it saves
+    fp32 = vocab_parallel_cross_entropy_sublayer(T, vocab, 4)
+    assert (fp32.cost.fwd.kernels, fp32.cost.bwd.kernels) == (5, 1)  # .float() of fp32 logits returns them
