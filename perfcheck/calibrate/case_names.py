@@ -67,6 +67,16 @@ NEAR = "round-robin near"
 NEAR_LEFT_OUT = ("convolution",)
 
 
+#: Label prefix of the OPCOLD round-robin timed after evicting the last-level cache (op_cases.op_cold_far_cases;
+#: fit_host.op_cold_far_excess, ``host.op_cold_far_s``); its row's ``m`` holds the L3 bytes it evicted for.
+FAR = "round-robin far"
+
+
+def far_label(n: int) -> str:
+    """The OPCOLD case of ``n`` tiny ops, each round timed after evicting the L3 (``op_cold_far_s``)."""
+    return f"{FAR} x{n}"
+
+
 #: Label prefixes of the OPCOLD cases of light families (op_cases.op_cold_light_cases; fit_host.op_cold_light_excess,
 #: ``host.op_cold_light_s``): the families one after another, and each repeated in its own short tight run.
 LIGHT = "round-robin light"

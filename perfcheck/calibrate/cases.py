@@ -229,11 +229,17 @@ CPU_CACHES = "/sys/devices/system/cpu/cpu0/cache"
 def l2_cache_bytes(root: str = CPU_CACHES) -> int:
     """A core's L2 cache in bytes, from Linux's sysfs (``<root>/index*/level`` 2, ``size``); 0 where the
     platform does not say (the cold matmul cases are then skipped)."""
+    return cache_bytes(2, root)
+
+
+def cache_bytes(level: int, root: str = CPU_CACHES) -> int:
+    """CPU 0's unified or data cache of ``level`` in bytes, from Linux's sysfs (``<root>/index*/level``, ``size``;
+    the L3 as the machine reports it, shared with the cores listed beside it); 0 where the platform does not say."""
     try:
         for entry in sorted(os.listdir(root)):
             folder = os.path.join(root, entry)
             with open(os.path.join(folder, "level")) as f:
-                if f.read().strip() != "2":
+                if f.read().strip() != str(level):
                     continue
             with open(os.path.join(folder, "size")) as f:
                 text = f.read().strip().upper()

@@ -300,7 +300,8 @@ def _matrix_cold(d: Draft, table: pd.DataFrame):
     extra = np.maximum(cold_s - code_s - hot_s, 0.0)
     ratio = compute_s / np.maximum(compute_s + extra, 1e-15)
     d.fields["matrix_cold_curve"] = efficiency_curve(pairs, np.clip(ratio, 1e-3, 1.0))
-    d.fields["calibration"] = {**dict(d.base.calibration or {}), "l2_bytes": int(l2["m"].iloc[0])}
+    d.fields["calibration"] = {**dict(d.base.calibration or {}), **dict(d.fields.get("calibration", {}) or {}),
+                               "l2_bytes": int(l2["m"].iloc[0])}
     d.sources["matrix_cold_curve"] = (
         f"{d.stamp}: the matmul shapes timed call by call after the same call and after streaming "
         f"{names.EVICT_L2_MULTIPLE} x the {int(l2['m'].iloc[0]) // 1024} KiB L2 (untimed): the GEMM's compute "

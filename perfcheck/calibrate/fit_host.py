@@ -275,6 +275,7 @@ def op_cold_excess(table, dtype: str = "fp32", after_filler: bool = True) -> Opt
         return None
     rr = rr[~rr["label"].astype(str).str.startswith(names.NEAR)]  # the light round-robin: op_cold_near_excess
     rr = rr[~rr["label"].astype(str).str.startswith((names.LIGHT, names.LIGHT_TIGHT))]  # op_cold_light_excess
+    rr = rr[~rr["label"].astype(str).str.startswith(names.FAR)]  # op_cold_far_excess
     after = rr[rr["label"].astype(str).str.startswith(names.AFTER_FILLER)]
     tight_rr = rr[~rr["label"].astype(str).str.startswith(names.AFTER_FILLER)]
     if not len(tight_rr) and not len(after):
@@ -300,6 +301,20 @@ def op_cold_near_excess(table) -> Optional[tuple]:
         return None
     per_op, tight = float(rr.iloc[0]["seconds"]), float(fixed["seconds"].mean())
     return max(per_op - tight, 0.0), len(fixed), per_op, tight
+
+
+def op_cold_far_excess(table) -> Optional[tuple]:
+    """``(op_cold_far_s, ops, round-robin s per op, tight-loop s per op, L3 bytes)`` from the fp32 ``round-robin far``
+    case (op_cases.op_cold_far_cases: the op_fixed tiny ops one after another, each round after an L3 eviction and a
+    re-warm of the shared path) and the same ops' op_fixed tight loops: the round-robin's time per op less their
+    mean, floored at 0, as op_cold_excess. None without both or when the op counts differ."""
+    rr, fixed = rows_of(table, names.OPCOLD), rows_of(table, names.OPFIXED)
+    rr, fixed = rr[fp32_rows(rr)], fixed[fp32_rows(fixed)]
+    rr = rr[rr["label"].astype(str).str.startswith(names.FAR)]
+    if not len(rr) or not len(fixed) or names.count_of(rr.iloc[0]["label"]) != len(fixed):
+        return None
+    per_op, tight = float(rr.iloc[0]["seconds"]), float(fixed["seconds"].mean())
+    return max(per_op - tight, 0.0), len(fixed), per_op, tight, int(rr.iloc[0]["m"])
 
 
 def op_cold_light_excess(table) -> Optional[tuple]:
@@ -355,6 +370,10 @@ def host_terms(d: Draft, table, threads):
     if names.HOST_MODULE_CALL in sec:
         put("module_call_s", sec[names.HOST_MODULE_CALL], "calling an nn.Module whose forward returns its input")
     _host_cold(table, put, d.kind)
+    far = op_cold_far_excess(table)
+    if far is not None:
+        d.fields["calibration"] = {**dict(d.base.calibration or {}), **dict(d.fields.get("calibration", {}) or {}),
+                                   "l3_bytes": far[4]}
     if names.HOST_FRESH_FILL in sec and names.HOST_REUSED_FILL in sec:
         put("page_fault_s", sec[names.HOST_FRESH_FILL] - sec[names.HOST_REUSED_FILL],
             "torch.zeros of a fresh 32 MiB buffer (a new mapping: one minor fault per page) less zero_() of a kept "
@@ -419,6 +438,14 @@ def _host_cold(table, put, kind: str):
                                        f"{', '.join(names.NEAR_LEFT_OUT)}) called one after another, {near[2] * 1e6:.2f} us "
                                        f"per op, less the same ops each in a tight loop, {near[3] * 1e6:.2f} us per op "
                                        f"(mean); perfcheck.predict.family_reuse")
+    far = op_cold_far_excess(table)
+    if far is not None:
+        put("op_cold_far_s", far[0], f"the {far[1]} tiny ops of the op_fixed cases called one after another, each round "
+                                     f"after writing {far[4] // 2 ** 20} MiB x 4 (the L3) and re-warming the shared "
+                                     f"path, {far[2] * 1e6:.2f} us per op, less the same ops each in a tight loop, "
+                                     f"{far[3] * 1e6:.2f} us per op (mean); paid by an op whose family last ran more "
+                                     f"than the L3 of data ago (calibration.l3_bytes; perfcheck.predict.family_reuse"
+                                     f".far_reuse)")
     light = op_cold_light_excess(table) if kind not in AFTER_FILLER_KINDS else None
     if light is not None:
         put("op_cold_light_s", light[0], f"{light[1]} light op families (pointwise, a copy, a small GEMM) called one "

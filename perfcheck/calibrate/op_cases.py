@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from perfcheck.calibrate import case_names as names
-from perfcheck.calibrate.cases import Case
+from perfcheck.calibrate.cases import Case, cache_bytes
 from perfcheck.calibrate.layers import CallModule, cold_filler, tiny_modules
 from perfcheck.hardware.systems import normalize_dtype, torch_dtype
 from perfcheck.predict.aten_costs import cost_of
@@ -101,6 +101,46 @@ def op_cold_near_cases(device) -> list:
         for fn in ops:
             fn()
     return [Case(names.OPCOLD, names.near_label(len(ops)), round_robin, "fp32", per_call=len(ops), host=True)]
+
+
+#: Bytes the far round-robin writes before each round, in multiples of the L3 (not strictly LRU, and shared).
+FAR_EVICT_MULTIPLE = 4
+#: The largest L3 the far case evicts (its buffer is FAR_EVICT_MULTIPLE times that): above it the case is skipped
+#: and no op is priced far (a step of one thread rarely streams more between two calls of a family).
+FAR_MAX_L3_BYTES = 64 * 2 ** 20
+
+
+def op_cold_far_cases(device) -> list:
+    """The fp32 round-robin of ``op_cold_cases``, each round timed after writing ``FAR_EVICT_MULTIPLE`` times the L3
+    and then re-warming the path every op shares (a few tiny adds: dispatcher, TensorIterator, allocator, the
+    interpreter; ``add`` is none of the round-robin's families), label ``round-robin far xN``, time per op, ``m`` =
+    the L3 bytes. Its excess over the ops' tight loops is ``op_cold_far_s`` (fit_host.op_cold_far_excess): what an
+    op pays when more than the L3 of data streamed through the core since its family last ran, so its own code
+    (and its data) come from memory (``perfcheck.predict.family_reuse.far_reuse``). CPU only; none where sysfs gives
+    no L3 or one above ``FAR_MAX_L3_BYTES``.
+    Why: on an AMD EPYC VM (2 vCPUs, L2 1 MiB, L3 32 MiB; 1 thread, process time, 2026-11-27) a tiny 32^3 mm took
+    5.6 us after an L2 eviction and 47 us after an L3 eviction with the shared path re-warmed, a 16 Ki-element
+    layer norm 12.7 and 95 us; there the held-out models' LayerNorm modules ran 53-143 us per call above their
+    prediction (fwd + bwd), and every held-out step read 1.1-1.5x, where the project's Xeon (L3 300 MiB as its VM
+    reports it) read 0.97-1.06 (bench/results/heldout.md)."""
+    dev = torch.device(device)
+    l3 = cache_bytes(3)
+    if dev.type != "cpu" or not 0 < l3 <= FAR_MAX_L3_BYTES:
+        return []
+    flush = torch.empty(FAR_EVICT_MULTIPLE * l3 // 4, device=dev)
+    a, b = torch.ones(4, device=dev), torch.ones(4, device=dev)
+    ops = list(tiny_ops(dev).values())
+
+    def evict_and_rewarm():
+        flush.add_(1.0)
+        for _ in range(4):
+            torch.add(a, b)
+
+    def round_robin():
+        for fn in ops:
+            fn()
+    return [Case(names.OPCOLD, names.far_label(len(ops)), round_robin, "fp32", shape=(l3, 0, 0), per_call=len(ops),
+                 between=evict_and_rewarm, host=True)]
 
 
 def light_ops(dev) -> dict:

@@ -82,6 +82,8 @@ CALIBRATION_KEYS = {
     "l2_bytes": "a core's L2 cache in bytes (Linux sysfs; CPU): a step whose working set exceeds "
                 "it runs its GEMMs and memory-bound ops on evicted operands (``matrix_cold_curve``, "
                 "``memory_cold_curve``)",
+    "l3_bytes": "the L3 cache in bytes as Linux's sysfs gives it for CPU 0 (CPU; the far round-robin evicted 4x "
+                "it): an op whose family last ran more than this much data ago pays ``host.op_cold_far_s``",
     "reference_s": "seconds of the reference tiny add every case was read against (CPU; "
                    "perfcheck/calibrate/repeats.py anchor_s)",
     "compute_reference_s": "seconds of the compute reference (a 128^3 fp32 mm) every kernel case was read against "
@@ -125,6 +127,10 @@ HOST_KEYS = {
                        "splits, small GEMMs: a native GRU/RNN time step; perfcheck.predict.family_reuse.light_reuse; "
                        "perfcheck/calibrate/op_cases.py op_cold_light_cases); read only where calibration measured "
                        "it, else op_cold_near_s",
+    "op_cold_far_s": "op_cold_s for an op whose family last ran more than the L3 of data ago (calibration.l3_bytes): "
+                     "its code and data come from memory (perfcheck.predict.family_reuse.far_reuse; "
+                     "perfcheck/calibrate/op_cases.py op_cold_far_cases); read only where calibration measured it "
+                     "and the L3",
     **{op_cold_key(dt): f"op_cold_s for a model run in {dt} (measured on tensors needing a gradient; a spec that "
                           f"has no measured value uses op_cold_s)" for dt in ("bf16", "fp16")},
     "autograd_node_s": "extra forward host time of an op whose input needs a gradient (grad_fn node, saved tensors)",

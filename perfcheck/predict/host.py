@@ -11,7 +11,8 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
                                     + op_cold_s when its family differs from the op before (``op_switches``;
                                     a CPU convolution class: its measured evicted-call excess, ``_class_cold``;
                                     op_cold_near_s when its family ran a few light families ago, ``family_reuse``;
-                                    op_cold_light_s when those and it are pointwise/copy/split/small-GEMM ops)
+                                    op_cold_light_s when those and it are pointwise/copy/split/small-GEMM ops;
+                                    at least op_cold_far_s when its family ran more than the L3 of data ago)
                                     + autograd_node_s when an input needs a gradient (grad_fn node)
     forward, per module call        module_call_s (nn.Module.__call__ and the forward frame)
                                     + module_fixed_s[class] for a standard nn layer (its Python
@@ -76,7 +77,7 @@ from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constan
 from perfcheck.predict import optimizers
 from perfcheck.predict.aten_costs import is_view_op, op_class
 from perfcheck.predict.efficiency import CLASS_PARENTS
-from perfcheck.predict.family_reuse import light_reuse, near_reuse
+from perfcheck.predict.family_reuse import far_reuse, light_reuse, near_reuse
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.predict.roofline import compute_time_s, memory_time_s
 from perfcheck.predict.zero_rows import zero_elements
@@ -156,7 +157,8 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
     ``ops``: the estimator's timed op table (columns ``op`` = index into ``trace.ops``, ``t_fwd``,
     ``t_bwd``, ``kernels_fwd``, ``kernels_bwd``); an op absent from it (a view, free on the device)
     costs only host time. Columns: op, view, node (an input needs a gradient), kernels_bwd,
-    t_fwd, t_bwd, op_class, accumulate (a backward-only gradient add, ``predict.grad_accumulation``).
+    t_fwd, t_bwd, op_class, accumulate (a backward-only gradient add, ``predict.grad_accumulation``), bytes_fwd,
+    bytes_bwd (the ops' ``bytes_<phase>`` where ``ops`` has them, else 0).
     """
     timed = {int(i): (float(kf), float(k), float(f), float(b)) for i, kf, k, f, b in
              zip(ops["op"], ops["kernels_fwd"], ops["kernels_bwd"], ops["t_fwd"], ops["t_bwd"])}
@@ -174,6 +176,9 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
         stacks.append(op.stack)
     seq = pd.DataFrame(rows, columns=["op", "name", "view", "node", "kernels_fwd", "kernels_bwd", "t_fwd", "t_bwd",
                                       "op_class", "accumulate"])
+    for col in ("bytes_fwd", "bytes_bwd"):  # what each op's kernels move: family_reuse.far_reuse's distances
+        moved = dict(zip(ops["op"].astype(int), ops[col].astype(float))) if col in ops else {}
+        seq[col] = [moved.get(int(i), 0.0) for i in seq["op"]]
     return seq, stacks
 
 
@@ -222,7 +227,11 @@ def _with_cold(hc: dict, spec, dtype, cold: float) -> dict:
     near, light = dict(spec.host).get("op_cold_near_s"), dict(spec.host).get("op_cold_light_s")
     near = cold if near is None or key in LOW_HOST_DTYPES else float(near)
     light = near if light is None or key in LOW_HOST_DTYPES else float(light)
-    return {**hc, "op_cold_s": cold, "op_cold_near_s": near, "op_cold_light_s": light}
+    # the far price only where calibration measured both it and the L3 it evicted (else no op is far)
+    far, l3 = dict(spec.host).get("op_cold_far_s"), float((spec.calibration or {}).get("l3_bytes", 0) or 0)
+    far_bytes = l3 if far is not None and key not in LOW_HOST_DTYPES and spec.kind == "cpu" else 0.0
+    return {**hc, "op_cold_s": cold, "op_cold_near_s": near, "op_cold_light_s": light,
+            "op_cold_far_s": cold if far is None else float(far), "far_cache_bytes": far_bytes}
 
 
 def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) -> tuple:
@@ -268,6 +277,12 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     light = hc.get("op_cold_light_s", near)
     cold_f = np.where(light_f, np.minimum(cold_f, light), cold_f)
     cold_b = np.where(light_b, np.minimum(cold_b, light), cold_b)
+    # an op whose family last ran more than the L3 of data ago finds its code in memory: op_cold_far_s (at least)
+    moved = [seq[c].to_numpy(float) if c in seq else np.zeros(len(seq)) for c in ("bytes_fwd", "bytes_bwd")]
+    far_f, far_b = far_reuse(seq["name"].to_numpy(object), view | acc, *moved, hc.get("far_cache_bytes", 0.0))
+    far = hc.get("op_cold_far_s", cold)
+    cold_f = np.where(far_f, np.maximum(cold_f, far), cold_f)
+    cold_b = np.where(far_b, np.maximum(cold_b, far), cold_b)
     fwd = (np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + fwd_switch * cold_f
            + node * hc["autograd_node_s"])
     # a view's backward node is a view of the gradient unless autograd's formula runs kernels (select_backward's

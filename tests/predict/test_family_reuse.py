@@ -1,7 +1,8 @@
 """The near rule of the per-op cold cost (perfcheck.predict.family_reuse): which ops find their family's code warm
 (a reuse distance over op families, by hand), its calibration case (the op_fixed ops less the convolution, one
 after another), its fit (that round-robin less the same ops' tight loops, by hand) and what the estimator adds
-(op_cold_near_s to a near op, op_cold_s to a far one, by hand on a cell loop)."""
+(op_cold_near_s to a near op, op_cold_s to a far one, by hand on a cell loop); likewise the far rule (a family last
+run more than the L3 of data ago: op_cold_far_s)."""
 
 import pandas as pd
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 import perfcheck
 from perfcheck.calibrate import case_names, fit, fit_host, op_cases
-from perfcheck.predict.family_reuse import NEAR_DISTANCE, is_light, light_reuse, near_reuse
+from perfcheck.predict.family_reuse import NEAR_DISTANCE, far_reuse, is_light, light_reuse, near_reuse
 from _host_only_specs import cpu_spec_with_host as _spec  # the cpu spec, every host constant 0 but the ones given
 
 US = 1e-6
@@ -174,3 +175,55 @@ def test_estimator_charges_light_cycles_the_light_price():
         priced = perfcheck.estimate(m, x, system=_spec(**prices))
         assert root(priced, "host_fwd_s") - root(warm, "host_fwd_s") == pytest.approx(extra * US)
         assert root(priced, "host_bwd_s") - root(warm, "host_bwd_s") == pytest.approx(extra * US)
+
+
+# ---------------------------------------------------------------------------- beyond the L3 (op_cold_far_s)
+def test_far_by_hand():
+    names = ["mm", "relu", "t", "mm", "relu", "mm"]
+    view = [False, False, True, False, False, False]
+    fwd_bytes, bwd_bytes = [50, 10, 0, 200, 10, 50], [60, 20, 0, 60, 20, 60]
+    fwd, bwd = far_reuse(names, view, fwd_bytes, bwd_bytes, 100.0)
+    # step bytes 320 + 220 = 540 > 100: first calls far. Forward: mm 3 starts at 60, mm 0 ended at 50 -> 10 (near);
+    # relu 4 starts at 260, relu 1 ended at 60 -> 200 (far); mm 5 starts at 270, mm 3 ended at 260 -> 10 (near)
+    assert list(fwd) == [True, True, False, False, True, False]
+    # backward (5, 4, 3, 1, 0): mm 5 first (far); relu 4 first (far); mm 3 starts at 80, mm 5 ended at 60 -> 20;
+    # relu 1 starts at 140, relu 4 ended at 80 -> 60; mm 0 starts at 160, mm 3 ended at 140 -> 20
+    assert list(bwd) == [False, False, False, False, True, True]
+    assert [list(a) for a in far_reuse(names, view, fwd_bytes, bwd_bytes, 0.0)] == [[False] * 6, [False] * 6]
+    small = far_reuse(["mm", "relu"], [False, False], [10, 10], [10, 10], 100.0)  # the step fits in the L3
+    assert [list(a) for a in small] == [[False, False], [False, False]]
+
+
+def test_far_case_evicts_the_l3_and_its_fit_by_hand(monkeypatch):
+    monkeypatch.setattr(op_cases, "cache_bytes", lambda level: 8 * 2 ** 20)
+    far = op_cases.op_cold_far_cases("cpu")
+    assert len(far) == 1 and far[0].label == f"round-robin far x{len(op_cases.tiny_ops(torch.device('cpu')))}"
+    assert far[0].shape[0] == 8 * 2 ** 20 and far[0].between is not None and far[0].per_call == 14
+    monkeypatch.setattr(op_cases, "cache_bytes", lambda level: 0)
+    assert op_cases.op_cold_far_cases("cpu") == []  # no L3 given: no case, no far price
+    # tight loops a 4, b 6 us; one after another 9 us per op; after the L3 eviction 40 us per op
+    table = pd.DataFrame([_row("opfixed", "a", 4 * US), _row("opfixed", "b", 6 * US),
+                          _row("opcold", "round-robin x2", 9 * US),
+                          {**_row("opcold", "round-robin far x2", 40 * US), "m": 8 * 2 ** 20}])
+    excess, n, per_op, tight, l3 = fit_host.op_cold_far_excess(table)
+    assert (excess, n, l3) == (pytest.approx(35 * US), 2, 8 * 2 ** 20)
+    assert fit_host.op_cold_excess(table)[0] == pytest.approx(4 * US)  # the far row is not the tight round-robin
+    rows = [_row("launch", "op", 4 * US), _row("host", "view", 2 * US), *table.to_dict("records")]
+    spec = fit.build_spec("cpu", pd.DataFrame(rows), peaks="measured", stamp="t")
+    assert spec.host["op_cold_far_s"] == pytest.approx(35 * US) and spec.calibration["l3_bytes"] == 8 * 2 ** 20
+
+
+def test_estimator_charges_far_ops_the_far_price():
+    import dataclasses
+    torch.manual_seed(0)
+    x = (torch.randn(2, 4, requires_grad=True),)
+    m = CellLoop()
+    host = dict(op_cold_s=10 * US, op_cold_near_s=10 * US, op_cold_light_s=10 * US, op_cold_far_s=50 * US)
+    base = perfcheck.estimate(m, x, system=_spec(**host))
+    tiny = perfcheck.estimate(m, x, system=dataclasses.replace(_spec(**host), calibration={"l3_bytes": 1}))
+    huge = perfcheck.estimate(m, x, system=dataclasses.replace(_spec(**host), calibration={"l3_bytes": 2 ** 40}))
+    root = lambda df, col: float(df.set_index("module").loc["(root)", col])  # noqa: E731
+    # an L3 of 1 byte: every one of the 6 switching ops per pass is far, 50 us where it paid 10
+    for phase in ("host_fwd_s", "host_bwd_s"):
+        assert root(tiny, phase) - root(base, phase) == pytest.approx(6 * 40 * US)
+        assert root(huge, phase) == pytest.approx(root(base, phase))  # the step fits in the L3: nothing far
