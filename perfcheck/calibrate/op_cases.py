@@ -119,10 +119,10 @@ def op_cold_far_cases(device) -> list:
     (and its data) come from memory (``perfcheck.predict.family_reuse.far_reuse``). CPU only; none where sysfs gives
     no L3 or one above ``FAR_MAX_L3_BYTES``.
     Why: on an AMD EPYC VM (2 vCPUs, L2 1 MiB, L3 32 MiB; 1 thread, process time, 2026-11-27) a tiny 32^3 mm took
-    5.6 us after an L2 eviction and 47 us after an L3 eviction with the shared path re-warmed, a 16 Ki-element
-    layer norm 12.7 and 95 us; there the held-out models' LayerNorm modules ran 53-143 us per call above their
-    prediction (fwd + bwd), and every held-out step read 1.1-1.5x, where the project's Xeon (L3 300 MiB as its VM
-    reports it) read 0.97-1.06 (bench/results/heldout.md)."""
+    5.4 us after an L2 eviction and 43 us after an L3 eviction with the shared path re-warmed, a 16 Ki-element
+    layer norm 13.7 and 95 us (bench/cache_levels.py); there the held-out models' LayerNorm modules ran 53-143 us
+    per call above their prediction (fwd + bwd), and every held-out step read 1.1-1.5x, where the project's Xeon (L3
+    300 MiB as its VM reports it) read 0.97-1.06 (bench/results/heldout.md)."""
     dev = torch.device(device)
     l3 = cache_bytes(3)
     if dev.type != "cpu" or not 0 < l3 <= FAR_MAX_L3_BYTES:

@@ -103,39 +103,21 @@ def _walk(run, heavy, light_only: bool = False) -> np.ndarray:
     return out
 
 
-def far_reuse(names, skip, moved_fwd, moved_bwd, cache_bytes: float) -> tuple:
+def far_reuse(distance_fwd, distance_bwd, skip, cache_bytes: float) -> tuple:
     """``(forward, backward)`` bool arrays: True where a computing op's family last ran more than ``cache_bytes``
-    (the L3, ``calibration.l3_bytes``) of kernel traffic ago, so its code and data come from memory and it pays
-    ``op_cold_far_s`` (calibration's round-robin after an L3 eviction, op_cases.op_cold_far_cases).
-
-    Distance: the bytes the ops' kernels moved (``moved_fwd`` / ``moved_bwd``: the formulas' ``bytes_<phase>``)
-    between the end of the family's last call in the pass (forward in order, backward reversed) and this call; a
-    family's first call in a pass last ran a step ago: the step's bytes (forward + backward). All False where
-    ``cache_bytes`` is not positive. Families are counted by name, as ``near_reuse`` counts them.
-    Why: on an AMD EPYC VM whose L3 is 32 MiB, ops whose data stream exceeded it between two calls of their family
-    paid tens of microseconds per call more than after an L2 eviction (a tiny mm 47 us against 5.6; bench/results/
-    heldout.md), while on a machine whose L3 holds the step the same ops pay only ``op_cold_s``."""
-    names = np.asarray(names, dtype=object)
+    (the L3, ``calibration.l3_bytes``) of distinct data ago in its pass (``distance_<phase>``:
+    ``perfcheck.predict.reuse.family_distances``; NaN, an op moving nothing in the phase: not far), so its code and
+    data come from memory and it pays ``op_cold_far_s`` (calibration's round-robin after an L3 eviction,
+    op_cases.op_cold_far_cases). All False where ``cache_bytes`` is not positive; ``skip`` (views, gradient
+    accumulations) never far.
+    Why: on an AMD EPYC VM whose L3 is 32 MiB, an op whose data stream exceeded it since its last call paid tens of
+    microseconds more than after an L2 eviction (a tiny mm 43 us against 5.4; bench/results/cache_levels.md), while
+    on a machine whose L3 holds the step the same ops pay only ``op_cold_s``."""
     skip = np.asarray(skip, dtype=bool)
-    fwd, bwd = np.zeros(len(names), dtype=bool), np.zeros(len(names), dtype=bool)
-    if not cache_bytes or cache_bytes <= 0 or not len(names):
-        return fwd, bwd
-    moved_f = np.where(skip, 0.0, np.asarray(moved_fwd, dtype=float))
-    moved_b = np.where(skip, 0.0, np.asarray(moved_bwd, dtype=float))
-    step = float(moved_f.sum() + moved_b.sum())
-    idx = np.flatnonzero(~skip)
-    fwd[idx] = _far_walk(names[idx], moved_f[idx], step, cache_bytes)
-    bwd[idx] = _far_walk(names[idx][::-1], moved_b[idx][::-1], step, cache_bytes)[::-1]
-    return fwd, bwd
-
-
-def _far_walk(run, moved, step_bytes: float, cache_bytes: float) -> np.ndarray:
-    """Far flags along ``run`` in order (``far_reuse``): cumulative bytes at each call's end, per family."""
-    ends = np.cumsum(moved)
-    starts = ends - moved
-    last, out = {}, np.zeros(len(run), dtype=bool)
-    for i, name in enumerate(run):
-        distance = starts[i] - last[name] if name in last else step_bytes
-        out[i] = distance > cache_bytes
-        last[name] = ends[i]
-    return out
+    if not cache_bytes or cache_bytes <= 0:
+        return np.zeros(len(skip), dtype=bool), np.zeros(len(skip), dtype=bool)
+    out = []
+    for dist in (distance_fwd, distance_bwd):
+        d = np.asarray(dist, dtype=float)
+        out.append(~skip & (np.nan_to_num(d, nan=0.0) > cache_bytes))
+    return tuple(out)

@@ -74,7 +74,7 @@ import pandas as pd
 from perfcheck.errors import UserError
 from perfcheck.hardware.host_keys import op_cold_key, optim_line, optim_per_tensor_key, optim_step_key, zero_key
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, normalize_dtype, spec_of
-from perfcheck.predict import optimizers
+from perfcheck.predict import optimizers, reuse
 from perfcheck.predict.aten_costs import is_view_op, op_class
 from perfcheck.predict.efficiency import CLASS_PARENTS
 from perfcheck.predict.family_reuse import far_reuse, light_reuse, near_reuse
@@ -157,8 +157,7 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
     ``ops``: the estimator's timed op table (columns ``op`` = index into ``trace.ops``, ``t_fwd``,
     ``t_bwd``, ``kernels_fwd``, ``kernels_bwd``); an op absent from it (a view, free on the device)
     costs only host time. Columns: op, view, node (an input needs a gradient), kernels_bwd,
-    t_fwd, t_bwd, op_class, accumulate (a backward-only gradient add, ``predict.grad_accumulation``), bytes_fwd,
-    bytes_bwd (the ops' ``bytes_<phase>`` where ``ops`` has them, else 0).
+    t_fwd, t_bwd, op_class, accumulate (a backward-only gradient add, ``predict.grad_accumulation``).
     """
     timed = {int(i): (float(kf), float(k), float(f), float(b)) for i, kf, k, f, b in
              zip(ops["op"], ops["kernels_fwd"], ops["kernels_bwd"], ops["t_fwd"], ops["t_bwd"])}
@@ -176,10 +175,22 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
         stacks.append(op.stack)
     seq = pd.DataFrame(rows, columns=["op", "name", "view", "node", "kernels_fwd", "kernels_bwd", "t_fwd", "t_bwd",
                                       "op_class", "accumulate"])
-    for col in ("bytes_fwd", "bytes_bwd"):  # what each op's kernels move: family_reuse.far_reuse's distances
-        moved = dict(zip(ops["op"].astype(int), ops[col].astype(float))) if col in ops else {}
-        seq[col] = [moved.get(int(i), 0.0) for i in seq["op"]]
     return seq, stacks
+
+
+#: ``op_sequence`` columns the far rule reads (``reuse.family_distances``), added only where it applies.
+FAMILY_DISTANCES = ("family_distance_fwd", "family_distance_bwd")
+
+
+def _with_family_distances(seq: pd.DataFrame, trace, ops: pd.DataFrame) -> pd.DataFrame:
+    """``seq`` with ``FAMILY_DISTANCES``: per op, the distinct bytes since its family's last call in each pass
+    (``reuse.family_distances``; NaN for an op outside the timed table, a view)."""
+    dist_f, dist_b = reuse.family_distances(trace, ops)
+    out = seq.copy()
+    for col, dist in zip(FAMILY_DISTANCES, (dist_f, dist_b)):
+        by_op = dict(zip(ops["op"].astype(int), dist))
+        out[col] = [by_op.get(int(i), np.nan) for i in seq["op"]]
+    return out
 
 
 def op_switches(names, view) -> tuple:
@@ -278,8 +289,8 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     cold_f = np.where(light_f, np.minimum(cold_f, light), cold_f)
     cold_b = np.where(light_b, np.minimum(cold_b, light), cold_b)
     # an op whose family last ran more than the L3 of data ago finds its code in memory: op_cold_far_s (at least)
-    moved = [seq[c].to_numpy(float) if c in seq else np.zeros(len(seq)) for c in ("bytes_fwd", "bytes_bwd")]
-    far_f, far_b = far_reuse(seq["name"].to_numpy(object), view | acc, *moved, hc.get("far_cache_bytes", 0.0))
+    dist = [seq[c].to_numpy(float) if c in seq else np.full(len(seq), np.nan) for c in FAMILY_DISTANCES]
+    far_f, far_b = far_reuse(*dist, view | acc, hc.get("far_cache_bytes", 0.0))
     far = hc.get("op_cold_far_s", cold)
     cold_f = np.where(far_f, np.maximum(cold_f, far), cold_f)
     cold_b = np.where(far_b, np.maximum(cold_b, far), cold_b)
@@ -343,6 +354,20 @@ def _fixed_cost(op_fixed: dict, name: str, op_class: str) -> float:
     return float(op_fixed.get(name, 0.0)) if op_class == name else 0.0
 
 
+def _op_host_times(trace, ops: pd.DataFrame, spec, hc: dict, dtype) -> tuple:
+    """``(seq, op_stacks, forward host s, backward host s)`` per op of ``op_sequence``, with the step's host terms
+    (``dtype_host_terms``, ``_with_cold``) and, where the far rule applies, its family distances."""
+    seq, op_stacks = op_sequence(trace, ops)
+    op_fixed, cold = dtype_host_terms(spec, hc, dtype)
+    hc_step = _with_cold(hc, spec, dtype, cold)
+    if hc_step["far_cache_bytes"] > 0:  # the far rule's distances (family_reuse.far_reuse), where it applies
+        seq = _with_family_distances(seq, trace, ops)
+    # a CPU's per-op fixed cost is its kernel's, which differs by op class; a GPU's is the host's set-up (cuDNN
+    # heuristics and descriptors), paid by every call of the family whatever its class
+    h_op, hb_op = _host_arrays(seq, hc_step, op_fixed, by_class=spec.kind == "cpu")
+    return seq, op_stacks, h_op, hb_op
+
+
 def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] = None, dtype=None) -> pd.DataFrame:
     """Per module path: host_fwd_s, host_bwd_s, device_fwd_s, device_bwd_s, time_fwd_s, time_bwd_s.
 
@@ -358,11 +383,7 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     """
     spec = spec_of(spec)
     hc = host_constants(spec)
-    seq, op_stacks = op_sequence(trace, ops)
-    op_fixed, cold = dtype_host_terms(spec, hc, dtype)
-    # a CPU's per-op fixed cost is its kernel's, which differs by op class; a GPU's is the host's set-up (cuDNN
-    # heuristics and descriptors), paid by every call of the family whatever its class
-    h_op, hb_op = _host_arrays(seq, _with_cold(hc, spec, dtype, cold), op_fixed, by_class=spec.kind == "cpu")
+    seq, op_stacks, h_op, hb_op = _op_host_times(trace, ops, spec, hc, dtype)
     mod_fixed = dict(getattr(spec, "module_fixed_s", {}) or {})  # class name -> s per call (a layer's Python)
     param_tensors = param_tensors or {}
     h_fwd, h_bwd, d_fwd, d_bwd, stacks, seen, prev = [], [], [], [], [], set(), ()

@@ -67,14 +67,7 @@ def all_cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     n = len(trace.ops)
     if cache_bytes <= 0 or not len(ops):
         return np.zeros(len(ops)), np.zeros(len(ops)), np.zeros(len(ops))
-    fwd_bytes, bwd_bytes = np.zeros(n), np.zeros(n)
-    index = ops["op"].to_numpy(int)
-    fwd_bytes[index] = ops["bytes_fwd"].to_numpy(float)
-    bwd_bytes[index] = ops["bytes_bwd"].to_numpy(float)
-    events = [(i, "fwd") for i in range(n) if fwd_bytes[i] > 0] + [(i, "bwd") for i in range(n - 1, -1, -1)
-                                                                   if bwd_bytes[i] > 0]
-    touched = [_touched(trace.ops[i], fwd_bytes[i] if phase == "fwd" else bwd_bytes[i], phase, i)
-               for i, phase in events]
+    index, fwd_bytes, bwd_bytes, events, touched = _events(trace, ops)
     # a storage no kernel touched before in the step (a parameter, the batch) was last touched a step ago, with the
     # loss, the optimizer, the data loading and Python's own data in between, none of it traced: far when the step's
     # kernels move more than the L2 (its traffic, the conservative side), as before this walk counted distinct bytes
@@ -97,6 +90,48 @@ def all_cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
             stack.touch(touched[e], e)
             e += 1
     return share_f[index], share_b[index], share_w[index]
+
+
+def _events(trace, ops: pd.DataFrame) -> tuple:
+    """``(index, fwd_bytes, bwd_bytes, events, touched)``: the op table's trace indices, the bytes per trace op and
+    phase, the walk's events ((trace index, phase): the forward's ops in order, then the backward's reversed, each
+    moving bytes) and the storages each event touches (``_touched``)."""
+    n = len(trace.ops)
+    fwd_bytes, bwd_bytes = np.zeros(n), np.zeros(n)
+    index = ops["op"].to_numpy(int)
+    fwd_bytes[index] = ops["bytes_fwd"].to_numpy(float)
+    bwd_bytes[index] = ops["bytes_bwd"].to_numpy(float)
+    events = [(i, "fwd") for i in range(n) if fwd_bytes[i] > 0] + [(i, "bwd") for i in range(n - 1, -1, -1)
+                                                                   if bwd_bytes[i] > 0]
+    touched = [_touched(trace.ops[i], fwd_bytes[i] if phase == "fwd" else bwd_bytes[i], phase, i)
+               for i, phase in events]
+    return index, fwd_bytes, bwd_bytes, events, touched
+
+
+def family_distances(trace, ops: pd.DataFrame) -> tuple:
+    """``(forward, backward)`` arrays aligned with ``ops``: per op and phase, the distinct bytes of data the step's
+    kernels touched since its family's last call in that phase's pass (the same stack distance as the operands':
+    ``_StackDistance`` over ``_events``; a family is the op's aten name, its backward a family of its own), NaN where
+    the op moves no bytes in the phase. A family's first call in a pass last ran a step ago: the step's distinct
+    bytes (every storage the walk touched, once; the optimizer's and the loss's data are not traced).
+    ``perfcheck.predict.family_reuse.far_reuse`` compares them with the L3. Why distinct bytes and not traffic: a
+    loop re-reading the same few storages (an RNN's time steps) moves many times its footprint, and lines it touches
+    again do not evict others (the same lesson as the operands', module docstring)."""
+    if not len(ops):
+        return np.zeros(0), np.zeros(0)
+    index, _, _, events, touched = _events(trace, ops)
+    footprint: dict = {}
+    for keys in touched:
+        for key, nbytes in keys.items():
+            footprint[key] = max(footprint.get(key, 0.0), nbytes)
+    unseen = float(sum(footprint.values()))
+    stack = _StackDistance(len(events))
+    dist = {"fwd": np.full(len(trace.ops), np.nan), "bwd": np.full(len(trace.ops), np.nan)}
+    for e, ((i, phase), keys) in enumerate(zip(events, touched)):
+        family = ("family", phase, trace.ops[i].call.name)
+        dist[phase][i] = stack.distance(family, e, unseen)
+        stack.touch({**keys, family: 0.0}, e)
+    return dist["fwd"][index], dist["bwd"][index]
 
 
 class _StackDistance:

@@ -179,19 +179,44 @@ def test_estimator_charges_light_cycles_the_light_price():
 
 # ---------------------------------------------------------------------------- beyond the L3 (op_cold_far_s)
 def test_far_by_hand():
-    names = ["mm", "relu", "t", "mm", "relu", "mm"]
-    view = [False, False, True, False, False, False]
-    fwd_bytes, bwd_bytes = [50, 10, 0, 200, 10, 50], [60, 20, 0, 60, 20, 60]
-    fwd, bwd = far_reuse(names, view, fwd_bytes, bwd_bytes, 100.0)
-    # step bytes 320 + 220 = 540 > 100: first calls far. Forward: mm 3 starts at 60, mm 0 ended at 50 -> 10 (near);
-    # relu 4 starts at 260, relu 1 ended at 60 -> 200 (far); mm 5 starts at 270, mm 3 ended at 260 -> 10 (near)
-    assert list(fwd) == [True, True, False, False, True, False]
-    # backward (5, 4, 3, 1, 0): mm 5 first (far); relu 4 first (far); mm 3 starts at 80, mm 5 ended at 60 -> 20;
-    # relu 1 starts at 140, relu 4 ended at 80 -> 60; mm 0 starts at 160, mm 3 ended at 140 -> 20
-    assert list(bwd) == [False, False, False, False, True, True]
-    assert [list(a) for a in far_reuse(names, view, fwd_bytes, bwd_bytes, 0.0)] == [[False] * 6, [False] * 6]
-    small = far_reuse(["mm", "relu"], [False, False], [10, 10], [10, 10], 100.0)  # the step fits in the L3
-    assert [list(a) for a in small] == [[False, False], [False, False]]
+    nan = float("nan")
+    dist_f, dist_b = [nan, 150.0, nan, 50.0, 200.0, 10.0], [300.0, 20.0, nan, 120.0, 100.0, nan]
+    skip = [False, False, True, False, False, False]
+    fwd, bwd = far_reuse(dist_f, dist_b, skip, 100.0)
+    assert list(fwd) == [False, True, False, False, True, False]  # NaN (no bytes moved) and views never far
+    assert list(bwd) == [True, False, False, True, False, False]  # 100 is not beyond 100
+    assert [list(a) for a in far_reuse(dist_f, dist_b, skip, 0.0)] == [[False] * 6, [False] * 6]
+
+
+class TwoLayers(torch.nn.Module):
+    """mm, relu, mm, relu on fp32: x (4 x 8) 128 B, each weight (8 x 8) 256 B, each activation (4 x 8) 128 B."""
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        return torch.relu(torch.relu(x @ self.w1) @ self.w2)
+
+
+def test_family_distances_are_stack_distances_by_hand():
+    from perfcheck.predict import reuse
+    from perfcheck.predict import trace as tracing
+    from perfcheck.predict.module_estimator import _op_table
+
+    x = torch.randn(4, 8)
+    trace = tracing.trace_model(TwoLayers(), (x,))
+    ops = _op_table(trace, False)
+    dist_f, dist_b = reuse.family_distances(trace, ops)
+    names = [trace.ops[i].call.name for i in ops["op"]]
+    assert names == ["mm", "relu", "mm", "relu"]
+    # forward events mm1 (x, w1, a), relu1 (a, b), mm2 (b, w2, c), relu2 (c, d); distinct bytes since the family's
+    # last call: mm2 after relu1, which last touched a and b (256); relu2 after mm2's b, w2, c (512). First calls: the
+    # step's footprint, every storage once (the forward's seven: 1152 B, and the backward's gradients)
+    assert dist_f[2] == 256 and dist_f[3] == 512
+    assert dist_f[0] == dist_f[1] >= 1152
+    # backward (relu2, mm2, relu1, mm1): first calls as far as the footprint, repeats nearer
+    assert dist_b[3] == dist_b[2] == dist_f[0]
+    assert 0 < dist_b[1] < dist_f[0] and 0 < dist_b[0] < dist_f[0]
 
 
 def test_far_case_evicts_the_l3_and_its_fit_by_hand(monkeypatch):
