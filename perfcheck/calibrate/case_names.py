@@ -56,11 +56,11 @@ def optim_label(line: str, n: int) -> str:
 
 
 #: Label prefix of the OPCOLD round-robin timed after the cold filler (op_cases.op_cold_filler_cases;
-#: fit_host.op_cold_excess prefers it to the tight round-robin on a GPU spec).
+#: fit_cold.op_cold_excess prefers it to the tight round-robin on a GPU spec).
 AFTER_FILLER = "round-robin after filler"
 
 #: Label prefix of the OPCOLD round-robin of the light families, the op_fixed cases' tiny ops less the convolution
-#: (op_cases.op_cold_near_cases; fit_host.op_cold_near_excess, ``host.op_cold_near_s``).
+#: (op_cases.op_cold_near_cases; fit_cold.op_cold_near_excess, ``host.op_cold_near_s``).
 NEAR = "round-robin near"
 #: The op_fixed family the near round-robin leaves out: on a CPU its classes pay their own evicted excess
 #: (perfcheck.predict.host._class_cold), and its code made most of the 14-op round-robin's excess.
@@ -68,7 +68,7 @@ NEAR_LEFT_OUT = ("convolution",)
 
 
 #: Label prefix of the OPCOLD round-robin timed after evicting the last-level cache (op_cases.op_cold_far_cases;
-#: fit_host.op_cold_far_excess, ``host.op_cold_far_s``); its row's ``m`` holds the L3 bytes it evicted for.
+#: fit_cold.op_cold_far_excess, ``host.op_cold_far_s``); its row's ``m`` holds the L3 bytes it evicted for.
 FAR = "round-robin far"
 
 
@@ -77,7 +77,18 @@ def far_label(n: int) -> str:
     return f"{FAR} x{n}"
 
 
-#: Label prefixes of the OPCOLD cases of light families (op_cases.op_cold_light_cases; fit_host.op_cold_light_excess,
+#: Label prefix of the OPCOLD cases that time how long data stays in the L3 (op_cases.l3_residency_cases;
+#: fit_cold.l3_residency, ``host.l3_residency_s``): a read of a quarter of the L3, hot, after a sleep of ``n``
+#: microseconds, and after an eviction; ``m`` holds the L3 bytes.
+RESIDENCY = "l3 residency"
+
+
+def residency_label(wait_us: int) -> str:
+    """The OPCOLD residency case read after sleeping ``wait_us`` microseconds (0: hot; -1: after an eviction)."""
+    return f"{RESIDENCY} {'hot' if wait_us == 0 else 'evicted' if wait_us < 0 else f'{wait_us} us'}"
+
+
+#: Label prefixes of the OPCOLD cases of light families (op_cases.op_cold_light_cases; fit_cold.op_cold_light_excess,
 #: ``host.op_cold_light_s``): the families one after another, and each repeated in its own short tight run.
 LIGHT = "round-robin light"
 LIGHT_TIGHT = "light tight"

@@ -28,9 +28,9 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from perfcheck.calibrate.fit_draft import Draft, cap, fmt_rate, rows_of, seconds_of, size_text
+from perfcheck.calibrate.fit_draft import Draft, cap, fmt_rate, fp32_rows, rows_of, seconds_of, size_text
 from perfcheck.calibrate import case_names as names
-from perfcheck.calibrate.fit_host import (alignment, collective_latency, fp32_rows, host_terms, launch,
+from perfcheck.calibrate.fit_host import (alignment, collective_latency, host_terms, launch,
                                           gemm_call_costs, module_costs, per_op_costs,
                                           row_costs)
 from perfcheck.errors import UserError

@@ -16,6 +16,11 @@ def cap(x: float) -> float:
     return float(min(1.0, x))
 
 
+def fp32_rows(rows: pd.DataFrame) -> pd.Series:
+    """Rows of the fp32 (or untyped: older tables) host cases."""
+    return rows["dtype"].fillna("").astype(str).isin(("fp32", "", "nan"))
+
+
 def rows_of(table: pd.DataFrame, kind: str, **eq) -> pd.DataFrame:
     sel = table["kind"] == kind
     for col, value in eq.items():

@@ -5,6 +5,8 @@ counts and length of the per-row cases (perfcheck.calibrate.op_classes). The tim
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from perfcheck.calibrate import case_names as names
@@ -92,7 +94,7 @@ def op_cold_near_cases(device) -> list:
     """The fp32 round-robin again without the convolution (label ``round-robin near x13``, time per op): each op's
     family ran 12 light families ago (``perfcheck.predict.family_reuse.NEAR_DISTANCE``), as a recurrent layer's
     time step repeats its cell's ops. Its excess over the same ops' tight loops is ``op_cold_near_s``
-    (fit_host.op_cold_near_excess). Why: on the project's Xeon (1 thread, process time,
+    (fit_cold.op_cold_near_excess). Why: on the project's Xeon (1 thread, process time,
     bench/results/op_family_reuse.md) the 14-op round-robin cost 2.4 us per op above the tight loops and 1.0 us
     without the convolution, and a cycle over 2-24 light families 0.2-0.5 us. Placed after the other OPCOLD
     rows (a table's first tight round-robin is the 14-op one, which op_cold_excess reads)."""
@@ -114,7 +116,7 @@ def op_cold_far_cases(device) -> list:
     """The fp32 round-robin of ``op_cold_cases``, each round timed after writing ``FAR_EVICT_MULTIPLE`` times the L3
     and then re-warming the path every op shares (a few tiny adds: dispatcher, TensorIterator, allocator, the
     interpreter; ``add`` is none of the round-robin's families), label ``round-robin far xN``, time per op, ``m`` =
-    the L3 bytes. Its excess over the ops' tight loops is ``op_cold_far_s`` (fit_host.op_cold_far_excess): what an
+    the L3 bytes. Its excess over the ops' tight loops is ``op_cold_far_s`` (fit_cold.op_cold_far_excess): what an
     op pays when more than the L3 of data streamed through the core since its family last ran, so its own code
     (and its data) come from memory (``perfcheck.predict.family_reuse.far_reuse``). CPU only; none where sysfs gives
     no L3 or one above ``FAR_MAX_L3_BYTES``.
@@ -143,6 +145,41 @@ def op_cold_far_cases(device) -> list:
                  between=evict_and_rewarm, host=True)]
 
 
+#: Sleeps (seconds) after which the residency cases re-read their buffer: where the L3 is shared with other tenants'
+#: cores, data left in it decays with time even while this process sleeps.
+RESIDENCY_WAITS_S = (0.002, 0.008)
+
+
+def l3_residency_cases(device) -> list:
+    """How long data stays in the L3 (``host.l3_residency_s``, fit_cold.l3_residency): a read (``sum``) of a quarter
+    of the L3, timed right after the same read (hot), after the same read, a read of 2x the L2 and a sleep of each of
+    ``RESIDENCY_WAITS_S``, and after writing 4x the L3 (evicted); label ``l3 residency <hot | N us | evicted>``, ``m``
+    = the L3 bytes, ``n`` = the sleep in microseconds. CPU only, where ``op_cold_far_cases`` runs.
+    Why: on an AMD EPYC VM (L3 32 MiB, 2026-11-27) an 8 MiB buffer read at 84 GB/s right after its last read, 38 GB/s
+    after 5 ms asleep and 17-20 GB/s (as evicted) after 20 ms: the L3 is shared with other tenants' cores, so what an
+    op finds there depends on the time since its last use, not only on this process's data in between
+    (bench/results/cache_levels.md)."""
+    dev = torch.device(device)
+    l3 = cache_bytes(3)
+    if dev.type != "cpu" or not 0 < l3 <= FAR_MAX_L3_BYTES:
+        return []
+    buf = torch.ones(l3 // 16, device=dev)  # a quarter of the L3, fp32
+    l2 = torch.ones(2 * cache_bytes(2) // 4, device=dev)
+    flush = torch.empty(FAR_EVICT_MULTIPLE * l3 // 4, device=dev)
+
+    def after(wait_s):
+        def prepare():
+            buf.sum()
+            l2.sum()
+            time.sleep(wait_s)
+        return prepare
+
+    waits = [(0, buf.sum)] + [(int(round(w * 1e6)), after(w)) for w in RESIDENCY_WAITS_S] + \
+        [(-1, lambda: flush.add_(1.0))]
+    return [Case(names.OPCOLD, names.residency_label(us), buf.sum, "fp32", shape=(l3, 0, max(us, 0)),
+                 between=between, host=True) for us, between in waits]
+
+
 def light_ops(dev) -> dict:
     """aten family -> a call of it on tiny tensors: 13 light families (``family_reuse.is_light``: pointwise ops in
     place and not, a copy, a small GEMM), so in a cycle each family's last call was 12 others ago, the distance
@@ -160,7 +197,7 @@ def op_cold_light_cases(device) -> list:
     """Two OPCOLD cases over ``light_ops``: one call of each family in turn (label ``round-robin light x13``, time
     per op) and each family ``case_names.LIGHT_TIGHT_RUN`` times in a row before the next (``light tight x13``, time per op:
     the families' tight-loop mean, timed in the same case run a moment apart rather than by the op_fixed cases).
-    The first less the second is ``op_cold_light_s`` (fit_host.op_cold_light_excess). Why: on the project's Xeon
+    The first less the second is ``op_cold_light_s`` (fit_cold.op_cold_light_excess). Why: on the project's Xeon
     (1 thread, process time, bench/results/host_switch.md) a switch among such families cost 0.1-0.75 us, the near
     round-robin's 1.4 us, of which its norms, pooling, mean, gelu and embedding made most; and the near price,
     a difference against tight loops timed minutes apart, swung 2.3-5.5 us between calibrations.
@@ -197,7 +234,7 @@ def op_cold_filler_cases(device, per_dtype) -> list:
     the other tiny ops a moment ago; on the H100 VM of 2026-11-26 a bf16 LeNet forward with gradients cost 216
     us of host time in a forward-only loop and 382 us as a training step's forward (diag_ops.log,
     diag_phases.log), while the tight round-robin's excess was 2.5-3.3 us per op (12 ops: +14 us of the +166).
-    Run on every device; fit.op_cold_excess takes op_cold_s from it for a GPU spec (fit_host.AFTER_FILLER_KINDS;
+    Run on every device; fit.op_cold_excess takes op_cold_s from it for a GPU spec (fit_cold.AFTER_FILLER_KINDS;
     a CPU keeps the tight round-robin's, this row recorded beside it)."""
     cold = cold_filler(device)
     return [_round_robin(dt, ops, between=cold) for dt, ops in per_dtype]

@@ -121,3 +121,37 @@ def far_reuse(distance_fwd, distance_bwd, skip, cache_bytes: float) -> tuple:
         d = np.asarray(dist, dtype=float)
         out.append(~skip & (np.nan_to_num(d, nan=0.0) > cache_bytes))
     return tuple(out)
+
+
+def far_in_time(names, skip, seconds_fwd, seconds_bwd, residency_s: float) -> tuple:
+    """``(forward, backward)`` bool arrays: True where a computing op's family last ran more than ``residency_s``
+    ago in its pass (the predicted seconds of the ops in between, ``seconds_<phase>``; a family's first call in a
+    pass last ran a step ago: the step's seconds), so an L3 shared with other tenants' cores has let its code and
+    data decay (``host.l3_residency_s``, calibration's residency cases). All False where ``residency_s`` is not
+    positive; ``skip`` (views, gradient accumulations) never far.
+    Why: on an AMD EPYC VM an 8 MiB buffer left in its 32 MiB L3 read at 84 GB/s at once, 38 GB/s after 5 ms asleep
+    and as evicted after 20 ms (bench/results/cache_levels.md): there an op's code goes cold with time, whatever
+    this process touched in between (``far_reuse`` counts only that)."""
+    skip = np.asarray(skip, dtype=bool)
+    fwd, bwd = np.zeros(len(skip), dtype=bool), np.zeros(len(skip), dtype=bool)
+    if not residency_s or residency_s <= 0 or not len(skip):
+        return fwd, bwd
+    names = np.asarray(names, dtype=object)
+    sec_f = np.where(skip, 0.0, np.asarray(seconds_fwd, dtype=float))
+    sec_b = np.where(skip, 0.0, np.asarray(seconds_bwd, dtype=float))
+    step = float(sec_f.sum() + sec_b.sum())
+    idx = np.flatnonzero(~skip)
+    fwd[idx] = _time_walk(names[idx], sec_f[idx], step, residency_s)
+    bwd[idx] = _time_walk(names[idx][::-1], sec_b[idx][::-1], step, residency_s)[::-1]
+    return fwd, bwd
+
+
+def _time_walk(run, seconds, step_s: float, residency_s: float) -> np.ndarray:
+    """Far-in-time flags along ``run`` in order (``far_in_time``): the seconds between a family's calls."""
+    ends = np.cumsum(seconds)
+    starts = ends - seconds
+    last, out = {}, np.zeros(len(run), dtype=bool)
+    for i, name in enumerate(run):
+        out[i] = (starts[i] - last[name] if name in last else step_s) > residency_s
+        last[name] = ends[i]
+    return out

@@ -12,7 +12,8 @@ datasheet-free defaults in ``perfcheck/hardware/host_defaults.json``, each with 
                                     a CPU convolution class: its measured evicted-call excess, ``_class_cold``;
                                     op_cold_near_s when its family ran a few light families ago, ``family_reuse``;
                                     op_cold_light_s when those and it are pointwise/copy/split/small-GEMM ops;
-                                    at least op_cold_far_s when its family ran more than the L3 of data ago)
+                                    at least op_cold_far_s when its family ran more than the L3 of data, or
+                                    the L3's residency time, ago)
                                     + autograd_node_s when an input needs a gradient (grad_fn node)
     forward, per module call        module_call_s (nn.Module.__call__ and the forward frame)
                                     + module_fixed_s[class] for a standard nn layer (its Python
@@ -77,7 +78,7 @@ from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constan
 from perfcheck.predict import optimizers, reuse
 from perfcheck.predict.aten_costs import is_view_op, op_class
 from perfcheck.predict.efficiency import CLASS_PARENTS
-from perfcheck.predict.family_reuse import far_reuse, light_reuse, near_reuse
+from perfcheck.predict.family_reuse import far_in_time, far_reuse, light_reuse, near_reuse
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.predict.roofline import compute_time_s, memory_time_s
 from perfcheck.predict.zero_rows import zero_elements
@@ -240,9 +241,11 @@ def _with_cold(hc: dict, spec, dtype, cold: float) -> dict:
     light = near if light is None or key in LOW_HOST_DTYPES else float(light)
     # the far price only where calibration measured both it and the L3 it evicted (else no op is far)
     far, l3 = dict(spec.host).get("op_cold_far_s"), float((spec.calibration or {}).get("l3_bytes", 0) or 0)
-    far_bytes = l3 if far is not None and key not in LOW_HOST_DTYPES and spec.kind == "cpu" else 0.0
+    applies = far is not None and key not in LOW_HOST_DTYPES and spec.kind == "cpu"
+    residency = float(dict(spec.host).get("l3_residency_s", 0.0) or 0.0) if applies and l3 > 0 else 0.0
     return {**hc, "op_cold_s": cold, "op_cold_near_s": near, "op_cold_light_s": light,
-            "op_cold_far_s": cold if far is None else float(far), "far_cache_bytes": far_bytes}
+            "op_cold_far_s": cold if far is None else float(far), "far_cache_bytes": l3 if applies else 0.0,
+            "far_residency_s": residency}
 
 
 def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) -> tuple:
@@ -288,9 +291,8 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     light = hc.get("op_cold_light_s", near)
     cold_f = np.where(light_f, np.minimum(cold_f, light), cold_f)
     cold_b = np.where(light_b, np.minimum(cold_b, light), cold_b)
-    # an op whose family last ran more than the L3 of data ago finds its code in memory: op_cold_far_s (at least)
-    dist = [seq[c].to_numpy(float) if c in seq else np.full(len(seq), np.nan) for c in FAMILY_DISTANCES]
-    far_f, far_b = far_reuse(*dist, view | acc, hc.get("far_cache_bytes", 0.0))
+    # an op whose family last ran more than the L3 of data (or its residency time) ago: op_cold_far_s (at least)
+    far_f, far_b = _far_flags(seq, hc, view | acc, node)
     far = hc.get("op_cold_far_s", cold)
     cold_f = np.where(far_f, np.maximum(cold_f, far), cold_f)
     cold_b = np.where(far_b, np.maximum(cold_b, far), cold_b)
@@ -302,6 +304,19 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
                            np.maximum(k_bwd, 1.0) * hc["op_dispatch_s"] + fixed_bwd)
     bwd = node * (hc["backward_node_s"] + bwd_kernels + bwd_switch * cold_b)
     return np.where(acc, 0.0, fwd), np.where(acc, hc["op_dispatch_s"], bwd)
+
+
+def _far_flags(seq: pd.DataFrame, hc: dict, skip, node) -> tuple:
+    """``(forward, backward)``: ops whose family last ran more than the L3 of distinct data ago (``far_reuse`` on
+    ``FAMILY_DISTANCES``) or more than the L3's residency time ago, where other tenants share it (``far_in_time``
+    on the ops' device time + dispatch)."""
+    dist = [seq[c].to_numpy(float) if c in seq else np.full(len(seq), np.nan) for c in FAMILY_DISTANCES]
+    far_f, far_b = far_reuse(*dist, skip, hc.get("far_cache_bytes", 0.0))
+    late_f, late_b = far_in_time(seq["name"].to_numpy(object), skip,
+                                 seq["t_fwd"].to_numpy(float) + hc["op_dispatch_s"],
+                                 seq["t_bwd"].to_numpy(float) + hc["op_dispatch_s"] * node,
+                                 hc.get("far_residency_s", 0.0))
+    return far_f | late_f, far_b | late_b
 
 
 def _measured_class(op_fixed: dict, op_class: str) -> str:

@@ -1,12 +1,12 @@
 """The round-robin of the op_fixed ops timed after the cold filler (cases.op_cold_filler_cases) and op_cold_s
-fitted from it (fit_host.op_cold_excess): the case is timed after the filler with the filler outside the timing (a
+fitted from it (fit_cold.op_cold_excess): the case is timed after the filler with the filler outside the timing (a
 fake clock that only the calls advance), per dtype; the fit prefers it to the tight round-robin (hand
 arithmetic); and a table without it fits as before."""
 import pandas as pd
 import pytest
 import torch
 
-from perfcheck.calibrate import fit, fit_host, op_cases as cases
+from perfcheck.calibrate import fit, fit_cold, op_cases as cases
 from perfcheck.calibrate.cases import Timer
 
 US = 1e-6
@@ -70,17 +70,17 @@ def test_fit_prefers_the_round_robin_after_the_filler():
     # tight loops 4, 6, 8 us (mean 6); tight round-robin 9 us per op; after the filler 20 us per op
     rows = [_row("opfixed", "a", 4 * US), _row("opfixed", "b", 6 * US), _row("opfixed", "c", 8 * US),
             _row("opcold", "round-robin x3", 9 * US), _row("opcold", "round-robin after filler x3", 20 * US)]
-    cold, n, rr, tight = fit_host.op_cold_excess(pd.DataFrame(rows))
+    cold, n, rr, tight = fit_cold.op_cold_excess(pd.DataFrame(rows))
     assert (cold, n, rr, tight) == (pytest.approx(14 * US), 3, pytest.approx(20 * US), pytest.approx(6 * US))
     # in either order, and per dtype (bf16 rows apart)
     bf = [_row(r["kind"], r["label"], r["seconds"] * 2, "bf16") for r in rows]
     table = pd.DataFrame(rows[::-1] + bf)
-    assert fit_host.op_cold_excess(table)[0] == pytest.approx(14 * US)
-    assert fit_host.op_cold_excess(table, "bf16")[0] == pytest.approx(28 * US)
+    assert fit_cold.op_cold_excess(table)[0] == pytest.approx(14 * US)
+    assert fit_cold.op_cold_excess(table, "bf16")[0] == pytest.approx(28 * US)
     # a table without it (an older calibration): the tight round-robin, as before
-    assert fit_host.op_cold_excess(pd.DataFrame(rows[:4]))[0] == pytest.approx(3 * US)
-    assert fit_host.op_cold_excess(pd.DataFrame(rows), after_filler=False)[0] == pytest.approx(3 * US)
-    # which spec uses which (fit_host.AFTER_FILLER_KINDS): a GPU the after-filler one, a CPU the tight one
+    assert fit_cold.op_cold_excess(pd.DataFrame(rows[:4]))[0] == pytest.approx(3 * US)
+    assert fit_cold.op_cold_excess(pd.DataFrame(rows), after_filler=False)[0] == pytest.approx(3 * US)
+    # which spec uses which (fit_cold.AFTER_FILLER_KINDS): a GPU the after-filler one, a CPU the tight one
     table = pd.DataFrame([_row("launch", "op", 4 * US), _row("host", "view", 2 * US)] + rows)
     gpu = fit.build_spec("h100-sxm", table, peaks="base", stamp="s")
     cpu = fit.build_spec("cpu", table, peaks="measured", stamp="s")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import perfcheck
-from perfcheck.calibrate import case_names, fit, fit_host, op_cases
+from perfcheck.calibrate import case_names, fit, fit_cold, op_cases
 from perfcheck.predict.family_reuse import NEAR_DISTANCE, far_reuse, is_light, light_reuse, near_reuse
 from _host_only_specs import cpu_spec_with_host as _spec  # the cpu spec, every host constant 0 but the ones given
 
@@ -66,10 +66,10 @@ def test_near_fit_by_hand_and_the_far_fit_unchanged():
     table = pd.DataFrame([_row("opfixed", "convolution", 50 * US), _row("opfixed", "a", 4 * US),
                           _row("opfixed", "b", 6 * US), _row("opcold", "round-robin x3", 30 * US),
                           _row("opcold", "round-robin near x2", 7 * US)])
-    near, n, rr, tight = fit_host.op_cold_near_excess(table)
+    near, n, rr, tight = fit_cold.op_cold_near_excess(table)
     assert (n, rr, tight) == (2, pytest.approx(7 * US), pytest.approx(5 * US)) and near == pytest.approx(2 * US)
-    assert fit_host.op_cold_excess(table)[0] == pytest.approx(10 * US)  # 30 - (50 + 4 + 6) / 3
-    assert fit_host.op_cold_near_excess(table.iloc[:4]) is None  # no near row: no near price
+    assert fit_cold.op_cold_excess(table)[0] == pytest.approx(10 * US)  # 30 - (50 + 4 + 6) / 3
+    assert fit_cold.op_cold_near_excess(table.iloc[:4]) is None  # no near row: no near price
     rows = [_row("launch", "op", 4 * US), _row("host", "view", 2 * US), *table.to_dict("records")]
     spec = fit.build_spec("cpu", pd.DataFrame(rows), peaks="measured", stamp="t")
     assert spec.host["op_cold_near_s"] == pytest.approx(2 * US) and spec.host["op_cold_s"] == pytest.approx(10 * US)
@@ -142,11 +142,11 @@ def test_light_cases_and_fit_by_hand():
     rows = [_row("opfixed", "a", 4 * US), _row("opfixed", "b", 6 * US), _row("opcold", "round-robin x2", 30 * US),
             _row("opcold", "round-robin light x13", 5 * US), _row("opcold", "light tight x13", 4 * US)]
     table = pd.DataFrame(rows)
-    light, n, rr, tight = fit_host.op_cold_light_excess(table)
+    light, n, rr, tight = fit_cold.op_cold_light_excess(table)
     assert (n, rr, tight) == (13, pytest.approx(5 * US), pytest.approx(4 * US))
     assert light == pytest.approx(32 / 31 * US)
-    assert fit_host.op_cold_excess(table)[0] == pytest.approx(25 * US)  # 30 - (4 + 6) / 2: the light rows left out
-    assert fit_host.op_cold_light_excess(table.iloc[:4]) is None
+    assert fit_cold.op_cold_excess(table)[0] == pytest.approx(25 * US)  # 30 - (4 + 6) / 2: the light rows left out
+    assert fit_cold.op_cold_light_excess(table.iloc[:4]) is None
     spec = fit.build_spec("cpu", pd.DataFrame([_row("launch", "op", 4 * US), _row("host", "view", 2 * US), *rows]),
                           peaks="measured", stamp="t")
     assert spec.host["op_cold_light_s"] == pytest.approx(32 / 31 * US)
@@ -230,9 +230,9 @@ def test_far_case_evicts_the_l3_and_its_fit_by_hand(monkeypatch):
     table = pd.DataFrame([_row("opfixed", "a", 4 * US), _row("opfixed", "b", 6 * US),
                           _row("opcold", "round-robin x2", 9 * US),
                           {**_row("opcold", "round-robin far x2", 40 * US), "m": 8 * 2 ** 20}])
-    excess, n, per_op, tight, l3 = fit_host.op_cold_far_excess(table)
+    excess, n, per_op, tight, l3 = fit_cold.op_cold_far_excess(table)
     assert (excess, n, l3) == (pytest.approx(35 * US), 2, 8 * 2 ** 20)
-    assert fit_host.op_cold_excess(table)[0] == pytest.approx(4 * US)  # the far row is not the tight round-robin
+    assert fit_cold.op_cold_excess(table)[0] == pytest.approx(4 * US)  # the far row is not the tight round-robin
     rows = [_row("launch", "op", 4 * US), _row("host", "view", 2 * US), *table.to_dict("records")]
     spec = fit.build_spec("cpu", pd.DataFrame(rows), peaks="measured", stamp="t")
     assert spec.host["op_cold_far_s"] == pytest.approx(35 * US) and spec.calibration["l3_bytes"] == 8 * 2 ** 20
@@ -252,3 +252,57 @@ def test_estimator_charges_far_ops_the_far_price():
     for phase in ("host_fwd_s", "host_bwd_s"):
         assert root(tiny, phase) - root(base, phase) == pytest.approx(6 * 40 * US)
         assert root(huge, phase) == pytest.approx(root(base, phase))  # the step fits in the L3: nothing far
+
+
+# ---------------------------------------------------------------------------- a shared L3 decays (l3_residency_s)
+def test_far_in_time_by_hand():
+    from perfcheck.predict.family_reuse import far_in_time
+
+    names = ["mm", "relu", "t", "mm", "relu", "mm"]
+    skip = [False, False, True, False, False, False]
+    fwd_s, bwd_s = [1.0, 1.0, 0.0, 4.0, 1.0, 1.0], [1.0, 2.0, 0.0, 1.0, 2.0, 1.0]
+    fwd, bwd = far_in_time(names, skip, fwd_s, bwd_s, 3.0)
+    # step 8 + 7 = 15 s > 3: first calls far; forward mm 3 starts at 2, mm 0 ended at 1 -> 1 s; relu 4 starts at 6,
+    # relu 1 ended at 2 -> 4 s (far); mm 5 starts at 7, mm 3 ended at 6 -> 1 s
+    assert list(fwd) == [True, True, False, False, True, False]
+    # backward (5, 4, 3, 1, 0): mm 5, relu 4 first (far); mm 3 starts at 3, mm 5 ended at 1 -> 2; relu 1 starts at 4,
+    # relu 4 ended at 3 -> 1; mm 0 starts at 6, mm 3 ended at 4 -> 2
+    assert list(bwd) == [False, False, False, False, True, True]
+    assert [list(a) for a in far_in_time(names, skip, fwd_s, bwd_s, 0.0)] == [[False] * 6, [False] * 6]
+
+
+def test_residency_cases_and_fit_by_hand(monkeypatch):
+    monkeypatch.setattr(op_cases, "cache_bytes", lambda level: 8 * 2 ** 20 if level == 3 else 2 ** 20)
+    cases = op_cases.l3_residency_cases("cpu")
+    assert [c.label for c in cases] == ["l3 residency hot", "l3 residency 2000 us", "l3 residency 8000 us",
+                                        "l3 residency evicted"]
+    assert all(c.between is not None and c.shape[0] == 8 * 2 ** 20 for c in cases)
+    # hot 100 us, evicted 500 us; after 2 ms 200 us (a quarter of the loss), after 8 ms 400 us (three quarters):
+    # half lies halfway between 2 and 8 ms in log(sleep): sqrt(2 x 8) = 4 ms
+    rows = [{**_row("opcold", lab, s * US), "m": 8 * 2 ** 20, "n": n} for lab, s, n in (
+        ("l3 residency hot", 100, 0), ("l3 residency 2000 us", 200, 2000), ("l3 residency 8000 us", 400, 8000),
+        ("l3 residency evicted", 500, 0))]
+    tau, hot, evicted, points = fit_cold.l3_residency(pd.DataFrame(rows))
+    assert tau == pytest.approx(0.004) and (hot, evicted) == (pytest.approx(100 * US), pytest.approx(500 * US))
+    rows[2]["seconds"] = 250 * US  # 8 ms loses under half: no decay within the sleeps measured, no residency
+    assert fit_cold.l3_residency(pd.DataFrame(rows)) is None
+    table = pd.DataFrame([_row("launch", "op", 4 * US), _row("host", "view", 2 * US), *rows[:2],
+                          {**rows[2], "seconds": 400 * US}, rows[3]])
+    spec = fit.build_spec("cpu", table, peaks="measured", stamp="t")
+    assert spec.host["l3_residency_s"] == pytest.approx(0.004)
+    assert fit_cold.op_cold_excess(pd.DataFrame(rows)) is None  # the residency rows are not a round-robin
+
+
+def test_estimator_charges_ops_late_in_a_decaying_l3():
+    import dataclasses
+    torch.manual_seed(0)
+    x = (torch.randn(2, 4, requires_grad=True),)
+    m = CellLoop()
+    host = dict(op_cold_s=10 * US, op_cold_near_s=10 * US, op_cold_light_s=10 * US, op_cold_far_s=50 * US)
+    base = perfcheck.estimate(m, x, system=_spec(**host))
+    spec = dataclasses.replace(_spec(**host, l3_residency_s=1e-12), calibration={"l3_bytes": 2 ** 40})
+    late = perfcheck.estimate(m, x, system=spec)
+    root = lambda df, col: float(df.set_index("module").loc["(root)", col])  # noqa: E731
+    # an L3 that holds the step but whose data decays at once: every switching op is far in time (6 per pass)
+    for phase in ("host_fwd_s", "host_bwd_s"):
+        assert root(late, phase) - root(base, phase) == pytest.approx(6 * 40 * US)

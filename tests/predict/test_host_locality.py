@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import perfcheck
-from perfcheck.calibrate import fit, fit_host, op_cases
+from perfcheck.calibrate import fit, fit_cold, op_cases
 from perfcheck.calibrate.cases import Case, Timer, run_cases
 from perfcheck.hardware.systems import host_constants, host_source, load_system
 from _host_only_specs import cpu_spec_with_host as _spec  # the cpu spec, every host constant 0 but the ones given
@@ -28,15 +28,15 @@ def test_cold_excess_is_round_robin_per_op_less_the_tight_loops_mean():
     # tight loops of 3 ops: 4, 6 and 8 us (mean 6); the three one after another: 16 us per op -> 10 us each
     table = pd.DataFrame([_row("opfixed", "a", 4 * US), _row("opfixed", "b", 6 * US), _row("opfixed", "c", 8 * US),
                           _row("opcold", "round-robin x3", 16 * US)])
-    cold, n, rr, tight = fit_host.op_cold_excess(table)
+    cold, n, rr, tight = fit_cold.op_cold_excess(table)
     assert (n, rr, tight) == (3, pytest.approx(16 * US), pytest.approx(6 * US))
     assert cold == pytest.approx(10 * US)
     # faster in a round-robin than in loops is noise, not a negative cost: floored at 0
     faster = table.assign(seconds=[4 * US, 6 * US, 8 * US, 5 * US])
-    assert fit_host.op_cold_excess(faster)[0] == 0.0
+    assert fit_cold.op_cold_excess(faster)[0] == 0.0
     # another set of ops than the tight loops (a table from another version): no matched subtraction
-    assert fit_host.op_cold_excess(table.iloc[1:]) is None
-    assert fit_host.op_cold_excess(table.iloc[:3]) is None
+    assert fit_cold.op_cold_excess(table.iloc[1:]) is None
+    assert fit_cold.op_cold_excess(table.iloc[:3]) is None
 
 
 def test_build_spec_keeps_the_measured_cold_cost_with_its_source():
@@ -145,7 +145,7 @@ def test_planted_switch_cost_is_measured_by_the_round_robin():
     for c in planted[:2]:
         c.setup = reset  # each tight loop starts without a planted switch from the case before
     table = run_cases(planted, Timer(torch.device("cpu"), clock="process"), repeats=3, target_s=0.005)
-    cold, n, rr, tight = fit_host.op_cold_excess(table)
+    cold, n, rr, tight = fit_cold.op_cold_excess(table)
     assert n == 2 and tight == pytest.approx(60 * US, rel=0.3)
     assert cold == pytest.approx(100 * US, rel=0.3)
 
