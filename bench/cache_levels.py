@@ -11,6 +11,8 @@ project's Xeon (L3 300 MiB as its VM reports it) read 0.97-1.06 (bench/results/h
 2. fp32 GEMMs of one thread by shape: the rate falls for a wide output (N in the thousands: an LM head's vocabulary)
    far below the square GEMMs' rate the calibration's matrix curve holds. Not modelled yet (bench/results/
    cache_levels.md says what was measured).
+3. A quarter of the L3 re-read after sleeping: where other tenants' cores share the L3, what this process left there
+   decays with time (``host.l3_residency_s``, calibration: ``op_cases.l3_residency_cases``).
 
     OMP_NUM_THREADS=1 python bench/cache_levels.py [--out bench/results/cache_levels.md]
 
@@ -93,7 +95,29 @@ def gemm_table() -> list:
     return rows
 
 
-def report(l2: int, l3: int, evict: list, gemms: list) -> str:
+SLEEPS_S = (0.0, 0.001, 0.002, 0.005, 0.008, 0.02, 0.1)
+
+
+def decay_table(l2: int, l3: int) -> list:
+    """Rows of table 3: (sleep s, read us) for a quarter of the L3 read right after the same read and a read of 2x
+    the L2, then a sleep (None: after writing 4x the L3 instead). Where other tenants' cores share the L3, data left
+    there decays with time even while this process sleeps (``op_cases.l3_residency_cases`` measures the same)."""
+    buf, l2_buf = torch.ones(l3 // 16), torch.ones(2 * l2 // 4)
+    flush = torch.empty(EVICT_MULTIPLE * l3 // 4)
+    rows = []
+    for sleep in (*SLEEPS_S, None):
+        def prepare(sleep=sleep):
+            buf.sum()
+            l2_buf.sum()
+            if sleep is None:
+                flush.add_(1.0)
+            elif sleep:
+                time.sleep(sleep)
+        rows.append((sleep, _timed(buf.sum, prepare) * 1e6))
+    return rows
+
+
+def report(l2: int, l3: int, evict: list, gemms: list, decay: list) -> str:
     lines = ["# Cache levels: an op after an L3 eviction, and GEMMs with a wide output", "",
              f"Machine: {platform.node()} ({platform.processor() or platform.machine()}), L2 {l2 // 1024} KiB, "
              f"L3 {l3 // 2 ** 20} MiB (sysfs), torch {torch.__version__}, 1 thread, process CPU time. "
@@ -112,6 +136,10 @@ def report(l2: int, l3: int, evict: list, gemms: list) -> str:
     lines += ["", "Each GEMM allocates its output per call, as a training step's forward does; where the C library maps "
               "it anew, its first touch faults one page per 4 KiB (priced only from 32 MiB up, perfcheck/predict/"
               "pages.py), so part of a wide GEMM's loss can be faults and part the kernel itself."]
+    lines += ["", f"## 3. A read of a quarter of the L3 ({l3 // 2 ** 22} MiB) after sleeping (us; the L3's residency)", "",
+              "| sleep | read us | GB/s |", "|---|---|---|"]
+    lines += [f"| {'after 4x the L3 written' if w is None else f'{w * 1e3:g} ms'} | {us:.0f} | "
+              f"{l3 / 4 / (us * 1e-6) / 1e9:.1f} |" for w, us in decay]
     return "\n".join(lines) + "\n"
 
 
@@ -123,7 +151,7 @@ def main(argv=None):
     l2, l3 = cache_bytes(2), cache_bytes(3)
     if l2 <= 0 or l3 <= 0:
         raise SystemExit("cache_levels: sysfs gives no L2 or L3 size on this machine")
-    text = report(l2, l3, eviction_table(l2, l3), gemm_table())
+    text = report(l2, l3, eviction_table(l2, l3), gemm_table(), decay_table(l2, l3))
     print(text)
     if args.out:
         Path(args.out).write_text(text)
