@@ -28,6 +28,12 @@ every family run since its last call are light (``is_light``: a TensorIterator p
 in native_functions.yaml, a copy, a split, or a GEMM of ``LIGHT_OTHERS``); it pays ``op_cold_light_s``, the
 excess of calibration's own light round-robin (op_cases.op_cold_light_cases: 13 light families, so again 12
 others between two calls of a family, the distance ``NEAR_DISTANCE`` measures).
+
+Far (``far_reuse``, ``far_in_time``): the other end. An op whose family last ran more than the L3 of distinct data
+ago, or longer ago than the L3 keeps what it holds (``l3_residency_s``: an L3 shared with other tenants' cores
+forgets with time), finds its code and data in memory and pays at least ``op_cold_far_s``, calibration's round-robin
+after an L3 eviction (on an AMD EPYC VM, 31.5 us per op against op_cold_s's 5.8; bench/results/cache_levels.md).
+Where calibration measured neither the L3 nor the far price (a large L3, a GPU, a datasheet spec), no op is far.
 """
 from __future__ import annotations
 
