@@ -270,10 +270,7 @@ def host_terms(d: Draft, table, threads):
     if names.HOST_MODULE_CALL in sec:
         put("module_call_s", sec[names.HOST_MODULE_CALL], "calling an nn.Module whose forward returns its input")
     _host_cold(table, put, d.kind)
-    far = op_cold_far_excess(table)
-    if far is not None:
-        d.fields["calibration"] = {**dict(d.base.calibration or {}), **dict(d.fields.get("calibration", {}) or {}),
-                                   "l3_bytes": far[4]}
+    _host_far(d, table, put)
     if names.HOST_FRESH_FILL in sec and names.HOST_REUSED_FILL in sec:
         put("page_fault_s", sec[names.HOST_FRESH_FILL] - sec[names.HOST_REUSED_FILL],
             "torch.zeros of a fresh 32 MiB buffer (a new mapping: one minor fault per page) less zero_() of a kept "
@@ -338,8 +335,21 @@ def _host_cold(table, put, kind: str):
                                        f"{', '.join(names.NEAR_LEFT_OUT)}) called one after another, {near[2] * 1e6:.2f} us "
                                        f"per op, less the same ops each in a tight loop, {near[3] * 1e6:.2f} us per op "
                                        f"(mean); perfcheck.predict.family_reuse")
+    light = op_cold_light_excess(table) if kind not in AFTER_FILLER_KINDS else None
+    if light is not None:
+        put("op_cold_light_s", light[0], f"{light[1]} light op families (pointwise, a copy, a small GEMM) called one "
+                                         f"after another, {light[2] * 1e6:.2f} us per op, less each {names.LIGHT_TIGHT_RUN} "
+                                         f"times in a row, {light[3] * 1e6:.2f} us per op; "
+                                         f"perfcheck.predict.family_reuse.light_reuse")
+
+
+def _host_far(d: Draft, table, put):
+    """op_cold_far_s and the L3 it evicted (``calibration.l3_bytes``) from the far round-robin, and l3_residency_s
+    from the residency cases (``fit_cold``); nothing where the cases did not run."""
     far = op_cold_far_excess(table)
     if far is not None:
+        d.fields["calibration"] = {**dict(d.base.calibration or {}), **dict(d.fields.get("calibration", {}) or {}),
+                                   "l3_bytes": far[4]}
         put("op_cold_far_s", far[0], f"the {far[1]} tiny ops of the op_fixed cases called one after another, each round "
                                      f"after writing {far[4] // 2 ** 20} MiB x 4 (the L3) and re-warming the shared "
                                      f"path, {far[2] * 1e6:.2f} us per op, less the same ops each in a tight loop, "
@@ -354,12 +364,6 @@ def _host_cold(table, put, kind: str):
                                             + ", ".join(f"{w * 1e3:g} ms {r * 1e6:.0f} us" for w, r in residency[3])
                                             + "): data left in an L3 shared with other tenants decays with time; "
                                             "perfcheck.predict.family_reuse.far_in_time")
-    light = op_cold_light_excess(table) if kind not in AFTER_FILLER_KINDS else None
-    if light is not None:
-        put("op_cold_light_s", light[0], f"{light[1]} light op families (pointwise, a copy, a small GEMM) called one "
-                                         f"after another, {light[2] * 1e6:.2f} us per op, less each {names.LIGHT_TIGHT_RUN} "
-                                         f"times in a row, {light[3] * 1e6:.2f} us per op; "
-                                         f"perfcheck.predict.family_reuse.light_reuse")
 
 
 def _host_optimizers(host, put):

@@ -112,6 +112,13 @@ FAR_EVICT_MULTIPLE = 4
 FAR_MAX_L3_BYTES = 64 * 2 ** 20
 
 
+def evictable_l3_bytes(dev) -> int:
+    """The L3 the far and residency cases evict and re-read: sysfs's size on a CPU, 0 (no case) on a GPU, where
+    sysfs gives none, or above ``FAR_MAX_L3_BYTES``."""
+    l3 = cache_bytes(3)
+    return l3 if torch.device(dev).type == "cpu" and 0 < l3 <= FAR_MAX_L3_BYTES else 0
+
+
 def op_cold_far_cases(device) -> list:
     """The fp32 round-robin of ``op_cold_cases``, each round timed after writing ``FAR_EVICT_MULTIPLE`` times the L3
     and then re-warming the path every op shares (a few tiny adds: dispatcher, TensorIterator, allocator, the
@@ -126,8 +133,8 @@ def op_cold_far_cases(device) -> list:
     per call above their prediction (fwd + bwd), and every held-out step read 1.1-1.5x, where the project's Xeon (L3
     300 MiB as its VM reports it) read 0.97-1.06 (bench/results/heldout.md)."""
     dev = torch.device(device)
-    l3 = cache_bytes(3)
-    if dev.type != "cpu" or not 0 < l3 <= FAR_MAX_L3_BYTES:
+    l3 = evictable_l3_bytes(dev)
+    if not l3:
         return []
     flush = torch.empty(FAR_EVICT_MULTIPLE * l3 // 4, device=dev)
     a, b = torch.ones(4, device=dev), torch.ones(4, device=dev)
@@ -160,8 +167,8 @@ def l3_residency_cases(device) -> list:
     op finds there depends on the time since its last use, not only on this process's data in between
     (bench/results/cache_levels.md)."""
     dev = torch.device(device)
-    l3 = cache_bytes(3)
-    if dev.type != "cpu" or not 0 < l3 <= FAR_MAX_L3_BYTES:
+    l3 = evictable_l3_bytes(dev)
+    if not l3:
         return []
     buf = torch.ones(l3 // 16, device=dev)  # a quarter of the L3, fp32
     l2 = torch.ones(2 * cache_bytes(2) // 4, device=dev)

@@ -238,20 +238,29 @@ def test_far_case_evicts_the_l3_and_its_fit_by_hand(monkeypatch):
     assert spec.host["op_cold_far_s"] == pytest.approx(35 * US) and spec.calibration["l3_bytes"] == 8 * 2 ** 20
 
 
-def test_estimator_charges_far_ops_the_far_price():
+#: Host prices of the far-rule estimator tests: every switch 10 us, a far one 50 us.
+FAR_HOST = dict(op_cold_s=10 * US, op_cold_near_s=10 * US, op_cold_light_s=10 * US, op_cold_far_s=50 * US)
+
+
+def _cell_host_times(l3_bytes=None, **host) -> dict:
+    """The cell loop's root host seconds per phase on the host-only cpu spec with ``FAR_HOST`` and ``host``, its
+    calibration holding ``l3_bytes`` where given."""
     import dataclasses
     torch.manual_seed(0)
-    x = (torch.randn(2, 4, requires_grad=True),)
-    m = CellLoop()
-    host = dict(op_cold_s=10 * US, op_cold_near_s=10 * US, op_cold_light_s=10 * US, op_cold_far_s=50 * US)
-    base = perfcheck.estimate(m, x, system=_spec(**host))
-    tiny = perfcheck.estimate(m, x, system=dataclasses.replace(_spec(**host), calibration={"l3_bytes": 1}))
-    huge = perfcheck.estimate(m, x, system=dataclasses.replace(_spec(**host), calibration={"l3_bytes": 2 ** 40}))
-    root = lambda df, col: float(df.set_index("module").loc["(root)", col])  # noqa: E731
+    spec = _spec(**FAR_HOST, **host)
+    if l3_bytes is not None:
+        spec = dataclasses.replace(spec, calibration={"l3_bytes": l3_bytes})
+    root = perfcheck.estimate(CellLoop(), (torch.randn(2, 4, requires_grad=True),), system=spec)
+    root = root.set_index("module").loc["(root)"]
+    return {phase: float(root[phase]) for phase in ("host_fwd_s", "host_bwd_s")}
+
+
+def test_estimator_charges_far_ops_the_far_price():
+    base, tiny, huge = _cell_host_times(), _cell_host_times(1), _cell_host_times(2 ** 40)
     # an L3 of 1 byte: every one of the 6 switching ops per pass is far, 50 us where it paid 10
     for phase in ("host_fwd_s", "host_bwd_s"):
-        assert root(tiny, phase) - root(base, phase) == pytest.approx(6 * 40 * US)
-        assert root(huge, phase) == pytest.approx(root(base, phase))  # the step fits in the L3: nothing far
+        assert tiny[phase] - base[phase] == pytest.approx(6 * 40 * US)
+        assert huge[phase] == pytest.approx(base[phase])  # the step fits in the L3: nothing far
 
 
 # ---------------------------------------------------------------------------- a shared L3 decays (l3_residency_s)
@@ -294,15 +303,7 @@ def test_residency_cases_and_fit_by_hand(monkeypatch):
 
 
 def test_estimator_charges_ops_late_in_a_decaying_l3():
-    import dataclasses
-    torch.manual_seed(0)
-    x = (torch.randn(2, 4, requires_grad=True),)
-    m = CellLoop()
-    host = dict(op_cold_s=10 * US, op_cold_near_s=10 * US, op_cold_light_s=10 * US, op_cold_far_s=50 * US)
-    base = perfcheck.estimate(m, x, system=_spec(**host))
-    spec = dataclasses.replace(_spec(**host, l3_residency_s=1e-12), calibration={"l3_bytes": 2 ** 40})
-    late = perfcheck.estimate(m, x, system=spec)
-    root = lambda df, col: float(df.set_index("module").loc["(root)", col])  # noqa: E731
+    base, late = _cell_host_times(), _cell_host_times(2 ** 40, l3_residency_s=1e-12)
     # an L3 that holds the step but whose data decays at once: every switching op is far in time (6 per pass)
     for phase in ("host_fwd_s", "host_bwd_s"):
-        assert root(late, phase) - root(base, phase) == pytest.approx(6 * 40 * US)
+        assert late[phase] - base[phase] == pytest.approx(6 * 40 * US)
