@@ -21,6 +21,7 @@ OPCOLD = "opcold"            # the same tiny ops one after another (op_cold_s)
 MODFIXED = "modfixed"        # a standard layer's Python beyond its aten ops (module_fixed_s)
 OPEFF = "opeff"              # an op efficiency class (op_classes.py)
 OPROWS = "oprows"            # per-row op costs (op_classes.py)
+OPRATE = "oprate"            # an elementwise op's price per FLOP, operands hot (op_classes.element_rate_cases)
 
 # ---- labels (the ``label`` column) of the LAUNCH and HOST cases
 LAUNCH_OP = "op"                       # torch.add of 1-element tensors

@@ -31,7 +31,7 @@ import pandas as pd
 from perfcheck.calibrate.fit_draft import Draft, cap, fmt_rate, fp32_rows, rows_of, seconds_of, size_text
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.fit_host import (alignment, collective_latency, host_terms, launch,
-                                          gemm_call_costs, module_costs, per_op_costs,
+                                          element_rates, gemm_call_costs, module_costs, per_op_costs,
                                           row_costs)
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, host_constants, load_system
@@ -165,7 +165,7 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
         base, name=name or f"{base.name}-calibrated", description=description, kind=d.kind,
         matrix_flops_per_s=d.matrix, vector_flops_per_s=d.vector, efficiency=d.eff, calibrated=True,
         sources=sources, **d.fields)
-    spec = gemm_call_costs(row_costs(per_op_costs(spec, table, d), table, d), table, d)
+    spec = element_rates(gemm_call_costs(row_costs(per_op_costs(spec, table, d), table, d), table, d), table, d)
     return alignment(module_costs(spec, table, d), table, d)
 
 

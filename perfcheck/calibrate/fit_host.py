@@ -101,6 +101,30 @@ def per_op_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
     return dataclasses.replace(spec, op_fixed_s={**fixed, **low}, op_efficiency=eff, sources=sources)
 
 
+def element_rates(spec: SystemSpec, table, d: Draft) -> SystemSpec:
+    """``op_flop_s``: per ``oprate`` case (``op_classes.element_rate_cases``: one elementwise op, operands hot), the
+    measured time less one tiny op's dispatch and the op's fixed cost (``op_fixed_s``, host time in the estimator)
+    over its formula FLOPs (``n``): the price per FLOP below which that op's kernel does not run
+    (``efficiency.op_flop_prices``; the floor of its compute term). A case that read nothing above its fixed costs
+    (a busy machine) sets no price."""
+    rows = rows_of(table, names.OPRATE)
+    if not len(rows):
+        return spec
+    fixed = dict(spec.op_fixed_s or {})
+    prices = {}
+    for r in rows.itertuples(index=False):
+        kernel_s = float(r.seconds) - d.op_s - float(fixed.get(r.label, 0.0))
+        if float(r.n) > 0 and np.isfinite(kernel_s) and kernel_s > 0:
+            prices[efficiency.op_flop_key(r.label)] = kernel_s / float(r.n)
+    if not prices:
+        return spec
+    sources = {**dict(spec.sources), "op_flop_s": (
+        f"{d.stamp}: per elementwise op, one call on {int(rows['m'].iloc[0])} fp32 elements with its operands hot, "
+        f"less one tiny op's dispatch ({d.op_s * 1e6:.2f} us) and the op's fixed cost, over the formulas' FLOPs "
+        f"(the floor of the op's compute term)")}
+    return dataclasses.replace(spec, op_flop_s=prices, sources=sources)
+
+
 def efficiency_cap(spec: SystemSpec) -> float:
     """Largest measured / roofline rate an ``opeff`` case may set (``systems.op_efficiency_max``): 1 on a GPU,
     whose roofline is its datasheet ceiling; above 1 on a CPU, whose vector rate is calibration's elementwise add

@@ -223,6 +223,37 @@ def elementwise_cases(dev) -> list:
     return out + [safe_softmax_case(dev)]
 
 
+#: The elementwise ops whose kernels may do more per element than an add (a root, a division, a transcendental), as
+#: models and the optimizers run them (Adam's and RMSprop's sqrt, addcdiv, lerp; RMSNorm's rsqrt; an LSTM cell's
+#: sigmoid and tanh): op name -> the call on (x > 0, y > 0). Not ``pow``: its price depends on the exponent (ATen
+#: squares, cubes and inverts on a fast path: x ** 2 0.12 ns per element, x ** 1.5 2.8 ns on the project's AMD VM).
+ELEMENT_RATE_OPS = {
+    "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "div": torch.div,
+    "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf,
+    "addcdiv": lambda x, y: torch.addcdiv(x, x, y, value=0.5),
+    "addcmul": lambda x, y: torch.addcmul(x, x, y, value=0.5), "lerp": lambda x, y: torch.lerp(x, y, 0.1),
+}
+
+
+def element_rate_cases(dev) -> list:
+    """Each of ``ELEMENT_RATE_OPS`` on ``ELEMENTWISE`` fp32 elements (1 MiB per operand: beside the core in L2 or
+    L3, as a tight loop keeps them), label the op's name, m = elements, n = its formula FLOPs (aten_costs); the fit
+    (``fit_host.element_rates``) sets ``op_flop_s[op]`` = (time - one tiny op's dispatch) / FLOPs: the price per
+    FLOP below which that op's kernel does not run. Why: the vector rate is an add's, and an add is bound by its
+    bytes; a square root's element took 0.44 ns against an add's 0.11 on the project's AMD VM (1 thread, 256 Ki
+    elements), so Adam's step, whose sqrt is one of its eight kernels, was priced at 0.75 of its tight-loop time."""
+    x = torch.rand(ELEMENTWISE, device=dev) + 0.5
+    y = torch.rand(ELEMENTWISE, device=dev) + 0.5
+    out = []
+    for name, fn in ELEMENT_RATE_OPS.items():
+        two = fn.__code__.co_argcount == 2 if hasattr(fn, "__code__") else name == "div"
+        args = (x, y) if two else (x,)
+        cost = formula_costs(lambda t, f=fn, a=args[1:]: f(t, *a), (x.clone().requires_grad_(True),), (name,))["fwd"]
+        out.append(Case(names.OPRATE, name, lambda f=fn, a=args: f(*a), "fp32", 0.0, cost[2],
+                        (ELEMENTWISE, int(max(cost[3], 1)), int(cost[1]))))
+    return out
+
+
 #: Attention scores of the ``_safe_softmax`` case: (batch, heads, queries, keys), ``ELEMENTWISE`` / 4 elements.
 SCORES = (4, 4, 64, 64)
 
@@ -436,5 +467,5 @@ def op_class_cases(device) -> list:
     # a oneDNN LSTM layer is a CPU kernel (a GPU's nn.LSTM runs cuDNN: aten_costs._cudnn_rnn)
     cpu_only = (embedding_row_cases(dev) + conv_weight_cases(dev) + conv_fixed_cases(dev) + depthwise_call_cases(dev)
                 + embedding_bag_fixed_cases(dev) + embedding_bag_max_cases(dev) + rnn_cases(dev)
-                ) if dev.type == "cpu" else []
+                + element_rate_cases(dev)) if dev.type == "cpu" else []
     return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + cpu_only

@@ -64,8 +64,8 @@ _REQUIRED = (
 _OPTIONAL = ("matrix_efficiency_curve", "matrix_efficiency_curve_dtype", "matrix_shape_curve", "matrix_cold_curve",
              "memory_cold_curve",
              "mem_bandwidth_curve", "host", "op_fixed_s",
-             "op_efficiency", "op_efficiency_curve", "op_row_s", "module_fixed_s", "calibrated", "sources",
-             "calibration", "attention_kernel_curve", "strided_elements_per_s")
+             "op_efficiency", "op_efficiency_curve", "op_row_s", "op_flop_s", "module_fixed_s", "calibrated",
+             "sources", "calibration", "attention_kernel_curve", "strided_elements_per_s")
 #: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
 #: it (perfcheck/calibrate/sanity.py writes and checks it; every report header prints it).
 CALIBRATION_KEYS = {
@@ -296,6 +296,11 @@ class SystemSpec:
     #: aten op name -> {"fwd": s, "bwd": s} per row its forward / backward CPU kernel walks beyond its elements'
     #: roofline (an embedding's index, a convolution weight's reorder; perfcheck.predict.roofline.row_prices)
     op_row_s: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    #: aten op name (``efficiency.op_flop_key``: no in-place ``_``, no ``_foreach_``) -> seconds per formula FLOP
+    #: of its forward kernel as calibration timed it with its operands hot (CPU ``oprate`` cases): the floor
+    #: of that kernel's compute term, for ops whose per-element work outruns an add's (a square root, a division:
+    #: perfcheck.predict.roofline.device_times, host.optimizer_time)
+    op_flop_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
     calibrated: bool = False
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: when and under what load a calibrated spec was measured (``CALIBRATION_KEYS``); empty for a datasheet
@@ -361,7 +366,7 @@ class SystemSpec:
             value = getattr(self, f)
             if f in ("matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve", "mem_bandwidth_curve", "host",
                      "op_fixed_s",
-                     "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "calibration",
+                     "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "op_flop_s", "calibration",
                      "attention_kernel_curve", "matrix_efficiency_curve_dtype", "strided_elements_per_s") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if f in ("op_efficiency_curve", "attention_kernel_curve"):
@@ -398,7 +403,8 @@ class SystemSpec:
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
         _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, "op_fixed_s": {},
                                                    "op_efficiency": {}, "op_efficiency_curve": {},
-                                                   "module_fixed_s": {}, "op_row_s": {}, "calibration": {},
+                                                   "module_fixed_s": {}, "op_row_s": {}, "op_flop_s": {},
+                                                   "calibration": {},
                                                    "attention_kernel_curve": {},
                                                    **data}), where)
         return cls(**data)
@@ -689,6 +695,7 @@ def _validated_fields(spec, where: str) -> dict:
         "module_fixed_s": _per_op(_unretired_modules(getattr(spec, "module_fixed_s", {}) or {}), "module_fixed_s",
                                   where, fraction=False),
         "op_row_s": _per_row(getattr(spec, "op_row_s", {}) or {}, where),
+        "op_flop_s": _per_op(getattr(spec, "op_flop_s", {}) or {}, "op_flop_s", where, fraction=False),
         "sources": _sources(spec.sources, where),
         "calibration": _calibration(getattr(spec, "calibration", {}) or {}, where),
     }

@@ -107,4 +107,22 @@ def efficiencies(system, names, dtype, phase: str, roof_s, classes=None) -> np.n
     return out
 
 
-__all__ = ["CLASS_PARENTS", "op_efficiency_key", "op_efficiency", "op_curve_at", "class_efficiency", "efficiencies"]
+def op_flop_key(name: str) -> str:
+    """The ``op_flop_s`` key of aten op ``name``: the kernel's name, without ``_foreach_`` (a foreach op runs the same
+    vectorised loop per tensor on a CPU) and without the in-place ``_`` (``sqrt_`` runs ``sqrt``'s kernel)."""
+    name = str(name).removeprefix("_foreach_")
+    return name[:-1] if name.endswith("_") and not name.startswith("_") else name
+
+
+def op_flop_prices(system, names, phase: str = "fwd") -> np.ndarray:
+    """Seconds per formula FLOP that each op's kernel takes at least (``SystemSpec.op_flop_s``, calibration's
+    ``oprate`` cases: an op timed hot, its per-element work the bound), 0 where the spec has none. Forward kernels
+    only: an op's backward runs other kernels (a square root's is a division and a product), priced as before."""
+    prices = getattr(system, "op_flop_s", {}) or {}
+    if phase != "fwd" or not prices:
+        return np.zeros(len(names))
+    return np.array([float(prices.get(op_flop_key(n), 0.0)) for n in names])
+
+
+__all__ = ["CLASS_PARENTS", "op_efficiency_key", "op_efficiency", "op_curve_at", "class_efficiency", "efficiencies",
+           "op_flop_key", "op_flop_prices"]

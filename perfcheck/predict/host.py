@@ -77,7 +77,7 @@ from perfcheck.hardware.host_keys import op_cold_key, optim_line, optim_per_tens
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, normalize_dtype, spec_of
 from perfcheck.predict import optimizers, reuse
 from perfcheck.predict.aten_costs import is_view_op, op_class
-from perfcheck.predict.efficiency import CLASS_PARENTS
+from perfcheck.predict.efficiency import CLASS_PARENTS, op_flop_prices
 from perfcheck.predict.family_reuse import far_in_time, far_reuse, light_reuse, near_reuse
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.predict.roofline import compute_time_s, memory_time_s
@@ -536,14 +536,15 @@ def optimizer_host_per_tensor(kind: str, impl: str, hc) -> float:
 
 
 def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int = 4,
-                   zero_numel: float = 0.0) -> OptimizerCost:
+                   zero_numel: float = 0.0, step_s: float = 0.0, model_numel: float = 0.0) -> OptimizerCost:
     """Predicted optimizer.step() + zero_grad(set_to_none=True) for parameter tensors of ``param_numels``.
 
     Host: the implementation's fixed cost (``step_key``: optim_step_s for SGD's for-loop, optim_<base>[_foreach]_step_s
     for SGD foreach and Adam/AdamW, each its own calibration line's intercept; optim_step_s where the spec has no
     such line) + tensors x ``optimizer_host_per_tensor``.
     Device, per tensor of n elements and per kernel k of the step (``optimizers.profile``: what torch's code
-    runs, s_k memory streams per element): max(n / vector rate, s_k x n x elem_bytes at the bandwidth curve of a
+    runs, s_k memory streams per element): max(n / vector rate, n x the op's measured price per element where the
+    spec has one (``op_flop_s``: a square root, a division), s_k x n x elem_bytes at the bandwidth curve of a
     kernel that size), as any elementwise op (SGD's add_ on 10 x 262144 elements: 1.22 ms measured, 1.18
     predicted; the fused Adam 3.9 / 3.5; the for-loop Adam's 8 kernels 14.1 / 10.5, on the project's Xeon
     under load), + device_kernel_s per kernel (for-loop: per kernel and tensor; foreach/fused: per op for the
@@ -552,6 +553,13 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     reaches, ``perfcheck.predict.zero_rows``) keep a second moment of exactly 0, and each of the step's sqrt
     kernels (``Profile.sqrts``: Adam/AdamW/RMSprop/Adagrad 1, SGD and fused 0) pays ``sqrt_zero_s`` per such
     element on top of its roofline time:  sqrts x zero_numel x sqrt_zero_s.
+    Far (``optimizer_far``: the step of ``step_s`` predicted seconds over a model of ``model_numel`` parameter
+    elements has left the optimizer's tensors out of a small L3): each tensor's persistent bytes (``Profile.persistent``
+    x n x elem_bytes: the parameter, its gradient and states, each fetched once; the step's later kernels on them
+    hit) are fetched from memory, not the L3, for the L3's share of the optimizer's state (``_far_refetch_s``):
+        + persistent x n x elem_bytes x min(1, L3 / state bytes) x (far - L3 seconds per byte)
+    Why: on the project's AMD VM (L3 32 MiB, shared) an LSTM model's SGD step (15 MiB of parameters) took 0.89 ms in
+    a tight loop, as predicted, and 1.72 ms after an L3 eviction, 1.67 after 20 ms asleep and 1.66 inside the step.
     CPU: host + device (same thread); GPU: max(host, device) (the step's kernels queue behind it).
     """
     spec = spec_of(spec)
@@ -567,23 +575,66 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     # optimizer without one: optim_step_s, not an uncalibrated default
     fixed = dict(spec.host).get(step_key(base, impl), hc["optim_step_s"])
     host = fixed + tensors * optimizer_host_per_tensor(kind, impl, hc)
-    device = 0.0
-    if tensors:
-        # each kernel is an elementwise op on one tensor, priced as the model prices one: the larger of its
-        # element work at the vector rate (1 FLOP per element: the calibration's add) and its streams' bytes at
-        # the bandwidth curve of a kernel that size (tensors x kernels)
-        streams = np.asarray(prof.kernels, dtype=float)
-        nbytes = np.outer(numels, streams) * elem_bytes
-        memory = memory_time_s(nbytes, spec, kernels=np.ones_like(nbytes))
-        compute = np.asarray(compute_time_s(0.0, np.outer(numels, np.ones_like(streams)), spec, "fp32"))
-        device = float(np.sum(np.maximum(memory, compute)))
-        if prof.matmuls:
-            device += float(compute_time_s(2 * prof.matmuls * float(np.sum(numels ** 1.5)), 0.0, spec, "fp32"))
-        launches = tensors * len(prof.kernels) if impl == "for-loop" else len(prof.kernels)
-        device += launches * hc["device_kernel_s"]
-        device += prof.sqrts * float(zero_numel) * hc["sqrt_zero_s"]
+    device = _optimizer_device_s(prof, impl, numels, spec, hc, elem_bytes, zero_numel) if tensors else 0.0
+    state_bytes = model_numel * elem_bytes * prof.persistent
+    if tensors and optimizer_far(spec, step_s, state_bytes):
+        device += _far_refetch_s(numels * elem_bytes * prof.persistent, spec, state_bytes)
     total = host + device if spec.kind == "cpu" else max(host, device)
     return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total), float(fixed))
+
+
+def _optimizer_device_s(prof, impl, numels, spec, hc, elem_bytes, zero_numel) -> float:
+    """The device seconds of ``optimizer_time`` with the tensors where a tight loop keeps them (its docstring)."""
+    # each kernel is an elementwise op on one tensor, priced as the model prices one: the larger of its element
+    # work at the vector rate (1 FLOP per element: the calibration's add) or at its own measured price, and its
+    # streams' bytes at the bandwidth curve of a kernel that size (tensors x kernels)
+    streams = np.asarray(prof.kernels, dtype=float)
+    nbytes = np.outer(numels, streams) * elem_bytes
+    memory = memory_time_s(nbytes, spec, kernels=np.ones_like(nbytes))
+    compute = np.asarray(compute_time_s(0.0, np.outer(numels, np.ones_like(streams)), spec, "fp32"))
+    if len(prof.names) == len(streams):
+        compute = np.maximum(compute, np.outer(numels, op_flop_prices(spec, prof.names)))
+    device = float(np.sum(np.maximum(memory, compute)))
+    if prof.matmuls:
+        device += float(compute_time_s(2 * prof.matmuls * float(np.sum(numels ** 1.5)), 0.0, spec, "fp32"))
+    launches = len(numels) * len(prof.kernels) if impl == "for-loop" else len(prof.kernels)
+    device += launches * hc["device_kernel_s"]
+    return device + prof.sqrts * float(zero_numel) * hc["sqrt_zero_s"]
+
+
+def _optim_numel(q) -> int:
+    """The elements of parameter ``q`` this rank's optimizer updates: a sharded layout's twin records its local shard
+    (perfcheck_optim_numel: FSDP2 / DTensor, predict.twins), ZeRO-3 its ds_numel."""
+    return int(getattr(q, "perfcheck_optim_numel", 0) or getattr(q, "ds_numel", 0) or q.numel())
+
+
+def optimizer_far(spec, step_s: float, state_bytes: float) -> bool:
+    """Whether an optimizer step starts with its tensors beyond the L3: on a CPU spec whose calibration ran the far
+    cases (``host.op_cold_far_s`` and ``calibration.l3_bytes``: an L3 of at most 64 MiB, op_cases), when the
+    optimizer's ``state_bytes`` (parameters, gradients, states) exceed the L3 (they were last touched a step ago)
+    or the step lasts longer than the L3 keeps data (``host.l3_residency_s``; the rule of ``family_reuse.far_in_time``)."""
+    spec = spec_of(spec)
+    l3 = float((spec.calibration or {}).get("l3_bytes", 0) or 0)
+    if spec.kind != "cpu" or l3 <= 0 or dict(spec.host).get("op_cold_far_s") is None:
+        return False
+    residency = float(dict(spec.host).get("l3_residency_s", 0.0) or 0.0)
+    return state_bytes > l3 or (residency > 0 and step_s > residency)
+
+
+def _far_refetch_s(tensor_bytes, spec, state_bytes: float) -> float:
+    """Extra seconds to fetch ``tensor_bytes`` (per tensor) from beyond the L3 (``calibration.l3_bytes``, L): at the
+    bandwidth curve's rate for a kernel of 4 L instead of its rate at L / 4 (a buffer the L3 holds), for the share
+    min(1, L / ``state_bytes``) of them: a tight loop over an optimizer whose tensors exceed the L3 (calibration's,
+    the per-kernel prices) already streams the rest from memory; the L3's worth it kept is what a step evicts.
+    Measured on the project's AMD VM (L3 32 MiB; optimizer alone, then after an L3 eviction): SGD over 2 x 15 MiB
+    +0.83 ms (this rule: +0.98), SGD with momentum over 3 x 43 MiB +0.8 (+1.0), over 3 x 6 MiB +0.66 (+0.56);
+    Adam over 4 x 4.2 MiB +0.65 (+0.55), over 4 x 7-17 MiB +0.4-0.45 (+0.9-1.0), over 4 x 6-9 MiB +0.03-0.05 (+0.7-1.0:
+    an Adam step's compute-bound kernels hide part of the fetch, which this rule does not model)."""
+    l3 = float(spec.calibration["l3_bytes"])
+    far_per_byte = float(memory_time_s(4.0 * l3, spec, kernels=1.0)) / (4.0 * l3)
+    l3_per_byte = float(memory_time_s(l3 / 4.0, spec, kernels=1.0)) / (l3 / 4.0)
+    share = min(1.0, l3 / max(float(state_bytes), 1.0))
+    return float(np.sum(np.asarray(tensor_bytes, dtype=float))) * share * max(far_per_byte - l3_per_byte, 0.0)
 
 
 def step_key(base: str, impl: str) -> str:
@@ -676,17 +727,18 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: System
         return frame
     optim = []
     zeros = zero_elements(trace, modules)  # embedding rows the batch never reaches (predict.zero_rows)
+    # the step before the optimizer (its far rule: optimizer_far) and the elements it updates in all
+    step_s = float(times["time_fwd_s"].get(_root(), 0.0) + times["time_bwd_s"].get(_root(), 0.0))
+    model_numel = float(sum(_optim_numel(q) for q in {id(q): q for m in modules.values() for q in m.parameters()}
+                            .values() if q.requires_grad))
     for path in frame["module"]:
         mod = modules.get(path)
-        # the elements this rank's optimizer updates: a sharded layout's twin records its local shard
-        # (perfcheck_optim_numel: FSDP2 / DTensor, predict.twins), ZeRO-3 its ds_numel
         params = ([q for q in {id(q): q for q in mod.parameters()}.values() if q.requires_grad]
                   if mod is not None else [])
-        numels = [int(getattr(q, "perfcheck_optim_numel", 0) or getattr(q, "ds_numel", 0) or q.numel()) for q in
-                  params]
+        numels = [_optim_numel(q) for q in params]
         # a sharded weight's zero rows: this rank's share of them (its elements over the whole weight's)
         zero = sum(zeros.get(id(q), 0.0) * min(1.0, n / max(q.numel(), 1)) for q, n in zip(params, numels))
-        cost = optimizer_time(numels, optimizer, spec, zero_numel=zero)
+        cost = optimizer_time(numels, optimizer, spec, zero_numel=zero, step_s=step_s, model_numel=model_numel)
         optim.append(max(cost.time_s - (cost.fixed_s if path != _root() else 0.0), 0.0) if numels else 0.0)
     frame["pred_optim_s"] = optim
     return frame

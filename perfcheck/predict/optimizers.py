@@ -62,6 +62,13 @@ class Profile:
     matmuls: float
     step_ops: float
     sqrts: float = 0.0
+    #: the aten op of each entry of ``kernels`` (same order: ``sqrt``, ``addcdiv_``, ``_foreach_lerp_``, ...), for
+    #: its measured price per element (``SystemSpec.op_flop_s``); empty in a hand-made profile
+    names: tuple = ()
+    #: parameter-sized tensors that outlive the step, per parameter: the parameter, its gradient and the states of
+    #: its size (SGD 2, with momentum 3, Adam 4, with amsgrad 5): what a step must fetch once when it starts far
+    #: from them (``host.optimizer_time``'s ``far``)
+    persistent: float = 2.0
 
     @property
     def streams(self) -> float:
@@ -138,8 +145,8 @@ def _flat(x):
 
 
 def _count(ops, sizes) -> tuple:
-    """(streams per kernel, element-ops, matmuls, square roots) of the recorded ``ops`` over parameter numels
-    ``sizes``."""
+    """((streams, op name) per kernel, element-ops, matmuls, square roots) of the recorded ``ops`` over parameter
+    numels ``sizes``."""
     kernels, elem_ops, mm, roots = [], 0, 0, 0
     for func, args, kwargs, out in ops:
         schema = func._schema
@@ -151,7 +158,8 @@ def _count(ops, sizes) -> tuple:
                 if t.numel() in sizes:
                     per[j] = per.get(j, 0) + (2 if written else 1)
         fresh = [r.alias_info is None for r in schema.returns]
-        outs = out if isinstance(out, (list, tuple)) else (out,)
+        # one return that is a list (a foreach op's) is one return: its j-th tensor is the j-th kernel's output
+        outs = out if len(schema.returns) > 1 else (out,)
         for k, o in enumerate(outs):
             for j, t in enumerate(_flat(o)):
                 if (k >= len(fresh) or fresh[k]) and t.numel() in sizes:
@@ -159,7 +167,7 @@ def _count(ops, sizes) -> tuple:
         lists = [len(v) for v in list(args) + list(kwargs.values()) if isinstance(v, (list, tuple))
                  and v and isinstance(v[0], torch.Tensor)]
         elem_ops += max(lists) if lists else 1
-        kernels += [s for s in per.values() if s]
+        kernels += [(s, func.overloadpacket.__name__) for s in per.values() if s]
         mm += func.overloadpacket.__name__ in _MATMULS
         roots += sum(1 for s in per.values() if s) if func.overloadpacket.__name__ in _SQRTS else 0
     return kernels, elem_ops, mm, roots
@@ -180,9 +188,11 @@ def _run(cls, kw, shapes):
     grads()
     opt.step(closure) if closure else opt.step()  # the first step creates the state: not what a step costs
     grads()
+    states = [sum(1 for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.numel() == p.numel())
+              for p in params]
     with rec:
         opt.step(closure) if closure else opt.step()
-    return _count(rec.ops, {int(torch.Size(s).numel()) for s in shapes})
+    return _count(rec.ops, {int(torch.Size(s).numel()) for s in shapes}) + (2.0 + sum(states) / len(states),)
 
 
 @lru_cache(maxsize=None)
@@ -192,8 +202,8 @@ def profile(kind: str, impl: str) -> Profile:
     cls, flags = parse(kind)
     kw = _kwargs(cls, flags, impl)
     try:
-        k2, e2, m2, r2 = _run(cls, kw, PROFILE_SHAPES[:2])
-        k3, e3, m3, r3 = _run(cls, kw, PROFILE_SHAPES)
+        k2, e2, m2, r2, _ = _run(cls, kw, PROFILE_SHAPES[:2])
+        k3, e3, m3, r3, persistent = _run(cls, kw, PROFILE_SHAPES)
     except (RuntimeError, ValueError) as exc:
         raise UserError(f"optimizer: torch.optim.{cls.__name__} ({kind}, {impl}) does not run on CPU tensors here: "
                         f"{str(exc).splitlines()[0][:160]}") from None
@@ -203,5 +213,6 @@ def profile(kind: str, impl: str) -> Profile:
     for s in k2:
         if s in extra:
             extra.remove(s)
-    return Profile(kind, impl, tuple(sorted(extra)), float(per_tensor), float(m3 - m2), float(e2 - 2 * per_tensor),
-                   float(r3 - r2))
+    extra.sort()
+    return Profile(kind, impl, tuple(s for s, _ in extra), float(per_tensor), float(m3 - m2),
+                   float(e2 - 2 * per_tensor), float(r3 - r2), tuple(n for _, n in extra), float(persistent))

@@ -33,7 +33,7 @@ from perfcheck.predict.attention_kernel import attention_fractions_of
 from perfcheck.predict.gemm_calls import gemm_call_seconds
 from perfcheck.predict import matrix_curve
 from perfcheck.predict.strided import strided_columns, strided_excess_s
-from perfcheck.predict.efficiency import efficiencies
+from perfcheck.predict.efficiency import efficiencies, op_flop_prices
 from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401
                                            cold_factor, memory_cold_factor)
 
@@ -311,12 +311,14 @@ def gemm_dims(call):
 
 def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
                  align=None, op_eff=1.0, rows_s=0.0, cold=0.0, cold_memory=0.0, calls=None,
-                 kernel_fraction=None, strided=None) -> dict:
+                 kernel_fraction=None, strided=None, compute_floor_s=0.0) -> dict:
     """The device timeline of ops, the ONE timing path of every front-end (``perfcheck.estimate``'s op table via
     ``op_device_times``, the transformer front-end's rows via ``predict.step``): arrays of one shape in and out:
 
         compute  = ``compute_time_s`` (matrix_efficiency_curve by FLOPs per kernel, matrix_shape_curve by the
-                   GEMM's smallest dimension ``min_dim``, ``align``ment factor)
+                   GEMM's smallest dimension ``min_dim``, ``align``ment factor), at least ``compute_floor_s``
+                   (the op's FLOPs at its own measured price, ``efficiency.op_flop_prices``: a square root's
+                   element takes ~3x an add's on the project's AMD VM, so the add-measured vector rate undercounts it)
         memory   = ``memory_time_s`` (mem_bandwidth_curve by bytes per kernel), its operands in L2, + the strided
                    kernels' excess (``strided``)
         evicted  = memory_cold - memory
@@ -345,6 +347,7 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
     split = k if calls is None else np.where(_array(calls, "calls") > 0, calls, k)
     compute = np.asarray(compute_time_s(matrix_flops, other_flops, system, dtype, kernels=split, min_dim=min_dim,
                                         align=align, cold=cold, kernel_fraction=kernel_fraction), dtype=float)
+    compute = np.maximum(compute, np.asarray(compute_floor_s, dtype=float))
     index = 0.0 if strided is None else strided_excess_s(*strided, system)
     hot = np.asarray(memory_time_s(bytes_moved, system, kernels=split), dtype=float) + index
     top = np.maximum(compute, hot)
@@ -364,10 +367,15 @@ def device_times_read(matrix_flops, other_flops, bytes_moved, kernels, system, d
                       unpriced=None, rows_s=0.0, **shape) -> dict:
     """``device_times`` with each op's efficiency (``efficiency.efficiencies``: class, name, ``phase``, dtype) read at
     the op's own roofline seconds per kernel, as a curve (``op_efficiency_curve``) is measured: the roofline is taken
-    once at efficiency 1 to find them, then with them. ``unpriced`` (bool per op): ops priced without one (1).
+    once at efficiency 1 to find them, then with them; and each op's compute floor, its other FLOPs at the price
+    per FLOP calibration measured for that op (``efficiency.op_flop_prices``). ``unpriced`` (bool per op): ops priced without one (1).
     Both front-ends time through here (``op_device_times``, ``predict.step``)."""
     k = _array(kernels, "kernels")
     args = (matrix_flops, other_flops, bytes_moved, kernels, system, dtype)
+    price = op_flop_prices(system, names, phase)
+    if np.any(price > 0):
+        other = np.asarray(other_flops, dtype=float)
+        shape["compute_floor_s"] = other * np.reshape(price, (-1,) + (1,) * max(other.ndim - 1, 0))
     per_kernel = device_times(*args, **shape)["roof"] / np.where(k > 0, k, 1.0)
     eff = efficiencies(system, names, dtype, phase, per_kernel, classes)
     if unpriced is not None:
