@@ -11,6 +11,7 @@ MATMUL_COLD = "matmul_cold"  # the same shapes after evicting L2 (label "l2": m 
 EVICT_L2_MULTIPLE = 4
 MEMORY_COLD = "memory_cold"  # memory-bound ops hot and after evicting L2 (cold_cases.py; label "l2" as above)
 GEMM_ALIGN = "gemm_align"    # a GEMM with an unaligned row stride and its aligned twin
+MATMUL_WIDE = "matmul_wide"  # F.linear with a wide output (an LM head), forward and backward (cases.matmul_wide_cases)
 CLASSFIXED = "classfixed"  # a CPU op class's tiny call, forward and backward (op_classes.conv_fixed_cases)
 COPY = "copy"                # a buffer copy per size: the bandwidth curve
 VECTOR = "vector"            # an elementwise add: the vector rate

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.calibrate.fit_draft import Draft, cap, fmt_rate, fp32_rows, rows_of, seconds_of, size_text
+from perfcheck.calibrate.fit_wide import matrix_wide
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.fit_host import (alignment, collective_latency, host_terms, launch,
                                           element_rates, gemm_call_costs, module_costs, per_op_costs,
@@ -150,6 +151,7 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
     launch(d, table, threads)
     host_terms(d, table, threads)
     _matrix(d, table)
+    matrix_wide(d, table, _mm_fixed(d, table))
     _vector(d, table)
     _memory(d, table)
     _collectives(d, table)
@@ -198,11 +200,7 @@ def _matrix(d: Draft, table):
     mm = rows_of(table, names.MATMUL)
     measured = [x for x in dict.fromkeys(mm["dtype"]) if x]
     large, curves, shapes = {}, {}, {}
-    # On a CPU a GEMM is priced dispatch + op_fixed_s["mm"] + FLOPs / (peak x eff) on one thread: the curve takes
-    # out both fixed parts (a 32^3 mm: ~9.6 us of which ~4.8 us fixed on the project's VM). On a GPU the loop is
-    # timed on the device, where the host's fixed cost overlaps; only the tiny-op time comes out.
-    fixed_mm = seconds_of(table[(table["kind"] != names.OPFIXED) | fp32_rows(table)], names.OPFIXED, "mm")
-    mm_fixed = max(fixed_mm - d.op_s, 0.0) if (fixed_mm is not None and d.kind == "cpu") else 0.0
+    mm_fixed = _mm_fixed(d, table)
     for dt in measured:
         rows = _timed(mm[mm["dtype"] == dt].sort_values("flops", kind="stable"), dt)
         best = float((rows["flops"] / rows["seconds"]).max())
@@ -253,6 +251,15 @@ def _matrix(d: Draft, table):
     d.sources["efficiency.matrix"] = (f"{d.stamp}: {ref} matmul rate {d.relative}, median of the {_LARGEST} largest "
                                       f"shapes" + "".join(f"; {x}: {large[x]:.3f}" for x in measured if x != ref))
     _matrix_cold(d, table)
+
+
+def _mm_fixed(d: Draft, table) -> float:
+    """mm's fixed cost per call beyond a tiny op's (CPU; 0 on a GPU or without its ``opfixed`` row). On a CPU a GEMM
+    is priced dispatch + op_fixed_s["mm"] + FLOPs / (peak x eff) on one thread: the curves take out both fixed parts
+    (a 32^3 mm: ~9.6 us of which ~4.8 us fixed on the project's VM). On a GPU the loop is timed on the device, where
+    the host's fixed cost overlaps; only the tiny-op time comes out."""
+    fixed_mm = seconds_of(table[(table["kind"] != names.OPFIXED) | fp32_rows(table)], names.OPFIXED, "mm")
+    return max(fixed_mm - d.op_s, 0.0) if (fixed_mm is not None and d.kind == "cpu") else 0.0
 
 
 def _timed(rows: pd.DataFrame, dtype: str) -> pd.DataFrame:

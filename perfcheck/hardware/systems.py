@@ -65,7 +65,7 @@ _OPTIONAL = ("matrix_efficiency_curve", "matrix_efficiency_curve_dtype", "matrix
              "memory_cold_curve",
              "mem_bandwidth_curve", "host", "op_fixed_s",
              "op_efficiency", "op_efficiency_curve", "op_row_s", "op_flop_s", "module_fixed_s", "calibrated",
-             "sources", "calibration", "attention_kernel_curve", "strided_elements_per_s")
+             "sources", "calibration", "matrix_wide_curve", "attention_kernel_curve", "strided_elements_per_s")
 #: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
 #: it (perfcheck/calibrate/sanity.py writes and checks it; every report header prints it).
 CALIBRATION_KEYS = {
@@ -301,6 +301,10 @@ class SystemSpec:
     #: of that kernel's compute term, for ops whose per-element work outruns an add's (a square root, a division:
     #: perfcheck.predict.roofline.device_times, host.optimizer_time)
     op_flop_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: "fwd" | "bwd" -> ((output width n, factor), ...): a GEMM whose output is wide (n at least
+    #: ``roofline.WIDE_RATIO`` x its other dimensions: an LM head) runs at this factor of the rate its FLOPs and shape
+    #: curves give, in the phase (calibration's ``matmul_wide`` cases, CPU; roofline.wide_factors)
+    matrix_wide_curve: Mapping[str, Tuple[Tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
     calibrated: bool = False
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: when and under what load a calibrated spec was measured (``CALIBRATION_KEYS``); empty for a datasheet
@@ -367,9 +371,10 @@ class SystemSpec:
             if f in ("matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve", "mem_bandwidth_curve", "host",
                      "op_fixed_s",
                      "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "op_flop_s", "calibration",
+                     "matrix_wide_curve",
                      "attention_kernel_curve", "matrix_efficiency_curve_dtype", "strided_elements_per_s") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
-            if f in ("op_efficiency_curve", "attention_kernel_curve"):
+            if f in ("op_efficiency_curve", "attention_kernel_curve", "matrix_wide_curve"):
                 value = {k: [list(p) for p in v] for k, v in value.items()}
             elif isinstance(value, types.MappingProxyType):
                 value = {k: dict(v) if isinstance(v, types.MappingProxyType) else v for k, v in value.items()}
@@ -404,6 +409,7 @@ class SystemSpec:
         _validated_fields(types.SimpleNamespace(**{**defaults, "sources": {}, "host": {}, "op_fixed_s": {},
                                                    "op_efficiency": {}, "op_efficiency_curve": {},
                                                    "module_fixed_s": {}, "op_row_s": {}, "op_flop_s": {},
+                                                   "matrix_wide_curve": {},
                                                    "calibration": {},
                                                    "attention_kernel_curve": {},
                                                    **data}), where)
@@ -542,6 +548,14 @@ def _per_op(value, field, where, *, fraction: bool, most: float = 1.0) -> types.
         return v
     check = at_most if fraction else (lambda v, f, w: _number(v, f, w, allow_zero=True))
     return types.MappingProxyType({str(k): check(v, f"{field}.{k}", where) for k, v in value.items()})
+
+
+def _wide_curves(value, where) -> types.MappingProxyType:
+    """matrix_wide_curve: "fwd" | "bwd" -> [[output width, factor in (0, 1]], ...] (increasing widths)."""
+    if not isinstance(value, Mapping) or any(k not in ("fwd", "bwd") for k in value):
+        raise UserError(f"{where}: matrix_wide_curve must be an object with keys fwd, bwd -> [[n, factor], ...]")
+    return types.MappingProxyType({str(k): _points(v, where, f"matrix_wide_curve.{k}", "n", "factor", _fraction)
+                                   for k, v in value.items()})
 
 
 def _op_curves(value, where) -> types.MappingProxyType:
@@ -696,6 +710,7 @@ def _validated_fields(spec, where: str) -> dict:
                                   where, fraction=False),
         "op_row_s": _per_row(getattr(spec, "op_row_s", {}) or {}, where),
         "op_flop_s": _per_op(getattr(spec, "op_flop_s", {}) or {}, "op_flop_s", where, fraction=False),
+        "matrix_wide_curve": _wide_curves(getattr(spec, "matrix_wide_curve", {}) or {}, where),
         "sources": _sources(spec.sources, where),
         "calibration": _calibration(getattr(spec, "calibration", {}) or {}, where),
     }

@@ -309,6 +309,32 @@ def gemm_dims(call):
         return None
 
 
+#: A GEMM's output is *wide* when its width n is at least this many times its other dimensions (m, k): the shape of
+#: an LM head (tokens x hidden -> vocabulary); from 16x up a CPU's rate fell below its FLOPs curve (128 x 128 -> n:
+#: 94 GFLOP/s at n = 2048, 84 at 8192, 53 at 32768 on the project's AMD VM; bench/results/cache_levels.md, table 2).
+WIDE_RATIO = 16
+
+
+def wide_factors(system, gemms, phase: str) -> np.ndarray:
+    """Per op, the ``matrix_wide_curve[phase]`` factor (log-interpolated in n, clamped at its ends) for a GEMM whose
+    output is wide (``gemms``: ``gemm_dims`` tuples, None for other ops; n >= WIDE_RATIO x max(m, k)); 1 for the
+    others and on a spec without the curve. The backward takes the curve calibration measured for the same layer's
+    backward (both gradients), keyed by the forward's n."""
+    curve = (getattr(system, "matrix_wide_curve", {}) or {}).get(phase)
+    out = np.ones(len(gemms))
+    if not curve:
+        return out
+    for i, g in enumerate(gemms):
+        if isinstance(g, tuple) and len(g) >= 4 and g[3] >= WIDE_RATIO * max(g[1], g[2]):
+            out[i] = _log_at(curve, g[3])
+    return out
+
+
+def _log_at(points, x) -> float:
+    """``points`` ((x, y), ...) read at ``x``: linear in log(x), clamped at its ends."""
+    return float(np.interp(np.log(max(float(x), 1.0)), np.log([p[0] for p in points]), [p[1] for p in points]))
+
+
 def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
                  align=None, op_eff=1.0, rows_s=0.0, cold=0.0, cold_memory=0.0, calls=None,
                  kernel_fraction=None, strided=None, compute_floor_s=0.0) -> dict:
@@ -429,8 +455,7 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
             min_dim = np.where((ops["gemms_fwd"].to_numpy(float) > 0) | (ops["gemms_bwd"].to_numpy(float) > 0),
                                np.nan, min_dim)
         shape = dict(launch_s=launch, calls=calls, min_dim=min_dim, kernel_fraction=attention_fractions_of(system, ops),
-                     align=alignment_factor(system, ops["unaligned"].to_numpy(float), phase)
-                     if "unaligned" in ops else None,
+                     align=_gemm_factors(system, ops, phase),
                      cold=np.where(np.isin(names, COLD_GEMMS), share, 0.0),
                      cold_memory=np.where(ops[f"macs_{phase}"].to_numpy(float) > 0, 0.0, mem_share),
                      strided=strided_columns(ops, phase))
@@ -439,6 +464,16 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
         ops[f"t_{phase}"] = np.where(k > 0, d["time"], 0.0)
         ops[f"bound_{phase}"] = np.broadcast_to(np.asarray(d["bound"], dtype=object), len(ops))
     return ops
+
+
+def _gemm_factors(system, ops, phase: str):
+    """The GEMM-rate factors an op table's columns give per op: the alignment factor (``unaligned``) times the
+    wide-output factor (``gemm``: ``wide_factors``); None where the table has neither column."""
+    align = alignment_factor(system, ops["unaligned"].to_numpy(float), phase) if "unaligned" in ops else None
+    if "gemm" not in ops:
+        return align
+    wide = wide_factors(system, list(ops["gemm"]), phase)
+    return wide if align is None else np.asarray(align, dtype=float) * wide
 
 
 def row_prices(system, names, phase: str, classes=None) -> np.ndarray:

@@ -1,0 +1,46 @@
+"""The wide-output GEMM fit (``matrix_wide_curve``) of ``perfcheck calibrate``: its cases are
+``wide_cases.matmul_wide_cases``, the estimator reads it in ``roofline.wide_factors``."""
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+
+from perfcheck.calibrate import case_names as names
+from perfcheck.calibrate.fit_draft import Draft, rows_of
+from perfcheck.predict import roofline
+
+
+def matrix_wide(d: Draft, table: pd.DataFrame, mm_fixed: float):
+    """``matrix_wide_curve``: per phase, ((n, factor), ...) from ``wide_cases.matmul_wide_cases`` (F.linear to n
+    outputs, forward and backward): the compute time the spec built so far gives the call's GEMMs (FLOPs and shape
+    curves: one kernel forward, two backward) over the measured time less the tiny-op time (and ``mm_fixed``, mm's
+    fixed cost, per GEMM), capped at 1; anchored at 1.0 for n = ``roofline.WIDE_RATIO`` x the case's other dimensions, where the wide rule
+    starts (F.linear 128 x 128 -> 2048 ran at its square-GEMM rate on the project's AMD VM). The backward's time
+    includes the autograd engine's start (tens of us against milliseconds of GEMMs)."""
+    rows = rows_of(table, names.MATMUL_WIDE)
+    if not len(rows) or not d.matrix.get("fp32"):
+        return
+    spec = dataclasses.replace(d.base, matrix_flops_per_s=d.matrix, efficiency=d.eff, **{
+        k: v for k, v in d.fields.items() if k in ("matrix_efficiency_curve", "matrix_shape_curve")})
+    curves = {}
+    for phase, group in rows.assign(phase=rows["label"].str.split(" ").str[0]).groupby("phase"):
+        kernels = 1.0 if phase == "fwd" else 2.0
+        points = {}
+        for r in group.itertuples(index=False):
+            dims = (float(r.m), float(r.k), float(r.n))
+            compute = float(roofline.compute_time_s(float(r.flops), 0.0, spec, "fp32", kernels=kernels,
+                                                    min_dim=min(dims)))
+            kernel_s = float(r.seconds) - d.op_s - kernels * mm_fixed
+            if kernel_s > 0:
+                points[dims[2]] = min(compute / kernel_s, 1.0)
+        if points:
+            anchor = roofline.WIDE_RATIO * max(float(group["m"].iloc[0]), float(group["k"].iloc[0]))
+            points = {anchor: 1.0, **{n: f for n, f in points.items() if n > anchor}}
+            curves[phase] = tuple((n, float(round(max(f, 1e-3), 4))) for n, f in sorted(points.items()))
+    if curves:
+        d.fields["matrix_wide_curve"] = curves
+        d.sources["matrix_wide_curve"] = (
+            f"{d.stamp}: F.linear of {int(rows['m'].iloc[0])} x {int(rows['k'].iloc[0])} to n outputs, forward and "
+            f"backward (both gradients): the FLOPs and shape curves' compute time over the measured time less the "
+            f"tiny-op time, by n (1.0 at n = {roofline.WIDE_RATIO} x the other dimensions)")
