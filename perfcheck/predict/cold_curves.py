@@ -42,6 +42,19 @@ def cold_cache_bytes(system) -> float:
     return l2 if (spec.matrix_cold_curve or spec.memory_cold_curve) else 0.0
 
 
+def far_data(system) -> tuple:
+    """``(l3_bytes, residency_s)`` for the far-data rule (``reuse.far_shares``, ``roofline.device_times``'s
+    ``far_memory``): a CPU spec whose calibration ran the far cases (``host.op_cold_far_s`` and
+    ``calibration.l3_bytes``: an L3 of at most 64 MiB) and measured the L3's residency (0: by distance only);
+    ``(0, 0)`` (no op's data is far) otherwise: a GPU, a datasheet spec, a machine whose L3 holds the step."""
+    spec = spec_of(system)
+    l3 = float((spec.calibration or {}).get("l3_bytes", 0) or 0)
+    host = dict(spec.host or {})
+    if spec.kind != "cpu" or l3 <= 0 or host.get("op_cold_far_s") is None:
+        return 0.0, 0.0
+    return l3, float(host.get("l3_residency_s", 0.0) or 0.0)
+
+
 def memory_cold_blend(system, bytes_per_kernel, cold):
     """``1 + cold x (1 / memory_cold_factor - 1)``: the memory term's multiplier for a ``cold`` share of far bytes."""
     cold = np.asarray(cold, dtype=float)

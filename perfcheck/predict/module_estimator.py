@@ -117,12 +117,21 @@ def _is_causal(call) -> bool:
 def _time_ops(ops: pd.DataFrame, spec: SystemSpec, dtype, trace=None) -> pd.DataFrame:
     """Device time per op: roofline + the device-side per-kernel time (host work is perfcheck.predict.host's);
     with ``trace``, each op's share of operands evicted from L2 first (``reuse.cold_shares``: columns
-    ``cold_fwd``/``cold_bwd``, read by the roofline: a matrix product's rate, a memory-bound op's memory term)."""
+    ``cold_fwd``/``cold_bwd``, read by the roofline: a matrix product's rate, a memory-bound op's memory term), and
+    on a CPU whose calibration measured a small L3 the share from beyond it (``reuse.far_shares``: ``far_fwd``,
+    ``far_bwd``, a memory-bound op's refetch at memory's rate)."""
     cache = roofline.cold_cache_bytes(spec)
     if trace is not None and cache > 0:
         # the memory terms' forward share also counts the op's fresh outputs (write-allocate of a new allocation)
         ops["cold_fwd"], ops["cold_bwd"], ops["cold_memory_fwd"] = reuse.all_cold_shares(trace, ops, cache)
-    return roofline.op_device_times(ops, spec, dtype, launch_s=host_constants(spec)["device_kernel_s"])
+    launch = host_constants(spec)["device_kernel_s"]
+    l3, residency = roofline.far_data(spec)
+    if trace is not None and l3 > 0:
+        # data from beyond the L3 (reuse.far_shares): by distance, or by the time since its last touch, which needs
+        # the ops' times: a first timing without it, then the shares
+        ops = roofline.op_device_times(ops, spec, dtype, launch_s=launch)
+        ops["far_fwd"], ops["far_bwd"] = reuse.far_shares(trace, ops, l3, residency)
+    return roofline.op_device_times(ops, spec, dtype, launch_s=launch)
 
 
 def _membership(trace, ops: pd.DataFrame) -> pd.DataFrame:

@@ -34,8 +34,9 @@ from perfcheck.predict.gemm_calls import gemm_call_seconds
 from perfcheck.predict import matrix_curve
 from perfcheck.predict.strided import strided_columns, strided_excess_s
 from perfcheck.predict.efficiency import efficiencies, op_flop_prices
+from perfcheck.predict.gemm_shape import WIDE_RATIO, wide_factors  # noqa: F401 (WIDE_RATIO: fit_wide reads it here)
 from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401
-                                           cold_factor, memory_cold_factor)
+                                           cold_factor, far_data, memory_cold_factor)
 
 
 def _array(x, name: str) -> np.ndarray:
@@ -309,35 +310,9 @@ def gemm_dims(call):
         return None
 
 
-#: A GEMM's output is *wide* when its width n is at least this many times its other dimensions (m, k): the shape of
-#: an LM head (tokens x hidden -> vocabulary); from 16x up a CPU's rate fell below its FLOPs curve (128 x 128 -> n:
-#: 94 GFLOP/s at n = 2048, 84 at 8192, 53 at 32768 on the project's AMD VM; bench/results/cache_levels.md, table 2).
-WIDE_RATIO = 16
-
-
-def wide_factors(system, gemms, phase: str) -> np.ndarray:
-    """Per op, the ``matrix_wide_curve[phase]`` factor (log-interpolated in n, clamped at its ends) for a GEMM whose
-    output is wide (``gemms``: ``gemm_dims`` tuples, None for other ops; n >= WIDE_RATIO x max(m, k)); 1 for the
-    others and on a spec without the curve. The backward takes the curve calibration measured for the same layer's
-    backward (both gradients), keyed by the forward's n."""
-    curve = (getattr(system, "matrix_wide_curve", {}) or {}).get(phase)
-    out = np.ones(len(gemms))
-    if not curve:
-        return out
-    for i, g in enumerate(gemms):
-        if isinstance(g, tuple) and len(g) >= 4 and g[3] >= WIDE_RATIO * max(g[1], g[2]):
-            out[i] = _log_at(curve, g[3])
-    return out
-
-
-def _log_at(points, x) -> float:
-    """``points`` ((x, y), ...) read at ``x``: linear in log(x), clamped at its ends."""
-    return float(np.interp(np.log(max(float(x), 1.0)), np.log([p[0] for p in points]), [p[1] for p in points]))
-
-
 def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
                  align=None, op_eff=1.0, rows_s=0.0, cold=0.0, cold_memory=0.0, calls=None,
-                 kernel_fraction=None, strided=None, compute_floor_s=0.0) -> dict:
+                 kernel_fraction=None, strided=None, compute_floor_s=0.0, far_memory=0.0) -> dict:
     """The device timeline of ops, the ONE timing path of every front-end (``perfcheck.estimate``'s op table via
     ``op_device_times``, the transformer front-end's rows via ``predict.step``): arrays of one shape in and out:
 
@@ -349,7 +324,9 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
                    kernels' excess (``strided``)
         evicted  = memory_cold - memory
                    (``memory_cold``: ``memory_time_s`` with ``cold_memory``, the share of the op's operand bytes
-                   evicted from L2, memory_cold_curve: the refetch, stalled on whatever bounds the hot kernel)
+                   evicted from L2, memory_cold_curve: the refetch, stalled on whatever bounds the hot kernel;
+                   of it, the share ``far_memory`` that comes from beyond the L3 (``reuse.far_shares``) moves at
+                   the bandwidth curve's rate for 4 x the L3 instead: + far x bytes x (far - hot seconds per byte))
         roof     = max(compute, memory) / op_eff + evicted (``op_efficiency`` of the op's kernel, 1 by default)
         launch   = kernels * launch_s                     (the device-side per-kernel time, ``device_kernel_s``)
         time     = roof + launch + rows_s                 (``rows_s``: per-row prices of CPU kernels, ``row_prices``)
@@ -378,8 +355,12 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
     hot = np.asarray(memory_time_s(bytes_moved, system, kernels=split), dtype=float) + index
     top = np.maximum(compute, hot)
     memory = hot
-    if np.any(np.asarray(cold_memory, dtype=float) > 0):
+    far = np.asarray(far_memory, dtype=float)
+    cold_memory = np.maximum(np.asarray(cold_memory, dtype=float) - far, 0.0)  # the far bytes are refetched below
+    if np.any(cold_memory > 0):
         memory = np.asarray(memory_time_s(bytes_moved, system, kernels=split, cold=cold_memory), dtype=float) + index
+    if np.any(far > 0):
+        memory = memory + far * _far_refetch_per_byte(bytes_moved, split, system) * np.asarray(bytes_moved, float)
     evicted = memory - hot
     launch = k * _array(launch_s, "launch_s")
     op_eff = op_eff if kernel_fraction is None else np.where(np.isfinite(np.asarray(kernel_fraction, float)), 1.0, op_eff)
@@ -387,6 +368,16 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
     bound = np.where(launch > top + evicted, "overhead", np.where(compute >= memory, "compute", "memory"))
     return {"compute": compute, "memory": memory, "roof": roof, "launch": launch,
             "time": roof + launch + np.asarray(rows_s, dtype=float), "bound": bound}
+
+
+def _far_refetch_per_byte(bytes_moved, kernels, system) -> np.ndarray:
+    """Seconds per byte a kernel's bytes take from beyond the L3 more than at its own size's rate: the bandwidth
+    curve read at 4 x the L3 (``cold_curves.far_data``) less the curve at the kernel's bytes, floored at 0."""
+    l3, _ = far_data(system)
+    b = np.maximum(np.asarray(bytes_moved, dtype=float), 1.0)
+    far = float(memory_time_s(4.0 * l3, system, kernels=1.0)) / (4.0 * l3)
+    hot = np.asarray(memory_time_s(b, system, kernels=kernels), dtype=float) / b
+    return np.maximum(far - hot, 0.0)
 
 
 def device_times_read(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, names, phase, classes=None,
@@ -458,6 +449,8 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
                      align=_gemm_factors(system, ops, phase),
                      cold=np.where(np.isin(names, COLD_GEMMS), share, 0.0),
                      cold_memory=np.where(ops[f"macs_{phase}"].to_numpy(float) > 0, 0.0, mem_share),
+                     far_memory=np.where(ops[f"macs_{phase}"].to_numpy(float) > 0, 0.0,
+                                         ops[f"far_{phase}"].to_numpy(float) if f"far_{phase}" in ops else 0.0),
                      strided=strided_columns(ops, phase))
         d = device_times_read(*args, names=names, classes=classes, phase=phase, unpriced=gemm_priced, rows_s=extra,
                               **shape)
@@ -472,7 +465,7 @@ def _gemm_factors(system, ops, phase: str):
     align = alignment_factor(system, ops["unaligned"].to_numpy(float), phase) if "unaligned" in ops else None
     if "gemm" not in ops:
         return align
-    wide = wide_factors(system, list(ops["gemm"]), phase)
+    wide = wide_factors(system, list(ops["gemm"]), phase)  # gemm_shape.py
     return wide if align is None else np.asarray(align, dtype=float) * wide
 
 

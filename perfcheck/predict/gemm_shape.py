@@ -1,0 +1,32 @@
+"""GEMMs with a wide output (an LM head: tokens x hidden -> vocabulary): the factor calibration measured by output
+width (``matrix_wide_curve``, perfcheck/calibrate/fit_wide.py) that ``roofline.op_device_times`` multiplies into a
+GEMM's rate."""
+from __future__ import annotations
+
+import numpy as np
+
+
+#: A GEMM's output is *wide* when its width n is at least this many times its other dimensions (m, k): the shape of
+#: an LM head (tokens x hidden -> vocabulary); from 16x up a CPU's rate fell below its FLOPs curve (128 x 128 -> n:
+#: 94 GFLOP/s at n = 2048, 84 at 8192, 53 at 32768 on the project's AMD VM; bench/results/cache_levels.md, table 2).
+WIDE_RATIO = 16
+
+
+def wide_factors(system, gemms, phase: str) -> np.ndarray:
+    """Per op, the ``matrix_wide_curve[phase]`` factor (log-interpolated in n, clamped at its ends) for a GEMM whose
+    output is wide (``gemms``: ``gemm_dims`` tuples, None for other ops; n >= WIDE_RATIO x max(m, k)); 1 for the
+    others and on a spec without the curve. The backward takes the curve calibration measured for the same layer's
+    backward (both gradients), keyed by the forward's n."""
+    curve = (getattr(system, "matrix_wide_curve", {}) or {}).get(phase)
+    out = np.ones(len(gemms))
+    if not curve:
+        return out
+    for i, g in enumerate(gemms):
+        if isinstance(g, tuple) and len(g) >= 4 and g[3] >= WIDE_RATIO * max(g[1], g[2]):
+            out[i] = _log_at(curve, g[3])
+    return out
+
+
+def _log_at(points, x) -> float:
+    """``points`` ((x, y), ...) read at ``x``: linear in log(x), clamped at its ends."""
+    return float(np.interp(np.log(max(float(x), 1.0)), np.log([p[0] for p in points]), [p[1] for p in points]))
