@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.calibrate.fit_draft import Draft, cap, fmt_rate, fp32_rows, rows_of, seconds_of, size_text
-from perfcheck.calibrate.fit_wide import matrix_wide
+from perfcheck.calibrate.fit_wide import matrix_narrow, matrix_wide
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.fit_host import (alignment, collective_latency, host_terms, launch,
                                           element_rates, gemm_call_costs, module_costs, per_op_costs,
@@ -152,6 +152,7 @@ def build_spec(base, table: pd.DataFrame, *, peaks: str, stamp: str, name: Optio
     host_terms(d, table, threads)
     _matrix(d, table)
     matrix_wide(d, table, _mm_fixed(d, table))
+    matrix_narrow(d, table, _mm_fixed(d, table))
     _vector(d, table)
     _memory(d, table)
     _collectives(d, table)

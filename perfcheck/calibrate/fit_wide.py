@@ -1,5 +1,5 @@
-"""The wide-output GEMM fit (``matrix_wide_curve``) of ``perfcheck calibrate``: its cases are
-``wide_cases.matmul_wide_cases``, the estimator reads it in ``roofline.wide_factors``."""
+"""The wide- and narrow-output GEMM fits (``matrix_wide_curve``, ``matrix_narrow_curve``) of ``perfcheck calibrate``:
+their cases are in ``wide_cases``, the estimator reads them in ``predict/gemm_shape.py``."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +9,7 @@ import pandas as pd
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.fit_draft import Draft, rows_of
 from perfcheck.predict import roofline
+from perfcheck.predict.gemm_shape import NARROW_END
 
 
 def matrix_wide(d: Draft, table: pd.DataFrame, mm_fixed: float):
@@ -44,3 +45,28 @@ def matrix_wide(d: Draft, table: pd.DataFrame, mm_fixed: float):
             f"{d.stamp}: F.linear of {int(rows['m'].iloc[0])} x {int(rows['k'].iloc[0])} to n outputs, forward and "
             f"backward (both gradients): the FLOPs and shape curves' compute time over the measured time less the "
             f"tiny-op time, by n (1.0 at n = {roofline.WIDE_RATIO} x the other dimensions)")
+
+
+def matrix_narrow(d: Draft, table: pd.DataFrame, mm_fixed: float):
+    """``matrix_narrow_curve``: ((n, factor), ...) from ``wide_cases.matmul_narrow_cases`` (C = A @ B with rows of n):
+    the compute time the spec built so far gives the GEMM (FLOPs and shape curves, the shape curve at its smallest
+    dimension) over the measured time less the tiny-op time and ``mm_fixed``, capped at 1; anchored at 1.0 for
+    n = ``gemm_shape.NARROW_END`` (from there on the shape curve alone applies)."""
+    rows = rows_of(table, names.MATMUL_NARROW)
+    if not len(rows) or not d.matrix.get("fp32"):
+        return
+    spec = dataclasses.replace(d.base, matrix_flops_per_s=d.matrix, efficiency=d.eff, **{
+        k: v for k, v in d.fields.items() if k in ("matrix_efficiency_curve", "matrix_shape_curve")})
+    points = {}
+    for r in rows.itertuples(index=False):
+        compute = float(roofline.compute_time_s(float(r.flops), 0.0, spec, "fp32", kernels=1.0,
+                                                min_dim=min(float(r.m), float(r.k), float(r.n))))
+        kernel_s = float(r.seconds) - d.op_s - mm_fixed
+        if kernel_s > 0 and float(r.n) < NARROW_END:
+            points[float(r.n)] = float(round(max(min(compute / kernel_s, 1.0), 1e-3), 4))
+    if points:
+        d.fields["matrix_narrow_curve"] = tuple(sorted({**points, float(NARROW_END): 1.0}.items()))
+        d.sources["matrix_narrow_curve"] = (
+            f"{d.stamp}: torch.mm of {int(rows['m'].iloc[0])} x {int(rows['k'].iloc[0])} by k x n, output rows of n: "
+            f"the FLOPs and shape curves' compute time over the measured time less the tiny-op time, by n (1.0 at "
+            f"n = {NARROW_END})")

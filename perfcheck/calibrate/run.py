@@ -76,7 +76,7 @@ from perfcheck.calibrate.cold_cases import memory_cold_cases
 from perfcheck.calibrate.cases import (Case, Timer, alignment_cases, copy_cases, device_kernel_rows,  # noqa: F401
                                       host_cases, launch_cases, matmul_cases, matmul_cold_cases, run_cases,
                                       sqrt_zero_cases, vector_cases)
-from perfcheck.calibrate.wide_cases import matmul_wide_cases
+from perfcheck.calibrate.wide_cases import matmul_narrow_cases, matmul_wide_cases
 from perfcheck.calibrate.phase import compute_reference_fn, reanchor, reference_fn
 from perfcheck.calibrate import collectives as coll
 from perfcheck.calibrate import concurrency, deepspeed_cases, gpu_ops, sanity, strided_cases
@@ -292,7 +292,8 @@ def _device_groups(run: _Run, measured, base_spec):
         if dev.type == "cpu" and not other:  # the reference dtype's shapes again, operands evicted from L2
             run.group(f"matmul {d}, operands evicted from L2", matmul_cold_cases(d, cfg["squares"], cfg["linear"], dev))
             if d == "fp32":
-                run.group("matmul fp32, wide outputs (LM heads)", matmul_wide_cases(dev))
+                run.group("matmul fp32, wide and narrow outputs (LM heads, small convolutions)",
+                          matmul_wide_cases(dev) + matmul_narrow_cases(dev))
     if dev.type == "cuda" and measured:  # row strides that are not 16-byte multiples (GPT-2's lm_head)
         run.group("matmul alignment", alignment_cases("bf16" if "bf16" in measured else measured[0], dev))
     if dev.type == "cuda":  # kernel classes the datasheet roofline misses: norms, softmax, embeddings, attention, conv

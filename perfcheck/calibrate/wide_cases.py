@@ -1,5 +1,7 @@
-"""Calibration cases of GEMMs with a wide output (an LM head: tokens x hidden -> vocabulary), forward and backward:
-the rate ``fit._matrix_wide`` turns into ``matrix_wide_curve`` (``roofline.wide_factors`` applies it)."""
+"""Calibration cases of GEMMs whose output's rows are far from the square shapes' (``fit_wide`` fits them,
+``predict/gemm_shape.py`` applies them): a wide output (an LM head: tokens x hidden -> vocabulary), forward and
+backward (``matrix_wide_curve``), and a narrow one (rows of a few elements: a late convolution's output pixels on
+torch's per-sample GEMM path; ``matrix_narrow_curve``)."""
 from __future__ import annotations
 
 import torch
@@ -38,4 +40,30 @@ def matmul_wide_cases(device) -> list:
         cases.append(Case(names.MATMUL_WIDE, f"bwd {n}",
                           lambda x=x, w=w, y=y, g=g: torch.autograd.grad(y, (x, w), g, retain_graph=True),
                           "fp32", 2 * flops, 4.0 * (3 * WIDE_ROWS * n + 2 * n * WIDE_ROWS), shape))
+    return cases
+
+
+#: Output row lengths of the narrow-output cases (C = A (NARROW_ROWS x NARROW_INNER) @ B (NARROW_INNER x n)): a CPU
+#: convolution torch runs as per-sample GEMMs writes rows of its output pixels (3 x 3 = 9 for a 96-pixel image after
+#: five halvings), less than one AVX-512 vector of fp32.
+NARROW_OUTPUTS = (4, 9, 16, 36, 64)
+NARROW_ROWS, NARROW_INNER = 1024, 256
+
+
+def matmul_narrow_cases(device) -> list:
+    """``torch.mm`` of (``NARROW_ROWS`` x ``NARROW_INNER``) by (``NARROW_INNER`` x n) for n in ``NARROW_OUTPUTS``
+    (a fresh output per call), label ``narrow <n>``, shape (m, k, n). CPU fp32 only. ``fit_wide.matrix_narrow``
+    turns them into ``matrix_narrow_curve``: the rate over the one the FLOPs and shape curves give, by n.
+    Why: on the project's AMD VM (1 thread, 2026-11-27) tv_shufflenet's last 1x1 convolution (192 -> 1024 channels on
+    3 x 3 pixels, batch 4; torch's _slow_conv2d path: per-sample GEMMs writing rows of 9) took 1.24 ms forward and
+    1.78 backward, 11 GFLOP/s, against 0.69 ms predicted for both; the shape curve, measured on GEMMs with few *rows*
+    (24 or 96 tokens of a Linear), priced a few *columns* as if vectorised along them."""
+    dev = torch.device(device)
+    a = torch.randn(NARROW_ROWS, NARROW_INNER, device=dev)
+    cases = []
+    for n in NARROW_OUTPUTS:
+        b = torch.randn(NARROW_INNER, n, device=dev)
+        nbytes = 4.0 * (NARROW_ROWS * NARROW_INNER + NARROW_INNER * n + NARROW_ROWS * n)
+        cases.append(Case(names.MATMUL_NARROW, f"narrow {n}", lambda b=b: torch.mm(a, b), "fp32",
+                          2.0 * NARROW_ROWS * NARROW_INNER * n, nbytes, (NARROW_ROWS, NARROW_INNER, n)))
     return cases

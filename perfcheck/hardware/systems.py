@@ -65,7 +65,7 @@ _OPTIONAL = ("matrix_efficiency_curve", "matrix_efficiency_curve_dtype", "matrix
              "memory_cold_curve",
              "mem_bandwidth_curve", "host", "op_fixed_s",
              "op_efficiency", "op_efficiency_curve", "op_row_s", "op_flop_s", "module_fixed_s", "calibrated",
-             "sources", "calibration", "matrix_wide_curve", "attention_kernel_curve", "strided_elements_per_s")
+             "sources", "calibration", "matrix_wide_curve", "matrix_narrow_curve", "attention_kernel_curve", "strided_elements_per_s")
 #: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
 #: it (perfcheck/calibrate/sanity.py writes and checks it; every report header prints it).
 CALIBRATION_KEYS = {
@@ -305,6 +305,10 @@ class SystemSpec:
     #: ``roofline.WIDE_RATIO`` x its other dimensions: an LM head) runs at this factor of the rate its FLOPs and shape
     #: curves give, in the phase (calibration's ``matmul_wide`` cases, CPU; roofline.wide_factors)
     matrix_wide_curve: Mapping[str, Tuple[Tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
+    #: ((output row length n, factor), ...): a GEMM writing rows of n < ``gemm_shape.NARROW_END`` elements (a CPU
+    #: convolution's per-sample GEMMs over few pixels, a Linear to few outputs) runs at this factor of the rate its
+    #: FLOPs and shape curves give (calibration's ``matmul_narrow`` cases, CPU; gemm_shape.narrow_factors)
+    matrix_narrow_curve: Tuple[Tuple[float, float], ...] = ()
     calibrated: bool = False
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: when and under what load a calibrated spec was measured (``CALIBRATION_KEYS``); empty for a datasheet
@@ -371,7 +375,7 @@ class SystemSpec:
             if f in ("matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve", "mem_bandwidth_curve", "host",
                      "op_fixed_s",
                      "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "op_flop_s", "calibration",
-                     "matrix_wide_curve",
+                     "matrix_wide_curve", "matrix_narrow_curve",
                      "attention_kernel_curve", "matrix_efficiency_curve_dtype", "strided_elements_per_s") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
             if f in ("op_efficiency_curve", "attention_kernel_curve", "matrix_wide_curve"):
@@ -379,7 +383,7 @@ class SystemSpec:
             elif isinstance(value, types.MappingProxyType):
                 value = {k: dict(v) if isinstance(v, types.MappingProxyType) else v for k, v in value.items()}
             elif f in ("matrix_efficiency_curve", "matrix_shape_curve", "matrix_cold_curve", "memory_cold_curve",
-                       "mem_bandwidth_curve"):
+                       "mem_bandwidth_curve", "matrix_narrow_curve"):
                 value = [list(p) for p in value]
             out[f] = value
         return out
@@ -711,6 +715,8 @@ def _validated_fields(spec, where: str) -> dict:
         "op_row_s": _per_row(getattr(spec, "op_row_s", {}) or {}, where),
         "op_flop_s": _per_op(getattr(spec, "op_flop_s", {}) or {}, "op_flop_s", where, fraction=False),
         "matrix_wide_curve": _wide_curves(getattr(spec, "matrix_wide_curve", {}) or {}, where),
+        "matrix_narrow_curve": _points(getattr(spec, "matrix_narrow_curve", ()), where, "matrix_narrow_curve", "n",
+                                       "factor", _fraction),
         "sources": _sources(spec.sources, where),
         "calibration": _calibration(getattr(spec, "calibration", {}) or {}, where),
     }

@@ -1,6 +1,7 @@
-"""GEMMs with a wide output (an LM head: tokens x hidden -> vocabulary): the factor calibration measured by output
-width (``matrix_wide_curve``, perfcheck/calibrate/fit_wide.py) that ``roofline.op_device_times`` multiplies into a
-GEMM's rate."""
+"""GEMMs whose output rows are far from the square shapes': a wide output (an LM head: tokens x hidden -> vocabulary,
+``matrix_wide_curve``) and a narrow one (rows of a few elements: a CPU convolution's per-sample GEMMs over few
+pixels, a Linear to few outputs, ``matrix_narrow_curve``): the factors calibration measured
+(perfcheck/calibrate/fit_wide.py) that ``roofline.op_device_times`` multiplies into a GEMM's rate."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,3 +31,25 @@ def wide_factors(system, gemms, phase: str) -> np.ndarray:
 def _log_at(points, x) -> float:
     """``points`` ((x, y), ...) read at ``x``: linear in log(x), clamped at its ends."""
     return float(np.interp(np.log(max(float(x), 1.0)), np.log([p[0] for p in points]), [p[1] for p in points]))
+
+
+#: Output row length from which the shape curve alone prices a GEMM (``matrix_narrow_curve`` reaches 1.0 there): the
+#: shape curve's own anchor on the project's machines (a square 128^3 product).
+NARROW_END = 128
+
+
+def narrow_factors(system, rows_n) -> np.ndarray:
+    """Per op, the ``matrix_narrow_curve`` factor at the op's GEMM output row length (``rows_n``: the op table's
+    ``gemm_n``, NaN for an op without GEMMs) where it is under ``NARROW_END`` (log-interpolated, clamped at the
+    curve's ends); 1 elsewhere and on a spec without the curve. The backward's GEMMs take the forward's factor: each
+    of them has the narrow dimension as one of its three (a per-sample convolution's input gradient writes rows of
+    the same pixels; its weight gradient sums over them)."""
+    curve = getattr(system, "matrix_narrow_curve", ()) or ()
+    n = np.asarray(rows_n, dtype=float)
+    out = np.ones(len(n))
+    if not curve:
+        return out
+    for i, v in enumerate(n):
+        if v == v and v < NARROW_END:
+            out[i] = _log_at(curve, v)
+    return out

@@ -11,6 +11,7 @@ Where each term of a module's time comes from: docs/model.md.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -87,14 +88,15 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
                      gemm_dims(op.call), op_class(op.call), cost.fwd.gemms, cost.bwd.gemms, *attn,
                      cost.fwd.pages, cost.bwd.pages, cost.fwd.strided_elems, cost.bwd.strided_elems,
                      cost.fwd.strided_bytes, cost.bwd.strided_bytes,
-                     weight_gemm_calls(op.call) if op.backward and not op.grad_accumulate else 0.0))
+                     weight_gemm_calls(op.call) if op.backward and not op.grad_accumulate else 0.0,
+                     gemm_rows_n(op.call)))
     return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
                                        "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "min_dim", "recompute",
                                        "rows_fwd", "rows_bwd", "unaligned", "gemm",
                                        "op_class", "gemms_fwd", "gemms_bwd", "attn_seq", "attn_head_dim",
                                        "attn_causal", "pages_fwd", "pages_bwd", "strided_elems_fwd",
                                        "strided_elems_bwd", "strided_bytes_fwd", "strided_bytes_bwd",
-                                       "weight_gemm_calls_bwd"])
+                                       "weight_gemm_calls_bwd", "gemm_n"])
 
 
 def _min_dim(call) -> float:
@@ -106,6 +108,18 @@ def _min_dim(call) -> float:
 
 #: Fused attention ops the CPU dispatcher picks itself (args q, k, v, dropout_p, is_causal, ...).
 _FLASH_SDPA = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention")
+
+
+def gemm_rows_n(call) -> float:
+    """The length of the output rows a GEMM op writes (``gemm_shape.narrow_factors``): a matmul-family call's n, a
+    matmul-path convolution's output pixels per sample (torch's per-sample GEMMs on a CPU: ``aten_costs.
+    matmul_path_min_dim``); NaN for any other op."""
+    dims = gemm_dims(call)
+    if dims is not None:
+        return float(dims[3])
+    if matmul_path_min_dim(call) == matmul_path_min_dim(call):  # a matmul-path convolution
+        return float(math.prod(call.outputs[0].shape[2:]))
+    return float("nan")
 
 
 def _is_causal(call) -> bool:

@@ -34,7 +34,7 @@ from perfcheck.predict.gemm_calls import gemm_call_seconds
 from perfcheck.predict import matrix_curve
 from perfcheck.predict.strided import strided_columns, strided_excess_s
 from perfcheck.predict.efficiency import efficiencies, op_flop_prices
-from perfcheck.predict.gemm_shape import WIDE_RATIO, wide_factors  # noqa: F401 (WIDE_RATIO: fit_wide reads it here)
+from perfcheck.predict.gemm_shape import WIDE_RATIO, narrow_factors, wide_factors  # noqa: F401 (fit_wide: WIDE_RATIO)
 from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401
                                            cold_factor, far_data, memory_cold_factor)
 
@@ -461,12 +461,15 @@ def op_device_times(ops, system, dtype, launch_s: float = None):
 
 def _gemm_factors(system, ops, phase: str):
     """The GEMM-rate factors an op table's columns give per op: the alignment factor (``unaligned``) times the
-    wide-output factor (``gemm``: ``wide_factors``); None where the table has neither column."""
+    wide-output factor (``gemm``: ``wide_factors``) and the narrow-output one (``gemm_n``: ``narrow_factors``); None
+    where the table has none of these columns."""
     align = alignment_factor(system, ops["unaligned"].to_numpy(float), phase) if "unaligned" in ops else None
     if "gemm" not in ops:
         return align
-    wide = wide_factors(system, list(ops["gemm"]), phase)  # gemm_shape.py
-    return wide if align is None else np.asarray(align, dtype=float) * wide
+    shape = wide_factors(system, list(ops["gemm"]), phase)  # gemm_shape.py
+    if "gemm_n" in ops:
+        shape = shape * narrow_factors(system, ops["gemm_n"].to_numpy(float))
+    return shape if align is None else np.asarray(align, dtype=float) * shape
 
 
 def row_prices(system, names, phase: str, classes=None) -> np.ndarray:

@@ -142,7 +142,8 @@ def test_quick_calibration_through_the_cli(tmp_path, capsys):
     # GEMMs and memory-bound ops after an L2 eviction, where sysfs gives L2
     cold = {"matmul_cold", "memory_cold"} if l2_cache_bytes() > 0 else set()
     assert set(pd.read_csv(csv)["kind"]) == {"launch", "host", "opfixed", "opcold", "modfixed", "oprows", "classfixed",
-                                             "opeff", "oprate", "copy", "vector", "matmul", "matmul_wide"} | cold
+                                             "opeff", "oprate", "copy", "vector", "matmul", "matmul_wide",
+                                             "matmul_narrow"} | cold
     # the elementwise ops' prices per FLOP (op_classes.element_rate_cases) and the wide-output GEMMs' factors
     assert 0 < spec.op_flop_s["sqrt"] < 1e-7 and set(spec.matrix_wide_curve) == {"fwd", "bwd"}
     assert all(0 < f <= 1 for points in spec.matrix_wide_curve.values() for _, f in points)

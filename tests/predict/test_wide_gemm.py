@@ -64,3 +64,37 @@ def test_fit_reads_the_wide_cases_against_the_curves_it_fitted():
     assert dict(spec.matrix_wide_curve["fwd"]) == pytest.approx({2048.0: 1.0, 8192.0: 1.0, 32768.0: 0.6}, abs=1e-4)
     assert dict(spec.matrix_wide_curve["bwd"]) == pytest.approx({2048.0: 1.0, 32768.0: 0.9}, abs=1e-4)
     assert "matrix_wide_curve" in spec.sources
+
+
+def test_narrow_factor_by_output_row_length():
+    from perfcheck.predict.gemm_shape import narrow_factors
+
+    spec = dataclasses.replace(load_system("cpu"), matrix_narrow_curve=((4.0, 0.1), (16.0, 1.0), (128.0, 1.0)))
+    # n = 8 is halfway between 4 and 16 in log: 0.1 + 0.9 / 2; no GEMM (NaN) or rows of 128+: 1
+    assert list(narrow_factors(spec, [8.0, float("nan"), 200.0, 2.0])) == pytest.approx([0.55, 1.0, 1.0, 0.1])
+    assert list(narrow_factors(load_system("cpu"), [8.0])) == [1.0]
+
+
+def test_a_gemm_op_knows_the_rows_it_writes():
+    # a Linear to 10 outputs writes rows of 10; a 1x1 convolution on torch's CPU per-sample GEMM path writes rows of
+    # its output pixels per sample (3 x 3); an elementwise op none
+    lin = trace_model(torch.nn.Linear(64, 10), (torch.randn(32, 64),))
+    conv = trace_model(torch.nn.Conv2d(192, 1024, 1, bias=False), (torch.randn(4, 192, 3, 3),))
+    relu = trace_model(torch.nn.ReLU(), (torch.randn(8, 8),))
+    n = {name: [me.gemm_rows_n(op.call) for op in t.ops] for name, t in (("lin", lin), ("conv", conv), ("relu", relu))}
+    assert 10.0 in n["lin"] and 9.0 in n["conv"] and all(v != v for v in n["relu"])
+
+
+def test_fit_reads_the_narrow_cases_against_the_curves_it_fitted():
+    squares = [_row("matmul", f"mm {n}", 2.0 * n ** 3 / 100e9, n, n, n, 2.0 * n ** 3, 12.0 * n * n)
+               for n in (64, 256, 512, 1024)]
+    spec0 = build_spec("cpu", pd.DataFrame(squares, columns=list(MEASUREMENT_COLUMNS)), peaks="measured",
+                       stamp="test")
+    rows = []
+    for n, f in ((4, 0.1), (9, 0.2), (64, 1.5)):  # the last ran faster than the curves: capped at 1
+        flops = 2.0 * 1024 * 256 * n
+        t = float(roofline.compute_time_s(flops, 0.0, spec0, "fp32", kernels=1.0, min_dim=float(n)))
+        rows.append(_row("matmul_narrow", f"narrow {n}", t / f, 1024, 256, n, flops))
+    spec = build_spec("cpu", pd.DataFrame(squares + rows, columns=list(MEASUREMENT_COLUMNS)), peaks="measured",
+                      stamp="test")
+    assert dict(spec.matrix_narrow_curve) == pytest.approx({4.0: 0.1, 9.0: 0.2, 64.0: 1.0, 128.0: 1.0}, abs=1e-4)
