@@ -468,7 +468,8 @@ def _gemm_factors(system, ops, phase: str):
         return align
     shape = wide_factors(system, list(ops["gemm"]), phase)  # gemm_shape.py
     if "gemm_n" in ops:
-        shape = shape * narrow_factors(system, ops["gemm_n"].to_numpy(float))
+        shape = shape * narrow_factors(system, ops["gemm_n"].to_numpy(float), phase,
+                                       [isinstance(g, tuple) for g in ops["gemm"]])
     return shape if align is None else np.asarray(align, dtype=float) * shape
 
 

@@ -73,6 +73,9 @@ def test_narrow_factor_by_output_row_length():
     # n = 8 is halfway between 4 and 16 in log: 0.1 + 0.9 / 2; no GEMM (NaN) or rows of 128+: 1
     assert list(narrow_factors(spec, [8.0, float("nan"), 200.0, 2.0])) == pytest.approx([0.55, 1.0, 1.0, 0.1])
     assert list(narrow_factors(load_system("cpu"), [8.0])) == [1.0]
+    # backward: a per-sample convolution's two GEMMs, one narrow (0.55) and one not, of equal FLOPs: 2 / (1/0.55 + 1);
+    # a matmul's backward GEMMs write rows of m and k: 1
+    assert list(narrow_factors(spec, [8.0, 8.0], "bwd", [False, True])) == pytest.approx([2 / (1 / 0.55 + 1), 1.0])
 
 
 def test_a_gemm_op_knows_the_rows_it_writes():
