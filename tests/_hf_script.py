@@ -4,7 +4,8 @@
     python -m torch.distributed.run --nproc_per_node 2 tests/_hf_script.py fsdp OUT  # fsdp=True on gloo
     python tests/_hf_script.py deepspeed OUT                                         # ZeRO-1 on CPU
 
-ddp, fsdp: the callback's out_dir is OUT/run; fsdp prints the final training loss (LOSS). deepspeed: the DeepSpeed config's "perfcheck" block names
+ddp, fsdp: the callback's out_dir is OUT/run; the final training loss is printed (LOSS) and written to
+OUT/loss_rank<RANK>.txt. deepspeed: the DeepSpeed config's "perfcheck" block names
 OUT/ds, and the callback is built with no arguments (the block alone says where the run goes).
 """
 import os
@@ -41,6 +42,9 @@ def main(mode, out):
     trainer = transformers.Trainer(model=tiny_gpt2(), args=args, train_dataset=tokens(), callbacks=[callback])
     result = trainer.train()
     print("LOSS", result.training_loss, flush=True)
+    # and in a file per rank: two ranks' lines share torchrun's one stdout pipe, where one was once lost
+    with open(os.path.join(out, f"loss_rank{os.environ.get('RANK', '0')}.txt"), "w") as f:
+        f.write(repr(result.training_loss))
     print("RUN_DIR", callback.run_dir, flush=True)
 
 
