@@ -353,18 +353,19 @@ def _host_cold(table, put, kind: str):
                               f"{cold[2] * 1e6:.2f} us per op, less the same ops each in a tight loop, "
                               f"{cold[3] * 1e6:.2f} us per op (mean)"
                               + ("" if dt == "fp32" else f"; {dt}, on tensors needing a gradient"))
-    near = op_cold_near_excess(table) if kind not in AFTER_FILLER_KINDS else None
-    if near is not None:
-        put("op_cold_near_s", near[0], f"the {near[1]} light tiny ops of the op_fixed cases (less "
-                                       f"{', '.join(names.NEAR_LEFT_OUT)}) called one after another, {near[2] * 1e6:.2f} us "
-                                       f"per op, less the same ops each in a tight loop, {near[3] * 1e6:.2f} us per op "
-                                       f"(mean); perfcheck.predict.family_reuse")
-    light = op_cold_light_excess(table) if kind not in AFTER_FILLER_KINDS else None
-    if light is not None:
-        put("op_cold_light_s", light[0], f"{light[1]} light op families (pointwise, a copy, a small GEMM) called one "
-                                         f"after another, {light[2] * 1e6:.2f} us per op, less each {names.LIGHT_TIGHT_RUN} "
-                                         f"times in a row, {light[3] * 1e6:.2f} us per op; "
-                                         f"perfcheck.predict.family_reuse.light_reuse")
+    if kind in AFTER_FILLER_KINDS:
+        return
+    # a switch inside a cycle of near and of light families: (excess, ops, cycle s, tight s) each, or None
+    for key, excess, ops, tight, tail in (
+            ("op_cold_near_s", op_cold_near_excess(table),
+             lambda n: f"the {n} light tiny ops of the op_fixed cases (less {', '.join(names.NEAR_LEFT_OUT)})",
+             "the same ops each in a tight loop", " (mean); perfcheck.predict.family_reuse"),
+            ("op_cold_light_s", op_cold_light_excess(table),
+             lambda n: f"{n} light op families (pointwise, a copy, a small GEMM)",
+             f"each {names.LIGHT_TIGHT_RUN} times in a row", "; perfcheck.predict.family_reuse.light_reuse")):
+        if excess is not None:
+            put(key, excess[0], f"{ops(excess[1])} called one after another, {excess[2] * 1e6:.2f} us per op, less "
+                                f"{tight}, {excess[3] * 1e6:.2f} us per op{tail}")
 
 
 def _host_far(d: Draft, table, put):

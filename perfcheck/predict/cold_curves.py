@@ -25,7 +25,7 @@ def cold_factor(system, flops_per_kernel):
     """The ``matrix_cold_curve`` multiplier at ``flops_per_kernel`` (interpolated in log(FLOPs), clamped at its
     ends; 1 without a curve): a GEMM whose operands were evicted from L2 runs this fraction of its tight-loop
     rate (0.56-0.78 at 17-67 MFLOP, 1.0 at 2.4 GFLOP on the project's Xeon: bench/results/cold_operands.md)."""
-    return _log_curve_at(spec_of(system).matrix_cold_curve, flops_per_kernel)
+    return log_curve_at(spec_of(system).matrix_cold_curve, flops_per_kernel)
 
 
 #: Matrix products whose rate the ``matrix_cold_curve`` scales when the step is cold: torch.mm / F.linear's kernels
@@ -67,10 +67,10 @@ def memory_cold_factor(system, bytes_per_kernel):
     """The ``memory_cold_curve`` value at ``bytes_per_kernel`` (interpolated in log(bytes), clamped at its ends; 1
     without a curve): a memory-bound kernel's memory term with its operands evicted from L2 runs at this fraction of
     its tight-loop rate (``calibrate.fit._memory_cold`` derives it: m / (m + the measured extra cold time))."""
-    return _log_curve_at(spec_of(system).memory_cold_curve, bytes_per_kernel)
+    return log_curve_at(spec_of(system).memory_cold_curve, bytes_per_kernel)
 
 
-def _log_curve_at(curve, x):
+def log_curve_at(curve, x):
     """A ((x, factor), ...) curve read at ``x``: linear in log(x), clamped at its ends; 1 without a curve or x."""
     if not curve or x is None:
         return 1.0

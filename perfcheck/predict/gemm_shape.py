@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfcheck.predict.cold_curves import log_curve_at
+
 
 #: A GEMM's output is *wide* when its width n is at least this many times its other dimensions (m, k): the shape of
 #: an LM head (tokens x hidden -> vocabulary); from 16x up a CPU's rate fell below its FLOPs curve (128 x 128 -> n:
@@ -24,13 +26,8 @@ def wide_factors(system, gemms, phase: str) -> np.ndarray:
         return out
     for i, g in enumerate(gemms):
         if isinstance(g, tuple) and len(g) >= 4 and g[3] >= WIDE_RATIO * max(g[1], g[2]):
-            out[i] = _log_at(curve, g[3])
+            out[i] = float(log_curve_at(curve, g[3]))
     return out
-
-
-def _log_at(points, x) -> float:
-    """``points`` ((x, y), ...) read at ``x``: linear in log(x), clamped at its ends."""
-    return float(np.interp(np.log(max(float(x), 1.0)), np.log([p[0] for p in points]), [p[1] for p in points]))
 
 
 #: Output row length from which the shape curve alone prices a GEMM (``matrix_narrow_curve`` reaches 1.0 there): the
@@ -54,6 +51,6 @@ def narrow_factors(system, rows_n, phase: str = "fwd", matmul=None) -> np.ndarra
     is_mm = np.zeros(len(n), dtype=bool) if matmul is None else np.asarray(matmul, dtype=bool)
     for i, v in enumerate(n):
         if v == v and v < NARROW_END:
-            f = _log_at(curve, v)
+            f = float(log_curve_at(curve, v))
             out[i] = f if phase == "fwd" else (1.0 if is_mm[i] else 2.0 / (1.0 / f + 1.0))
     return out

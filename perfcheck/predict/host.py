@@ -77,10 +77,11 @@ from perfcheck.hardware.host_keys import op_cold_key, optim_line, optim_per_tens
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, normalize_dtype, spec_of
 from perfcheck.predict import optimizers, reuse
 from perfcheck.predict.aten_costs import is_view_op, op_class
+from perfcheck.predict.cold_curves import far_data
 from perfcheck.predict.efficiency import CLASS_PARENTS, op_flop_prices
 from perfcheck.predict.family_reuse import far_in_time, far_reuse, light_reuse, near_reuse
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
-from perfcheck.predict.roofline import compute_time_s, memory_time_s
+from perfcheck.predict.roofline import compute_time_s, far_seconds_per_byte, memory_time_s
 from perfcheck.predict.zero_rows import zero_elements
 
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
@@ -609,32 +610,28 @@ def _optim_numel(q) -> int:
 
 
 def optimizer_far(spec, step_s: float, state_bytes: float) -> bool:
-    """Whether an optimizer step starts with its tensors beyond the L3: on a CPU spec whose calibration ran the far
-    cases (``host.op_cold_far_s`` and ``calibration.l3_bytes``: an L3 of at most 64 MiB, op_cases), when the
+    """Whether an optimizer step starts with its tensors beyond the L3: where the far-data rule applies
+    (``cold_curves.far_data``: a CPU whose calibration ran the far cases, an L3 of at most 64 MiB), when the
     optimizer's ``state_bytes`` (parameters, gradients, states) exceed the L3 (they were last touched a step ago)
     or the step lasts longer than the L3 keeps data (``host.l3_residency_s``; the rule of ``family_reuse.far_in_time``)."""
-    spec = spec_of(spec)
-    l3 = float((spec.calibration or {}).get("l3_bytes", 0) or 0)
-    if spec.kind != "cpu" or l3 <= 0 or dict(spec.host).get("op_cold_far_s") is None:
-        return False
-    residency = float(dict(spec.host).get("l3_residency_s", 0.0) or 0.0)
-    return state_bytes > l3 or (residency > 0 and step_s > residency)
+    l3, residency = far_data(spec_of(spec))
+    return l3 > 0 and (state_bytes > l3 or (residency > 0 and step_s > residency))
 
 
 def _far_refetch_s(tensor_bytes, spec, state_bytes: float) -> float:
-    """Extra seconds to fetch ``tensor_bytes`` (per tensor) from beyond the L3 (``calibration.l3_bytes``, L): at the
-    bandwidth curve's rate for a kernel of 4 L instead of its rate at L / 4 (a buffer the L3 holds), for the share
-    min(1, L / ``state_bytes``) of them: a tight loop over an optimizer whose tensors exceed the L3 (calibration's,
-    the per-kernel prices) already streams the rest from memory; the L3's worth it kept is what a step evicts.
-    Measured on the project's AMD VM (L3 32 MiB; optimizer alone, then after an L3 eviction): SGD over 2 x 15 MiB
-    +0.83 ms (this rule: +0.98), SGD with momentum over 3 x 43 MiB +0.8 (+1.0), over 3 x 6 MiB +0.66 (+0.56);
-    Adam over 4 x 4.2 MiB +0.65 (+0.55), over 4 x 7-17 MiB +0.4-0.45 (+0.9-1.0), over 4 x 6-9 MiB +0.03-0.05 (+0.7-1.0:
-    an Adam step's compute-bound kernels hide part of the fetch, which this rule does not model)."""
-    l3 = float(spec.calibration["l3_bytes"])
-    far_per_byte = float(memory_time_s(4.0 * l3, spec, kernels=1.0)) / (4.0 * l3)
+    """Extra seconds to fetch ``tensor_bytes`` (per tensor) from beyond the L3 (``calibration.l3_bytes``, L): at
+    memory's rate (``roofline.far_seconds_per_byte``) instead of the bandwidth curve's at L / 4 (a buffer the L3
+    holds), for the share min(1, L / ``state_bytes``) of them: a tight loop over an optimizer whose tensors exceed the
+    L3 (calibration's, the per-kernel prices) already streams the rest from memory; the L3's worth it kept is what a
+    step evicts. Measured on the project's AMD VM (L3 32 MiB; optimizer alone, then after an L3 eviction): SGD over
+    2 x 15 MiB +0.83 ms (this rule: +0.98), SGD with momentum over 3 x 43 MiB +0.8 (+1.0), over 3 x 6 MiB +0.66
+    (+0.56); Adam over 4 x 4.2 MiB +0.65 (+0.55), over 4 x 7-17 MiB +0.4-0.45 (+0.9-1.0), over 4 x 6-9 MiB +0.03-0.05
+    (+0.7-1.0: an Adam step's compute-bound kernels hide part of the fetch, which this rule does not model)."""
+    l3, _ = far_data(spec)
     l3_per_byte = float(memory_time_s(l3 / 4.0, spec, kernels=1.0)) / (l3 / 4.0)
     share = min(1.0, l3 / max(float(state_bytes), 1.0))
-    return float(np.sum(np.asarray(tensor_bytes, dtype=float))) * share * max(far_per_byte - l3_per_byte, 0.0)
+    return float(np.sum(np.asarray(tensor_bytes, dtype=float))) * share * max(far_seconds_per_byte(spec) - l3_per_byte,
+                                                                              0.0)
 
 
 def step_key(base: str, impl: str) -> str:

@@ -285,8 +285,4 @@ def _footprint(op, moved: float) -> float:
 def _far_share(reads, distance, cache_bytes: float) -> float:
     """The bytes of the storages of ``reads`` ((key, bytes); each storage once) farther than ``cache_bytes`` over
     all their bytes; 0.0 when they hold none."""
-    storages = dict(reads)
-    total = float(sum(storages.values()))
-    if total <= 0:
-        return 0.0
-    return float(sum(nbytes for key, nbytes in storages.items() if nbytes > 0 and distance(key) > cache_bytes)) / total
+    return _share_where(reads, lambda key: distance(key) > cache_bytes)

@@ -370,14 +370,19 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
             "time": roof + launch + np.asarray(rows_s, dtype=float), "bound": bound}
 
 
-def _far_refetch_per_byte(bytes_moved, kernels, system) -> np.ndarray:
-    """Seconds per byte a kernel's bytes take from beyond the L3 more than at its own size's rate: the bandwidth
-    curve read at 4 x the L3 (``cold_curves.far_data``) less the curve at the kernel's bytes, floored at 0."""
+def far_seconds_per_byte(system) -> float:
+    """Seconds per byte from beyond the L3: the bandwidth curve read at 4 x the L3 (``cold_curves.far_data``), the
+    rate of the eviction the far cases run; 0 where the far-data rule is off."""
     l3, _ = far_data(system)
+    return float(memory_time_s(4.0 * l3, system, kernels=1.0)) / (4.0 * l3) if l3 > 0 else 0.0
+
+
+def _far_refetch_per_byte(bytes_moved, kernels, system) -> np.ndarray:
+    """Seconds per byte a kernel's bytes take from beyond the L3 more than at its own size's rate
+    (``far_seconds_per_byte`` less the curve at the kernel's bytes), floored at 0."""
     b = np.maximum(np.asarray(bytes_moved, dtype=float), 1.0)
-    far = float(memory_time_s(4.0 * l3, system, kernels=1.0)) / (4.0 * l3)
     hot = np.asarray(memory_time_s(b, system, kernels=kernels), dtype=float) / b
-    return np.maximum(far - hot, 0.0)
+    return np.maximum(far_seconds_per_byte(system) - hot, 0.0)
 
 
 def device_times_read(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, names, phase, classes=None,
