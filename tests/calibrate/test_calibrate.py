@@ -145,7 +145,9 @@ def test_quick_calibration_through_the_cli(tmp_path, capsys):
                                              "opeff", "oprate", "copy", "vector", "matmul", "matmul_wide",
                                              "matmul_narrow"} | cold
     # the elementwise ops' prices per FLOP (op_classes.element_rate_cases) and the wide-output GEMMs' factors
-    assert 0 < spec.op_flop_s["sqrt"] < 1e-7 and set(spec.matrix_wide_curve) == {"fwd", "bwd"}
+    # (a case that read nothing above its fixed costs on a busy machine sets no price, not a wrong one)
+    assert spec.op_flop_s and all(0 < v < 1e-7 for v in spec.op_flop_s.values())
+    assert set(spec.matrix_wide_curve) <= {"fwd", "bwd"} and spec.matrix_wide_curve
     assert all(0 < f <= 1 for points in spec.matrix_wide_curve.values() for _, f in points)
     if cold:
         assert len(spec.matrix_cold_curve) >= 3 and spec.calibration["l2_bytes"] == l2_cache_bytes()
