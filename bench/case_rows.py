@@ -18,7 +18,8 @@ from perfcheck.calibrate.phase import compute_reference_fn, reanchor, reference_
 
 def measured_beside(cases, cal: str) -> tuple:
     """Time ``cases`` (one thread, process clock, three repeats, each read against the references timed before it),
-    put them at ``cal``'s reference times (``cal``.reference.json) and print each beside the saved row of its label:
+    put them at ``cal``'s reference times (``cal``.reference.json) and print each beside the saved row of its kind,
+    label and m:
     ``(table, saved table, references)``."""
     torch.set_num_threads(1)
     dev = torch.device("cpu")
@@ -27,11 +28,11 @@ def measured_beside(cases, cal: str) -> tuple:
     refs = json.loads(Path(cal + ".reference.json").read_text())
     table = reanchor(table, refs["reference_s"], refs.get("compute_reference_s"))
     saved = pd.read_csv(cal, keep_default_na=True)
-    old = saved.set_index(["kind", "label"])["seconds"]
+    old = saved.drop_duplicates(["kind", "label", "m"]).set_index(["kind", "label", "m"])["seconds"]
     width = max((len(str(label)) for label in table["label"]), default=0)
     for r in table.itertuples():
-        was = old.get((r.kind, r.label))
-        print(f"{r.kind:10s} {r.label:{width}s} now {r.seconds * 1e6:9.2f} us"
+        was = old.get((r.kind, r.label, r.m))
+        print(f"{r.kind:10s} {r.label:{width}s} m={r.m:<6d} now {r.seconds * 1e6:9.2f} us"
               + (f"  saved {was * 1e6:9.2f} us" if was else ""))
     return table, saved, refs
 

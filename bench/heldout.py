@@ -735,7 +735,7 @@ ABLATION_CLASSES = ("Conv dense", "Conv grouped", "Embedding", "attention", "Lin
 #: a convolution class's fixed cost is taken out of its efficiency before the efficiency is fitted).
 REFITTED = {"-conv class fixed costs (re-fitted)": lambda t: t[(t["kind"] != "classfixed")
                                                                 | t["label"].astype(str).str.startswith("_embedding_bag")],
-            # the EmbeddingBag classes' fixed costs (op_classes.embedding_bag_fixed_cases) and the module's Python
+            # the EmbeddingBag classes' fixed costs (index_cases.embedding_bag_fixed_cases) and the module's Python
             # (layers.tiny_modules): the estimator as it was before they were measured
             "-embedding-bag fixed costs (re-fitted)": lambda t: t[~(
                 ((t["kind"] == "classfixed") & t["label"].astype(str).str.startswith("_embedding_bag"))

@@ -134,7 +134,7 @@ def efficiency_cap(spec: SystemSpec) -> float:
 
 
 def row_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
-    """op_row_s: per op and phase of the op-class row cases (``op_classes.embedding_row_cases``,
+    """op_row_s: per op and phase of the op-class row cases (``index_cases.embedding_row_cases``,
     ``conv_weight_cases``; label "<op> fwd|bwd", m = rows, k = row length), the slope of the measured time over
     the row count less the slope of the estimator's roofline time for the same calls on ``spec`` (its elements'
     share: the model adds that itself), floored at 0 (the median over row lengths where a table has several).

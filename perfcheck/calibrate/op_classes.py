@@ -59,18 +59,6 @@ CONV_FIXED_CASES = {
 }
 #: Elements of the elementwise cases (1 MiB of fp32: in L2, as a layer's activations of a small batch are).
 ELEMENTWISE = 1 << 18
-#: Embedding table rows of the per-index cases (their dense gradient is the same at both index counts: the slope
-#: over the indices is the per-index price).
-EMBED_ROWS = 4096
-#: Index counts of the per-index cases: a wider span than the 64 -> 512 they ran at before. Why: a
-#: backward call's fixed part (the 4096-row gradient zeroed; the bag's backward through autograd: the engine's
-#: start, AccumulateGrad) is 20-55 us, as much as 448 indices' worth, so its wobble moves the slope: six fits in a
-#: row on the project's Xeon (1 thread, process time, 2026-11-26) gave the bag's backward 56-83 ns per index (40%
-#: spread) at 64 -> 512 through autograd, 84-107 (25%) at 128 -> 2048 as one aten call. 128 -> 2048 also spans
-#: the index counts of typical lookups (the held-out models': 64 - 2048), where the sort's n log n bends the line.
-EMBED_COUNTS = (128, 2048)
-
-
 def formula_costs(fn, inputs, names) -> dict:
     """phase -> (matrix FLOPs, other FLOPs, bytes, kernels) of the ops named ``names`` that ``fn(*inputs)`` runs, by
     the estimator's formulas (traced once on fake tensors, costed through aten_costs.cost_of)."""
@@ -86,7 +74,7 @@ def formula_costs(fn, inputs, names) -> dict:
     return out
 
 
-def _opeff(label, fn, cost, fwd_kernels=1.0, dtype="fp32") -> Case:
+def opeff_case(label, fn, cost, fwd_kernels=1.0, dtype="fp32") -> Case:
     """An ``opeff`` row: flops = matrix FLOPs, bytes, n = other FLOPs, m/k = the forward's and this phase's
     kernels (the fit takes the op's fixed cost per kernel out of the time, as the estimator adds it)."""
     mf, of, nb, k = cost
@@ -125,8 +113,8 @@ def conv_cases(dev) -> list:
     for label, shape in CONV_CASES.items():
         fwd_fn, fwd, bwd, x, w = _conv_calls(label, shape, dev)
         cost = formula_costs(fwd_fn, (x, w), ("convolution",))
-        out.append(_opeff(label, fwd, cost["fwd"], cost["fwd"][3]))
-        out.append(_opeff(f"{label}:bwd", bwd, cost["bwd"], cost["fwd"][3]))
+        out.append(opeff_case(label, fwd, cost["fwd"], cost["fwd"][3]))
+        out.append(opeff_case(f"{label}:bwd", bwd, cost["bwd"], cost["fwd"][3]))
     return out
 
 
@@ -209,7 +197,7 @@ def elementwise_cases(dev) -> list:
     x = torch.randn(ELEMENTWISE, device=dev)
     g = torch.randn(ELEMENTWISE, device=dev)
     xg = x.clone().requires_grad_(True)
-    out = [_opeff("bernoulli_", lambda x=x: x.bernoulli_(0.9),
+    out = [opeff_case("bernoulli_", lambda x=x: x.bernoulli_(0.9),
                   formula_costs(lambda t: torch.empty_like(t).bernoulli_(0.9), (x,), ("bernoulli_",))["fwd"])]
     acts = {"gelu": (lambda t: torch.nn.functional.gelu(t), lambda: aten.gelu_backward(g, x)),
             "gelu_tanh": (lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
@@ -218,8 +206,8 @@ def elementwise_cases(dev) -> list:
     for label, (fwd, bwd) in acts.items():
         name = ("gelu",) if label.startswith("gelu") else (label,)
         cost = formula_costs(fwd, (xg,), name)
-        out.append(_opeff(label, lambda f=fwd: f(x), cost["fwd"]))
-        out.append(_opeff(f"{label}:bwd", bwd, cost["bwd"]))  # 1 kernel each way
+        out.append(opeff_case(label, lambda f=fwd: f(x), cost["fwd"]))
+        out.append(opeff_case(f"{label}:bwd", bwd, cost["bwd"]))  # 1 kernel each way
     return out + [safe_softmax_case(dev)]
 
 
@@ -266,7 +254,7 @@ def safe_softmax_case(dev) -> Case:
     x = torch.randn(*SCORES, device=dev)
     xg = x.clone().requires_grad_(True)
     cost = formula_costs(lambda t: aten._safe_softmax(t, -1), (xg,), ("_safe_softmax",))
-    return _opeff("_safe_softmax", lambda: aten._safe_softmax(x, -1), cost["fwd"], cost["fwd"][3])
+    return opeff_case("_safe_softmax", lambda: aten._safe_softmax(x, -1), cost["fwd"], cost["fwd"][3])
 
 
 #: (rows, columns) of the row-wise cases (LayerNorm, softmax) and (batch, channels, height, width, groups) of the
@@ -290,8 +278,8 @@ def norm_cases(dev) -> list:
     _, mean, rstd = aten.native_layer_norm(x, [cols], w, b, 1e-5)
     ln = lambda t, w_, b_: torch.nn.functional.layer_norm(t, (cols,), w_, b_)  # noqa: E731
     cost = formula_costs(ln, (xg, wg, bg), ("native_layer_norm",))
-    out = [_opeff("native_layer_norm", lambda: aten.native_layer_norm(x, [cols], w, b, 1e-5), cost["fwd"]),
-           _opeff("native_layer_norm:bwd", lambda: aten.native_layer_norm_backward(
+    out = [opeff_case("native_layer_norm", lambda: aten.native_layer_norm(x, [cols], w, b, 1e-5), cost["fwd"]),
+           opeff_case("native_layer_norm:bwd", lambda: aten.native_layer_norm_backward(
                g, x, [cols], mean, rstd, w, b, [True, True, True]), cost["bwd"], cost["fwd"][3])]
     n, c, h, wd, groups = GROUP_NORM
     y = torch.randn(n, c, h, wd, device=dev)
@@ -301,114 +289,15 @@ def norm_cases(dev) -> list:
     _, gmean, grstd = aten.native_group_norm(y, gw, gb, n, c, h * wd, groups, 1e-5)
     gn = lambda t, w_, b_: torch.nn.functional.group_norm(t, groups, w_, b_)  # noqa: E731
     cost = formula_costs(gn, (yg, gwg, gbg), ("native_group_norm",))
-    out += [_opeff("native_group_norm", lambda: aten.native_group_norm(y, gw, gb, n, c, h * wd, groups, 1e-5),
+    out += [opeff_case("native_group_norm", lambda: aten.native_group_norm(y, gw, gb, n, c, h * wd, groups, 1e-5),
                    cost["fwd"]),
-            _opeff("native_group_norm:bwd", lambda: aten.native_group_norm_backward(
+            opeff_case("native_group_norm:bwd", lambda: aten.native_group_norm_backward(
                 gy, y, gmean, grstd, gw, n, c, h * wd, groups, [True, True, True]), cost["bwd"], cost["fwd"][3])]
     sm = aten._softmax(x, -1, False)
     cost = formula_costs(lambda t: torch.softmax(t, -1), (xg,), ("_softmax",))
-    out += [_opeff("_softmax", lambda: aten._softmax(x, -1, False), cost["fwd"]),
-            _opeff("_softmax:bwd", lambda: aten._softmax_backward_data(g, sm, -1, torch.float32), cost["bwd"],
+    out += [opeff_case("_softmax", lambda: aten._softmax(x, -1, False), cost["fwd"]),
+            opeff_case("_softmax:bwd", lambda: aten._softmax_backward_data(g, sm, -1, torch.float32), cost["bwd"],
                    cost["fwd"][3])]
-    return out
-
-
-def embedding_row_cases(dev) -> list:
-    """Per index: ``nn.Embedding`` (aten ``embedding``: a row gather; backward aten.embedding_dense_backward: the
-    dense gradient, then one row added per index) and ``nn.EmbeddingBag`` (``_embedding_bag``, sum over bags of 4;
-    backward aten._embedding_bag_backward, what autograd's node calls: one aten call, as the embedding's, so no
-    engine start or AccumulateGrad adds noise to the slope), each on ``EMBED_COUNTS`` indices into an
-    ``EMBED_ROWS``-row table of ``ROW_CASE_LENGTH`` columns."""
-    dim = ROW_CASE_LENGTH
-    table = torch.randn(EMBED_ROWS, dim, device=dev)
-    tg = table.clone().requires_grad_(True)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    out = []
-    for n in EMBED_COUNTS:
-        idx = torch.randint(0, EMBED_ROWS, (n,), generator=gen).to(dev)
-        offs = torch.arange(0, n, 4, device=dev)
-        g = torch.randn(n, dim, device=dev)
-        gb = torch.randn(len(offs), dim, device=dev)
-        emb = lambda t, i=idx: torch.nn.functional.embedding(i, t)  # noqa: E731
-        bag = lambda t, i=idx, o=offs: torch.nn.functional.embedding_bag(i, t, o, mode="sum")  # noqa: E731
-        _, o2b, bag_size, max_idx = aten._embedding_bag(table, idx, offs, False, 0)
-        cost = {"embedding": formula_costs(emb, (tg,), ("embedding",)), "_embedding_bag": formula_costs(bag, (tg,), ("_embedding_bag",))}
-        bag_bwd = lambda gb=gb, i=idx, o=offs, ob=o2b, b=bag_size, x=max_idx: aten._embedding_bag_backward(  # noqa: E731
-            gb, i, o, ob, b, x, EMBED_ROWS, False, 0, False, None)
-        for name, phase, fn in (("embedding", "fwd", lambda e=emb: e(table)),
-                                ("embedding", "bwd", lambda g=g, i=idx: aten.embedding_dense_backward(
-                                    g, i, EMBED_ROWS, -1, False)),
-                                ("_embedding_bag", "fwd", lambda b=bag: b(table)),
-                                ("_embedding_bag", "bwd", bag_bwd)):
-            _, of, nb, k = cost[name][phase]
-            out.append(Case(names.OPROWS, f"{name} {phase}", fn, "fp32", float(of), float(nb),
-                            (n, dim, int(max(k, 1)))))
-    return out
-
-
-#: EmbeddingBag classes (perfcheck.predict.aten_costs.embedding_bag_class) -> the mode of their tiny call. Why: an
-#: ``_embedding_bag`` call costs a fixed 10-18 us beyond its rows whatever its size (offset2bag, bag_size and
-#: max_indices allocated and filled, the fbgemm kernel looked up; backward: the indices sorted, offset2bag
-#: index_select'ed, per-row counts allocated: EmbeddingBag.cpp ``_embedding_bag_cpu_impl_out``,
-#: ``_embedding_bag_dense_backward_cpu_sum_mean``). On the project's Xeon (1 thread, process time, 2026-11-26) a
-#: tiny call took 11 us forward and 17 us backward (sum), 19 and 12 us (mean), where a tiny add takes 1.4 us; the
-#: per-index cases (``embedding_row_cases``) fit a slope, which leaves it out, so wide & deep's EmbeddingBag
-#: forwards (1024-2048 indices) read 20-50 us against 5-19 predicted.
-EMBEDDING_BAG_FIXED_CASES = {"_embedding_bag": 0, "_embedding_bag_mean": 1, "_embedding_bag_max": 2}
-#: The tiny call's table rows, columns, indices and bags.
-EMBEDDING_BAG_TINY = (16, 4, 8, 2)
-
-
-def embedding_bag_fixed_cases(dev) -> list:
-    """``classfixed`` rows: per ``EMBEDDING_BAG_FIXED_CASES`` class, one tiny ``aten._embedding_bag`` (label = the
-    class) and its ``aten._embedding_bag_backward`` (``<class>:bwd``: what autograd's EmbeddingBagBackward0 node
-    calls, without the engine), each one aten call, so its time less one tiny op's dispatch is the class's fixed
-    cost per call (op_fixed_s; host time in the estimator, perfcheck.predict.host)."""
-    rows, dim, n, bags = EMBEDDING_BAG_TINY
-    table = torch.randn(rows, dim, device=dev)
-    idx = torch.arange(n, device=dev) % rows
-    offs = torch.arange(0, n, n // bags, device=dev)
-    g = torch.randn(bags, dim, device=dev)
-    out = []
-    for label, mode in EMBEDDING_BAG_FIXED_CASES.items():
-        _, offset2bag, bag_size, max_idx = aten._embedding_bag(table, idx, offs, False, mode)
-        fwd = lambda m=mode: aten._embedding_bag(table, idx, offs, False, m)  # noqa: E731
-        bwd = lambda m=mode, o=offset2bag, b=bag_size, x=max_idx: aten._embedding_bag_backward(  # noqa: E731
-            g, idx, offs, o, b, x, rows, False, m, False, None)
-        out += [Case(names.CLASSFIXED, label, fwd, "fp32", host=True),
-                Case(names.CLASSFIXED, f"{label}:bwd", bwd, "fp32", host=True)]
-    return out
-
-
-#: The max-mode cases (class ``_embedding_bag_max``): columns and bag counts (bags of 4 indices) into an
-#: ``EMBED_ROWS`` table, a mid size (none of the held-out models' tables). Why a class of its own: max runs a scalar
-#: loop per gathered element (EmbeddingBag.cpp ``embedding_bag_cpu_max_out``), not sum's fbgemm kernel, and its
-#: backward an ``index_add_`` per column, one strided element per bag, not sum's sorted row adds: on the project's
-#: Xeon (1 thread, process time, 2026-11-27) 630 us forward for 4096 indices of 32 columns against sum's 20, and
-#: ~6 ns per scattered element backward (bench/results/embedding_classes.md).
-EMBEDDING_BAG_MAX_DIM, EMBEDDING_BAG_MAX_BAGS = 32, (128, 1024)
-
-
-def embedding_bag_max_cases(dev) -> list:
-    """``opeff`` row ``_embedding_bag_max:fwd`` (``aten._embedding_bag`` in max mode at the larger bag count; the
-    fit takes the class's fixed cost, ``embedding_bag_fixed_cases``, out first) and ``oprows`` rows
-    ``_embedding_bag_max bwd`` (its ``aten._embedding_bag_backward``, m = bags x columns, the scattered elements)
-    at both ``EMBEDDING_BAG_MAX_BAGS``: the slope is the price per scattered element (op_row_s)."""
-    dim, gen, out = EMBEDDING_BAG_MAX_DIM, torch.Generator().manual_seed(0), []
-    table = torch.randn(EMBED_ROWS, dim, device=dev)
-    for bags in EMBEDDING_BAG_MAX_BAGS:
-        idx = torch.randint(0, EMBED_ROWS, (4 * bags,), generator=gen).to(dev)
-        offs = torch.arange(0, 4 * bags, 4, device=dev)
-        g = torch.randn(bags, dim, device=dev)
-        _, o2b, bag_size, max_idx = aten._embedding_bag(table, idx, offs, False, 2)
-        bag = lambda t, i=idx, o=offs: torch.nn.functional.embedding_bag(i, t, o, mode="max")  # noqa: E731
-        cost = formula_costs(bag, (table.clone().requires_grad_(True),), ("_embedding_bag",))
-        _, of, nb, k = cost["bwd"]
-        out.append(Case(names.OPROWS, "_embedding_bag_max bwd", lambda g=g, i=idx, o=offs, b=o2b, s=bag_size,
-                        x=max_idx: aten._embedding_bag_backward(g, i, o, b, s, x, EMBED_ROWS, False, 2, False, None),
-                        "fp32", float(of), float(nb), (bags * dim, 1, int(max(k, 1)))))
-    out.append(_opeff("_embedding_bag_max:fwd", lambda i=idx, o=offs: aten._embedding_bag(table, i, o, False, 2),
-                      cost["fwd"]))
     return out
 
 
@@ -453,8 +342,8 @@ def rnn_cases(dev) -> list:
     layer, fwd, bwd, xg = _lstm_calls(*RNN_CASE, dev)
     cost = formula_costs(layer, (xg,), ("mkldnn_rnn_layer",))
     _, tiny_fwd, tiny_bwd, _ = _lstm_calls(*RNN_TINY, dev)
-    return [_opeff("mkldnn_rnn_layer", fwd, cost["fwd"], cost["fwd"][3]),
-            _opeff("mkldnn_rnn_layer:bwd", bwd, cost["bwd"], cost["fwd"][3]),
+    return [opeff_case("mkldnn_rnn_layer", fwd, cost["fwd"], cost["fwd"][3]),
+            opeff_case("mkldnn_rnn_layer:bwd", bwd, cost["bwd"], cost["fwd"][3]),
             Case(names.CLASSFIXED, "mkldnn_rnn_layer", tiny_fwd, "fp32", host=True),
             Case(names.CLASSFIXED, "mkldnn_rnn_layer:bwd", tiny_bwd, "fp32", host=True)]
 
@@ -465,7 +354,7 @@ def op_class_cases(device) -> list:
     # per-row prices are a CPU term (a GPU kernel spreads rows over its threads: roofline.row_prices)
     # a CPU convolution class's fixed cost per call is its kernel's (a GPU's is the host's, per op family)
     # a oneDNN LSTM layer is a CPU kernel (a GPU's nn.LSTM runs cuDNN: aten_costs._cudnn_rnn)
-    cpu_only = (embedding_row_cases(dev) + conv_weight_cases(dev) + conv_fixed_cases(dev) + depthwise_call_cases(dev)
-                + embedding_bag_fixed_cases(dev) + embedding_bag_max_cases(dev) + rnn_cases(dev)
+    # the index-taking kernels' cases (embedding rows, EmbeddingBag's fixed costs and max mode): index_cases.py
+    cpu_only = (conv_weight_cases(dev) + conv_fixed_cases(dev) + depthwise_call_cases(dev) + rnn_cases(dev)
                 + element_rate_cases(dev)) if dev.type == "cpu" else []
     return conv_cases(dev) + elementwise_cases(dev) + norm_cases(dev) + cpu_only

@@ -85,6 +85,7 @@ from perfcheck.calibrate.fit import (BENCHMARKED_KINDS, MEASUREMENT_COLUMNS, bui
                                      reference_dtype)
 from perfcheck.calibrate.op_cases import (HOST_DTYPES_CUDA, l3_residency_cases, module_fixed_cases, op_cold_cases,
                                          op_cold_far_cases, op_efficiency_cases, op_fixed_cases)
+from perfcheck.calibrate.index_cases import index_cases
 from perfcheck.calibrate.op_classes import op_class_cases
 from perfcheck.errors import UserError
 from perfcheck.hardware.cache import cpu_name
@@ -272,7 +273,8 @@ def _host_groups(run: _Run, measured):
     # per dtype: a GPU's conv efficiency in bf16 is not its fp32 one (a CPU runs fp32 models: fp32 alone)
     run.group("per-op kernel efficiency", op_efficiency_cases(dev, ["fp32"] if dev.type == "cpu" else
                                                               ["fp32", *[d for d in measured if d in ("bf16", "fp16")]]))
-    run.group("op classes (convolutions by groups/shape, RNG, activations, embedding rows)", op_class_cases(dev))
+    run.group("op classes (convolutions by groups/shape, RNG, activations, embedding rows)",
+              op_class_cases(dev) + index_cases(dev))
     if dev.type == "cuda":
         run.frames.append(device_kernel_rows(dev, run.cfg["repeats"]))
 

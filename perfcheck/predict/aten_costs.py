@@ -708,7 +708,7 @@ def op_class(c: OpCall) -> str:
       gelu          ``gelu_tanh`` for approximate="tanh" (a polynomial and tanh, not erf)
       embedding bag ``_embedding_bag`` (sum), ``_embedding_bag_mean``, ``_embedding_bag_max`` (``embedding_bag_class``),
                     each with its fixed cost per call (op_fixed_s[<class>], <class>:bwd:
-                    op_classes.embedding_bag_fixed_cases); max's rate: op_classes.embedding_bag_max_cases
+                    index_cases.embedding_bag_fixed_cases); max's rate: index_cases.embedding_bag_max_cases
       softmax       ``softmax_block`` (``softmax_class``): rows CUDA's softmax runs with its block kernels, not one warp
                     per row
       others        the op's name
@@ -767,8 +767,8 @@ def embedding_bag_class(mode: int) -> str:
     scalar loop per gathered element (``embedding_bag_cpu_max_out``: compare, store value and index), not
     fbgemm's vectorized kernel, and its backward one ``index_add_`` per column: 2218 us forward for 4096 indices of
     128 columns against sum's 78, 1237 us backward against 580 (2026-11-27, bench/results/embedding_classes.md).
-    Calibration measures each class's fixed cost (op_classes.embedding_bag_fixed_cases) and max's rate
-    (op_classes.embedding_bag_max_cases)."""
+    Calibration measures each class's fixed cost (index_cases.embedding_bag_fixed_cases) and max's rate
+    (index_cases.embedding_bag_max_cases)."""
     return {1: "_embedding_bag_mean", 2: "_embedding_bag_max"}.get(mode, "_embedding_bag")
 
 

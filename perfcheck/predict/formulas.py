@@ -374,7 +374,7 @@ def embedding(tokens, dim, vocab, *, w_grad=True, elem_bytes=4, index_bytes=8) -
     """Embedding lookup (aten ``embedding``: index_select of one row per token).
 
     fwd: reads a row and writes it per token; ``rows`` = tokens (a random row's fetch is latency-bound: the
-    spec's op_row_s["embedding"] prices it per index, calibrated by op_classes.embedding_row_cases).
+    spec's op_row_s["embedding"] prices it per index, calibrated by index_cases.embedding_row_cases).
     bwd (aten.embedding_dense_backward on a CPU): the dense (vocab, dim) gradient is zeroed (FILL_STREAMS per
     element), then each token's gradient row is added into its row (read g, read + write the row: 3 streams)
     after the indices are sorted; ``rows`` = tokens; ``pages``: the gradient's first-touch faults where it is a

@@ -157,7 +157,7 @@ def test_quick_calibration_through_the_cli(tmp_path, capsys):
     assert "gemm_narrow_row_s" not in spec.host  # retired (bench/results/heldout.md)
     # the op-class cases' per-index and per-weight-element prices (op_classes.py); the row-wise ops' per-row terms
     # and the SIMD width are retired (bench/results/pruning.md)
-    # (and EmbeddingBag max mode's per-scattered-element price: op_classes.embedding_bag_max_cases; the depthwise 5x5
+    # (and EmbeddingBag max mode's per-scattered-element price: index_cases.embedding_bag_max_cases; the depthwise 5x5
     # weight gradient's price per sgemm call: op_classes.depthwise_call_cases, predict.gemm_calls)
     assert set(spec.op_row_s) == {"embedding", "_embedding_bag", "_embedding_bag_max", "convolution",
                                   "convolution_depthwise_large:gemm_call"}

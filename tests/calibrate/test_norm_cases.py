@@ -25,7 +25,7 @@ def test_norm_cases_price_the_formulas_flops_by_hand():
     rows, cols = NORM_ROWS
     n = rows * cols
     assert n == ELEMENTWISE and GROUP_NORM[0] * GROUP_NORM[1] * GROUP_NORM[2] * GROUP_NORM[3] == ELEMENTWISE
-    # other FLOPs ride in the shape's third slot (op_classes._opeff): LayerNorm 7 per element forward; backward
+    # other FLOPs ride in the shape's third slot (op_classes.opeff_case): LayerNorm 7 per element forward; backward
     # 9 (input gradient) + 3 (weight and bias column sums); GroupNorm the same normalisation plus its per-channel
     # scale and shift (2 forward; the weight's and bias's sums, 3, backward); softmax 5 forward, 4 backward
     other = {label: c.shape[2] for label, c in cases.items()}

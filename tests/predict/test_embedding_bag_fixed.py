@@ -1,5 +1,5 @@
 """EmbeddingBag's fixed cost per call: its classes by mode (aten_costs.embedding_bag_class), the calibration cases
-that measure them (op_classes.embedding_bag_fixed_cases, layers.tiny_modules' EmbeddingBag), the fit, and the
+that measure them (index_cases.embedding_bag_fixed_cases, layers.tiny_modules' EmbeddingBag), the fit, and the
 estimator charging them, each against hand arithmetic on planted numbers."""
 import dataclasses
 
@@ -10,7 +10,7 @@ import torch
 import perfcheck
 from perfcheck.calibrate import fit
 from perfcheck.calibrate.layers import tiny_modules
-from perfcheck.calibrate.op_classes import EMBEDDING_BAG_FIXED_CASES, embedding_bag_fixed_cases
+from perfcheck.calibrate.index_cases import EMBEDDING_BAG_FIXED_CASES, embedding_bag_fixed_cases
 from perfcheck.hardware.systems import load_system
 from perfcheck.predict.aten_costs import OpCall, TensorMeta, op_class
 

@@ -10,7 +10,7 @@ import torch
 
 import perfcheck
 from perfcheck.calibrate import case_names as names, fit
-from perfcheck.calibrate.op_classes import EMBEDDING_BAG_FIXED_CASES, embedding_bag_max_cases
+from perfcheck.calibrate.index_cases import EMBEDDING_BAG_FIXED_CASES, embedding_bag_max_cases
 from perfcheck.hardware.systems import load_system
 from perfcheck.predict import formulas as F
 from perfcheck.predict.aten_costs import embedding_bag_class, op_class

@@ -11,7 +11,8 @@ import torch
 import perfcheck
 from perfcheck.errors import UserError
 from perfcheck.calibrate.op_cases import ROW_CASE_LENGTH
-from perfcheck.calibrate.op_classes import EMBED_COUNTS, conv_weight_cases, embedding_row_cases
+from perfcheck.calibrate.index_cases import EMBED_COUNTS, embedding_row_cases
+from perfcheck.calibrate.op_classes import conv_weight_cases
 from perfcheck.calibrate.fit import MEASUREMENT_COLUMNS, build_spec
 from perfcheck.hardware.systems import SystemSpec, load_system, row_costs
 from perfcheck.predict import roofline

@@ -110,9 +110,10 @@ def test_tied_weights_add_their_gradients_once_per_extra_owner():
 
 
 def test_op_class_cases_are_rows_the_fits_read():
+    from perfcheck.calibrate.index_cases import index_cases
     from perfcheck.calibrate.op_classes import op_class_cases
 
-    cases = op_class_cases("cpu")
+    cases = op_class_cases("cpu") + index_cases("cpu")
     labels = {c.label for c in cases}
     assert {"convolution_depthwise", "convolution_depthwise:bwd", "bernoulli_", "gelu_tanh:bwd"} <= labels
     assert {"embedding bwd", "_embedding_bag bwd", "convolution bwd"} <= labels
