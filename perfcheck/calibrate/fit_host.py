@@ -383,6 +383,10 @@ def _host_far(d: Draft, table, put):
                                      f".far_reuse)")
     residency = l3_residency(table)
     if residency is not None:
+        tau, hot, evicted, points = residency  # the loss curve (cold_curves.loss_curve): each sleep's share lost
+        d.fields["calibration"] = {**dict(d.base.calibration or {}), **dict(d.fields.get("calibration", {}) or {}),
+                                   "l3_lost": tuple((w, min(max((r - hot) / (evicted - hot), 0.0), 1.0))
+                                                    for w, r in points)}
         put("l3_residency_s", residency[0], f"the sleep after which a re-read of a quarter of the L3 lost half of what "
                                             f"an eviction costs (hot {residency[1] * 1e6:.0f} us, evicted "
                                             f"{residency[2] * 1e6:.0f} us; after "

@@ -84,6 +84,9 @@ CALIBRATION_KEYS = {
                 "``memory_cold_curve``)",
     "l3_bytes": "the L3 cache in bytes as Linux's sysfs gives it for CPU 0 (CPU; the far round-robin evicted 4x "
                 "it): an op whose family last ran more than this much data ago pays ``host.op_cold_far_s``",
+    "l3_lost": "((seconds asleep, share of an eviction's refetch cost lost), ...): the residency cases' re-reads of a "
+               "quarter of the L3 after each sleep (CPU; calibrate/op_cases.l3_residency_cases): the L3's loss "
+               "curve the far-data rules read (predict/cold_curves.loss_curve)",
     "reference_s": "seconds of the reference tiny add every case was read against (CPU; "
                    "perfcheck/calibrate/repeats.py anchor_s)",
     "compute_reference_s": "seconds of the compute reference (a 128^3 fp32 mm) every kernel case was read against "
@@ -659,10 +662,28 @@ def _calibration(value, where) -> types.MappingProxyType:
     for key, v in value.items():
         if key not in CALIBRATION_KEYS:
             raise UserError(f"{where}: calibration has unknown key {key!r} (allowed: {', '.join(CALIBRATION_KEYS)})")
+        if key in CALIBRATION_CURVES:
+            value = {**value, key: _loss_points(v, f"{where}: calibration.{key}")}
+            continue
         ok = isinstance(v, (str, bool)) or (isinstance(v, (int, float)) and math.isfinite(v))
         if not ok:
             raise UserError(f"{where}: calibration.{key} must be a string, a finite number or a boolean, got {v!r}")
     return types.MappingProxyType(dict(value))
+
+
+#: Calibration keys that hold ((seconds, share), ...) points, not a scalar (``_loss_points``).
+CALIBRATION_CURVES = ("l3_lost",)
+
+
+def _loss_points(v, where) -> tuple:
+    """((seconds > 0, share in [0, 1]), ...) as a tuple of float pairs, or a one-line error naming the field."""
+    try:
+        pts = tuple((float(a), float(b)) for a, b in v)
+    except (TypeError, ValueError):
+        raise UserError(f"{where} must be a list of [seconds, share] pairs, got {v!r}") from None
+    if not all(math.isfinite(a) and a > 0 and 0.0 <= b <= 1.0 for a, b in pts):
+        raise UserError(f"{where}: each pair needs seconds > 0 and a share in [0, 1], got {v!r}")
+    return pts
 
 
 def _sources(value, where) -> types.MappingProxyType:

@@ -55,6 +55,45 @@ def far_data(system) -> tuple:
     return l3, float(host.get("l3_residency_s", 0.0) or 0.0)
 
 
+def l3_loss(system):
+    """``age -> fraction`` (0-1): how much of an eviction's refetch cost a byte the L3 held ``age`` seconds ago (nothing
+    touched since) pays, for the far-data rules (``reuse.far_shares``, ``host.optimizer_far_share``): the L3's loss
+    curve measured by calibration (``calibration.l3_lost``: ``loss_curve``), else the threshold at
+    ``host.l3_residency_s`` (a spec fitted before the curve was kept), else 0 (no decay measured: distance only)."""
+    spec = spec_of(system)
+    l3, residency = far_data(spec)
+    if l3 <= 0:
+        return lambda age: 0.0
+    return loss_curve((spec.calibration or {}).get("l3_lost", ()), residency)
+
+
+def loss_curve(points, residency_s: float = 0.0):
+    """``age -> fraction`` from ``points`` ((seconds asleep, fraction of an eviction's cost lost), ...: calibration's
+    residency cases, ``fit_cold.l3_residency``): linear in log(age) through (a tenth of the first sleep, 0) and the
+    points, each at least the one before (a later re-read cannot have lost less), and beyond the last sleep on the
+    last segment's line up to 1 (what an L3 still held at the last sleep it keeps losing; an eviction is 1).
+    Without points: 1 past ``residency_s`` (> 0), else 0. Why a curve and not the threshold alone: a shared L3 forgets
+    gradually (an 8 MiB buffer's re-read on the project's AMD VM, as a share of an eviction's cost: 0.32-0.55
+    after 2 ms, 0.54-1 after 8 ms over four calibrations), and the threshold put a 2 ms step's optimizer all in
+    the L3 or all beyond it as one calibration's half-life came out 1.6 ms and another's 2.5 (wide & deep's SGD
+    step predicted 0.58 or 1.04 ms; measured 0.96-1.69)."""
+    if not points:
+        if residency_s and residency_s > 0:
+            return lambda age: 1.0 if age > residency_s else 0.0
+        return lambda age: 0.0
+    pts = sorted((float(w), float(f)) for w, f in points)
+    xs = np.log([pts[0][0] / 10.0] + [w for w, _ in pts])
+    ys = np.maximum.accumulate(np.clip([0.0] + [f for _, f in pts], 0.0, 1.0))
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])  # beyond the last sleep: the last segment's trend, up to 1
+
+    def lost(age):
+        if age <= 0:
+            return 0.0
+        x = np.log(age)
+        return float(np.interp(x, xs, ys)) if x <= xs[-1] else float(min(1.0, ys[-1] + slope * (x - xs[-1])))
+    return lost
+
+
 def memory_cold_blend(system, bytes_per_kernel, cold):
     """``1 + cold x (1 / memory_cold_factor - 1)``: the memory term's multiplier for a ``cold`` share of far bytes."""
     cold = np.asarray(cold, dtype=float)

@@ -77,7 +77,7 @@ from perfcheck.hardware.host_keys import op_cold_key, optim_line, optim_per_tens
 from perfcheck.hardware.systems import LOW_HOST_DTYPES, SystemSpec, host_constants, normalize_dtype, spec_of
 from perfcheck.predict import optimizers, reuse
 from perfcheck.predict.aten_costs import is_view_op, op_class
-from perfcheck.predict.cold_curves import far_data
+from perfcheck.predict.cold_curves import far_data, l3_loss
 from perfcheck.predict.efficiency import CLASS_PARENTS, op_flop_prices
 from perfcheck.predict.family_reuse import far_in_time, far_reuse, light_reuse, near_reuse
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
@@ -554,8 +554,8 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     reaches, ``perfcheck.predict.zero_rows``) keep a second moment of exactly 0, and each of the step's sqrt
     kernels (``Profile.sqrts``: Adam/AdamW/RMSprop/Adagrad 1, SGD and fused 0) pays ``sqrt_zero_s`` per such
     element on top of its roofline time:  sqrts x zero_numel x sqrt_zero_s.
-    Far (``optimizer_far``: the step of ``step_s`` predicted seconds over a model of ``model_numel`` parameter
-    elements has left the optimizer's tensors out of a small L3): each tensor's persistent bytes (``Profile.persistent``
+    Far (``optimizer_far_share``: the share of the optimizer's tensors the step of ``step_s`` predicted seconds over a
+    model of ``model_numel`` parameter elements has left out of a small L3, times): each tensor's persistent bytes (``Profile.persistent``
     x n x elem_bytes: the parameter, its gradient and states, each fetched once; the step's later kernels on them
     hit) are fetched from memory, not the L3, for the L3's share of the optimizer's state (``_far_refetch_s``):
         + persistent x n x elem_bytes x min(1, L3 / state bytes) x (far - L3 seconds per byte)
@@ -578,8 +578,9 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     host = fixed + tensors * optimizer_host_per_tensor(kind, impl, hc)
     device = _optimizer_device_s(prof, impl, numels, spec, hc, elem_bytes, zero_numel) if tensors else 0.0
     state_bytes = model_numel * elem_bytes * prof.persistent
-    if tensors and optimizer_far(spec, step_s, state_bytes):
-        device += _far_refetch_s(numels * elem_bytes * prof.persistent, spec, state_bytes)
+    far = optimizer_far_share(spec, step_s, state_bytes) if tensors else 0.0
+    if far > 0:
+        device += far * _far_refetch_s(numels * elem_bytes * prof.persistent, spec, state_bytes)
     total = host + device if spec.kind == "cpu" else max(host, device)
     return OptimizerCost(kind, impl, tensors, int(elems), float(host), float(device), float(total), float(fixed))
 
@@ -609,13 +610,17 @@ def _optim_numel(q) -> int:
     return int(getattr(q, "perfcheck_optim_numel", 0) or getattr(q, "ds_numel", 0) or q.numel())
 
 
-def optimizer_far(spec, step_s: float, state_bytes: float) -> bool:
-    """Whether an optimizer step starts with its tensors beyond the L3: where the far-data rule applies
-    (``cold_curves.far_data``: a CPU whose calibration ran the far cases, an L3 of at most 64 MiB), when the
-    optimizer's ``state_bytes`` (parameters, gradients, states) exceed the L3 (they were last touched a step ago)
-    or the step lasts longer than the L3 keeps data (``host.l3_residency_s``; the rule of ``family_reuse.far_in_time``)."""
-    l3, residency = far_data(spec_of(spec))
-    return l3 > 0 and (state_bytes > l3 or (residency > 0 and step_s > residency))
+def optimizer_far_share(spec, step_s: float, state_bytes: float) -> float:
+    """The share (0-1) of an optimizer step's L3-held tensors that start it beyond the L3: where the far-data rule
+    applies (``cold_curves.far_data``: a CPU whose calibration ran the far cases, an L3 of at most 64 MiB), all of
+    them when the optimizer's ``state_bytes`` (parameters, gradients, states) exceed the L3 (they were last touched
+    a step ago), else what the L3 loses in the ``step_s`` since the last step touched them (``cold_curves.l3_loss``:
+    calibration's loss curve, or its residency threshold); 0 elsewhere."""
+    spec = spec_of(spec)
+    l3, _ = far_data(spec)
+    if l3 <= 0:
+        return 0.0
+    return 1.0 if state_bytes > l3 else float(l3_loss(spec)(step_s))
 
 
 def _far_refetch_s(tensor_bytes, spec, state_bytes: float) -> float:
@@ -724,7 +729,7 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: System
         return frame
     optim = []
     zeros = zero_elements(trace, modules)  # embedding rows the batch never reaches (predict.zero_rows)
-    # the step before the optimizer (its far rule: optimizer_far) and the elements it updates in all
+    # the step before the optimizer (its far rule: optimizer_far_share) and the elements it updates in all
     step_s = float(times["time_fwd_s"].get(_root(), 0.0) + times["time_bwd_s"].get(_root(), 0.0))
     model_numel = float(sum(_optim_numel(q) for q in {id(q): q for m in modules.values() for q in m.parameters()}
                             .values() if q.requires_grad))

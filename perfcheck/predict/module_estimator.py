@@ -23,6 +23,7 @@ from perfcheck.hardware.labels import datasheet_default, spec_label
 from perfcheck.model_paths import module_paths, unwrap
 from perfcheck.predict import collectives, reuse, roofline, trace as tracing, zero
 from perfcheck.predict.aten_costs import cost_of, matmul_path_min_dim, op_class, sdpa_cost
+from perfcheck.predict.cold_curves import l3_loss
 from perfcheck.predict.combine import predicted_times
 from perfcheck.predict.formulas import ZERO
 from perfcheck.predict.gemm_calls import weight_gemm_calls
@@ -139,12 +140,13 @@ def _time_ops(ops: pd.DataFrame, spec: SystemSpec, dtype, trace=None) -> pd.Data
         # the memory terms' forward share also counts the op's fresh outputs (write-allocate of a new allocation)
         ops["cold_fwd"], ops["cold_bwd"], ops["cold_memory_fwd"] = reuse.all_cold_shares(trace, ops, cache)
     launch = host_constants(spec)["device_kernel_s"]
-    l3, residency = roofline.far_data(spec)
+    l3, _ = roofline.far_data(spec)
     if trace is not None and l3 > 0:
-        # data from beyond the L3 (reuse.far_shares): by distance, or by the time since its last touch, which needs
+        # data from beyond the L3 (reuse.far_shares): by distance, or by the time since its last touch (its share the L3's
+        # loss curve at that age, cold_curves.l3_loss), which needs
         # the ops' times: a first timing without it, then the shares
         ops = roofline.op_device_times(ops, spec, dtype, launch_s=launch)
-        ops["far_fwd"], ops["far_bwd"] = reuse.far_shares(trace, ops, l3, residency)
+        ops["far_fwd"], ops["far_bwd"] = reuse.far_shares(trace, ops, l3, l3_loss(spec))
     return roofline.op_device_times(ops, spec, dtype, launch_s=launch)
 
 

@@ -33,6 +33,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from perfcheck.predict.cold_curves import loss_curve
+
 
 def cold_shares(trace, ops: pd.DataFrame, cache_bytes: float, *, fresh_writes: bool = False) -> tuple:
     """``(forward, backward)`` arrays aligned with ``ops`` (the estimator's op table: ``op`` = index into
@@ -92,12 +94,12 @@ def all_cold_shares(trace, ops: pd.DataFrame, cache_bytes: float) -> tuple:
     return share_f[index], share_b[index], share_w[index]
 
 
-def far_shares(trace, ops: pd.DataFrame, l3_bytes: float, residency_s: float) -> tuple:
+def far_shares(trace, ops: pd.DataFrame, l3_bytes: float, loss) -> tuple:
     """``(forward, backward)`` arrays aligned with ``ops``: per op the share (0-1) of its operand bytes that come
-    from beyond the L3: a storage whose stack distance exceeds ``l3_bytes`` (the walk of ``all_cold_shares``), or
-    which the step last touched more than ``residency_s`` seconds before (an L3 shared with other tenants' cores
-    forgets with time: ``host.l3_residency_s``), or none of the step's kernels touched before (a parameter, a fresh
-    forward output: a step ago). The forward's share counts the storages the op writes too (a fresh output's
+    from beyond the L3: a storage whose stack distance exceeds ``l3_bytes`` (the walk of ``all_cold_shares``) or
+    none of the step's kernels touched before (a parameter, a fresh forward output: a step ago) in full, any other
+    by the time since the step last touched it: ``loss(age)`` of its bytes (an L3 shared with other tenants' cores
+    forgets with time: ``cold_curves.l3_loss``; a number: the threshold at that many seconds, ``loss_curve``). The forward's share counts the storages the op writes too (a fresh output's
     write-allocate), the backward's its reads (its outputs reuse what the backward just freed). Time runs on the
     ops' predicted device seconds (``t_fwd``, ``t_bwd`` of ``ops``), the events in the walk's order.
     Zeros where ``l3_bytes`` is not positive.
@@ -116,13 +118,12 @@ def far_shares(trace, ops: pd.DataFrame, l3_bytes: float, residency_s: float) ->
     stack, last_end = _StackDistance(len(events)), {}
     share_f, share_b = np.zeros(n), np.zeros(n)
     at = set(events)
-    horizon = residency_s if residency_s > 0 else math.inf
+    lost = loss if callable(loss) else loss_curve((), float(loss))
 
-    def far(key, e):
-        if key not in last_end:
-            return True
-        start = ends[e - 1] if e > 0 else 0.0
-        return stack.distance(key, e, math.inf) > l3_bytes or start - last_end[key] > horizon
+    def far(key, e):  # the share of the storage's bytes from beyond the L3
+        if key not in last_end or stack.distance(key, e, math.inf) > l3_bytes:
+            return 1.0
+        return lost((ends[e - 1] if e > 0 else 0.0) - last_end[key])
 
     def touch(e):
         stack.touch(touched[e], e)
@@ -144,12 +145,13 @@ def far_shares(trace, ops: pd.DataFrame, l3_bytes: float, residency_s: float) ->
 
 
 def _share_where(storages, is_far) -> float:
-    """The bytes of ``storages`` ((key, bytes); each storage once) where ``is_far(key)`` over all their bytes."""
+    """The bytes of ``storages`` ((key, bytes); each storage once) weighted by ``is_far(key)`` (a bool, or the
+    share 0-1 of that storage's bytes) over all their bytes."""
     storages = dict(storages)
     total = float(sum(storages.values()))
     if total <= 0:
         return 0.0
-    return float(sum(b for key, b in storages.items() if b > 0 and is_far(key))) / total
+    return float(sum(b * float(is_far(key)) for key, b in storages.items() if b > 0)) / total
 
 
 def _events(trace, ops: pd.DataFrame) -> tuple:

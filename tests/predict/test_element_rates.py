@@ -90,4 +90,21 @@ def test_optimizer_far_refetches_the_l3_share_of_its_state_at_memory_speed():
     b = host.optimizer_time(numels, "sgd", dataclasses.replace(spec, calibration={}), step_s=0.0, model_numel=big)
     assert a.device_s - b.device_s == pytest.approx(fetched * 0.1 * (1 / rate - 1 / (4 * rate)))
     # no far cases in the calibration (an L3 above 64 MiB, a GPU): never far
-    assert not host.optimizer_far(dataclasses.replace(spec, calibration={}), 1.0, 1e12)
+    assert host.optimizer_far_share(dataclasses.replace(spec, calibration={}), 1.0, 1e12) == 0.0
+
+
+def test_optimizer_far_share_follows_the_l3_loss_curve():
+    l3 = 32 * MIB
+    spec = _cpu(mem_bandwidth_curve=((l3 / 4, 4.0), (4 * l3, 1.0)),
+                calibration={"l3_bytes": l3, "l3_lost": ((2e-3, 0.4), (8e-3, 0.7))})
+    spec = dataclasses.replace(spec, host={**dict(spec.host), "op_cold_far_s": 30 * US, "l3_residency_s": 5e-3})
+    rate = spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"]
+    numels, model = [1_000_000, 500_000], 3_000_000
+    fetched = sum(numels) * 2 * 4  # SGD's parameter and gradient, fp32
+    base = host.optimizer_time(numels, "sgd", spec, step_s=1e-4, model_numel=model)  # under a tenth of 2 ms: 0
+    # the curve, not the 5 ms threshold: 0.4 at 2 ms, halfway in log(age) between 2 and 8 ms (4 ms) 0.55
+    for step, share in ((2e-3, 0.4), (4e-3, 0.55), (16e-3, 0.85), (1.0, 1.0)):
+        t = host.optimizer_time(numels, "sgd", spec, step_s=step, model_numel=model)
+        assert host.optimizer_far_share(spec, step, model * 8) == pytest.approx(share)
+        assert t.device_s - base.device_s == pytest.approx(share * fetched * (1 / rate - 1 / (4 * rate)))
+    assert host.optimizer_far_share(spec, 1e-4, 10 * l3) == 1.0  # state beyond the L3: all of it, whatever the time

@@ -1,13 +1,15 @@
 """Data from beyond a small L3 (``reuse.far_shares``: by stack distance or by time since the last touch) and its
 refetch at memory's rate (``roofline.device_times``'s ``far_memory``), against hand arithmetic."""
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 import torch
 
+from perfcheck.errors import UserError
 from perfcheck.hardware.systems import load_system
-from perfcheck.predict import module_estimator as me
+from perfcheck.predict import cold_curves, module_estimator as me
 from perfcheck.predict import reuse, roofline
 from perfcheck.predict.trace import trace_model
 
@@ -39,6 +41,45 @@ def test_far_share_by_time_and_distance():
     assert reuse.far_shares(trace, ops, 64 * 1024, 0.0)[1][first] == pytest.approx(1.0)
     assert reuse.far_shares(trace, ops, 1e12, 0.0)[1][first] == pytest.approx(0.0)
     assert not np.any(reuse.far_shares(trace, ops, 0.0, 1.0)[0])  # no L3 measured: nothing is far
+
+
+def test_far_share_by_time_follows_the_loss_curve():
+    trace, ops = _relu_chain()
+    first = ops.index[0]
+    # the bytes the first ReLU's backward reads were all last touched more than 0.5 ms and less than 1 s before it
+    # (the threshold cases above): a curve at 0.6 from 0.5 ms on (0 below 0.05 ms) makes 0.6 of them far
+    curve = cold_curves.loss_curve(((0.5e-3, 0.6), (10.0, 0.6)))
+    assert reuse.far_shares(trace, ops, 1e12, curve)[1][first] == pytest.approx(0.6)
+    # an L3 too small for the distance: all of them, whatever the curve says
+    assert reuse.far_shares(trace, ops, 64 * 1024, curve)[1][first] == pytest.approx(1.0)
+
+
+def test_loss_curve_by_hand():
+    f = cold_curves.loss_curve(((2e-3, 0.4), (8e-3, 0.7)))
+    assert [f(a) for a in (0.0, 1e-4, 2e-4, 2e-3, 4e-3, 8e-3)] == pytest.approx([0, 0, 0, 0.4, 0.55, 0.7])
+    # beyond 8 ms on the last segment's line (0.3 per factor 4 of age): 16 ms 0.85, 32 ms 1.0, then held at 1
+    assert [f(a) for a in (16e-3, 32e-3, 1.0)] == pytest.approx([0.85, 1.0, 1.0])
+    assert f(np.sqrt(2e-4 * 2e-3)) == pytest.approx(0.2)  # halfway in log(age) from (0.2 ms, 0) to (2 ms, 0.4)
+    # a later re-read that came out cheaper than an earlier one cannot mean the L3 got the data back: held level
+    assert cold_curves.loss_curve(((2e-3, 0.6), (8e-3, 0.5)))(8e-3) == pytest.approx(0.6)
+    assert cold_curves.loss_curve(((2e-3, 0.5),))(20e-3) == pytest.approx(1.0)  # one sleep: from a tenth of it
+    # no points: the residency threshold, else nothing
+    assert [cold_curves.loss_curve((), 3e-3)(a) for a in (2e-3, 4e-3)] == [0.0, 1.0]
+    assert cold_curves.loss_curve((), 0.0)(1.0) == 0.0
+
+
+def test_l3_loss_reads_the_calibration_curve_through_the_spec_file(tmp_path):
+    spec = load_system("cpu")
+    spec = dataclasses.replace(spec, calibration={"l3_bytes": 32 * MIB, "l3_lost": [[2e-3, 0.4], [8e-3, 0.7]]},
+                               host={**dict(spec.host), "op_cold_far_s": 3e-5, "l3_residency_s": 5e-3})
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec.to_json_dict()))
+    back = load_system(str(path))
+    assert back.calibration["l3_lost"] == ((2e-3, 0.4), (8e-3, 0.7))
+    assert cold_curves.l3_loss(back)(4e-3) == pytest.approx(0.55)  # the curve, not the 5 ms threshold
+    with pytest.raises(UserError, match="calibration.l3_lost"):
+        load_system(str(path.with_name("bad.json"))) if path.with_name("bad.json").write_text(
+            json.dumps({**spec.to_json_dict(), "calibration": {"l3_lost": [[2e-3, 1.5]]}})) else None
 
 
 def test_far_bytes_move_at_memory_rate_in_place_of_the_l2_refetch():
