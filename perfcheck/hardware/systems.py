@@ -656,19 +656,21 @@ def host_source(spec: "SystemSpec", key: str) -> str:
 
 
 def _calibration(value, where) -> types.MappingProxyType:
-    """The ``calibration`` record: known keys, each a string, a finite number or a boolean."""
+    """The ``calibration`` record: known keys, each a string, a finite number or a boolean, or (``CALIBRATION_CURVES``)
+    [seconds, share] pairs (``_loss_points``)."""
     if not isinstance(value, Mapping):
         raise UserError(f"{where}: calibration must be an object (keys: {', '.join(CALIBRATION_KEYS)})")
+    out = dict(value)
     for key, v in value.items():
         if key not in CALIBRATION_KEYS:
             raise UserError(f"{where}: calibration has unknown key {key!r} (allowed: {', '.join(CALIBRATION_KEYS)})")
         if key in CALIBRATION_CURVES:
-            value = {**value, key: _loss_points(v, f"{where}: calibration.{key}")}
+            out[key] = _loss_points(v, f"{where}: calibration.{key}")
             continue
         ok = isinstance(v, (str, bool)) or (isinstance(v, (int, float)) and math.isfinite(v))
         if not ok:
             raise UserError(f"{where}: calibration.{key} must be a string, a finite number or a boolean, got {v!r}")
-    return types.MappingProxyType(dict(value))
+    return types.MappingProxyType(out)
 
 
 #: Calibration keys that hold ((seconds, share), ...) points, not a scalar (``_loss_points``).

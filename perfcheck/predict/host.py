@@ -554,11 +554,12 @@ def optimizer_time(param_numels, optimizer="sgd", spec="cpu", *, elem_bytes: int
     reaches, ``perfcheck.predict.zero_rows``) keep a second moment of exactly 0, and each of the step's sqrt
     kernels (``Profile.sqrts``: Adam/AdamW/RMSprop/Adagrad 1, SGD and fused 0) pays ``sqrt_zero_s`` per such
     element on top of its roofline time:  sqrts x zero_numel x sqrt_zero_s.
-    Far (``optimizer_far_share``: the share of the optimizer's tensors the step of ``step_s`` predicted seconds over a
-    model of ``model_numel`` parameter elements has left out of a small L3, times): each tensor's persistent bytes (``Profile.persistent``
-    x n x elem_bytes: the parameter, its gradient and states, each fetched once; the step's later kernels on them
-    hit) are fetched from memory, not the L3, for the L3's share of the optimizer's state (``_far_refetch_s``):
-        + persistent x n x elem_bytes x min(1, L3 / state bytes) x (far - L3 seconds per byte)
+    Far (``optimizer_far_share``: the share of the optimizer's tensors that the step of ``step_s`` predicted seconds
+    over a model of ``model_numel`` parameter elements has left out of a small L3, times): each tensor's persistent
+    bytes (``Profile.persistent`` x n x elem_bytes: the parameter, its gradient and states, each fetched once; the
+    step's later kernels on them hit) are fetched from memory, not the L3, for the L3's share of the optimizer's
+    state (``_far_refetch_s``):
+        + share x persistent x n x elem_bytes x min(1, L3 / state bytes) x (far - L3 seconds per byte)
     Why: on the project's AMD VM (L3 32 MiB, shared) an LSTM model's SGD step (15 MiB of parameters) took 0.89 ms in
     a tight loop, as predicted, and 1.72 ms after an L3 eviction, 1.67 after 20 ms asleep and 1.66 inside the step.
     CPU: host + device (same thread); GPU: max(host, device) (the step's kernels queue behind it).

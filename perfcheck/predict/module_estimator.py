@@ -142,9 +142,9 @@ def _time_ops(ops: pd.DataFrame, spec: SystemSpec, dtype, trace=None) -> pd.Data
     launch = host_constants(spec)["device_kernel_s"]
     l3, _ = roofline.far_data(spec)
     if trace is not None and l3 > 0:
-        # data from beyond the L3 (reuse.far_shares): by distance, or by the time since its last touch (its share the L3's
-        # loss curve at that age, cold_curves.l3_loss), which needs
-        # the ops' times: a first timing without it, then the shares
+        # data from beyond the L3 (reuse.far_shares): by distance, or by the time since its last touch (the L3's loss
+        # curve at that age, cold_curves.l3_loss), which needs the ops' times: a first timing without it, then the
+        # shares
         ops = roofline.op_device_times(ops, spec, dtype, launch_s=launch)
         ops["far_fwd"], ops["far_bwd"] = reuse.far_shares(trace, ops, l3, l3_loss(spec))
     return roofline.op_device_times(ops, spec, dtype, launch_s=launch)

@@ -99,8 +99,9 @@ def far_shares(trace, ops: pd.DataFrame, l3_bytes: float, loss) -> tuple:
     from beyond the L3: a storage whose stack distance exceeds ``l3_bytes`` (the walk of ``all_cold_shares``) or
     none of the step's kernels touched before (a parameter, a fresh forward output: a step ago) in full, any other
     by the time since the step last touched it: ``loss(age)`` of its bytes (an L3 shared with other tenants' cores
-    forgets with time: ``cold_curves.l3_loss``; a number: the threshold at that many seconds, ``loss_curve``). The forward's share counts the storages the op writes too (a fresh output's
-    write-allocate), the backward's its reads (its outputs reuse what the backward just freed). Time runs on the
+    forgets with time: ``cold_curves.l3_loss``; a number: the threshold at that many seconds, ``loss_curve``). The
+    forward's share counts the storages the op writes too (a fresh output's write-allocate), the backward's its
+    reads (its outputs reuse what the backward just freed). Time runs on the
     ops' predicted device seconds (``t_fwd``, ``t_bwd`` of ``ops``), the events in the walk's order.
     Zeros where ``l3_bytes`` is not positive.
     Why: on the project's AMD VM (L3 32 MiB, shared) a ReLU over 1.5 MiB took 37 us in a tight loop and 165-176 us
