@@ -132,7 +132,7 @@ def family_cost(family: str, fn, inputs):
     target: fused attention), or None when the trace records none of ``FAMILY_OPS[family]``."""
     trace = trace_model(CallModule(fn), inputs, fused_dropout=True)
     for op in trace.ops:
-        if op.call.name in FAMILY_OPS[family] and not op.grad_accumulate:
+        if op.call.name in FAMILY_OPS[family] and not op.backward_only:
             return op.call.name, cost_of(op.call).cost
     return None
 

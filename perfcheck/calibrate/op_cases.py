@@ -258,7 +258,7 @@ def _formula_cost(fn, inputs, name: str) -> tuple:
     trace = trace_model(CallModule(fn), inputs)
     mf = of = nb = 0.0
     for op in trace.ops:
-        if op.call.name == name and not op.grad_accumulate:
+        if op.call.name == name and not op.backward_only:
             c = cost_of(op.call).cost.fwd
             mf, of, nb = mf + 2 * c.macs, of + c.flops, nb + c.bytes
     return mf, of, nb

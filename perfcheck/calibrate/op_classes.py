@@ -67,7 +67,7 @@ def formula_costs(fn, inputs, names) -> dict:
     for phase in ("fwd", "bwd"):
         mf = of = nb = k = 0.0
         for op in trace.ops:
-            if op.call.name in names and not op.grad_accumulate:
+            if op.call.name in names and not op.backward_only:
                 c = getattr(cost_of(op.call).cost, phase)
                 mf, of, nb, k = mf + 2 * c.macs, of + c.flops, nb + c.bytes, k + c.kernels
         out[phase] = (mf, of, nb, k)

@@ -159,7 +159,8 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
     ``ops``: the estimator's timed op table (columns ``op`` = index into ``trace.ops``, ``t_fwd``,
     ``t_bwd``, ``kernels_fwd``, ``kernels_bwd``); an op absent from it (a view, free on the device)
     costs only host time. Columns: op, view, node (an input needs a gradient), kernels_bwd,
-    t_fwd, t_bwd, op_class, accumulate (a backward-only gradient add, ``predict.grad_accumulation``).
+    t_fwd, t_bwd, op_class, accumulate (a backward-only op: a gradient add, ``predict.grad_accumulation``, or a
+    kernel's copy of a permuted gradient, ``predict.relayout``).
     """
     timed = {int(i): (float(kf), float(k), float(f), float(b)) for i, kf, k, f, b in
              zip(ops["op"], ops["kernels_fwd"], ops["kernels_bwd"], ops["t_fwd"], ops["t_bwd"])}
@@ -168,8 +169,9 @@ def op_sequence(trace, ops: pd.DataFrame) -> tuple:
         if not _is_recorded(op):
             continue
         node = any(t.requires_grad for t in op.call.tensors())
-        if op.grad_accumulate:
-            rows.append((i, ACCUMULATE_NAME, False, False) + timed.get(i, (0.0,) * 4) + (op_class(op.call), True))
+        if op.backward_only:
+            name = ACCUMULATE_NAME if op.grad_accumulate else op.call.name
+            rows.append((i, name, False, False) + timed.get(i, (0.0,) * 4) + (op_class(op.call), True))
         elif i in timed:  # a view whose backward runs kernels (aten_costs.is_view_op) stays a view forward
             rows.append((i, op.call.name, is_view_op(op.call), node) + timed[i] + (op_class(op.call), False))
         else:
@@ -276,8 +278,9 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     cold_f = np.array([_class_cold(op_fixed or {}, c, "", cold) if by_class else cold for c in classes], dtype=float)
     cold_b = np.array([_class_cold(op_fixed or {}, c, ":bwd", cold) if by_class else cold for c in classes],
                       dtype=float)
-    # a gradient accumulation (the engine's add between two nodes) is one backward kernel's dispatch and nothing
-    # in the forward; it is no node and takes no part in the family switches around it
+    # a backward-only op (the engine's gradient add between two nodes; a norm kernel's copy of a permuted gradient)
+    # is one backward kernel's dispatch and nothing in the forward; it is no node and takes no part in the family
+    # switches around it
     acc = seq["accumulate"].to_numpy(bool) if "accumulate" in seq else np.zeros(len(seq), dtype=bool)
     fwd_switch, bwd_switch = op_switches(seq["name"].to_numpy(object), view | acc)
     # an op whose family ran a few light families ago finds its code warm: op_cold_near_s (family_reuse; a class

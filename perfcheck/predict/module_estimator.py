@@ -79,8 +79,8 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
             cost, source = resolved.cost, resolved.source
         if source == "free":
             continue
-        if op.grad_accumulate:  # backward only: the engine's add of two gradients (predict.grad_accumulation)
-            cost = replace(cost, fwd=ZERO, bwd=cost.fwd)
+        if op.backward_only:  # the engine's add of two gradients (predict.grad_accumulation), a kernel's copy of a
+            cost = replace(cost, fwd=ZERO, bwd=cost.fwd)  # permuted gradient (predict.relayout): backward only
         elif not op.backward:  # autograd never differentiates it (no_grad, .detach()'d, frozen)
             cost = replace(cost, bwd=ZERO)
         rows.append((i, ACCUMULATE_NAME if op.grad_accumulate else op.call.name, source, cost.fwd.macs, cost.fwd.flops, cost.fwd.bytes, cost.fwd.kernels,
@@ -89,7 +89,7 @@ def _op_table(trace, causal: bool) -> pd.DataFrame:
                      gemm_dims(op.call), op_class(op.call), cost.fwd.gemms, cost.bwd.gemms, *attn,
                      cost.fwd.pages, cost.bwd.pages, cost.fwd.strided_elems, cost.bwd.strided_elems,
                      cost.fwd.strided_bytes, cost.bwd.strided_bytes,
-                     weight_gemm_calls(op.call) if op.backward and not op.grad_accumulate else 0.0,
+                     weight_gemm_calls(op.call) if op.backward and not op.backward_only else 0.0,
                      gemm_rows_n(op.call)))
     return pd.DataFrame(rows, columns=["op", "name", "source", "macs_fwd", "other_fwd", "bytes_fwd", "kernels_fwd",
                                        "macs_bwd", "other_bwd", "bytes_bwd", "kernels_bwd", "min_dim", "recompute",

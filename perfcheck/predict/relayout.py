@@ -13,8 +13,37 @@ own roofline either (its backward is priced by its FLOPs, so bytes added to it w
 ``insert`` puts one ``aten.permute_copy`` op before each such norm, on its module stack: its cost
 (``aten_costs._copy``) is a copy of the n elements forward (read n, write n) and, where the norm's backward runs,
 the same again backward: the two relayouts above, each priced as a copy kernel (its efficiency, its memory curve,
-its host fixed cost: the real one dispatches ``contiguous``, ``clone`` and ``copy_``). A non-contiguous incoming
-gradient is copied too (``dY.contiguous()``), but its layout is not traced (an open item).
+its host fixed cost: the real one dispatches ``contiguous``, ``clone`` and ``copy_``).
+
+The gradient a LayerNorm's backward receives is copied too when it arrives out of row-major order, and so is a
+softmax's or log-softmax's (torch.profiler, torch 2.13 CPU: an ``aten::copy_`` inside
+``native_layer_norm_backward`` / ``_softmax_backward_data`` / ``_log_softmax_backward_data``; group norm, batch
+norm, GELU and SiLU backwards read such a gradient in place; tests/predict/test_relayout_grad.py checks the rule
+below against the profiler). Where it arrives permuted is not in the forward trace, but in autograd's graph,
+which the trace holds: a consumer's backward hands its input a gradient either laid out as that input is in memory
+or dense in the input's logical (row-major) order:
+
+- a view that reorders (transpose, permute, view, squeeze, ...) passes the gradient back through the same view,
+  and a pointwise op (and dropout) writes its output in its input's layout while its backward follows the incoming
+  gradient's layout: in memory order at the input exactly when it arrived in memory order at the output;
+- a copy whose backward passes the gradient through (``clone``, ``contiguous``, a same-size ``_to_copy``): the
+  same, where the copy kept its input's layout; where it changed it (a permuted view made contiguous), the
+  gradient reaches the input laid out as the copy is, so not in the input's memory order;
+- a sum hands back its gradient expanded (stride 0 over the summed dimensions): never memory order;
+- any other op (matmul, linear, softmax, mean, a slice's or split's backward) hands back a dense gradient in its
+  input's logical order: memory order when that input is row-major (or channels-last into a convolution, whose
+  oneDNN backward writes channels-last).
+
+A tensor feeding several consumers gets the sum of their gradients, laid out as the first to arrive: the
+consumer autograd made last (highest sequence number) runs first (``InputBuffer::accumulate`` keeps the stored
+gradient's layout: ``old + new`` or ``old.add_(new)``). So ``mark_permuted_grads`` follows, from each such op's
+output, the consumer made last, through views and pointwise ops, and marks the op ``grad_permuted`` where the
+gradient it gets is not row-major (a token-mixing MLP over ``norm(x).transpose(1, 2)``: the Linear's dense
+gradient, transposed back); ``insert`` puts a backward-only copy of its output's elements before it
+(``TracedOp.grad_relayout``: priced as a ``clone`` of a permuted source, read n and write n, in its backward only).
+Approximations: a pointwise op with two operands is taken to follow the walked one's layout, the engine's ready
+queue to follow sequence numbers, and ``cat``'s and ``stack``'s backward (slices of the gradient) to hand back a
+dense one.
 """
 from __future__ import annotations
 
@@ -22,7 +51,8 @@ from dataclasses import replace
 
 import torch
 
-from perfcheck.predict.aten_costs import OpCall, TensorMeta
+from perfcheck.predict.aten_costs import OpCall, TensorMeta, is_view_op
+from perfcheck.predict.grad_accumulation import node_ops
 from perfcheck.predict.trace_records import TracedOp
 
 #: The op a relayout is costed as: a copy forward and a copy backward (``aten_costs._copy``; not ``clone``, whose
@@ -30,6 +60,25 @@ from perfcheck.predict.trace_records import TracedOp
 RELAYOUT_OP = torch.ops.aten.permute_copy.default
 #: Ops whose kernels copy a non-contiguous first argument into a contiguous one in both phases.
 COPIES_INPUT = ("native_layer_norm",)
+#: Copies whose backward passes the gradient through unchanged (``aten_costs._copy``'s same rule).
+PASSES_GRAD = ("clone", "contiguous", "_to_copy", "alias")
+#: Ops whose backward kernels copy an incoming gradient that is not row-major (``mark_permuted_grads``).
+COPIES_GRAD = ("native_layer_norm", "_softmax", "_log_softmax")
+#: The op a gradient's relayout is costed as: a copy (its forward cost, moved to the backward).
+GRAD_RELAYOUT_OP = torch.ops.aten.clone.default
+#: Views whose backward re-views the gradient (its layout carried through); any other view's backward writes a
+#: dense gradient (a slice's or select's zeros and copy, an expand's sum, a split's concatenation).
+REORDERING_VIEWS = ("transpose", "permute", "t", "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias",
+                    "movedim", "swapaxes", "swapdims", "unflatten", "flatten")
+#: Ops that keep their input's layout in the output and the incoming gradient's in the input's gradient, beside
+#: those tagged ``torch.Tag.pointwise``.
+KEEPS_LAYOUT = ("native_dropout",)
+#: Reductions whose backward expands the gradient (``SumBackward``: ``grad.expand(self.sizes())``).
+EXPANDS_GRAD = ("sum",)
+#: Ops after which a channels-last input's gradient comes back channels-last (oneDNN's NHWC path).
+CHANNELS_LAST_BACKWARD = ("convolution", "_convolution", "conv2d", "mkldnn_convolution")
+#: How many views and pointwise ops the walk follows from one output before it stops (and assumes memory order).
+MAX_WALK = 64
 
 
 def relayout_of(op: TracedOp):
@@ -49,12 +98,69 @@ def relayout_of(op: TracedOp):
     return TracedOp(copy, op.stack, backward=op.backward, recompute=op.recompute, reads=op.reads[:1], writes=())
 
 
+def grad_relayout_of(op: TracedOp):
+    """The backward-only copy of the gradient ``op``'s kernel makes (``op.grad_permuted``: it arrives permuted),
+    or None."""
+    if not (op.grad_permuted and op.backward and op.call.name in COPIES_GRAD and op.call.outputs):
+        return None
+    y = op.call.outputs[0]
+    src = replace(y, requires_grad=False, contiguous=False, channels_last=False)
+    out = replace(y, requires_grad=False, contiguous=True, channels_last=False, distinct=-1)
+    copy = OpCall(GRAD_RELAYOUT_OP, (src,), {}, (out,))
+    return TracedOp(copy, op.stack, recompute=False, grad_relayout=True)
+
+
 def insert(trace) -> None:
-    """Put each op's relayout (``relayout_of``) in ``trace.ops`` just before it."""
+    """Put each op's relayouts (``relayout_of``, ``grad_relayout_of``) in ``trace.ops`` just before it."""
     ops = []
     for op in trace.ops:
-        extra = relayout_of(op)
-        if extra is not None:
-            ops.append(extra)
+        ops += [extra for extra in (grad_relayout_of(op), relayout_of(op)) if extra is not None]
         ops.append(op)
     trace.ops[:] = ops
+
+
+def mark_permuted_grads(trace, seen: dict, outs: dict) -> None:
+    """Set ``grad_permuted`` on each differentiated op of ``COPIES_GRAD`` whose output's gradient arrives out of
+    row-major order (the module docstring's walk). ``seen``: id -> node for every node backward reaches
+    (``trace_modes.mark_backward``); ``outs``: op index -> its output tensors (fake; their ``grad_fn``s)."""
+    made = node_ops(outs)
+    consumers: dict = {}  # (id(node), output nr) -> the nodes reading that output's gradient
+    for node in seen.values():
+        for nxt, nr in node.next_functions:
+            if nxt is not None:
+                consumers.setdefault((id(nxt), nr), []).append(node)
+
+    def in_memory_order(t, steps: int) -> bool:
+        """Does the gradient reaching ``t`` come laid out as ``t`` is in memory?"""
+        readers = consumers.get((id(t.grad_fn), t.output_nr)) if t.grad_fn is not None else None
+        if not readers or steps > MAX_WALK:
+            return True
+        first = max(readers, key=lambda n: n._sequence_nr())
+        index = made.get(id(first))
+        outputs = outs.get(index) if index is not None else None
+        if not outputs:
+            return True  # a node no traced op made (a custom autograd.Function): taken as memory order
+        call, out = trace.ops[index].call, outputs[0]
+        if len(outputs) == 1 and call.name in REORDERING_VIEWS and is_view_op(call):
+            return in_memory_order(out, steps + 1)
+        if len(outputs) == 1 and call.name in PASSES_GRAD:  # before pointwise: torch tags clone pointwise
+            return _same_layout(t, out) and in_memory_order(out, steps + 1)
+        if len(outputs) == 1 and (torch.Tag.pointwise in getattr(call.func, "tags", ()) or call.name in KEEPS_LAYOUT):
+            return in_memory_order(out, steps + 1)
+        if call.name in EXPANDS_GRAD:
+            return False
+        if t.is_contiguous():
+            return True
+        return (call.name in CHANNELS_LAST_BACKWARD and t.dim() == 4
+                and t.is_contiguous(memory_format=torch.channels_last))
+
+    for index, op in enumerate(trace.ops):
+        if op.call.name in COPIES_GRAD and op.backward and outs.get(index):
+            y = outs[index][0]
+            op.grad_permuted = y.grad_fn is not None and not in_memory_order(y, 0)
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape and the same strides over every dimension longer than 1 (a size-1 dimension's stride is free)."""
+    return tuple(a.shape) == tuple(b.shape) and all(
+        n == 1 or sa == sb for n, sa, sb in zip(a.shape, a.stride(), b.stride()))

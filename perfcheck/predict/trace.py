@@ -153,7 +153,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         es.enter_context(Recorder(trace, stack, elem_bytes, hidden, grad_rule, outs, ckpt))
         # keyword tensors (model(x, labels=y)) are faked and moved like positional ones
         result = _forward(model, state, tuple(inputs), _fake_inputs(dict(kwargs or {}), fake_mode, device))
-    seen = mark_backward(trace, outs, result)
+    seen = _read_graph(trace, outs, result)
     early_stop(trace, ckpt)
     ckpt.clear()
     adds = grad_accumulation.accumulations(seen, grad_accumulation.node_ops(outs), _owners(model, state),
@@ -164,6 +164,14 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
     del result
     _insert_unrecorded(trace, adds)  # after saved.finish(): the liveness checks read ops by index
     return trace
+
+
+def _read_graph(trace, outs: dict, result) -> dict:
+    """What autograd's graph says about the traced ops: which ones backward differentiates (``mark_backward``)
+    and which get a permuted gradient (``relayout.mark_permuted_grads``). Returns the nodes backward reaches."""
+    seen = mark_backward(trace, outs, result)
+    relayout.mark_permuted_grads(trace, seen, outs)
+    return seen
 
 
 def _insert_unrecorded(trace, adds) -> None:

@@ -24,10 +24,18 @@ class TracedOp:
     backward: bool = True  # autograd differentiates this op (its grad_fn reaches the outputs)
     recompute: bool = False  # inside an activation-checkpointed region: forward re-runs in backward
     grad_accumulate: bool = False  # backward only: autograd summing two gradients (predict.grad_accumulation)
+    grad_relayout: bool = False  # backward only: a kernel's copy of a gradient that arrives permuted (predict.relayout)
+    #: its output's gradient arrives out of row-major order, which its backward kernel copies (predict.relayout)
+    grad_permuted: bool = False
     #: ((storage key, bytes), ...) of the tensors it reads and of those it writes: which data an op touches,
     #: for the reuse distance of its operands (predict.reuse); keys stay unique for the trace (kept alive)
     reads: tuple = ()
     writes: tuple = ()
+
+    @property
+    def backward_only(self) -> bool:
+        """Work only autograd's backward runs, no forward op: its cost's forward moves to the backward."""
+        return self.grad_accumulate or self.grad_relayout
 
 
 @dataclass
