@@ -40,7 +40,7 @@ EFFICIENCY_KEYS = ("matrix", "vector", "memory", "intra_node", "inter_node")
 #: Optional per-dtype matrix efficiency overrides, e.g. ``"matrix_fp8": 0.71`` (FP8 GEMMs reach a
 #: lower fraction of peak than BF16 ones on H100: 70.9% vs 80.3%, ml-engineering MAMF table).
 #: ``matrix_unaligned``: the fraction of the aligned rate a GEMM keeps when a row stride of its operands
-#: or output (k or n elements) is not a multiple of 16 bytes (perfcheck.predict.roofline.gemm_unaligned):
+#: or output (k or n elements) is not a multiple of 16 bytes (perfcheck.predict.gemm_operands.gemm_unaligned):
 #: cuBLAS then cannot use its fastest (16-byte vector load) tensor-core kernels. Measured by ``perfcheck
 #: calibrate`` on a GPU (GPT-2's 50257-wide lm_head ran ~6x below the model on an H100, 2026-11-23).
 #: ``matrix_unaligned_bwd``: the same for the backward's two GEMMs (default: ``matrix_unaligned``).

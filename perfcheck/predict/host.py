@@ -82,6 +82,7 @@ from perfcheck.predict.efficiency import CLASS_PARENTS, op_flop_prices
 from perfcheck.predict.family_reuse import far_in_time, far_reuse, light_reuse, near_reuse
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.predict.roofline import compute_time_s, far_seconds_per_byte, memory_time_s
+from perfcheck.predict.write_allocate import is_inplace
 from perfcheck.predict.zero_rows import zero_elements
 
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
@@ -596,7 +597,9 @@ def _optimizer_device_s(prof, impl, numels, spec, hc, elem_bytes, zero_numel) ->
     # streams' bytes at the bandwidth curve of a kernel that size (tensors x kernels)
     streams = np.asarray(prof.kernels, dtype=float)
     nbytes = np.outer(numels, streams) * elem_bytes
-    memory = memory_time_s(nbytes, spec, kernels=np.ones_like(nbytes))
+    inplace = np.broadcast_to([is_inplace(n) for n in prof.names], nbytes.shape) if len(prof.names) == len(streams) \
+        else None  # in-place kernels stream beyond the L2 at roofline.write_allocate_gain x a copy's rate
+    memory = memory_time_s(nbytes, spec, kernels=np.ones_like(nbytes), inplace=inplace)
     compute = np.asarray(compute_time_s(0.0, np.outer(numels, np.ones_like(streams)), spec, "fp32"))
     if len(prof.names) == len(streams):
         compute = np.maximum(compute, np.outer(numels, op_flop_prices(spec, prof.names)))

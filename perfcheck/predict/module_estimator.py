@@ -30,7 +30,7 @@ from perfcheck.predict.gemm_calls import weight_gemm_calls
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.hardware.systems import SystemSpec, host_constants, normalize_dtype, spec_of, torch_dtype
 from perfcheck.predict.host import add_host_columns
-from perfcheck.predict.roofline import gemm_dims, gemm_min_dim, gemm_unaligned
+from perfcheck.predict.gemm_operands import gemm_dims, gemm_min_dim, gemm_unaligned
 from perfcheck.schema import module_depth, parent_path, PREDICTED_COLUMNS, PREDICTED_EXTRA_COLUMNS
 
 

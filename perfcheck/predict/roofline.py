@@ -33,6 +33,7 @@ from perfcheck.predict.attention_kernel import attention_fractions_of
 from perfcheck.predict.gemm_calls import gemm_call_seconds
 from perfcheck.predict import matrix_curve
 from perfcheck.predict.strided import strided_columns, strided_excess_s
+from perfcheck.predict.write_allocate import inplace_kernels, is_inplace, write_allocate_gain  # noqa: F401
 from perfcheck.predict.efficiency import efficiencies, op_flop_prices
 from perfcheck.predict.gemm_shape import WIDE_RATIO, narrow_factors, wide_factors  # noqa: F401 (fit_wide: WIDE_RATIO)
 from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401
@@ -150,7 +151,7 @@ def bandwidth_factor(system, bytes_per_kernel):
     return np.interp(np.log(np.maximum(np.asarray(bytes_per_kernel, dtype=float), 1.0)), xs, ys)[()]
 
 
-def memory_time_s(bytes_moved, system, *, kernels=None, cold=0.0):
+def memory_time_s(bytes_moved, system, *, kernels=None, cold=0.0, inplace=None):
     """Seconds to move ``bytes_moved`` through device memory at achievable bandwidth.
 
     ``kernels`` (optional) splits the bytes into equal kernels for the ``mem_bandwidth_curve`` lookup
@@ -161,12 +162,14 @@ def memory_time_s(bytes_moved, system, *, kernels=None, cold=0.0):
         memory = bytes / (bandwidth x eff_memory x bandwidth_factor) x (1 + cold x (1 / f - 1))
 
     i.e. the far share of the bytes moves at f of the tight-loop rate (f = ``memory_cold_curve`` at the bytes per
-    kernel; 1 without a curve, so an older spec is unchanged).
+    kernel; 1 without a curve, so an older spec is unchanged). ``inplace`` (optional, bool per kernel): an in-place
+    kernel beyond the L2 moves at ``write_allocate_gain`` x that rate on a calibrated CPU.
     """
     system = spec_of(system)
     b = _array(bytes_moved, "bytes_moved")
     per_kernel = None if kernels is None else b / np.maximum(_array(kernels, "kernels"), 1.0)
     factor = 1.0 if kernels is None else bandwidth_factor(system, per_kernel)
+    factor = factor * write_allocate_gain(system, b if per_kernel is None else per_kernel, inplace)
     t = b / (system.mem_bandwidth_bytes_per_s * system.efficiency["memory"] * factor)
     t = t * memory_cold_blend(system, b if per_kernel is None else per_kernel, cold)
     return _scalar_out(t, bytes_moved)
@@ -238,81 +241,9 @@ def flag_bandwidth_above_peak(achieved_bytes_per_s, system, tolerance: float = 1
     return _scalar_out(np.asarray(flags), achieved_bytes_per_s)
 
 
-#: Matmul-family aten ops -> the positions of their two matrix operands (a: m x k, b: k x n).
-_GEMM_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "matmul": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2)}
-
-
-def _gemm_operands(call):
-    """``(a, b)``, the two matrix operands of a matmul-family call; None for any other op."""
-    idx = _GEMM_OPERANDS.get(call.name)
-    if idx is None:
-        return None
-    try:
-        return call.args[idx[0]], call.args[idx[1]]
-    except (IndexError, TypeError):
-        return None
-
-
-def gemm_min_dim(call) -> float:
-    """Smallest of (m, k, n) for a matmul-family aten call (mm, addmm, bmm, baddbmm, matmul); NaN otherwise.
-
-    The backward GEMMs of a matmul use the same three dimensions (dX = dY W^T: m, n, k; dW =
-    X^T dY: k, m, n), so one value serves both phases.
-    """
-    operands = _gemm_operands(call)
-    if operands is None:
-        return float("nan")
-    a, b = operands
-    try:
-        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    except (AttributeError, IndexError, TypeError):
-        return float("nan")
-    return float(min(m, k, n))
-
-
-#: Bytes a GEMM's row strides must be a multiple of for cuBLAS's fastest tensor-core kernels (16-byte
-#: vector loads): k and n multiples of 8 in bf16/fp16, of 4 in fp32/tf32. NVIDIA, "Matrix Multiplication
-#: Background User's Guide", Tensor Core Requirements (docs.nvidia.com/deeplearning/performance).
-GEMM_ALIGN_BYTES = 16
-
-
-def gemm_unaligned(call) -> float:
-    """1.0 when a matmul-family call (mm, addmm, bmm, baddbmm, matmul) has k or n (the row strides of
-    its operands and output, also of its backward GEMMs: dX = dY W^T, dW = X^T dY) that is not a
-    multiple of ``GEMM_ALIGN_BYTES`` bytes; 0.0 when both are; NaN for any other op or an unknown shape.
-    m (the rows) does not matter. GPT-2's lm_head (768 -> 50257, bf16) is unaligned."""
-    operands = _gemm_operands(call)
-    if operands is None:
-        return float("nan")
-    a, b = operands
-    try:
-        k, n = int(a.shape[-1]), int(b.shape[-1])
-        size = int(a.elem_bytes) if hasattr(a, "elem_bytes") else int(a.element_size())  # TensorMeta | Tensor
-    except (AttributeError, IndexError, TypeError, ValueError):
-        return float("nan")
-    return float((k * size) % GEMM_ALIGN_BYTES != 0 or (n * size) % GEMM_ALIGN_BYTES != 0)
-
-
-def gemm_dims(call):
-    """``(batch, m, k, n, a_grad, b_grad, elem_bytes)`` of a matmul-family call (a: m x k, b: k x n, batch 1 for
-    2-D operands; a_grad/b_grad: whether backward computes that operand's gradient); None for any other op or an
-    unknown shape. The forward GEMM writes batch x m rows of n; backward's dA = dC b^T writes batch x m rows of
-    k, its dB = a^T dC batch x k rows of n (perfcheck.predict.formulas.matmul)."""
-    operands = _gemm_operands(call)
-    if operands is None:
-        return None
-    a, b = operands
-    try:
-        m, k, n = int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])
-        batch = int(a.shape[0]) if len(a.shape) == 3 and call.name in ("bmm", "baddbmm") else 1
-        return batch, m, k, n, bool(a.requires_grad), bool(b.requires_grad), int(a.elem_bytes)
-    except (AttributeError, IndexError, TypeError, ValueError):
-        return None
-
-
 def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype, *, launch_s, min_dim=None,
                  align=None, op_eff=1.0, rows_s=0.0, cold=0.0, cold_memory=0.0, calls=None,
-                 kernel_fraction=None, strided=None, compute_floor_s=0.0, far_memory=0.0) -> dict:
+                 kernel_fraction=None, strided=None, compute_floor_s=0.0, far_memory=0.0, inplace=None) -> dict:
     """The device timeline of ops, the ONE timing path of every front-end (``perfcheck.estimate``'s op table via
     ``op_device_times``, the transformer front-end's rows via ``predict.step``): arrays of one shape in and out:
 
@@ -345,6 +276,7 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
     are read per call (FLOPs and bytes / calls), the launch term stays per kernel. ``kernel_fraction`` (per op, NaN:
     none; ``attention_kernel``): a fused kernel's measured rate, its whole efficiency (``op_eff`` 1 there).
     ``strided`` (optional, (elements, bytes) per op): kernels off the vectorised loop, ``strided.strided_excess_s``.
+    ``inplace`` (optional, bool per op): in-place kernels, their far refetch too (``write_allocate.write_allocate_gain``).
     """
     k = _array(kernels, "kernels")
     split = k if calls is None else np.where(_array(calls, "calls") > 0, calls, k)
@@ -352,15 +284,16 @@ def device_times(matrix_flops, other_flops, bytes_moved, kernels, system, dtype,
                                         align=align, cold=cold, kernel_fraction=kernel_fraction), dtype=float)
     compute = np.maximum(compute, np.asarray(compute_floor_s, dtype=float))
     index = 0.0 if strided is None else strided_excess_s(*strided, system)
-    hot = np.asarray(memory_time_s(bytes_moved, system, kernels=split), dtype=float) + index
+    kw = {"kernels": split, "inplace": inplace}
+    hot = np.asarray(memory_time_s(bytes_moved, system, **kw), dtype=float) + index
     top = np.maximum(compute, hot)
     memory = hot
     far = np.asarray(far_memory, dtype=float)
     cold_memory = np.maximum(np.asarray(cold_memory, dtype=float) - far, 0.0)  # the far bytes are refetched below
     if np.any(cold_memory > 0):
-        memory = np.asarray(memory_time_s(bytes_moved, system, kernels=split, cold=cold_memory), dtype=float) + index
+        memory = np.asarray(memory_time_s(bytes_moved, system, cold=cold_memory, **kw), dtype=float) + index
     if np.any(far > 0):
-        memory = memory + far * _far_refetch_per_byte(bytes_moved, split, system) * np.asarray(bytes_moved, float)
+        memory = memory + _far_refetch_s(far, bytes_moved, split, system, inplace)
     evicted = memory - hot
     launch = k * _array(launch_s, "launch_s")
     op_eff = op_eff if kernel_fraction is None else np.where(np.isfinite(np.asarray(kernel_fraction, float)), 1.0, op_eff)
@@ -375,6 +308,14 @@ def far_seconds_per_byte(system) -> float:
     rate of the eviction the far cases run; 0 where the far-data rule is off."""
     l3, _ = far_data(system)
     return float(memory_time_s(4.0 * l3, system, kernels=1.0)) / (4.0 * l3) if l3 > 0 else 0.0
+
+
+def _far_refetch_s(far, bytes_moved, kernels, system, inplace) -> np.ndarray:
+    """Seconds the share ``far`` of an op's bytes takes from beyond the L3 more than from where the curve puts them
+    (``_far_refetch_per_byte``), an in-place kernel's at ``write_allocate_gain`` x the rate."""
+    b = np.asarray(bytes_moved, dtype=float)
+    gain = write_allocate_gain(system, b / np.maximum(np.asarray(kernels, dtype=float), 1.0), inplace)
+    return np.asarray(far, dtype=float) * _far_refetch_per_byte(b, kernels, system) * b / gain
 
 
 def _far_refetch_per_byte(bytes_moved, kernels, system) -> np.ndarray:
@@ -394,6 +335,8 @@ def device_times_read(matrix_flops, other_flops, bytes_moved, kernels, system, d
     Both front-ends time through here (``op_device_times``, ``predict.step``)."""
     k = _array(kernels, "kernels")
     args = (matrix_flops, other_flops, bytes_moved, kernels, system, dtype)
+    inplace = inplace_kernels(names, phase)
+    shape.setdefault("inplace", np.reshape(inplace, (-1,) + (1,) * max(np.ndim(bytes_moved) - 1, 0)))
     price = op_flop_prices(system, names, phase)
     if np.any(price > 0):
         other = np.asarray(other_flops, dtype=float)

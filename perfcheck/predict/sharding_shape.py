@@ -60,7 +60,7 @@ class Sublayer:
     recomputed_act: object = 0.0
     #: (m, k, n) of the row's GEMM (a: m x k, b: k x n; scalars or arrays), None for other rows: the
     #: roofline's matrix_shape_curve (by min(m, k, n)) and alignment factor (k, n) need them, as they
-    #: need ``roofline.gemm_min_dim`` / ``gemm_unaligned`` of the traced op in ``perfcheck.estimate``
+    #: need ``gemm_operands.gemm_min_dim`` / ``gemm_unaligned`` of the traced op in ``perfcheck.estimate``
     gemm: object = None
     #: (key length, head dim, causal) of a fused attention kernel's row, None for other rows: the roofline's
     #: ``attention_kernel_curve`` needs them, as ``perfcheck.estimate`` reads them off the traced SDPA op

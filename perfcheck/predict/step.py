@@ -28,6 +28,7 @@ import pandas as pd
 
 from perfcheck.errors import UserError
 from perfcheck.predict import collectives, fsdp, pipeline, roofline, row_times, sharding
+from perfcheck.predict.gemm_operands import GEMM_ALIGN_BYTES
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
                                            full_recompute_share, make_options, single_layout, validate_layouts)
 from perfcheck.hardware.systems import element_bytes as elem_bytes, spec_of
@@ -97,9 +98,9 @@ def evaluate(model, cfg: Layouts, system, dtype, opts: Options, *, tp1=False) ->
 
 
 def _unaligned(gemm, elem_bytes):
-    """1.0 where the GEMM's k or n rows are not 16-byte multiples (``roofline.gemm_unaligned``'s rule)."""
+    """1.0 where the GEMM's k or n rows are not 16-byte multiples (``gemm_operands.gemm_unaligned``'s rule)."""
     k, n = np.asarray(gemm[1], dtype=float), np.asarray(gemm[2], dtype=float)
-    step = roofline.GEMM_ALIGN_BYTES
+    step = GEMM_ALIGN_BYTES
     return ((np.mod(k * elem_bytes, step) != 0) | (np.mod(n * elem_bytes, step) != 0)).astype(float)
 
 

@@ -1,4 +1,4 @@
-"""GEMM row-stride alignment (perfcheck.predict.roofline.gemm_unaligned) and the spec's
+"""GEMM row-stride alignment (perfcheck.predict.gemm_operands.gemm_unaligned) and the spec's
 ``efficiency.matrix_unaligned`` factor: found on an H100 (2026-11-23), where GPT-2's lm_head
 (768 -> 50257 in bf16) ran 6.3x (forward) and 3.9x (backward) slower than the model while the
 aligned Linears of the same run were within 4%. CPU-only: the shapes are traced, nothing runs on a GPU."""
@@ -15,7 +15,7 @@ import torch
 import perfcheck
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import load_system
-from perfcheck.predict.roofline import gemm_unaligned
+from perfcheck.predict.gemm_operands import gemm_unaligned
 
 SPECS = Path(perfcheck.__file__).parent / "hardware" / "specs"
 

@@ -8,7 +8,7 @@ import torch
 
 import perfcheck
 from perfcheck.hardware.systems import SystemSpec, host_constants, load_system
-from perfcheck.predict import roofline
+from perfcheck.predict import gemm_operands, roofline
 from perfcheck.predict.aten_costs import OpCall, TensorMeta
 from _host_only_specs import Fn, host_only_spec, root_row
 
@@ -62,6 +62,6 @@ def test_a_narrow_gemm_is_priced_by_its_flops_and_bytes_alone():
     # bmm: batch x rows; no gradients -> no backward rows; not a GEMM -> None
     t = TensorMeta
     bmm = OpCall(torch.ops.aten.bmm.default, (t((4, 32, 8), 4, False, True), t((4, 8, 3), 4, False, True)), {}, ())
-    assert roofline.gemm_dims(bmm) == (4, 32, 8, 3, False, False, 4)
+    assert gemm_operands.gemm_dims(bmm) == (4, 32, 8, 3, False, False, 4)
     relu = OpCall(torch.ops.aten.relu.default, (t((4, 4), 4, False, True),), {}, ())
-    assert roofline.gemm_dims(relu) is None
+    assert gemm_operands.gemm_dims(relu) is None
