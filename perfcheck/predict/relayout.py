@@ -19,7 +19,8 @@ The gradient a LayerNorm's backward receives is copied too when it arrives out o
 softmax's or log-softmax's (torch.profiler, torch 2.13 CPU: an ``aten::copy_`` inside
 ``native_layer_norm_backward`` / ``_softmax_backward_data`` / ``_log_softmax_backward_data``; group norm, batch
 norm, GELU and SiLU backwards read such a gradient in place; tests/predict/test_relayout_grad.py checks the rule
-below against the profiler). Where it arrives permuted is not in the forward trace, but in autograd's graph,
+below against the profiler). The same copy is assumed on a GPU, whose layer-norm and softmax kernels also index the
+gradient as a dense row-major array; no GPU profile checked it here. Where it arrives permuted is not in the forward trace, but in autograd's graph,
 which the trace holds: a consumer's backward hands its input a gradient either laid out as that input is in memory
 or dense in the input's logical (row-major) order:
 
