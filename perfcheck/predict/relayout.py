@@ -19,10 +19,10 @@ The gradient a LayerNorm's backward receives is copied too when it arrives out o
 softmax's or log-softmax's (torch.profiler, torch 2.13 CPU: an ``aten::copy_`` inside
 ``native_layer_norm_backward`` / ``_softmax_backward_data`` / ``_log_softmax_backward_data``; group norm, batch
 norm, GELU and SiLU backwards read such a gradient in place; tests/predict/test_relayout_grad.py checks the rule
-below against the profiler). The same copy is assumed on a GPU, whose layer-norm and softmax kernels also index the
-gradient as a dense row-major array; no GPU profile checked it here. Where it arrives permuted is not in the forward trace, but in autograd's graph,
-which the trace holds: a consumer's backward hands its input a gradient either laid out as that input is in memory
-or dense in the input's logical (row-major) order:
+below against the profiler). The same copy is assumed on a GPU, whose layer-norm and softmax kernels also index
+the gradient as a dense row-major array; no GPU profile checked it here. Where it arrives permuted is not in the
+forward trace, but in autograd's graph, which the trace holds: a consumer's backward hands its input a gradient
+either laid out as that input is in memory or dense in the input's logical (row-major) order:
 
 - a view that reorders (transpose, permute, view, squeeze, ...) passes the gradient back through the same view,
   and a pointwise op (and dropout) writes its output in its input's layout while its backward follows the incoming
@@ -146,8 +146,8 @@ def mark_permuted_grads(trace, seen: dict, outs: dict) -> None:
             return in_memory_order(out, steps + 1)
         if len(outputs) == 1 and call.name in PASSES_GRAD:  # before pointwise: torch tags clone pointwise
             return _same_layout(t, out) and in_memory_order(out, steps + 1)
-        if len(outputs) == 1 and (torch.Tag.pointwise in getattr(call.func, "tags", ()) or call.name in KEEPS_LAYOUT):
-            return in_memory_order(out, steps + 1)
+        if call.name in KEEPS_LAYOUT or (len(outputs) == 1 and torch.Tag.pointwise in getattr(call.func, "tags", ())):
+            return in_memory_order(out, steps + 1)  # dropout's second output is its mask
         if call.name in EXPANDS_GRAD:
             return False
         if t.is_contiguous():

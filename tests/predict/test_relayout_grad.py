@@ -42,6 +42,8 @@ _AFTERS = {
     "transposed made first, direct last": lambda y: F.linear(y.transpose(1, 2), W) + F.linear(y, W),
     "direct made first, transposed last": lambda y: F.linear(y, W) + F.linear(y.transpose(1, 2), W),
     "transpose, dropout, linear": lambda y: F.linear(F.dropout(y.transpose(1, 2), 0.1), W),
+    "transpose, dropout, transpose back, linear": lambda y: F.linear(F.dropout(y.transpose(1, 2), 0.1).transpose(1, 2),
+                                                                     W),
     "transpose, mul, linear": lambda y: F.linear(y.transpose(1, 2) * 3.0, W),
     "transpose, contiguous, linear": lambda y: F.linear(y.transpose(1, 2).contiguous(), W),
     "transpose, reshape, linear": lambda y: F.linear(y.transpose(1, 2).reshape(2, 16, 16), W),
