@@ -30,21 +30,25 @@ either laid out as that input is in memory or dense in the input's logical (row-
 - a copy whose backward passes the gradient through (``clone``, ``contiguous``, a same-size ``_to_copy``): the
   same, where the copy kept its input's layout; where it changed it (a permuted view made contiguous), the
   gradient reaches the input laid out as the copy is, so not in the input's memory order;
+- ``cat`` and ``stack`` hand each input a slice of their output's gradient (``narrow`` / ``select`` along their
+  dimension): memory order where that gradient is and the slice is row-major, i.e. every dimension before the
+  concatenated one has size 1 (a concatenation along the last dimension hands each input a strided slice);
 - a sum hands back its gradient expanded (stride 0 over the summed dimensions): never memory order;
-- any other op (matmul, linear, softmax, mean, a slice's or split's backward) hands back a dense gradient in its
+- any other op (matmul, linear, softmax, mean, a slice's or a split's backward) hands back a dense gradient in its
   input's logical order: memory order when that input is row-major (or channels-last into a convolution, whose
   oneDNN backward writes channels-last).
 
 A tensor feeding several consumers gets the sum of their gradients, laid out as the first to arrive: the
 consumer autograd made last (highest sequence number) runs first (``InputBuffer::accumulate`` keeps the stored
-gradient's layout: ``old + new`` or ``old.add_(new)``). So ``mark_permuted_grads`` follows, from each such op's
+gradient's order of strides: ``old + new`` or ``old.add_(new)``), and a first gradient that is a slice or an expansion
+(in order but not dense) comes out of ``old + new`` dense. So ``mark_permuted_grads`` follows, from each such op's
 output, the consumer made last, through views and pointwise ops, and marks the op ``grad_permuted`` where the
 gradient it gets is not row-major (a token-mixing MLP over ``norm(x).transpose(1, 2)``: the Linear's dense
 gradient, transposed back); ``insert`` puts a backward-only copy of its output's elements before it
 (``TracedOp.grad_relayout``: priced as a ``clone`` of a permuted source, read n and write n, in its backward only).
 Approximations: a pointwise op with two operands is taken to follow the walked one's layout, the engine's ready
-queue to follow sequence numbers, and ``cat``'s and ``stack``'s backward (slices of the gradient) to hand back a
-dense one.
+queue to follow sequence numbers, and a slice of an expanded gradient to stay gapped (``stack(..., -1).sum(-1)``
+hands each input a dense one).
 """
 from __future__ import annotations
 
@@ -74,6 +78,8 @@ REORDERING_VIEWS = ("transpose", "permute", "t", "view", "_unsafe_view", "reshap
 #: Ops that keep their input's layout in the output and the incoming gradient's in the input's gradient, beside
 #: those tagged ``torch.Tag.pointwise``.
 KEEPS_LAYOUT = ("native_dropout",)
+#: Ops whose backward hands each input a slice of the output's gradient along their ``dim`` argument.
+SLICES_GRAD = ("cat", "stack")
 #: Reductions whose backward expands the gradient (``SumBackward``: ``grad.expand(self.sizes())``).
 EXPANDS_GRAD = ("sum",)
 #: Ops after which a channels-last input's gradient comes back channels-last (oneDNN's NHWC path).
@@ -120,45 +126,68 @@ def insert(trace) -> None:
     trace.ops[:] = ops
 
 
+#: The layouts a gradient reaching a tensor can have, relative to that tensor's memory: laid out as it is (no copy);
+#: in its order of strides but not dense (a slice with gaps, an expansion): a kernel still copies it, an out-of-place
+#: sum with another gradient makes it dense; in another order (a transposed one): copied, and a sum keeps its order.
+DENSE, GAPPED, PERMUTED = "dense", "gapped", "permuted"
+
+
 def mark_permuted_grads(trace, seen: dict, outs: dict) -> None:
-    """Set ``grad_permuted`` on each differentiated op of ``COPIES_GRAD`` whose output's gradient arrives out of
-    row-major order (the module docstring's walk). ``seen``: id -> node for every node backward reaches
-    (``trace_modes.mark_backward``); ``outs``: op index -> its output tensors (fake; their ``grad_fn``s)."""
-    made = node_ops(outs)
-    consumers: dict = {}  # (id(node), output nr) -> the nodes reading that output's gradient
-    for node in seen.values():
-        for nxt, nr in node.next_functions:
-            if nxt is not None:
-                consumers.setdefault((id(nxt), nr), []).append(node)
-
-    def in_memory_order(t, steps: int) -> bool:
-        """Does the gradient reaching ``t`` come laid out as ``t`` is in memory?"""
-        readers = consumers.get((id(t.grad_fn), t.output_nr)) if t.grad_fn is not None else None
-        if not readers or steps > MAX_WALK:
-            return True
-        first = max(readers, key=lambda n: n._sequence_nr())
-        index = made.get(id(first))
-        outputs = outs.get(index) if index is not None else None
-        if not outputs:
-            return True  # a node no traced op made (a custom autograd.Function): taken as memory order
-        call, out = trace.ops[index].call, outputs[0]
-        if len(outputs) == 1 and call.name in REORDERING_VIEWS and is_view_op(call):
-            return in_memory_order(out, steps + 1)
-        if len(outputs) == 1 and call.name in PASSES_GRAD:  # before pointwise: torch tags clone pointwise
-            return _same_layout(t, out) and in_memory_order(out, steps + 1)
-        if call.name in KEEPS_LAYOUT or (len(outputs) == 1 and torch.Tag.pointwise in getattr(call.func, "tags", ())):
-            return in_memory_order(out, steps + 1)  # dropout's second output is its mask
-        if call.name in EXPANDS_GRAD:
-            return False
-        if t.is_contiguous():
-            return True
-        return (call.name in CHANNELS_LAST_BACKWARD and t.dim() == 4
-                and t.is_contiguous(memory_format=torch.channels_last))
-
+    """Set ``grad_permuted`` on each differentiated op of ``COPIES_GRAD`` whose output's gradient does not arrive laid
+    out as the output is (the module docstring's walk, ``_GradLayout``). ``seen``: id -> node for every node backward
+    reaches (``trace_modes.mark_backward``); ``outs``: op index -> its output tensors (fake; their ``grad_fn``s)."""
+    walk = _GradLayout(trace, seen, outs)
     for index, op in enumerate(trace.ops):
         if op.call.name in COPIES_GRAD and op.backward and outs.get(index):
             y = outs[index][0]
-            op.grad_permuted = y.grad_fn is not None and not in_memory_order(y, 0)
+            op.grad_permuted = y.grad_fn is not None and walk.layout(y, 0) != DENSE
+
+
+class _GradLayout:
+    """The layout (``DENSE``, ``GAPPED``, ``PERMUTED``) of the gradient reaching a traced tensor."""
+
+    def __init__(self, trace, seen: dict, outs: dict):
+        self.trace, self.outs, self.made = trace, outs, node_ops(outs)
+        self.consumers: dict = {}  # (id(node), output nr) -> the nodes reading that output's gradient
+        for node in seen.values():
+            for nxt, nr in node.next_functions:
+                if nxt is not None:
+                    self.consumers.setdefault((id(nxt), nr), []).append(node)
+
+    def layout(self, t, steps: int) -> str:
+        """The gradient reaching ``t``: the first to arrive (the consumer made last), summed with any others."""
+        readers = self.consumers.get((id(t.grad_fn), t.output_nr)) if t.grad_fn is not None else None
+        if not readers or steps > MAX_WALK:
+            return DENSE
+        first = self._contribution(t, max(readers, key=lambda n: n._sequence_nr()), steps)
+        # a gapped first gradient is a view the engine cannot steal: ``old + new`` writes a dense one in its order
+        return DENSE if first == GAPPED and len(readers) > 1 else first
+
+    def _contribution(self, t, node, steps: int) -> str:
+        index = self.made.get(id(node))
+        outputs = self.outs.get(index) if index is not None else None
+        if not outputs:
+            return DENSE  # a node no traced op made (a custom autograd.Function): taken as laid out as t
+        call, out = self.trace.ops[index].call, outputs[0]
+        if len(outputs) == 1 and call.name in REORDERING_VIEWS and is_view_op(call):
+            return self.layout(out, steps + 1)
+        if len(outputs) == 1 and call.name in PASSES_GRAD:  # before pointwise: torch tags clone pointwise
+            return self.layout(out, steps + 1) if _same_layout(t, out) else PERMUTED
+        if call.name in KEEPS_LAYOUT or (len(outputs) == 1 and torch.Tag.pointwise in getattr(call.func, "tags", ())):
+            return self.layout(out, steps + 1)  # dropout's second output is its mask
+        own = DENSE if t.is_contiguous() else PERMUTED  # a dense gradient in t's logical order
+        if call.name in SLICES_GRAD:
+            dim = int(call.arg(1, "dim", 0)) % out.dim()
+            whole = self.layout(out, steps + 1)
+            if own == PERMUTED or whole == PERMUTED:
+                return PERMUTED
+            return DENSE if whole == DENSE and all(n == 1 for n in out.shape[:dim]) else GAPPED
+        if call.name in EXPANDS_GRAD:
+            return GAPPED if own == DENSE else PERMUTED
+        if own == PERMUTED and call.name in CHANNELS_LAST_BACKWARD and t.dim() == 4 \
+                and t.is_contiguous(memory_format=torch.channels_last):
+            return DENSE
+        return own
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -14,6 +14,7 @@ from perfcheck.predict.trace import trace_model
 
 F = nn.functional
 W = torch.randn(16, 16)
+Z = torch.randn(2, 16, 16)
 
 
 class _Pattern(nn.Module):
@@ -51,6 +52,10 @@ _AFTERS = {
     "transpose, bmm with itself": lambda y: torch.bmm(y.transpose(1, 2), y),
     "transpose, layer norm": lambda y: F.layer_norm(y.transpose(1, 2), (16,)),
     "cat on the last dimension, linear": lambda y: F.linear(torch.cat([y, y * 2], -1), torch.randn(16, 32)),
+    "cat with another tensor on the last dimension": lambda y: F.linear(torch.cat([y, Z], -1), torch.randn(16, 32)),
+    "cat with another tensor on dimension 1": lambda y: F.linear(torch.cat([y, Z], 1), W),
+    "cat with another tensor on dimension 0": lambda y: F.linear(torch.cat([y, Z], 0), W),
+    "stack with another tensor on dimension 0": lambda y: F.linear(torch.stack([y, Z], 0), W),
     "chunk on the last dimension, linear": lambda y: F.linear(y.chunk(2, -1)[0], torch.randn(16, 8)),
     "sum": lambda y: y.sum(),
     "mean over a dimension": lambda y: y.mean(1),
