@@ -597,11 +597,12 @@ def _optimizer_device_s(prof, impl, numels, spec, hc, elem_bytes, zero_numel) ->
     # streams' bytes at the bandwidth curve of a kernel that size (tensors x kernels)
     streams = np.asarray(prof.kernels, dtype=float)
     nbytes = np.outer(numels, streams) * elem_bytes
-    inplace = np.broadcast_to([is_inplace(n) for n in prof.names], nbytes.shape) if len(prof.names) == len(streams) \
-        else None  # in-place kernels stream beyond the L2 at roofline.write_allocate_gain x a copy's rate
+    named = len(prof.names) == len(streams)  # a profile with each kernel's op name (not a hand-made one)
+    # in-place kernels stream beyond the L2 at write_allocate.write_allocate_gain x a copy's rate
+    inplace = np.broadcast_to([is_inplace(n) for n in prof.names], nbytes.shape) if named else None
     memory = memory_time_s(nbytes, spec, kernels=np.ones_like(nbytes), inplace=inplace)
     compute = np.asarray(compute_time_s(0.0, np.outer(numels, np.ones_like(streams)), spec, "fp32"))
-    if len(prof.names) == len(streams):
+    if named:
         compute = np.maximum(compute, np.outer(numels, op_flop_prices(spec, prof.names)))
     device = float(np.sum(np.maximum(memory, compute)))
     if prof.matmuls:

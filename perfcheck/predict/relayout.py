@@ -83,7 +83,7 @@ SLICES_GRAD = ("cat", "stack")
 #: Reductions whose backward expands the gradient (``SumBackward``: ``grad.expand(self.sizes())``).
 EXPANDS_GRAD = ("sum",)
 #: Ops after which a channels-last input's gradient comes back channels-last (oneDNN's NHWC path).
-CHANNELS_LAST_BACKWARD = ("convolution", "_convolution", "conv2d", "mkldnn_convolution")
+CHANNELS_LAST_BACKWARD = ("convolution", "_convolution", "mkldnn_convolution")
 #: How many views and pointwise ops the walk follows from one output before it stops (and assumes memory order).
 MAX_WALK = 64
 

@@ -33,7 +33,7 @@ from perfcheck.predict.attention_kernel import attention_fractions_of
 from perfcheck.predict.gemm_calls import gemm_call_seconds
 from perfcheck.predict import matrix_curve
 from perfcheck.predict.strided import strided_columns, strided_excess_s
-from perfcheck.predict.write_allocate import inplace_kernels, is_inplace, write_allocate_gain  # noqa: F401
+from perfcheck.predict.write_allocate import inplace_kernels, write_allocate_gain
 from perfcheck.predict.efficiency import efficiencies, op_flop_prices
 from perfcheck.predict.gemm_shape import WIDE_RATIO, narrow_factors, wide_factors  # noqa: F401 (fit_wide: WIDE_RATIO)
 from perfcheck.predict.cold_curves import (COLD_GEMMS, gemm_cold_blend, memory_cold_blend, cold_cache_bytes,  # noqa: F401

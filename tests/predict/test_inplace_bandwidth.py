@@ -1,4 +1,4 @@
-"""In-place kernels beyond the L2 stream at 1.5x a copy-calibrated rate on a CPU (roofline.WRITE_ALLOCATE_GAIN).
+"""In-place kernels beyond the L2 stream at 1.5x a copy-calibrated rate on a CPU (write_allocate.WRITE_ALLOCATE_GAIN).
 
 Hand arithmetic: a copy's counted bytes (read n, write n) move 3n under write-allocate, an in-place kernel's move what
 they count, so on a spec whose bandwidth a copy measured, an in-place kernel's memory time is 2/3 of an out-of-place
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from perfcheck.hardware.systems import load_system
-from perfcheck.predict import host, roofline
+from perfcheck.predict import host, roofline, write_allocate
 
 L2 = 2 ** 20
 
@@ -24,7 +24,7 @@ def _cpu(l2=L2):
                                            ("sqrt", False), ("copy_", False), ("fill_", False), ("zero_", False),
                                            ("_softmax", False), ("__and__", False)])
 def test_which_kernels_are_in_place(name, inplace):
-    assert roofline.is_inplace(name) is inplace
+    assert write_allocate.is_inplace(name) is inplace
 
 
 def test_an_in_place_kernel_beyond_the_l2_takes_two_thirds_of_the_time():
