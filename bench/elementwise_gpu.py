@@ -16,6 +16,7 @@ of ``--iters`` timed calls after 3 warm-up calls, achieved bytes/s and its fract
     python bench/elementwise_gpu.py --system h200 --csv elementwise.csv     # on the GPU machine
     python bench/elementwise_gpu.py --device cpu --tiny                      # a dry run here
     python bench/elementwise_gpu.py --softmax --csv softmax.csv              # + softmax by row length, dtype, phase
+    python bench/elementwise_gpu.py --inplace --csv inplace.csv              # + in-place against a copy, by size
 """
 from __future__ import annotations
 
@@ -113,6 +114,35 @@ def softmax_cases(device, elements: int):
     return out
 
 
+INPLACE_MIB = (1, 4, 16, 64, 256, 1024)
+
+
+def inplace_cases(device, mib_sizes):
+    """A copy, an out-of-place add, and the in-place ``add_`` and ``mul_`` over fp32 buffers of ``mib_sizes`` MiB,
+    bytes as counted (each operand read once, the output written once). ``predict.write_allocate`` prices in-place
+    kernels at 1.5x a copy's counted rate on a calibrated CPU (a copy's store reads the line it overwrites first)
+    and at the copy's rate elsewhere, a GPU included: this is the GPU's side of that claim."""
+    out = []
+    for mib in mib_sizes:
+        n = mib * (1 << 20) // 4
+        a, b, c = (torch.randn(n, device=device) for _ in range(3))
+        out += [(f"copy {mib} MiB", "copy", lambda a=a, b=b: a.copy_(b), 8 * n),
+                (f"add out= {mib} MiB", "out-of-place", lambda a=a, b=b, c=c: torch.add(a, b, out=c), 12 * n),
+                (f"add_ {mib} MiB", "in-place", lambda a=a, b=b: a.add_(b), 12 * n),
+                (f"mul_ {mib} MiB", "in-place", lambda a=a: a.mul_(1.0), 8 * n)]
+    return out
+
+
+def measure(rows: list, tag: str, case_list, args, device, bw) -> None:
+    """Time each (name, path, fn, bytes) case, append its row to ``rows`` and print one EW line."""
+    for name, path, fn, nbytes in case_list:
+        s = time_case(fn, args.iters, device)
+        rows.append(dict(case=name, path=path, T=0, D=0, bytes=nbytes, seconds=s, bytes_per_s=nbytes / s,
+                         fraction=nbytes / s / bw))
+        print(f"EW {tag} {path:12} {name:30} {s * 1e6:9.1f} us {nbytes / s / 1e12:6.2f} TB/s "
+              f"{nbytes / s / bw:5.2f} of {args.system}", flush=True)
+
+
 def time_case(fn, iters: int, device) -> float:
     for _ in range(3):
         fn()
@@ -142,6 +172,7 @@ def main(argv=None):
     ap.add_argument("--csv", default="elementwise.csv")
     ap.add_argument("--megatron", action="store_true", help="also a Megatron layer's dropout, softmax, LayerNorm, GELU")
     ap.add_argument("--softmax", action="store_true", help="also softmax forward and backward by row length and dtype")
+    ap.add_argument("--inplace", action="store_true", help="also in-place add_/mul_ against a copy and add(out=)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     bw = load_system(args.system).mem_bandwidth_bytes_per_s
@@ -159,22 +190,13 @@ def main(argv=None):
                   f"{nbytes / s / bw:5.2f} of {args.system}", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if args.megatron and not args.tiny:
-        with torch.no_grad():
-            for name, path, fn, nbytes in megatron_cases(device):
-                s = time_case(fn, args.iters, device)
-                rows.append(dict(case=name, path=path, T=0, D=0, bytes=nbytes, seconds=s, bytes_per_s=nbytes / s,
-                                 fraction=nbytes / s / bw))
-                print(f"EW megatron {path:10} {name:32} {s * 1e6:9.1f} us {nbytes / s / 1e12:6.2f} TB/s "
-                      f"{nbytes / s / bw:5.2f} of {args.system}", flush=True)
-    if args.softmax:
-        with torch.no_grad():
-            for name, path, fn, nbytes in softmax_cases(device, 1 << (12 if args.tiny else 27)):
-                s = time_case(fn, args.iters, device)
-                rows.append(dict(case=name, path=path, T=0, D=0, bytes=nbytes, seconds=s, bytes_per_s=nbytes / s,
-                                 fraction=nbytes / s / bw))
-                print(f"EW softmax {path:6} {name:30} {s * 1e6:9.1f} us {nbytes / s / 1e12:6.2f} TB/s "
-                      f"{nbytes / s / bw:5.2f} of {args.system}", flush=True)
+    with torch.no_grad():
+        if args.megatron and not args.tiny:
+            measure(rows, "megatron", megatron_cases(device), args, device, bw)
+        if args.softmax:
+            measure(rows, "softmax", softmax_cases(device, 1 << (12 if args.tiny else 27)), args, device, bw)
+        if args.inplace:
+            measure(rows, "inplace", inplace_cases(device, (1, 4) if args.tiny else INPLACE_MIB), args, device, bw)
     df = pd.DataFrame(rows)
     df.to_csv(args.csv, index=False)
     big = df[(df["bytes"] >= df["bytes"].max() / 8) & (df["T"] > 0)]

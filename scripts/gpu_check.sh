@@ -27,7 +27,8 @@
 #   layers 75 (bench/layer_gpu.py: a torchtitan Llama block at the published rows' shapes, + SUSTAIN_S s back to back) |
 #   heldout 90 (bench/heldout_gpu.py, 15 models; H200 2026-11-27: 88 s phases only, --no-modules; the per-module
 #   hooks hung then, fixed since but not yet timed on a GPU) | beside 60 (bench/gemm_beside_copy.py: 24 s on an H200) |
-#   softmax 30 (bench/elementwise_gpu.py --softmax: 21 row lengths x dtypes x phases; sized on CPU, not yet timed on a GPU).
+#   softmax 30 (bench/elementwise_gpu.py --softmax: 21 row lengths x dtypes x phases; sized on CPU, not yet timed on a GPU) |
+#   inplace 20 (bench/elementwise_gpu.py --inplace: add_/mul_ against a copy, 1 MiB-1 GiB; sized on CPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR=${OUT:-gpu_check_out}
@@ -161,6 +162,11 @@ if want softmax; then  # budget 30 s: torch's softmax fwd/bwd by row length and 
   SMSYS=$("$PY" -c "import torch; print('h200' if torch.cuda.is_available() and 'H200' in torch.cuda.get_device_name() else 'h100-sxm')" 2>/dev/null || echo h100-sxm)
   step softmax 30 "$PY" bench/elementwise_gpu.py "${SM[@]}" --softmax --system "$SMSYS" --csv "$WORK/softmax.csv"
 fi
+if want inplace; then  # budget 20 s: in-place add_/mul_ against a copy and add(out=), 1 MiB-1 GiB (predict.write_allocate)
+  if [ -n "$DRY" ]; then IP=(--device cpu --tiny --iters 3); else IP=(--iters 20); fi
+  IPSYS=$("$PY" -c "import torch; print('h200' if torch.cuda.is_available() and 'H200' in torch.cuda.get_device_name() else 'h100-sxm')" 2>/dev/null || echo h100-sxm)
+  step inplace 25 "$PY" bench/elementwise_gpu.py "${IP[@]}" --inplace --system "$IPSYS" --csv "$WORK/inplace.csv"
+fi
 if want layers; then  # budget 60 s: a torchtitan Llama block (8B, 13B, 70B shapes), fwd/bwd by CUDA events + kernel table
   if [ -n "$DRY" ]; then LY=(--device cpu --tiny --iters 1); else LY=(--iters 8 --sustain "${SUSTAIN_S:-20}"); fi
   step layers 75 "$PY" bench/layer_gpu.py "${LY[@]}" --csv "$WORK/layers.csv"
@@ -184,6 +190,7 @@ note "$FAILED step(s) failed; $((SECONDS - T_START)) s in all"
   grep -h "^| design\|^| scoring\|^| [A-Za-z ]* | [0-9.-]* \[" "$WORK"/heldout_gpu.log 2>/dev/null | sed 's/^/heldout_gpu /'
   grep -h "^| \(gemm\|add\)\|^device" "$WORK"/beside.log 2>/dev/null | sed 's/^/beside /'
   grep -h "^LAYER\|^SUSTAIN" "$WORK"/layers.log 2>/dev/null
+  grep -h "^EW inplace" "$WORK"/inplace.log 2>/dev/null
   "$PY" - "$WORK" <<'EOF' 2>&1 | tail -40
 import json, sys
 from pathlib import Path

@@ -3,7 +3,9 @@ through autograd's graph against torch.profiler, and the copy's cost by hand.
 
 Reference: a real CPU forward and backward of each pattern under torch.profiler, counting the ``aten::copy_``
 calls inside ``native_layer_norm_backward`` (or ``_softmax_backward_data``); the trace must predict a gradient
-copy exactly where the profiler sees one. Cost: n fp32 elements read and n written (8 n bytes), backward only."""
+copy exactly where the profiler sees one. The same patterns on CUDA (marked gpu): the walk is the device's too. Cost: n fp32 elements read and n written (8 n bytes), backward only."""
+from contextlib import contextmanager
+
 import pytest
 import torch
 from torch import nn
@@ -15,6 +17,8 @@ from perfcheck.predict.trace import trace_model
 F = nn.functional
 W = torch.randn(16, 16)
 Z = torch.randn(2, 16, 16)
+_DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                  reason="needs CUDA")])]
 
 
 class _Pattern(nn.Module):
@@ -68,7 +72,7 @@ _AFTERS = {
 
 def _profiled_copies(model, x, backward_op: str) -> int:
     """aten::copy_ calls inside ``backward_op`` in one real backward (the model's output's gradient: ones laid out
-    as the output is)."""
+    as the output is). The ops are recorded on the host, on CUDA as on the CPU."""
     out = model(x)
     out.backward(torch.ones_like(out))  # warm
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -85,13 +89,28 @@ def _profiled_copies(model, x, backward_op: str) -> int:
     return copies
 
 
+@contextmanager
+def _constants_on(device: str):
+    """The patterns' constants (W, Z and the tensors the patterns make) on ``device`` inside the block."""
+    global W, Z
+    saved = W, Z
+    W, Z = W.to(device), Z.to(device)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        W, Z = saved
+
+
+@pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("after", list(_AFTERS))
 @pytest.mark.parametrize("op", list(_OPS))
-def test_the_trace_predicts_a_gradient_copy_where_the_profiler_sees_one(op, after):
+def test_the_trace_predicts_a_gradient_copy_where_the_profiler_sees_one(op, after, device):
     fn, backward_op = _OPS[op]
     model = _Pattern(fn, _AFTERS[after])
     x = torch.randn(2, 16, 16, requires_grad=True)
-    measured = _profiled_copies(model, x, backward_op)
+    with _constants_on(device):
+        measured = _profiled_copies(model, x.detach().to(device).requires_grad_(), backward_op)
     # a later layer norm over a permuted view copies its saved input in its backward (the other relayout)
     predicted = [o for o in trace_model(model, (x,)).ops
                  if o.grad_relayout or (o.call.name == "permute_copy" and o.backward and "layer_norm" in backward_op)]
