@@ -21,16 +21,19 @@ r_A(alpha). alpha is the grid point where the A100 errs as the H100 does, least 
 head-dim-128 configurations. What the model gets wrong on both GPUs alike cancels: the benchmark's batch of 128-256
 products (the curve was measured at the 4-24 a Megatron GPU runs, and large batches run closer to the peak), and
 how fast torch's softmax runs over rows of 2048-8192 columns (CUDA's block kernels: ``aten_costs.softmax_class``,
-0.50 of an H100's bandwidth measured, in the specs as ``op_efficiency`` of ``softmax_block``). Fitting r_A alone to
+0.50 of an H100's bandwidth measured, in the specs as ``op_efficiency`` of ``softmax_block``) and that its backward
+is two passes on any row length (a separate ``grad * output`` kernel; ``_softmax:bwd``, measured on an H200:
+bench/gpu_results/2026-11-27-h200-late/softmax.csv). Fitting r_A alone to
 1 instead moved from 0.8 to 0.55 when a softmax rate of that size went into the specs (tried on every softmax);
 the differential fit reads the same with the specs' rate and without it (both printed by ``main``): it does not
 hinge on what the two GPUs share.
 
 Why head dim 128 only: the H100 curve was measured at head dims 96, 128 and 160 (bench/results/h100_gemm_shapes.json);
 64 lies below it, where ``shape_factor`` clamps, so a head-dim-64 point would extrapolate the curve rather than read
-it. The head-dim-64 points are printed beside, a check nothing was fitted on: the H100 reads them 1.00-1.11 with
-the measured softmax rate (1.31-1.39 without it). Megatron runs its own fused softmax, so the published runs'
-rows do not take that rate.
+it. The head-dim-64 points are printed beside, a check nothing was fitted on: the H100 reads them 1.00-1.14 with
+the measured softmax rates (the block kernel's and the two-pass backward's; 1.31-1.39 at 512-1024 columns before the
+backward's went in). Megatron runs its own fused softmax, one pass each way, so the published runs' rows do not take
+these rates (``row_times.SCALED_SOFTMAX``).
 """
 from __future__ import annotations
 
@@ -176,7 +179,7 @@ def report(alpha: float, points: list, a100: pd.DataFrame, h100: pd.DataFrame, s
              "", f"**alpha = {alpha}**: least mean |log(r_A / r_H)| over the {fitted} "
              f"head-dim-{FITTED_HEAD_DIM} configurations both GPUs ran. Landscape: "
              + ", ".join(f"{a:.2f}: {e:.3f}" for a, e in points),
-             f"Without the specs' measured rate of CUDA's block softmax (both GPUs at the copy rate): "
+             f"Without the specs' measured rates of CUDA's softmax (block kernel, two-pass backward; both GPUs at the copy rate): "
              f"alpha = {softmax_alpha}.", "",
              f"A100, measured / predicted (r_A) at alpha = {alpha} (head dim 64 outside the fit: see the docstring):", ""]
     lines += _ratio_table(a100, "ratio")
@@ -186,10 +189,10 @@ def report(alpha: float, points: list, a100: pd.DataFrame, h100: pd.DataFrame, s
 
 
 def without_softmax_rate(spec):
-    """``spec`` without its measured rate of CUDA's block softmax (``softmax_block`` keys of ``op_efficiency``): the
-    robustness check the docstring names."""
+    """``spec`` without its measured rates of CUDA's softmax (``op_efficiency``'s ``softmax_block`` keys, the block
+    kernel's, and ``_softmax`` keys, the two-pass backward's): the robustness check the docstring names."""
     spec = spec_of(spec)
-    kept = {k: v for k, v in spec.op_efficiency.items() if not k.startswith("softmax_block")}
+    kept = {k: v for k, v in spec.op_efficiency.items() if not k.startswith(("softmax_block", "_softmax"))}
     return dataclasses.replace(spec, op_efficiency=kept)
 
 

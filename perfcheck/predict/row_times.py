@@ -18,9 +18,13 @@ import numpy as np
 from perfcheck.predict import attention_kernel, roofline
 from perfcheck.hardware.systems import host_constants
 
+#: The kernel the front-end's softmax row stands for: Megatron's fused scale-mask-softmax
+#: (``sharding_shape.scaled_softmax``, one pass each way), priced under its own name, not torch's ``_softmax``, whose
+#: CUDA backward is two passes (a separate ``grad * output`` kernel: the GPU specs' ``_softmax:bwd`` entries).
+SCALED_SOFTMAX = "scaled_masked_softmax"
 #: The aten op behind each sublayer formula (``perfcheck.estimate`` traces these): the spec's per-op
 #: ``op_efficiency`` and per-row prices are keyed by aten names, so the rows look them up by these.
-ATEN_OF_FORMULA = {"linear": "addmm", "matmul": "bmm", "softmax": "_softmax", "layer_norm": "native_layer_norm",
+ATEN_OF_FORMULA = {"linear": "addmm", "matmul": "bmm", "softmax": SCALED_SOFTMAX, "layer_norm": "native_layer_norm",
                    "embedding": "embedding", "dropout": "native_dropout", "activation": "gelu",
                    "elementwise": "add", "attention": "_scaled_dot_product_flash_attention",
                    "cross_entropy": "_log_softmax"}
