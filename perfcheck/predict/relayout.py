@@ -19,14 +19,20 @@ The gradient a LayerNorm's backward receives is copied too when it arrives out o
 softmax's or log-softmax's (torch.profiler, torch 2.13 CPU: an ``aten::copy_`` inside
 ``native_layer_norm_backward`` / ``_softmax_backward_data`` / ``_log_softmax_backward_data``; group norm, batch
 norm, GELU and SiLU backwards read such a gradient in place; tests/predict/test_relayout_grad.py checks the rule
-below against the profiler). The same copy is assumed on a GPU, whose layer-norm and softmax kernels also index
-the gradient as a dense row-major array; no GPU profile checked it here. Where it arrives permuted is not in the
+below against the profiler, on the CPU and on CUDA). Two CUDA kernels differ, and a GPU target's trace
+(``trace_model(fused_dropout=True)``) walks by them (an H200, torch 2.11: bench/relayout_probe.py,
+bench/gpu_results/2026-11-27-h200-late/relayout_cuda.txt): torch's softmax backward first multiplies the gradient by
+the output (``softmax_backward_cuda_out``: ``tmp = grad * output``, a dense tensor in the gradient's order), so only a
+permuted gradient is copied there, not a gapped or expanded one (``MULTIPLIES_FIRST_ON_GPU``); and CUDA's dropout
+(``native_dropout``, the op a GPU trace records; a CPU trace records ``bernoulli_`` and ``mul``) writes its input's
+gradient in the input's suggested memory format (``masked_scale``: row-major, or channels-last), whatever the
+incoming gradient's order (``SUGGESTS_FORMAT``). Where it arrives permuted is not in the
 forward trace, but in autograd's graph, which the trace holds: a consumer's backward hands its input a gradient
 either laid out as that input is in memory or dense in the input's logical (row-major) order:
 
 - a view that reorders (transpose, permute, view, squeeze, ...) passes the gradient back through the same view,
-  and a pointwise op (and dropout) writes its output in its input's layout while its backward follows the incoming
-  gradient's layout: in memory order at the input exactly when it arrived in memory order at the output;
+  and a pointwise op writes its output in its input's layout while its backward follows the incoming gradient's
+  layout: in memory order at the input exactly when it arrived in memory order at the output;
 - a copy whose backward passes the gradient through (``clone``, ``contiguous``, a same-size ``_to_copy``): the
   same, where the copy kept its input's layout; where it changed it (a permuted view made contiguous), the
   gradient reaches the input laid out as the copy is, so not in the input's memory order;
@@ -75,9 +81,13 @@ GRAD_RELAYOUT_OP = torch.ops.aten.clone.default
 #: dense gradient (a slice's or select's zeros and copy, an expand's sum, a split's concatenation).
 REORDERING_VIEWS = ("transpose", "permute", "t", "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias",
                     "movedim", "swapaxes", "swapdims", "unflatten", "flatten")
-#: Ops that keep their input's layout in the output and the incoming gradient's in the input's gradient, beside
-#: those tagged ``torch.Tag.pointwise``.
-KEEPS_LAYOUT = ("native_dropout",)
+#: Of ``COPIES_GRAD``, those whose CUDA backward first writes ``grad * output`` as a fresh tensor in the gradient's
+#: order (SoftMax.cu, ``softmax_backward_cuda_out``): on a GPU only a permuted gradient is copied, not a gapped one.
+MULTIPLIES_FIRST_ON_GPU = ("_softmax",)
+#: Ops whose backward writes the input's gradient in the input's suggested memory format (row-major, or channels-last
+#: for a 4-d channels-last input) whatever the incoming gradient's order: CUDA's dropout (``masked_scale`` allocates
+#: ``empty_like(grad, grad.suggest_memory_format())``; the op only a GPU target's trace records).
+SUGGESTS_FORMAT = ("native_dropout",)
 #: Ops whose backward hands each input a slice of the output's gradient along their ``dim`` argument.
 SLICES_GRAD = ("cat", "stack")
 #: Reductions whose backward expands the gradient (``SumBackward``: ``grad.expand(self.sizes())``).
@@ -132,15 +142,18 @@ def insert(trace) -> None:
 DENSE, GAPPED, PERMUTED = "dense", "gapped", "permuted"
 
 
-def mark_permuted_grads(trace, seen: dict, outs: dict) -> None:
-    """Set ``grad_permuted`` on each differentiated op of ``COPIES_GRAD`` whose output's gradient does not arrive laid
-    out as the output is (the module docstring's walk, ``_GradLayout``). ``seen``: id -> node for every node backward
-    reaches (``trace_modes.mark_backward``); ``outs``: op index -> its output tensors (fake; their ``grad_fn``s)."""
+def mark_permuted_grads(trace, seen: dict, outs: dict, gpu: bool = False) -> None:
+    """Set ``grad_permuted`` on each differentiated op of ``COPIES_GRAD`` whose kernel copies its output's gradient:
+    where it does not arrive laid out as the output is (the module docstring's walk, ``_GradLayout``), on a GPU
+    target (``gpu``) only where it arrives permuted for ``MULTIPLIES_FIRST_ON_GPU``. ``seen``: id -> node for every
+    node backward reaches (``trace_modes.mark_backward``); ``outs``: op index -> its output tensors (fake; their
+    ``grad_fn``s)."""
     walk = _GradLayout(trace, seen, outs)
     for index, op in enumerate(trace.ops):
         if op.call.name in COPIES_GRAD and op.backward and outs.get(index):
             y = outs[index][0]
-            op.grad_permuted = y.grad_fn is not None and walk.layout(y, 0) != DENSE
+            copied = (PERMUTED,) if gpu and op.call.name in MULTIPLIES_FIRST_ON_GPU else (PERMUTED, GAPPED)
+            op.grad_permuted = y.grad_fn is not None and walk.layout(y, 0) in copied
 
 
 class _GradLayout:
@@ -173,9 +186,11 @@ class _GradLayout:
             return self.layout(out, steps + 1)
         if len(outputs) == 1 and call.name in PASSES_GRAD:  # before pointwise: torch tags clone pointwise
             return self.layout(out, steps + 1) if _same_layout(t, out) else PERMUTED
-        if call.name in KEEPS_LAYOUT or (len(outputs) == 1 and torch.Tag.pointwise in getattr(call.func, "tags", ())):
-            return self.layout(out, steps + 1)  # dropout's second output is its mask
+        if len(outputs) == 1 and torch.Tag.pointwise in getattr(call.func, "tags", ()):
+            return self.layout(out, steps + 1)
         own = DENSE if t.is_contiguous() else PERMUTED  # a dense gradient in t's logical order
+        if call.name in SUGGESTS_FORMAT and t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+            return DENSE
         if call.name in SLICES_GRAD:
             dim = int(call.arg(1, "dim", 0)) % out.dim()
             whole = self.layout(out, steps + 1)

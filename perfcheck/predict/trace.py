@@ -153,7 +153,7 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
         es.enter_context(Recorder(trace, stack, elem_bytes, hidden, grad_rule, outs, ckpt))
         # keyword tensors (model(x, labels=y)) are faked and moved like positional ones
         result = _forward(model, state, tuple(inputs), _fake_inputs(dict(kwargs or {}), fake_mode, device))
-    seen = _read_graph(trace, outs, result)
+    seen = _read_graph(trace, outs, result, gpu=fused_dropout)
     early_stop(trace, ckpt)
     ckpt.clear()
     adds = grad_accumulation.accumulations(seen, grad_accumulation.node_ops(outs), _owners(model, state),
@@ -166,11 +166,12 @@ def trace_model(model: torch.nn.Module, example_inputs, *, elem_bytes=None, kwar
     return trace
 
 
-def _read_graph(trace, outs: dict, result) -> dict:
+def _read_graph(trace, outs: dict, result, gpu: bool = False) -> dict:
     """What autograd's graph says about the traced ops: which ones backward differentiates (``mark_backward``)
-    and which get a permuted gradient (``relayout.mark_permuted_grads``). Returns the nodes backward reaches."""
+    and which get a permuted gradient (``relayout.mark_permuted_grads``, by the target's kernels: ``gpu``). Returns
+    the nodes backward reaches."""
     seen = mark_backward(trace, outs, result)
-    relayout.mark_permuted_grads(trace, seen, outs)
+    relayout.mark_permuted_grads(trace, seen, outs, gpu=gpu)
     return seen
 
 

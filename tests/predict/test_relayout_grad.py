@@ -3,8 +3,12 @@ through autograd's graph against torch.profiler, and the copy's cost by hand.
 
 Reference: a real CPU forward and backward of each pattern under torch.profiler, counting the ``aten::copy_``
 calls inside ``native_layer_norm_backward`` (or ``_softmax_backward_data``); the trace must predict a gradient
-copy exactly where the profiler sees one. The same patterns on CUDA (marked gpu): the walk is the device's too. Cost: n fp32 elements read and n written (8 n bytes), backward only."""
+copy exactly where the profiler sees one. The same patterns on CUDA (marked gpu; and here, against an H200's recorded
+counts) with a GPU target's trace, which walks by CUDA's kernels. Cost: n fp32 elements read and n written (8 n
+bytes), backward only."""
+import re
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,10 +115,39 @@ def test_the_trace_predicts_a_gradient_copy_where_the_profiler_sees_one(op, afte
     x = torch.randn(2, 16, 16, requires_grad=True)
     with _constants_on(device):
         measured = _profiled_copies(model, x.detach().to(device).requires_grad_(), backward_op)
-    # a later layer norm over a permuted view copies its saved input in its backward (the other relayout)
-    predicted = [o for o in trace_model(model, (x,)).ops
-                 if o.grad_relayout or (o.call.name == "permute_copy" and o.backward and "layer_norm" in backward_op)]
-    assert len(predicted) == measured, (op, after, measured)
+    assert _predicted_copies(model, x, backward_op, gpu=device != "cpu") == measured, (op, after, measured)
+
+
+def _predicted_copies(model, x, backward_op: str, gpu: bool) -> int:
+    """The copies the trace predicts inside ``backward_op``: gradient relayouts, and a later layer norm over a permuted
+    view copying its saved input in its backward (the other relayout). ``gpu``: a GPU target's trace."""
+    return sum(1 for o in trace_model(model, (x,), fused_dropout=gpu).ops
+               if o.grad_relayout or (o.call.name == "permute_copy" and o.backward and "layer_norm" in backward_op))
+
+
+#: The same patterns' copies as an H200 counted them (torch 2.11+cu130; bench/relayout_probe.py --device cuda)
+CUDA_COUNTS = (Path(__file__).resolve().parents[2] / "bench" / "gpu_results" / "2026-11-27-h200-late"
+               / "relayout_cuda.txt")
+
+
+def _recorded_cuda_counts() -> dict:
+    rows = {}
+    for line in CUDA_COUNTS.read_text().splitlines():
+        m = re.match(r"RELAYOUT cuda (\S+)\s+(.*?)\s+measured (\d+) predicted", line)
+        if m:
+            rows[(m.group(1), m.group(2))] = int(m.group(3))
+    return rows
+
+
+def test_a_gpu_targets_trace_predicts_the_copies_an_h200_counted():
+    """Without a GPU here: the GPU target's walk (CUDA's softmax multiplies first, CUDA's dropout writes its input's
+    gradient row-major) against the profiler's counts recorded on an H200, every pattern."""
+    recorded = _recorded_cuda_counts()
+    assert len(recorded) == len(_OPS) * len(_AFTERS)
+    for (op, after), measured in recorded.items():
+        fn, backward_op = _OPS[op]
+        x = torch.randn(2, 16, 16, requires_grad=True)
+        assert _predicted_copies(_Pattern(fn, _AFTERS[after]), x, backward_op, gpu=True) == measured, (op, after)
 
 
 def test_the_gradient_copy_costs_one_copy_backward_only_in_the_ops_module():
