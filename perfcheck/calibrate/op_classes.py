@@ -257,10 +257,12 @@ def safe_softmax_case(dev) -> Case:
     return opeff_case("_safe_softmax", lambda: aten._safe_softmax(x, -1), cost["fwd"], cost["fwd"][3])
 
 
-#: (rows, columns) of the row-wise cases (LayerNorm, softmax) and (batch, channels, height, width, groups) of the
-#: GroupNorm case: ``ELEMENTWISE`` fp32 elements each, rows of 128 (a small transformer's width), 8 groups.
+#: (rows, columns) of the row-wise cases (LayerNorm, softmax), (batch, channels, height, width, groups) of the
+#: GroupNorm case and (batch, channels, height, width) of the BatchNorm case: ``ELEMENTWISE`` fp32 elements each,
+#: rows of 128 (a small transformer's width), 8 groups, 64 channels of 32 x 32 pixels (a small CNN's early layer).
 NORM_ROWS = (ELEMENTWISE // 128, 128)
 GROUP_NORM = (4, 64, 32, 32, 8)
+BATCH_NORM = (4, 64, 32, 32)
 
 
 def norm_cases(dev) -> list:
@@ -293,12 +295,35 @@ def norm_cases(dev) -> list:
                    cost["fwd"]),
             opeff_case("native_group_norm:bwd", lambda: aten.native_group_norm_backward(
                 gy, y, gmean, grstd, gw, n, c, h * wd, groups, [True, True, True]), cost["bwd"], cost["fwd"][3])]
+    out += batch_norm_cases(dev)
     sm = aten._softmax(x, -1, False)
     cost = formula_costs(lambda t: torch.softmax(t, -1), (xg,), ("_softmax",))
     out += [opeff_case("_softmax", lambda: aten._softmax(x, -1, False), cost["fwd"]),
             opeff_case("_softmax:bwd", lambda: aten._softmax_backward_data(g, sm, -1, torch.float32), cost["bwd"],
                    cost["fwd"][3])]
     return out
+
+
+def batch_norm_cases(dev) -> list:
+    """Training BatchNorm forward (``native_batch_norm``: the batch statistics, the normalisation and the running
+    statistics in one call) and backward (``native_batch_norm_backward``, the input's and the affine parameters'
+    gradients) at ``BATCH_NORM``. Why: priced at the calibrated vector rate and bandwidth (formulas.batch_norm: two
+    passes forward, the backward's reductions fused into its input-gradient pass), a 4 x 64 x 32 x 32 BatchNorm read
+    419 us forward against 491 measured and 382 us backward against 248 on the project's AMD EPYC (1 thread, process
+    time, 2026-11-27): the kernels' own rates, as LayerNorm's and GroupNorm's cases measure theirs."""
+    n, c, h, wd = BATCH_NORM
+    x = torch.randn(n, c, h, wd, device=dev)
+    g = torch.randn_like(x)
+    w, b = torch.randn(c, device=dev), torch.randn(c, device=dev)
+    rm, rv = torch.zeros(c, device=dev), torch.ones(c, device=dev)
+    xg, wg, bg = (t.clone().requires_grad_(True) for t in (x, w, b))
+    _, mean, invstd = aten.native_batch_norm(x, w, b, rm.clone(), rv.clone(), True, 0.1, 1e-5)
+    bn = lambda t, w_, b_: torch.nn.functional.batch_norm(t, rm.clone(), rv.clone(), w_, b_, training=True)  # noqa: E731
+    cost = formula_costs(bn, (xg, wg, bg), ("native_batch_norm",))
+    return [opeff_case("native_batch_norm", lambda: aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5),
+                       cost["fwd"]),
+            opeff_case("native_batch_norm:bwd", lambda: aten.native_batch_norm_backward(
+                g, x, w, rm, rv, mean, invstd, True, 1e-5, [True, True, True]), cost["bwd"], cost["fwd"][3])]
 
 
 #: oneDNN LSTM layer cases (``aten.mkldnn_rnn_layer``, what nn.LSTM runs on a CPU: aten_costs._mkldnn_rnn):

@@ -46,10 +46,10 @@ def cache_dir() -> Path:
 
 #: The calibration's format: bumped when ``perfcheck calibrate`` gains or changes the cases a spec's fields come
 #: from (3: the optimizer's sqrt of zeros, a GPU's strided element rate, the DeepSpeed case and the reference
-#: record read against the references; 4: the depthwise 5x5 backward's per-call cases). Part of the fingerprint,
-#: so a file another format wrote is not read: the automatic calibration measures this machine anew once, instead
-#: of predicting without the newer fields.
-CALIBRATION_FORMAT = 4
+#: record read against the references; 4: the depthwise 5x5 backward's per-call cases; 5: the BatchNorm cases).
+#: Part of the fingerprint, so a file another format wrote is not read: the automatic calibration measures this
+#: machine anew once, instead of predicting without the newer fields.
+CALIBRATION_FORMAT = 5
 
 
 def fingerprint(device=None, threads=None) -> dict:

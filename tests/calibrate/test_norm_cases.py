@@ -1,4 +1,5 @@
-"""The row-wise op classes' calibration cases (LayerNorm, GroupNorm, softmax) and the CPU's efficiency bound."""
+"""The row-wise op classes' calibration cases (LayerNorm, GroupNorm, BatchNorm, softmax) and the CPU's efficiency
+bound."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +11,7 @@ import torch
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.fit_draft import Draft
 from perfcheck.calibrate.fit_host import per_op_costs
-from perfcheck.calibrate.op_classes import ELEMENTWISE, GROUP_NORM, NORM_ROWS, norm_cases
+from perfcheck.calibrate.op_classes import BATCH_NORM, ELEMENTWISE, GROUP_NORM, NORM_ROWS, norm_cases
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import SystemSpec, load_system
 from perfcheck.predict import roofline
@@ -36,6 +37,26 @@ def test_norm_cases_price_the_formulas_flops_by_hand():
     assert cases["native_layer_norm"].bytes == pytest.approx((2 * n + 2 * cols + 2 * rows) * 4)
     assert cases["_softmax:bwd"].bytes == pytest.approx(3 * n * 4)
     assert all(c.kind == names.OPEFF for c in cases.values())
+
+
+def test_batch_norm_cases_price_the_formula_by_hand():
+    """Training BatchNorm over (N, C, H, W): forward 7 FLOPs per element, reads x twice (statistics, then the
+    normalisation) and writes y (3 n fp32), the weight and bias (2 C), and the batch mean and invstd with the running
+    statistics (4 C); backward 9 per element (input gradient; the weight's and bias's sums fused into it), reads x and
+    the gradient and writes the input's (3 n) and the weight and bias (2 C)."""
+    cases = _by_label()
+    n_, c, h, w = BATCH_NORM
+    n = n_ * c * h * w
+    assert n == ELEMENTWISE
+    assert cases["native_batch_norm"].shape[2] == 7 * n and cases["native_batch_norm:bwd"].shape[2] == 9 * n
+    assert cases["native_batch_norm"].bytes == pytest.approx((3 * n + 2 * c + 4 * c) * 4)
+    assert cases["native_batch_norm:bwd"].bytes == pytest.approx((3 * n + 2 * c) * 4)
+    y, mean, invstd = cases["native_batch_norm"].fn()
+    assert y.shape == BATCH_NORM and mean.shape == (c,) and invstd.shape == (c,)
+    # a training call returns the batch's statistics: of a standard normal input, 4096 samples per channel
+    assert mean.abs().max() < 0.1 and torch.allclose(invstd, torch.ones(c), atol=0.1)
+    gx, gw, gb = cases["native_batch_norm:bwd"].fn()
+    assert gx.shape == BATCH_NORM and gw.shape == (c,) and gb.shape == (c,)
 
 
 def test_norm_cases_run_the_aten_calls_they_name():
