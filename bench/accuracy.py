@@ -45,8 +45,10 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import perfcheck  # noqa: E402
 from perfcheck.schema import ROOT  # noqa: E402
+from step_model import StepModel, step_seconds  # noqa: E402  (bench/step_model.py)
 
 SECTION = ("<!-- accuracy:start -->", "<!-- accuracy:end -->")
 MODELS = ("lenet", "jsc", "graph", "gpt")
@@ -211,26 +213,10 @@ def measure(w: Workload, steps: int, warmup: int, clock: str = "wall"):
     return pc.measured(), pd.DataFrame({"step_s": bare}), leaves
 
 
-class _Loss(torch.nn.Module):
-    """The workload's loss as a module, so the estimator predicts it like the model (its ops' host and device terms)."""
-
-    def __init__(self, loss, target):
-        super().__init__()
-        self.loss, self.target = loss, target
-
-    def forward(self, out):
-        return self.loss(out, self.target)
-
-
-def _loss_s(w: Workload, spec) -> float:
-    with torch.no_grad():
-        out = w.model(*w.inputs)
-    pred = perfcheck.estimate(_Loss(w.loss, w.target), (out.detach().requires_grad_(True),), system=spec)
-    root = pred[pred["module"] == ROOT].iloc[0]
-    from perfcheck.hardware.systems import host_constants
-
-    # one loss.backward() runs the loss's and the model's backward: its fixed cost is in the model's root already
-    return float(root.pred_fwd_s + root.pred_bwd_s - host_constants(spec)["backward_call_s"])
+def _step_s(w: Workload, spec) -> float:
+    """The whole step predicted with the loss where the step runs it (bench/step_model.py)."""
+    return step_seconds(perfcheck.estimate(StepModel(w.model, w.loss, w.target), w.inputs, system=spec,
+                                           optimizer="sgd"))
 
 
 def _leaves(paths) -> set:
@@ -264,7 +250,7 @@ def compare(w: Workload, measured: pd.DataFrame, steps: pd.DataFrame, systems: d
                      "calibrated": spec.calibrated, "module": "(step)", "type": "(step)", "leaf": False,
                      "large_matmul": False, "flops_fwd": root.flops_fwd,
                      "meas_fwd_s": float(steps["step_s"].median()), "meas_bwd_s": 0.0,
-                     "pred_fwd_s": root.pred_fwd_s + root.pred_bwd_s + root.pred_optim_s + _loss_s(w, spec),
+                     "pred_fwd_s": _step_s(w, spec),
                      "pred_bwd_s": 0.0})
     out = pd.DataFrame(rows)
     out["ratio"] = (out["meas_fwd_s"] + out["meas_bwd_s"]) / (out["pred_fwd_s"] + out["pred_bwd_s"])

@@ -29,39 +29,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import perfcheck  # noqa: E402
-from perfcheck.schema import ROOT  # noqa: E402
-from perfcheck.hardware.systems import host_constants, load_system  # noqa: E402
-import accuracy  # noqa: E402  (bench/accuracy.py: build, _Loss, gpt_class_lines, step_lines)
+from perfcheck.hardware.systems import load_system  # noqa: E402
+import accuracy  # noqa: E402  (bench/accuracy.py: build, _step_s, gpt_class_lines, step_lines)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRED = ["pred_fwd_s", "pred_bwd_s"]
 
 
-def _out_meta(w) -> torch.Tensor:
-    """The model's output as a meta tensor of its real shape and dtype (a fake forward: no compute, so GPT-2
-    small's batch-32 logits, 3 GiB in bf16, cost nothing here)."""
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        out = w.model(*w.inputs)
-    return torch.empty(out.shape, dtype=out.dtype, device="meta").requires_grad_(True)
-
-
-def loss_s(w, spec, out) -> float:
-    """bench/accuracy.py ``_loss_s`` on a meta output (same estimate, same backward_call_s subtraction)."""
-    pred = perfcheck.estimate(accuracy._Loss(w.loss, w.target), (out,), system=spec)
-    root = pred[pred["module"] == ROOT].iloc[0]
-    return float(root.pred_fwd_s + root.pred_bwd_s - host_constants(spec)["backward_call_s"])
-
-
 def predict(w, spec) -> pd.DataFrame:
     """module -> (pred_fwd_s, pred_bwd_s), with the "(step)" row as bench/accuracy.py ``compare`` builds it."""
     pred = perfcheck.estimate(w.model, w.inputs, system=spec, optimizer="sgd")
-    root = pred[pred["module"] == ROOT].iloc[0]
-    step = root.pred_fwd_s + root.pred_bwd_s + root.pred_optim_s + loss_s(w, spec, _out_meta(w))
+    step = accuracy._step_s(w, spec)
     rows = pred[["module", *PRED]].copy()
     rows.loc[len(rows)] = {"module": "(step)", "pred_fwd_s": step, "pred_bwd_s": 0.0}
     return rows.set_index("module")

@@ -70,6 +70,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import perfcheck  # noqa: E402
 from perfcheck.hardware.cache import AUTO_NAME  # noqa: E402
 from perfcheck.hardware.systems import SystemSpec  # noqa: E402
@@ -77,6 +78,7 @@ from perfcheck.measure.speed import SpeedProbe  # noqa: E402
 from perfcheck.predict import run_speed  # noqa: E402
 from perfcheck.predict.host import optimizer_time  # noqa: E402
 from perfcheck.schema import ROOT  # noqa: E402
+from step_model import StepModel, model_path  # noqa: E402  (bench/step_model.py)
 
 #: design: developed on; scoring: only scored (see the module docstring). Decided before any scoring result.
 SPLIT = {
@@ -574,37 +576,14 @@ def hooked_steps(w: Workload, opt, timer, steps: int, between=None):
     return timer
 
 
-class _Step(torch.nn.Module):
-    """The model and its loss as one module (the model under ``model``): the estimator prices the loss's ops where a
-    step runs them, after the forward and before its backward, as the measured forward (forward + loss) holds them.
-    Why not a separate estimate of the loss: alone, its two or three ops read as a tight loop's (9-20 us for a
-    cross-entropy over (4, 10)), where in a step they ran 80-190 us on the project's AMD EPYC (process time,
-    2026-11-27: their code and data a step old), which the estimator's far rule prices only with the step around
-    them (80 us)."""
-
-    def __init__(self, model, loss, target):
-        super().__init__()
-        self.model, self.loss, self.target = model, loss, target
-
-    def forward(self, *inputs):
-        return self.loss(self.model(*inputs), self.target)
-
-
-def _model_path(path: str):
-    """The model's own module path of a ``_Step`` row (``model.x`` -> ``x``, ``model`` -> ROOT), None for the step's."""
-    if path == "model":
-        return ROOT
-    return path[len("model."):] if path.startswith("model.") else None
-
-
 def predict(w: Workload, spec, optimizer) -> dict:
     """The step's forward (the loss's included), backward and optimizer step, per module fwd + bwd, and the host
     share of each (the estimator's ``host_<phase>_s``; the optimizer's from ``predict.host.optimizer_time``, the
     function that priced ``pred_optim_s``), which ``at_run_speed`` scales by the host factor; and the spec's
     calibration record (its reference times, ``run_speed.speed_factors``). One estimate of the model and its loss
-    (``_Step``)."""
+    (``step_model.StepModel``)."""
     note, used = "", optimizer
-    step = _Step(w.model, w.loss, w.target)
+    step = StepModel(w.model, w.loss, w.target)
     try:
         pred = perfcheck.estimate(step, w.inputs, system=spec, optimizer=optimizer)
     except NotImplementedError as exc:
@@ -616,7 +595,7 @@ def predict(w: Workload, spec, optimizer) -> dict:
     host = {"fwd": float(root.host_fwd_s), "bwd": float(root.host_bwd_s),
             "optim": optimizer_time([q.numel() for q in params], used, spec).host_s}
     host["step"] = host["fwd"] + host["bwd"] + host["optim"]
-    rows = [(_model_path(r.module), r) for r in pred.itertuples()]
+    rows = [(model_path(r.module), r) for r in pred.itertuples()]
     mods = {path: (float(r.pred_fwd_s), float(r.pred_bwd_s)) for path, r in rows if path is not None}
     mod_host = {path: float(r.host_fwd_s + r.host_bwd_s) for path, r in rows if path is not None}
     return {"phases": {"fwd": fwd, "bwd": bwd, "optim": optim, "step": fwd + bwd + optim}, "modules": mods,
