@@ -392,7 +392,7 @@ def _host_far(d: Draft, table, put):
                                             f"{residency[2] * 1e6:.0f} us; after "
                                             + ", ".join(f"{w * 1e3:g} ms {r * 1e6:.0f} us" for w, r in residency[3])
                                             + "): data left in an L3 shared with other tenants decays with time; "
-                                            "perfcheck.predict.family_reuse.far_in_time")
+                                            "perfcheck.predict.host._far_shares")
 
 
 def _host_optimizers(host, put):

@@ -132,7 +132,8 @@ HOST_KEYS = {
                        "it, else op_cold_near_s",
     "l3_residency_s": "how long data left in the L3 stays there while this process does other work (an L3 shared "
                       "with other tenants' cores decays; perfcheck/calibrate/op_cases.py l3_residency_cases): an op "
-                      "whose family last ran longer ago pays op_cold_far_s (perfcheck.predict.family_reuse.far_in_time); "
+                      "whose family last ran longer ago pays op_cold_far_s (perfcheck.predict.host._far_shares; where "
+                      "calibration kept the L3's loss curve, calibration.l3_lost, its share by age instead); "
                       "0: no decay measured",
     "op_cold_far_s": "op_cold_s for an op whose family last ran more than the L3 of data ago (calibration.l3_bytes): "
                      "its code and data come from memory (perfcheck.predict.family_reuse.far_reuse; "

@@ -29,11 +29,14 @@ in native_functions.yaml, a copy, a split, or a GEMM of ``LIGHT_OTHERS``); it pa
 excess of calibration's own light round-robin (op_cases.op_cold_light_cases: 13 light families, so again 12
 others between two calls of a family, the distance ``NEAR_DISTANCE`` measures).
 
-Far (``far_reuse``, ``far_in_time``): the other end. An op whose family last ran more than the L3 of distinct data
-ago, or longer ago than the L3 keeps what it holds (``l3_residency_s``: an L3 shared with other tenants' cores
-forgets with time), finds its code and data in memory and pays at least ``op_cold_far_s``, calibration's round-robin
-after an L3 eviction (on an AMD EPYC VM, 31.5 us per op against op_cold_s's 5.8; bench/results/cache_levels.md).
-Where calibration measured neither the L3 nor the far price (a large L3, a GPU, a datasheet spec), no op is far.
+Far (``far_reuse``, ``family_ages``): the other end. An op whose family last ran more than the L3 of distinct data
+ago finds its code and data in memory and pays at least ``op_cold_far_s``, calibration's round-robin after an L3
+eviction (on an AMD EPYC VM, 31.5 us per op against op_cold_s's 5.8; bench/results/cache_levels.md); an L3 shared
+with other tenants' cores also forgets with time, so an op pays the share of that price its L3 lost in the time
+since its family last ran (``family_ages``; ``host._far_shares`` with calibration's loss curve,
+``cold_curves.l3_loss``: on an AMD EPYC VM an 8 MiB buffer left in its 32 MiB L3 read at 84 GB/s at once, 38 GB/s
+after 5 ms asleep and as evicted after 20 ms). Where calibration measured neither the L3 nor the far price (a large
+L3, a GPU, a datasheet spec), no op is far.
 """
 from __future__ import annotations
 
@@ -129,35 +132,31 @@ def far_reuse(distance_fwd, distance_bwd, skip, cache_bytes: float) -> tuple:
     return tuple(out)
 
 
-def far_in_time(names, skip, seconds_fwd, seconds_bwd, residency_s: float) -> tuple:
-    """``(forward, backward)`` bool arrays: True where a computing op's family last ran more than ``residency_s``
-    ago in its pass (the predicted seconds of the ops in between, ``seconds_<phase>``; a family's first call in a
-    pass last ran a step ago: the step's seconds), so an L3 shared with other tenants' cores has let its code and
-    data decay (``host.l3_residency_s``, calibration's residency cases). All False where ``residency_s`` is not
-    positive; ``skip`` (views, gradient accumulations) never far.
-    Why: on an AMD EPYC VM an 8 MiB buffer left in its 32 MiB L3 read at 84 GB/s at once, 38 GB/s after 5 ms asleep
-    and as evicted after 20 ms (bench/results/cache_levels.md): there an op's code goes cold with time, whatever
-    this process touched in between (``far_reuse`` counts only that)."""
+def family_ages(names, skip, seconds_fwd, seconds_bwd, idle_s: float = 0.0) -> tuple:
+    """``(forward, backward)`` float arrays: the seconds since each computing op's family last ran in its pass (the
+    predicted seconds of the ops in between, ``seconds_<phase>``; a family's first call in a pass last ran a step
+    ago: all the ops' seconds plus ``idle_s``, the step's time outside them, e.g. the optimizer's step); NaN for
+    ``skip`` (views, gradient accumulations)."""
     skip = np.asarray(skip, dtype=bool)
-    fwd, bwd = np.zeros(len(skip), dtype=bool), np.zeros(len(skip), dtype=bool)
-    if not residency_s or residency_s <= 0 or not len(skip):
+    fwd, bwd = np.full(len(skip), np.nan), np.full(len(skip), np.nan)
+    if not len(skip):
         return fwd, bwd
     names = np.asarray(names, dtype=object)
     sec_f = np.where(skip, 0.0, np.asarray(seconds_fwd, dtype=float))
     sec_b = np.where(skip, 0.0, np.asarray(seconds_bwd, dtype=float))
-    step = float(sec_f.sum() + sec_b.sum())
+    step = float(sec_f.sum() + sec_b.sum()) + float(idle_s)
     idx = np.flatnonzero(~skip)
-    fwd[idx] = _time_walk(names[idx], sec_f[idx], step, residency_s)
-    bwd[idx] = _time_walk(names[idx][::-1], sec_b[idx][::-1], step, residency_s)[::-1]
+    fwd[idx] = _time_walk(names[idx], sec_f[idx], step)
+    bwd[idx] = _time_walk(names[idx][::-1], sec_b[idx][::-1], step)[::-1]
     return fwd, bwd
 
 
-def _time_walk(run, seconds, step_s: float, residency_s: float) -> np.ndarray:
-    """Far-in-time flags along ``run`` in order (``far_in_time``): the seconds between a family's calls."""
+def _time_walk(run, seconds, step_s: float) -> np.ndarray:
+    """Ages along ``run`` in order (``family_ages``): the seconds between a family's calls."""
     ends = np.cumsum(seconds)
     starts = ends - seconds
-    last, out = {}, np.zeros(len(run), dtype=bool)
+    last, out = {}, np.zeros(len(run))
     for i, name in enumerate(run):
-        out[i] = (starts[i] - last[name] if name in last else step_s) > residency_s
+        out[i] = starts[i] - last[name] if name in last else step_s
         last[name] = ends[i]
     return out

@@ -79,7 +79,7 @@ from perfcheck.predict import optimizers, reuse
 from perfcheck.predict.aten_costs import is_view_op, op_class
 from perfcheck.predict.cold_curves import far_data, l3_loss
 from perfcheck.predict.efficiency import CLASS_PARENTS, op_flop_prices
-from perfcheck.predict.family_reuse import far_in_time, far_reuse, light_reuse, near_reuse
+from perfcheck.predict.family_reuse import family_ages, far_reuse, light_reuse, near_reuse
 from perfcheck.predict.grad_accumulation import ACCUMULATE_NAME
 from perfcheck.predict.roofline import compute_time_s, far_seconds_per_byte, memory_time_s
 from perfcheck.predict.write_allocate import is_inplace
@@ -249,17 +249,18 @@ def _with_cold(hc: dict, spec, dtype, cold: float) -> dict:
     residency = float(dict(spec.host).get("l3_residency_s", 0.0) or 0.0) if applies and l3 > 0 else 0.0
     return {**hc, "op_cold_s": cold, "op_cold_near_s": near, "op_cold_light_s": light,
             "op_cold_far_s": cold if far is None else float(far), "far_cache_bytes": l3 if applies else 0.0,
-            "far_residency_s": residency}
+            "far_residency_s": residency, "far_lost": l3_loss(spec) if residency > 0 else None}
 
 
-def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) -> tuple:
+def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True, idle_s: float = 0.0) -> tuple:
     """Per-op forward and backward host seconds (before module-call and AccumulateGrad terms).
 
     ``op_fixed``: aten name -> fixed cost of that op family beyond a tiny add's dispatch (the
     spec's ``op_fixed_s``: cuDNN/cuBLAS set-up, a reduction's set-up); backward kernels of an op
     are costed like its forward kernel (fixed x backward kernels / forward kernels; NB, an approximation), except
     for a class whose backward call calibration timed (``<class>:bwd``, ``_fixed_bwd``).
-    ``hc["op_cold_s"]``: the per-switch cost (``dtype_host_terms`` puts the dtype's there).
+    ``hc["op_cold_s"]``: the per-switch cost (``dtype_host_terms`` puts the dtype's there). ``idle_s``: the step's
+    seconds outside its ops (``_far_shares``).
     """
     view = seq["view"].to_numpy(bool)
     node = seq["node"].to_numpy(bool)
@@ -296,11 +297,12 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     light = hc.get("op_cold_light_s", near)
     cold_f = np.where(light_f, np.minimum(cold_f, light), cold_f)
     cold_b = np.where(light_b, np.minimum(cold_b, light), cold_b)
-    # an op whose family last ran more than the L3 of data (or its residency time) ago: op_cold_far_s (at least)
-    far_f, far_b = _far_flags(seq, hc, view | acc, node)
+    # an op whose family last ran more than the L3 of data ago: op_cold_far_s (at least); the L3's loss since its
+    # family last ran, of it, where the L3 forgets with time
+    far_f, far_b = _far_shares(seq, hc, view | acc, node, idle_s)
     far = hc.get("op_cold_far_s", cold)
-    cold_f = np.where(far_f, np.maximum(cold_f, far), cold_f)
-    cold_b = np.where(far_b, np.maximum(cold_b, far), cold_b)
+    cold_f = np.maximum(cold_f, far_f * far)
+    cold_b = np.maximum(cold_b, far_b * far)
     fwd = (np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + fwd_switch * cold_f
            + node * hc["autograd_node_s"])
     # a view's backward node is a view of the gradient unless autograd's formula runs kernels (select_backward's
@@ -311,17 +313,20 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True) ->
     return np.where(acc, 0.0, fwd), np.where(acc, hc["op_dispatch_s"], bwd)
 
 
-def _far_flags(seq: pd.DataFrame, hc: dict, skip, node) -> tuple:
-    """``(forward, backward)``: ops whose family last ran more than the L3 of distinct data ago (``far_reuse`` on
-    ``FAMILY_DISTANCES``) or more than the L3's residency time ago, where other tenants share it (``far_in_time``
-    on the ops' device time + dispatch)."""
+def _far_shares(seq: pd.DataFrame, hc: dict, skip, node, idle_s: float = 0.0) -> tuple:
+    """``(forward, backward)`` shares (0-1) of ``op_cold_far_s`` each op pays: 1 where its family last ran more than
+    the L3 of distinct data ago (``far_reuse`` on ``FAMILY_DISTANCES``), else what the L3 lost in the time since
+    (``hc["far_lost"]``: ``cold_curves.l3_loss``, where other tenants share it; ``family_ages`` on the ops' device
+    time + dispatch, a family's first call a step ago: the ops' seconds + ``idle_s``)."""
     dist = [seq[c].to_numpy(float) if c in seq else np.full(len(seq), np.nan) for c in FAMILY_DISTANCES]
     far_f, far_b = far_reuse(*dist, skip, hc.get("far_cache_bytes", 0.0))
-    late_f, late_b = far_in_time(seq["name"].to_numpy(object), skip,
-                                 seq["t_fwd"].to_numpy(float) + hc["op_dispatch_s"],
-                                 seq["t_bwd"].to_numpy(float) + hc["op_dispatch_s"] * node,
-                                 hc.get("far_residency_s", 0.0))
-    return far_f | late_f, far_b | late_b
+    lost = hc.get("far_lost")
+    if lost is None:
+        return far_f.astype(float), far_b.astype(float)
+    ages = family_ages(seq["name"].to_numpy(object), skip, seq["t_fwd"].to_numpy(float) + hc["op_dispatch_s"],
+                       seq["t_bwd"].to_numpy(float) + hc["op_dispatch_s"] * node, idle_s)
+    shares = [np.array([0.0 if np.isnan(a) else float(lost(a)) for a in age]) for age in ages]
+    return np.maximum(far_f, shares[0]), np.maximum(far_b, shares[1])
 
 
 def _measured_class(op_fixed: dict, op_class: str) -> str:
@@ -374,7 +379,7 @@ def _fixed_cost(op_fixed: dict, name: str, op_class: str) -> float:
     return float(op_fixed.get(name, 0.0)) if op_class == name else 0.0
 
 
-def _op_host_times(trace, ops: pd.DataFrame, spec, hc: dict, dtype) -> tuple:
+def _op_host_times(trace, ops: pd.DataFrame, spec, hc: dict, dtype, idle_s: float = 0.0) -> tuple:
     """``(seq, op_stacks, forward host s, backward host s)`` per op of ``op_sequence``, with the step's host terms
     (``dtype_host_terms``, ``_with_cold``) and, where the far rule applies, its family distances."""
     seq, op_stacks = op_sequence(trace, ops)
@@ -384,11 +389,12 @@ def _op_host_times(trace, ops: pd.DataFrame, spec, hc: dict, dtype) -> tuple:
         seq = _with_family_distances(seq, trace, ops)
     # a CPU's per-op fixed cost is its kernel's, which differs by op class; a GPU's is the host's set-up (cuDNN
     # heuristics and descriptors), paid by every call of the family whatever its class
-    h_op, hb_op = _host_arrays(seq, hc_step, op_fixed, by_class=spec.kind == "cpu")
+    h_op, hb_op = _host_arrays(seq, hc_step, op_fixed, by_class=spec.kind == "cpu", idle_s=idle_s)
     return seq, op_stacks, h_op, hb_op
 
 
-def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] = None, dtype=None) -> pd.DataFrame:
+def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] = None, dtype=None,
+                 idle_s: float = 0.0) -> pd.DataFrame:
     """Per module path: host_fwd_s, host_bwd_s, device_fwd_s, device_bwd_s, time_fwd_s, time_bwd_s.
 
     trace: perfcheck.predict.trace.Trace; ops: the timed op table (see ``op_sequence``; ``t_*``
@@ -403,7 +409,7 @@ def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] =
     """
     spec = spec_of(spec)
     hc = host_constants(spec)
-    seq, op_stacks, h_op, hb_op = _op_host_times(trace, ops, spec, hc, dtype)
+    seq, op_stacks, h_op, hb_op = _op_host_times(trace, ops, spec, hc, dtype, idle_s)
     mod_fixed = dict(getattr(spec, "module_fixed_s", {}) or {})  # class name -> s per call (a layer's Python)
     param_tensors = param_tensors or {}
     h_fwd, h_bwd, d_fwd, d_bwd, stacks, seen, prev = [], [], [], [], [], set(), ()
@@ -717,7 +723,8 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: System
     """The module estimator's host and timeline terms, per module and phase p: ``host_p_s`` and ``device_p_s``
     (totals), ``timeline_p_s`` (both on the two timelines: ``module_times``), ``tied_bwd_s`` (``tied_gradient_s``),
     and ``pred_optim_s`` (its only writer). ``perfcheck.predict.combine.predicted_times`` makes the module's
-    time and bound of them.
+    time and bound of them. Where the L3 forgets with time (``_far_shares``), the module times are taken again
+    with the optimizer's step in the time since a family's first call last ran (``family_ages``' ``idle_s``).
 
     frame: the estimator's per-module frame; ops: its timed op table; modules: path -> nn.Module.
     ``optimizer``: name or torch.optim instance (``optimizer_kind``), or None for one that is not modelled
@@ -725,6 +732,10 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: System
     """
     own = {p: sum(1 for q in m.parameters(recurse=False) if q.requires_grad) for p, m in modules.items()}
     times = module_times(trace, ops, spec, own, dtype).set_index("module")
+    optim = _optimizer_column(frame, trace, spec, modules, optimizer, times) if optimizer is not None else None
+    root_optim = dict(zip(frame["module"], optim)).get(_root(), 0.0) if optim is not None else 0.0
+    if root_optim > 0 and _forgets_in_time(spec, dtype):
+        times = module_times(trace, ops, spec, own, dtype, idle_s=root_optim).set_index("module")
     for phase in ("fwd", "bwd"):
         for term in ("host", "device", "time"):
             column = f"timeline_{phase}_s" if term == "time" else f"{term}_{phase}_s"
@@ -732,9 +743,21 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: System
     tied = tied_gradient_s(modules, spec)
     frame["tied_bwd_s"] = (frame["module"].map(lambda m: sum(t for p, t in tied.items() if _contains(m, p)))
                            .to_numpy(float) if tied else 0.0)
-    if optimizer is None:  # an optimizer the model does not know (predict.for_run): no number rather than another's
-        frame["pred_optim_s"] = float("nan")
-        return frame
+    # an optimizer the model does not know (predict.for_run): no number rather than another's
+    frame["pred_optim_s"] = float("nan") if optim is None else optim
+    return frame
+
+
+def _forgets_in_time(spec, dtype) -> bool:
+    """Whether this spec's L3 forgets with time for the host's far rule (``_with_cold``'s ``far_lost``)."""
+    hc = host_constants(spec)
+    _, cold = dtype_host_terms(spec, hc, dtype)
+    return _with_cold(hc, spec, dtype, cold)["far_lost"] is not None
+
+
+def _optimizer_column(frame, trace, spec, modules: dict, optimizer, times) -> list:
+    """``pred_optim_s`` per row of ``frame``: each module's parameters' step, less the implementation's fixed cost
+    but at the root."""
     optim = []
     zeros = zero_elements(trace, modules)  # embedding rows the batch never reaches (predict.zero_rows)
     # the step before the optimizer (its far rule: optimizer_far_share) and the elements it updates in all
@@ -750,5 +773,4 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: System
         zero = sum(zeros.get(id(q), 0.0) * min(1.0, n / max(q.numel(), 1)) for q, n in zip(params, numels))
         cost = optimizer_time(numels, optimizer, spec, zero_numel=zero, step_s=step_s, model_numel=model_numel)
         optim.append(max(cost.time_s - (cost.fixed_s if path != _root() else 0.0), 0.0) if numels else 0.0)
-    frame["pred_optim_s"] = optim
-    return frame
+    return optim

@@ -5,6 +5,7 @@ after another), its fit (that round-robin less the same ops' tight loops, by han
 run more than the L3 of data ago: op_cold_far_s)."""
 
 import pandas as pd
+import numpy as np
 import pytest
 import torch
 
@@ -242,14 +243,15 @@ def test_far_case_evicts_the_l3_and_its_fit_by_hand(monkeypatch):
 FAR_HOST = dict(op_cold_s=10 * US, op_cold_near_s=10 * US, op_cold_light_s=10 * US, op_cold_far_s=50 * US)
 
 
-def _cell_host_times(l3_bytes=None, **host) -> dict:
+def _cell_host_times(l3_bytes=None, l3_lost=None, **host) -> dict:
     """The cell loop's root host seconds per phase on the host-only cpu spec with ``FAR_HOST`` and ``host``, its
-    calibration holding ``l3_bytes`` where given."""
+    calibration holding ``l3_bytes`` (and the L3's loss curve ``l3_lost``) where given."""
     import dataclasses
     torch.manual_seed(0)
     spec = _spec(**FAR_HOST, **host)
     if l3_bytes is not None:
-        spec = dataclasses.replace(spec, calibration={"l3_bytes": l3_bytes})
+        calibration = {"l3_bytes": l3_bytes, **({"l3_lost": l3_lost} if l3_lost else {})}
+        spec = dataclasses.replace(spec, calibration=calibration)
     root = perfcheck.estimate(CellLoop(), (torch.randn(2, 4, requires_grad=True),), system=spec)
     root = root.set_index("module").loc["(root)"]
     return {phase: float(root[phase]) for phase in ("host_fwd_s", "host_bwd_s")}
@@ -264,22 +266,6 @@ def test_estimator_charges_far_ops_the_far_price():
 
 
 # ---------------------------------------------------------------------------- a shared L3 decays (l3_residency_s)
-def test_far_in_time_by_hand():
-    from perfcheck.predict.family_reuse import far_in_time
-
-    names = ["mm", "relu", "t", "mm", "relu", "mm"]
-    skip = [False, False, True, False, False, False]
-    fwd_s, bwd_s = [1.0, 1.0, 0.0, 4.0, 1.0, 1.0], [1.0, 2.0, 0.0, 1.0, 2.0, 1.0]
-    fwd, bwd = far_in_time(names, skip, fwd_s, bwd_s, 3.0)
-    # step 8 + 7 = 15 s > 3: first calls far; forward mm 3 starts at 2, mm 0 ended at 1 -> 1 s; relu 4 starts at 6,
-    # relu 1 ended at 2 -> 4 s (far); mm 5 starts at 7, mm 3 ended at 6 -> 1 s
-    assert list(fwd) == [True, True, False, False, True, False]
-    # backward (5, 4, 3, 1, 0): mm 5, relu 4 first (far); mm 3 starts at 3, mm 5 ended at 1 -> 2; relu 1 starts at 4,
-    # relu 4 ended at 3 -> 1; mm 0 starts at 6, mm 3 ended at 4 -> 2
-    assert list(bwd) == [False, False, False, False, True, True]
-    assert [list(a) for a in far_in_time(names, skip, fwd_s, bwd_s, 0.0)] == [[False] * 6, [False] * 6]
-
-
 def test_residency_cases_and_fit_by_hand(monkeypatch):
     monkeypatch.setattr(op_cases, "cache_bytes", lambda level: 8 * 2 ** 20 if level == 3 else 2 ** 20)
     cases = op_cases.l3_residency_cases("cpu")
@@ -307,3 +293,27 @@ def test_estimator_charges_ops_late_in_a_decaying_l3():
     # an L3 that holds the step but whose data decays at once: every switching op is far in time (6 per pass)
     for phase in ("host_fwd_s", "host_bwd_s"):
         assert late[phase] - base[phase] == pytest.approx(6 * 40 * US)
+
+
+def test_family_ages_by_hand():
+    from perfcheck.predict.family_reuse import family_ages
+
+    names = ["mm", "relu", "t", "mm", "relu", "mm"]
+    skip = [False, False, True, False, False, False]
+    fwd_s, bwd_s = [1.0, 1.0, 0.0, 4.0, 1.0, 1.0], [1.0, 2.0, 0.0, 1.0, 2.0, 1.0]
+    fwd, bwd = family_ages(names, skip, fwd_s, bwd_s, idle_s=5.0)
+    # a first call last ran a step ago: the ops' 8 + 7 s and the 5 s outside them (the optimizer's step)
+    assert list(fwd[[0, 1, 3, 4, 5]]) == [20.0, 20.0, 1.0, 4.0, 1.0] and np.isnan(fwd[2])
+    assert list(bwd[[5, 4, 3, 1, 0]]) == [20.0, 20.0, 2.0, 1.0, 2.0] and np.isnan(bwd[2])
+
+
+def test_estimator_charges_the_l3_loss_curves_share_of_the_far_price():
+    # the calibration's loss curve (calibration.l3_lost) prices the time rule instead of the residency threshold:
+    # lost nothing until 0.1 s (a curve through (0.1 s, 0) and (1 s, 1)), so the cell loop's ops, microseconds apart,
+    # pay nothing; lost everything past 1 ns: all 6 switching ops per pass pay the far price, 40 us more each
+    base = _cell_host_times()
+    slow = _cell_host_times(2 ** 40, l3_residency_s=1e-12, l3_lost=((1.0, 1.0),))
+    fast = _cell_host_times(2 ** 40, l3_residency_s=1e-12, l3_lost=((1e-9, 1.0),))
+    for phase in ("host_fwd_s", "host_bwd_s"):
+        assert slow[phase] == pytest.approx(base[phase])
+        assert fast[phase] - base[phase] == pytest.approx(6 * 40 * US)
