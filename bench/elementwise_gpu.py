@@ -133,11 +133,12 @@ def inplace_cases(device, mib_sizes):
     return out
 
 
-def measure(rows: list, tag: str, case_list, args, device, bw) -> None:
-    """Time each (name, path, fn, bytes) case, append its row to ``rows`` and print one EW line."""
+def measure(rows: list, tag: str, case_list, args, device, bw, T: int = 0, D: int = 0) -> None:
+    """Time each (name, path, fn, bytes) case, append its row to ``rows`` (``T``, ``D``: the Llama cases' shape)
+    and print one EW line."""
     for name, path, fn, nbytes in case_list:
         s = time_case(fn, args.iters, device)
-        rows.append(dict(case=name, path=path, T=0, D=0, bytes=nbytes, seconds=s, bytes_per_s=nbytes / s,
+        rows.append(dict(case=name, path=path, T=T, D=D, bytes=nbytes, seconds=s, bytes_per_s=nbytes / s,
                          fraction=nbytes / s / bw))
         print(f"EW {tag} {path:12} {name:30} {s * 1e6:9.1f} us {nbytes / s / 1e12:6.2f} TB/s "
               f"{nbytes / s / bw:5.2f} of {args.system}", flush=True)
@@ -182,12 +183,7 @@ def main(argv=None):
         print("device", torch.cuda.get_device_name(), "torch", torch.__version__, "bandwidth of", args.system,
               f"{bw / 1e12:.2f} TB/s", flush=True)
     for T, D in shapes:
-        for name, path, fn, nbytes in cases(T, D, device):
-            s = time_case(fn, args.iters, device)
-            rows.append(dict(case=name, path=path, T=T, D=D, bytes=nbytes, seconds=s, bytes_per_s=nbytes / s,
-                             fraction=nbytes / s / bw))
-            print(f"EW {T}x{D} {path:10} {name:32} {s * 1e6:9.1f} us {nbytes / s / 1e12:6.2f} TB/s "
-                  f"{nbytes / s / bw:5.2f} of {args.system}", flush=True)
+        measure(rows, f"{T}x{D}", cases(T, D, device), args, device, bw, T, D)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     with torch.no_grad():

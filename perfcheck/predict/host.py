@@ -249,7 +249,7 @@ def _with_cold(hc: dict, spec, dtype, cold: float) -> dict:
     residency = float(dict(spec.host).get("l3_residency_s", 0.0) or 0.0) if applies and l3 > 0 else 0.0
     return {**hc, "op_cold_s": cold, "op_cold_near_s": near, "op_cold_light_s": light,
             "op_cold_far_s": cold if far is None else float(far), "far_cache_bytes": l3 if applies else 0.0,
-            "far_residency_s": residency, "far_lost": l3_loss(spec) if residency > 0 else None}
+            "far_lost": l3_loss(spec) if residency > 0 else None}
 
 
 def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True, idle_s: float = 0.0) -> tuple:
