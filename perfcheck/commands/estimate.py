@@ -23,6 +23,7 @@ import math
 
 from perfcheck.commands.checks import check_output_file, write_output
 from perfcheck.errors import UserError
+from perfcheck.predict.step_config import DP_ENGINES
 
 FORMATS = ("table", "csv", "json")
 DEFAULT_MODEL, DEFAULT_SYSTEM = "gpt2-124m", "h100-sxm"
@@ -63,11 +64,12 @@ def add_parser(subparsers):
     tr.add_argument("--cp", type=int, default=1, help="context-parallel size (sequence split over GPUs; default 1)")
     tr.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
                     help="context parallelism: ring attention (default) or DeepSpeed-Ulysses all-to-all")
-    tr.add_argument("--dp-engine", choices=("deepspeed", "megatron", "fsdp2"), default="deepspeed",
+    tr.add_argument("--dp-engine", choices=DP_ENGINES, default="deepspeed",
                     help="who issues the DP collectives: DeepSpeed ZeRO (default), Megatron (DDP / distributed "
-                         "optimizer / FSDP) or FSDP2 (fully_shard per block, --zero 3: its prefetch schedule and copies)")
+                         "optimizer / FSDP), PyTorch DDP (buckets beside the last micro-batch's backward; --zero 0, pp 1) "
+                         "or FSDP2 (fully_shard per block, --zero 3: its prefetch schedule and copies)")
     tr.add_argument("--dp-reduce-dtype", choices=("fp32", "bf16", "fp16"),
-                    help="dtype the gradients are reduced in (megatron, fsdp2; default: the gradients' own)")
+                    help="dtype the gradients are reduced in (megatron, ddp, fsdp2; default: the gradients' own)")
     tr.add_argument("--no-reshard-after-forward", action="store_true",
                     help="fsdp2: keep each block's gathered parameters from forward to backward")
     tr.add_argument("--eager", action="store_true",

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.predict import collectives, fsdp, pipeline, roofline, row_times, sharding
+from perfcheck.predict import collectives, ddp, fsdp, pipeline, roofline, row_times, sharding
 from perfcheck.predict.gemm_operands import GEMM_ALIGN_BYTES
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
                                            full_recompute_share, make_options, single_layout, validate_layouts)
@@ -456,6 +456,10 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last, re
     res["dp_copy_time_s"] = np.zeros(len(pp))
     if opts.dp_engine == "megatron":
         _megatron_dp(res, model, cfg, spec, prec, opts, p_comm, dp)
+    elif opts.dp_engine == "ddp":
+        stack_bwd = per_stage * (_select(out["pred_bwd_s"], lay) + recompute_s)
+        _ddp_dp(res, cfg, spec, prec, opts, dp, (p_layer * per_stage + p_last, p_first),
+                (stack_bwd, _select(out["pred_bwd_s"], first)))
     elif opts.dp_engine == "fsdp2":
         block = (_select(out["pred_fwd_s"], lay), _select(out["pred_bwd_s"], lay) + recompute_s)
         _fsdp2_dp(res, cfg, spec, dtype, opts, dp, micro_steps, per_stage, (p_layer, p_first + p_last),
@@ -507,6 +511,22 @@ def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp):
                                                     spans_nodes=np.ones(len(n), bool)))
     res["dp_comm_total_s"] = total + sync
     res["dp_comm_time_s"] = (1 - opts.dp_overlap) * total + sync
+
+
+def _ddp_dp(res, cfg, spec, prec, opts, dp, params, bwd):
+    """PyTorch DDP's bucketed all-reduce beside the last micro-batch's backward (``predict.ddp``): ``params`` =
+    (stack, input embedding) parameters of the stage, ``bwd`` = (the blocks', the embedding's) backward seconds."""
+    if np.any(cfg.zero_stage != 0) or np.any(cfg.pp != 1):
+        raise UserError("dp_engine='ddp' is PyTorch DDP without pipelining (no_sync on all but the last "
+                        "micro-batch): zero_stage must be 0 and pp 1, got zero_stage "
+                        f"{sorted(set(cfg.zero_stage.tolist()))}, pp {sorted(set(cfg.pp.tolist()))}")
+    n, bw = dp.astype(float), _dp_bandwidth(cfg, spec, dp)
+    stack, tail = (p * _reduce_bytes(opts, prec.grad_bytes) for p in params)
+    r = spec.efficiency.get("matrix_beside_collective", 1.0)
+    res["dp_allreduce_bytes"] = stack + tail
+    res["dp_reducescatter_bytes"], res["dp_allgather_bytes"] = np.zeros(len(n)), np.zeros(len(n))
+    res["dp_comm_total_s"] = sum(ddp.allreduce_buckets_s(b, n, bw, spec) for b in (stack, tail))
+    res["dp_comm_time_s"] = ddp.exposed_s(stack, tail, bwd[0], bwd[1], n, bw, spec, r) * np.ones(len(n))
 
 
 def _dp_bandwidth(cfg, spec, dp):

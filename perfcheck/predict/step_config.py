@@ -12,7 +12,7 @@ from perfcheck.predict import sharding
 
 RECOMPUTE = ("none", "selective", "full", "selective_op")
 CP_KINDS = ("ring", "ulysses")
-DP_ENGINES = ("deepspeed", "megatron", "fsdp2")
+DP_ENGINES = ("deepspeed", "megatron", "ddp", "fsdp2")
 REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -50,12 +50,16 @@ class Options:
     scatter_gather: Megatron's pipeline scatter/gather (``pipeline.p2p_bytes``; used without SP).
     dp_engine: "deepspeed" (ZeRO as DeepSpeed issues it, ``zero.step_comm``) or "megatron" (DDP
       all-reduce at zero_stage 0, the distributed optimizer's reduce-scatter + all-gather at 1,
-      FSDP's per-step gathers at 3: ``_megatron_dp``) or "fsdp2" (``fully_shard`` per block, zero_stage 3:
+      FSDP's per-step gathers at 3: ``_megatron_dp``) or "ddp" (PyTorch DDP, zero_stage 0, pp 1: the
+      gradients all-reduced in 25 MiB buckets beside the last micro-batch's backward, the others under
+      ``no_sync``, as Megatron-LM's ``--DDP-impl torch`` runs it: ``predict.ddp``; ``dp_overlap`` does not apply)
+      or "fsdp2" (``fully_shard`` per block, zero_stage 3:
       its per-block prefetch schedule decides what is exposed, and its copies on the compute stream are
       priced: ``predict.fsdp``, ``_fsdp2_dp``; ``dp_overlap`` does not apply).
     dp_reduce_dtype: the dtype gradients are reduced in ("fp32", "bf16", "fp16"; None: the gradients' own):
       FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)`` (torchtitan: float32), Megatron's
-      ``--accumulate-allreduce-grads-in-fp32`` / ``grad_reduce_in_fp32``. For dp_engine "megatron" and "fsdp2".
+      ``--accumulate-allreduce-grads-in-fp32`` / ``grad_reduce_in_fp32``; DDP's gradients under autocast
+      are fp32. For dp_engine "megatron", "ddp" and "fsdp2".
     eager: the layer as Meta's reference Llama code runs it op by op (torchtitan's model.py, eager mode): rotary
       through fp32 complex numbers, repeat_kv's copies of k and v (grouped-query attention), the attention
       output's transpose copy (``predict.eager_ops``), wq/wk/wv and w1/w3 as separate GEMMs; False: fused kernels
@@ -122,9 +126,9 @@ class Options:
                             "(DeepSpeed's communication_data_type is not), got dp_engine='deepspeed'")
         if not isinstance(self.reshard_after_forward, (bool, np.bool_)):
             raise UserError(f"reshard_after_forward must be true or false, got {self.reshard_after_forward!r}")
-        if self.dp_engine == "fsdp2" and self.dp_overlap:
-            raise UserError("dp_overlap does not apply to dp_engine='fsdp2': what hides follows FSDP2's per-block "
-                            f"prefetch schedule (predict.fsdp); got dp_overlap={self.dp_overlap!r}")
+        if self.dp_engine in ("fsdp2", "ddp") and self.dp_overlap:
+            raise UserError(f"dp_overlap does not apply to dp_engine={self.dp_engine!r}: what hides follows its "
+                            f"schedule (predict.fsdp, predict.ddp); got dp_overlap={self.dp_overlap!r}")
         if not isinstance(self.scatter_gather, (bool, np.bool_)):
             raise UserError(f"scatter_gather must be true or false, got {self.scatter_gather!r}")
         if self.recompute not in RECOMPUTE:
