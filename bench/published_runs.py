@@ -198,8 +198,8 @@ def report(df, alpha, fixed) -> str:
              "efficiency.matrix_sustained). Every row is scored.", "",
              "Layouts (micro-batch b, interleaving v, DDP) as the authors' reproduction script launched each run "
              "(Megatron-LM examples/sc21/run_table_1.sh, `SC21_LAYOUTS`).", "",
-             "| run | tp | pp | dp | b | v | DDP | GPUs | measured s | predicted s | error | sign | compute | recompute "
-             "| TP | PP p2p | bubble | DP | MFU | HFU |", "|" + "---|" * 20]
+             "| run | tp | pp | dp | b | v | DDP | GPUs | measured s | predicted s | error | sign | compute "
+             "| recompute | TP | PP p2p | bubble | DP | MFU | HFU |", "|" + "---|" * 20]
     for _, r in df.iterrows():
         b, v, impl = SC21_LAYOUTS[r["name"]]
         lines.append(f"| {r['name']} | {r.tp} | {r.pp} | {r.dp} | {b} | {v} | {impl} | {r.gpus} | {r.measured_s:.2f} "

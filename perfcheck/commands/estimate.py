@@ -65,9 +65,8 @@ def add_parser(subparsers):
     tr.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
                     help="context parallelism: ring attention (default) or DeepSpeed-Ulysses all-to-all")
     tr.add_argument("--dp-engine", choices=DP_ENGINES, default="deepspeed",
-                    help="who issues the DP collectives: DeepSpeed ZeRO (default), Megatron (DDP / distributed "
-                         "optimizer / FSDP), PyTorch DDP (buckets beside the last micro-batch's backward; --zero 0, pp 1) "
-                         "or FSDP2 (fully_shard per block, --zero 3: its prefetch schedule and copies)")
+                    help="who issues the DP collectives: DeepSpeed ZeRO (default), Megatron (DDP, dist. optimizer, "
+                         "FSDP), PyTorch DDP (buckets beside the last backward; --zero 0, pp 1), FSDP2 (--zero 3)")
     tr.add_argument("--dp-reduce-dtype", choices=("fp32", "bf16", "fp16"),
                     help="dtype the gradients are reduced in (megatron, ddp, fsdp2; default: the gradients' own)")
     tr.add_argument("--no-reshard-after-forward", action="store_true",
