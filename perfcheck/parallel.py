@@ -14,6 +14,12 @@ from typing import Any, Mapping, Optional
 from perfcheck.errors import UserError
 
 
+#: Who issues the data-parallel collectives of a transformer step (``predict.step_config.Options.dp_engine``):
+#: DeepSpeed ZeRO, Megatron-LM (DDP / distributed optimizer / FSDP), PyTorch DDP, FSDP2. Here, below every floor,
+#: so that the CLI's parser offers them without importing the predictor (and torch).
+DP_ENGINES = ("deepspeed", "megatron", "ddp", "fsdp2")
+
+
 class ZeroStage(IntEnum):
     """DeepSpeed ZeRO stage (same values as ``deepspeed.runtime.zero.config.ZeroStageEnum``)."""
 

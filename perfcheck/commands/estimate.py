@@ -23,7 +23,7 @@ import math
 
 from perfcheck.commands.checks import check_output_file, write_output
 from perfcheck.errors import UserError
-from perfcheck.predict.step_config import DP_ENGINES
+from perfcheck.parallel import DP_ENGINES
 
 FORMATS = ("table", "csv", "json")
 DEFAULT_MODEL, DEFAULT_SYSTEM = "gpt2-124m", "h100-sxm"

@@ -8,11 +8,11 @@ from typing import Mapping
 import numpy as np
 
 from perfcheck.errors import UserError
+from perfcheck.parallel import DP_ENGINES
 from perfcheck.predict import sharding
 
 RECOMPUTE = ("none", "selective", "full", "selective_op")
 CP_KINDS = ("ring", "ulysses")
-DP_ENGINES = ("deepspeed", "megatron", "ddp", "fsdp2")
 REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 
 
