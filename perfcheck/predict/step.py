@@ -27,10 +27,11 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.predict import collectives, ddp, fsdp, pipeline, roofline, row_times, sharding
+from perfcheck.predict import collectives, ddp, fsdp, grad_buffers, pipeline, roofline, row_times, sharding
 from perfcheck.predict.gemm_operands import GEMM_ALIGN_BYTES
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
-                                           full_recompute_share, make_options, single_layout, validate_layouts)
+                                           full_recompute_share, grad_accumulation, make_options, single_layout,
+                                           validate_layouts)
 from perfcheck.hardware.systems import element_bytes as elem_bytes, spec_of
 
 
@@ -163,6 +164,8 @@ STEP_COLUMNS: Mapping[str, str] = {
                       "fsdp2: what FSDP2's per-block prefetch leaves exposed (fsdp.exposed_per_micro_step_s), seconds",
     "dp_copy_time_s": "fsdp2: all-gather copy-out and reduce-scatter copy-in on the compute stream "
                       "(fsdp.compute_stream_copy_bytes at memory bandwidth); 0 for the other engines, seconds",
+    "grad_accum_time_s": "adding each micro-batch's gradients into the step's (grad_buffers.time_s: 'autograd' "
+                         "m - 1 in-place adds, 'main_grad' m adds into Megatron's buffer, 'none' fused), seconds",
     "optimizer_time_s": "optimizer update of this GPU's partition at memory bandwidth (zero.optimizer_time_s), seconds",
     "bubble_fraction": "share of a flush in the bubble: (pp - 1)/v / (micro_batches + (pp - 1)/v)",
     "tp_comm_bytes": "full-buffer bytes of TP collectives per step on one GPU",
@@ -361,7 +364,7 @@ def _flops_and_rates(res: dict, model, cfg: Layouts, system, spec, dtype, opts: 
 
 #: The additive terms of the step time, in the order the breakdown prints them.
 BREAKDOWN = ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "cp_comm_time_s", "pp_comm_time_s",
-             "bubble_time_s", "dp_comm_time_s", "dp_copy_time_s", "optimizer_time_s")
+             "bubble_time_s", "dp_comm_time_s", "dp_copy_time_s", "grad_accum_time_s", "optimizer_time_s")
 
 
 def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
@@ -475,6 +478,9 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last, re
         # fwd/bwd collectives can hide behind compute; the post-step parameter all-gather cannot
         res["dp_comm_time_s"] = (1 - opts.dp_overlap) * (t["fwd"] + t["bwd"]) + t["step"]
     res["optimizer_time_s"] = zero.optimizer_time_s(p_comm, cfg.zero_stage, dp, spec, precision_=prec)
+    micro = (cfg.micro_batches * cfg.grad_accum_steps).astype(float)
+    res["grad_accum_time_s"] = grad_buffers.time_s(grad_accumulation(opts), p_comm, micro, prec.grad_bytes,
+                                                   _reduce_bytes(opts, prec.grad_bytes), spec) * np.ones(len(pp))
 
 
 def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp):

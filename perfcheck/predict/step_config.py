@@ -9,11 +9,14 @@ import numpy as np
 
 from perfcheck.errors import UserError
 from perfcheck.parallel import DP_ENGINES
-from perfcheck.predict import sharding
+from perfcheck.predict import grad_buffers, sharding
 
 RECOMPUTE = ("none", "selective", "full", "selective_op")
 CP_KINDS = ("ring", "ulysses")
 REDUCE_DTYPES = ("fp32", "bf16", "fp16")
+#: How each engine adds a micro-batch's gradients into the step's unless ``grad_accumulation`` says (``grad_buffers``):
+#: Megatron-Core's fused accumulation, PyTorch DDP's AccumulateGrad; DeepSpeed's and FSDP2's are not priced.
+ENGINE_GRAD_ACCUMULATION = {"deepspeed": "none", "megatron": "none", "ddp": "autograd", "fsdp2": "none"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +71,10 @@ class Options:
       False: one fused kernel (apex, Triton, torch's fused rms_norm).
     reshard_after_forward: FSDP2's option (default True): free each block's gathered parameters after its
       forward and gather them again for backward.
+    grad_accumulation: who adds each micro-batch's gradients into the step's (``grad_buffers.MODES``): "none"
+      (fused into the weight-gradient GEMM, Megatron-Core's default), "autograd" (AccumulateGrad in place: PyTorch
+      DDP under no_sync, Megatron-LM's 2021 local DDP), "main_grad" (Megatron-LM's contiguous buffer, fp16 through
+      2022); None: the engine's (``ENGINE_GRAD_ACCUMULATION``). Priced as ``grad_accum_time_s``.
     """
 
     causal: bool = False
@@ -89,6 +96,7 @@ class Options:
     dp_engine: str = "deepspeed"
     dp_reduce_dtype: object = None
     reshard_after_forward: bool = True
+    grad_accumulation: object = None
     eager: bool = False
     eager_norm: bool = False
 
@@ -131,6 +139,9 @@ class Options:
                             f"schedule (predict.fsdp, predict.ddp); got dp_overlap={self.dp_overlap!r}")
         if not isinstance(self.scatter_gather, (bool, np.bool_)):
             raise UserError(f"scatter_gather must be true or false, got {self.scatter_gather!r}")
+        if self.grad_accumulation is not None and self.grad_accumulation not in grad_buffers.MODES:
+            raise UserError(f"grad_accumulation must be one of {', '.join(grad_buffers.MODES)} or None, "
+                            f"got {self.grad_accumulation!r}")
         if self.recompute not in RECOMPUTE:
             raise UserError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.recompute == "selective_op" and not self.flash:
@@ -144,6 +155,11 @@ class Options:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise UserError(f"{f} must be a fraction in [0, 1], got {v!r}")
+
+
+def grad_accumulation(opts: Options) -> str:
+    """The ``grad_buffers`` mode a step runs: ``opts.grad_accumulation``, else its engine's."""
+    return opts.grad_accumulation or ENGINE_GRAD_ACCUMULATION[opts.dp_engine]
 
 
 def full_recompute_share(layers, opts: Options) -> float:

@@ -1,0 +1,47 @@
+"""What adding each micro-batch's gradients into the optimizer step's costs, by who adds them
+(``step_config.Options.grad_accumulation``): memory-bound passes over the stage's parameters, per step.
+
+- ``"autograd"``: PyTorch's AccumulateGrad. The first micro-batch's gradient is stolen into ``.grad`` (the
+  optimizer set it to None), each later one added in place: read the new gradient, read and write ``.grad``,
+  3 b_g bytes per parameter, micro-batches - 1 times per step. PyTorch DDP under ``no_sync`` does this
+  (torch/nn/parallel/distributed.py), and so did Megatron-LM's local DDP without contiguous buffers, its fp16
+  default in 2021 (megatron/arguments.py at 6985e589: ``--use-contiguous-buffers-in-ddp`` is off unless gradients
+  accumulate in fp32; megatron/model/distributed.py).
+- ``"main_grad"``: Megatron-LM's contiguous main-grad buffer. A hook on each parameter's AccumulateGrad adds every
+  micro-batch's gradient into ``param.main_grad`` (megatron/model/distributed.py ``param_hook``: ``main_grad.add_``):
+  b_g + 2 b_m bytes per parameter (b_m = 4 with ``--accumulate-allreduce-grads-in-fp32``, else b_g), micro-batches
+  times per step. Megatron-LM's fp16 default through 2022 (contiguous buffers on; the fused accumulation below
+  needed fp32 main gradients until 2022-09-27, commit 07916bf2).
+- ``"none"``: no separate pass: the accumulation fused into the weight-gradient GEMM (Megatron-LM's
+  ``--gradient-accumulation-fusion``, ``wgrad_gemm_accum_fp32`` with beta = 1: on by default since 2022-02-13,
+  commit 83b1e42f), or an engine whose accumulation this model does not price (DeepSpeed, FSDP2).
+
+Time: the bytes at the spec's memory bandwidth (``roofline.memory_time_s``). Left out, said: each parameter tensor's
+add is its own kernel (launch terms), and the adds lengthen each pipeline stage's backward, so the bubble too.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from perfcheck.predict import roofline
+
+MODES = ("none", "autograd", "main_grad")
+
+
+def bytes_per_param(mode: str, grad_bytes: float, main_bytes: float) -> float:
+    """Bytes one add moves per parameter: autograd 3 b_g (read both gradients, write one), main_grad b_g + 2 b_m."""
+    return {"none": 0.0, "autograd": 3.0 * grad_bytes, "main_grad": grad_bytes + 2.0 * main_bytes}[mode]
+
+
+def adds_per_step(mode: str, micro_batches):
+    """Adds per optimizer step over ``micro_batches`` micro-batches: autograd m - 1 (the first gradient is stolen),
+    main_grad m (every gradient goes into the buffer), none 0."""
+    m = np.asarray(micro_batches, dtype=float)
+    return {"none": 0.0 * m, "autograd": np.maximum(m - 1.0, 0.0), "main_grad": m}[mode][()]
+
+
+def time_s(mode: str, params, micro_batches, grad_bytes: float, main_bytes: float, system):
+    """Seconds per optimizer step the adds take on a GPU holding ``params`` parameters:
+    adds_per_step x params x bytes_per_param / memory bandwidth."""
+    moved = np.asarray(params, dtype=float) * bytes_per_param(mode, grad_bytes, main_bytes)
+    return (adds_per_step(mode, micro_batches) * np.asarray(roofline.memory_time_s(moved, system)))[()]
