@@ -18,6 +18,8 @@ from perfcheck.errors import UserError
 #: DeepSpeed ZeRO, Megatron-LM (DDP / distributed optimizer / FSDP), PyTorch DDP, FSDP2. Here, below every floor,
 #: so that the CLI's parser offers them without importing the predictor (and torch).
 DP_ENGINES = ("deepspeed", "megatron", "ddp", "fsdp2")
+#: Who adds each micro-batch's gradients into the step's (``predict.grad_buffers``), here for the same reason.
+GRAD_ACCUMULATIONS = ("none", "autograd", "main_grad")
 
 
 class ZeroStage(IntEnum):

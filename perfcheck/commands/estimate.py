@@ -23,7 +23,7 @@ import math
 
 from perfcheck.commands.checks import check_output_file, write_output
 from perfcheck.errors import UserError
-from perfcheck.parallel import DP_ENGINES
+from perfcheck.parallel import DP_ENGINES, GRAD_ACCUMULATIONS
 
 FORMATS = ("table", "csv", "json")
 DEFAULT_MODEL, DEFAULT_SYSTEM = "gpt2-124m", "h100-sxm"
@@ -59,18 +59,7 @@ def add_parser(subparsers):
                     help="Megatron-LM's asynchronous column-parallel backward (its default since Sept. 2021): the input "
                          "gradient's all-reduce/reduce-scatter beside the weight-gradient GEMM, SP's re-gather beside "
                          "the input-gradient GEMM")
-    tr.add_argument("--virtual-stages", type=int, default=1,
-                    help="model chunks per GPU of the interleaved 1F1B schedule (default 1: plain 1F1B)")
-    tr.add_argument("--cp", type=int, default=1, help="context-parallel size (sequence split over GPUs; default 1)")
-    tr.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
-                    help="context parallelism: ring attention (default) or DeepSpeed-Ulysses all-to-all")
-    tr.add_argument("--dp-engine", choices=DP_ENGINES, default="deepspeed",
-                    help="who issues the DP collectives: DeepSpeed ZeRO (default), Megatron (DDP, dist. optimizer, "
-                         "FSDP), PyTorch DDP (buckets beside the last backward; --zero 0, pp 1), FSDP2 (--zero 3)")
-    tr.add_argument("--dp-reduce-dtype", choices=("fp32", "bf16", "fp16"),
-                    help="dtype the gradients are reduced in (megatron, ddp, fsdp2; default: the gradients' own)")
-    tr.add_argument("--no-reshard-after-forward", action="store_true",
-                    help="fsdp2: keep each block's gathered parameters from forward to backward")
+    _add_schedule_args(tr)
     tr.add_argument("--eager", action="store_true",
                     help="the layer as Meta's reference Llama code runs it eagerly (torchtitan): fp32 complex rotary, "
                          "repeat_kv copies, the attention output's copy, separate q/k/v and w1/w3 GEMMs")
@@ -89,6 +78,25 @@ def add_parser(subparsers):
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
     p.set_defaults(run=run)
+
+
+def _add_schedule_args(tr):
+    """The transformer group's pipeline, context-parallel and data-parallel engine options."""
+    tr.add_argument("--virtual-stages", type=int, default=1,
+                    help="model chunks per GPU of the interleaved 1F1B schedule (default 1: plain 1F1B)")
+    tr.add_argument("--cp", type=int, default=1, help="context-parallel size (sequence split over GPUs; default 1)")
+    tr.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
+                    help="context parallelism: ring attention (default) or DeepSpeed-Ulysses all-to-all")
+    tr.add_argument("--dp-engine", choices=DP_ENGINES, default="deepspeed",
+                    help="who issues the DP collectives: DeepSpeed ZeRO (default), Megatron (DDP, dist. optimizer, "
+                         "FSDP), PyTorch DDP (buckets beside the last backward; --zero 0, pp 1), FSDP2 (--zero 3)")
+    tr.add_argument("--dp-reduce-dtype", choices=("fp32", "bf16", "fp16"),
+                    help="dtype the gradients are reduced in (megatron, ddp, fsdp2; default: the gradients' own)")
+    tr.add_argument("--no-reshard-after-forward", action="store_true",
+                    help="fsdp2: keep each block's gathered parameters from forward to backward")
+    tr.add_argument("--grad-accumulation", choices=GRAD_ACCUMULATIONS,
+                    help="who adds each micro-batch's gradients: fused in the GEMM (none), AccumulateGrad (autograd), "
+                         "Megatron's main-grad buffer (main_grad); default: the engine's")
 
 
 def run(args) -> int:
@@ -122,7 +130,7 @@ def _model_output(args) -> str:
               virtual_stages=args.virtual_stages, cp=args.cp, cp_kind=args.cp_kind, dp_engine=args.dp_engine,
               scatter_gather=not args.no_scatter_gather, recompute_every=args.recompute_every,
               dp_reduce_dtype=args.dp_reduce_dtype, reshard_after_forward=not args.no_reshard_after_forward,
-              eager=args.eager, eager_norm=args.eager_norm)
+              eager=args.eager, eager_norm=args.eager_norm, grad_accumulation=args.grad_accumulation)
     if args.tp_depth != 1:
         kw["tp_depth"] = args.tp_depth
     table = estimate_transformer(model, **kw)

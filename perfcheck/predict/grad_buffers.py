@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfcheck.parallel import GRAD_ACCUMULATIONS as MODES
 from perfcheck.predict import roofline
-
-MODES = ("none", "autograd", "main_grad")
 
 
 def bytes_per_param(mode: str, grad_bytes: float, main_bytes: float) -> float:
