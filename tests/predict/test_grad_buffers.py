@@ -53,3 +53,11 @@ def test_front_end_adds_the_term_by_engine():
 def test_bad_grad_accumulation_names_the_field():
     with pytest.raises(UserError, match="grad_accumulation"):
         _step(dp_engine="megatron", grad_accumulation="fp32")
+
+
+def test_every_engine_has_a_default_mode():
+    from perfcheck.parallel import DP_ENGINES, GRAD_ACCUMULATIONS
+    from perfcheck.predict.step_config import ENGINE_GRAD_ACCUMULATION
+
+    assert set(ENGINE_GRAD_ACCUMULATION) == set(DP_ENGINES)
+    assert set(ENGINE_GRAD_ACCUMULATION.values()) <= set(GRAD_ACCUMULATIONS)
