@@ -80,3 +80,19 @@ def test_ddp_engine_bytes_and_times_by_hand():
 def test_bad_ddp_options_name_the_field(kw, field):
     with pytest.raises(UserError, match=field):
         transformer_step(LLAMA, batch=1, system="a100-80gb-sxm", dtype="bf16", dp_engine="ddp", **kw)
+
+
+def test_a_sweep_prices_each_layout_as_its_single_step():
+    import pandas as pd
+
+    from perfcheck.predict.transformer import sweep_transformer
+
+    lay = pd.DataFrame(dict(tp=[1, 2, 4], pp=[1] * 3, dp=[8, 4, 2], zero_stage=[0] * 3, micro_batch=[1] * 3,
+                            micro_batches=[4] * 3))
+    swept = sweep_transformer(LLAMA, lay, system="a100-80gb-sxm", dtype="bf16", flash=True, causal=True,
+                              dp_engine="ddp")
+    for (_, row), (_, got) in zip(lay.iterrows(), swept.iterrows()):
+        single = transformer_step(LLAMA, batch=1, parallel=dict(tp=int(row.tp), dp=int(row.dp), micro_batches=4),
+                                  system="a100-80gb-sxm", dtype="bf16", flash=True, causal=True, dp_engine="ddp").values
+        for k in ("dp_comm_time_s", "grad_accum_time_s", "step_time_s"):
+            assert got[k] == pytest.approx(single[k], rel=1e-12)
