@@ -80,6 +80,12 @@ def far_label(n: int) -> str:
     return f"{FAR} x{n}"
 
 
+#: Labels of the OPCOLD step-start pair (op_cases.step_start_cases; fit_cold.step_start_excess, ``host.step_start_s``):
+#: a tiny module's call after a step of other code and an L3 eviction, and the bare op it runs after the eviction.
+STEP_START = "step start module"
+STEP_START_OP = "step start op"
+
+
 #: Label prefix of the OPCOLD cases that time how long data stays in the L3 (op_cases.l3_residency_cases;
 #: fit_cold.l3_residency, ``host.l3_residency_s``): a read of a quarter of the L3, hot, after a sleep of ``n``
 #: microseconds, and after an eviction; ``m`` holds the L3 bytes.

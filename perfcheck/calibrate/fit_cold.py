@@ -90,6 +90,19 @@ def op_cold_far_excess(table) -> Optional[tuple]:
     return max(per_op - tight, 0.0), len(fixed), per_op, tight, int(rr.iloc[0]["m"])
 
 
+def step_start_excess(table) -> Optional[tuple]:
+    """``(step_start_s, module call s, bare op s)`` from the step-start pair (op_cases.step_start_cases): the tiny
+    module's call after a step of other code and an L3 eviction less its bare op after the eviction alone, floored at
+    0. None without both rows."""
+    rr = rows_of(table, names.OPCOLD)
+    labels = rr["label"].astype(str)
+    module, op = rr[labels == names.STEP_START], rr[labels == names.STEP_START_OP]
+    if not len(module) or not len(op):
+        return None
+    m, o = float(module["seconds"].iloc[0]), float(op["seconds"].iloc[0])
+    return max(m - o, 0.0), m, o
+
+
 def l3_residency(table) -> Optional[tuple]:
     """``(l3_residency_s, hot s, evicted s, ((sleep s, read s), ...))`` from the ``l3 residency`` cases
     (op_cases.l3_residency_cases): the sleep after which a re-read has lost half of what an eviction costs,

@@ -13,7 +13,8 @@ import pandas as pd
 
 from perfcheck.calibrate import case_names as names
 from perfcheck.calibrate.fit_cold import (AFTER_FILLER_KINDS, l3_residency, op_cold_excess,
-                                         op_cold_far_excess, op_cold_light_excess, op_cold_near_excess)
+                                         op_cold_far_excess, op_cold_light_excess, op_cold_near_excess,
+                                         step_start_excess)
 from perfcheck.calibrate.fit_draft import Draft, cap, fp32_rows, rows_of, seconds_of, size_text
 from perfcheck.calibrate.layers import tiny_modules
 from perfcheck.calibrate.conv_shapes import CONV_CASES
@@ -242,8 +243,8 @@ def module_costs(spec: SystemSpec, table, d: Draft) -> SystemSpec:
 
     mods = tiny_modules("cpu")  # the estimator traces on fake tensors: the device does not matter
     # the cases repeat one module in a tight loop: estimate them as such, without the step's per-op cold cost
-    # (op_cold_s, and the classes' evicted-call excess: host._class_cold)
-    tight = dataclasses.replace(spec, host={**dict(spec.host), "op_cold_s": 0.0},
+    # (op_cold_s, and the classes' evicted-call excess: host._class_cold) or its start (step_start_s)
+    tight = dataclasses.replace(spec, host={**dict(spec.host), "op_cold_s": 0.0, "step_start_s": 0.0},
                                 op_fixed_s={k: v for k, v in dict(spec.op_fixed_s or {}).items()
                                             if not str(k).endswith(EVICTED_SUFFIX)})
     fixed = {}
@@ -381,6 +382,12 @@ def _host_far(d: Draft, table, put):
                                      f"{far[3] * 1e6:.2f} us per op (mean); paid by an op whose family last ran more "
                                      f"than the L3 of data ago (calibration.l3_bytes; perfcheck.predict.family_reuse"
                                      f".far_reuse)")
+    start = step_start_excess(table)
+    if start is not None:
+        put("step_start_s", start[0], f"a tiny nn.Linear call after a step of other code (a small MLP's forward, "
+                                      f"backward and AdamW step) and the L3 eviction, {start[1] * 1e6:.1f} us, less its "
+                                      f"bare addmm after the eviction alone, {start[2] * 1e6:.1f} us; paid once per "
+                                      f"step by the forward's first op (perfcheck.predict.host)")
     residency = l3_residency(table)
     if residency is not None:
         tau, hot, evicted, points = residency  # the loss curve (cold_curves.loss_curve): each sleep's share lost

@@ -152,6 +152,48 @@ def op_cold_far_cases(device) -> list:
                  between=evict_and_rewarm, host=True)]
 
 
+def step_start_cases(device) -> list:
+    """The step-start pair (``host.step_start_s``, fit_cold.step_start_excess), where ``op_cold_far_cases`` runs:
+    ``STEP_START``: a tiny ``nn.Linear`` module call (parameters needing a gradient, as a training step's forward
+    records them) timed after a step of other code (a small MLP's forward, backward and AdamW step) and then the far
+    case's eviction and re-warm; ``STEP_START_OP``: the bare op that module runs (``torch.addmm``) after the eviction
+    and re-warm alone. Their difference is what the first module call of a training step pays beyond its op's far
+    price: the module call and autograd-recording path, and code the step before ran in between, cold.
+    Why: on an AMD EPYC VM (1 thread, process time, 2026-11-28) the first embedding of a training step (nn_encoder,
+    lstm_lm) ran 113-127 us against 56-70 predicted; warming a tiny nn.Embedding just before the forward brought it to
+    49-68 us (the prediction), warming the shared path (tiny adds) 105-126 (nothing), and a tiny module call after a
+    step of other code cost 14-36 us more than after the eviction alone."""
+    dev = torch.device(device)
+    l3 = evictable_l3_bytes(dev)
+    if not l3:
+        return []
+    flush = torch.empty(FAR_EVICT_MULTIPLE * l3 // 4, device=dev)
+    a, b = torch.ones(4, device=dev), torch.ones(4, device=dev)
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(16, 5).to(dev)
+    y = torch.rand(8, 16, generator=g).to(dev)
+    w_t, bias = lin.weight.detach().t(), lin.bias.detach()
+    mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64),
+                              torch.nn.Linear(64, 8)).to(dev)
+    opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
+    x_in, target = torch.rand(16, 32, generator=g).to(dev), torch.rand(16, 8, generator=g).to(dev)
+
+    def evict_and_rewarm():
+        flush.add_(1.0)
+        for _ in range(4):
+            torch.add(a, b)
+
+    def step_then_evict():
+        torch.nn.functional.mse_loss(mlp(x_in), target).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        evict_and_rewarm()
+    return [Case(names.OPCOLD, names.STEP_START, lambda: lin(y), "fp32", shape=(l3, 0, 0), between=step_then_evict,
+                 host=True),
+            Case(names.OPCOLD, names.STEP_START_OP, lambda: torch.addmm(bias, y, w_t), "fp32", shape=(l3, 0, 0),
+                 between=evict_and_rewarm, host=True)]
+
+
 #: Sleeps (seconds) after which the residency cases re-read their buffer: where the L3 is shared with other tenants'
 #: cores, data left in it decays with time even while this process sleeps.
 RESIDENCY_WAITS_S = (0.002, 0.008)

@@ -84,7 +84,8 @@ from perfcheck.calibrate import repeats as repeats_mod
 from perfcheck.calibrate.fit import (BENCHMARKED_KINDS, MEASUREMENT_COLUMNS, build_spec,  # noqa: F401
                                      reference_dtype)
 from perfcheck.calibrate.op_cases import (HOST_DTYPES_CUDA, l3_residency_cases, module_fixed_cases, op_cold_cases,
-                                         op_cold_far_cases, op_efficiency_cases, op_fixed_cases)
+                                         op_cold_far_cases, op_efficiency_cases, op_fixed_cases,
+                                         step_start_cases)
 from perfcheck.calibrate.index_cases import index_cases
 from perfcheck.calibrate.op_classes import op_class_cases
 from perfcheck.errors import UserError
@@ -269,6 +270,7 @@ def _host_groups(run: _Run, measured):
     if far:
         run.group("per-op cost after an L3 eviction (round-robin)", far)
         run.group("how long data stays in the L3", l3_residency_cases(dev))
+        run.group("a step's first module call (after other code and an L3 eviction)", step_start_cases(dev))
     run.group("per-module fixed costs", module_fixed_cases(dev))
     # per dtype: a GPU's conv efficiency in bf16 is not its fp32 one (a CPU runs fp32 models: fp32 alone)
     run.group("per-op kernel efficiency", op_efficiency_cases(dev, ["fp32"] if dev.type == "cpu" else

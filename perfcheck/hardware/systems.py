@@ -139,6 +139,10 @@ HOST_KEYS = {
                      "its code and data come from memory (perfcheck.predict.family_reuse.far_reuse; "
                      "perfcheck/calibrate/op_cases.py op_cold_far_cases); read only where calibration measured it "
                      "and the L3",
+    "step_start_s": "what a training step's first forward op pays beyond its far price (once per step): the module "
+                    "call and autograd-recording path and the code the step before ran, cold (perfcheck/calibrate/"
+                    "op_cases.py step_start_cases; perfcheck.predict.host); read only where calibration measured it, "
+                    "else 0",
     **{op_cold_key(dt): f"op_cold_s for a model run in {dt} (measured on tensors needing a gradient; a spec that "
                           f"has no measured value uses op_cold_s)" for dt in ("bf16", "fp16")},
     "autograd_node_s": "extra forward host time of an op whose input needs a gradient (grad_fn node, saved tensors)",
