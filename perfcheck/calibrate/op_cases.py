@@ -119,6 +119,19 @@ def evictable_l3_bytes(dev) -> int:
     return l3 if torch.device(dev).type == "cpu" and 0 < l3 <= FAR_MAX_L3_BYTES else 0
 
 
+def _evict_and_rewarm(dev, l3: int):
+    """The far cases' ``between``: write ``FAR_EVICT_MULTIPLE`` times the L3, then re-warm the path every op shares
+    (a few tiny adds: dispatcher, TensorIterator, allocator, the interpreter)."""
+    flush = torch.empty(FAR_EVICT_MULTIPLE * l3 // 4, device=dev)
+    a, b = torch.ones(4, device=dev), torch.ones(4, device=dev)
+
+    def evict_and_rewarm():
+        flush.add_(1.0)
+        for _ in range(4):
+            torch.add(a, b)
+    return evict_and_rewarm
+
+
 def op_cold_far_cases(device) -> list:
     """The fp32 round-robin of ``op_cold_cases``, each round timed after writing ``FAR_EVICT_MULTIPLE`` times the L3
     and then re-warming the path every op shares (a few tiny adds: dispatcher, TensorIterator, allocator, the
@@ -136,14 +149,8 @@ def op_cold_far_cases(device) -> list:
     l3 = evictable_l3_bytes(dev)
     if not l3:
         return []
-    flush = torch.empty(FAR_EVICT_MULTIPLE * l3 // 4, device=dev)
-    a, b = torch.ones(4, device=dev), torch.ones(4, device=dev)
+    evict_and_rewarm = _evict_and_rewarm(dev, l3)
     ops = list(tiny_ops(dev).values())
-
-    def evict_and_rewarm():
-        flush.add_(1.0)
-        for _ in range(4):
-            torch.add(a, b)
 
     def round_robin():
         for fn in ops:
@@ -167,8 +174,7 @@ def step_start_cases(device) -> list:
     l3 = evictable_l3_bytes(dev)
     if not l3:
         return []
-    flush = torch.empty(FAR_EVICT_MULTIPLE * l3 // 4, device=dev)
-    a, b = torch.ones(4, device=dev), torch.ones(4, device=dev)
+    evict_and_rewarm = _evict_and_rewarm(dev, l3)
     g = torch.Generator().manual_seed(0)
     lin = torch.nn.Linear(16, 5).to(dev)
     y = torch.rand(8, 16, generator=g).to(dev)
@@ -177,11 +183,6 @@ def step_start_cases(device) -> list:
                               torch.nn.Linear(64, 8)).to(dev)
     opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
     x_in, target = torch.rand(16, 32, generator=g).to(dev), torch.rand(16, 8, generator=g).to(dev)
-
-    def evict_and_rewarm():
-        flush.add_(1.0)
-        for _ in range(4):
-            torch.add(a, b)
 
     def step_then_evict():
         torch.nn.functional.mse_loss(mlp(x_in), target).backward()
