@@ -390,22 +390,25 @@ def _op_host_times(trace, ops: pd.DataFrame, spec, hc: dict, dtype, idle_s: floa
     # a CPU's per-op fixed cost is its kernel's, which differs by op class; a GPU's is the host's set-up (cuDNN
     # heuristics and descriptors), paid by every call of the family whatever its class
     h_op, hb_op = _host_arrays(seq, hc_step, op_fixed, by_class=spec.kind == "cpu", idle_s=idle_s)
-    return seq, op_stacks, _with_step_start(h_op, seq, hc_step), hb_op
+    return seq, op_stacks, _with_step_start(h_op, seq, hc_step, idle_s), hb_op
 
 
-def _with_step_start(h_fwd, seq: pd.DataFrame, hc: dict):
+def _with_step_start(h_fwd, seq: pd.DataFrame, hc: dict, idle_s: float = 0.0):
     """The forward's host seconds with ``step_start_s`` (calibration's step-start pair, 0 where it did not run) on the
-    first computing op: a training step's forward begins right after the step before's backward and optimizer, so
-    its first op finds the module call and autograd-recording path, and its own code, colder than the far price
-    says (op_cases.step_start_cases). Once per step: the ops after it run among warm neighbours."""
+    first computing op, times that op's far share (``_far_shares``): a training step's forward begins right after the
+    step before's backward and optimizer, so its first op finds the module call and autograd-recording path, and its
+    own code, colder than the far price says (op_cases.step_start_cases, timed after an L3 eviction) as far as the
+    step evicted them: a step whose data stays in the L3 (a tiny MLP's) leaves them warmer. Once per step: the ops
+    after it run among warm neighbours."""
     extra = float(hc.get("step_start_s", 0.0) or 0.0)
-    view = seq["view"].to_numpy(bool)
+    view, node = seq["view"].to_numpy(bool), seq["node"].to_numpy(bool)
     acc = seq["accumulate"].to_numpy(bool) if "accumulate" in seq else np.zeros(len(seq), dtype=bool)
     first = np.flatnonzero(~(view | acc))
     if extra <= 0 or not len(first):
         return h_fwd
+    share = float(_far_shares(seq, hc, view | acc, node, idle_s)[0][first[0]])
     out = np.array(h_fwd, dtype=float)
-    out[first[0]] += extra
+    out[first[0]] += extra * share
     return out
 
 

@@ -47,16 +47,23 @@ class TwoLayers(torch.nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-def _frame(**host):
+def _frame(l3_bytes, **host):
+    import dataclasses
+
     torch.manual_seed(0)
-    est = perfcheck.estimate(TwoLayers(), (torch.randn(3, 4, requires_grad=True),), system=_spec(**host))
+    spec = dataclasses.replace(_spec(op_cold_far_s=0.0, **host), calibration={"l3_bytes": l3_bytes})
+    est = perfcheck.estimate(TwoLayers(), (torch.randn(3, 4, requires_grad=True),), system=spec)
     return est.set_index("module")
 
 
-def test_the_first_op_of_the_forward_pays_it_once():
-    base, start = _frame(), _frame(step_start_s=70 * US)
+def test_the_first_op_of_the_forward_pays_it_once_as_far_as_the_step_evicts():
+    # an L3 of 64 bytes: the step's data passed through it since the first op's family last ran, so its far share is 1
+    base, start = _frame(64), _frame(64, step_start_s=70 * US)
     # the forward's first computing op is a's addmm: its module (and the root) pay 70 us more, nothing else moves
     assert start.loc["a", "host_fwd_s"] - base.loc["a", "host_fwd_s"] == pytest.approx(70 * US)
     assert start.loc["(root)", "host_fwd_s"] - base.loc["(root)", "host_fwd_s"] == pytest.approx(70 * US)
     assert start.loc["b", "host_fwd_s"] == pytest.approx(base.loc["b", "host_fwd_s"])
     assert (start["host_bwd_s"] - base["host_bwd_s"]).abs().max() == pytest.approx(0.0)
+    # an L3 of 1 GiB that forgets nothing (no loss curve): the step leaves the first op's code warm, no step start
+    kept, kept_start = _frame(2 ** 30), _frame(2 ** 30, step_start_s=70 * US)
+    assert kept_start.loc["(root)", "host_fwd_s"] == pytest.approx(kept.loc["(root)", "host_fwd_s"])
