@@ -304,7 +304,7 @@ def _host_arrays(seq: pd.DataFrame, hc, op_fixed=None, by_class: bool = True, id
     cold_f = np.maximum(cold_f, far_f * far)
     cold_b = np.maximum(cold_b, far_b * far)
     fwd = (np.where(view, hc["view_dispatch_s"], hc["op_dispatch_s"] + fixed) + fwd_switch * cold_f
-           + node * hc["autograd_node_s"])
+           + node * hc["autograd_node_s"] + _step_start(view | acc, far_f, hc))
     # a view's backward node is a view of the gradient unless autograd's formula runs kernels (select_backward's
     # zeros and copy: formulas.view_scatter), which dispatch as any op's
     bwd_kernels = np.where(view & (k_bwd == 0), hc["view_dispatch_s"],
@@ -327,6 +327,20 @@ def _far_shares(seq: pd.DataFrame, hc: dict, skip, node, idle_s: float = 0.0) ->
                        seq["t_bwd"].to_numpy(float) + hc["op_dispatch_s"] * node, idle_s)
     shares = [np.array([0.0 if np.isnan(a) else float(lost(a)) for a in age]) for age in ages]
     return np.maximum(far_f, shares[0]), np.maximum(far_b, shares[1])
+
+
+def _step_start(skip, far_f, hc: dict) -> np.ndarray:
+    """Per op, the forward's ``step_start_s`` (calibration's step-start pair, 0 where it did not run): on the first
+    computing op (``skip``: views, gradient accumulations), times its far share ``far_f``, 0 elsewhere. A training
+    step's forward begins right after the step before's backward and optimizer, so its first op finds the module call
+    and autograd-recording path, and its own code, colder than the far price says (op_cases.step_start_cases, timed
+    after an L3 eviction) as far as the step evicted them: a step whose data stays in the L3 (a tiny MLP's) leaves
+    them warmer. Once per step: the ops after it run among warm neighbours."""
+    out = np.zeros(len(skip))
+    first = np.flatnonzero(~np.asarray(skip, dtype=bool))
+    if len(first):
+        out[first[0]] = float(hc.get("step_start_s", 0.0) or 0.0) * float(far_f[first[0]])
+    return out
 
 
 def _measured_class(op_fixed: dict, op_class: str) -> str:
@@ -390,26 +404,7 @@ def _op_host_times(trace, ops: pd.DataFrame, spec, hc: dict, dtype, idle_s: floa
     # a CPU's per-op fixed cost is its kernel's, which differs by op class; a GPU's is the host's set-up (cuDNN
     # heuristics and descriptors), paid by every call of the family whatever its class
     h_op, hb_op = _host_arrays(seq, hc_step, op_fixed, by_class=spec.kind == "cpu", idle_s=idle_s)
-    return seq, op_stacks, _with_step_start(h_op, seq, hc_step, idle_s), hb_op
-
-
-def _with_step_start(h_fwd, seq: pd.DataFrame, hc: dict, idle_s: float = 0.0):
-    """The forward's host seconds with ``step_start_s`` (calibration's step-start pair, 0 where it did not run) on the
-    first computing op, times that op's far share (``_far_shares``): a training step's forward begins right after the
-    step before's backward and optimizer, so its first op finds the module call and autograd-recording path, and its
-    own code, colder than the far price says (op_cases.step_start_cases, timed after an L3 eviction) as far as the
-    step evicted them: a step whose data stays in the L3 (a tiny MLP's) leaves them warmer. Once per step: the ops
-    after it run among warm neighbours."""
-    extra = float(hc.get("step_start_s", 0.0) or 0.0)
-    view, node = seq["view"].to_numpy(bool), seq["node"].to_numpy(bool)
-    acc = seq["accumulate"].to_numpy(bool) if "accumulate" in seq else np.zeros(len(seq), dtype=bool)
-    first = np.flatnonzero(~(view | acc))
-    if extra <= 0 or not len(first):
-        return h_fwd
-    share = float(_far_shares(seq, hc, view | acc, node, idle_s)[0][first[0]])
-    out = np.array(h_fwd, dtype=float)
-    out[first[0]] += extra * share
-    return out
+    return seq, op_stacks, h_op, hb_op
 
 
 def module_times(trace, ops: pd.DataFrame, spec, param_tensors: Optional[dict] = None, dtype=None,
