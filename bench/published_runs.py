@@ -45,6 +45,10 @@ sys.path.insert(0, str(ROOT))
 
 DATA = ROOT / "bench" / "data" / "published_runs.csv"  # a copy of ../shared/data/published_runs.csv (README beside it)
 ALPHA_SOURCE = ROOT / "bench" / "results" / "a100_attention.json"  # written by bench/a100_attention.py
+#: nccl-tests all_reduce_perf on 8 A100 SXM, bus bandwidth by size (two public tables; README beside it); the
+#: what-if uses ``BUSBW_TABLE``, the one whose top figure the shipped spec's efficiency.intra_node cites.
+BUSBW_DATA = ROOT / "bench" / "data" / "nccl_tests_a100_allreduce.csv"
+BUSBW_TABLE = "ml-engineering"
 
 #: What GEMMs do inside training, as the shipped h100-sxm spec carries it (data with its source there:
 #: bench/results/h100_gemm_shapes.json, derived by bench/h100_shape_curve.py): the shape curve (smallest GEMM
@@ -111,10 +115,11 @@ BREAKDOWN_SHOWN = ("compute_time_s", "recompute_time_s", "tp_comm_time_s", "pp_c
                    "dp_comm_time_s", "grad_accum_time_s", "optimizer_time_s", "mfu", "hfu")
 
 
-def score_held_out(alpha, async_backward=HELD_OUT_ASYNC_BACKWARD, accumulation=HELD_OUT_GRAD_ACCUMULATION) -> pd.DataFrame:
+def score_held_out(alpha, async_backward=HELD_OUT_ASYNC_BACKWARD, accumulation=HELD_OUT_GRAD_ACCUMULATION,
+                   busbw=False) -> pd.DataFrame:
     from perfcheck.predict.transformer import transformer_step
 
-    spec = training_spec(alpha)
+    spec = training_spec(alpha, busbw)
     rows = []
     for name, layers, hidden, heads, tp, pp, v, batch, mb, t_full, t_seqsel in HELD_OUT:
         model = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn_hidden=4 * hidden, vocab=51200,
@@ -129,8 +134,9 @@ def score_held_out(alpha, async_backward=HELD_OUT_ASYNC_BACKWARD, accumulation=H
     return pd.DataFrame(rows)
 
 
-def training_spec(alpha: float):
-    """a100-80gb-sxm with h100-sxm's measured sustained factor and shape curve (attention ratios ** alpha)."""
+def training_spec(alpha: float, busbw: bool = False):
+    """a100-80gb-sxm with h100-sxm's measured sustained factor and shape curve (attention ratios ** alpha);
+    ``busbw`` (a what-if): with nccl-tests' all-reduce bus bandwidth by message size (``BUSBW_DATA``)."""
     from perfcheck.hardware.systems import SystemSpec
 
     measured = h100_measured()
@@ -143,6 +149,11 @@ def training_spec(alpha: float):
     d["sources"] = dict(d.get("sources", {}), matrix_shape_curve="h100-sxm's matrix_shape_curve (an H100 "
                         "measurement), attention-shape ratios ** alpha", **{"efficiency.matrix_sustained":
                                                                             "h100-sxm's (an H100 measurement)"})
+    if busbw:
+        table = pd.read_csv(BUSBW_DATA)
+        table = table[table["table"] == BUSBW_TABLE]
+        d["collective_busbw_curve"] = {"allreduce": [[float(r.size_bytes), float(r.busbw_gb_per_s) * 1e9]
+                                                     for r in table.itertuples()]}
     return SystemSpec.from_dict(d)
 
 
@@ -173,8 +184,8 @@ def predict(row, spec, layout=None, accumulation=DESIGN_GRAD_ACCUMULATION) -> di
     return step.values
 
 
-def score(df, alpha, layout=None, accumulation=DESIGN_GRAD_ACCUMULATION):
-    spec = training_spec(alpha)
+def score(df, alpha, layout=None, accumulation=DESIGN_GRAD_ACCUMULATION, busbw=False):
+    spec = training_spec(alpha, busbw)
     out = df.copy()
     vals = [predict(r, spec, layout, accumulation) for _, r in df.iterrows()]
     out["predicted_s"] = [v["step_time_s"] for v in vals]
@@ -280,7 +291,36 @@ def report(df, alpha, fixed) -> str:
               "without recompute our memory model needs 97-135 GB per GPU). Not a fair score, so not scored."]
     lines += ["", "Paper MFU check: the table's achieved TFLOP/s are eq. (3) FLOPs, which count the recompute; "
               "perfcheck's MFU excludes it (model FLOPs), HFU includes it."]
+    lines += busbw_section(df, held, alpha)
     return "\n".join(lines) + "\n" + ANALYSIS + torchtitan_section(alpha)
+
+
+def busbw_section(df, held, alpha) -> list:
+    """The what-if of nccl-tests' bus bandwidth by message size (``BUSBW_DATA``) against the flat figure."""
+    titan = score_torchtitan(alpha)
+    sets = (("Narayanan", df, score(df, alpha, busbw=True)), ("held out", held, score_held_out(alpha, busbw=True)),
+            ("torchtitan", titan, score_torchtitan(alpha, busbw=True)))
+    table = pd.read_csv(BUSBW_DATA)
+    table = table[table["table"] == BUSBW_TABLE].set_index("size_bytes")["busbw_gb_per_s"]
+    lines = ["", "## What-if: the TP all-reduces at nccl-tests' bus bandwidth for their size (not in the shipped spec)", "",
+             f"The spec times every collective inside a node at one bus bandwidth, 0.8 x 300 = 240 GB/s, nccl-tests' "
+             f"large-message figure. The same public table it cites ({BUSBW_TABLE}, `{BUSBW_DATA.name}`, README "
+             f"beside it) gives all_reduce {table[2**26]:.0f} GB/s at 64 MiB, {table[2**27]:.0f} at 128 MiB, "
+             f"{table[2**28]:.0f} at 256 MiB, {table[2**30]:.0f} at 1 GiB: the TP all-reduces of these runs (b s h x 2 "
+             "bytes: 50-270 MB) run at 0.66-0.81 of the flat figure there. Applied through the spec's "
+             "`collective_busbw_curve` (`collectives.curve_time_s`; all-reduce only, the kind the table measured):", ""]
+    for name, flat, curve in sets:
+        lines.append(f"- {name}: flat {summary(flat['error'])}; by size {summary(curve['error'])}")
+    every = np.concatenate([c["error"] for _, _, c in sets])
+    lines += [f"- All {len(every)}: {_two(np.concatenate([f['error'] for _, f, _ in sets]))} flat, {_two(every)} by size",
+              "", "So measured bus bandwidth makes every Megatron set worse; the shipped spec keeps the flat figure "
+              "(a term stays only if it improves the runs it was not designed on). What that says: either Megatron's "
+              "TP all-reduces ran faster than this one-process (`-g 8`) benchmark (an eight-process run of nccl-tests "
+              "on 8 A100-SXM4-80GB, one process per GPU as Megatron runs, reads 191 / 199 / 212 GB/s at 64 / 128 / "
+              "256 MiB, 8-13% faster, but its source could not be traced to a repository, so it is not used), or "
+              "another term is as much too slow in the same runs, which the flat figure then hides. The held-out "
+              "1T (v = 1, bubble 10.5 s of 101.5) is the largest error either way."]
+    return lines
 
 
 #: Written by hand (2026-11-26) from the runs above and the evidence named; the history numbers are as scored then.
@@ -458,7 +498,7 @@ def torchtitan_model(r) -> dict:
                 position="rotary", dropout=0.0)
 
 
-def score_torchtitan(alpha, dp_overlap=None, nic_scale=1.0, every=None, fused=False) -> pd.DataFrame:
+def score_torchtitan(alpha, dp_overlap=None, nic_scale=1.0, every=None, fused=False, busbw=False) -> pd.DataFrame:
     """The scored rows predicted: FSDP2 as ``dp_engine="fsdp2"`` (``perfcheck.predict.fsdp``: per micro-step
     each block's all-gather before forward and again before backward, reduce-scatter of the gradients in fp32 as
     torchtitan's MixedPrecisionPolicy(reduce_dtype=torch.float32) asks; what hides follows the per-block
@@ -474,7 +514,7 @@ def score_torchtitan(alpha, dp_overlap=None, nic_scale=1.0, every=None, fused=Fa
 
     from perfcheck.predict.transformer import transformer_step
 
-    spec = training_spec(alpha)
+    spec = training_spec(alpha, busbw)
     if nic_scale != 1.0:
         spec = dataclasses.replace(spec, inter_node_bandwidth_bytes_per_s=spec.inter_node_bandwidth_bytes_per_s
                                    * nic_scale)

@@ -20,6 +20,9 @@ from perfcheck.errors import UserError
 DP_ENGINES = ("deepspeed", "megatron", "ddp", "fsdp2")
 #: Who adds each micro-batch's gradients into the step's (``predict.grad_buffers``), here for the same reason.
 GRAD_ACCUMULATIONS = ("none", "autograd", "main_grad")
+#: Canonical collective names (``predict.collectives``), here so that a system spec can name them
+#: (``collective_busbw_curve``) without importing the predictor.
+COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "sendrecv")
 
 
 class ZeroStage(IntEnum):

@@ -31,6 +31,7 @@ from typing import Any, Mapping, Tuple
 
 from perfcheck.errors import UserError, check_keys, parse_json
 from perfcheck.hardware.host_keys import ZERO_PHASES, ZERO_STAGES, op_cold_key, zero_key
+from perfcheck.parallel import COLLECTIVE_KINDS
 
 #: Canonical dtype names a system can list peaks for.
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
@@ -65,7 +66,8 @@ _OPTIONAL = ("matrix_efficiency_curve", "matrix_efficiency_curve_dtype", "matrix
              "memory_cold_curve",
              "mem_bandwidth_curve", "host", "op_fixed_s",
              "op_efficiency", "op_efficiency_curve", "op_row_s", "op_flop_s", "module_fixed_s", "calibrated",
-             "sources", "calibration", "matrix_wide_curve", "matrix_narrow_curve", "attention_kernel_curve", "strided_elements_per_s")
+             "sources", "calibration", "matrix_wide_curve", "matrix_narrow_curve", "attention_kernel_curve", "strided_elements_per_s",
+             "collective_busbw_curve")
 #: Keys of a calibrated spec's ``calibration`` record: when and under what load ``perfcheck calibrate`` measured
 #: it (perfcheck/calibrate/sanity.py writes and checks it; every report header prints it).
 CALIBRATION_KEYS = {
@@ -330,6 +332,11 @@ class SystemSpec:
     #: elements per second a GPU's elementwise kernels write off the vectorised loop (a broadcast, strided or
     #: widening operand: perfcheck.predict.strided; measured by bench/elementwise_gpu.py); 0: not modelled
     strided_elements_per_s: float = 0.0
+    #: collective kind -> ((full buffer bytes S, bus bandwidth in B/s), ...): nccl-tests' measured busbw by message
+    #: size for a group inside one node (sources), where the flat ``intra_node_bandwidth_bytes_per_s`` x
+    #: ``efficiency.intra_node`` is the large-message figure; applied by ``perfcheck.predict.collectives.
+    #: curve_time_s``. Absent (or a kind absent): the flat figure at every size.
+    collective_busbw_curve: Mapping[str, Tuple[Tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         where = f"system {self.name!r}" if isinstance(self.name, str) else "system"
@@ -384,9 +391,10 @@ class SystemSpec:
                      "op_fixed_s",
                      "op_efficiency", "op_efficiency_curve", "module_fixed_s", "op_row_s", "op_flop_s", "calibration",
                      "matrix_wide_curve", "matrix_narrow_curve",
-                     "attention_kernel_curve", "matrix_efficiency_curve_dtype", "strided_elements_per_s") and not value:
+                     "attention_kernel_curve", "matrix_efficiency_curve_dtype", "strided_elements_per_s",
+                     "collective_busbw_curve") and not value:
                 continue  # newer optional fields: absent when empty, so older files round-trip unchanged
-            if f in ("op_efficiency_curve", "attention_kernel_curve", "matrix_wide_curve"):
+            if f in ("op_efficiency_curve", "attention_kernel_curve", "matrix_wide_curve", "collective_busbw_curve"):
                 value = {k: [list(p) for p in v] for k, v in value.items()}
             elif isinstance(value, types.MappingProxyType):
                 value = {k: dict(v) if isinstance(v, types.MappingProxyType) else v for k, v in value.items()}
@@ -424,6 +432,7 @@ class SystemSpec:
                                                    "matrix_wide_curve": {},
                                                    "calibration": {},
                                                    "attention_kernel_curve": {},
+                                                   "collective_busbw_curve": {},
                                                    **data}), where)
         return cls(**data)
 
@@ -595,6 +604,18 @@ def _attention_curves(value, where) -> types.MappingProxyType:
                                               _fraction) for k, v in value.items()})
 
 
+def _busbw_curves(value, where) -> types.MappingProxyType:
+    """collective_busbw_curve: collective kind -> [[full buffer bytes, bus bandwidth B/s], ...] (nccl-tests' rows)."""
+    if not isinstance(value, Mapping):
+        raise UserError(f"{where}: collective_busbw_curve must be an object of collective kind -> "
+                        "[[bytes, bus bandwidth B/s], ...]")
+    for k in value:
+        if k not in COLLECTIVE_KINDS:
+            raise UserError(f"{where}: collective_busbw_curve key {k!r} is not one of {', '.join(COLLECTIVE_KINDS)}")
+    return types.MappingProxyType({k: _points(v, where, f"collective_busbw_curve.{k}", "bytes", "busbw",
+                                              lambda y, name, w: _number(y, name, w)) for k, v in value.items()})
+
+
 def _unretired_modules(value):
     """``module_fixed_s`` less the retired classes (``RETIRED_MODULE_FIXED``); anything not a mapping as it is,
     for ``_per_op`` to reject."""
@@ -738,6 +759,7 @@ def _validated_fields(spec, where: str) -> dict:
                                  most=op_efficiency_max(spec.kind)),
         "op_efficiency_curve": _op_curves(getattr(spec, "op_efficiency_curve", {}) or {}, where),
         "attention_kernel_curve": _attention_curves(getattr(spec, "attention_kernel_curve", {}) or {}, where),
+        "collective_busbw_curve": _busbw_curves(getattr(spec, "collective_busbw_curve", {}) or {}, where),
         "module_fixed_s": _per_op(_unretired_modules(getattr(spec, "module_fixed_s", {}) or {}), "module_fixed_s",
                                   where, fraction=False),
         "op_row_s": _per_row(getattr(spec, "op_row_s", {}) or {}, where),

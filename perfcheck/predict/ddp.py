@@ -41,13 +41,15 @@ def buckets(size_bytes, bucket_bytes=BUCKET_BYTES):
     return np.where(s > 0, np.maximum(np.ceil(s / bucket_bytes), 1.0), 0.0)[()]
 
 
-def allreduce_buckets_s(size_bytes, group, bandwidth, system, bucket_bytes=BUCKET_BYTES):
-    """Seconds the buckets of ``size_bytes`` take on the ring one after another: each bucket's ring time
-    (bytes x bus factor / bandwidth) plus the spec's collective latency once per bucket."""
-    n = buckets(size_bytes, bucket_bytes)
-    one = pipeline.ring_time_s("allreduce", size_bytes, group, bandwidth, system)  # bytes term + one latency
-    latency = np.where(np.asarray(one) > 0, pipeline.host_constants(system)["collective_latency_s"], 0.0)
-    return (one + np.maximum(n - 1, 0) * latency)[()]
+def allreduce_buckets_s(size_bytes, group, bandwidth, system, bucket_bytes=BUCKET_BYTES, intra=False):
+    """Seconds the buckets of ``size_bytes`` take on the ring one after another: the full buckets' and the last
+    one's ring times (bytes x bus factor / bandwidth plus the spec's collective latency each; for a group inside
+    one node, ``intra``, at the bus bandwidth measured for a bucket's size where the spec has it)."""
+    full = np.maximum(buckets(size_bytes, bucket_bytes) - 1, 0)
+    one_full = pipeline.ring_time_s("allreduce", bucket_bytes, group, bandwidth, system, intra)
+    last = pipeline.ring_time_s("allreduce", last_bucket_bytes(size_bytes, bucket_bytes), group, bandwidth, system,
+                                intra)
+    return (full * one_full + last)[()]
 
 
 def last_bucket_bytes(size_bytes, bucket_bytes=BUCKET_BYTES):
@@ -57,16 +59,17 @@ def last_bucket_bytes(size_bytes, bucket_bytes=BUCKET_BYTES):
 
 
 def exposed_s(stack_bytes, tail_bytes, stack_bwd_s, tail_bwd_s, group, bandwidth, system, rate_beside,
-              bucket_bytes=BUCKET_BYTES):
+              bucket_bytes=BUCKET_BYTES, intra=False):
     """Seconds DDP's all-reduces add to an optimizer step (module docstring's closed form).
 
     stack_bytes: gradient bytes of the output layer, final norm and blocks on this GPU; tail_bytes: the input
     embedding's (ready last); stack_bwd_s: the blocks' backward of the last micro-batch (recompute included);
-    tail_bwd_s: the embedding's backward; group, bandwidth: the DP ring; rate_beside: the compute rate kept
-    beside a collective (``efficiency.matrix_beside_collective``).
+    tail_bwd_s: the embedding's backward; group, bandwidth: the DP ring (``intra``: inside one node); rate_beside:
+    the compute rate kept beside a collective (``efficiency.matrix_beside_collective``).
     """
-    stack = allreduce_buckets_s(stack_bytes, group, bandwidth, system, bucket_bytes)
-    last = pipeline.ring_time_s("allreduce", last_bucket_bytes(stack_bytes, bucket_bytes), group, bandwidth, system)
-    tail = allreduce_buckets_s(tail_bytes, group, bandwidth, system, bucket_bytes)
+    stack = allreduce_buckets_s(stack_bytes, group, bandwidth, system, bucket_bytes, intra)
+    last = pipeline.ring_time_s("allreduce", last_bucket_bytes(stack_bytes, bucket_bytes), group, bandwidth, system,
+                                intra)
+    tail = allreduce_buckets_s(tail_bytes, group, bandwidth, system, bucket_bytes, intra)
     hidden_part = collectives.beside_compute_s(stack - last, stack_bwd_s, rate_beside)
     return (hidden_part + collectives.beside_compute_s(last, tail_bwd_s, rate_beside) + tail)[()]

@@ -147,13 +147,21 @@ def rail_bandwidth_bytes_per_s(system, group, local):
     group, local = np.asarray(group, dtype=float), np.asarray(local, dtype=float)
     nvlink = system.intra_node_bandwidth_bytes_per_s * system.efficiency["intra_node"]
     nic = system.inter_node_bandwidth_bytes_per_s * system.efficiency["inter_node"]
-    return np.where(group <= local, nvlink, np.minimum(local * nic, nvlink))[()]
+    return np.where(inside_node(group, local), nvlink, np.minimum(local * nic, nvlink))[()]
 
 
-def ring_time_s(kind, size, group, bandwidth, system):
-    """nccl-tests' ring time: S * bus_factor(kind, n) / bus bandwidth + the spec's collective latency."""
+def ring_time_s(kind, size, group, bandwidth, system, intra=False):
+    """nccl-tests' ring time: S * bus_factor(kind, n) / bus bandwidth + the spec's collective latency; for a
+    group inside one node (``intra``), no faster than the spec's measured bus bandwidth at that size allows
+    (``collectives.curve_time_s``)."""
     size = np.asarray(size, dtype=float)
-    factor = np.asarray(collectives.bus_factor(kind, np.maximum(np.asarray(group, dtype=float), 1)))
+    group = np.maximum(np.asarray(group, dtype=float), 1)
+    factor = np.asarray(collectives.bus_factor(kind, group))
     active = (factor > 0) & (size > 0)
     t = np.where(active, size * factor / bandwidth + host_constants(system)["collective_latency_s"], 0.0)
-    return t[()]
+    return collectives.curve_time_s(kind, size, group, system, intra, t)[()]
+
+
+def inside_node(group, local):
+    """True where every member of a group shares one node (``ranks_per_node`` of them do)."""
+    return (np.asarray(group, dtype=float) <= np.asarray(local, dtype=float))[()]

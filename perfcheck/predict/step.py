@@ -376,19 +376,19 @@ def _cp_exposed(model, cfg, out, spec, eb, opts, core, lay, full_recompute):
     if not np.any(c > 1):
         return np.zeros(len(c))
     local = pipeline.ranks_per_node(cfg.tp, c, spec.gpus_per_node)  # cp inside tp in the rank order
-    bw = pipeline.rail_bandwidth_bytes_per_s(spec, c, local)
+    bw, intra = pipeline.rail_bandwidth_bytes_per_s(spec, c, local), pipeline.inside_node(c, local)
     t = cfg.tp.astype(float)
     if opts.cp_kind == "ulysses":
         fwd_b, bwd_b = pipeline.ulysses_bytes(cfg.micro_batch, cfg.seq, model.heads, model.kv_heads, model.head_dim,
                                               eb, t, c)
-        fwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(fwd_b) / 4, c, bw, spec)  # four calls: q, k, v, out
-        bwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(bwd_b) / 4, c, bw, spec)
+        fwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(fwd_b) / 4, c, bw, spec, intra)  # q, k, v, out
+        bwd = 4 * pipeline.ring_time_s("alltoall", np.asarray(bwd_b) / 4, c, bw, spec, intra)
         exposed = fwd + bwd + full_recompute * fwd
     else:
         fwd_b, bwd_b = pipeline.cp_ring_bytes(cfg.micro_batch, cfg.seq, model.kv_heads, model.head_dim, eb, t, c)
         # each of the c - 1 steps is a send to the next rank: the time of the whole ring at the rail bandwidth
-        step_f = pipeline.ring_time_s("sendrecv", np.asarray(fwd_b) / np.maximum(c - 1, 1), 2, bw, spec)
-        step_b = pipeline.ring_time_s("sendrecv", np.asarray(bwd_b) / np.maximum(c - 1, 1), 2, bw, spec)
+        step_f = pipeline.ring_time_s("sendrecv", np.asarray(fwd_b) / np.maximum(c - 1, 1), 2, bw, spec, intra)
+        step_b = pipeline.ring_time_s("sendrecv", np.asarray(bwd_b) / np.maximum(c - 1, 1), 2, bw, spec, intra)
         core_f, core_b = _select(out["t_roof_fwd_s"], core), _select(out["t_roof_bwd_s"], core)
         per_step_f, per_step_b = core_f / c, core_b / c  # the core's work is split over the c blocks
         fwd = (c - 1) * np.maximum(step_f - per_step_f, 0.0)
@@ -501,15 +501,15 @@ def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp):
     z = cfg.zero_stage
     n = dp.astype(float)
     micro = (cfg.micro_batches * cfg.grad_accum_steps).astype(float)
-    bw = _dp_bandwidth(cfg, spec, dp)
+    bw, intra = _dp_bandwidth(cfg, spec, dp)
     grads, weights = params * _reduce_bytes(opts, prec.grad_bytes), params * prec.param_bytes
     allreduce = np.where(z == 0, grads, 0.0)
     reducescatter = np.where(z == 3, micro * grads, np.where(z >= 1, grads, 0.0))
     allgather = np.where(z == 3, 2 * micro * weights, np.where(z >= 1, weights, 0.0))
     calls = np.where(z == 3, micro, 1.0)  # FSDP: per layer in practice; the latency term counts micro-steps
-    total = (pipeline.ring_time_s("allreduce", allreduce, n, bw, spec)
-             + calls * pipeline.ring_time_s("reducescatter", reducescatter / calls, n, bw, spec)
-             + calls * pipeline.ring_time_s("allgather", allgather / calls, n, bw, spec))
+    total = (pipeline.ring_time_s("allreduce", allreduce, n, bw, spec, intra)
+             + calls * pipeline.ring_time_s("reducescatter", reducescatter / calls, n, bw, spec, intra)
+             + calls * pipeline.ring_time_s("allgather", allgather / calls, n, bw, spec, intra))
     res["dp_allreduce_bytes"], res["dp_reducescatter_bytes"], res["dp_allgather_bytes"] = allreduce, reducescatter, allgather
     tied = model.tied_embeddings & (cfg.pp > 1)
     emb = np.where(tied, sharding.padded_vocab(model, cfg.tp) * model.hidden * prec.grad_bytes, 0.0)
@@ -526,20 +526,21 @@ def _ddp_dp(res, cfg, spec, prec, opts, dp, params, bwd):
         raise UserError("dp_engine='ddp' is PyTorch DDP without pipelining (no_sync on all but the last "
                         "micro-batch): zero_stage must be 0 and pp 1, got zero_stage "
                         f"{sorted(set(cfg.zero_stage.tolist()))}, pp {sorted(set(cfg.pp.tolist()))}")
-    n, bw = dp.astype(float), _dp_bandwidth(cfg, spec, dp)
+    n, (bw, intra) = dp.astype(float), _dp_bandwidth(cfg, spec, dp)
     stack, tail = (p * _reduce_bytes(opts, prec.grad_bytes) for p in params)
     r = spec.efficiency.get("matrix_beside_collective", 1.0)
     res["dp_allreduce_bytes"] = stack + tail
     res["dp_reducescatter_bytes"], res["dp_allgather_bytes"] = np.zeros(len(n)), np.zeros(len(n))
-    res["dp_comm_total_s"] = sum(ddp.allreduce_buckets_s(b, n, bw, spec) for b in (stack, tail))
-    res["dp_comm_time_s"] = ddp.exposed_s(stack, tail, bwd[0], bwd[1], n, bw, spec, r) * np.ones(len(n))
+    res["dp_comm_total_s"] = sum(ddp.allreduce_buckets_s(b, n, bw, spec, intra=intra) for b in (stack, tail))
+    res["dp_comm_time_s"] = ddp.exposed_s(stack, tail, bwd[0], bwd[1], n, bw, spec, r, intra=intra) * np.ones(len(n))
 
 
 def _dp_bandwidth(cfg, spec, dp):
-    """Ring bus bandwidth of the data-parallel group (tp, and cp with context parallelism, laid out inside it)."""
+    """``(bandwidth, inside one node)``: the ring bus bandwidth of the data-parallel group (tp, and cp with context
+    parallelism, laid out inside it) and whether the whole group shares a node."""
     local = pipeline.ranks_per_node(cfg.tp * cfg.cp, cfg.dp, spec.gpus_per_node)
     local = np.where(cfg.cp > 1, pipeline.ranks_per_node(cfg.tp, dp, spec.gpus_per_node), local)
-    return pipeline.rail_bandwidth_bytes_per_s(spec, dp.astype(float), local)
+    return pipeline.rail_bandwidth_bytes_per_s(spec, dp.astype(float), local), pipeline.inside_node(dp, local)
 
 
 def _reduce_bytes(opts, grad_bytes):
@@ -556,11 +557,11 @@ def _fsdp2_dp(res, cfg, spec, dtype, opts, dp, micro_steps, layers, params, bloc
         raise UserError("dp_engine='fsdp2' shards parameters, gradients and optimizer states (fully_shard): "
                         f"zero_stage must be 3, got {sorted(set(cfg.zero_stage.tolist()))}")
     p_block, p_root = params
-    n, bw = dp.astype(float), _dp_bandwidth(cfg, spec, dp)
+    n, (bw, intra) = dp.astype(float), _dp_bandwidth(cfg, spec, dp)
     b_p, b_g = elem_bytes(dtype), elem_bytes(dtype)
     b_r = _reduce_bytes(opts, b_g)
-    ag_block, ag_root = (pipeline.ring_time_s("allgather", p * b_p, n, bw, spec) for p in (p_block, p_root))
-    rs_block, rs_root = (pipeline.ring_time_s("reducescatter", p * b_r, n, bw, spec) for p in (p_block, p_root))
+    ag_block, ag_root = (pipeline.ring_time_s("allgather", p * b_p, n, bw, spec, intra) for p in (p_block, p_root))
+    rs_block, rs_root = (pipeline.ring_time_s("reducescatter", p * b_r, n, bw, spec, intra) for p in (p_block, p_root))
     r = spec.efficiency.get("matrix_beside_collective", 1.0)
     exposed = fsdp.exposed_per_micro_step_s(ag_block, rs_block, ag_root, rs_root, block[0], block[1], bwd_root,
                                             layers, r, opts.reshard_after_forward)
