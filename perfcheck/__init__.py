@@ -31,7 +31,7 @@ __all__ = sorted(_EXPORTS) + ["__version__", "estimate"]
 
 
 def estimate(model, example_inputs, *, system=None, dtype=None, parallel=None, causal: bool = False, kwargs=None,
-             optimizer="sgd"):
+             optimizer="sgd", step_other_s: float = 0.0):
     """Predict FLOPs, bytes, activation memory, communication and time per module for one training step
     (``perfcheck.predict.estimate.estimate``: every argument and column is documented there).
 
@@ -43,7 +43,7 @@ def estimate(model, example_inputs, *, system=None, dtype=None, parallel=None, c
     from perfcheck.predict.estimate import estimate as predict
 
     return predict(model, example_inputs, system=resolve_system() if system is None else system, dtype=dtype,
-                   parallel=parallel, causal=causal, kwargs=kwargs, optimizer=optimizer)
+                   parallel=parallel, causal=causal, kwargs=kwargs, optimizer=optimizer, step_other_s=step_other_s)
 
 
 def __getattr__(name):

@@ -43,8 +43,8 @@ import perfcheck.rundir as runs
 import perfcheck.rundir.deepspeed_files as run_files
 from perfcheck.analysis.answers import notes
 from perfcheck.analysis.pipeline import reconcile_run
-from perfcheck.analysis.stage_prediction import (at_run_times, host_shares, local_processes, predict, stage_system,
-                                                 zero3_parts)
+from perfcheck.analysis.stage_prediction import (at_run_times, host_shares, local_processes, outside_model_s, predict,
+                                                 stage_system, zero3_parts)
 from perfcheck.errors import UserError
 from perfcheck.hardware.labels import spec_label
 from perfcheck.hardware.systems import load_system
@@ -447,7 +447,12 @@ def predicted_on(system, stage: dict) -> pd.DataFrame:
                         "meta.json does not name a built-in example model to re-estimate; save a prediction for "
                         f"{spec.name} with perfcheck.predict.for_run.save_predicted, or compare without --system")
     meta = {**meta, "parallel": None}  # compute only, one micro-batch on one rank, as train_ds saves it
-    return for_run.predict_for_run(model, meta, system=spec)
+    facts = stage["ranks"][min(stage["ranks"])]["facts"] if stage.get("ranks") else None
+    if not facts:
+        return for_run.predict_for_run(model, meta, system=spec)
+    # as the run predicted itself: with the engine's step in the far rule's ages (stage_prediction.outside_model_s)
+    return for_run.with_step_other(lambda other: for_run.predict_for_run(model, meta, system=spec, step_other_s=other),
+                                   lambda frame: outside_model_s(facts, frame, spec))
 
 
 def stage_complete(run_dir) -> bool:

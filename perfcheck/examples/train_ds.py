@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         atomic_write_json(out / "run.json", {"argv": sys.argv, "model": args.model, "seed": args.seed,
                                              "backend": backend, "config": cfg})
         pds.save_prediction(out, model, data[0][0], system=block.system if block else None,
-                            dtype=dtype)
+                            dtype=dtype, config=cfg, world_size=torch.distributed.get_world_size())
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     engine, _, _, _ = pds.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     total = (block.total_steps if block else 1) * gas

@@ -49,7 +49,7 @@ from perfcheck.measure.schedule import StepSchedule
 from perfcheck.measure.signals import StopSignals
 from perfcheck.predict.layout_collectives import (PREDICTED_COLLECTIVE_FIELDS, PREDICTED_COLLECTIVES_CSV,
                                                   per_step_collectives)
-from perfcheck.predict.for_run import PREDICTED_CSV, PREDICTED_JSON, predict_for_run, save_predicted
+from perfcheck.predict.for_run import PREDICTED_CSV, PREDICTED_JSON, predict_for_run, save_predicted, with_step_other
 from perfcheck.schema import ROOT
 
 #: Per-step module rows kept in memory (about 120 bytes each); older steps are dropped from memory
@@ -456,7 +456,13 @@ class Recorder(StopSignals, RunFiles, RunMeta, FaultRecord):
         cached = getattr(self, "_predicted", None)
         if cached is None or cached.attrs.get("system") != spec.name:
             ddp = "DistributedDataParallel" in self._view.wrappers  # its buckets give the all-reduces
-            self._predicted = predict_for_run(self._view.outer if ddp else self._view.root, self.meta(), system=spec)
+            model, meta = self._view.outer if ddp else self._view.root, self.meta()
+
+            def run(other=0.0):
+                return predict_for_run(model, meta, system=spec, step_other_s=other)
+            # a training engine around the loop (the DeepSpeed integration sets it): its step outside the model
+            outside = getattr(self, "step_outside", None)
+            self._predicted = run() if outside is None else with_step_other(run, lambda f: outside(f, spec))
         return self._predicted
 
     def _add_predicted_track(self, trace_path):

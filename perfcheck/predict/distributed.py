@@ -444,7 +444,7 @@ def bytes_by_kind(coll: pd.DataFrame) -> dict:
 
 
 def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=False, kwargs=None,
-                     optimizer="sgd") -> pd.DataFrame:
+                     optimizer="sgd", step_other_s: float = 0.0) -> pd.DataFrame:
     """``perfcheck.estimate`` for an FSDP2 / DTensor model, per rank.
 
     Compute columns (FLOPs, bytes, activation memory, time): the estimator traces a twin of the
@@ -467,7 +467,7 @@ def estimate_sharded(model, example_inputs, *, system=None, dtype=None, causal=F
     tp = twins.has_tensor_parallel(model)
     twin = twins.meta_tp_twin(model) if tp else twins.meta_twin(model)
     terms = estimate_terms(twin, example_inputs, system=spec, dtype=dtype, causal=causal, kwargs=kwargs,
-                           optimizer=optimizer)
+                           optimizer=optimizer, step_other_s=step_other_s)
     if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake"):
         extra = live_dtensor_collectives(unwrap(model), example_inputs, kwargs) if tp else []
         out = finish(layout_collectives.add_live_collectives(terms, model, spec, extra), comm_bound=False)

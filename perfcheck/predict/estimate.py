@@ -16,7 +16,7 @@ from perfcheck.predict import distributed, module_estimator
 
 
 def estimate(model, example_inputs, *, system=None, dtype=None, parallel=None, causal: bool = False, kwargs=None,
-             optimizer="sgd") -> pd.DataFrame:
+             optimizer="sgd", step_other_s: float = 0.0) -> pd.DataFrame:
     """Predict FLOPs, bytes, activation memory, communication and time per module for one training
     step (see ``perfcheck.predict.module_estimator.estimate`` for every argument and column)."""
     module_estimator.check_model(model)  # a class name or a class: one line naming `model`
@@ -24,6 +24,6 @@ def estimate(model, example_inputs, *, system=None, dtype=None, parallel=None, c
         if parallel is not None:
             raise UserError("parallel: an FSDP2/DTensor model declares its own layout; leave parallel=None")
         return distributed.estimate_sharded(model, example_inputs, system=system, dtype=dtype, causal=causal,
-                                            kwargs=kwargs, optimizer=optimizer)
+                                            kwargs=kwargs, optimizer=optimizer, step_other_s=step_other_s)
     return module_estimator.estimate(model, example_inputs, system=system, dtype=dtype, parallel=parallel,
-                                     causal=causal, kwargs=kwargs, optimizer=optimizer)
+                                     causal=causal, kwargs=kwargs, optimizer=optimizer, step_other_s=step_other_s)

@@ -107,30 +107,45 @@ def optimizer_for_run(meta: dict) -> tuple:
     return str(name), str(name)
 
 
-def predict_for_run(model, meta: dict, *, system=None) -> pd.DataFrame:
+def predict_for_run(model, meta: dict, *, system=None, step_other_s: float = 0.0) -> pd.DataFrame:
     """The predicted frame (schema.PREDICTED_COLUMNS) for the run described by ``meta`` (meta.json);
-    ``attrs["optimizer"]`` names the optimizer costed (``optimizer_for_run``)."""
+    ``attrs["optimizer"]`` names the optimizer costed (``optimizer_for_run``). ``step_other_s``: the step's
+    seconds outside the model (``perfcheck.estimate``'s; an engine's: ``with_step_other``)."""
     optimizer, label = optimizer_for_run(meta)
-    frame = _estimate_for_run(model, meta, system, optimizer)  # None: not modelled, pred_optim_s NaN
+    frame = _estimate_for_run(model, meta, system, optimizer, step_other_s)  # None: not modelled, pred_optim_s NaN
     frame.attrs["optimizer"] = label
     return frame
 
 
-def _estimate_for_run(model, meta: dict, system, optimizer) -> pd.DataFrame:
+def _estimate_for_run(model, meta: dict, system, optimizer, step_other_s: float = 0.0) -> pd.DataFrame:
     args, kwargs = inputs_from_meta(meta)
     kind = str((meta.get("parallel") or {}).get("kind", ""))
     if layout.is_sharded(model):
         # FSDP2 / DTensor: estimate() traces an unparallelised meta twin (the live model's state and
         # hooks are never touched) and adds the collectives the live layout issues per module.
         return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
-                        kwargs=kwargs or None, optimizer=optimizer)
+                        kwargs=kwargs or None, optimizer=optimizer, step_other_s=step_other_s)
     if kind == "ddp" and layout.has_buckets(model):
         spec = spec_of(system_from_meta(meta, system))  # resolved once, for the compute and the collectives
         terms = estimate_terms(model, args, system=spec, dtype=meta.get("dtype") or None, parallel=None,
-                               kwargs=kwargs or None, optimizer=optimizer)
+                               kwargs=kwargs or None, optimizer=optimizer, step_other_s=step_other_s)
         return finish(layout_collectives.add_live_collectives(terms, model, spec), comm_bound=False)
     return estimate(model, args, system=system_from_meta(meta, system), dtype=meta.get("dtype") or None,
-                    parallel=parallel_from_meta(meta), kwargs=kwargs or None, optimizer=optimizer)
+                    parallel=parallel_from_meta(meta), kwargs=kwargs or None, optimizer=optimizer,
+                    step_other_s=step_other_s)
+
+
+def with_step_other(estimate, outside) -> pd.DataFrame:
+    """``estimate(step_other_s)`` (a one-argument call of ``perfcheck.estimate`` or ``predict_for_run``) with the
+    step's seconds outside the model in the host model's far rule: a first estimate gives what ``outside(frame)``
+    needs (the module calls, the optimizer step it prices), a second the table. ``attrs["step_other_s"]`` says what
+    went in. Why: between two forwards an engine runs milliseconds of its own code and collectives
+    (``analysis.stage_prediction.outside_model_s``), which the model's ops and optimizer alone do not count."""
+    frame = estimate(0.0)
+    other = float(outside(frame))
+    out = estimate(other) if other > 0 else frame
+    out.attrs["step_other_s"] = other
+    return out
 
 
 #: Where a run's model can be rebuilt from, for a run that records no ``meta["model"]["factory"]``:
@@ -203,7 +218,10 @@ def save_predicted(run_dir, frame: pd.DataFrame, *, rank: int | None = None, sys
                                                    # the whole spec: a run predicted with a calibrated file
                                                    # reports anywhere without that file (or --system)
                                                    "system_spec": spec.to_json_dict() if spec is not None else None,
-                                                   "dtype": None if dtype is None else str(dtype).replace("torch.", "")})
+                                                   "dtype": None if dtype is None else str(dtype).replace("torch.", ""),
+                                                   # the step's seconds outside the model in the far rule's
+                                                   # ages (with_step_other), where an engine's were counted
+                                                   "step_other_s": frame.attrs.get("step_other_s")})
     return path
 
 

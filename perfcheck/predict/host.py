@@ -67,6 +67,7 @@ These terms in the whole of a module's predicted time: docs/model.md (sections 2
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import numpy as np
@@ -733,12 +734,14 @@ def deepspeed_host_s(*, stage: int, module_calls: int, param_tensors: int, spec,
 
 # ------------------------------------------------------------------------------ estimator columns
 def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: SystemSpec, modules: dict,
-                     optimizer="sgd", dtype=None) -> pd.DataFrame:
+                     optimizer="sgd", dtype=None, step_other_s: float = 0.0) -> pd.DataFrame:
     """The module estimator's host and timeline terms, per module and phase p: ``host_p_s`` and ``device_p_s``
     (totals), ``timeline_p_s`` (both on the two timelines: ``module_times``), ``tied_bwd_s`` (``tied_gradient_s``),
     and ``pred_optim_s`` (its only writer). ``perfcheck.predict.combine.predicted_times`` makes the module's
     time and bound of them. Where the L3 forgets with time (``_far_shares``), the module times are taken again
-    with the optimizer's step in the time since a family's first call last ran (``family_ages``' ``idle_s``).
+    with the rest of the step in the time since a family's first call last ran (``family_ages``' ``idle_s``): the
+    optimizer's step and ``step_other_s`` (the step's time outside the model and its optimizer: an engine's own
+    work and collectives).
 
     frame: the estimator's per-module frame; ops: its timed op table; modules: path -> nn.Module.
     ``optimizer``: name or torch.optim instance (``optimizer_kind``), or None for one that is not modelled
@@ -748,8 +751,9 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: System
     times = module_times(trace, ops, spec, own, dtype).set_index("module")
     optim = _optimizer_column(frame, trace, spec, modules, optimizer, times) if optimizer is not None else None
     root_optim = dict(zip(frame["module"], optim)).get(_root(), 0.0) if optim is not None else 0.0
-    if root_optim > 0 and _forgets_in_time(spec, dtype):
-        times = module_times(trace, ops, spec, own, dtype, idle_s=root_optim).set_index("module")
+    idle = float(np.nan_to_num(root_optim)) + _seconds(step_other_s, "step_other_s")
+    if idle > 0 and _forgets_in_time(spec, dtype):
+        times = module_times(trace, ops, spec, own, dtype, idle_s=idle).set_index("module")
     for phase in ("fwd", "bwd"):
         for term in ("host", "device", "time"):
             column = f"timeline_{phase}_s" if term == "time" else f"{term}_{phase}_s"
@@ -760,6 +764,14 @@ def add_host_columns(frame: pd.DataFrame, trace, ops: pd.DataFrame, spec: System
     # an optimizer the model does not know (predict.for_run): no number rather than another's
     frame["pred_optim_s"] = float("nan") if optim is None else optim
     return frame
+
+
+def _seconds(value, name: str) -> float:
+    """A finite number of seconds >= 0, else a UserError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(value)) or value < 0:
+        raise UserError(f"{name}: seconds must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def _forgets_in_time(spec, dtype) -> bool:

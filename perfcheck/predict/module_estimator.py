@@ -175,7 +175,7 @@ def check_model(model) -> torch.nn.Module:
 
 
 def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None, parallel=None,
-             causal: bool = False, kwargs=None, optimizer="sgd") -> pd.DataFrame:
+             causal: bool = False, kwargs=None, optimizer="sgd", step_other_s: float = 0.0) -> pd.DataFrame:
     """Predict FLOPs, bytes, activation memory and time per module for one training step.
 
     model: any nn.Module (real, or built on the meta device: nothing is computed or allocated).
@@ -188,16 +188,20 @@ def estimate(model: torch.nn.Module, example_inputs, *, system=None, dtype=None,
       with its variants, e.g. sgd, sgd_momentum, adamw, rmsprop_momentum; suffix -foreach/-fused/-for-loop:
       perfcheck.predict.optimizers) or a torch.optim instance (perfcheck.predict.host.optimizer_kind); None
       for one that is not modelled (``pred_optim_s`` NaN).
+    step_other_s: seconds per step outside the model's ops and its optimizer step (a training engine's own host
+      work and collectives, e.g. DeepSpeed's: ``analysis.stage_prediction.outside_model_s``; data loading).
+      Only the host model's far rule reads it: how long ago each op family last ran when the step comes round
+      again (``host.add_host_columns``), on a CPU whose L3 forgets with time; elsewhere it changes nothing.
     Returns a DataFrame with the columns of ``perfcheck.schema.PREDICTED_COLUMNS`` plus
     ``PREDICTED_EXTRA_COLUMNS`` (``unmodeled_ops``, ``kernels_fwd``, ``kernels_bwd``); ``attrs``
     names the system, whether it was calibrated, and the dtype.
     """
     return finish(estimate_terms(model, example_inputs, system=system, dtype=dtype, parallel=parallel,
-                                 causal=causal, kwargs=kwargs, optimizer=optimizer))
+                                 causal=causal, kwargs=kwargs, optimizer=optimizer, step_other_s=step_other_s))
 
 
 def estimate_terms(model: torch.nn.Module, example_inputs, *, system=None, dtype=None, parallel=None,
-                   causal: bool = False, kwargs=None, optimizer="sgd") -> pd.DataFrame:
+                   causal: bool = False, kwargs=None, optimizer="sgd", step_other_s: float = 0.0) -> pd.DataFrame:
     """``estimate``'s per-module frame before its time is combined: every column but ``pred_fwd_s``,
     ``pred_bwd_s``, ``bound_fwd`` and ``bound_bwd``, plus the terms ``combine.predicted_times`` makes them of
     (``combine.TERM_COLUMNS``). ``finish`` turns it into ``estimate``'s table; a torch-native layout adds its
@@ -247,7 +251,7 @@ def estimate_terms(model: torch.nn.Module, example_inputs, *, system=None, dtype
     frame["roofline_bound_bwd"] = frame["module"].map(_dominant_bound(members, ops, "bwd")).fillna("overhead")
     frame["source"] = np.where(frame["counted"].fillna(False).astype(bool), "counted", "modeled")
     frame["unmodeled_ops"] = frame["unmodeled_ops"].fillna("")
-    frame = add_host_columns(frame, trace, ops, spec, modules, optimizer, dt)  # host terms, two timelines
+    frame = add_host_columns(frame, trace, ops, spec, modules, optimizer, dt, step_other_s)  # host terms, timelines
     frame = _add_communication(frame, model, modules, parallel, spec, dt)
     # Which ceilings produced the times: every report prints "NAME (calibrated|datasheet)".
 

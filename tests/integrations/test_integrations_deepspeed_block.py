@@ -74,3 +74,5 @@ def test_bare_deepspeed_initialize_engine_measured_from_its_block(tmp_path):
     assert meta["complete"] and meta["measured_steps"] == 2 and meta["options"]["warmup"] == 1
     assert meta["parallel"]["kind"] == "deepspeed" and meta["parallel"]["zero_stage"] == 1
     assert meta["model"]["wrappers"] == ["DeepSpeedEngine"] and meta["optimizer"] == "adamw-for-loop"
+    # the engine's step outside the model (its host work and collectives) went into the prediction's far rule
+    assert json.loads((out / "rank0" / "predicted.json").read_text())["step_other_s"] > 0

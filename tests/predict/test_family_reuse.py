@@ -317,3 +317,20 @@ def test_estimator_charges_the_l3_loss_curves_share_of_the_far_price():
     for phase in ("host_fwd_s", "host_bwd_s"):
         assert slow[phase] == pytest.approx(base[phase])
         assert fast[phase] - base[phase] == pytest.approx(6 * 40 * US)
+
+
+def test_the_steps_time_outside_the_model_ages_each_familys_first_call():
+    """``step_other_s`` (an engine's step outside the model) is time since each family's first call last ran: on
+    an L3 that loses nothing in 0.1 s and everything in 1 s, 10 s more makes the first addmm and the first tanh of
+    each pass far (2 x 40 us per pass); the other calls ran microseconds before and stay as they were."""
+    import dataclasses
+    torch.manual_seed(0)
+    spec = dataclasses.replace(_spec(**FAR_HOST, l3_residency_s=1e-12),
+                               calibration={"l3_bytes": 2 ** 40, "l3_lost": ((1.0, 1.0),)})
+    x = (torch.randn(2, 4, requires_grad=True),)
+    base, later = (perfcheck.estimate(CellLoop(), x, system=spec, step_other_s=s).set_index("module").loc["(root)"]
+                   for s in (0.0, 10.0))
+    for phase in ("host_fwd_s", "host_bwd_s"):
+        assert later[phase] - base[phase] == pytest.approx(2 * 40 * US)
+    with pytest.raises(perfcheck.UserError, match="step_other_s"):
+        perfcheck.estimate(CellLoop(), x, system=spec, step_other_s=-1.0)

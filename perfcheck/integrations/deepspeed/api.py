@@ -40,7 +40,10 @@ from perfcheck.integrations.deepspeed.config import BLOCK_KEY, PerfcheckBlock, l
 from perfcheck.integrations.deepspeed.engine_session import EngineSession
 from perfcheck.predict.estimate import estimate
 from perfcheck.predict.for_run import save_predicted
+from perfcheck.analysis.stage_prediction import outside_model_s
+from perfcheck.integrations.deepspeed.facts import config_facts
 from perfcheck.predict import module_estimator
+from perfcheck.predict.for_run import with_step_other
 
 # ---------------------------------------------------------------------------- entry points
 def initialize(args: Any = None, model=None, optimizer=None, model_parameters=None, training_data=None,
@@ -96,17 +99,24 @@ def _engine_config(engine) -> dict:
     return dict(cfg) if isinstance(cfg, Mapping) else {}
 
 
-def save_prediction(run_dir, model, example_inputs, *, system=None, dtype=None) -> Optional[Path]:
+def save_prediction(run_dir, model, example_inputs, *, system=None, dtype=None, config: Optional[Mapping] = None,
+                    world_size: int = 1) -> Optional[Path]:
     """Write ``<run_dir>/predicted.csv`` + ``predicted.json``: ``perfcheck.estimate`` of one
     micro-batch on one rank (compute only; ``perfcheck compare`` adds the ZeRO collectives), through
     the run directory's one predicted-file writer (``perfcheck.predict.for_run.save_predicted``).
+    With the run's DeepSpeed ``config`` and ``world_size``, the engine's own step (its host work and collectives)
+    counts in how long each op family waits between steps (``analysis.stage_prediction.outside_model_s``).
     Call it with the model before DeepSpeed partitions it. Returns the path (None if the estimator
     failed, with a warning: a prediction never stops the training run)."""
     try:
         # the spec resolved once, here: predicted.json embeds it, so a stage whose ranks died still reports
         # (a calibrated spec's name, e.g. "cpu-calibrated", is no built-in another process could load)
         spec = load_system(system if system is not None else module_estimator.default_system_name())
-        frame = estimate(model, example_inputs, system=spec, dtype=dtype)
+
+        def run(step_other_s=0.0):
+            return estimate(model, example_inputs, system=spec, dtype=dtype, step_other_s=step_other_s)
+        facts = config_facts(model, config, world_size) if config is not None else None
+        frame = run() if facts is None else with_step_other(run, lambda f: outside_model_s(facts, f, spec))
         return save_predicted(run_dir, frame, system=spec, dtype=frame.attrs.get("dtype", dtype))
     except Exception as exc:  # noqa: BLE001 - a prediction must never stop the training run
         warnings.warn(f"perfcheck: no prediction saved ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)

@@ -24,9 +24,11 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
+from perfcheck.analysis.stage_prediction import outside_model_s
 from perfcheck.errors import UserError
 import perfcheck.rundir as runs
 from perfcheck.integrations.deepspeed.config import PerfcheckBlock, load_config, parse_block
+from perfcheck.integrations.deepspeed.facts import engine_facts
 from perfcheck.session.api import PerfCheck
 
 #: What a callback-driven run does not write, said once when a block is honoured that way.
@@ -96,7 +98,11 @@ def perfcheck_for_engine(engine, *, config=None, **explicit):
     kwargs.setdefault("parallel", parallel)
     if kwargs.get("out_dir") is None:
         kwargs["out_dir"] = shared_run_dir("runs", f"deepspeed-zero{parallel.get('zero_stage', 0)}")
-    return PerfCheck(engine, **kwargs).start()
+    pc = PerfCheck(engine, **kwargs)
+    # the engine's step outside the model counts in the far rule's ages (stage_prediction.outside_model_s); its
+    # facts read when the prediction is made, after DeepSpeed partitioned the parameters (ds_numel)
+    pc.step_outside = lambda frame, spec: outside_model_s(engine_facts(engine, load_config(cfg) or {}), frame, spec)
+    return pc.start()
 
 
 def shared_run_dir(parent, label: str) -> Path:

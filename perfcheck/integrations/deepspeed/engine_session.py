@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from perfcheck.analysis.stage_prediction import outside_model_s
 from perfcheck.measure.clocks import clock_for
 from perfcheck.measure.schedule import StepSchedule
 from perfcheck.measure.speed import SpeedProbe
@@ -113,6 +114,8 @@ class EngineSession:
                                profile_window=(p.wait, p.warmup, p.active), sample_interval=b.sampler_interval_s,
                                out_dir=self._run_dir, system=b.system,  # the block's system, as zero.json's
                                overhead_pairs=b.bare_steps)  # its bare steps are the engine's (one schedule)
+            # the engine's step outside the model counts in the far rule's ages (stage_prediction.outside_model_s)
+            pc.step_outside = lambda frame, spec: outside_model_s(self._facts, frame, spec)
             if pc.state == "new":
                 pc.start()
             return pc

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from perfcheck.predict.zero import dtype_from_deepspeed_config
+from perfcheck.predict.zero import ZeroSettings, dtype_from_deepspeed_config
 
 #: ZeRO knobs recorded in zero.json (engine accessor -> zero.ZeroSettings field).
 _KNOBS = {"zero_reduce_bucket_size": "reduce_bucket_size", "zero_allgather_bucket_size": "allgather_bucket_size",
@@ -205,3 +205,20 @@ def engine_facts(engine, ds_config: dict | None) -> dict:
         **node_layout(world), **zero_settings(engine), **parameter_facts(engine.module),
     }
     return facts
+
+
+def config_facts(model, ds_config: dict, world_size: int) -> dict:
+    """``engine_facts``' keys that the ZeRO prediction reads (``analysis.stage_prediction.predict``), from the
+    DeepSpeed config and the model before ``deepspeed.initialize`` builds an engine: what a run's prediction saved
+    at its start (``api.save_prediction``) knows. The optimizer by the config's type (DeepSpeed builds it)."""
+    import dataclasses
+
+    cfg = dict(ds_config or {})
+    zero = dict(cfg.get("zero_optimization") or {})
+    world = max(int(world_size), 1)
+    return {"world_size": world, "zero_stage": int(zero.get("stage", 0)), "dp": world,
+            "gradient_accumulation_steps": int(cfg.get("gradient_accumulation_steps", 1) or 1),
+            "dtype": dtype_from_deepspeed_config(cfg),
+            "optimizer": {"basic_optimizer": str((cfg.get("optimizer") or {}).get("type") or "adam")},
+            "settings": dataclasses.asdict(ZeroSettings.from_deepspeed_config(cfg)),
+            **node_layout(world), **parameter_facts(model)}
