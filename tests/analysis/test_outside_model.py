@@ -44,3 +44,19 @@ def test_outside_the_model_is_the_engines_host_work_less_the_optimizer_the_estim
     by_hand = (100 + 2 * 1) + (200 + 2 * 2) + (300 + 2 * 3) - 30
     assert outside_model_s(facts, _frame(30 * US), spec) == pytest.approx(by_hand * US, rel=1e-6, abs=1e-9)
     assert outside_model_s(facts, _frame(1.0), spec) == 0.0  # never below 0
+
+
+def test_a_failing_engine_fact_leaves_the_prediction_without_it(tmp_path):
+    """Instrumentation never loses a prediction: an engine's step that cannot be predicted is left out, said."""
+    import perfcheck
+
+    model = torch.nn.Linear(4, 3)
+    with pytest.warns(RuntimeWarning, match="outside the model left out"):
+        with perfcheck.PerfCheck(model, steps=2, warmup=0, out_dir=tmp_path / "run", system="cpu", profile=False,
+                                sample_interval=None, overhead_pairs=0) as pc:
+            pc.step_outside = lambda frame, spec: {}["missing fact"]
+            while not pc.done:
+                model(torch.randn(2, 4)).sum().backward()
+                pc.step()
+        frame = pc.predicted()
+    assert frame.attrs["step_other_s"] == 0.0 and (frame["pred_fwd_s"] > 0).all()
