@@ -457,23 +457,10 @@ class Recorder(StopSignals, RunFiles, RunMeta, FaultRecord):
         if cached is None or cached.attrs.get("system") != spec.name:
             ddp = "DistributedDataParallel" in self._view.wrappers  # its buckets give the all-reduces
             model, meta = self._view.outer if ddp else self._view.root, self.meta()
-
-            def run(other=0.0):
-                return predict_for_run(model, meta, system=spec, step_other_s=other)
-            # a training engine around the loop (the DeepSpeed integration sets it): its step outside the model
-            outside = getattr(self, "step_outside", None)
-            self._predicted = (run() if outside is None
-                               else with_step_other(run, lambda f: self._outside(outside, f, spec)))
+            outside = getattr(self, "step_outside", None)  # an engine around the loop: its step outside the model
+            self._predicted = with_step_other(lambda o: predict_for_run(model, meta, system=spec, step_other_s=o),
+                                              outside and (lambda f: outside(f, spec)), warn=self._warn)
         return self._predicted
-
-    def _outside(self, outside, frame, spec) -> float:
-        """The engine's step outside the model for ``frame``; 0 with a warning where it cannot be predicted (the
-        prediction then leaves it out rather than failing)."""
-        try:
-            return float(outside(frame, spec))
-        except Exception as exc:  # noqa: BLE001 - a missing engine fact must not cost the run its prediction
-            self._warn(f"the engine's step outside the model left out of the prediction ({type(exc).__name__}: {exc})")
-            return 0.0
 
     def _add_predicted_track(self, trace_path):
         """The prediction as its own track in trace.json (measure/predicted_track.py); a failure leaves

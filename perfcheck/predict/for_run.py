@@ -135,14 +135,22 @@ def _estimate_for_run(model, meta: dict, system, optimizer, step_other_s: float 
                     step_other_s=step_other_s)
 
 
-def with_step_other(estimate, outside) -> pd.DataFrame:
+def with_step_other(estimate, outside, warn=None) -> pd.DataFrame:
     """``estimate(step_other_s)`` (a one-argument call of ``perfcheck.estimate`` or ``predict_for_run``) with the
     step's seconds outside the model in the host model's far rule: a first estimate gives what ``outside(frame)``
-    needs (the module calls, the optimizer step it prices), a second the table. ``attrs["step_other_s"]`` says what
-    went in. Why: between two forwards an engine runs milliseconds of its own code and collectives
-    (``analysis.stage_prediction.outside_model_s``), which the model's ops and optimizer alone do not count."""
+    needs (the module calls, the optimizer step it prices), a second the table; ``outside`` None: one estimate, 0.
+    ``attrs["step_other_s"]`` says what went in. With ``warn``, an ``outside`` that fails is left out (0) and said
+    through ``warn(message)``, so a run keeps its prediction. Why: between two forwards an engine runs milliseconds
+    of its own code and collectives (``analysis.stage_prediction.outside_model_s``), which the model's ops and
+    optimizer alone do not count."""
     frame = estimate(0.0)
-    other = float(outside(frame))
+    try:
+        other = float(outside(frame)) if outside is not None else 0.0
+    except Exception as exc:  # noqa: BLE001 - a missing engine fact must not cost a run its prediction
+        if warn is None:
+            raise
+        warn(f"the engine's step outside the model left out of the prediction ({type(exc).__name__}: {exc})")
+        other = 0.0
     out = estimate(other) if other > 0 else frame
     out.attrs["step_other_s"] = other
     return out

@@ -30,6 +30,9 @@ def test_two_passes_the_first_giving_what_the_second_counts():
     calls.clear()
     out = with_step_other(estimate, lambda frame: 0.0)  # nothing outside: one estimate
     assert calls == [0.0] and out.attrs["step_other_s"] == 0.0
+    assert with_step_other(estimate, None).attrs["step_other_s"] == 0.0  # no engine: one estimate
+    with pytest.raises(KeyError):  # without a warn callback a failure is the caller's
+        with_step_other(estimate, lambda frame: {}["fact"])
 
 
 def test_outside_the_model_is_the_engines_host_work_less_the_optimizer_the_estimate_prices():
