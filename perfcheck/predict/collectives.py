@@ -152,12 +152,12 @@ def collective_time_s(kind, bytes, group_size, system, spans_nodes=None):  # noq
     active = (factor > 0) & (size > 0)
 
     t = np.where(active, size * factor / bw + host_constants(system)["collective_latency_s"], 0.0)
-    t = curve_time_s(kind, size, group_size, system, ~np.asarray(_spans(system, group_size, spans_nodes)), t)
+    t = curve_time_s(kind, size, factor, system, ~np.asarray(_spans(system, group_size, spans_nodes)), t)
     scalar = all(np.ndim(x) == 0 for x in (kind, bytes, group_size, spans_nodes))
     return t.item() if scalar else t
 
 
-def curve_time_s(kind, size, group_size, system, intra, flat_s):
+def curve_time_s(kind, size, factor, system, intra, flat_s):
     """The flat time ``flat_s`` of collectives inside one node (``intra``), raised where the spec's measured
     bus bandwidth at that message size is lower (``collective_busbw_curve``, nccl-tests' rows for the kind):
 
@@ -167,14 +167,15 @@ def curve_time_s(kind, size, group_size, system, intra, flat_s):
     is nccl-tests' large-message bus bandwidth; a ring reaches it only at gigabytes (8 A100 SXM, all_reduce:
     172 GB/s at 64 MiB, 194 at 256 MiB, 229 at 1 GiB, 235 at 16 GiB: ml-engineering network/README.md), and a
     measured time already holds its latency, so where the curve is slower it replaces the flat time, latency
-    included. Kinds without a curve, groups across nodes and zero-byte calls keep ``flat_s``."""
+    included. ``factor``: the calls' ``bus_factor`` (their callers have it). Kinds without a curve, groups across
+    nodes and zero-byte calls keep ``flat_s``."""
     flat = np.asarray(flat_s, dtype=float)
     curves = getattr(system, "collective_busbw_curve", None) or {}
     if not curves:
         return flat
     kinds = np.broadcast_to(np.asarray(kind, dtype=object), flat.shape)
     size = np.broadcast_to(np.asarray(size, dtype=float), flat.shape)
-    factor = np.broadcast_to(np.asarray(bus_factor(kind, group_size), dtype=float), flat.shape)
+    factor = np.broadcast_to(np.asarray(factor, dtype=float), flat.shape)
     inside = np.broadcast_to(np.asarray(intra, dtype=bool), flat.shape)
     out = flat.copy()
     for name, points in curves.items():

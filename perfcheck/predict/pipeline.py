@@ -159,7 +159,7 @@ def ring_time_s(kind, size, group, bandwidth, system, intra=False):
     factor = np.asarray(collectives.bus_factor(kind, group))
     active = (factor > 0) & (size > 0)
     t = np.where(active, size * factor / bandwidth + host_constants(system)["collective_latency_s"], 0.0)
-    return collectives.curve_time_s(kind, size, group, system, intra, t)[()]
+    return collectives.curve_time_s(kind, size, factor, system, intra, t)[()]
 
 
 def inside_node(group, local):

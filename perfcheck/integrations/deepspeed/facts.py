@@ -8,6 +8,7 @@ and the optimizer, each counted once and classed as params, grads or optimizer s
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import socket
@@ -211,8 +212,6 @@ def config_facts(model, ds_config: dict, world_size: int) -> dict:
     """``engine_facts``' keys that the ZeRO prediction reads (``analysis.stage_prediction.predict``), from the
     DeepSpeed config and the model before ``deepspeed.initialize`` builds an engine: what a run's prediction saved
     at its start (``api.save_prediction``) knows. The optimizer by the config's type (DeepSpeed builds it)."""
-    import dataclasses
-
     cfg = dict(ds_config or {})
     zero = dict(cfg.get("zero_optimization") or {})
     world = max(int(world_size), 1)
