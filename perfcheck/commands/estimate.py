@@ -23,7 +23,7 @@ import math
 
 from perfcheck.commands.checks import check_output_file, write_output
 from perfcheck.errors import UserError
-from perfcheck.parallel import DP_ENGINES, GRAD_ACCUMULATIONS
+from perfcheck.parallel import DP_ENGINES, GRAD_ACCUMULATIONS, OPTIMIZER_IMPLS
 
 FORMATS = ("table", "csv", "json")
 DEFAULT_MODEL, DEFAULT_SYSTEM = "gpt2-124m", "h100-sxm"
@@ -97,6 +97,13 @@ def _add_schedule_args(tr):
     tr.add_argument("--grad-accumulation", choices=GRAD_ACCUMULATIONS,
                     help="who adds each micro-batch's gradients: fused in the GEMM (none), AccumulateGrad (autograd), "
                          "Megatron's main-grad buffer (main_grad); default: the engine's")
+    tr.add_argument("--optimizer", default="adam", help="optimizer kind (adam, adamw, sgd, sgd_momentum, ...; "
+                                                         "default adam)")
+    tr.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS,
+                    help="who runs the optimizer step: one fused kernel (DeepSpeed), Megatron-LM's mixed-precision "
+                         "optimizer, torch.optim foreach / for-loop / torch-fused; default: the engine's")
+    tr.add_argument("--grad-clip", choices=("on", "off"),
+                    help="clip gradients by their global norm (default: the engine's: on for Megatron only)")
 
 
 def run(args) -> int:
@@ -130,7 +137,9 @@ def _model_output(args) -> str:
               virtual_stages=args.virtual_stages, cp=args.cp, cp_kind=args.cp_kind, dp_engine=args.dp_engine,
               scatter_gather=not args.no_scatter_gather, recompute_every=args.recompute_every,
               dp_reduce_dtype=args.dp_reduce_dtype, reshard_after_forward=not args.no_reshard_after_forward,
-              eager=args.eager, eager_norm=args.eager_norm, grad_accumulation=args.grad_accumulation)
+              eager=args.eager, eager_norm=args.eager_norm, grad_accumulation=args.grad_accumulation,
+              optimizer=args.optimizer, optimizer_impl=args.optimizer_impl,
+              grad_clip=None if args.grad_clip is None else args.grad_clip == "on")
     if args.tp_depth != 1:
         kw["tp_depth"] = args.tp_depth
     table = estimate_transformer(model, **kw)

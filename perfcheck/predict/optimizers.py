@@ -195,6 +195,16 @@ def _run(cls, kw, shapes):
     return _count(rec.ops, {int(torch.Size(s).numel()) for s in shapes}) + (2.0 + sum(states) / len(states),)
 
 
+def _third_tensor(k2, k3) -> list:
+    """(streams, op name) of each kernel on one more tensor: the 3-tensor run's kernels less the 2-tensor run's,
+    sorted."""
+    extra = list(k3)
+    for s in k2:
+        if s in extra:
+            extra.remove(s)
+    return sorted(extra)
+
+
 @lru_cache(maxsize=None)
 def profile(kind: str, impl: str) -> Profile:
     """The per-tensor work of one ``kind`` step in implementation ``impl`` (for-loop, foreach, fused), counted
@@ -208,11 +218,31 @@ def profile(kind: str, impl: str) -> Profile:
         raise UserError(f"optimizer: torch.optim.{cls.__name__} ({kind}, {impl}) does not run on CPU tensors here: "
                         f"{str(exc).splitlines()[0][:160]}") from None
     per_tensor = e3 - e2
-    # streams per kernel: the third tensor's kernels are the 3-tensor run's less the 2-tensor run's, in order
-    extra = list(k3)
-    for s in k2:
-        if s in extra:
-            extra.remove(s)
-    extra.sort()
+    extra = _third_tensor(k2, k3)
     return Profile(kind, impl, tuple(s for s, _ in extra), float(per_tensor), float(m3 - m2),
                    float(e2 - 2 * per_tensor), float(r3 - r2), tuple(n for _, n in extra), float(persistent))
+
+
+@lru_cache(maxsize=None)
+def clip_profile(impl: str = "foreach") -> Profile:
+    """The per-tensor work of ``torch.nn.utils.clip_grad_norm_`` in implementation ``impl`` (foreach, for-loop),
+    counted like ``profile`` on this torch build: the norm of every gradient, then every gradient scaled in place by
+    min(1, max_norm / total norm), which torch applies whether or not the norm exceeds max_norm (no host sync)."""
+    if impl not in ("foreach", "for-loop"):
+        raise UserError(f"grad_clip: torch's clip_grad_norm_ runs foreach or for-loop, got {impl!r}")
+
+    def run(shapes):
+        gen = torch.Generator().manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(*s, generator=gen)) for s in shapes]
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        rec = _Record()
+        with rec:
+            torch.nn.utils.clip_grad_norm_(params, 1e-3, foreach=impl == "foreach")
+        return _count(rec.ops, {int(torch.Size(s).numel()) for s in shapes})
+
+    k2, e2, *_ = run(PROFILE_SHAPES[:2])
+    k3, e3, *_ = run(PROFILE_SHAPES)
+    extra = _third_tensor(k2, k3)
+    return Profile("clip_grad_norm", impl, tuple(s for s, _ in extra), float(e3 - e2), 0.0,
+                   float(e2 - 2 * (e3 - e2)), 0.0, tuple(n for _, n in extra), 2.0)

@@ -27,11 +27,12 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.predict import collectives, ddp, fsdp, grad_buffers, pipeline, roofline, row_times, sharding
+from perfcheck.predict import (collectives, ddp, fsdp, grad_buffers, optimizer_passes, pipeline, roofline,
+                               row_times, sharding)
 from perfcheck.predict.gemm_operands import GEMM_ALIGN_BYTES
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
-                                           full_recompute_share, grad_accumulation, make_options, single_layout,
-                                           validate_layouts)
+                                           full_recompute_share, grad_accumulation, grad_clip, make_options,
+                                           optimizer_impl, single_layout, validate_layouts)
 from perfcheck.hardware.systems import element_bytes as elem_bytes, spec_of
 
 
@@ -166,7 +167,8 @@ STEP_COLUMNS: Mapping[str, str] = {
                       "(fsdp.compute_stream_copy_bytes at memory bandwidth); 0 for the other engines, seconds",
     "grad_accum_time_s": "adding each micro-batch's gradients into the step's (grad_buffers.time_s: 'autograd' "
                          "m - 1 in-place adds, 'main_grad' m adds into Megatron's buffer, 'none' fused), seconds",
-    "optimizer_time_s": "optimizer update of this GPU's partition at memory bandwidth (zero.optimizer_time_s), seconds",
+    "optimizer_time_s": "optimizer step of this GPU's partition as its code runs it, memory passes at bandwidth "
+                        "(optimizer_passes), seconds",
     "bubble_fraction": "share of a flush in the bubble: (pp - 1)/v / (micro_batches + (pp - 1)/v)",
     "tp_comm_bytes": "full-buffer bytes of TP collectives per step on one GPU",
     "dp_allreduce_bytes": "full-buffer bytes all-reduced over the DP group per step (ZeRO model)",
@@ -477,10 +479,22 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last, re
         res["dp_comm_total_s"] = t["fwd"] + t["bwd"] + t["step"]
         # fwd/bwd collectives can hide behind compute; the post-step parameter all-gather cannot
         res["dp_comm_time_s"] = (1 - opts.dp_overlap) * (t["fwd"] + t["bwd"]) + t["step"]
-    res["optimizer_time_s"] = zero.optimizer_time_s(p_comm, cfg.zero_stage, dp, spec, precision_=prec)
+    _optimizer_step(res, cfg, spec, dtype, opts, prec, p_comm, dp)
+
+
+def _optimizer_step(res, cfg, spec, dtype, opts, prec, params, dp):
+    """The gradients' accumulation between micro-batches (``grad_buffers``) and the optimizer step as the engine
+    runs it (``optimizer_passes``) on the stage with the most parameters."""
+    mode, reduce_bytes = grad_accumulation(opts), _reduce_bytes(opts, prec.grad_bytes)
+    # the main gradient the optimizer reads: fp32 where the accumulation is fused into the weight-gradient GEMM
+    # (Megatron-LM's fp32 main_grad) unless the gradients are reduced in another dtype, else as reduced
+    main_grad = 4.0 if mode == "none" and opts.dp_reduce_dtype is None else reduce_bytes
+    res["optimizer_time_s"] = optimizer_passes.time_s(optimizer_impl(opts), opts.optimizer, params, cfg.zero_stage,
+                                                      dp, spec, prec, main_grad_bytes=main_grad,
+                                                      loss_scaling=dtype == "fp16", clip=grad_clip(opts))
     micro = (cfg.micro_batches * cfg.grad_accum_steps).astype(float)
-    res["grad_accum_time_s"] = grad_buffers.time_s(grad_accumulation(opts), p_comm, micro, prec.grad_bytes,
-                                                   _reduce_bytes(opts, prec.grad_bytes), spec) * np.ones(len(pp))
+    res["grad_accum_time_s"] = grad_buffers.time_s(mode, params, micro, prec.grad_bytes, reduce_bytes,
+                                                   spec) * np.ones(len(cfg.pp))
 
 
 def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp):

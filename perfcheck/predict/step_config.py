@@ -9,7 +9,7 @@ import numpy as np
 
 from perfcheck.errors import UserError
 from perfcheck.parallel import DP_ENGINES
-from perfcheck.predict import grad_buffers, sharding
+from perfcheck.predict import grad_buffers, optimizer_passes, sharding
 
 RECOMPUTE = ("none", "selective", "full", "selective_op")
 CP_KINDS = ("ring", "ulysses")
@@ -75,6 +75,12 @@ class Options:
       (fused into the weight-gradient GEMM, Megatron-Core's default), "autograd" (AccumulateGrad in place: PyTorch
       DDP under no_sync, Megatron-LM's 2021 local DDP), "main_grad" (Megatron-LM's contiguous buffer, fp16 through
       2022); None: the engine's (``ENGINE_GRAD_ACCUMULATION``). Priced as ``grad_accum_time_s``.
+    optimizer_impl: who runs the optimizer step (``optimizer_passes.IMPLS``): "fused" (one kernel: DeepSpeed's),
+      "megatron" (Megatron-LM's mixed-precision optimizer around apex's kernels), "foreach" / "for-loop" /
+      "torch-fused" (torch.optim's implementations, their kernels counted from torch's code); None: the engine's
+      (``optimizer_passes.ENGINE_IMPL``). Priced as ``optimizer_time_s``.
+    grad_clip: whether the loop clips gradients by their global norm (Megatron's --clip-grad, torch's
+      clip_grad_norm_); None: the engine's default (``optimizer_passes.ENGINE_CLIP``: Megatron-LM's only).
     """
 
     causal: bool = False
@@ -99,6 +105,8 @@ class Options:
     grad_accumulation: object = None
     eager: bool = False
     eager_norm: bool = False
+    optimizer_impl: object = None
+    grad_clip: object = None
 
     def __post_init__(self):
         scheme = str(self.tp_scheme).lower()
@@ -142,6 +150,11 @@ class Options:
         if self.grad_accumulation is not None and self.grad_accumulation not in grad_buffers.MODES:
             raise UserError(f"grad_accumulation must be one of {', '.join(grad_buffers.MODES)} or None, "
                             f"got {self.grad_accumulation!r}")
+        if self.optimizer_impl is not None and self.optimizer_impl not in optimizer_passes.IMPLS:
+            raise UserError(f"optimizer_impl must be one of {', '.join(optimizer_passes.IMPLS)} or None, "
+                            f"got {self.optimizer_impl!r}")
+        if self.grad_clip is not None and not isinstance(self.grad_clip, (bool, np.bool_)):
+            raise UserError(f"grad_clip must be true, false or None (the engine's default), got {self.grad_clip!r}")
         if self.recompute not in RECOMPUTE:
             raise UserError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.recompute == "selective_op" and not self.flash:
@@ -160,6 +173,16 @@ class Options:
 def grad_accumulation(opts: Options) -> str:
     """The ``grad_buffers`` mode a step runs: ``opts.grad_accumulation``, else its engine's."""
     return opts.grad_accumulation or ENGINE_GRAD_ACCUMULATION[opts.dp_engine]
+
+
+def optimizer_impl(opts: Options) -> str:
+    """Who runs the optimizer step (``optimizer_passes``): ``opts.optimizer_impl``, else its engine's."""
+    return opts.optimizer_impl or optimizer_passes.ENGINE_IMPL[opts.dp_engine]
+
+
+def grad_clip(opts: Options) -> bool:
+    """Whether the step clips gradients by their norm: ``opts.grad_clip``, else its engine's default."""
+    return bool(optimizer_passes.ENGINE_CLIP[opts.dp_engine] if opts.grad_clip is None else opts.grad_clip)
 
 
 def full_recompute_share(layers, opts: Options) -> float:

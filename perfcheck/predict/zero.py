@@ -448,10 +448,16 @@ def optimizer_time_s(params, stage, dp, system, *, precision_: Precision) -> obj
     """Optimizer update of this rank's partition, memory-bound: each element reads and writes its
     optimizer states (K), reads its gradient (b_g) and writes the model copy (b_p):
     t = P_local * (2K + b_g + b_p) / (memory bandwidth * efficiency)."""
-    st = validate_stage(stage)
-    p_local = np.where(st >= 1, _nonneg(params, "params") / _positive(dp, "dp"), _nonneg(params, "params"))
-    moved = p_local * (2 * precision_.optimizer_bytes + precision_.grad_bytes + precision_.param_bytes)
+    moved = optimizer_partition(params, stage, dp) * (2 * precision_.optimizer_bytes + precision_.grad_bytes
+                                                      + precision_.param_bytes)
     return np.asarray(memory_time_s(moved, system))
+
+
+def optimizer_partition(params, stage, dp) -> np.ndarray:
+    """Parameters whose update this rank runs: params / dp from ZeRO stage 1 (the optimizer states are
+    partitioned), all of them at stage 0."""
+    return np.where(validate_stage(stage) >= 1, _nonneg(params, "params") / _positive(dp, "dp"),
+                    _nonneg(params, "params"))
 
 
 @dataclasses.dataclass(frozen=True)

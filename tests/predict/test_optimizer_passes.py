@@ -1,0 +1,88 @@
+"""The optimizer step as its code runs it (``predict.optimizer_passes``) and the front-end's ``optimizer_impl`` /
+``grad_clip``: bytes per parameter by hand from Megatron-LM's, apex's and torch's code, times at memory bandwidth."""
+from __future__ import annotations
+
+import pytest
+
+from perfcheck.errors import UserError
+from perfcheck.hardware.systems import load_system
+from perfcheck.predict import optimizer_passes as passes_
+from perfcheck.predict import zero
+from perfcheck.predict.transformer import transformer_step
+
+GPT = dict(name="gpt-tiny", layers=4, hidden=1024, heads=16, ffn_hidden=4096, vocab=32000, seq_len=1024,
+           norm="layernorm", activation="gelu", bias=True, tied_embeddings=True, dropout=0.0)
+FP16, BF16, FP32 = (zero.precision(d, "adam", stage=0) for d in ("fp16", "bf16", "fp32"))
+
+
+def _total(impl, kind, prec, **kw):
+    return float(sum(passes_.passes(impl, kind, prec, **kw).values()))
+
+
+def test_megatron_2021_fp16_step_by_hand():
+    # Float16OptimizerWithFloat16Params.step, fp16 gradients in .grad (local DDP without contiguous buffers):
+    # .float() 2 + 4, unscale 4 + 4, l2norm 4, apex Adam g 4 + (p, m, v) 2 x 12, copy to the fp16 model 4 + 2
+    assert _total("megatron", "adam", FP16, main_grad_bytes=2, loss_scaling=True, clip=True) == 6 + 8 + 4 + 28 + 6
+
+
+def test_megatron_2022_bf16_fused_accumulation_by_hand():
+    # fp32 main_grad (.float() returns it), no loss scaler in bf16: norm, Adam, copy to the bf16 model
+    assert _total("megatron", "adam", BF16, main_grad_bytes=4, loss_scaling=False, clip=True) == 4 + 28 + 6
+    # without --clip-grad the norm goes too; SGD with momentum: g 4 + (p, momentum) 2 x 8
+    sgd = zero.precision("bf16", "sgd_momentum", stage=0)
+    assert _total("megatron", "sgd_momentum", sgd, main_grad_bytes=4, loss_scaling=False, clip=False) == 20 + 6
+    # an fp32 model runs FP32Optimizer: no cast, no copy
+    assert _total("megatron", "adam", FP32, main_grad_bytes=4, loss_scaling=False, clip=True) == 4 + 28
+
+
+def test_torch_foreach_adamw_with_clip_by_hand():
+    # torch's _multi_tensor_adamw: mul_ (decay) 2, lerp_ 3, mul_ 2, addcmul_ 4, sqrt 2, div_ 2, add_ 2, addcdiv_ 4
+    # streams (a written argument read and written: 2); clip_grad_norm_: _foreach_norm 1, _foreach_mul_ 2;
+    # over fp32 parameters (a master copy: FSDP2's sharded parameters)
+    assert _total("foreach", "adamw", BF16, main_grad_bytes=4, loss_scaling=False, clip=False) == 21 * 4
+    assert _total("foreach", "adamw", BF16, main_grad_bytes=4, loss_scaling=False, clip=True) == 24 * 4
+    # fp16 adds GradScaler's unscale (read and write each gradient)
+    assert _total("foreach", "adamw", FP16, main_grad_bytes=4, loss_scaling=True, clip=True) == 26 * 4
+
+
+def test_fused_is_the_one_pass_of_before():
+    # 2 (4 + 8) + b_g + b_p: DeepSpeed's FusedAdam over its fp32 partition, the formula priced before
+    assert _total("fused", "adam", FP16, main_grad_bytes=2, loss_scaling=True, clip=True) == 28
+
+
+def _step(zero_stage=0, **kw):
+    par = dict(tp=2, pp=1, dp=4, micro_batches=8, zero_stage=zero_stage)
+    return transformer_step(GPT, batch=1, parallel=par, system="a100-80gb-sxm", **kw).values
+
+
+def test_front_end_times_the_engine_step_at_memory_bandwidth():
+    spec = load_system("a100-80gb-sxm")
+    bw = spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"]  # no bandwidth curve in this spec
+    # Megatron (its default clip), fp16, AccumulateGrad's fp16 .grad: 52 bytes per parameter of this GPU (stage 0)
+    mega = _step(dtype="fp16", dp_engine="megatron", grad_accumulation="autograd")
+    assert mega["optimizer_time_s"] == pytest.approx(mega["params_per_gpu"] * 52 / bw, rel=1e-9)
+    # the distributed optimizer (stage 1) updates a quarter of them
+    dist = _step(dtype="fp16", dp_engine="megatron", grad_accumulation="autograd", zero_stage=1)
+    assert dist["optimizer_time_s"] == pytest.approx(mega["optimizer_time_s"] / 4, rel=1e-9)
+    # FSDP2 + torch AdamW(foreach) + clip_grad_norm_: 24 fp32 streams over a quarter of the parameters
+    fsdp = _step(dtype="bf16", dp_engine="fsdp2", zero_stage=3, optimizer="adamw", grad_clip=True)
+    assert fsdp["optimizer_time_s"] == pytest.approx(fsdp["params_per_gpu"] / 4 * 96 / bw, rel=1e-9)
+    # DeepSpeed keeps the one fused pass
+    ds = _step(dtype="fp16", dp_engine="deepspeed")
+    assert ds["optimizer_time_s"] == pytest.approx(ds["params_per_gpu"] * 28 / bw, rel=1e-9)
+
+
+@pytest.mark.parametrize("kw, field", [(dict(optimizer_impl="apex"), "optimizer_impl"),
+                                       (dict(grad_clip="yes"), "grad_clip"),
+                                       (dict(dp_engine="megatron", optimizer="adagrad"), "optimizer"),
+                                       (dict(dp_engine="ddp", optimizer="lamb"), "optimizer")])
+def test_bad_input_names_the_field(kw, field):
+    with pytest.raises(UserError, match=field):
+        _step(dtype="bf16", **kw)
+
+
+def test_every_engine_has_a_default():
+    from perfcheck.parallel import DP_ENGINES
+
+    assert set(passes_.ENGINE_IMPL) == set(passes_.ENGINE_CLIP) == set(DP_ENGINES)
+    assert set(passes_.ENGINE_IMPL.values()) <= set(passes_.IMPLS)
