@@ -162,7 +162,7 @@ BREAKDOWN_LABELS = (("compute_time_s", "compute"), ("recompute_time_s", "recompu
                     ("tp_comm_time_s", "TP/SP communication (exposed)"), ("cp_comm_time_s", "CP communication (exposed)"),
                     ("pp_comm_time_s", "PP send/recv"), ("bubble_time_s", "pipeline bubble"),
                     ("dp_comm_time_s", "DP communication (exposed)"),
-                    ("dp_copy_time_s", "FSDP2 copies (compute stream)"),
+                    ("dp_copy_time_s", "DP copies (compute stream)"),
                     ("grad_accum_time_s", "gradient accumulation adds"), ("optimizer_time_s", "optimizer update"))
 
 
@@ -223,7 +223,7 @@ def _model_text(model, kw, table, step) -> str:
                ("  pipeline bubble",
                 f"{fmt_time(s['bubble_time_s'])} ({fmt_pct(s['bubble_fraction'])} of the pipeline)"),
                ("  DP/ZeRO communication (exposed)", fmt_time(s["dp_comm_time_s"])),
-               ("  FSDP2 copies (compute stream)", fmt_time(s["dp_copy_time_s"])),
+               ("  DP copies (compute stream)", fmt_time(s["dp_copy_time_s"])),
                ("  gradient accumulation adds", fmt_time(s["grad_accum_time_s"])),
                ("  optimizer update", fmt_time(s["optimizer_time_s"])),
                ("memory per GPU", f"{fmt_bytes(s['mem_total_bytes'])} ({'fits' if s['mem_fits'] else 'does NOT fit'})"),

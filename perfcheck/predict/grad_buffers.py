@@ -18,6 +18,17 @@
 
 Time: the bytes at the spec's memory bandwidth (``roofline.memory_time_s``). Left out, said: each parameter tensor's
 add is its own kernel (launch terms), and the adds lengthen each pipeline stage's backward, so the bubble too.
+
+Once per step the engine also passes over the gradients around their reduction (``reduce_pass_bytes``):
+
+- Megatron-LM's local DDP (megatron/model/distributed.py ``allreduce_gradients`` and ``zero_grad_buffer``, at 2021-08
+  f597f02e and 2022-05 cfd2e216 alike): with the contiguous buffer ("main_grad", "none") the buffer is zeroed at
+  the step's start and divided by the DP size before its all-reduce: b_m + 2 b_m; without it ("autograd") the
+  gradients are flattened into one tensor, divided, and copied back after the all-reduce: 3 x 2 b_g. Both run
+  whatever the DP size. (Megatron-Core's DDP zeroes its buffer and scales it before the reduction too: 3 b_m.)
+- PyTorch DDP (torch/csrc/distributed/c10d/reducer.cpp, ``gradient_as_bucket_view=False``, its default): each
+  gradient is copied into its bucket divided by the world size in one pass (``at::mul_out``), and copied back into
+  ``.grad`` after the all-reduce: 2 x 2 b_g, on the last micro-batch only (the others run under ``no_sync``).
 """
 from __future__ import annotations
 
@@ -44,3 +55,12 @@ def time_s(mode: str, params, micro_batches, grad_bytes: float, main_bytes: floa
     adds_per_step x params x bytes_per_param / memory bandwidth."""
     moved = np.asarray(params, dtype=float) * bytes_per_param(mode, grad_bytes, main_bytes)
     return (adds_per_step(mode, micro_batches) * np.asarray(roofline.memory_time_s(moved, system)))[()]
+
+
+def reduce_pass_bytes(engine: str, mode: str, grad_bytes: float, main_bytes: float) -> float:
+    """Bytes per parameter the ``engine``'s own passes over the gradients around their reduction move per step
+    (module docstring): megatron 3 b_m with a contiguous buffer, 6 b_g without; ddp 4 b_g; 0 for the others
+    (FSDP2's copies are ``fsdp.compute_stream_copy_bytes``; DeepSpeed's are not priced)."""
+    if engine == "megatron":
+        return 6.0 * grad_bytes if mode == "autograd" else 3.0 * main_bytes
+    return 4.0 * grad_bytes if engine == "ddp" else 0.0

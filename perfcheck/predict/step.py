@@ -163,8 +163,9 @@ STEP_COLUMNS: Mapping[str, str] = {
                      "per micro-batch times (pipeline.flush_bubble_s), seconds",
     "dp_comm_time_s": "exposed DP / ZeRO collectives: (1 - dp_overlap) * (fwd + bwd ones) + post-step ones; "
                       "fsdp2: what FSDP2's per-block prefetch leaves exposed (fsdp.exposed_per_micro_step_s), seconds",
-    "dp_copy_time_s": "fsdp2: all-gather copy-out and reduce-scatter copy-in on the compute stream "
-                      "(fsdp.compute_stream_copy_bytes at memory bandwidth); 0 for the other engines, seconds",
+    "dp_copy_time_s": "the DP engine's copies on the compute stream at memory bandwidth: fsdp2's all-gather copy-out "
+                      "and reduce-scatter copy-in (fsdp.compute_stream_copy_bytes); megatron's and ddp's passes over "
+                      "the gradients around their all-reduce (grad_buffers.reduce_pass_bytes); 0 for deepspeed, seconds",
     "grad_accum_time_s": "adding each micro-batch's gradients into the step's (grad_buffers.time_s: 'autograd' "
                          "m - 1 in-place adds, 'main_grad' m adds into Megatron's buffer, 'none' fused), seconds",
     "optimizer_time_s": "optimizer step of this GPU's partition as its code runs it, memory passes at bandwidth "
@@ -479,16 +480,20 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last, re
         res["dp_comm_total_s"] = t["fwd"] + t["bwd"] + t["step"]
         # fwd/bwd collectives can hide behind compute; the post-step parameter all-gather cannot
         res["dp_comm_time_s"] = (1 - opts.dp_overlap) * (t["fwd"] + t["bwd"]) + t["step"]
-    _optimizer_step(res, cfg, spec, dtype, opts, prec, p_comm, dp)
+    _step_passes(res, cfg, spec, dtype, opts, prec, p_comm, dp)
 
 
-def _optimizer_step(res, cfg, spec, dtype, opts, prec, params, dp):
-    """The gradients' accumulation between micro-batches (``grad_buffers``) and the optimizer step as the engine
-    runs it (``optimizer_passes``) on the stage with the most parameters."""
+def _step_passes(res, cfg, spec, dtype, opts, prec, params, dp):
+    """Memory passes over the stage's parameters (the one with the most): the gradients' accumulation between
+    micro-batches and the engine's passes around their reduction (``grad_buffers``), and the optimizer step as the
+    engine runs it (``optimizer_passes``)."""
     mode, reduce_bytes = grad_accumulation(opts), _reduce_bytes(opts, prec.grad_bytes)
     # the main gradient the optimizer reads: fp32 where the accumulation is fused into the weight-gradient GEMM
     # (Megatron-LM's fp32 main_grad) unless the gradients are reduced in another dtype, else as reduced
     main_grad = 4.0 if mode == "none" and opts.dp_reduce_dtype is None else reduce_bytes
+    if opts.dp_engine in ("megatron", "ddp"):
+        passes = grad_buffers.reduce_pass_bytes(opts.dp_engine, mode, prec.grad_bytes, main_grad)
+        res["dp_copy_time_s"] = roofline.memory_time_s(params * passes, spec) * np.ones(len(cfg.pp))
     res["optimizer_time_s"] = optimizer_passes.time_s(optimizer_impl(opts), opts.optimizer, params, cfg.zero_stage,
                                                       dp, spec, prec, main_grad_bytes=main_grad,
                                                       loss_scaling=dtype == "fp16", clip=grad_clip(opts))

@@ -61,3 +61,24 @@ def test_every_engine_has_a_default_mode():
 
     assert set(ENGINE_GRAD_ACCUMULATION) == set(DP_ENGINES)
     assert set(ENGINE_GRAD_ACCUMULATION.values()) <= set(GRAD_ACCUMULATIONS)
+
+
+def test_passes_around_the_reduction_by_hand():
+    # Megatron-LM's local DDP with its contiguous fp32 buffer: zero it (4), divide it before the all-reduce (4 + 4)
+    assert grad_buffers.reduce_pass_bytes("megatron", "none", 2, 4) == 12
+    assert grad_buffers.reduce_pass_bytes("megatron", "main_grad", 2, 2) == 6
+    # without it (fp16 .grad): flatten, divide, copy back, each a read and a write of 2 bytes
+    assert grad_buffers.reduce_pass_bytes("megatron", "autograd", 2, 2) == 12
+    # PyTorch DDP: the copy into the bucket divides on the way (one pass), the copy back to .grad
+    assert grad_buffers.reduce_pass_bytes("ddp", "autograd", 2, 2) == 8
+    assert grad_buffers.reduce_pass_bytes("fsdp2", "none", 2, 4) == 0
+    assert grad_buffers.reduce_pass_bytes("deepspeed", "none", 2, 4) == 0
+
+
+def test_front_end_prices_the_passes_once_per_step():
+    spec = load_system("a100-80gb-sxm")
+    bw = spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"]
+    ddp, mega = _step(dp_engine="ddp"), _step(dp_engine="megatron", dp_reduce_dtype="fp32")
+    # whatever the micro-batches (8 here): DDP's 2 x 2 x 2 bytes, Megatron's fp32 buffer 3 x 4
+    assert ddp["dp_copy_time_s"] == pytest.approx(ddp["params_per_gpu"] * 8 / bw, rel=1e-9)
+    assert mega["dp_copy_time_s"] == pytest.approx(mega["params_per_gpu"] * 12 / bw, rel=1e-9)
