@@ -11,18 +11,19 @@ interleaving v, and ``--DDP-impl``: PyTorch DDP for the four runs without pipeli
 Megatron's local DDP otherwise, dp_engine="megatron", zero_stage 0, nothing overlapped), pipeline
 scatter/gather, dropout 0.1, unfused attention (Megatron 2021 had no flash attention).
 
-The system: the shipped ``a100-80gb-sxm`` (datasheet peaks, MAMF 0.87 GEMM efficiency, nccl-tests
-NVLink/IB efficiencies) plus what GEMMs do inside training, from micro-benchmarks run for this
-purpose on an H100 and shipped as data in the h100-sxm spec (``h100_measured``; fp16 cuBLAS, torch 2.11): (1) the sustained rate of a
-40-second GEMM loop over the first second (power/clock: 657/727 = 0.904), and (2) each transformer
-GEMM shape's rate over the 8192^3 reference (``matrix_shape_curve`` by the GEMM's smallest
-dimension). Transferring H100 ratios to an A100 is an assumption: the attention score products
-(smallest dimension = head dim 96-160, few heads per GPU) ran at 0.19-0.44 of the reference on the
-H100, whose large tiles suit small products worse than an A100's. One exponent therefore carries them over:
-``alpha``, applied to those small-dimension ratios on the A100 (0: no penalty, 1: the H100's). It is NOT fitted to
-any run: ``bench/a100_attention.py`` takes it from public measurements of exactly those products on an A100 and
-an H100 (FlashAttention-2's benchmark of PyTorch's unfused attention) and writes it to bench/results/a100_attention.json,
-which this script reads (``ALPHA``). Every run below is scored.
+The system: the ``a100-80gb-sxm`` spec as shipped, nothing added here (datasheet peaks, MAMF 0.87 GEMM efficiency,
+nccl-tests NVLink/IB efficiencies) including what GEMMs do inside training, transferred into it from micro-benchmarks
+run for this purpose on an H100 (bench/a100_shape_curve.py; the h100-sxm spec's data, fp16 cuBLAS, torch 2.11): (1)
+the sustained rate of a 40-second GEMM loop over the first second (power/clock: 657/727 = 0.904), and (2) each
+transformer GEMM shape's rate over the 8192^3 reference (``matrix_shape_curve`` by the GEMM's smallest dimension).
+Transferring H100 ratios to an A100 is an assumption: the attention score products (smallest dimension = head dim
+96-160, few heads per GPU) ran at 0.19-0.44 of the reference on the H100, whose large tiles suit small products worse
+than an A100's. One exponent therefore carries them over: ``alpha``, applied to those small-dimension ratios on the
+A100 (0: no penalty, 1: the H100's). It is NOT fitted to any run: ``bench/a100_attention.py`` takes it from public
+measurements of exactly those products on an A100 and an H100 (FlashAttention-2's benchmark of PyTorch's unfused
+attention) and writes it to bench/results/a100_attention.json. Until 2026-11-28 this script added the two fields to
+the shipped spec itself (``training_spec``), and the spec a user got read every run 11-19% too fast; they are now in
+the spec. Every run below is scored.
 
 Further scored sets with the same spec and alpha, nothing fitted on them: Korthikanti et al. 2022 Table 5
 (``HELD_OUT``) and torchtitan's published FSDP2 throughput on 64 A100 (``bench/data/torchtitan_runs.csv``,
@@ -41,30 +42,14 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from a100_shape_curve import fields as a100_fields, shipped_alpha  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "published_runs.csv"  # a copy of ../shared/data/published_runs.csv (README beside it)
-ALPHA_SOURCE = ROOT / "bench" / "results" / "a100_attention.json"  # written by bench/a100_attention.py
 #: nccl-tests all_reduce_perf on 8 A100 SXM, bus bandwidth by size (two public tables; README beside it); the
 #: what-if uses ``BUSBW_TABLE``, the one whose top figure the shipped spec's efficiency.intra_node cites.
 BUSBW_DATA = ROOT / "bench" / "data" / "nccl_tests_a100_allreduce.csv"
 BUSBW_TABLE = "ml-engineering"
-
-#: What GEMMs do inside training, as the shipped h100-sxm spec carries it (data with its source there:
-#: bench/results/h100_gemm_shapes.json, derived by bench/h100_shape_curve.py): the shape curve (smallest GEMM
-#: dimension -> rate / the 8192^3 reference) and the sustained factor (a 40-second GEMM loop / its first second).
-ATTENTION_DIMS_BELOW = 768  # curve points under this are the attention score products' head dims (96-160)
-
-
-def h100_measured():
-    from perfcheck.hardware.systems import load_system
-
-    h100 = load_system("h100-sxm")
-    curve = dict(h100.matrix_shape_curve)
-    return {"sustained": h100.efficiency["matrix_sustained"],
-            "projection_ratio_by_min_dim": {d: f for d, f in curve.items() if d >= ATTENTION_DIMS_BELOW},
-            "attention_ratio_by_head_dim": {d: f for d, f in curve.items() if d < ATTENTION_DIMS_BELOW}}
-
 
 #: HELD OUT (never fitted or tuned on; scored once, after everything else was fixed): Korthikanti et al. 2022
 #: (arXiv 2205.05198) Table 5, seconds per iteration on A100 80 GB (Selene), seq 2048, vocab 51,200, dp 1;
@@ -146,21 +131,19 @@ def score_held_out(alpha, async_backward=HELD_OUT_ASYNC_BACKWARD, accumulation=H
     return pd.DataFrame(rows)
 
 
-def training_spec(alpha: float, busbw: bool = False):
-    """a100-80gb-sxm with h100-sxm's measured sustained factor and shape curve (attention ratios ** alpha);
-    ``busbw`` (a what-if): with nccl-tests' all-reduce bus bandwidth by message size (``BUSBW_DATA``)."""
+def training_spec(alpha: float = None, busbw: bool = False):
+    """The shipped a100-80gb-sxm, whose shape curve and sustained factor are the H100 measurement transferred with
+    the shipped alpha (bench/a100_shape_curve.py); another ``alpha`` (a what-if, and bench/a100_attention.py's
+    fit) rebuilds that curve. ``busbw`` (a what-if): with nccl-tests' all-reduce bus bandwidth by message size
+    (``BUSBW_DATA``)."""
     from perfcheck.hardware.systems import SystemSpec
 
-    measured = h100_measured()
     d = json.loads((ROOT / "perfcheck" / "hardware" / "specs" / "a100-80gb-sxm.json").read_text())
-    d["name"] = "a100-80gb-sxm-training"
-    d["efficiency"] = dict(d["efficiency"], matrix_sustained=measured["sustained"])
-    curve = {k: v ** alpha for k, v in measured["attention_ratio_by_head_dim"].items()}
-    curve.update(measured["projection_ratio_by_min_dim"])
-    d["matrix_shape_curve"] = [[float(k), float(v)] for k, v in sorted(curve.items())]
-    d["sources"] = dict(d.get("sources", {}), matrix_shape_curve="h100-sxm's matrix_shape_curve (an H100 "
-                        "measurement), attention-shape ratios ** alpha", **{"efficiency.matrix_sustained":
-                                                                            "h100-sxm's (an H100 measurement)"})
+    if alpha is not None and alpha != shipped_alpha():
+        fields = a100_fields(alpha)
+        d["name"] = f"a100-80gb-sxm-alpha-{alpha}"
+        d["efficiency"] = dict(d["efficiency"], matrix_sustained=fields["efficiency.matrix_sustained"])
+        d["matrix_shape_curve"] = fields["matrix_shape_curve"]
     if busbw:
         table = pd.read_csv(BUSBW_DATA)
         table = table[table["table"] == BUSBW_TABLE]
@@ -206,11 +189,6 @@ def score(df, alpha, layout=None, accumulation=DESIGN_GRAD_ACCUMULATION, busbw=F
         out[k] = [v[k] for v in vals]
     out["error"] = out["predicted_s"] / out["measured_s"] - 1
     return out
-
-
-def shipped_alpha() -> float:
-    """alpha as bench/a100_attention.py derived it from the public A100 measurement (its JSON result)."""
-    return float(json.loads(ALPHA_SOURCE.read_text())["alpha"])
 
 
 def _two(errors) -> str:

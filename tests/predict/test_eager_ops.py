@@ -131,8 +131,13 @@ def test_eager_projections_are_separate_gemms_of_their_own_shapes():
     """The reference code's wq, wk, wv (and w1, w3) are separate GEMMs: the same FLOPs as the fused rows, each at
     its own shape's rate. On a spec without a shape curve the times add up to the fused row's; on h100-sxm's
     measured curve the k and v products (N = 4 kv heads x 64 = 256) run at the curve's 256 point, by hand."""
+    import dataclasses
+
+    from perfcheck.hardware.systems import load_system
+    from perfcheck.predict.roofline import shape_factor
+
     kw = dict(batch=1, dtype="bf16", flash=True, causal=True)
-    plain = dict(system="a100-80gb-sxm", **kw)
+    plain = dict(system=dataclasses.replace(load_system("a100-80gb-sxm"), matrix_shape_curve=()), **kw)
     fused = estimate_transformer(LLAMA, **plain).set_index("sublayer")
     eager = estimate_transformer(LLAMA, eager=True, **plain).set_index("sublayer")
     qkv, fc1 = ["q_proj", "k_proj", "v_proj"], ["fc1_gate", "fc1_up"]
@@ -140,9 +145,6 @@ def test_eager_projections_are_separate_gemms_of_their_own_shapes():
         assert eager.loc[split, "flops_fwd"].sum() == pytest.approx(fused.loc[whole, "flops_fwd"])
         assert eager.loc[split, "t_compute_fwd_s"].sum() == pytest.approx(fused.loc[whole, "t_compute_fwd_s"])
         assert eager.loc[split, "act_mem"].sum() == pytest.approx(fused.loc[whole, "act_mem"])  # x saved once
-    from perfcheck.hardware.systems import load_system
-    from perfcheck.predict.roofline import shape_factor
-
     h100 = load_system("h100-sxm")
     eager = estimate_transformer(LLAMA, system=h100, eager=True, **kw).set_index("sublayer")
     T, e = 2048, 1024
