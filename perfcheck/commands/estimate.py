@@ -102,6 +102,11 @@ def _add_schedule_args(tr):
     tr.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS,
                     help="who runs the optimizer step: one fused kernel (DeepSpeed), Megatron-LM's mixed-precision "
                          "optimizer, torch.optim foreach / for-loop / torch-fused; default: the engine's")
+    tr.add_argument("--overlap-grad-reduce", action="store_true",
+                    help="megatron: Megatron-Core's gradient reduction in buckets beside the last backward")
+    tr.add_argument("--overlap-param-gather", action="store_true",
+                    help="megatron with the distributed optimizer (--zero 1/2): the parameters' all-gather beside "
+                         "the next forward")
     tr.add_argument("--grad-clip", choices=("on", "off"),
                     help="clip gradients by their global norm (default: the engine's: on for Megatron only)")
 
@@ -139,7 +144,8 @@ def _model_output(args) -> str:
               dp_reduce_dtype=args.dp_reduce_dtype, reshard_after_forward=not args.no_reshard_after_forward,
               eager=args.eager, eager_norm=args.eager_norm, grad_accumulation=args.grad_accumulation,
               optimizer=args.optimizer, optimizer_impl=args.optimizer_impl,
-              grad_clip=None if args.grad_clip is None else args.grad_clip == "on")
+              grad_clip=None if args.grad_clip is None else args.grad_clip == "on",
+              overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather)
     if args.tp_depth != 1:
         kw["tp_depth"] = args.tp_depth
     table = estimate_transformer(model, **kw)

@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from perfcheck.errors import UserError
-from perfcheck.predict import (collectives, ddp, fsdp, grad_buffers, optimizer_passes, pipeline, roofline,
-                               row_times, sharding)
+from perfcheck.predict import (collectives, ddp, fsdp, grad_buffers, mcore_overlap, optimizer_passes, pipeline,
+                               roofline, row_times, sharding)
 from perfcheck.predict.gemm_operands import GEMM_ALIGN_BYTES
 from perfcheck.predict.step_config import (CP_KINDS, DP_ENGINES, RECOMPUTE, Layouts, Options, check_ep,  # noqa: F401
                                            full_recompute_share, grad_accumulation, grad_clip, make_options,
@@ -461,7 +461,8 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last, re
     dp = cfg.dp * cfg.cp  # context-parallel ranks reduce their gradients with the data-parallel ones
     res["dp_copy_time_s"] = np.zeros(len(pp))
     if opts.dp_engine == "megatron":
-        _megatron_dp(res, model, cfg, spec, prec, opts, p_comm, dp)
+        stack = (per_stage * _select(out["pred_fwd_s"], lay), per_stage * (_select(out["pred_bwd_s"], lay) + recompute_s))
+        _megatron_dp(res, model, cfg, spec, prec, opts, p_comm, dp, stack)
     elif opts.dp_engine == "ddp":
         stack_bwd = per_stage * (_select(out["pred_bwd_s"], lay) + recompute_s)
         _ddp_dp(res, cfg, spec, prec, opts, dp, (p_layer * per_stage + p_last, p_first),
@@ -502,7 +503,7 @@ def _step_passes(res, cfg, spec, dtype, opts, prec, params, dp):
                                                    spec) * np.ones(len(cfg.pp))
 
 
-def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp):
+def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp, stack):
     """Data-parallel collectives as Megatron-LM issues them, once per optimizer step (gradients accumulate
     over the micro-batches in a buffer), and the tied-embedding gradient sync between the end stages.
 
@@ -513,9 +514,11 @@ def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp):
       parameters before forward and again before backward (S = P * b_p each) and a reduce-scatter of the
       gradients (S = P * b_g).
     Ring times at ``pipeline.rail_bandwidth_bytes_per_s`` of the DP group (tp and cp inside it in the rank
-    order). ``dp_overlap`` hides that fraction of all of them (Megatron-Core overlap_grad_reduce /
-    overlap_param_gather). Tied embeddings with pp > 1: the first and last stages all-reduce the word
-    embedding's gradient (V/t * h * b_g; Shoeybi et al. 2019's weight tying across stages), exposed.
+    order). ``dp_overlap`` hides that fraction of all of them; ``overlap_grad_reduce`` / ``overlap_param_gather``
+    instead follow Megatron-Core's bucketed schedule beside the last backward and the first forward
+    (``predict.mcore_overlap``; ``stack`` = the stage's layers' (forward, backward) seconds of one micro-batch).
+    Tied embeddings with pp > 1: the first and last stages all-reduce the word embedding's gradient (V/t * h * b_g;
+    Shoeybi et al. 2019's weight tying across stages), exposed.
     """
     z = cfg.zero_stage
     n = dp.astype(float)
@@ -536,6 +539,32 @@ def _megatron_dp(res, model, cfg, spec, prec, opts, params, dp):
                                                     spans_nodes=np.ones(len(n), bool)))
     res["dp_comm_total_s"] = total + sync
     res["dp_comm_time_s"] = (1 - opts.dp_overlap) * total + sync
+    if opts.overlap_grad_reduce or opts.overlap_param_gather:
+        res["dp_comm_time_s"] = _mcore_overlap_s(cfg, spec, prec, opts, params, dp, stack, (bw, intra)) + sync
+
+
+def _mcore_overlap_s(cfg, spec, prec, opts, params, dp, stack, ring):
+    """Megatron-Core's DP collectives with overlap_grad_reduce / overlap_param_gather (``predict.mcore_overlap``):
+    the first stage's first model chunk (1/v of its parameters and layers) beside its last backward and first
+    forward; a collective whose flag is off runs after the backward (or before the forward), exposed."""
+    z, n, (bw, intra) = cfg.zero_stage, dp.astype(float), ring
+    if np.any(z == 3):
+        raise UserError("overlap_grad_reduce / overlap_param_gather are Megatron-Core's DDP and distributed optimizer "
+                        "(zero_stage 0-2), got zero_stage 3")
+    if opts.overlap_param_gather and np.any(z == 0):
+        raise UserError("overlap_param_gather needs the distributed optimizer (zero_stage 1 or 2), got zero_stage 0")
+    r = spec.efficiency.get("matrix_beside_collective", 1.0)
+    v = cfg.virtual_stages.astype(float)
+    chunk, (fwd, bwd) = params / v, (stack[0] / v, stack[1] / v)
+    kind_of = np.where(z == 0, 0, 1)  # 0: all-reduce (DDP), 1: reduce-scatter (distributed optimizer)
+    b_g = _reduce_bytes(opts, prec.grad_bytes)
+    reduce = [mcore_overlap.grad_reduce_exposed_s(k, chunk, b_g, bwd if opts.overlap_grad_reduce else 0.0, n, bw,
+                                                  spec, r, intra) for k in ("allreduce", "reducescatter")]
+    # the other chunks' collectives (v > 1) run beside the stage's other chunks: hidden
+    exposed = np.where(kind_of == 0, reduce[0], reduce[1])
+    gather = mcore_overlap.param_gather_exposed_s(chunk, prec.param_bytes, fwd if opts.overlap_param_gather else 0.0,
+                                                  n, bw, spec, r, intra)
+    return exposed + np.where(z >= 1, gather, 0.0)
 
 
 def _ddp_dp(res, cfg, spec, prec, opts, dp, params, bwd):

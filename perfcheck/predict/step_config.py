@@ -81,6 +81,10 @@ class Options:
       (``optimizer_passes.ENGINE_IMPL``). Priced as ``optimizer_time_s``.
     grad_clip: whether the loop clips gradients by their global norm (Megatron's --clip-grad, torch's
       clip_grad_norm_); None: the engine's default (``optimizer_passes.ENGINE_CLIP``: Megatron-LM's only).
+    overlap_grad_reduce, overlap_param_gather: Megatron-Core's flags (dp_engine "megatron", zero_stage 0-2; the
+      gather with the distributed optimizer): the gradients' reduction in buckets beside the last micro-batch's
+      backward, the updated parameters' all-gather beside the next forward (``predict.mcore_overlap``), instead of
+      a ``dp_overlap`` fraction.
     """
 
     causal: bool = False
@@ -107,6 +111,8 @@ class Options:
     eager_norm: bool = False
     optimizer_impl: object = None
     grad_clip: object = None
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
 
     def __post_init__(self):
         scheme = str(self.tp_scheme).lower()
@@ -150,11 +156,7 @@ class Options:
         if self.grad_accumulation is not None and self.grad_accumulation not in grad_buffers.MODES:
             raise UserError(f"grad_accumulation must be one of {', '.join(grad_buffers.MODES)} or None, "
                             f"got {self.grad_accumulation!r}")
-        if self.optimizer_impl is not None and self.optimizer_impl not in optimizer_passes.IMPLS:
-            raise UserError(f"optimizer_impl must be one of {', '.join(optimizer_passes.IMPLS)} or None, "
-                            f"got {self.optimizer_impl!r}")
-        if self.grad_clip is not None and not isinstance(self.grad_clip, (bool, np.bool_)):
-            raise UserError(f"grad_clip must be true, false or None (the engine's default), got {self.grad_clip!r}")
+        _check_step_engine(self)
         if self.recompute not in RECOMPUTE:
             raise UserError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.recompute == "selective_op" and not self.flash:
@@ -173,6 +175,23 @@ class Options:
 def grad_accumulation(opts: Options) -> str:
     """The ``grad_buffers`` mode a step runs: ``opts.grad_accumulation``, else its engine's."""
     return opts.grad_accumulation or ENGINE_GRAD_ACCUMULATION[opts.dp_engine]
+
+
+def _check_step_engine(opts: Options):
+    """UserError naming the field: the optimizer's implementation and clip, Megatron-Core's overlap flags."""
+    if opts.optimizer_impl is not None and opts.optimizer_impl not in optimizer_passes.IMPLS:
+        raise UserError(f"optimizer_impl must be one of {', '.join(optimizer_passes.IMPLS)} or None, "
+                        f"got {opts.optimizer_impl!r}")
+    if opts.grad_clip is not None and not isinstance(opts.grad_clip, (bool, np.bool_)):
+        raise UserError(f"grad_clip must be true, false or None (the engine's default), got {opts.grad_clip!r}")
+    for f in ("overlap_grad_reduce", "overlap_param_gather"):
+        if not isinstance(getattr(opts, f), (bool, np.bool_)):
+            raise UserError(f"{f} must be true or false, got {getattr(opts, f)!r}")
+        if getattr(opts, f) and opts.dp_engine != "megatron":
+            raise UserError(f"{f} is Megatron-Core's flag: it needs dp_engine='megatron', got {opts.dp_engine!r}")
+        if getattr(opts, f) and opts.dp_overlap:
+            raise UserError(f"{f} follows Megatron-Core's schedule; give it or dp_overlap, not both "
+                            f"(got dp_overlap={opts.dp_overlap!r})")
 
 
 def optimizer_impl(opts: Options) -> str:
