@@ -162,7 +162,9 @@ STEP_COLUMNS: Mapping[str, str] = {
     "bubble_time_s": "pipeline bubble: grad_accum * ((pp - 2) * middle stage + the faster end stage) / virtual_stages, "
                      "per micro-batch times (pipeline.flush_bubble_s), seconds",
     "dp_comm_time_s": "exposed DP / ZeRO collectives: (1 - dp_overlap) * (fwd + bwd ones) + post-step ones; "
-                      "fsdp2: what FSDP2's per-block prefetch leaves exposed (fsdp.exposed_per_micro_step_s), seconds",
+                      "fsdp2: what FSDP2's per-block prefetch leaves exposed (fsdp.exposed_per_micro_step_s); ddp: "
+                      "its buckets beside the last backward (ddp.exposed_s); megatron with overlap_grad_reduce / "
+                      "overlap_param_gather: Megatron-Core's buckets (mcore_overlap), seconds",
     "dp_copy_time_s": "the DP engine's copies on the compute stream at memory bandwidth: fsdp2's all-gather copy-out "
                       "and reduce-scatter copy-in (fsdp.compute_stream_copy_bytes); megatron's and ddp's passes over "
                       "the gradients around their all-reduce (grad_buffers.reduce_pass_bytes); 0 for deepspeed, seconds",
@@ -460,13 +462,13 @@ def _dp_and_memory(res, model, cfg, out, spec, dtype, opts, lay, first, last, re
     p_comm = np.maximum(p_stage_first, p_stage_last)
     dp = cfg.dp * cfg.cp  # context-parallel ranks reduce their gradients with the data-parallel ones
     res["dp_copy_time_s"] = np.zeros(len(pp))
+    # the stage's layers, one micro-batch: (forward, backward with its recompute) seconds
+    stack = (per_stage * _select(out["pred_fwd_s"], lay), per_stage * (_select(out["pred_bwd_s"], lay) + recompute_s))
     if opts.dp_engine == "megatron":
-        stack = (per_stage * _select(out["pred_fwd_s"], lay), per_stage * (_select(out["pred_bwd_s"], lay) + recompute_s))
         _megatron_dp(res, model, cfg, spec, prec, opts, p_comm, dp, stack)
     elif opts.dp_engine == "ddp":
-        stack_bwd = per_stage * (_select(out["pred_bwd_s"], lay) + recompute_s)
         _ddp_dp(res, cfg, spec, prec, opts, dp, (p_layer * per_stage + p_last, p_first),
-                (stack_bwd, _select(out["pred_bwd_s"], first)))
+                (stack[1], _select(out["pred_bwd_s"], first)))
     elif opts.dp_engine == "fsdp2":
         block = (_select(out["pred_fwd_s"], lay), _select(out["pred_bwd_s"], lay) + recompute_s)
         _fsdp2_dp(res, cfg, spec, dtype, opts, dp, micro_steps, per_stage, (p_layer, p_first + p_last),
@@ -556,12 +558,13 @@ def _mcore_overlap_s(cfg, spec, prec, opts, params, dp, stack, ring):
     r = spec.efficiency.get("matrix_beside_collective", 1.0)
     v = cfg.virtual_stages.astype(float)
     chunk, (fwd, bwd) = params / v, (stack[0] / v, stack[1] / v)
-    kind_of = np.where(z == 0, 0, 1)  # 0: all-reduce (DDP), 1: reduce-scatter (distributed optimizer)
     b_g = _reduce_bytes(opts, prec.grad_bytes)
-    reduce = [mcore_overlap.grad_reduce_exposed_s(k, chunk, b_g, bwd if opts.overlap_grad_reduce else 0.0, n, bw,
-                                                  spec, r, intra) for k in ("allreduce", "reducescatter")]
-    # the other chunks' collectives (v > 1) run beside the stage's other chunks: hidden
-    exposed = np.where(kind_of == 0, reduce[0], reduce[1])
+    # DDP (zero_stage 0) all-reduces, the distributed optimizer reduce-scatters; the other chunks' collectives
+    # (v > 1) run beside the stage's other chunks: hidden
+    allreduce, reducescatter = (mcore_overlap.grad_reduce_exposed_s(k, chunk, b_g, bwd if opts.overlap_grad_reduce
+                                                                    else 0.0, n, bw, spec, r, intra)
+                                for k in ("allreduce", "reducescatter"))
+    exposed = np.where(z == 0, allreduce, reducescatter)
     gather = mcore_overlap.param_gather_exposed_s(chunk, prec.param_bytes, fwd if opts.overlap_param_gather else 0.0,
                                                   n, bw, spec, r, intra)
     return exposed + np.where(z >= 1, gather, 0.0)

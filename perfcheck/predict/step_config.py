@@ -184,6 +184,9 @@ def _check_step_engine(opts: Options):
                         f"got {opts.optimizer_impl!r}")
     if opts.grad_clip is not None and not isinstance(opts.grad_clip, (bool, np.bool_)):
         raise UserError(f"grad_clip must be true, false or None (the engine's default), got {opts.grad_clip!r}")
+    if opts.grad_clip and optimizer_impl(opts) == "fused":
+        raise UserError("grad_clip is priced for optimizer_impl megatron, foreach, for-loop and torch-fused; the one "
+                        "fused pass (DeepSpeed's) does not price its clip: give another optimizer_impl or no grad_clip")
     for f in ("overlap_grad_reduce", "overlap_param_gather"):
         if not isinstance(getattr(opts, f), (bool, np.bool_)):
             raise UserError(f"{f} must be true or false, got {getattr(opts, f)!r}")

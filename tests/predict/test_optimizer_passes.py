@@ -74,6 +74,7 @@ def test_front_end_times_the_engine_step_at_memory_bandwidth():
 
 @pytest.mark.parametrize("kw, field", [(dict(optimizer_impl="apex"), "optimizer_impl"),
                                        (dict(grad_clip="yes"), "grad_clip"),
+                                       (dict(grad_clip=True), "grad_clip"),  # deepspeed's fused pass: not priced
                                        (dict(dp_engine="megatron", optimizer="adagrad"), "optimizer"),
                                        (dict(dp_engine="ddp", optimizer="lamb"), "optimizer")])
 def test_bad_input_names_the_field(kw, field):
