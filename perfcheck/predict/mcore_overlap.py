@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfcheck.predict import collectives, pipeline
+from perfcheck.predict import collectives, ddp, pipeline
 
 #: megatron/core/distributed/distributed_data_parallel.py: bucket_size = max(40000000, 1000000 * dp_size) parameters
 BUCKET_PARAMS_MIN, BUCKET_PARAMS_PER_RANK = 40_000_000, 1_000_000
@@ -46,8 +46,7 @@ def bucket_params(dp):
 def _buckets(kind, params, elem_bytes, group, bandwidth, system, intra):
     """(all buckets' ring time one after another, the last (smallest) bucket's) of ``params`` parameters."""
     p, size = np.asarray(params, dtype=float), bucket_params(group)
-    count = np.where(p > 0, np.maximum(np.ceil(p / size), 1.0), 0.0)
-    last = np.where(p > 0, p - (count - 1) * size, 0.0)
+    count, last = ddp.buckets(p, size), ddp.last_bucket_bytes(p, size)  # in parameters here, not bytes
     full = pipeline.ring_time_s(kind, size * elem_bytes, group, bandwidth, system, intra)
     one = pipeline.ring_time_s(kind, last * elem_bytes, group, bandwidth, system, intra)
     return (np.maximum(count - 1, 0) * full + one)[()], one

@@ -56,10 +56,10 @@ def passes(impl: str, kind: str, prec, *, main_grad_bytes: float, loss_scaling: 
     """{pass: bytes per parameter element} of one step (module docstring); ``prec`` a ``zero.Precision``."""
     if impl not in IMPLS:
         raise UserError(f"optimizer_impl must be one of {', '.join(IMPLS)} or None, got {impl!r}")
-    S, b_p, b_g, mixed = prec.state_bytes, prec.param_bytes, prec.grad_bytes, np.asarray(prec.master_bytes) > 0
+    S, b_p, mixed = prec.state_bytes, prec.param_bytes, np.asarray(prec.master_bytes) > 0
     kind = str(kind).lower().replace("-", "_")
     if impl == "fused":
-        return {"update": 2 * prec.optimizer_bytes + b_g + b_p}
+        return {"update": zero.fused_step_bytes(prec)}
     if impl == "megatron":
         if kind not in MEGATRON_KINDS:
             raise UserError(f"optimizer: Megatron-LM's optimizer runs {', '.join(MEGATRON_KINDS)}, got {kind!r}")

@@ -448,9 +448,14 @@ def optimizer_time_s(params, stage, dp, system, *, precision_: Precision) -> obj
     """Optimizer update of this rank's partition, memory-bound: each element reads and writes its
     optimizer states (K), reads its gradient (b_g) and writes the model copy (b_p):
     t = P_local * (2K + b_g + b_p) / (memory bandwidth * efficiency)."""
-    moved = optimizer_partition(params, stage, dp) * (2 * precision_.optimizer_bytes + precision_.grad_bytes
-                                                      + precision_.param_bytes)
+    moved = optimizer_partition(params, stage, dp) * fused_step_bytes(precision_)
     return np.asarray(memory_time_s(moved, system))
+
+
+def fused_step_bytes(precision_: Precision):
+    """Bytes per parameter of one fused optimizer kernel: read and write the K optimizer bytes, read the gradient,
+    write the model's copy: 2K + b_g + b_p."""
+    return 2 * precision_.optimizer_bytes + precision_.grad_bytes + precision_.param_bytes
 
 
 def optimizer_partition(params, stage, dp) -> np.ndarray:
