@@ -5,6 +5,12 @@ class UserError(ValueError):
     """Bad user input (a config field, a file, a shape). The CLI prints it as one line and exits 2."""
 
 
+def plain(value):
+    """A numpy scalar as the Python value it holds (a DataFrame's cell is one: ``np.int64(8)`` -> 8,
+    ``np.bool_(True)`` -> True), so a validator's type checks read it as the same input; anything else unchanged."""
+    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else value
+
+
 def check_keys(value, allowed, required, where: str, what: str) -> None:
     """Raise UserError naming the first unknown or missing key of the JSON object ``value``
     (``what``: how the message names the object, e.g. "efficiency")."""

@@ -11,7 +11,7 @@ import dataclasses
 from enum import IntEnum
 from typing import Any, Mapping, Optional
 
-from perfcheck.errors import UserError
+from perfcheck.errors import UserError, plain
 
 
 #: Who issues the data-parallel collectives of a transformer step (``predict.step_config.Options.dp_engine``):
@@ -55,11 +55,13 @@ class ZeroStage(IntEnum):
 
 
 def _positive_int(value, field: str) -> int:
+    """``value`` as a Python int >= 1; numpy integers (a DataFrame's cells) are integers too, a bool is not."""
+    value = plain(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise UserError(f"parallel config: {field} must be a positive integer, got {value!r}")
     if value < 1:
         raise UserError(f"parallel config: {field} must be >= 1, got {value}")
-    return value
+    return int(value)
 
 
 def _zero_stage(value) -> ZeroStage:
@@ -95,7 +97,8 @@ class ParallelConfig:
 
     def __post_init__(self):
         for field in ("tp", "pp", "dp", "micro_batches", "grad_accum_steps"):
-            _positive_int(getattr(self, field), field)
+            object.__setattr__(self, field, _positive_int(getattr(self, field), field))
+        object.__setattr__(self, "sp", plain(self.sp))
         if not isinstance(self.sp, bool):
             raise UserError(f"parallel config: sp must be true or false, got {self.sp!r}")
         if self.sp and self.tp == 1:
@@ -108,7 +111,7 @@ class ParallelConfig:
                             "(DeepSpeed pipeline parallelism supports ZeRO stage 0 or 1 only)")
         for field in ("nodes", "gpus_per_node"):
             if getattr(self, field) is not None:
-                _positive_int(getattr(self, field), field)
+                object.__setattr__(self, field, _positive_int(getattr(self, field), field))
         self._check_placement()
 
     def _check_placement(self):

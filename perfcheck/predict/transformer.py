@@ -26,7 +26,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from perfcheck.errors import UserError, check_keys, parse_json
+from perfcheck.errors import UserError, check_keys, parse_json, plain
 from perfcheck.predict import sharding, step as steps
 from perfcheck.parallel import ParallelConfig
 from perfcheck.hardware.systems import load_system
@@ -83,6 +83,8 @@ class TransformerModel:
 
     def __post_init__(self):
         where = f"model {self.name!r}"
+        for f in _INT_FIELDS + _BOOL_FIELDS + _MOE_FIELDS + ("dropout",):
+            object.__setattr__(self, f, plain(getattr(self, f)))
         for f in _INT_FIELDS:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

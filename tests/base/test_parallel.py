@@ -1,6 +1,8 @@
 """ParallelConfig / ZeroStage: degrees, validation messages, model divisibility, node spans."""
 import dataclasses
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from perfcheck.errors import UserError
@@ -31,12 +33,22 @@ def test_zero_stage_enum_matches_deepspeed():
     ({"pp": 2, "zero_stage": 2}, "zero_stage"), ({"pp": 4, "zero_stage": 3}, "zero_stage"),
     ({"dp": 16, "nodes": 3, "gpus_per_node": 8}, "nodes * gpus_per_node"),
     ({"dp": 16, "nodes": 3}, "nodes"), ({"dp": 12, "gpus_per_node": 8}, "gpus_per_node"),
-    ({"nodes": 0}, "nodes"),
+    ({"nodes": 0}, "nodes"), ({"tp": np.bool_(True)}, "tp"), ({"dp": np.float64(2.0)}, "dp"), ({"pp": np.int64(0)}, "pp"),
 ])
 def test_validation_names_the_field(kwargs, field):
     with pytest.raises(UserError) as info:
         ParallelConfig(**kwargs)
     assert field in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_dataframes_numpy_cells_are_accepted_as_python_values():
+    """A layout read from a CSV carries numpy integers and bools; they are the same layout, stored as Python's."""
+    row = pd.DataFrame({"tp": [2], "pp": [4], "dp": [8], "micro_batches": [16], "nodes": [8]}).iloc[0]
+    cfg = ParallelConfig(tp=row.tp, pp=row.pp, dp=row.dp, sp=row.tp > 1, micro_batches=row.micro_batches,
+                         nodes=row.nodes, gpus_per_node=np.int32(8))
+    assert cfg == ParallelConfig(tp=2, pp=4, dp=8, sp=True, micro_batches=16, nodes=8, gpus_per_node=8)
+    assert all(type(getattr(cfg, f)) is int for f in ("tp", "pp", "dp", "micro_batches", "nodes", "gpus_per_node"))
+    assert type(cfg.sp) is bool
 
 
 def test_valid_edge_cases():

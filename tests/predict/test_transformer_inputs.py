@@ -2,6 +2,7 @@
 NotImplementedError naming a scheme we do not model."""
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -88,6 +89,24 @@ def _bad_model(**kw):
 def test_bad_input_raises_user_error_naming_the_field(call, field):
     with pytest.raises(UserError, match=field):
         call()
+
+
+def test_a_layout_read_from_a_dataframe_is_the_same_layout():
+    """numpy scalars (a CSV row's cells) are the values they hold: the same step as Python's, not an error."""
+    rows = pd.DataFrame({"layers": [4], "hidden": [1024], "heads": [16], "ffn_hidden": [4096], "vocab": [32000],
+                         "seq_len": [1024], "bias": [True], "tied_embeddings": [False], "dropout": [0.1],
+                         "tp": [2], "dp": [2], "batch": [2]})
+    r = rows.iloc[0]
+    assert isinstance(r.layers, np.integer) and isinstance(r.dropout, np.floating)
+    arch = dict(name="x", norm="layernorm", activation="gelu")
+    from_frame = transformer_step(dict(arch, **{k: r[k] for k in rows.columns[:9]}), batch=r.batch,
+                                  parallel=dict(tp=r.tp, sp=r.tp > 1, dp=r.dp), system="h100-sxm", dtype="bf16")
+    plain = transformer_step(dict(arch, layers=4, hidden=1024, heads=16, ffn_hidden=4096, vocab=32000, seq_len=1024,
+                                  bias=True, tied_embeddings=False, dropout=0.1), batch=2,
+                             parallel=dict(tp=2, sp=True, dp=2), system="h100-sxm", dtype="bf16")
+    assert from_frame.step_time_s == plain.step_time_s > 0
+    with pytest.raises(UserError, match="layers must be a positive integer"):
+        transformer_step(dict(arch, **{k: r[k] for k in rows.columns[1:9]}, layers=np.float64(4.5)))
 
 
 def test_model_file_errors(tmp_path):
