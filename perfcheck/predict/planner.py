@@ -85,15 +85,31 @@ class Plan:
     fitting: int
 
 
+#: ``overlap=True``: each ZeRO stage's DP engine with its own overlap schedule ({zero_stage: (name, options)}):
+#: Megatron-Core's bucketed overlap beside the last backward / first forward (``predict.mcore_overlap``) for DDP
+#: and the distributed optimizer, FSDP2's per-block prefetch (``predict.fsdp``) for the fully sharded layouts.
+OVERLAP_SCHEDULES = {
+    0: ("DDP, overlap_grad_reduce", dict(dp_engine="megatron", overlap_grad_reduce=True)),
+    1: ("dist-opt, overlap_grad_reduce + overlap_param_gather",
+        dict(dp_engine="megatron", overlap_grad_reduce=True, overlap_param_gather=True)),
+    3: ("FSDP2, per-block prefetch", dict(dp_engine="fsdp2")),
+}
+
+
 def plan(model, gpus, system, global_batch, *, seq=None, dtype="bf16", flash=True, causal=True, dp_overlap=0.0,
-         recompute=("none", "selective", "full"), exhaustive=False) -> Plan:
+         overlap=False, recompute=("none", "selective", "full"), exhaustive=False) -> Plan:
     """Search the layouts of ``model`` on ``gpus`` GPUs of ``system`` for ``global_batch`` sequences per step.
 
     Costing: ``sweep_transformer`` with Megatron's DP (``dp_engine="megatron"``: DDP all-reduce at
-    ZeRO-0, the distributed optimizer at 1, FSDP at 3), pipeline scatter/gather, ring context
-    parallelism, ``flash`` attention (selective recompute is then a no-op and skipped) and causal
-    masking by default. Raises UserError naming the argument when nothing fits.
+    ZeRO-0, the distributed optimizer at 1, FSDP at 3; ``dp_overlap`` of their time hidden), pipeline
+    scatter/gather, ring context parallelism, ``flash`` attention (selective recompute is then a no-op and
+    skipped) and causal masking by default. ``overlap=True`` prices each stage's engine with its own overlap
+    schedule instead of a fixed fraction (``OVERLAP_SCHEDULES``); the ``dp_schedule`` column names what each row
+    assumed. Raises UserError naming the argument when nothing fits.
     """
+    if overlap and dp_overlap:
+        raise UserError(f"dp_overlap: give a fixed hidden fraction ({dp_overlap}) or overlap (each engine's own "
+                        "schedule), not both")
     model = load_model(model)
     gpus = _positive(gpus, "gpus")
     global_batch = _positive(global_batch, "global_batch")
@@ -112,8 +128,8 @@ def plan(model, gpus, system, global_batch, *, seq=None, dtype="bf16", flash=Tru
     layouts["seq"] = seq
     frames = []
     for r in modes:
-        out = sweep_transformer(model, layouts, system=spec, dtype=dtype, flash=flash, causal=causal,
-                                recompute=r, dp_engine="megatron", dp_overlap=dp_overlap)
+        out = _sweep(model, layouts, dict(system=spec, dtype=dtype, flash=flash, causal=causal, recompute=r),
+                     dp_overlap, overlap)
         out["recompute"] = r
         frames.append(out)
     allr = pd.concat(frames, ignore_index=True)
@@ -125,7 +141,32 @@ def plan(model, gpus, system, global_batch, *, seq=None, dtype="bf16", flash=Tru
     return Plan(fit, len(allr), len(fit))
 
 
+def _sweep(model, layouts, common, dp_overlap, overlap) -> pd.DataFrame:
+    """``sweep_transformer`` of ``layouts`` under Megatron's DP with ``dp_overlap`` hidden, or (``overlap``) each
+    ZeRO stage's rows under its engine's own schedule; ``dp_schedule`` names the one each row got."""
+    if not overlap:
+        out = sweep_transformer(model, layouts, dp_engine="megatron", dp_overlap=dp_overlap, **common)
+        names = {0: "DDP", 1: "dist-opt", 3: "FSDP"}
+        suffix = f", {dp_overlap:g} hidden" if dp_overlap else ", exposed"
+        out["dp_schedule"] = [names[int(z)] + suffix for z in out["zero_stage"]]
+        return out
+    parts = []
+    for z, (name, options) in OVERLAP_SCHEDULES.items():
+        rows = layouts[layouts["zero_stage"] == z]
+        if len(rows):
+            out = sweep_transformer(model, rows, **options, **common)
+            out["dp_schedule"] = name
+            parts.append(out)
+    return pd.concat(parts, ignore_index=True)
+
+
 def why_slower(best: pd.Series, other: pd.Series, top: int = 2) -> list:
     """The step-time terms that make ``other`` slower than ``best``: [(term, seconds more)], largest first."""
     deltas = [(k, float(other[k] - best[k])) for k in steps.BREAKDOWN]
     return sorted([d for d in deltas if d[1] > 0], key=lambda d: -d[1])[:top]
+
+
+def what_offsets(best: pd.Series, other: pd.Series, top: int = 2) -> list:
+    """The terms where ``other`` is faster than ``best`` (what it buys with what ``why_slower`` lists):
+    [(term, seconds less)], largest first."""
+    return why_slower(other, best, top)
