@@ -21,7 +21,7 @@ DP_ENGINES = ("deepspeed", "megatron", "ddp", "fsdp2")
 #: Who adds each micro-batch's gradients into the step's (``predict.grad_buffers``), here for the same reason.
 GRAD_ACCUMULATIONS = ("none", "autograd", "main_grad")
 #: Who runs the optimizer step (``predict.optimizer_passes``), here for the same reason.
-OPTIMIZER_IMPLS = ("fused", "megatron", "foreach", "for-loop", "torch-fused")
+OPTIMIZER_IMPLS = ("deepspeed", "fused", "megatron", "foreach", "for-loop", "torch-fused")
 #: Canonical collective names (``predict.collectives``), here so that a system spec can name them
 #: (``collective_busbw_curve``) without importing the predictor.
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "sendrecv")

@@ -100,15 +100,17 @@ def _add_schedule_args(tr):
     tr.add_argument("--optimizer", default="adam", help="optimizer kind (adam, adamw, sgd, sgd_momentum, ...; "
                                                          "default adam)")
     tr.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS,
-                    help="who runs the optimizer step: one fused kernel (DeepSpeed), Megatron-LM's mixed-precision "
-                         "optimizer, torch.optim foreach / for-loop / torch-fused; default: the engine's")
+                    help="who runs the optimizer step: DeepSpeed's optimizer around FusedAdam, one fused kernel "
+                         "alone, Megatron-LM's mixed-precision optimizer, torch.optim foreach / for-loop / "
+                         "torch-fused; default: the engine's")
     tr.add_argument("--overlap-grad-reduce", action="store_true",
                     help="megatron: Megatron-Core's gradient reduction in buckets beside the last backward")
     tr.add_argument("--overlap-param-gather", action="store_true",
                     help="megatron with the distributed optimizer (--zero 1/2): the parameters' all-gather beside "
                          "the next forward")
     tr.add_argument("--grad-clip", choices=("on", "off"),
-                    help="clip gradients by their global norm (default: the engine's: on for Megatron only)")
+                    help="clip gradients by their global norm (default: the engine's: on for DeepSpeed and "
+                         "Megatron, whose defaults are 1.0)")
 
 
 def run(args) -> int:

@@ -75,12 +75,14 @@ class Options:
       (fused into the weight-gradient GEMM, Megatron-Core's default), "autograd" (AccumulateGrad in place: PyTorch
       DDP under no_sync, Megatron-LM's 2021 local DDP), "main_grad" (Megatron-LM's contiguous buffer, fp16 through
       2022); None: the engine's (``ENGINE_GRAD_ACCUMULATION``). Priced as ``grad_accum_time_s``.
-    optimizer_impl: who runs the optimizer step (``optimizer_passes.IMPLS``): "fused" (one kernel: DeepSpeed's),
-      "megatron" (Megatron-LM's mixed-precision optimizer around apex's kernels), "foreach" / "for-loop" /
-      "torch-fused" (torch.optim's implementations, their kernels counted from torch's code); None: the engine's
+    optimizer_impl: who runs the optimizer step (``optimizer_passes.IMPLS``): "deepspeed" (DeepSpeed's ZeRO / FP16
+      optimizer wrapper around FusedAdam), "fused" (the one fused kernel alone), "megatron" (Megatron-LM's
+      mixed-precision optimizer around apex's kernels), "foreach" / "for-loop" / "torch-fused" (torch.optim's
+      implementations, their kernels counted from torch's code); None: the engine's
       (``optimizer_passes.ENGINE_IMPL``). Priced as ``optimizer_time_s``.
-    grad_clip: whether the loop clips gradients by their global norm (Megatron's --clip-grad, torch's
-      clip_grad_norm_); None: the engine's default (``optimizer_passes.ENGINE_CLIP``: Megatron-LM's only).
+    grad_clip: whether the loop clips gradients by their global norm (DeepSpeed's gradient_clipping, Megatron's
+      --clip-grad, torch's clip_grad_norm_); None: the engine's default (``optimizer_passes.ENGINE_CLIP``: on for
+      DeepSpeed and Megatron-LM, whose defaults are 1.0).
     overlap_grad_reduce, overlap_param_gather: Megatron-Core's flags (dp_engine "megatron", zero_stage 0-2; the
       gather with the distributed optimizer): the gradients' reduction in buckets beside the last micro-batch's
       backward, the updated parameters' all-gather beside the next forward (``predict.mcore_overlap``), instead of
@@ -185,8 +187,9 @@ def _check_step_engine(opts: Options):
     if opts.grad_clip is not None and not isinstance(opts.grad_clip, (bool, np.bool_)):
         raise UserError(f"grad_clip must be true, false or None (the engine's default), got {opts.grad_clip!r}")
     if opts.grad_clip and optimizer_impl(opts) == "fused":
-        raise UserError("grad_clip is priced for optimizer_impl megatron, foreach, for-loop and torch-fused; the one "
-                        "fused pass (DeepSpeed's) does not price its clip: give another optimizer_impl or no grad_clip")
+        raise UserError("grad_clip is priced for optimizer_impl deepspeed, megatron, foreach, for-loop and "
+                        "torch-fused; the one fused kernel alone has no clip: give another optimizer_impl or no "
+                        "grad_clip")
     for f in ("overlap_grad_reduce", "overlap_param_gather"):
         if not isinstance(getattr(opts, f), (bool, np.bool_)):
             raise UserError(f"{f} must be true or false, got {getattr(opts, f)!r}")

@@ -447,7 +447,10 @@ def sync_points(collectives, dp) -> dict:
 def optimizer_time_s(params, stage, dp, system, *, precision_: Precision) -> object:
     """Optimizer update of this rank's partition, memory-bound: each element reads and writes its
     optimizer states (K), reads its gradient (b_g) and writes the model copy (b_p):
-    t = P_local * (2K + b_g + b_p) / (memory bandwidth * efficiency)."""
+    t = P_local * (2K + b_g + b_p) / (memory bandwidth * efficiency).
+    NB(perfcheck): the kernel alone. The transformer front-end prices DeepSpeed's wrapper around it too
+    (``optimizer_passes.deepspeed_passes``: 64-78 bytes per element against these 28); this run-path estimate has
+    not moved to it yet (its CPU runs update with torch's Adam inside that wrapper, priced apart)."""
     moved = optimizer_partition(params, stage, dp) * fused_step_bytes(precision_)
     return np.asarray(memory_time_s(moved, system))
 

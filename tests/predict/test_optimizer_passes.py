@@ -45,9 +45,32 @@ def test_torch_foreach_adamw_with_clip_by_hand():
     assert _total("foreach", "adamw", FP16, main_grad_bytes=4, loss_scaling=True, clip=True) == 26 * 4
 
 
-def test_fused_is_the_one_pass_of_before():
-    # 2 (4 + 8) + b_g + b_p: DeepSpeed's FusedAdam over its fp32 partition, the formula priced before
+def test_fused_is_the_one_kernel_alone():
+    # 2 (4 + 8) + b_g + b_p: FusedAdam over an fp32 partition reading 16-bit gradients, nothing around it
     assert _total("fused", "adam", FP16, main_grad_bytes=2, loss_scaling=True, clip=True) == 28
+
+
+@pytest.mark.parametrize("dtype, stage, clip, expected", [
+    # ZeRO-1/2 (stage_1_and_2.py step): amax + amin 2 + 2, g.to(float64) 2 + 8 and its norm 8, cat 2 + 2,
+    # .to(float32) 2 + 4, the clip's mul_ 4 + 4, FusedAdam 4 + 2 x 12, the fp32 -> bf16 copy 4 + 2
+    ("bf16", 1, True, 4 + 18 + 4 + 6 + 8 + 28 + 6),
+    ("bf16", 2, False, 4 + 18 + 4 + 6 + 28 + 6),  # no clip and no loss scale: mul_ returns early
+    ("fp16", 2, False, 4 + 18 + 4 + 6 + 8 + 28 + 6),  # the loss scale's unscale runs anyway
+    ("fp32", 1, True, 4 + 16 + 8 + 8 + 28 + 8),  # no overflow check, .to(float32) a no-op, copy 4 + 4
+    # ZeRO-3 (stage3.py): no overflow check in bf16, mul_ always (no early return)
+    ("bf16", 3, False, 18 + 4 + 6 + 8 + 28 + 6),
+    ("fp16", 3, True, (2 + 1 + 1) * 2 + 18 + 4 + 6 + 8 + 28 + 6),  # isinf / isnan: read 2, bool 1, any 1
+    # stage 0, 16-bit: FP16_Optimizer: amax + amin, .to(float32) 2 + 4, cat of the fp32 copies 4 + 4, their norm 4,
+    # mul_ 8 (always), FusedAdam, copy 4 + 2
+    ("bf16", 0, False, 4 + 6 + 8 + 4 + 8 + 28 + 6),
+    # stage 0, fp32: FusedAdam on the parameters, the engine's clip_fp32_gradients (norm 4, mul_ 8)
+    ("fp32", 0, True, 4 + 8 + 28),
+    ("fp32", 0, False, 28),
+])
+def test_deepspeed_step_by_hand(dtype, stage, clip, expected):
+    prec = zero.precision(dtype, "adam", stage=stage)
+    assert _total("deepspeed", "adam", prec, main_grad_bytes=prec.grad_bytes, loss_scaling=dtype == "fp16",
+                  clip=clip, stage=stage) == expected
 
 
 def _step(zero_stage=0, **kw):
@@ -67,14 +90,19 @@ def test_front_end_times_the_engine_step_at_memory_bandwidth():
     # FSDP2 + torch AdamW(foreach) + clip_grad_norm_: 24 fp32 streams over a quarter of the parameters
     fsdp = _step(dtype="bf16", dp_engine="fsdp2", zero_stage=3, optimizer="adamw", grad_clip=True)
     assert fsdp["optimizer_time_s"] == pytest.approx(fsdp["params_per_gpu"] / 4 * 96 / bw, rel=1e-9)
-    # DeepSpeed keeps the one fused pass
+    # DeepSpeed, stage 0 fp16: FP16_Optimizer around FusedAdam, 64 bytes per parameter (its default clip on)
     ds = _step(dtype="fp16", dp_engine="deepspeed")
-    assert ds["optimizer_time_s"] == pytest.approx(ds["params_per_gpu"] * 28 / bw, rel=1e-9)
+    assert ds["optimizer_time_s"] == pytest.approx(ds["params_per_gpu"] * 64 / bw, rel=1e-9)
+    # ZeRO-2 bf16: 74 bytes per parameter of its quarter; the one fused kernel alone on request: 28
+    ds2 = _step(dtype="bf16", dp_engine="deepspeed", zero_stage=2)
+    assert ds2["optimizer_time_s"] == pytest.approx(ds2["params_per_gpu"] / 4 * 74 / bw, rel=1e-9)
+    kernel = _step(dtype="bf16", dp_engine="deepspeed", zero_stage=2, optimizer_impl="fused")
+    assert kernel["optimizer_time_s"] == pytest.approx(ds2["optimizer_time_s"] * 28 / 74, rel=1e-9)
 
 
 @pytest.mark.parametrize("kw, field", [(dict(optimizer_impl="apex"), "optimizer_impl"),
                                        (dict(grad_clip="yes"), "grad_clip"),
-                                       (dict(grad_clip=True), "grad_clip"),  # deepspeed's fused pass: not priced
+                                       (dict(grad_clip=True, optimizer_impl="fused"), "grad_clip"),  # no clip
                                        (dict(dp_engine="megatron", optimizer="adagrad"), "optimizer"),
                                        (dict(dp_engine="ddp", optimizer="lamb"), "optimizer")])
 def test_bad_input_names_the_field(kw, field):
