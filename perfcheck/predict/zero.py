@@ -450,7 +450,9 @@ def optimizer_time_s(params, stage, dp, system, *, precision_: Precision) -> obj
     t = P_local * (2K + b_g + b_p) / (memory bandwidth * efficiency).
     NB(perfcheck): the kernel alone. The transformer front-end prices DeepSpeed's wrapper around it too
     (``optimizer_passes.deepspeed_passes``: 64-78 bytes per element against these 28); this run-path estimate has
-    not moved to it yet (its CPU runs update with torch's Adam inside that wrapper, priced apart)."""
+    not moved to it: on a CPU the calibration times the engine's whole ``step()`` (``calibrate.deepspeed_cases``,
+    the wrapper's passes over its small models included) as host terms, and adding the passes here would count
+    them twice there; on a GPU it under-prices the step by the wrapper's passes (said in bench/RESULTS.md)."""
     moved = optimizer_partition(params, stage, dp) * fused_step_bytes(precision_)
     return np.asarray(memory_time_s(moved, system))
 
