@@ -5,7 +5,7 @@ Bytes per parameter element of the rank's partition (``zero.optimizer_partition`
 gradient bytes, b_m the main gradient's (the buffer the optimizer reads), S the optimizer states' bytes (Adam 8):
 
 - ``"fused"``: one kernel reads each gradient in its dtype, reads and writes the fp32 master weight and the states
-  and writes the model's copy: 2 (4 + S) + b_g + b_p (``zero.optimizer_time_s``: the kernel alone, without the
+  and writes the model's copy: 2 (4 + S) + b_g + b_p (``zero.fused_step_bytes``: the kernel alone, without the
   passes of the code around it).
 - ``"deepspeed"``: DeepSpeed 0.19.8's optimizer wrapper around FusedAdam (multi_tensor_adam reads g, p, m, v and
   writes p, m, v; no half copy), per ZeRO stage, with its defaults (gradient_clipping 1.0, runtime/constants.py;
@@ -29,7 +29,8 @@ gradient bytes, b_m the main gradient's (the buffer the optimizer reads), S the 
   builds for 16-bit stage 0 around FusedAdam; an fp32 stage 0 runs FusedAdam on the parameters and the engine's
   ``clip_fp32_gradients``.) Stages 1-3 and fp32 stage 0 are checked op by op against DeepSpeed's own step on CPU
   (tests/predict/test_deepspeed_step_passes.py: the same Python code around torch's Adam there); 16-bit stage 0
-  is read from the code (its CPU build runs the unfused wrapper).
+  is read from the code (its CPU build runs the unfused wrapper). ``zero.optimizer_time_s`` (a DeepSpeed run's
+  stage prediction) prices the same passes.
 - ``"megatron"``: Megatron-LM's mixed-precision optimizer around apex's multi-tensor kernels
   (megatron/optimizer/optimizer.py ``Float16OptimizerWithFloat16Params.step``, clip_grads.py
   ``clip_grad_norm_fp32``, at 2021-08 f597f02e and 2022-05 cfd2e216 alike):

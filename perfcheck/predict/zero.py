@@ -48,7 +48,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from perfcheck.errors import UserError
-from perfcheck.hardware.systems import element_bytes, spec_of
+from perfcheck.hardware.systems import element_bytes, normalize_dtype, spec_of
 from perfcheck.predict.collectives import batch_time_s, bus_factor, straggler_wait_s
 from perfcheck.predict.roofline import memory_time_s
 
@@ -444,17 +444,20 @@ def sync_points(collectives, dp) -> dict:
     return out
 
 
-def optimizer_time_s(params, stage, dp, system, *, precision_: Precision) -> object:
-    """Optimizer update of this rank's partition, memory-bound: each element reads and writes its
-    optimizer states (K), reads its gradient (b_g) and writes the model copy (b_p):
-    t = P_local * (2K + b_g + b_p) / (memory bandwidth * efficiency).
-    NB(perfcheck): the kernel alone. The transformer front-end prices DeepSpeed's wrapper around it too
-    (``optimizer_passes.deepspeed_passes``: 64-78 bytes per element against these 28); this run-path estimate has
-    not moved to it: on a CPU the calibration times the engine's whole ``step()`` (``calibrate.deepspeed_cases``,
-    the wrapper's passes over its small models included) as host terms, and adding the passes here would count
-    them twice there; on a GPU it under-prices the step by the wrapper's passes (said in bench/RESULTS.md)."""
-    moved = optimizer_partition(params, stage, dp) * fused_step_bytes(precision_)
-    return np.asarray(memory_time_s(moved, system))
+def optimizer_time_s(params, stage, dp, system, *, precision_: Precision, clip: bool = True,
+                     loss_scaling: bool = False) -> object:
+    """DeepSpeed's optimizer step on this rank's partition, memory-bound: FusedAdam's update and the passes of
+    DeepSpeed's wrapper around it (overflow check, fp64 norm, flatten, cast, unscale/clip, copy back:
+    ``optimizer_passes.deepspeed_passes``, checked op by op against DeepSpeed's own step), ``clip`` the config's
+    gradient_clipping > 0 (DeepSpeed 0.19.8's default 1.0), ``loss_scaling`` fp16's dynamic scale:
+    t = P_local * (sum of the passes' bytes) / (memory bandwidth * efficiency).
+    A CPU's calibration times the engine's ``step()`` on chains of 16 x 16 layers (``calibrate.deepspeed_cases``):
+    its per-tensor host costs, not these per-element passes (a few microseconds there)."""
+    from perfcheck.predict import optimizer_passes  # it builds on this module
+
+    per_param = sum(optimizer_passes.deepspeed_passes(stage, precision_, loss_scaling=loss_scaling,
+                                                      clip=clip).values())
+    return np.asarray(memory_time_s(optimizer_partition(params, stage, dp) * per_param, system))
 
 
 def fused_step_bytes(precision_: Precision):
@@ -541,7 +544,9 @@ def estimate_zero(params=None, *, stage, dp, micro_steps=1, dtype="bf16", optimi
     hide = 1.0 - float(comm_overlap)
     times = {"fwd_compute_s": g * float(compute_fwd_s), "fwd_comm_s": hide * float(comm["fwd"]),
              "bwd_compute_s": g * float(compute_bwd_s), "bwd_comm_s": hide * float(comm["bwd"]),
-             "optim_compute_s": float(optimizer_time_s(P, st, n, spec, precision_=prec)),
+             "optim_compute_s": float(optimizer_time_s(P, st, n, spec, precision_=prec,
+                                                       clip=settings.gradient_clipping > 0,
+                                                       loss_scaling=normalize_dtype(dtype) == "fp16")),
              "optim_comm_s": float(comm["step"])}
     host_s = host_s or {}
 
