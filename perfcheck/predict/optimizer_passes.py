@@ -7,30 +7,9 @@ gradient bytes, b_m the main gradient's (the buffer the optimizer reads), S the 
 - ``"fused"``: one kernel reads each gradient in its dtype, reads and writes the fp32 master weight and the states
   and writes the model's copy: 2 (4 + S) + b_g + b_p (``zero.fused_step_bytes``: the kernel alone, without the
   passes of the code around it).
-- ``"deepspeed"``: DeepSpeed 0.19.8's optimizer wrapper around FusedAdam (multi_tensor_adam reads g, p, m, v and
-  writes p, m, v; no half copy), per ZeRO stage, with its defaults (gradient_clipping 1.0, runtime/constants.py;
-  zero_optimization.compute_grad_norm and bf16.check_grad_overflow on; gradients accumulated in the model dtype):
-
-      pass      what runs                                         bytes          when
-      overflow  amax + amin of each gradient (stages 0-2)         2 b_g          16-bit (fp32: the engine passes
-                isinf(buf).any() + isnan(buf).any() (stage 3)     2 b_g + 4      fp16 only      check off)
-      norm      g.to(float64), linalg.vector_norm (stages 1-3)    b_g + 16       always (get_norm_dtype: fp64)
-                the flat fp32 gradient's norm (stage 0)           4              16-bit, or fp32 with a clip
-      flatten   torch.cat of the partition's gradients            2 b_g          stages 1-3 (stage 0: of the fp32
-                                                                  8              copies, 16-bit)
-      cast      .to(float32) (a no-op on fp32)                    b_g + 4        16-bit
-      unscale   grad.mul_(1 / combined_scale) in fp32             8              stages 1-2: clip or fp16; stage 3
-                                                                                 and 16-bit stage 0: always; fp32
-                                                                                 stage 0: the engine's clip
-      update    FusedAdam over the fp32 partition                 4 + 2 (4 + S)  always
-      copy      fp32 partition -> the 16-bit (or model) buffer    4 + b_p        a master copy
-
-  (stage_1_and_2.py ``step``, stage3.py ``step``, fp16/fused_optimizer.py ``FP16_Optimizer.step``, which the engine
-  builds for 16-bit stage 0 around FusedAdam; an fp32 stage 0 runs FusedAdam on the parameters and the engine's
-  ``clip_fp32_gradients``.) Stages 1-3 and fp32 stage 0 are checked op by op against DeepSpeed's own step on CPU
-  (tests/predict/test_deepspeed_step_passes.py: the same Python code around torch's Adam there); 16-bit stage 0
-  is read from the code (its CPU build runs the unfused wrapper). ``zero.optimizer_time_s`` (a DeepSpeed run's
-  stage prediction) prices the same passes.
+- ``"deepspeed"``: DeepSpeed 0.19.8's optimizer wrapper around FusedAdam, per ZeRO stage
+  (``predict.deepspeed_step``: 64-78 bytes per element; ``zero.optimizer_time_s``, a DeepSpeed run's stage
+  prediction, prices the same passes).
 - ``"megatron"``: Megatron-LM's mixed-precision optimizer around apex's multi-tensor kernels
   (megatron/optimizer/optimizer.py ``Float16OptimizerWithFloat16Params.step``, clip_grads.py
   ``clip_grad_norm_fp32``, at 2021-08 f597f02e and 2022-05 cfd2e216 alike):
@@ -61,7 +40,7 @@ import numpy as np
 
 from perfcheck.errors import UserError
 from perfcheck.parallel import OPTIMIZER_IMPLS as IMPLS
-from perfcheck.predict import optimizers, roofline, zero
+from perfcheck.predict import deepspeed_step, optimizers, roofline, zero
 
 #: Who runs the step unless ``optimizer_impl`` says: DeepSpeed's fused kernel, Megatron-LM's optimizer, and
 #: torch.optim's default on CUDA tensors (foreach) under PyTorch DDP and FSDP2.
@@ -88,7 +67,7 @@ def passes(impl: str, kind: str, prec, *, main_grad_bytes: float, loss_scaling: 
     if impl == "fused":
         return {"update": zero.fused_step_bytes(prec)}
     if impl == "deepspeed":
-        return deepspeed_passes(stage, prec, loss_scaling=loss_scaling, clip=clip)
+        return deepspeed_step.passes(stage, prec, loss_scaling=loss_scaling, clip=clip)
     if impl == "megatron":
         if kind not in MEGATRON_KINDS:
             raise UserError(f"optimizer: Megatron-LM's optimizer runs {', '.join(MEGATRON_KINDS)}, got {kind!r}")
@@ -99,21 +78,6 @@ def passes(impl: str, kind: str, prec, *, main_grad_bytes: float, loss_scaling: 
     clip_streams = optimizers.clip_profile("for-loop" if impl == "for-loop" else "foreach").streams if clip else 0.0
     return {"unscale": UNSCALE_STREAMS * elem if loss_scaling else 0.0, "clip": clip_streams * elem,
             "update": optimizers.profile(kind, _TORCH_IMPL[impl]).streams * elem}
-
-
-def deepspeed_passes(stage, prec, *, loss_scaling: bool, clip: bool) -> dict:
-    """{pass: bytes per element of the rank's partition} of DeepSpeed's step around FusedAdam (module docstring),
-    vectorised over ``stage``."""
-    z, b_g, b_p, S = np.asarray(stage), prec.grad_bytes, prec.param_bytes, prec.state_bytes
-    low, master = b_g < 4, np.asarray(prec.master_bytes) > 0
-    zero_opt = z >= 1  # stage_1_and_2.py / stage3.py; stage 0: FP16_Optimizer (16-bit) or FusedAdam alone (fp32)
-    overflow = np.where(z == 3, (2 * b_g + 4.0) if loss_scaling else 0.0, 2.0 * b_g if low else 0.0)
-    norm = np.where(zero_opt, b_g + 16.0, 4.0 if (low or clip) else 0.0)
-    flatten = np.where(zero_opt, 2.0 * b_g, 8.0 if low else 0.0)
-    unscale = np.where(z == 3, 8.0, np.where(zero_opt, 8.0 if (clip or loss_scaling) else 0.0,
-                                             8.0 if (low or clip) else 0.0))
-    return {"overflow": overflow, "norm": norm, "flatten": flatten, "cast": (b_g + 4.0) if low else 0.0,
-            "unscale": unscale, "update": 4.0 + 2 * (4.0 + S), "copy": np.where(master, 4.0 + b_p, 0.0)}
 
 
 def time_s(impl: str, kind: str, params, stage, dp, system, prec, *, main_grad_bytes: float, loss_scaling: bool,

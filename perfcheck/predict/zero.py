@@ -49,6 +49,7 @@ import numpy as np
 
 from perfcheck.errors import UserError
 from perfcheck.hardware.systems import element_bytes, normalize_dtype, spec_of
+from perfcheck.predict import deepspeed_step
 from perfcheck.predict.collectives import batch_time_s, bus_factor, straggler_wait_s
 from perfcheck.predict.roofline import memory_time_s
 
@@ -448,15 +449,12 @@ def optimizer_time_s(params, stage, dp, system, *, precision_: Precision, clip: 
                      loss_scaling: bool = False) -> object:
     """DeepSpeed's optimizer step on this rank's partition, memory-bound: FusedAdam's update and the passes of
     DeepSpeed's wrapper around it (overflow check, fp64 norm, flatten, cast, unscale/clip, copy back:
-    ``optimizer_passes.deepspeed_passes``, checked op by op against DeepSpeed's own step), ``clip`` the config's
+    ``deepspeed_step.passes``, checked op by op against DeepSpeed's own step), ``clip`` the config's
     gradient_clipping > 0 (DeepSpeed 0.19.8's default 1.0), ``loss_scaling`` fp16's dynamic scale:
     t = P_local * (sum of the passes' bytes) / (memory bandwidth * efficiency).
     A CPU's calibration times the engine's ``step()`` on chains of 16 x 16 layers (``calibrate.deepspeed_cases``):
     its per-tensor host costs, not these per-element passes (a few microseconds there)."""
-    from perfcheck.predict import optimizer_passes  # it builds on this module
-
-    per_param = sum(optimizer_passes.deepspeed_passes(stage, precision_, loss_scaling=loss_scaling,
-                                                      clip=clip).values())
+    per_param = sum(deepspeed_step.passes(stage, precision_, loss_scaling=loss_scaling, clip=clip).values())
     return np.asarray(memory_time_s(optimizer_partition(params, stage, dp) * per_param, system))
 
 

@@ -1,4 +1,4 @@
-"""DeepSpeed's optimizer step as its code runs it (``optimizer_passes.deepspeed_passes``), checked op by op against
+"""DeepSpeed's optimizer step as its code runs it (``predict.deepspeed_step``), checked op by op against
 DeepSpeed 0.19.8's own ``engine.step()`` on CPU: every aten op the step dispatches outside the inner optimizer's
 update (amax/amin, the fp64 norm's copy, cat, the casts, mul_, the copy back), its tensors' bytes read and written,
 per element of the rank's partition, equal the formula's passes less its ``update``. The wrapper is the same Python
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from perfcheck.predict import optimizer_passes, zero
+from perfcheck.predict import deepspeed_step, zero
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
@@ -98,6 +98,6 @@ def traced():
 def test_the_wrapper_passes_are_the_ones_deepspeed_runs(traced, stage, dtype, clip):
     r = traced[(stage, dtype, clip)]
     prec = zero.precision(dtype, "adam", stage=stage)
-    passes = optimizer_passes.deepspeed_passes(stage, prec, loss_scaling=False, clip=clip > 0)
+    passes = deepspeed_step.passes(stage, prec, loss_scaling=False, clip=clip > 0)
     around_the_update = float(sum(v for k, v in passes.items() if k != "update"))
     assert r["per_param"] == pytest.approx(around_the_update, abs=0.05), (r, passes)
