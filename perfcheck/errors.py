@@ -8,7 +8,10 @@ class UserError(ValueError):
 def plain(value):
     """A numpy scalar as the Python value it holds (a DataFrame's cell is one: ``np.int64(8)`` -> 8,
     ``np.bool_(True)`` -> True), so a validator's type checks read it as the same input; anything else unchanged."""
-    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else value
+    import numpy as np
+
+    numeric = isinstance(value, (np.integer, np.floating, np.bool_)) and not isinstance(value, np.timedelta64)
+    return value.item() if numeric else value  # a timedelta64 is an np.integer that means a duration
 
 
 def check_keys(value, allowed, required, where: str, what: str) -> None:

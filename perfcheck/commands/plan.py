@@ -37,7 +37,8 @@ def add_parser(subparsers):
                    help="hidden fraction of the DP collectives, one number for every layout (default 0)")
     p.add_argument("--overlap", action="store_true",
                    help="each engine's own overlap schedule instead: Megatron-Core's overlap_grad_reduce and "
-                        "overlap_param_gather (DDP, distributed optimizer), FSDP2's per-block prefetch")
+                        "overlap_param_gather (DDP, distributed optimizer), FSDP2's per-block prefetch (its whole "
+                        "loop: torch's foreach AdamW, no clip)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
     p.set_defaults(run=run)
@@ -60,7 +61,7 @@ def run(args) -> int:
         result = planner.plan(args.model, args.gpus, args.system, args.global_batch, seq=args.seq, dtype=args.dtype,
                               flash=not args.no_flash, dp_overlap=args.dp_overlap, overlap=args.overlap)
     except UserError as exc:  # the planner names its arguments as the API spells them
-        text = str(exc).replace("global_batch", "--global-batch").replace("dp_overlap:", "--dp-overlap:")
+        text = str(exc).replace("global_batch", "--global-batch").replace("dp_overlap:", "--dp-overlap:").replace("or overlap (", "or --overlap (")
         for field in ("gpus:", "seq:"):
             text = "--" + text if text.startswith(field) else text
         raise UserError(text) from None

@@ -19,6 +19,19 @@ b_p the gradient's and the model weight's bytes, S the optimizer states' (Adam 8
     update    FusedAdam over the fp32 partition                 4 + 2 (4 + S)  always
     copy      fp32 partition -> the 16-bit (or model) buffer    4 + b_p        a master copy
 
+bf16 at stage 0 with pipeline parallelism runs BF16_Optimizer instead (engine.py ``_do_optimizer_sanity_check``:
+model dtype bf16 and a PipelineModule), whose step, per element of the model (P) or of the rank's fp32 partition
+(P / dp; bf16_optimizer.py ``step``, gradients accumulated in bf16):
+
+    norm      tensor.float().norm() of the bf16 gradients (utils.get_global_norm_of_tensors)   2 + 4 + 4   per P
+    cast      the partition's gradient .to(float32)                                            2 + 4       per P / dp
+    update    FusedAdam                                                                        4 + 2 (4 + S)  per P / dp
+    copy      update_lp_params: fp32 partition -> bf16                                         4 + 2       per P / dp
+    clear     clear_hp_grads: zero_ of the bf16 gradient buffer                                2           per P
+
+(its clip's mul_ runs only when the norm exceeds gradient_clipping, a branch on the data: not priced). Read from the
+code, not traced (a PipelineModule's engine on CPU was not run).
+
 Sources: stage_1_and_2.py ``step``, stage3.py ``step``, fp16/fused_optimizer.py ``FP16_Optimizer.step`` (what the
 engine builds for 16-bit stage 0 around FusedAdam); an fp32 stage 0 runs FusedAdam on the parameters and the
 engine's ``clip_fp32_gradients``. Stages 1-3 and fp32 stage 0 are checked op by op against DeepSpeed's own step on
@@ -32,9 +45,22 @@ from __future__ import annotations
 import numpy as np
 
 
-def passes(stage, prec, *, loss_scaling: bool, clip: bool) -> dict:
+def passes(stage, prec, *, loss_scaling: bool, clip: bool, pp=1, dp=1) -> dict:
     """{pass: bytes per element of the rank's partition} of DeepSpeed's step around FusedAdam (module docstring),
-    vectorised over ``stage``; ``prec`` a ``zero.Precision``."""
+    vectorised over ``stage``, ``pp`` and ``dp``; ``prec`` a ``zero.Precision``. At stage 0 the partition is the
+    whole model, so BF16_Optimizer's per-(P / dp) passes enter divided by dp."""
+    bf16_pipe = (np.asarray(stage) == 0) & (np.asarray(pp) > 1) & (prec.grad_bytes == 2) & (not loss_scaling)
+    if np.any(bf16_pipe):
+        zero_opt = _zero_passes(stage, prec, loss_scaling=loss_scaling, clip=clip)
+        n = np.asarray(dp, dtype=float)
+        bf16 = {"overflow": 0.0, "norm": 10.0, "flatten": 0.0, "cast": 6.0 / n, "unscale": 0.0,
+                "update": (4.0 + 2 * (4.0 + prec.state_bytes)) / n, "copy": (4.0 + prec.param_bytes) / n, "clear": 2.0}
+        return {k: np.where(bf16_pipe, bf16[k], zero_opt.get(k, 0.0)) for k in bf16}
+    return _zero_passes(stage, prec, loss_scaling=loss_scaling, clip=clip)
+
+
+def _zero_passes(stage, prec, *, loss_scaling: bool, clip: bool) -> dict:
+    """The ZeRO optimizers' and FP16_Optimizer's passes (the module docstring's first table)."""
     z, b_g, b_p, S = np.asarray(stage), prec.grad_bytes, prec.param_bytes, prec.state_bytes
     low, master = b_g < 4, np.asarray(prec.master_bytes) > 0
     zero_opt = z >= 1  # stage_1_and_2.py / stage3.py; stage 0: FP16_Optimizer (16-bit) or FusedAdam alone (fp32)

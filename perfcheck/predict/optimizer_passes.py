@@ -8,7 +8,7 @@ gradient bytes, b_m the main gradient's (the buffer the optimizer reads), S the 
   and writes the model's copy: 2 (4 + S) + b_g + b_p (``zero.fused_step_bytes``: the kernel alone, without the
   passes of the code around it).
 - ``"deepspeed"``: DeepSpeed 0.19.8's optimizer wrapper around FusedAdam, per ZeRO stage
-  (``predict.deepspeed_step``: 64-78 bytes per element; ``zero.optimizer_time_s``, a DeepSpeed run's stage
+  (``predict.deepspeed_step``: 64-78 bytes per element in 16-bit, 28-72 in fp32; ``zero.optimizer_time_s``, a DeepSpeed run's stage
   prediction, prices the same passes).
 - ``"megatron"``: Megatron-LM's mixed-precision optimizer around apex's multi-tensor kernels
   (megatron/optimizer/optimizer.py ``Float16OptimizerWithFloat16Params.step``, clip_grads.py
@@ -57,9 +57,9 @@ UNSCALE_STREAMS = 2
 
 
 def passes(impl: str, kind: str, prec, *, main_grad_bytes: float, loss_scaling: bool, clip: bool,
-           stage=1) -> dict:
+           stage=1, pp=1, dp=1) -> dict:
     """{pass: bytes per parameter element} of one step (module docstring); ``prec`` a ``zero.Precision``,
-    ``stage`` the ZeRO stage(s) (the "deepspeed" passes depend on it)."""
+    ``stage``, ``pp``, ``dp`` the layout(s) (the "deepspeed" passes depend on them)."""
     if impl not in IMPLS:
         raise UserError(f"optimizer_impl must be one of {', '.join(IMPLS)} or None, got {impl!r}")
     S, b_p, mixed = prec.state_bytes, prec.param_bytes, np.asarray(prec.master_bytes) > 0
@@ -67,7 +67,7 @@ def passes(impl: str, kind: str, prec, *, main_grad_bytes: float, loss_scaling: 
     if impl == "fused":
         return {"update": zero.fused_step_bytes(prec)}
     if impl == "deepspeed":
-        return deepspeed_step.passes(stage, prec, loss_scaling=loss_scaling, clip=clip)
+        return deepspeed_step.passes(stage, prec, loss_scaling=loss_scaling, clip=clip, pp=pp, dp=dp)
     if impl == "megatron":
         if kind not in MEGATRON_KINDS:
             raise UserError(f"optimizer: Megatron-LM's optimizer runs {', '.join(MEGATRON_KINDS)}, got {kind!r}")
@@ -81,10 +81,10 @@ def passes(impl: str, kind: str, prec, *, main_grad_bytes: float, loss_scaling: 
 
 
 def time_s(impl: str, kind: str, params, stage, dp, system, prec, *, main_grad_bytes: float, loss_scaling: bool,
-           clip: bool):
+           clip: bool, pp=1):
     """Seconds of one optimizer step on a rank: its partition's parameters x the passes' bytes, at memory
     bandwidth (vectorised over ``params``, ``stage``, ``dp``)."""
     per_param = passes(impl, kind, prec, main_grad_bytes=main_grad_bytes, loss_scaling=loss_scaling, clip=clip,
-                       stage=stage)
+                       stage=stage, pp=pp, dp=dp)
     local = zero.optimizer_partition(params, stage, dp)
     return np.asarray(roofline.memory_time_s(local * sum(per_param.values()), system))

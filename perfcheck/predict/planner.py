@@ -105,7 +105,9 @@ def plan(model, gpus, system, global_batch, *, seq=None, dtype="bf16", flash=Tru
     scatter/gather, ring context parallelism, ``flash`` attention (selective recompute is then a no-op and
     skipped) and causal masking by default. ``overlap=True`` prices each stage's engine with its own overlap
     schedule instead of a fixed fraction (``OVERLAP_SCHEDULES``); the ``dp_schedule`` column names what each row
-    assumed. Raises UserError naming the argument when nothing fits.
+    assumed. NB: the fully sharded rows are then FSDP2's whole loop (torch's foreach AdamW without a clip, its
+    all-gather copy-outs), not Megatron's optimizer with another schedule. Raises UserError naming the argument
+    when nothing fits.
     """
     if overlap and dp_overlap:
         raise UserError(f"dp_overlap: give a fixed hidden fraction ({dp_overlap}) or overlap (each engine's own "
@@ -150,6 +152,9 @@ def _sweep(model, layouts, common, dp_overlap, overlap) -> pd.DataFrame:
         suffix = f", {dp_overlap:g} hidden" if dp_overlap else ", exposed"
         out["dp_schedule"] = [names[int(z)] + suffix for z in out["zero_stage"]]
         return out
+    unpriced = sorted(set(layouts["zero_stage"].astype(int)) - set(OVERLAP_SCHEDULES))
+    if unpriced:  # a row the schedules do not cover is an error, never a row silently dropped
+        raise NotImplementedError(f"plan(overlap=True): no overlap schedule for zero_stage {unpriced}")
     parts = []
     for z, (name, options) in OVERLAP_SCHEDULES.items():
         rows = layouts[layouts["zero_stage"] == z]

@@ -499,7 +499,7 @@ def _step_passes(res, cfg, spec, dtype, opts, prec, params, dp):
         res["dp_copy_time_s"] = roofline.memory_time_s(params * passes, spec) * np.ones(len(cfg.pp))
     res["optimizer_time_s"] = optimizer_passes.time_s(optimizer_impl(opts), opts.optimizer, params, cfg.zero_stage,
                                                       dp, spec, prec, main_grad_bytes=main_grad,
-                                                      loss_scaling=dtype == "fp16", clip=grad_clip(opts))
+                                                      loss_scaling=dtype == "fp16", clip=grad_clip(opts), pp=cfg.pp)
     micro = (cfg.micro_batches * cfg.grad_accum_steps).astype(float)
     res["grad_accum_time_s"] = grad_buffers.time_s(mode, params, micro, prec.grad_bytes, reduce_bytes,
                                                    spec) * np.ones(len(cfg.pp))

@@ -33,7 +33,7 @@ def test_zero_stage_enum_matches_deepspeed():
     ({"pp": 2, "zero_stage": 2}, "zero_stage"), ({"pp": 4, "zero_stage": 3}, "zero_stage"),
     ({"dp": 16, "nodes": 3, "gpus_per_node": 8}, "nodes * gpus_per_node"),
     ({"dp": 16, "nodes": 3}, "nodes"), ({"dp": 12, "gpus_per_node": 8}, "gpus_per_node"),
-    ({"nodes": 0}, "nodes"), ({"tp": np.bool_(True)}, "tp"), ({"dp": np.float64(2.0)}, "dp"), ({"pp": np.int64(0)}, "pp"),
+    ({"nodes": 0}, "nodes"), ({"tp": np.bool_(True)}, "tp"), ({"dp": np.float64(2.0)}, "dp"), ({"pp": np.int64(0)}, "pp"), ({"tp": np.timedelta64(2, "ns")}, "tp"),
 ])
 def test_validation_names_the_field(kwargs, field):
     with pytest.raises(UserError) as info:

@@ -145,3 +145,20 @@ def test_the_deepspeed_run_path_prices_the_same_step():
     fp16 = zero.estimate_zero(1_000_000, stage=2, dp=4, dtype="fp16", system=spec,
                               settings=zero.ZeroSettings(gradient_clipping=0.0))
     assert fp16.times["optim_compute_s"] == pytest.approx(250_000 * 74 / bw, rel=1e-9)
+
+
+def test_deepspeed_bf16_stage0_with_a_pipeline_runs_bf16_optimizer():
+    # engine.py picks BF16_Optimizer for bf16 + PipelineModule at stage 0: per model element the bf16 gradients'
+    # .float().norm() (2 + 4 + 4) and clear_hp_grads' zero_ (2); per element of the fp32 partition (1 / dp of them)
+    # the cast 2 + 4, FusedAdam 4 + 2 x 12 and the copy back 4 + 2
+    prec = zero.precision("bf16", "adam", stage=0)
+    total = _total("deepspeed", "adam", prec, main_grad_bytes=2, loss_scaling=False, clip=True, stage=0, pp=2, dp=4)
+    assert total == pytest.approx(10 + 2 + (6 + 28 + 6) / 4)
+    # without the pipeline it is FP16_Optimizer's 64
+    assert _total("deepspeed", "adam", prec, main_grad_bytes=2, loss_scaling=False, clip=True, stage=0, pp=1,
+                  dp=4) == 64
+    spec = load_system("a100-80gb-sxm")
+    bw = spec.mem_bandwidth_bytes_per_s * spec.efficiency["memory"]
+    par = dict(tp=1, pp=2, dp=4, micro_batches=8, zero_stage=0)
+    st = transformer_step(GPT, batch=1, parallel=par, system=spec, dtype="bf16", dp_engine="deepspeed").values
+    assert st["optimizer_time_s"] == pytest.approx(st["params_per_gpu"] * (12 + 40 / 4) / bw, rel=1e-9)

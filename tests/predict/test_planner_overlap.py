@@ -77,3 +77,10 @@ def test_plan_cli_overlap(capsys):
     assert main(argv + ["--overlap", "--dp-overlap", "0.5"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and "--dp-overlap" in err
+
+
+def test_a_zero_stage_without_a_schedule_is_an_error_not_a_dropped_row():
+    layouts = pd.DataFrame({"tp": [1], "sp": [False], "pp": [1], "virtual_stages": [1], "dp": [8], "cp": [1],
+                            "zero_stage": [2], "micro_batch": [1], "micro_batches": [2]})
+    with pytest.raises(NotImplementedError, match="zero_stage"):
+        planner._sweep("gpt2-124m", layouts, dict(system=SYSTEM, dtype="fp16"), 0.0, True)
