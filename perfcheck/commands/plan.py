@@ -61,7 +61,8 @@ def run(args) -> int:
         result = planner.plan(args.model, args.gpus, args.system, args.global_batch, seq=args.seq, dtype=args.dtype,
                               flash=not args.no_flash, dp_overlap=args.dp_overlap, overlap=args.overlap)
     except UserError as exc:  # the planner names its arguments as the API spells them
-        text = str(exc).replace("global_batch", "--global-batch").replace("dp_overlap:", "--dp-overlap:").replace("or overlap (", "or --overlap (")
+        text = (str(exc).replace("global_batch", "--global-batch").replace("dp_overlap:", "--dp-overlap:")
+                .replace("or overlap (", "or --overlap ("))
         for field in ("gpus:", "seq:"):
             text = "--" + text if text.startswith(field) else text
         raise UserError(text) from None
@@ -79,14 +80,14 @@ def run(args) -> int:
 
 def _text(args, result, top) -> str:
     from perfcheck.commands.estimate import BREAKDOWN_LABELS, text_table, breakdown_text
-    from perfcheck.predict.planner import what_offsets, why_slower
+    from perfcheck.predict.planner import ZERO_ENGINES, what_offsets, why_slower
     from perfcheck.units import fmt_bytes, fmt_pct, fmt_time
 
     head = (f"{args.model} on {args.gpus} GPUs of {args.system}, global batch {args.global_batch}: "
             f"{result.searched} layouts searched, {result.fitting} fit in memory.\n\n")
     header = ["#", "tp", "sp", "pp", "v", "dp", "cp", "ZeRO", "mb", "m", "recompute", "step", "MFU", "memory"]
     rows = [[i + 1, r.tp, "y" if r.sp else "-", r.pp, r.virtual_stages, r.dp, r.cp,
-             {0: "0", 1: "1 (dist-opt)", 3: "3 (FSDP)"}.get(int(r.zero_stage), str(r.zero_stage)), r.micro_batch,
+             str(int(r.zero_stage)) + (f" ({ZERO_ENGINES[int(r.zero_stage)]})" if r.zero_stage else ""), r.micro_batch,
              r.micro_batches, r.recompute, fmt_time(r.step_time_s), fmt_pct(r.mfu), fmt_bytes(r.mem_total_bytes)]
             for i, r in enumerate(top.itertuples(index=False))]
     text = (head + text_table(header, rows) + f"\nDP collectives: {'; '.join(dict.fromkeys(top.dp_schedule))}.\n"

@@ -5,11 +5,10 @@ Bytes per parameter element of the rank's partition (``zero.optimizer_partition`
 gradient bytes, b_m the main gradient's (the buffer the optimizer reads), S the optimizer states' bytes (Adam 8):
 
 - ``"fused"``: one kernel reads each gradient in its dtype, reads and writes the fp32 master weight and the states
-  and writes the model's copy: 2 (4 + S) + b_g + b_p (``zero.fused_step_bytes``: the kernel alone, without the
-  passes of the code around it).
-- ``"deepspeed"``: DeepSpeed 0.19.8's optimizer wrapper around FusedAdam, per ZeRO stage
-  (``predict.deepspeed_step``: 64-78 bytes per element in 16-bit, 28-72 in fp32; ``zero.optimizer_time_s``, a DeepSpeed run's stage
-  prediction, prices the same passes).
+  and writes the model's copy: 2 (4 + S) + b_g + b_p (the kernel alone, without the passes of the code around it).
+- ``"deepspeed"``: DeepSpeed 0.19.8's optimizer wrapper around FusedAdam, per ZeRO stage (``predict.deepspeed_step``:
+  64-78 bytes per element in 16-bit, 28-72 in fp32; ``zero.optimizer_time_s``, a DeepSpeed run's stage prediction,
+  prices the same passes).
 - ``"megatron"``: Megatron-LM's mixed-precision optimizer around apex's multi-tensor kernels
   (megatron/optimizer/optimizer.py ``Float16OptimizerWithFloat16Params.step``, clip_grads.py
   ``clip_grad_norm_fp32``, at 2021-08 f597f02e and 2022-05 cfd2e216 alike):
@@ -42,7 +41,7 @@ from perfcheck.errors import UserError
 from perfcheck.parallel import OPTIMIZER_IMPLS as IMPLS
 from perfcheck.predict import deepspeed_step, optimizers, roofline, zero
 
-#: Who runs the step unless ``optimizer_impl`` says: DeepSpeed's fused kernel, Megatron-LM's optimizer, and
+#: Who runs the step unless ``optimizer_impl`` says: DeepSpeed's optimizer wrapper, Megatron-LM's optimizer, and
 #: torch.optim's default on CUDA tensors (foreach) under PyTorch DDP and FSDP2.
 ENGINE_IMPL = {"deepspeed": "deepspeed", "megatron": "megatron", "ddp": "foreach", "fsdp2": "foreach"}
 #: Whether the loop clips gradients by their global norm unless ``grad_clip`` says: Megatron-LM's --clip-grad and
@@ -65,7 +64,7 @@ def passes(impl: str, kind: str, prec, *, main_grad_bytes: float, loss_scaling: 
     S, b_p, mixed = prec.state_bytes, prec.param_bytes, np.asarray(prec.master_bytes) > 0
     kind = str(kind).lower().replace("-", "_")
     if impl == "fused":
-        return {"update": zero.fused_step_bytes(prec)}
+        return {"update": 2 * prec.optimizer_bytes + prec.grad_bytes + b_p}
     if impl == "deepspeed":
         return deepspeed_step.passes(stage, prec, loss_scaling=loss_scaling, clip=clip, pp=pp, dp=dp)
     if impl == "megatron":

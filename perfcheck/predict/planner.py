@@ -85,6 +85,8 @@ class Plan:
     fitting: int
 
 
+#: What each ZeRO stage of the search is, in Megatron's terms: DDP, the distributed optimizer, FSDP.
+ZERO_ENGINES = {0: "DDP", 1: "dist-opt", 3: "FSDP"}
 #: ``overlap=True``: each ZeRO stage's DP engine with its own overlap schedule ({zero_stage: (name, options)}):
 #: Megatron-Core's bucketed overlap beside the last backward / first forward (``predict.mcore_overlap``) for DDP
 #: and the distributed optimizer, FSDP2's per-block prefetch (``predict.fsdp``) for the fully sharded layouts.
@@ -148,9 +150,8 @@ def _sweep(model, layouts, common, dp_overlap, overlap) -> pd.DataFrame:
     ZeRO stage's rows under its engine's own schedule; ``dp_schedule`` names the one each row got."""
     if not overlap:
         out = sweep_transformer(model, layouts, dp_engine="megatron", dp_overlap=dp_overlap, **common)
-        names = {0: "DDP", 1: "dist-opt", 3: "FSDP"}
         suffix = f", {dp_overlap:g} hidden" if dp_overlap else ", exposed"
-        out["dp_schedule"] = [names[int(z)] + suffix for z in out["zero_stage"]]
+        out["dp_schedule"] = [ZERO_ENGINES[int(z)] + suffix for z in out["zero_stage"]]
         return out
     unpriced = sorted(set(layouts["zero_stage"].astype(int)) - set(OVERLAP_SCHEDULES))
     if unpriced:  # a row the schedules do not cover is an error, never a row silently dropped

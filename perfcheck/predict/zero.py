@@ -458,12 +458,6 @@ def optimizer_time_s(params, stage, dp, system, *, precision_: Precision, clip: 
     return np.asarray(memory_time_s(optimizer_partition(params, stage, dp) * per_param, system))
 
 
-def fused_step_bytes(precision_: Precision):
-    """Bytes per parameter of one fused optimizer kernel: read and write the K optimizer bytes, read the gradient,
-    write the model's copy: 2K + b_g + b_p."""
-    return 2 * precision_.optimizer_bytes + precision_.grad_bytes + precision_.param_bytes
-
-
 def optimizer_partition(params, stage, dp) -> np.ndarray:
     """Parameters whose update this rank runs: params / dp from ZeRO stage 1 (the optimizer states are
     partitioned), all of them at stage 0."""
